@@ -1,0 +1,26 @@
+//! The pure rules of tensile-kube: functions of values over k8s-openapi types. No I/O, no
+//! async, no Kubernetes client: everything here is decided from the objects the controllers
+//! hand in, so every rule is unit tested without a server.
+//!
+//! - [`keys`]: every label, annotation, taint and well-known name, and our ownership marks.
+//! - [`cluster_selector`]: the `clusterSelector` annotation codec, byte-compatible with the
+//!   original's JSON.
+//! - [`quantity`] and [`resources`]: Kubernetes quantities and pod effective requests.
+//! - [`capacity`]: the live capacity model of a lower cluster, fed by node and pod events.
+//! - [`fit`]: the fit predicates shared by the scheduler extender, descheduler and capacity.
+//! - [`deps`]: which ConfigMaps, Secrets, PVCs and ServiceAccount a pod needs.
+//! - [`translate`]: upper pod -> lower pod, and lower copies of the objects it needs.
+//! - [`update`]: which upper pod changes may be applied to the lower pod.
+//! - [`status`]: lower pod -> upper pod status.
+#![forbid(unsafe_code)]
+
+pub mod capacity;
+pub mod cluster_selector;
+pub mod deps;
+pub mod fit;
+pub mod keys;
+pub mod quantity;
+pub mod resources;
+pub mod status;
+pub mod translate;
+pub mod update;
