@@ -1,1 +1,604 @@
-//! (in progress)
+//! Which changes of an upper pod are applied to its lower pod.
+//!
+//! A pod is mostly immutable. A real API server accepts, on an existing pod: labels and
+//! annotations; container and init-container images; `activeDeadlineSeconds` set when unset
+//! or lowered (never raised or removed); tolerations added (existing ones may only change their
+//! `tolerationSeconds`); and ephemeral containers through the `ephemeralcontainers`
+//! subresource. [`lower_pod_update`] produces exactly those changes as a strategic merge patch,
+//! nothing when nothing changed, and names every difference it cannot apply so the caller can
+//! tell the user instead of sending a write the server would refuse.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use k8s_openapi::api::core::v1::{Container, EphemeralContainer, Pod, PodSpec, Toleration};
+use serde_json::{Map, Value, json};
+
+use crate::cluster_selector::ClusterSelector;
+use crate::keys::{
+    ANNOTATION_CLUSTER_SELECTOR, ANNOTATION_UPPER_UID, LABEL_OWNER, owner_label_value,
+};
+use crate::translate::{
+    TranslateConfig, TranslateError, drop_mounts, lower_pod, pod_key, synced_annotation_keys,
+    token_volume_names,
+};
+
+/// What to do to a lower pod so it follows its upper pod.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct PodUpdate {
+    /// A strategic merge patch for the pod, or `None` when nothing it may change differs.
+    pub patch: Option<Value>,
+    /// Ephemeral containers to add through the `ephemeralcontainers` subresource: the full
+    /// list the lower pod should have (the subresource takes the whole list), or `None`.
+    pub ephemeral_containers: Option<Vec<EphemeralContainer>>,
+    /// Differences a running pod cannot take (e.g. `spec.containers[web].resources`); the pod
+    /// would have to be re-created for them. For the user, not for the API server.
+    pub not_applicable: Vec<String>,
+}
+
+impl PodUpdate {
+    /// Whether no write is needed.
+    pub fn is_noop(&self) -> bool {
+        self.patch.is_none() && self.ephemeral_containers.is_none()
+    }
+}
+
+/// Why an update cannot be computed.
+#[derive(Debug, thiserror::Error)]
+pub enum UpdateError {
+    /// The upper pod does not translate (e.g. a malformed `clusterSelector`).
+    #[error(transparent)]
+    Translate(#[from] TranslateError),
+    /// The lower pod is not one we created for this upper pod: never touch it.
+    #[error(
+        "lower pod {namespace}/{name} is not ours (owner {found_owner:?}, upper uid {found_uid:?}; expected owner {owner:?}, upper uid {uid:?})"
+    )]
+    NotOurs {
+        /// Pod namespace.
+        namespace: String,
+        /// Pod name.
+        name: String,
+        /// Our owner label value.
+        owner: String,
+        /// The upper pod's UID.
+        uid: String,
+        /// The owner label found on the lower pod.
+        found_owner: Option<String>,
+        /// The upper UID recorded on the lower pod.
+        found_uid: Option<String>,
+    },
+}
+
+/// Whether a lower pod was created by this owner for this upper pod (same upper UID).
+pub fn is_lower_pod_of(lower: &Pod, upper: &Pod, owner: &str) -> bool {
+    let meta = &lower.metadata;
+    meta.labels.as_ref().and_then(|l| l.get(LABEL_OWNER)) == Some(&owner_label_value(owner))
+        && meta
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(ANNOTATION_UPPER_UID))
+            == upper.metadata.uid.as_ref()
+}
+
+/// The changes to apply to `lower` so it follows `upper`.
+pub fn lower_pod_update(
+    upper: &Pod,
+    lower: &Pod,
+    cfg: &TranslateConfig,
+) -> Result<PodUpdate, UpdateError> {
+    let (namespace, name) = pod_key(upper)?;
+    if !is_lower_pod_of(lower, upper, &cfg.owner) {
+        return Err(UpdateError::NotOurs {
+            namespace: namespace.to_owned(),
+            name: name.to_owned(),
+            owner: owner_label_value(&cfg.owner),
+            uid: upper.metadata.uid.clone().unwrap_or_default(),
+            found_owner: lower
+                .metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get(LABEL_OWNER))
+                .cloned(),
+            found_uid: lower
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(ANNOTATION_UPPER_UID))
+                .cloned(),
+        });
+    }
+    let desired = lower_pod(upper, cfg)?;
+    let empty = PodSpec::default();
+    let want = desired.spec.as_ref().unwrap_or(&empty);
+    let have = lower.spec.as_ref().unwrap_or(&empty);
+    let mut update = PodUpdate::default();
+
+    let mut metadata = Map::new();
+    if let Some(labels) = map_patch(
+        lower.metadata.labels.as_ref(),
+        desired.metadata.labels.as_ref(),
+        |_| true,
+    ) {
+        metadata.insert("labels".into(), labels);
+    }
+    // Remove only annotation keys we copied before; the lower cluster may have written others.
+    let synced = synced_annotation_keys(&lower.metadata);
+    let desired_annotations = desired.metadata.annotations.as_ref();
+    if let Some(annotations) = map_patch(
+        lower.metadata.annotations.as_ref(),
+        desired_annotations,
+        |k| synced.contains(k),
+    ) {
+        metadata.insert("annotations".into(), annotations);
+    }
+
+    let mut spec = Map::new();
+    for (field, want_list, have_list) in [
+        ("containers", Some(&want.containers), Some(&have.containers)),
+        (
+            "initContainers",
+            want.init_containers.as_ref(),
+            have.init_containers.as_ref(),
+        ),
+    ] {
+        let changes = image_changes(field, want_list, have_list, &mut update.not_applicable);
+        if !changes.is_empty() {
+            spec.insert(field.into(), Value::Array(changes));
+        }
+    }
+
+    match (want.active_deadline_seconds, have.active_deadline_seconds) {
+        (Some(w), None) => {
+            spec.insert("activeDeadlineSeconds".into(), json!(w));
+        }
+        (Some(w), Some(h)) if w < h => {
+            spec.insert("activeDeadlineSeconds".into(), json!(w));
+        }
+        (Some(w), Some(h)) if w > h => {
+            update
+                .not_applicable
+                .push("spec.activeDeadlineSeconds (may only be lowered)".into());
+        }
+        (None, Some(_)) => {
+            update
+                .not_applicable
+                .push("spec.activeDeadlineSeconds (may not be removed)".into());
+        }
+        _ => {}
+    }
+
+    if selector_text(upper) != selector_text(lower) {
+        // The selector changed upstairs: its tolerations are added to the lower pod (a pod
+        // may gain tolerations, never lose them); node selector and affinity are immutable.
+        if let Ok(Some(cs)) = ClusterSelector::from_annotations(upper.metadata.annotations.as_ref())
+        {
+            let current = have.tolerations.clone().unwrap_or_default();
+            let merged = added_tolerations(&current, &cs.tolerations);
+            if merged != current {
+                spec.insert("tolerations".into(), json!(merged));
+            }
+        }
+        if want.node_selector != have.node_selector {
+            update.not_applicable.push("spec.nodeSelector".into());
+        }
+        let required = |s: &PodSpec| {
+            s.affinity
+                .as_ref()
+                .and_then(|a| a.node_affinity.as_ref())
+                .and_then(|n| {
+                    n.required_during_scheduling_ignored_during_execution
+                        .clone()
+                })
+        };
+        if required(want) != required(have) {
+            update
+                .not_applicable
+                .push("spec.affinity.nodeAffinity".into());
+        }
+    }
+
+    update.ephemeral_containers = ephemeral_additions(upper, have);
+
+    let mut patch = Map::new();
+    if !metadata.is_empty() {
+        patch.insert("metadata".into(), Value::Object(metadata));
+    }
+    if !spec.is_empty() {
+        patch.insert("spec".into(), Value::Object(spec));
+    }
+    update.patch = (!patch.is_empty()).then_some(Value::Object(patch));
+    Ok(update)
+}
+
+fn selector_text(pod: &Pod) -> Option<&String> {
+    pod.metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(ANNOTATION_CLUSTER_SELECTOR))
+}
+
+/// A merge-patch map turning `have` into `want`: changed and new keys set, keys absent from
+/// `want` set to null when `removable` says we own them.
+fn map_patch(
+    have: Option<&BTreeMap<String, String>>,
+    want: Option<&BTreeMap<String, String>>,
+    removable: impl Fn(&str) -> bool,
+) -> Option<Value> {
+    let empty = BTreeMap::new();
+    let (have, want) = (have.unwrap_or(&empty), want.unwrap_or(&empty));
+    let mut patch = Map::new();
+    for (k, v) in want {
+        if have.get(k) != Some(v) {
+            patch.insert(k.clone(), Value::String(v.clone()));
+        }
+    }
+    for k in have.keys() {
+        if !want.contains_key(k) && removable(k) {
+            patch.insert(k.clone(), Value::Null);
+        }
+    }
+    (!patch.is_empty()).then_some(Value::Object(patch))
+}
+
+/// Strategic-merge entries (merge key `name`) for containers whose image changed; other
+/// container differences are recorded as not applicable.
+fn image_changes(
+    field: &str,
+    want: Option<&Vec<Container>>,
+    have: Option<&Vec<Container>>,
+    not_applicable: &mut Vec<String>,
+) -> Vec<Value> {
+    let have: BTreeMap<&str, &Container> = have
+        .into_iter()
+        .flatten()
+        .map(|c| (c.name.as_str(), c))
+        .collect();
+    let mut changes = Vec::new();
+    for w in want.into_iter().flatten() {
+        let Some(h) = have.get(w.name.as_str()) else {
+            not_applicable.push(format!(
+                "spec.{field}[{}] (containers cannot be added)",
+                w.name
+            ));
+            continue;
+        };
+        if w.image != h.image {
+            changes.push(json!({"name": w.name, "image": w.image}));
+        }
+        if w.resources != h.resources {
+            not_applicable.push(format!("spec.{field}[{}].resources", w.name));
+        }
+        if w.env != h.env || w.env_from != h.env_from {
+            not_applicable.push(format!("spec.{field}[{}].env", w.name));
+        }
+    }
+    changes
+}
+
+/// `current` with the tolerations of `wanted` added; a wanted toleration equal to an existing
+/// one but for `tolerationSeconds` updates those seconds (the only change the API allows).
+fn added_tolerations(current: &[Toleration], wanted: &[Toleration]) -> Vec<Toleration> {
+    let mut merged = current.to_vec();
+    for w in wanted {
+        let same_but_seconds = |t: &Toleration| {
+            t.key == w.key && t.operator == w.operator && t.value == w.value && t.effect == w.effect
+        };
+        match merged.iter_mut().find(|t| same_but_seconds(t)) {
+            Some(existing) => existing.toleration_seconds = w.toleration_seconds,
+            None => merged.push(w.clone()),
+        }
+    }
+    merged
+}
+
+/// The full ephemeral-container list the lower pod should get, when the upper pod has
+/// ephemeral containers (`kubectl debug`) the lower pod lacks. Existing ones are never changed.
+fn ephemeral_additions(upper: &Pod, have: &PodSpec) -> Option<Vec<EphemeralContainer>> {
+    let upper_spec = upper.spec.as_ref()?;
+    let present: BTreeSet<&str> = have
+        .ephemeral_containers
+        .iter()
+        .flatten()
+        .map(|c| c.name.as_str())
+        .collect();
+    let dropped = token_volume_names(upper_spec);
+    let new: Vec<EphemeralContainer> = upper_spec
+        .ephemeral_containers
+        .iter()
+        .flatten()
+        .filter(|c| !present.contains(c.name.as_str()))
+        .map(|c| strip_token_mounts(c.clone(), &dropped))
+        .collect();
+    if new.is_empty() {
+        return None;
+    }
+    let mut all = have.ephemeral_containers.clone().unwrap_or_default();
+    all.extend(new);
+    Some(all)
+}
+
+fn strip_token_mounts(
+    mut container: EphemeralContainer,
+    dropped: &BTreeSet<String>,
+) -> EphemeralContainer {
+    // Reuse the container rule through the fields both types share.
+    let mut as_container = Container {
+        name: String::new(),
+        volume_mounts: container.volume_mounts.take(),
+        ..Default::default()
+    };
+    drop_mounts(&mut as_container, dropped);
+    container.volume_mounts = as_container.volume_mounts;
+    container
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::translate::tests::bound_pod;
+    use pretty_assertions::assert_eq;
+
+    fn cfg() -> TranslateConfig {
+        TranslateConfig::new("vk-1")
+    }
+
+    /// The lower pod as the lower API server stores it after our create: our translation plus
+    /// what lower admission and the lower kubelet add.
+    fn created_lower(upper: &Pod) -> Pod {
+        let mut lower = lower_pod(upper, &cfg()).unwrap();
+        lower.metadata.uid = Some("uid-lower-1".into());
+        lower.metadata.resource_version = Some("99".into());
+        lower
+            .metadata
+            .annotations
+            .get_or_insert_default()
+            .insert("cni.projectcalico.org/podIP".into(), "10.1.2.3/32".into());
+        let spec = lower.spec.get_or_insert_default();
+        spec.node_name = Some("lower-node-3".into());
+        spec.tolerations = Some(vec![Toleration {
+            key: Some("node.kubernetes.io/not-ready".into()),
+            operator: Some("Exists".into()),
+            effect: Some("NoExecute".into()),
+            toleration_seconds: Some(300),
+            value: None,
+        }]);
+        lower
+    }
+
+    fn upper_mut(p: &mut Pod) -> &mut PodSpec {
+        p.spec.as_mut().unwrap()
+    }
+
+    #[test]
+    fn checklist_43_nothing_relevant_changed_means_no_write() {
+        let upper = bound_pod();
+        let update = lower_pod_update(&upper, &created_lower(&upper), &cfg()).unwrap();
+        assert!(update.is_noop(), "{update:?}");
+        assert!(update.not_applicable.is_empty());
+    }
+
+    #[test]
+    fn checklist_39_image_change_updates_the_same_container_by_name() {
+        let upper = bound_pod();
+        let lower = created_lower(&upper);
+        let mut upper = upper;
+        upper_mut(&mut upper).containers[0].image = Some("nginx:1.28".into());
+        let update = lower_pod_update(&upper, &lower, &cfg()).unwrap();
+        assert_eq!(
+            update.patch,
+            Some(json!({"spec": {"containers": [{"name": "web", "image": "nginx:1.28"}]}}))
+        );
+    }
+
+    #[test]
+    fn checklist_40_labels_and_annotations_follow_without_touching_lower_owned_annotations() {
+        let upper = bound_pod();
+        let lower = created_lower(&upper);
+        let mut upper = upper;
+        let labels = upper.metadata.labels.as_mut().unwrap();
+        labels.insert("tier".into(), "front".into());
+        labels.insert("pod-group.scheduling.sigs.k8s.io".into(), "pg-2".into());
+        let ann = upper.metadata.annotations.as_mut().unwrap();
+        ann.remove("team");
+        ann.insert("owner".into(), "b".into());
+        let update = lower_pod_update(&upper, &lower, &cfg()).unwrap();
+        assert_eq!(
+            update.patch,
+            Some(json!({"metadata": {
+                "labels": {"tier": "front"},
+                "annotations": {
+                    "owner": "b",
+                    "team": null,
+                    "tensile-kube.io/synced-annotations": "owner",
+                    "tripped-labels": "{\"pod-group.scheduling.sigs.k8s.io\":\"pg-2\"}"
+                }
+            }}))
+        );
+    }
+
+    #[test]
+    fn removed_upper_label_is_removed_downstairs() {
+        let upper = bound_pod();
+        let lower = created_lower(&upper);
+        let mut upper = upper;
+        upper.metadata.labels.as_mut().unwrap().remove("app");
+        let update = lower_pod_update(&upper, &lower, &cfg()).unwrap();
+        assert_eq!(
+            update.patch,
+            Some(json!({"metadata": {"labels": {"app": null}}}))
+        );
+    }
+
+    #[test]
+    fn checklist_41_active_deadline_seconds_propagates_when_set_or_lowered() {
+        let upper = bound_pod();
+        let lower = created_lower(&upper);
+        let mut upper = upper;
+        upper_mut(&mut upper).active_deadline_seconds = Some(600);
+        let update = lower_pod_update(&upper, &lower, &cfg()).unwrap();
+        assert_eq!(
+            update.patch,
+            Some(json!({"spec": {"activeDeadlineSeconds": 600}}))
+        );
+
+        let mut lower = lower;
+        lower.spec.as_mut().unwrap().active_deadline_seconds = Some(900);
+        let update = lower_pod_update(&upper, &lower, &cfg()).unwrap();
+        assert_eq!(
+            update.patch,
+            Some(json!({"spec": {"activeDeadlineSeconds": 600}}))
+        );
+
+        lower.spec.as_mut().unwrap().active_deadline_seconds = Some(300);
+        let update = lower_pod_update(&upper, &lower, &cfg()).unwrap();
+        assert_eq!(update.patch, None, "a real API server refuses raising it");
+        assert_eq!(update.not_applicable.len(), 1);
+    }
+
+    #[test]
+    fn checklist_42_changed_cluster_selector_adds_its_tolerations() {
+        let upper = bound_pod();
+        let lower = created_lower(&upper);
+        let mut upper = upper;
+        upper.metadata.annotations.as_mut().unwrap().insert(
+            "clusterSelector".into(),
+            r#"{"tolerations":[{"key":"gpu","operator":"Exists","effect":"NoSchedule"},{"key":"node.kubernetes.io/not-ready","operator":"Exists","effect":"NoExecute","tolerationSeconds":600}]}"#.into(),
+        );
+        let update = lower_pod_update(&upper, &lower, &cfg()).unwrap();
+        let patch = update.patch.unwrap();
+        assert_eq!(
+            patch["spec"]["tolerations"],
+            json!([
+                {"key": "node.kubernetes.io/not-ready", "operator": "Exists",
+                 "effect": "NoExecute", "tolerationSeconds": 600},
+                {"key": "gpu", "operator": "Exists", "effect": "NoSchedule"}
+            ])
+        );
+        assert!(patch["metadata"]["annotations"]["clusterSelector"].is_string());
+    }
+
+    #[test]
+    fn changed_cluster_selector_node_selector_is_reported_not_applied() {
+        let upper = bound_pod();
+        let lower = created_lower(&upper);
+        let mut upper = upper;
+        upper.metadata.annotations.as_mut().unwrap().insert(
+            "clusterSelector".into(),
+            r#"{"nodeSelector":{"disk":"ssd"}}"#.into(),
+        );
+        let update = lower_pod_update(&upper, &lower, &cfg()).unwrap();
+        assert_eq!(update.not_applicable, ["spec.nodeSelector"]);
+        assert!(update.patch.unwrap()["spec"].get("nodeSelector").is_none());
+    }
+
+    #[test]
+    fn checklist_44_a_lower_pod_that_is_not_ours_is_never_updated() {
+        // The original guarded updates with the upper `virtual-pod` label; we use real
+        // ownership: the owner label and the upper UID recorded at creation.
+        let upper = bound_pod();
+        let mut foreign = created_lower(&upper);
+        foreign
+            .metadata
+            .labels
+            .as_mut()
+            .unwrap()
+            .insert(LABEL_OWNER.into(), "vk-2".into());
+        assert!(matches!(
+            lower_pod_update(&upper, &foreign, &cfg()),
+            Err(UpdateError::NotOurs { .. })
+        ));
+        let mut replaced = created_lower(&upper);
+        replaced
+            .metadata
+            .annotations
+            .as_mut()
+            .unwrap()
+            .insert(ANNOTATION_UPPER_UID.into(), "old".into());
+        let err = lower_pod_update(&upper, &replaced, &cfg()).unwrap_err();
+        assert!(err.to_string().contains("shop/web-7d4b9c-x2x9z"), "{err}");
+    }
+
+    #[test]
+    fn resource_changes_are_reported_as_not_applicable() {
+        let upper = bound_pod();
+        let lower = created_lower(&upper);
+        let mut upper = upper;
+        upper_mut(&mut upper).containers[0].resources =
+            Some(serde_json::from_value(json!({"requests": {"cpu": "2"}})).unwrap());
+        let update = lower_pod_update(&upper, &lower, &cfg()).unwrap();
+        assert!(update.patch.is_none());
+        assert_eq!(update.not_applicable, ["spec.containers[web].resources"]);
+    }
+
+    #[test]
+    fn new_ephemeral_containers_go_through_the_subresource() {
+        let upper = bound_pod();
+        let lower = created_lower(&upper);
+        let mut upper = upper;
+        upper_mut(&mut upper).ephemeral_containers = Some(vec![serde_json::from_value(json!({
+            "name": "debugger-x", "image": "busybox", "targetContainerName": "web",
+            "volumeMounts": [{"name": "kube-api-access-abcde", "mountPath": "/var/run/secrets/kubernetes.io/serviceaccount"}]
+        }))
+        .unwrap()]);
+        let update = lower_pod_update(&upper, &lower, &cfg()).unwrap();
+        let added = update.ephemeral_containers.unwrap();
+        assert_eq!(added.len(), 1);
+        assert_eq!(added[0].name, "debugger-x");
+        assert!(
+            added[0].volume_mounts.is_none(),
+            "upper token mount stripped"
+        );
+
+        // Once present downstairs nothing more is sent.
+        let mut lower = lower;
+        lower.spec.as_mut().unwrap().ephemeral_containers = Some(added);
+        assert!(
+            lower_pod_update(&upper, &lower, &cfg())
+                .unwrap()
+                .ephemeral_containers
+                .is_none()
+        );
+    }
+
+    #[test]
+    fn update_is_idempotent_once_applied() {
+        // Applying the patch's effect and asking again yields nothing.
+        let upper = bound_pod();
+        let mut lower = created_lower(&upper);
+        let mut upper = upper;
+        upper_mut(&mut upper).containers[0].image = Some("nginx:2".into());
+        upper
+            .metadata
+            .labels
+            .as_mut()
+            .unwrap()
+            .insert("x".into(), "y".into());
+        assert!(!lower_pod_update(&upper, &lower, &cfg()).unwrap().is_noop());
+        lower.spec.as_mut().unwrap().containers[0].image = Some("nginx:2".into());
+        lower
+            .metadata
+            .labels
+            .as_mut()
+            .unwrap()
+            .insert("x".into(), "y".into());
+        assert!(lower_pod_update(&upper, &lower, &cfg()).unwrap().is_noop());
+    }
+
+    #[test]
+    fn malformed_cluster_selector_is_a_typed_error() {
+        let upper = bound_pod();
+        let lower = created_lower(&upper);
+        let mut upper = upper;
+        upper
+            .metadata
+            .annotations
+            .as_mut()
+            .unwrap()
+            .insert("clusterSelector".into(), "[".into());
+        assert!(matches!(
+            lower_pod_update(&upper, &lower, &cfg()),
+            Err(UpdateError::Translate(
+                TranslateError::ClusterSelector { .. }
+            ))
+        ));
+    }
+}
