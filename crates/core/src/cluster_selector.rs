@@ -37,7 +37,9 @@ pub struct ClusterSelector {
 
 /// A `clusterSelector` annotation that cannot be decoded.
 #[derive(Debug, thiserror::Error)]
-#[error("annotation {ANNOTATION_CLUSTER_SELECTOR:?} is not valid JSON of {{nodeSelector, affinity, tolerations}}: {source}")]
+#[error(
+    "annotation {ANNOTATION_CLUSTER_SELECTOR:?} is not valid JSON of {{nodeSelector, affinity, tolerations}}: {source}"
+)]
 pub struct ClusterSelectorError {
     #[source]
     source: serde_json::Error,
@@ -227,13 +229,15 @@ struct GoNodeAffinity<'a> {
 impl<'a> From<&'a NodeAffinity> for GoNodeAffinity<'a> {
     fn from(n: &'a NodeAffinity) -> Self {
         Self {
-            required: n.required_during_scheduling_ignored_during_execution.as_ref().map(
-                |s: &'a NodeSelector| GoNodeSelector {
+            required: n
+                .required_during_scheduling_ignored_during_execution
+                .as_ref()
+                .map(|s: &'a NodeSelector| GoNodeSelector {
                     node_selector_terms: s.node_selector_terms.iter().map(GoTerm::from).collect(),
-                },
-            ),
+                }),
             preferred: non_empty_vec(
-                n.preferred_during_scheduling_ignored_during_execution.as_ref(),
+                n.preferred_during_scheduling_ignored_during_execution
+                    .as_ref(),
             )
             .map(|p| {
                 p.iter()
@@ -292,13 +296,21 @@ struct GoRequirement<'a> {
 
 impl<'a> From<&'a NodeSelectorRequirement> for GoRequirement<'a> {
     fn from(r: &'a NodeSelectorRequirement) -> Self {
-        Self { key: &r.key, operator: &r.operator, values: non_empty_vec(r.values.as_ref()) }
+        Self {
+            key: &r.key,
+            operator: &r.operator,
+            values: non_empty_vec(r.values.as_ref()),
+        }
     }
 }
 
 impl<'a> From<&'a LabelSelectorRequirement> for GoRequirement<'a> {
     fn from(r: &'a LabelSelectorRequirement) -> Self {
-        Self { key: &r.key, operator: &r.operator, values: non_empty_vec(r.values.as_ref()) }
+        Self {
+            key: &r.key,
+            operator: &r.operator,
+            values: non_empty_vec(r.values.as_ref()),
+        }
     }
 }
 
@@ -337,8 +349,10 @@ impl<'a> GoPodAffinity<'a> {
 
     fn from_anti(a: &'a PodAntiAffinity) -> Self {
         Self::new(
-            a.required_during_scheduling_ignored_during_execution.as_ref(),
-            a.preferred_during_scheduling_ignored_during_execution.as_ref(),
+            a.required_during_scheduling_ignored_during_execution
+                .as_ref(),
+            a.preferred_during_scheduling_ignored_during_execution
+                .as_ref(),
         )
     }
 }
@@ -346,8 +360,10 @@ impl<'a> GoPodAffinity<'a> {
 impl<'a> From<&'a PodAffinity> for GoPodAffinity<'a> {
     fn from(a: &'a PodAffinity) -> Self {
         Self::new(
-            a.required_during_scheduling_ignored_during_execution.as_ref(),
-            a.preferred_during_scheduling_ignored_during_execution.as_ref(),
+            a.required_during_scheduling_ignored_during_execution
+                .as_ref(),
+            a.preferred_during_scheduling_ignored_during_execution
+                .as_ref(),
         )
     }
 }
@@ -428,19 +444,30 @@ mod tests {
     #[test]
     fn webhook_codec_decodes_the_originals_example() {
         let cs = ClusterSelector::decode(ORIGINAL_EXAMPLE).unwrap();
-        assert_eq!(cs.node_selector, BTreeMap::from([("disk".into(), "ssd".into())]));
+        assert_eq!(
+            cs.node_selector,
+            BTreeMap::from([("disk".into(), "ssd".into())])
+        );
         let terms = &cs
             .affinity
             .as_ref()
             .and_then(|a| a.node_affinity.as_ref())
-            .and_then(|n| n.required_during_scheduling_ignored_during_execution.as_ref())
+            .and_then(|n| {
+                n.required_during_scheduling_ignored_during_execution
+                    .as_ref()
+            })
             .unwrap()
             .node_selector_terms;
         let expr = &terms[0].match_expressions.as_ref().unwrap()[0];
         assert_eq!((expr.key.as_str(), expr.operator.as_str()), ("zone", "In"));
         assert_eq!(
             cs.tolerations,
-            vec![toleration("node.kubernetes.io/not-ready", "Exists", "NoExecute", Some(300))]
+            vec![toleration(
+                "node.kubernetes.io/not-ready",
+                "Exists",
+                "NoExecute",
+                Some(300)
+            )]
         );
     }
 
@@ -454,7 +481,10 @@ mod tests {
     fn webhook_codec_omits_empty_fields_like_go() {
         assert_eq!(ClusterSelector::default().encode(), "{}");
         let cs = ClusterSelector {
-            tolerations: vec![Toleration { operator: Some("Exists".into()), ..Default::default() }],
+            tolerations: vec![Toleration {
+                operator: Some("Exists".into()),
+                ..Default::default()
+            }],
             ..Default::default()
         };
         assert_eq!(cs.encode(), r#"{"tolerations":[{"operator":"Exists"}]}"#);
@@ -510,7 +540,10 @@ mod tests {
             affinity: Some(Affinity {
                 pod_anti_affinity: Some(PodAntiAffinity {
                     preferred_during_scheduling_ignored_during_execution: Some(vec![
-                        WeightedPodAffinityTerm { weight: 5, pod_affinity_term: term },
+                        WeightedPodAffinityTerm {
+                            weight: 5,
+                            pod_affinity_term: term,
+                        },
                     ]),
                     ..Default::default()
                 }),
@@ -530,13 +563,19 @@ mod tests {
             node_selector: BTreeMap::from([("k".into(), "a<b>&c".into())]),
             ..Default::default()
         };
-        assert_eq!(cs.encode(), r#"{"nodeSelector":{"k":"a\u003cb\u003e\u0026c"}}"#);
+        assert_eq!(
+            cs.encode(),
+            r#"{"nodeSelector":{"k":"a\u003cb\u003e\u0026c"}}"#
+        );
         assert_eq!(ClusterSelector::decode(&cs.encode()).unwrap(), cs);
     }
 
     #[test]
     fn webhook_codec_accepts_null_any_field_order_and_unknown_fields() {
-        assert_eq!(ClusterSelector::decode("null").unwrap(), ClusterSelector::default());
+        assert_eq!(
+            ClusterSelector::decode("null").unwrap(),
+            ClusterSelector::default()
+        );
         let cs = ClusterSelector::decode(
             r#"{"tolerations":null,"extra":1,"nodeSelector":{"a":"b"},"affinity":null}"#,
         )
@@ -547,7 +586,14 @@ mod tests {
 
     #[test]
     fn webhook_codec_malformed_input_is_a_typed_error() {
-        for bad in ["", "{", "[]", "\"x\"", r#"{"nodeSelector":[1]}"#, r#"{"tolerations":{}}"#] {
+        for bad in [
+            "",
+            "{",
+            "[]",
+            "\"x\"",
+            r#"{"nodeSelector":[1]}"#,
+            r#"{"tolerations":{}}"#,
+        ] {
             let err = ClusterSelector::decode(bad).unwrap_err();
             assert!(err.to_string().contains("clusterSelector"), "{bad}: {err}");
         }
@@ -585,7 +631,10 @@ mod tests {
             prop::collection::vec(arb_requirement(), 1..3),
             prop::option::of(prop::collection::vec(arb_requirement(), 1..2)),
         )
-            .prop_map(|(e, f)| NodeSelectorTerm { match_expressions: Some(e), match_fields: f })
+            .prop_map(|(e, f)| NodeSelectorTerm {
+                match_expressions: Some(e),
+                match_fields: f,
+            })
     }
 
     fn arb_toleration() -> impl Strategy<Value = Toleration> {

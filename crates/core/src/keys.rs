@@ -138,6 +138,13 @@ pub const ANNOTATION_UPPER_UID: &str = "tensile-kube.io/upper-uid";
 /// removed upstairs is removed downstairs without touching keys written by the lower cluster.
 pub const ANNOTATION_SYNCED_ANNOTATIONS: &str = "tensile-kube.io/synced-annotations";
 
+/// Our condition on upper pods: True once the lower pod exists, False with a reason when it was
+/// lost. It is the durable record that a pod was offloaded, so that after a restart a missing
+/// lower pod is recognised as lost rather than created again.
+pub const CONDITION_OFFLOADED: &str = "tensile-kube.io/Offloaded";
+/// Reason of [`CONDITION_OFFLOADED`] when True.
+pub const REASON_OFFLOADED: &str = "Offloaded";
+
 /// The longest label value Kubernetes accepts.
 pub const MAX_LABEL_VALUE_LEN: usize = 63;
 
@@ -160,7 +167,11 @@ pub fn owner_label_value(owner: &str) -> String {
         .take(keep)
         .collect();
     let head = head.trim_matches(|c: char| !c.is_ascii_alphanumeric());
-    if head.is_empty() { suffix } else { format!("{head}-{suffix}") }
+    if head.is_empty() {
+        suffix
+    } else {
+        format!("{head}-{suffix}")
+    }
 }
 
 /// Whether `value` is a valid label value (empty, or up to 63 characters of `[A-Za-z0-9._-]`
@@ -171,7 +182,9 @@ pub fn is_label_value(value: &str) -> bool {
     }
     let bytes = value.as_bytes();
     value.len() <= MAX_LABEL_VALUE_LEN
-        && bytes.iter().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+        && bytes
+            .iter()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
         && bytes.first().is_some_and(u8::is_ascii_alphanumeric)
         && bytes.last().is_some_and(u8::is_ascii_alphanumeric)
 }

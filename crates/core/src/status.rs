@@ -1,1 +1,470 @@
-//! (in progress)
+//! Lower pod -> upper pod: what the upper pod's status becomes, and what happens upstairs when
+//! the lower pod is being deleted or is gone (reference sections 2.10 and 2.11, with the fixes
+//! of checklist items 54 and 55).
+//!
+//! Everything here is a function of the current objects, not of the events that led to them,
+//! so the same decision comes out after a restart as during normal operation.
+
+use std::collections::BTreeSet;
+
+use k8s_openapi::api::core::v1::{
+    ContainerState, ContainerStateTerminated, ContainerStatus, Pod, PodCondition, PodStatus,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+use crate::keys::{CONDITION_OFFLOADED, REASON_LOWER_POD_LOST, REASON_OFFLOADED};
+
+/// Phase of a pod that ended successfully.
+pub const PHASE_SUCCEEDED: &str = "Succeeded";
+/// Phase of a pod that ended in failure.
+pub const PHASE_FAILED: &str = "Failed";
+
+/// Whether a pod has reached a terminal phase; such an upper pod is no longer synced (the API
+/// server refuses moving it back, and its controller has already reacted).
+pub fn is_terminal(pod: &Pod) -> bool {
+    matches!(
+        pod.status.as_ref().and_then(|s| s.phase.as_deref()),
+        Some(PHASE_SUCCEEDED | PHASE_FAILED)
+    )
+}
+
+/// The status the upper pod should have given its lower pod, or `None` when it already has it
+/// (no write) or is terminal.
+///
+/// The lower status is taken verbatim (phase, conditions including the lower scheduler's
+/// `PodScheduled=False/Unschedulable`, pod and host IPs, container statuses, start time),
+/// except: `qosClass` stays the upper one (immutable upstairs), `nominatedNodeName` names a
+/// lower node and is dropped, conditions the upper cluster set and the lower pod does not have
+/// (readiness gates, `DisruptionTarget`) are kept, and our [`CONDITION_OFFLOADED`] is added.
+pub fn upper_status(upper: &Pod, lower: &Pod, now: &Time) -> Option<PodStatus> {
+    if is_terminal(upper) {
+        return None;
+    }
+    let current = upper.status.clone().unwrap_or_default();
+    let mut status = match &lower.status {
+        Some(s) => s.clone(),
+        None => current.clone(),
+    };
+    status.qos_class.clone_from(&current.qos_class);
+    status.nominated_node_name = None;
+
+    let mut conditions = status.conditions.take().unwrap_or_default();
+    let lower_types: BTreeSet<String> = conditions.iter().map(|c| c.type_.clone()).collect();
+    conditions.extend(
+        current
+            .conditions
+            .iter()
+            .flatten()
+            .filter(|c| !lower_types.contains(&c.type_) && c.type_ != CONDITION_OFFLOADED)
+            .cloned(),
+    );
+    let message = format!(
+        "created in the lower cluster as pod {}/{} (uid {})",
+        lower.metadata.namespace.as_deref().unwrap_or_default(),
+        lower.metadata.name.as_deref().unwrap_or_default(),
+        lower.metadata.uid.as_deref().unwrap_or("unknown"),
+    );
+    conditions.push(condition(&current, "True", REASON_OFFLOADED, message, now));
+    status.conditions = Some(conditions);
+
+    (status != current).then_some(status)
+}
+
+/// Our condition, keeping its transition time when its status did not change.
+fn condition(
+    current: &PodStatus,
+    status: &str,
+    reason: &str,
+    message: String,
+    now: &Time,
+) -> PodCondition {
+    let previous = current
+        .conditions
+        .iter()
+        .flatten()
+        .find(|c| c.type_ == CONDITION_OFFLOADED);
+    let last_transition_time = match previous {
+        Some(p) if p.status == status => p.last_transition_time.clone(),
+        _ => Some(now.clone()),
+    };
+    PodCondition {
+        type_: CONDITION_OFFLOADED.to_owned(),
+        status: status.to_owned(),
+        reason: Some(reason.to_owned()),
+        message: Some(message),
+        last_transition_time,
+        ..PodCondition::default()
+    }
+}
+
+/// Whether the upper pod records that its lower pod was created (see [`CONDITION_OFFLOADED`]).
+pub fn was_offloaded(upper: &Pod) -> bool {
+    upper
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|c| {
+            c.iter()
+                .any(|c| c.type_ == CONDITION_OFFLOADED && c.status == "True")
+        })
+}
+
+/// The upper pod is to be deleted because its lower pod is being deleted by someone in the
+/// lower cluster (a drain, an eviction, `kubectl delete` downstairs), so its controller
+/// upstairs replaces it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DeleteUpper {
+    /// The lower pod's grace period; `None` leaves the pod's own default.
+    pub grace_period_seconds: Option<i64>,
+}
+
+/// Whether the lower pod's deletion must be carried upstairs (checklist 52).
+pub fn deletion_from_below(upper: &Pod, lower: &Pod) -> Option<DeleteUpper> {
+    let lower_deleting = lower.metadata.deletion_timestamp.is_some();
+    let upper_deleting = upper.metadata.deletion_timestamp.is_some();
+    (lower_deleting && !upper_deleting && !is_terminal(upper)).then_some(DeleteUpper {
+        grace_period_seconds: lower.metadata.deletion_grace_period_seconds,
+    })
+}
+
+/// What to do when an upper pod bound to the virtual node has no lower pod (the lower cache
+/// has synced and does not hold it).
+#[derive(Clone, Debug, PartialEq)]
+pub enum LowerAbsent {
+    /// Never created (or the create has not landed yet): create it.
+    Create,
+    /// The upper pod is being deleted and the lower pod is gone: finish the upper deletion
+    /// (grace 0, UID precondition).
+    FinishUpperDeletion,
+    /// The lower pod existed and vanished without a deletion from upstairs: the upper pod
+    /// becomes Failed with this status, so its controller replaces it (checklist 54).
+    Lost(Box<PodStatus>),
+    /// The upper pod is terminal: nothing to do.
+    Nothing,
+}
+
+/// The decision for an upper pod whose lower pod is absent.
+pub fn on_lower_absent(upper: &Pod, lower_cluster: &str, now: &Time) -> LowerAbsent {
+    if upper.metadata.deletion_timestamp.is_some() {
+        LowerAbsent::FinishUpperDeletion
+    } else if is_terminal(upper) {
+        LowerAbsent::Nothing
+    } else if was_offloaded(upper) {
+        LowerAbsent::Lost(Box::new(lost_status(upper, lower_cluster, now)))
+    } else {
+        LowerAbsent::Create
+    }
+}
+
+/// The status of an upper pod whose lower pod vanished: Failed, not ready, every unfinished
+/// container terminated as the kubelet reports containers it cannot find.
+pub fn lost_status(upper: &Pod, lower_cluster: &str, now: &Time) -> PodStatus {
+    let mut status = upper.status.clone().unwrap_or_default();
+    let message = format!(
+        "the pod disappeared from lower cluster {lower_cluster} without being deleted from the upper cluster"
+    );
+    status.phase = Some(PHASE_FAILED.to_owned());
+    status.reason = Some(REASON_LOWER_POD_LOST.to_owned());
+    status.message = Some(message.clone());
+    let mut conditions: Vec<PodCondition> = status
+        .conditions
+        .take()
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|c| c.type_ != CONDITION_OFFLOADED)
+        .map(|mut c| {
+            if matches!(c.type_.as_str(), "Ready" | "ContainersReady") && c.status != "False" {
+                c.status = "False".to_owned();
+                c.reason = Some("PodFailed".to_owned());
+                c.last_transition_time = Some(now.clone());
+            }
+            c
+        })
+        .collect();
+    conditions.push(condition(
+        &PodStatus::default(),
+        "False",
+        REASON_LOWER_POD_LOST,
+        message,
+        now,
+    ));
+    status.conditions = Some(conditions);
+    for statuses in [
+        &mut status.container_statuses,
+        &mut status.init_container_statuses,
+    ] {
+        for cs in statuses.iter_mut().flatten() {
+            terminate_unknown(cs, now);
+        }
+    }
+    status
+}
+
+fn terminate_unknown(cs: &mut ContainerStatus, now: &Time) {
+    if cs.state.as_ref().is_some_and(|s| s.terminated.is_some()) {
+        return;
+    }
+    cs.last_state = cs.state.take();
+    cs.state = Some(ContainerState {
+        terminated: Some(ContainerStateTerminated {
+            exit_code: 137,
+            reason: Some("ContainerStatusUnknown".to_owned()),
+            message: Some(
+                "The container could not be located when the pod was terminated".to_owned(),
+            ),
+            finished_at: Some(now.clone()),
+            ..ContainerStateTerminated::default()
+        }),
+        ..ContainerState::default()
+    });
+    cs.ready = false;
+    cs.started = Some(false);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::translate::tests::{bound_pod, pod};
+    use crate::translate::{TranslateConfig, lower_pod};
+    use pretty_assertions::assert_eq;
+    use serde_json::json;
+
+    fn now() -> Time {
+        Time("2026-11-22T10:05:00Z".parse().unwrap())
+    }
+
+    /// The lower pod Running on a lower node, as the lower API server reports it.
+    fn running_lower(upper: &Pod) -> Pod {
+        let mut lower = lower_pod(upper, &TranslateConfig::new("vk-1")).unwrap();
+        lower.metadata.uid = Some("uid-lower-1".into());
+        lower.status = Some(
+            serde_json::from_value(json!({
+                "phase": "Running",
+                "podIP": "10.8.1.7", "podIPs": [{"ip": "10.8.1.7"}],
+                "hostIP": "192.168.10.3", "hostIPs": [{"ip": "192.168.10.3"}],
+                "startTime": "2026-11-22T10:00:02Z",
+                "qosClass": "BestEffort",
+                "nominatedNodeName": "lower-node-9",
+                "conditions": [
+                    {"type": "PodScheduled", "status": "True", "lastTransitionTime": "2026-11-22T10:00:01Z"},
+                    {"type": "Ready", "status": "True", "lastTransitionTime": "2026-11-22T10:00:04Z"}
+                ],
+                "containerStatuses": [{"name": "web", "image": "nginx:1.27", "imageID": "sha256:aa",
+                    "containerID": "containerd://c1", "ready": true, "restartCount": 2, "started": true,
+                    "state": {"running": {"startedAt": "2026-11-22T10:00:03Z"}}}]
+            }))
+            .unwrap(),
+        );
+        lower
+    }
+
+    fn status(p: &Pod) -> &PodStatus {
+        p.status.as_ref().unwrap()
+    }
+
+    fn cond<'a>(s: &'a PodStatus, t: &str) -> Option<&'a PodCondition> {
+        s.conditions.iter().flatten().find(|c| c.type_ == t)
+    }
+
+    #[test]
+    fn checklist_49_lower_status_appears_verbatim_upstairs() {
+        let upper = bound_pod();
+        let lower = running_lower(&upper);
+        let s = upper_status(&upper, &lower, &now()).unwrap();
+        let l = status(&lower);
+        assert_eq!(s.phase.as_deref(), Some("Running"));
+        assert_eq!((&s.pod_ip, &s.pod_ips), (&l.pod_ip, &l.pod_ips));
+        assert_eq!((&s.host_ip, &s.host_ips), (&l.host_ip, &l.host_ips));
+        assert_eq!(s.container_statuses, l.container_statuses);
+        assert_eq!(s.start_time, l.start_time);
+        assert_eq!(cond(&s, "Ready"), cond(l, "Ready"));
+        assert_eq!(
+            s.nominated_node_name, None,
+            "a lower node name means nothing upstairs"
+        );
+        let ours = cond(&s, CONDITION_OFFLOADED).unwrap();
+        assert_eq!(ours.status, "True");
+        assert!(
+            ours.message
+                .as_deref()
+                .unwrap()
+                .contains("shop/web-7d4b9c-x2x9z")
+        );
+    }
+
+    #[test]
+    fn checklist_50_lower_unschedulable_condition_appears_upstairs() {
+        let upper = bound_pod();
+        let mut lower = running_lower(&upper);
+        lower.status = Some(
+            serde_json::from_value(json!({"phase": "Pending", "conditions": [
+                {"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+                 "message": "0/3 nodes are available: 3 Insufficient cpu."}]}))
+            .unwrap(),
+        );
+        let s = upper_status(&upper, &lower, &now()).unwrap();
+        let scheduled = cond(&s, "PodScheduled").unwrap();
+        assert_eq!(
+            (scheduled.status.as_str(), scheduled.reason.as_deref()),
+            ("False", Some("Unschedulable"))
+        );
+    }
+
+    #[test]
+    fn unchanged_status_means_no_write() {
+        let upper = bound_pod();
+        let lower = running_lower(&upper);
+        let mut synced = upper.clone();
+        synced.status = upper_status(&upper, &lower, &now());
+        let later = Time("2026-11-22T11:00:00Z".parse().unwrap());
+        assert_eq!(upper_status(&synced, &lower, &later), None);
+    }
+
+    #[test]
+    fn upper_only_conditions_and_qos_class_are_kept() {
+        let mut upper = bound_pod();
+        upper.status = Some(
+            serde_json::from_value(json!({"phase": "Pending", "qosClass": "Burstable",
+                "conditions": [{"type": "example.com/lb-ready", "status": "True"}]}))
+            .unwrap(),
+        );
+        let s = upper_status(&upper, &running_lower(&upper), &now()).unwrap();
+        assert_eq!(s.qos_class.as_deref(), Some("Burstable"));
+        assert!(cond(&s, "example.com/lb-ready").is_some());
+    }
+
+    #[test]
+    fn checklist_51_status_sync_leaves_upper_labels_alone() {
+        // The status is a separate value: an upper pod keeps all its labels, including the
+        // ignore-labels that the lower pod does not carry (the original had to restore them
+        // because it wrote the whole lower object upstairs).
+        let upper = bound_pod();
+        let lower = running_lower(&upper);
+        assert!(
+            !lower
+                .metadata
+                .labels
+                .as_ref()
+                .unwrap()
+                .contains_key("pod-group.scheduling.sigs.k8s.io")
+        );
+        let mut synced = upper.clone();
+        synced.status = upper_status(&upper, &lower, &now());
+        assert_eq!(synced.metadata, upper.metadata);
+    }
+
+    #[test]
+    fn checklist_52_graceful_deletion_downstairs_deletes_the_upper_pod() {
+        let upper = bound_pod();
+        let mut lower = running_lower(&upper);
+        assert_eq!(deletion_from_below(&upper, &lower), None);
+        lower.metadata.deletion_timestamp = Some(now());
+        lower.metadata.deletion_grace_period_seconds = Some(30);
+        assert_eq!(
+            deletion_from_below(&upper, &lower),
+            Some(DeleteUpper {
+                grace_period_seconds: Some(30)
+            })
+        );
+        let mut deleting = upper.clone();
+        deleting.metadata.deletion_timestamp = Some(now());
+        assert_eq!(
+            deletion_from_below(&deleting, &lower),
+            None,
+            "already going away"
+        );
+    }
+
+    #[test]
+    fn checklist_53_terminal_lower_phase_goes_up_then_the_pod_is_no_longer_synced() {
+        let upper = bound_pod();
+        let mut lower = running_lower(&upper);
+        lower.status.as_mut().unwrap().phase = Some("Failed".into());
+        lower.status.as_mut().unwrap().reason = Some("Evicted".into());
+        let s = upper_status(&upper, &lower, &now()).unwrap();
+        assert_eq!(
+            (s.phase.as_deref(), s.reason.as_deref()),
+            (Some("Failed"), Some("Evicted"))
+        );
+        let mut finished = upper.clone();
+        finished.status = Some(s);
+        lower.status.as_mut().unwrap().phase = Some("Running".into());
+        assert_eq!(upper_status(&finished, &lower, &now()), None);
+        assert_eq!(
+            on_lower_absent(&finished, "lower-1", &now()),
+            LowerAbsent::Nothing
+        );
+        let mut succeeded = bound_pod();
+        succeeded.status.as_mut().unwrap().phase = Some("Succeeded".into());
+        assert!(is_terminal(&succeeded));
+    }
+
+    #[test]
+    fn checklist_54_fix_a_lower_pod_removed_without_grace_fails_the_upper_pod() {
+        let upper = bound_pod();
+        let lower = running_lower(&upper);
+        let mut synced = upper.clone();
+        synced.status = upper_status(&upper, &lower, &now());
+        let LowerAbsent::Lost(s) = on_lower_absent(&synced, "lower-1", &now()) else {
+            panic!("expected Lost");
+        };
+        assert_eq!(s.phase.as_deref(), Some("Failed"));
+        assert_eq!(s.reason.as_deref(), Some(REASON_LOWER_POD_LOST));
+        assert!(s.message.as_deref().unwrap().contains("lower-1"));
+        assert_eq!(cond(&s, "Ready").unwrap().status, "False");
+        let ours = cond(&s, CONDITION_OFFLOADED).unwrap();
+        assert_eq!(
+            (ours.status.as_str(), ours.reason.as_deref()),
+            ("False", Some(REASON_LOWER_POD_LOST))
+        );
+        let terminated = s.container_statuses.as_ref().unwrap()[0]
+            .state
+            .as_ref()
+            .unwrap()
+            .terminated
+            .as_ref()
+            .unwrap();
+        assert_eq!(
+            (terminated.exit_code, terminated.reason.as_deref()),
+            (137, Some("ContainerStatusUnknown"))
+        );
+    }
+
+    #[test]
+    fn checklist_55_fix_after_a_restart_the_upper_status_is_reconciled_with_the_lower_one() {
+        // A stale upper status (the process was down while the lower pod started) is compared
+        // with the current lower pod, not with events: the decision is the same as live.
+        let upper = bound_pod();
+        let mut stale = upper.clone();
+        let mut pending = running_lower(&upper);
+        pending.status.as_mut().unwrap().phase = Some("Pending".into());
+        stale.status = upper_status(&upper, &pending, &now());
+        let s = upper_status(&stale, &running_lower(&upper), &now()).unwrap();
+        assert_eq!(s.phase.as_deref(), Some("Running"));
+    }
+
+    #[test]
+    fn absent_lower_pod_is_created_when_never_offloaded_and_deletion_finished_when_deleting() {
+        let upper = bound_pod();
+        assert_eq!(
+            on_lower_absent(&upper, "lower-1", &now()),
+            LowerAbsent::Create
+        );
+        let mut deleting = upper.clone();
+        deleting.metadata.deletion_timestamp = Some(now());
+        assert_eq!(
+            on_lower_absent(&deleting, "lower-1", &now()),
+            LowerAbsent::FinishUpperDeletion
+        );
+    }
+
+    #[test]
+    fn lower_pod_without_status_yet_only_adds_our_condition() {
+        let upper = bound_pod();
+        let mut lower = running_lower(&upper);
+        lower.status = None;
+        let s = upper_status(&upper, &lower, &now()).unwrap();
+        assert_eq!(s.phase.as_deref(), Some("Pending"));
+        assert!(was_offloaded(&pod(json!({"status": s}))));
+    }
+}

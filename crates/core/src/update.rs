@@ -49,23 +49,28 @@ pub enum UpdateError {
     #[error(transparent)]
     Translate(#[from] TranslateError),
     /// The lower pod is not one we created for this upper pod: never touch it.
-    #[error(
-        "lower pod {namespace}/{name} is not ours (owner {found_owner:?}, upper uid {found_uid:?}; expected owner {owner:?}, upper uid {uid:?})"
-    )]
-    NotOurs {
-        /// Pod namespace.
-        namespace: String,
-        /// Pod name.
-        name: String,
-        /// Our owner label value.
-        owner: String,
-        /// The upper pod's UID.
-        uid: String,
-        /// The owner label found on the lower pod.
-        found_owner: Option<String>,
-        /// The upper UID recorded on the lower pod.
-        found_uid: Option<String>,
-    },
+    #[error(transparent)]
+    NotOurs(Box<ForeignPod>),
+}
+
+/// A lower pod with the name of an upper pod that was not created for it by this owner.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "lower pod {namespace}/{name} is not ours (owner {found_owner:?}, upper uid {found_uid:?}; expected owner {owner:?}, upper uid {uid:?})"
+)]
+pub struct ForeignPod {
+    /// Pod namespace.
+    pub namespace: String,
+    /// Pod name.
+    pub name: String,
+    /// Our owner label value.
+    pub owner: String,
+    /// The upper pod's UID.
+    pub uid: String,
+    /// The owner label found on the lower pod.
+    pub found_owner: Option<String>,
+    /// The upper UID recorded on the lower pod.
+    pub found_uid: Option<String>,
 }
 
 /// Whether a lower pod was created by this owner for this upper pod (same upper UID).
@@ -87,7 +92,7 @@ pub fn lower_pod_update(
 ) -> Result<PodUpdate, UpdateError> {
     let (namespace, name) = pod_key(upper)?;
     if !is_lower_pod_of(lower, upper, &cfg.owner) {
-        return Err(UpdateError::NotOurs {
+        return Err(UpdateError::NotOurs(Box::new(ForeignPod {
             namespace: namespace.to_owned(),
             name: name.to_owned(),
             owner: owner_label_value(&cfg.owner),
@@ -104,7 +109,7 @@ pub fn lower_pod_update(
                 .as_ref()
                 .and_then(|a| a.get(ANNOTATION_UPPER_UID))
                 .cloned(),
-        });
+        })));
     }
     let desired = lower_pod(upper, cfg)?;
     let empty = PodSpec::default();
@@ -504,7 +509,7 @@ mod tests {
             .insert(LABEL_OWNER.into(), "vk-2".into());
         assert!(matches!(
             lower_pod_update(&upper, &foreign, &cfg()),
-            Err(UpdateError::NotOurs { .. })
+            Err(UpdateError::NotOurs(_))
         ));
         let mut replaced = created_lower(&upper);
         replaced
