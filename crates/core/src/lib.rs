@@ -10,6 +10,7 @@
 //! - [`fit`]: the fit predicates shared by the scheduler extender, descheduler and capacity.
 //! - [`deps`]: which ConfigMaps, Secrets, PVCs and ServiceAccount a pod needs.
 //! - [`translate`]: upper pod -> lower pod, and lower copies of the objects it needs.
+//! - [`plan`]: creation order of a pod's lower objects and what to do with existing ones.
 //! - [`update`]: which upper pod changes may be applied to the lower pod.
 //! - [`status`]: lower pod -> upper pod status.
 #![forbid(unsafe_code)]
@@ -19,6 +20,7 @@ pub mod cluster_selector;
 pub mod deps;
 pub mod fit;
 pub mod keys;
+pub mod plan;
 pub mod quantity;
 pub mod resources;
 pub mod status;

@@ -14,6 +14,7 @@ use k8s_openapi::api::core::v1::{Container, EphemeralContainer, Pod, PodSpec, To
 use serde_json::{Map, Value, json};
 
 use crate::cluster_selector::ClusterSelector;
+use crate::deps::is_owned_by;
 use crate::keys::{
     ANNOTATION_CLUSTER_SELECTOR, ANNOTATION_UPPER_UID, LABEL_OWNER, owner_label_value,
 };
@@ -75,9 +76,9 @@ pub struct ForeignPod {
 
 /// Whether a lower pod was created by this owner for this upper pod (same upper UID).
 pub fn is_lower_pod_of(lower: &Pod, upper: &Pod, owner: &str) -> bool {
-    let meta = &lower.metadata;
-    meta.labels.as_ref().and_then(|l| l.get(LABEL_OWNER)) == Some(&owner_label_value(owner))
-        && meta
+    is_owned_by(&lower.metadata, owner)
+        && lower
+            .metadata
             .annotations
             .as_ref()
             .and_then(|a| a.get(ANNOTATION_UPPER_UID))

@@ -2,13 +2,17 @@
 //! server stores them (admission defaults, projected token volumes, owner references...).
 //! A change in any of these objects is a change in what lower clusters receive: review it.
 
+#![allow(clippy::unwrap_used, clippy::panic)] // test helpers: failing loudly is the point
 use k8s_openapi::api::core::v1::Pod;
 use serde_json::json;
 use tensile_core::deps::pod_dependencies;
 use tensile_core::translate::{TranslateConfig, lower_pod};
 
 fn fixture(name: &str) -> Pod {
-    let path = format!("{}/tests/fixtures/upper-pods/{name}.json", env!("CARGO_MANIFEST_DIR"));
+    let path = format!(
+        "{}/tests/fixtures/upper-pods/{name}.json",
+        env!("CARGO_MANIFEST_DIR")
+    );
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
     serde_json::from_str(&text).unwrap_or_else(|e| panic!("{path}: {e}"))
 }
