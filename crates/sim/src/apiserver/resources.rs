@@ -1,0 +1,294 @@
+//! The resource table: every resource the API server serves is one row of data (group,
+//! version, names, scope, subresources, field selectors) plus, where a resource has behaviour
+//! of its own, hooks in `strategy.rs` looked up by the row. Adding a resource is adding a row.
+
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+
+use k8s_openapi::api::{
+    admissionregistration::v1 as admreg, apps::v1 as apps, authentication::v1 as authn,
+    authorization::v1 as authz, batch::v1 as batch, coordination::v1 as coordination,
+    core::v1 as core, discovery::v1 as discovery, events::v1 as events, policy::v1 as policy,
+    scheduling::v1 as scheduling, storage::v1 as storage,
+};
+
+/// One served resource.
+#[derive(Debug)]
+pub struct ResourceType {
+    /// API group, `""` for the core group.
+    pub group: &'static str,
+    /// API version within the group.
+    pub version: &'static str,
+    /// Plural resource name used in paths.
+    pub plural: &'static str,
+    /// Singular name (discovery, kubectl).
+    pub singular: &'static str,
+    /// Kind of the objects.
+    pub kind: &'static str,
+    /// Namespaced or cluster-scoped.
+    pub namespaced: bool,
+    /// kubectl short names.
+    pub short_names: &'static [&'static str],
+    /// kubectl categories (`all`).
+    pub categories: &'static [&'static str],
+    /// Subresources served, with the kind they take.
+    pub subresources: &'static [(&'static str, &'static str)],
+    /// Field selector labels beyond `metadata.name` and `metadata.namespace`.
+    pub fields: &'static [&'static str],
+    /// Only `create` is served (reviews, bindings): nothing is stored.
+    pub create_only: bool,
+    /// Read-only, computed resources (metrics).
+    pub read_only: bool,
+    /// Decodes a body into the typed object and back: rejects ill-typed JSON like the real
+    /// decoder and drops unknown fields like the real server does for built-in types.
+    pub normalize: fn(Value) -> Result<Value, String>,
+}
+
+impl ResourceType {
+    /// `group/version`, or `version` for the core group.
+    pub fn api_version(&self) -> String {
+        if self.group.is_empty() {
+            self.version.to_owned()
+        } else {
+            format!("{}/{}", self.group, self.version)
+        }
+    }
+
+    /// Whether it has a `status` subresource.
+    pub fn has_status(&self) -> bool {
+        self.subresources.iter().any(|(s, _)| *s == "status")
+    }
+
+    /// The verbs discovery advertises.
+    pub fn verbs(&self) -> &'static [&'static str] {
+        if self.create_only {
+            &["create"]
+        } else if self.read_only {
+            &["get", "list"]
+        } else {
+            &["create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"]
+        }
+    }
+
+    /// Whether `label` may be used in a field selector on this resource.
+    pub fn supports_field(&self, label: &str) -> bool {
+        matches!(label, "metadata.name" | "metadata.namespace") || self.fields.contains(&label)
+    }
+}
+
+fn normalize<K: DeserializeOwned + Serialize>(value: Value) -> Result<Value, String> {
+    let typed: K = serde_json::from_value(value).map_err(|e| e.to_string())?;
+    serde_json::to_value(&typed).map_err(|e| e.to_string())
+}
+
+/// Objects we serve without a k8s-openapi type (metrics): kept as they are.
+fn untyped(value: Value) -> Result<Value, String> {
+    if value.is_object() { Ok(value) } else { Err("expected a JSON object".to_owned()) }
+}
+
+const STATUS: (&str, &str) = ("status", "");
+const NONE: &[&str] = &[];
+
+macro_rules! row {
+    ($group:literal, $version:literal, $plural:literal, $singular:literal, $kind:literal, $ty:ty,
+     namespaced: $ns:literal $(, short: [$($short:literal),*])? $(, categories: [$($cat:literal),*])?
+     $(, sub: [$($sub:expr),*])? $(, fields: [$($field:literal),*])? $(, create_only: $co:literal)?) => {
+        ResourceType {
+            group: $group,
+            version: $version,
+            plural: $plural,
+            singular: $singular,
+            kind: $kind,
+            namespaced: $ns,
+            short_names: &[$($($short),*)?],
+            categories: &[$($($cat),*)?],
+            subresources: &[$($($sub),*)?],
+            fields: &[$($($field),*)?],
+            create_only: false $(|| $co)?,
+            read_only: false,
+            normalize: normalize::<$ty>,
+        }
+    };
+}
+
+/// Every resource served, in discovery order.
+pub static RESOURCES: &[ResourceType] = &[
+    row!("", "v1", "namespaces", "namespace", "Namespace", core::Namespace, namespaced: false,
+        short: ["ns"], sub: [STATUS, ("finalize", "Namespace")], fields: ["status.phase"]),
+    row!("", "v1", "pods", "pod", "Pod", core::Pod, namespaced: true, short: ["po"],
+        categories: ["all"],
+        sub: [STATUS, ("binding", "Binding"), ("eviction", "Eviction"), ("log", "Pod"),
+              ("exec", "PodExecOptions"), ("attach", "PodAttachOptions"),
+              ("portforward", "PodPortForwardOptions"), ("proxy", "PodProxyOptions"),
+              ("ephemeralcontainers", "Pod")],
+        fields: ["spec.nodeName", "spec.restartPolicy", "spec.schedulerName",
+                 "spec.serviceAccountName", "spec.hostNetwork", "status.phase", "status.podIP",
+                 "status.nominatedNodeName"]),
+    row!("", "v1", "bindings", "binding", "Binding", core::Binding, namespaced: true,
+        create_only: true),
+    row!("", "v1", "nodes", "node", "Node", core::Node, namespaced: false, short: ["no"],
+        sub: [STATUS, ("proxy", "NodeProxyOptions")], fields: ["spec.unschedulable"]),
+    row!("", "v1", "services", "service", "Service", core::Service, namespaced: true,
+        short: ["svc"], categories: ["all"], sub: [STATUS, ("proxy", "ServiceProxyOptions")],
+        fields: ["spec.clusterIP", "spec.type"]),
+    row!("", "v1", "endpoints", "endpoints", "Endpoints", core::Endpoints, namespaced: true,
+        short: ["ep"]),
+    row!("", "v1", "configmaps", "configmap", "ConfigMap", core::ConfigMap, namespaced: true,
+        short: ["cm"]),
+    row!("", "v1", "secrets", "secret", "Secret", core::Secret, namespaced: true,
+        fields: ["type"]),
+    row!("", "v1", "serviceaccounts", "serviceaccount", "ServiceAccount",
+        core::ServiceAccount, namespaced: true, short: ["sa"], sub: [("token", "TokenRequest")]),
+    row!("", "v1", "persistentvolumes", "persistentvolume", "PersistentVolume",
+        core::PersistentVolume, namespaced: false, short: ["pv"], sub: [STATUS]),
+    row!("", "v1", "persistentvolumeclaims", "persistentvolumeclaim", "PersistentVolumeClaim",
+        core::PersistentVolumeClaim, namespaced: true, short: ["pvc"], sub: [STATUS]),
+    row!("", "v1", "events", "event", "Event", core::Event, namespaced: true, short: ["ev"],
+        fields: ["involvedObject.kind", "involvedObject.namespace", "involvedObject.name",
+                 "involvedObject.uid", "involvedObject.apiVersion",
+                 "involvedObject.resourceVersion", "involvedObject.fieldPath", "reason",
+                 "reportingComponent", "source", "type"]),
+    row!("", "v1", "resourcequotas", "resourcequota", "ResourceQuota", core::ResourceQuota,
+        namespaced: true, short: ["quota"], sub: [STATUS]),
+    row!("", "v1", "limitranges", "limitrange", "LimitRange", core::LimitRange,
+        namespaced: true, short: ["limits"]),
+    row!("apps", "v1", "deployments", "deployment", "Deployment", apps::Deployment,
+        namespaced: true, short: ["deploy"], categories: ["all"], sub: [STATUS, ("scale", "Scale")]),
+    row!("apps", "v1", "replicasets", "replicaset", "ReplicaSet", apps::ReplicaSet,
+        namespaced: true, short: ["rs"], categories: ["all"], sub: [STATUS, ("scale", "Scale")],
+        fields: ["status.replicas"]),
+    row!("apps", "v1", "statefulsets", "statefulset", "StatefulSet", apps::StatefulSet,
+        namespaced: true, short: ["sts"], categories: ["all"], sub: [STATUS, ("scale", "Scale")]),
+    row!("apps", "v1", "daemonsets", "daemonset", "DaemonSet", apps::DaemonSet,
+        namespaced: true, short: ["ds"], categories: ["all"], sub: [STATUS]),
+    row!("batch", "v1", "jobs", "job", "Job", batch::Job, namespaced: true,
+        categories: ["all"], sub: [STATUS]),
+    row!("discovery.k8s.io", "v1", "endpointslices", "endpointslice", "EndpointSlice",
+        discovery::EndpointSlice, namespaced: true),
+    row!("events.k8s.io", "v1", "events", "event", "Event", events::Event, namespaced: true,
+        short: ["ev"]),
+    row!("coordination.k8s.io", "v1", "leases", "lease", "Lease", coordination::Lease,
+        namespaced: true),
+    row!("storage.k8s.io", "v1", "storageclasses", "storageclass", "StorageClass",
+        storage::StorageClass, namespaced: false, short: ["sc"]),
+    row!("scheduling.k8s.io", "v1", "priorityclasses", "priorityclass", "PriorityClass",
+        scheduling::PriorityClass, namespaced: false, short: ["pc"]),
+    row!("policy", "v1", "poddisruptionbudgets", "poddisruptionbudget", "PodDisruptionBudget",
+        policy::PodDisruptionBudget, namespaced: true, short: ["pdb"], sub: [STATUS]),
+    row!("admissionregistration.k8s.io", "v1", "mutatingwebhookconfigurations",
+        "mutatingwebhookconfiguration", "MutatingWebhookConfiguration",
+        admreg::MutatingWebhookConfiguration, namespaced: false),
+    row!("admissionregistration.k8s.io", "v1", "validatingwebhookconfigurations",
+        "validatingwebhookconfiguration", "ValidatingWebhookConfiguration",
+        admreg::ValidatingWebhookConfiguration, namespaced: false),
+    row!("authentication.k8s.io", "v1", "tokenreviews", "tokenreview", "TokenReview",
+        authn::TokenReview, namespaced: false, create_only: true),
+    row!("authorization.k8s.io", "v1", "subjectaccessreviews", "subjectaccessreview",
+        "SubjectAccessReview", authz::SubjectAccessReview, namespaced: false, create_only: true),
+    ResourceType {
+        group: "metrics.k8s.io",
+        version: "v1beta1",
+        plural: "pods",
+        singular: "",
+        kind: "PodMetrics",
+        namespaced: true,
+        short_names: NONE,
+        categories: NONE,
+        subresources: &[],
+        fields: NONE,
+        create_only: false,
+        read_only: true,
+        normalize: untyped,
+    },
+    ResourceType {
+        group: "metrics.k8s.io",
+        version: "v1beta1",
+        plural: "nodes",
+        singular: "",
+        kind: "NodeMetrics",
+        namespaced: false,
+        short_names: NONE,
+        categories: NONE,
+        subresources: &[],
+        fields: NONE,
+        create_only: false,
+        read_only: true,
+        normalize: untyped,
+    },
+];
+
+/// Index of a row in [`RESOURCES`]; the store keys objects by it.
+pub type ResId = usize;
+
+/// Finds a resource by group, version and plural.
+pub fn find(group: &str, version: &str, plural: &str) -> Option<ResId> {
+    RESOURCES.iter().position(|r| r.group == group && r.version == version && r.plural == plural)
+}
+
+/// Finds the resource of a kind in a group/version (`apiVersion` as written in objects).
+pub fn find_kind(api_version: &str, kind: &str) -> Option<ResId> {
+    RESOURCES.iter().position(|r| r.api_version() == api_version && r.kind == kind)
+}
+
+/// The resource type of an id; ids only come from this table.
+pub fn get(id: ResId) -> &'static ResourceType {
+    &RESOURCES[id.min(RESOURCES.len() - 1)]
+}
+
+/// Well-known ids, looked up once.
+pub mod ids {
+    use super::{ResId, find};
+    use std::sync::LazyLock;
+
+    macro_rules! id {
+        ($name:ident, $group:literal, $plural:literal) => {
+            #[doc = concat!("`", $plural, "` in group `", $group, "`.")]
+            pub static $name: LazyLock<ResId> =
+                LazyLock::new(|| find($group, if $group == "metrics.k8s.io" { "v1beta1" } else { "v1" }, $plural).unwrap_or(usize::MAX));
+        };
+    }
+    id!(NAMESPACES, "", "namespaces");
+    id!(PODS, "", "pods");
+    id!(NODES, "", "nodes");
+    id!(SERVICES, "", "services");
+    id!(ENDPOINTS, "", "endpoints");
+    id!(CONFIGMAPS, "", "configmaps");
+    id!(SECRETS, "", "secrets");
+    id!(SERVICEACCOUNTS, "", "serviceaccounts");
+    id!(EVENTS, "", "events");
+    id!(DEPLOYMENTS, "apps", "deployments");
+    id!(REPLICASETS, "apps", "replicasets");
+    id!(ENDPOINTSLICES, "discovery.k8s.io", "endpointslices");
+    id!(LEASES, "coordination.k8s.io", "leases");
+    id!(MUTATING_WEBHOOKS, "admissionregistration.k8s.io", "mutatingwebhookconfigurations");
+    id!(POD_METRICS, "metrics.k8s.io", "pods");
+    id!(NODE_METRICS, "metrics.k8s.io", "nodes");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn every_row_is_unique_and_findable() {
+        for (i, r) in RESOURCES.iter().enumerate() {
+            assert_eq!(find(r.group, r.version, r.plural), Some(i), "{}", r.plural);
+        }
+        assert_ne!(*ids::PODS, usize::MAX);
+        assert_ne!(*ids::NODE_METRICS, usize::MAX);
+        assert_eq!(get(*ids::PODS).kind, "Pod");
+    }
+
+    #[test]
+    fn normalize_rejects_ill_typed_json_and_drops_unknown_fields() {
+        let pods = get(*ids::PODS);
+        let ok = (pods.normalize)(json!({"metadata": {"name": "a"}, "bogus": 1,
+            "spec": {"containers": [{"name": "c", "image": "i"}]}}))
+        .unwrap();
+        assert!(ok.get("bogus").is_none());
+        let err = (pods.normalize)(json!({"spec": {"containers": "nope"}})).unwrap_err();
+        assert!(err.contains("invalid type"), "{err}");
+    }
+}

@@ -1,0 +1,398 @@
+//! In-memory storage with the semantics controllers depend on: one global, monotonically
+//! increasing resourceVersion; compare-and-swap updates (409 on a stale resourceVersion); and
+//! an event log from which watches replay any resourceVersion still retained (410 Expired
+//! otherwise).
+//!
+//! All watches read the one shared log: a write appends an event and wakes the watchers, each
+//! of which takes the events after its own cursor. The log is the only buffer, so memory is
+//! bounded by its capacity, and a watcher that falls behind past it gets 410 like a real one.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::ops::Bound;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use bytes::Bytes;
+use serde_json::Value;
+use tokio::sync::Notify;
+
+use super::resources::ResId;
+
+/// Namespace ("" for cluster-scoped objects) and name.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ObjKey {
+    /// Namespace, empty for cluster-scoped objects.
+    pub namespace: String,
+    /// Name.
+    pub name: String,
+}
+
+impl ObjKey {
+    /// A key.
+    pub fn new(namespace: impl Into<String>, name: impl Into<String>) -> Self {
+        Self { namespace: namespace.into(), name: name.into() }
+    }
+}
+
+/// A stored object, shared (never copied) between readers.
+#[derive(Clone, Debug)]
+pub struct Entry {
+    /// The object, with `metadata.resourceVersion` set.
+    pub object: Arc<Value>,
+    /// Its JSON, serialized once at write time.
+    pub json: Bytes,
+    /// Its resourceVersion.
+    pub rv: u64,
+}
+
+/// Watch event types.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EventType {
+    /// Created.
+    Added,
+    /// Changed.
+    Modified,
+    /// Removed; the object is its last state.
+    Deleted,
+}
+
+impl EventType {
+    /// The wire name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Added => "ADDED",
+            Self::Modified => "MODIFIED",
+            Self::Deleted => "DELETED",
+        }
+    }
+}
+
+/// One change, as watches see it.
+#[derive(Debug)]
+pub struct Event {
+    /// The resourceVersion of the change.
+    pub rv: u64,
+    /// Which resource.
+    pub res: ResId,
+    /// What happened.
+    pub kind: EventType,
+    /// Which object.
+    pub key: ObjKey,
+    /// The object after the change (before it, for deletions).
+    pub entry: Entry,
+}
+
+/// Storage failures; the API layer turns them into Status errors.
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+pub enum StoreError {
+    /// No such object.
+    #[error("not found")]
+    NotFound,
+    /// An object with that key exists.
+    #[error("already exists")]
+    AlreadyExists,
+    /// The object changed since the given resourceVersion.
+    #[error("the object has been modified; please apply your changes to the latest version and try again")]
+    Conflict,
+    /// The requested resourceVersion is older than the retained history.
+    #[error("too old resource version: {requested} ({oldest})")]
+    Expired {
+        /// What was asked.
+        requested: u64,
+        /// The oldest resourceVersion still replayable.
+        oldest: u64,
+    },
+}
+
+struct Inner {
+    rv: u64,
+    objects: Vec<BTreeMap<ObjKey, Entry>>,
+    log: VecDeque<Arc<Event>>,
+    /// Every event with rv > floor is in the log.
+    floor: u64,
+    capacity: usize,
+}
+
+/// The store of one API server.
+pub struct Store {
+    inner: Mutex<Inner>,
+    changed: Notify,
+}
+
+impl std::fmt::Debug for Store {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Store").field("rv", &self.current_rv()).finish()
+    }
+}
+
+impl Store {
+    /// A store for `resources` resource types whose event log keeps `capacity` events.
+    pub fn new(resources: usize, capacity: usize) -> Self {
+        Self {
+            inner: Mutex::new(Inner {
+                rv: 1,
+                objects: (0..resources).map(|_| BTreeMap::new()).collect(),
+                log: VecDeque::with_capacity(capacity.min(1 << 16)),
+                floor: 1,
+                capacity: capacity.max(1),
+            }),
+            changed: Notify::new(),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        // A panic while holding the lock cannot leave the maps half-updated (every mutation
+        // is a single insert/remove after all fallible work), so a poisoned lock is usable.
+        self.inner.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The newest resourceVersion.
+    pub fn current_rv(&self) -> u64 {
+        self.lock().rv
+    }
+
+    /// One object.
+    pub fn get(&self, res: ResId, key: &ObjKey) -> Option<Entry> {
+        self.lock().objects.get(res)?.get(key).cloned()
+    }
+
+    /// Objects of a resource, in one namespace or all, in key order, after `start_after`
+    /// (pagination), at most `limit`; with the store's resourceVersion at that moment and
+    /// whether more remain.
+    pub fn list(
+        &self,
+        res: ResId,
+        namespace: Option<&str>,
+        start_after: Option<&ObjKey>,
+        limit: Option<usize>,
+        mut filter: impl FnMut(&Entry) -> bool,
+    ) -> (Vec<Entry>, u64, Option<ObjKey>) {
+        let inner = self.lock();
+        let Some(table) = inner.objects.get(res) else { return (Vec::new(), inner.rv, None) };
+        let lower = match (start_after, namespace) {
+            (Some(k), _) => Bound::Excluded(k.clone()),
+            (None, Some(ns)) => Bound::Included(ObjKey::new(ns, "")),
+            (None, None) => Bound::Unbounded,
+        };
+        let mut out = Vec::new();
+        let mut last = None;
+        for (key, entry) in table.range((lower, Bound::Unbounded)) {
+            if let Some(ns) = namespace
+                && key.namespace != ns
+            {
+                break;
+            }
+            if !filter(entry) {
+                continue;
+            }
+            if limit.is_some_and(|l| out.len() >= l) {
+                return (out, inner.rv, last);
+            }
+            out.push(entry.clone());
+            last = Some(key.clone());
+        }
+        (out, inner.rv, None)
+    }
+
+    /// Stores a new object. The object's `metadata.resourceVersion` is set here.
+    pub fn create(&self, res: ResId, key: ObjKey, object: Value) -> Result<Entry, StoreError> {
+        let mut inner = self.lock();
+        if inner.objects.get(res).is_some_and(|t| t.contains_key(&key)) {
+            return Err(StoreError::AlreadyExists);
+        }
+        let entry = inner.commit(res, key, object, EventType::Added);
+        drop(inner);
+        self.changed.notify_waiters();
+        Ok(entry)
+    }
+
+    /// Replaces an object if its resourceVersion is still `expected` (when given).
+    pub fn replace(
+        &self,
+        res: ResId,
+        key: ObjKey,
+        object: Value,
+        expected: Option<u64>,
+    ) -> Result<Entry, StoreError> {
+        let mut inner = self.lock();
+        let current = inner.objects.get(res).and_then(|t| t.get(&key)).map(|e| e.rv);
+        match (current, expected) {
+            (None, _) => return Err(StoreError::NotFound),
+            (Some(rv), Some(exp)) if rv != exp => return Err(StoreError::Conflict),
+            _ => {}
+        }
+        let entry = inner.commit(res, key, object, EventType::Modified);
+        drop(inner);
+        self.changed.notify_waiters();
+        Ok(entry)
+    }
+
+    /// Removes an object if its resourceVersion is still `expected` (when given); the DELETED
+    /// event carries the last state with a new resourceVersion, as etcd-backed servers do.
+    pub fn remove(&self, res: ResId, key: &ObjKey, expected: Option<u64>) -> Result<Entry, StoreError> {
+        let mut inner = self.lock();
+        let current = inner.objects.get(res).and_then(|t| t.get(key)).map(|e| e.rv);
+        match (current, expected) {
+            (None, _) => return Err(StoreError::NotFound),
+            (Some(rv), Some(exp)) if rv != exp => return Err(StoreError::Conflict),
+            _ => {}
+        }
+        let last = inner.objects.get_mut(res).and_then(|t| t.remove(key));
+        let object = last.map(|e| Arc::unwrap_or_clone(e.object)).unwrap_or(Value::Null);
+        let entry = inner.record(res, key.clone(), object, EventType::Deleted);
+        drop(inner);
+        self.changed.notify_waiters();
+        Ok(entry)
+    }
+
+    /// Starts a watch after resourceVersion `from`: the retained events since then, and a
+    /// cursor to wait for more.
+    pub fn watch_from(&self, from: u64) -> Result<WatchCursor<'_>, StoreError> {
+        let inner = self.lock();
+        if from < inner.floor {
+            return Err(StoreError::Expired { requested: from, oldest: inner.floor });
+        }
+        Ok(WatchCursor { store: self, after: from.min(inner.rv) })
+    }
+}
+
+impl Inner {
+    fn next_rv(&mut self) -> u64 {
+        self.rv += 1;
+        self.rv
+    }
+
+    fn commit(&mut self, res: ResId, key: ObjKey, object: Value, kind: EventType) -> Entry {
+        let entry = self.record(res, key.clone(), object, kind);
+        if let Some(table) = self.objects.get_mut(res) {
+            table.insert(key, entry.clone());
+        }
+        entry
+    }
+
+    /// Stamps the object with a new resourceVersion and appends the event.
+    fn record(&mut self, res: ResId, key: ObjKey, mut object: Value, kind: EventType) -> Entry {
+        let rv = self.next_rv();
+        if let Some(meta) = object.get_mut("metadata").and_then(Value::as_object_mut) {
+            meta.insert("resourceVersion".into(), Value::String(rv.to_string()));
+        }
+        let json = Bytes::from(serde_json::to_vec(&object).unwrap_or_default());
+        let entry = Entry { object: Arc::new(object), json, rv };
+        if self.log.len() >= self.capacity
+            && let Some(old) = self.log.pop_front()
+        {
+            self.floor = old.rv;
+        }
+        self.log.push_back(Arc::new(Event { rv, res, kind, key, entry: entry.clone() }));
+        entry
+    }
+}
+
+/// A position in the event log.
+#[derive(Debug)]
+pub struct WatchCursor<'a> {
+    store: &'a Store,
+    after: u64,
+}
+
+impl WatchCursor<'_> {
+    /// The resourceVersion of the last event handed out (or of the start).
+    pub fn position(&self) -> u64 {
+        self.after
+    }
+
+    /// Events after the cursor, waiting until there is at least one. Err when the cursor fell
+    /// out of the retained log.
+    pub async fn next_batch(&mut self) -> Result<Vec<Arc<Event>>, StoreError> {
+        loop {
+            let notified = self.store.changed.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            let batch = self.take()?;
+            if !batch.is_empty() {
+                return Ok(batch);
+            }
+            notified.await;
+        }
+    }
+
+    /// Events after the cursor, without waiting.
+    pub fn take(&mut self) -> Result<Vec<Arc<Event>>, StoreError> {
+        let inner = self.store.lock();
+        if self.after < inner.floor {
+            return Err(StoreError::Expired { requested: self.after, oldest: inner.floor });
+        }
+        // rvs are strictly increasing along the log: binary search the start.
+        let start = inner.log.partition_point(|e| e.rv <= self.after);
+        let batch: Vec<Arc<Event>> = inner.log.range(start..).cloned().collect();
+        if let Some(last) = batch.last() {
+            self.after = last.rv;
+        } else {
+            self.after = self.after.max(inner.rv);
+        }
+        Ok(batch)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn obj(name: &str) -> Value {
+        json!({"metadata": {"name": name, "namespace": "ns"}})
+    }
+
+    #[test]
+    fn resource_versions_increase_globally_and_conflicts_are_detected() {
+        let s = Store::new(2, 100);
+        let a = s.create(0, ObjKey::new("ns", "a"), obj("a")).unwrap();
+        let b = s.create(1, ObjKey::new("ns", "b"), obj("b")).unwrap();
+        assert!(b.rv > a.rv);
+        assert_eq!(a.object["metadata"]["resourceVersion"], a.rv.to_string());
+        assert_eq!(s.create(0, ObjKey::new("ns", "a"), obj("a")).unwrap_err(), StoreError::AlreadyExists);
+        let a2 = s.replace(0, ObjKey::new("ns", "a"), obj("a"), Some(a.rv)).unwrap();
+        assert_eq!(
+            s.replace(0, ObjKey::new("ns", "a"), obj("a"), Some(a.rv)).unwrap_err(),
+            StoreError::Conflict
+        );
+        assert_eq!(s.remove(0, &ObjKey::new("ns", "a"), Some(a.rv)).unwrap_err(), StoreError::Conflict);
+        s.remove(0, &ObjKey::new("ns", "a"), Some(a2.rv)).unwrap();
+        assert!(s.get(0, &ObjKey::new("ns", "a")).is_none());
+    }
+
+    #[test]
+    fn list_paginates_in_key_order_within_a_namespace() {
+        let s = Store::new(1, 100);
+        for (ns, n) in [("a", "x"), ("b", "y"), ("b", "z"), ("c", "w")] {
+            s.create(0, ObjKey::new(ns, n), json!({"metadata": {}})).unwrap();
+        }
+        let (page, _, next) = s.list(0, Some("b"), None, Some(1), |_| true);
+        assert_eq!(page.len(), 1);
+        let (rest, _, more) = s.list(0, Some("b"), next.as_ref(), Some(1), |_| true);
+        assert_eq!(rest.len(), 1);
+        assert!(more.is_none());
+        assert_eq!(s.list(0, None, None, None, |_| true).0.len(), 4);
+    }
+
+    #[tokio::test]
+    async fn watch_replays_retained_events_and_expires_old_ones() {
+        let s = Store::new(1, 3);
+        let start = s.current_rv();
+        for n in ["a", "b", "c", "d"] {
+            s.create(0, ObjKey::new("ns", n), obj(n)).unwrap();
+        }
+        assert!(matches!(s.watch_from(start), Err(StoreError::Expired { .. })));
+        let mut w = s.watch_from(s.current_rv() - 2).unwrap();
+        let batch = w.next_batch().await.unwrap();
+        let names: Vec<_> = batch.iter().map(|e| e.key.name.as_str()).collect();
+        assert_eq!(names, ["c", "d"]);
+        let waiter = async { w.next_batch().await.unwrap() };
+        let writer = async {
+            tokio::task::yield_now().await;
+            s.remove(0, &ObjKey::new("ns", "d"), None).unwrap();
+        };
+        let (batch, ()) = tokio::join!(waiter, writer);
+        assert_eq!(batch[0].kind, EventType::Deleted);
+        assert_eq!(batch[0].entry.object["metadata"]["name"], "d");
+    }
+}
