@@ -77,8 +77,11 @@ pub struct Event {
     pub kind: EventType,
     /// Which object.
     pub key: ObjKey,
-    /// The object after the change (before it, for deletions).
+    /// The object after the change (its last state, for deletions).
     pub entry: Entry,
+    /// The object before a modification, so filtered watches can tell an object that stops
+    /// matching (sent as DELETED) from one that starts matching (sent as ADDED).
+    pub prev: Option<Entry>,
 }
 
 /// Storage failures; the API layer turns them into Status errors.
@@ -238,7 +241,7 @@ impl Store {
         }
         let last = inner.objects.get_mut(res).and_then(|t| t.remove(key));
         let object = last.map(|e| Arc::unwrap_or_clone(e.object)).unwrap_or(Value::Null);
-        let entry = inner.record(res, key.clone(), object, EventType::Deleted);
+        let entry = inner.record(res, key.clone(), object, EventType::Deleted, None);
         drop(inner);
         self.changed.notify_waiters();
         Ok(entry)
@@ -262,7 +265,11 @@ impl Inner {
     }
 
     fn commit(&mut self, res: ResId, key: ObjKey, object: Value, kind: EventType) -> Entry {
-        let entry = self.record(res, key.clone(), object, kind);
+        let prev = match kind {
+            EventType::Modified => self.objects.get(res).and_then(|t| t.get(&key)).cloned(),
+            _ => None,
+        };
+        let entry = self.record(res, key.clone(), object, kind, prev);
         if let Some(table) = self.objects.get_mut(res) {
             table.insert(key, entry.clone());
         }
@@ -270,7 +277,14 @@ impl Inner {
     }
 
     /// Stamps the object with a new resourceVersion and appends the event.
-    fn record(&mut self, res: ResId, key: ObjKey, mut object: Value, kind: EventType) -> Entry {
+    fn record(
+        &mut self,
+        res: ResId,
+        key: ObjKey,
+        mut object: Value,
+        kind: EventType,
+        prev: Option<Entry>,
+    ) -> Entry {
         let rv = self.next_rv();
         if let Some(meta) = object.get_mut("metadata").and_then(Value::as_object_mut) {
             meta.insert("resourceVersion".into(), Value::String(rv.to_string()));
@@ -282,7 +296,7 @@ impl Inner {
         {
             self.floor = old.rv;
         }
-        self.log.push_back(Arc::new(Event { rv, res, kind, key, entry: entry.clone() }));
+        self.log.push_back(Arc::new(Event { rv, res, kind, key, entry: entry.clone(), prev }));
         entry
     }
 }

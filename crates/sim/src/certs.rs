@@ -1,0 +1,197 @@
+//! A cluster's own certificate authority: serving certificates for the API server and
+//! kubelets, client certificates for users (kubeconfig) and for the API server's calls to
+//! kubelets, all signed by it, the way kubeadm lays a cluster out.
+
+use std::sync::Arc;
+
+use rcgen::{
+    BasicConstraints, CertificateParams, CertifiedIssuer, DistinguishedName, DnType,
+    ExtendedKeyUsagePurpose, IsCa, KeyPair, KeyUsagePurpose,
+};
+use rustls::RootCertStore;
+use rustls::server::WebPkiClientVerifier;
+use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+
+/// Certificate generation or TLS configuration failed.
+#[derive(Debug, thiserror::Error)]
+pub enum CertError {
+    /// rcgen refused the parameters.
+    #[error("generating {what}: {source}")]
+    Generate {
+        /// Which certificate.
+        what: String,
+        /// Why.
+        #[source]
+        source: rcgen::Error,
+    },
+    /// A PEM block did not parse.
+    #[error("reading {what} PEM: {message}")]
+    Pem {
+        /// Which PEM.
+        what: &'static str,
+        /// Why.
+        message: String,
+    },
+    /// rustls refused the configuration.
+    #[error("TLS configuration: {0}")]
+    Tls(#[from] rustls::Error),
+    /// The client verifier could not be built.
+    #[error("client certificate verifier: {0}")]
+    Verifier(String),
+}
+
+/// A certificate and its private key, PEM encoded.
+#[derive(Clone, Debug)]
+pub struct Issued {
+    /// The certificate.
+    pub cert_pem: String,
+    /// Its private key (PKCS#8).
+    pub key_pem: String,
+}
+
+/// A certificate authority.
+pub struct Ca {
+    issuer: CertifiedIssuer<'static, KeyPair>,
+    cert_pem: String,
+}
+
+impl std::fmt::Debug for Ca {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Ca").finish_non_exhaustive()
+    }
+}
+
+fn generate(what: &str, e: rcgen::Error) -> CertError {
+    CertError::Generate { what: what.to_owned(), source: e }
+}
+
+impl Ca {
+    /// A new self-signed CA named `common_name`.
+    pub fn new(common_name: &str) -> Result<Self, CertError> {
+        let what = format!("CA {common_name}");
+        let mut params = CertificateParams::new(Vec::<String>::new()).map_err(|e| generate(&what, e))?;
+        params.distinguished_name = name(common_name, &[]);
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        params.key_usages =
+            vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign, KeyUsagePurpose::DigitalSignature];
+        let key = KeyPair::generate().map_err(|e| generate(&what, e))?;
+        let issuer = CertifiedIssuer::self_signed(params, key).map_err(|e| generate(&what, e))?;
+        let cert_pem = issuer.pem();
+        Ok(Self { issuer, cert_pem })
+    }
+
+    /// The CA certificate.
+    pub fn cert_pem(&self) -> &str {
+        &self.cert_pem
+    }
+
+    /// A serving certificate for these DNS names and IP addresses.
+    pub fn issue_server(&self, common_name: &str, sans: &[String]) -> Result<Issued, CertError> {
+        self.issue(common_name, &[], sans, ExtendedKeyUsagePurpose::ServerAuth)
+    }
+
+    /// A client certificate for user `common_name` in `group` (the subject's organization;
+    /// rcgen writes one value per attribute type, so one group).
+    pub fn issue_client(&self, common_name: &str, group: Option<&str>) -> Result<Issued, CertError> {
+        let orgs: Vec<&str> = group.into_iter().collect();
+        self.issue(common_name, &orgs, &[], ExtendedKeyUsagePurpose::ClientAuth)
+    }
+
+    fn issue(
+        &self,
+        common_name: &str,
+        organizations: &[&str],
+        sans: &[String],
+        usage: ExtendedKeyUsagePurpose,
+    ) -> Result<Issued, CertError> {
+        let what = format!("certificate {common_name}");
+        let mut params = CertificateParams::new(sans.to_vec()).map_err(|e| generate(&what, e))?;
+        params.distinguished_name = name(common_name, organizations);
+        params.key_usages = vec![KeyUsagePurpose::DigitalSignature, KeyUsagePurpose::KeyEncipherment];
+        params.extended_key_usages = vec![usage];
+        params.use_authority_key_identifier_extension = true;
+        let key = KeyPair::generate().map_err(|e| generate(&what, e))?;
+        let cert = params.signed_by(&key, &self.issuer).map_err(|e| generate(&what, e))?;
+        Ok(Issued { cert_pem: cert.pem(), key_pem: key.serialize_pem() })
+    }
+}
+
+fn name(common_name: &str, organizations: &[&str]) -> DistinguishedName {
+    let mut dn = DistinguishedName::new();
+    for o in organizations {
+        dn.push(DnType::OrganizationName, *o);
+    }
+    dn.push(DnType::CommonName, common_name);
+    dn
+}
+
+/// Certificates of a PEM bundle.
+pub fn certs_from_pem(what: &'static str, pem: &str) -> Result<Vec<CertificateDer<'static>>, CertError> {
+    CertificateDer::pem_slice_iter(pem.as_bytes())
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| CertError::Pem { what, message: e.to_string() })
+}
+
+/// The private key of a PEM block.
+pub fn key_from_pem(what: &'static str, pem: &str) -> Result<PrivateKeyDer<'static>, CertError> {
+    PrivateKeyDer::from_pem_slice(pem.as_bytes()).map_err(|e| CertError::Pem { what, message: e.to_string() })
+}
+
+/// The ring crypto provider: the whole project uses it, never aws-lc.
+pub fn provider() -> Arc<rustls::crypto::CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+/// A TLS server configuration presenting `serving` and asking (not requiring) client
+/// certificates signed by `client_ca`, so bearer-token clients can connect too. HTTP/1.1 only:
+/// exec, attach and port-forward upgrade the connection, which HTTP/2 cannot.
+pub fn server_config(serving: &Issued, client_ca: &str) -> Result<Arc<rustls::ServerConfig>, CertError> {
+    let mut roots = RootCertStore::empty();
+    for cert in certs_from_pem("client CA", client_ca)? {
+        roots.add(cert)?;
+    }
+    let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider())
+        .allow_unauthenticated()
+        .build()
+        .map_err(|e| CertError::Verifier(e.to_string()))?;
+    let mut config = rustls::ServerConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()?
+        .with_client_cert_verifier(verifier)
+        .with_single_cert(
+            certs_from_pem("serving certificate", &serving.cert_pem)?,
+            key_from_pem("serving key", &serving.key_pem)?,
+        )?;
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(Arc::new(config))
+}
+
+/// The subject of a verified client certificate: (common name, organizations).
+pub fn client_identity(cert: &CertificateDer<'_>) -> Option<(String, Vec<String>)> {
+    let (_, parsed) = x509_parser::parse_x509_certificate(cert.as_ref()).ok()?;
+    let subject = parsed.subject();
+    let cn = subject.iter_common_name().next()?.as_str().ok()?.to_owned();
+    let orgs = subject
+        .iter_organization()
+        .filter_map(|o| o.as_str().ok().map(str::to_owned))
+        .collect();
+    Some((cn, orgs))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn issued_certificates_chain_to_the_ca_and_carry_the_identity() {
+        let ca = Ca::new("test-ca").unwrap();
+        let server = ca.issue_server("apiserver", &["127.0.0.1".into(), "localhost".into()]).unwrap();
+        server_config(&server, ca.cert_pem()).unwrap();
+        let client = ca.issue_client("alice", Some("system:masters")).unwrap();
+        let der = certs_from_pem("client", &client.cert_pem).unwrap();
+        assert_eq!(
+            client_identity(&der[0]),
+            Some(("alice".into(), vec!["system:masters".into()]))
+        );
+    }
+}
