@@ -63,18 +63,25 @@ impl std::fmt::Debug for Ca {
 }
 
 fn generate(what: &str, e: rcgen::Error) -> CertError {
-    CertError::Generate { what: what.to_owned(), source: e }
+    CertError::Generate {
+        what: what.to_owned(),
+        source: e,
+    }
 }
 
 impl Ca {
     /// A new self-signed CA named `common_name`.
     pub fn new(common_name: &str) -> Result<Self, CertError> {
         let what = format!("CA {common_name}");
-        let mut params = CertificateParams::new(Vec::<String>::new()).map_err(|e| generate(&what, e))?;
+        let mut params =
+            CertificateParams::new(Vec::<String>::new()).map_err(|e| generate(&what, e))?;
         params.distinguished_name = name(common_name, &[]);
         params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        params.key_usages =
-            vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign, KeyUsagePurpose::DigitalSignature];
+        params.key_usages = vec![
+            KeyUsagePurpose::KeyCertSign,
+            KeyUsagePurpose::CrlSign,
+            KeyUsagePurpose::DigitalSignature,
+        ];
         let key = KeyPair::generate().map_err(|e| generate(&what, e))?;
         let issuer = CertifiedIssuer::self_signed(params, key).map_err(|e| generate(&what, e))?;
         let cert_pem = issuer.pem();
@@ -93,7 +100,11 @@ impl Ca {
 
     /// A client certificate for user `common_name` in `group` (the subject's organization;
     /// rcgen writes one value per attribute type, so one group).
-    pub fn issue_client(&self, common_name: &str, group: Option<&str>) -> Result<Issued, CertError> {
+    pub fn issue_client(
+        &self,
+        common_name: &str,
+        group: Option<&str>,
+    ) -> Result<Issued, CertError> {
         let orgs: Vec<&str> = group.into_iter().collect();
         self.issue(common_name, &orgs, &[], ExtendedKeyUsagePurpose::ClientAuth)
     }
@@ -108,12 +119,20 @@ impl Ca {
         let what = format!("certificate {common_name}");
         let mut params = CertificateParams::new(sans.to_vec()).map_err(|e| generate(&what, e))?;
         params.distinguished_name = name(common_name, organizations);
-        params.key_usages = vec![KeyUsagePurpose::DigitalSignature, KeyUsagePurpose::KeyEncipherment];
+        params.key_usages = vec![
+            KeyUsagePurpose::DigitalSignature,
+            KeyUsagePurpose::KeyEncipherment,
+        ];
         params.extended_key_usages = vec![usage];
         params.use_authority_key_identifier_extension = true;
         let key = KeyPair::generate().map_err(|e| generate(&what, e))?;
-        let cert = params.signed_by(&key, &self.issuer).map_err(|e| generate(&what, e))?;
-        Ok(Issued { cert_pem: cert.pem(), key_pem: key.serialize_pem() })
+        let cert = params
+            .signed_by(&key, &self.issuer)
+            .map_err(|e| generate(&what, e))?;
+        Ok(Issued {
+            cert_pem: cert.pem(),
+            key_pem: key.serialize_pem(),
+        })
     }
 }
 
@@ -127,15 +146,24 @@ fn name(common_name: &str, organizations: &[&str]) -> DistinguishedName {
 }
 
 /// Certificates of a PEM bundle.
-pub fn certs_from_pem(what: &'static str, pem: &str) -> Result<Vec<CertificateDer<'static>>, CertError> {
+pub fn certs_from_pem(
+    what: &'static str,
+    pem: &str,
+) -> Result<Vec<CertificateDer<'static>>, CertError> {
     CertificateDer::pem_slice_iter(pem.as_bytes())
         .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| CertError::Pem { what, message: e.to_string() })
+        .map_err(|e| CertError::Pem {
+            what,
+            message: e.to_string(),
+        })
 }
 
 /// The private key of a PEM block.
 pub fn key_from_pem(what: &'static str, pem: &str) -> Result<PrivateKeyDer<'static>, CertError> {
-    PrivateKeyDer::from_pem_slice(pem.as_bytes()).map_err(|e| CertError::Pem { what, message: e.to_string() })
+    PrivateKeyDer::from_pem_slice(pem.as_bytes()).map_err(|e| CertError::Pem {
+        what,
+        message: e.to_string(),
+    })
 }
 
 /// The ring crypto provider: the whole project uses it, never aws-lc.
@@ -146,7 +174,10 @@ pub fn provider() -> Arc<rustls::crypto::CryptoProvider> {
 /// A TLS server configuration presenting `serving` and asking (not requiring) client
 /// certificates signed by `client_ca`, so bearer-token clients can connect too. HTTP/1.1 only:
 /// exec, attach and port-forward upgrade the connection, which HTTP/2 cannot.
-pub fn server_config(serving: &Issued, client_ca: &str) -> Result<Arc<rustls::ServerConfig>, CertError> {
+pub fn server_config(
+    serving: &Issued,
+    client_ca: &str,
+) -> Result<Arc<rustls::ServerConfig>, CertError> {
     let mut roots = RootCertStore::empty();
     for cert in certs_from_pem("client CA", client_ca)? {
         roots.add(cert)?;
@@ -185,7 +216,9 @@ mod tests {
     #[test]
     fn issued_certificates_chain_to_the_ca_and_carry_the_identity() {
         let ca = Ca::new("test-ca").unwrap();
-        let server = ca.issue_server("apiserver", &["127.0.0.1".into(), "localhost".into()]).unwrap();
+        let server = ca
+            .issue_server("apiserver", &["127.0.0.1".into(), "localhost".into()])
+            .unwrap();
         server_config(&server, ca.cert_pem()).unwrap();
         let client = ca.issue_client("alice", Some("system:masters")).unwrap();
         let der = certs_from_pem("client", &client.cert_pem).unwrap();

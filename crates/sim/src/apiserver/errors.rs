@@ -19,7 +19,12 @@ pub struct ApiError {
 
 impl ApiError {
     fn new(code: u16, reason: &'static str, message: impl Into<String>) -> Self {
-        Self { code, reason, message: message.into(), details: None }
+        Self {
+            code,
+            reason,
+            message: message.into(),
+            details: None,
+        }
     }
 
     fn with_details(mut self, group: &str, kind: &str, name: &str) -> Self {
@@ -33,14 +38,22 @@ impl ApiError {
 
     /// `resource "name" not found`.
     pub fn not_found(group: &str, plural: &str, name: &str) -> Self {
-        Self::new(404, "NotFound", format!("{} \"{name}\" not found", qualified(group, plural)))
-            .with_details(group, plural, name)
+        Self::new(
+            404,
+            "NotFound",
+            format!("{} \"{name}\" not found", qualified(group, plural)),
+        )
+        .with_details(group, plural, name)
     }
 
     /// `resource "name" already exists`.
     pub fn already_exists(group: &str, plural: &str, name: &str) -> Self {
-        Self::new(409, "AlreadyExists", format!("{} \"{name}\" already exists", qualified(group, plural)))
-            .with_details(group, plural, name)
+        Self::new(
+            409,
+            "AlreadyExists",
+            format!("{} \"{name}\" already exists", qualified(group, plural)),
+        )
+        .with_details(group, plural, name)
     }
 
     /// An optimistic-concurrency conflict.
@@ -66,7 +79,11 @@ impl ApiError {
         let mut e = Self::new(
             422,
             "Invalid",
-            format!("{kind}{} \"{name}\" is invalid: {}", group_suffix(group), text.join(", ")),
+            format!(
+                "{kind}{} \"{name}\" is invalid: {}",
+                group_suffix(group),
+                text.join(", ")
+            ),
         )
         .with_details(group, kind, name);
         if let Some(d) = e.details.as_mut() {
@@ -107,7 +124,13 @@ impl ApiError {
 
     /// Unsupported content type.
     pub fn unsupported_media_type(content_type: &str) -> Self {
-        Self::new(415, "UnsupportedMediaType", format!("the body of the request was in an unknown format - accepted media types include: application/json, application/yaml, application/vnd.kubernetes.protobuf; got {content_type:?}"))
+        Self::new(
+            415,
+            "UnsupportedMediaType",
+            format!(
+                "the body of the request was in an unknown format - accepted media types include: application/json, application/yaml, application/vnd.kubernetes.protobuf; got {content_type:?}"
+            ),
+        )
     }
 
     /// The server cannot do it right now.
@@ -117,12 +140,20 @@ impl ApiError {
 
     /// Something went wrong inside.
     pub fn internal(message: impl Into<String>) -> Self {
-        Self::new(500, "InternalError", format!("Internal error occurred: {}", message.into()))
+        Self::new(
+            500,
+            "InternalError",
+            format!("Internal error occurred: {}", message.into()),
+        )
     }
 
     /// A route with no resource behind it.
     pub fn no_route() -> Self {
-        Self::new(404, "NotFound", "the server could not find the requested resource")
+        Self::new(
+            404,
+            "NotFound",
+            "the server could not find the requested resource",
+        )
     }
 
     /// The `Status` object of this error.
@@ -144,11 +175,19 @@ impl ApiError {
 }
 
 fn qualified(group: &str, plural: &str) -> String {
-    if group.is_empty() { plural.to_owned() } else { format!("{plural}.{group}") }
+    if group.is_empty() {
+        plural.to_owned()
+    } else {
+        format!("{plural}.{group}")
+    }
 }
 
 fn group_suffix(group: &str) -> String {
-    if group.is_empty() { String::new() } else { format!(".{group}") }
+    if group.is_empty() {
+        String::new()
+    } else {
+        format!(".{group}")
+    }
 }
 
 /// The `Status` of a successful delete where the server answers with a Status.
@@ -163,14 +202,26 @@ mod tests {
 
     #[test]
     fn messages_match_the_real_server() {
-        assert_eq!(ApiError::not_found("", "pods", "a").message, "pods \"a\" not found");
+        assert_eq!(
+            ApiError::not_found("", "pods", "a").message,
+            "pods \"a\" not found"
+        );
         assert_eq!(
             ApiError::already_exists("apps", "deployments", "d").message,
             "deployments.apps \"d\" already exists"
         );
-        let c = ApiError::conflict("", "pods", "a", "the object has been modified; please apply your changes to the latest version and try again");
-        assert!(c.message.starts_with("Operation cannot be fulfilled on pods \"a\""));
-        let s = ApiError::invalid("", "Pod", "a", &[("spec".into(), "Forbidden: x".into())]).to_status();
+        let c = ApiError::conflict(
+            "",
+            "pods",
+            "a",
+            "the object has been modified; please apply your changes to the latest version and try again",
+        );
+        assert!(
+            c.message
+                .starts_with("Operation cannot be fulfilled on pods \"a\"")
+        );
+        let s = ApiError::invalid("", "Pod", "a", &[("spec".into(), "Forbidden: x".into())])
+            .to_status();
         assert_eq!(s["code"], 422);
         assert_eq!(s["details"]["causes"][0]["field"], "spec");
     }

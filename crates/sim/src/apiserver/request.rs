@@ -58,10 +58,14 @@ pub fn route(path: &str) -> Route {
         ["apis"] => Route::Groups,
         ["apis", group] => Route::Group((*group).to_owned()),
         ["openapi", ..] => Route::OpenApi(trimmed.to_owned()),
-        ["api", "v1"] => Route::ResourceList { group: String::new(), version: "v1".into() },
-        ["apis", group, version] => {
-            Route::ResourceList { group: (*group).to_owned(), version: (*version).to_owned() }
-        }
+        ["api", "v1"] => Route::ResourceList {
+            group: String::new(),
+            version: "v1".into(),
+        },
+        ["apis", group, version] => Route::ResourceList {
+            group: (*group).to_owned(),
+            version: (*version).to_owned(),
+        },
         ["api", "v1", rest @ ..] => resource_route("", "v1", rest),
         ["apis", group, version, rest @ ..] => resource_route(group, version, rest),
         _ => Route::NotFound,
@@ -82,8 +86,12 @@ fn resource_route(group: &str, version: &str, segments: &[&str]) -> Route {
         ["namespaces", ns, rest @ ..] => (Some(*ns), rest),
         _ => (None, segments),
     };
-    let [plural, tail @ ..] = rest else { return Route::NotFound };
-    let Some(res) = resources::find(group, version, plural) else { return Route::NotFound };
+    let [plural, tail @ ..] = rest else {
+        return Route::NotFound;
+    };
+    let Some(res) = resources::find(group, version, plural) else {
+        return Route::NotFound;
+    };
     let rt = resources::get(res);
     if namespace.is_some() && !rt.namespaced {
         return Route::NotFound;
@@ -120,20 +128,33 @@ mod tests {
     #[test]
     fn resource_paths() {
         let r = res("/api/v1/namespaces/shop/pods/web/status");
-        assert_eq!((r.res, r.namespace.as_deref(), r.name.as_deref(), r.subresource.as_deref()),
-            (*ids::PODS, Some("shop"), Some("web"), Some("status")));
+        assert_eq!(
+            (
+                r.res,
+                r.namespace.as_deref(),
+                r.name.as_deref(),
+                r.subresource.as_deref()
+            ),
+            (*ids::PODS, Some("shop"), Some("web"), Some("status"))
+        );
         let r = res("/api/v1/pods");
         assert_eq!((r.namespace, r.name), (None, None));
         let r = res("/api/v1/namespaces/shop");
         assert_eq!((r.res, r.name.as_deref()), (*ids::NAMESPACES, Some("shop")));
         let r = res("/api/v1/namespaces/shop/finalize");
-        assert_eq!((r.res, r.subresource.as_deref()), (*ids::NAMESPACES, Some("finalize")));
+        assert_eq!(
+            (r.res, r.subresource.as_deref()),
+            (*ids::NAMESPACES, Some("finalize"))
+        );
         let r = res("/apis/apps/v1/namespaces/a/deployments");
         assert_eq!(r.res, *ids::DEPLOYMENTS);
         let r = res("/api/v1/watch/namespaces/a/pods");
         assert!(r.watch_prefix);
         let r = res("/api/v1/nodes/n1/proxy/stats/summary");
-        assert_eq!((r.subresource.as_deref(), r.rest.as_str()), (Some("proxy"), "stats/summary"));
+        assert_eq!(
+            (r.subresource.as_deref(), r.rest.as_str()),
+            (Some("proxy"), "stats/summary")
+        );
         let r = res("/api/v1/namespaces/a/pods/p/proxy");
         assert_eq!(r.rest, "");
     }
@@ -143,9 +164,19 @@ mod tests {
         assert_eq!(route("/version"), Route::Version);
         assert_eq!(route("/readyz/ping"), Route::Health);
         assert_eq!(route("/apis/apps"), Route::Group("apps".into()));
-        assert_eq!(route("/apis/apps/v1/"), Route::ResourceList { group: "apps".into(), version: "v1".into() });
+        assert_eq!(
+            route("/apis/apps/v1/"),
+            Route::ResourceList {
+                group: "apps".into(),
+                version: "v1".into()
+            }
+        );
         assert_eq!(route("/api/v1/widgets"), Route::NotFound);
-        assert_eq!(route("/api/v1/namespaces/a/nodes"), Route::NotFound, "cluster-scoped");
+        assert_eq!(
+            route("/api/v1/namespaces/a/nodes"),
+            Route::NotFound,
+            "cluster-scoped"
+        );
         assert_eq!(route("/api/v1/namespaces/a/pods/p/bogus"), Route::NotFound);
         assert_eq!(route("/nope"), Route::NotFound);
     }

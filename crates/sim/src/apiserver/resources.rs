@@ -67,7 +67,16 @@ impl ResourceType {
         } else if self.read_only {
             &["get", "list"]
         } else {
-            &["create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"]
+            &[
+                "create",
+                "delete",
+                "deletecollection",
+                "get",
+                "list",
+                "patch",
+                "update",
+                "watch",
+            ]
         }
     }
 
@@ -84,7 +93,11 @@ fn normalize<K: DeserializeOwned + Serialize>(value: Value) -> Result<Value, Str
 
 /// Objects we serve without a k8s-openapi type (metrics): kept as they are.
 fn untyped(value: Value) -> Result<Value, String> {
-    if value.is_object() { Ok(value) } else { Err("expected a JSON object".to_owned()) }
+    if value.is_object() {
+        Ok(value)
+    } else {
+        Err("expected a JSON object".to_owned())
+    }
 }
 
 const STATUS: (&str, &str) = ("status", "");
@@ -223,12 +236,16 @@ pub type ResId = usize;
 
 /// Finds a resource by group, version and plural.
 pub fn find(group: &str, version: &str, plural: &str) -> Option<ResId> {
-    RESOURCES.iter().position(|r| r.group == group && r.version == version && r.plural == plural)
+    RESOURCES
+        .iter()
+        .position(|r| r.group == group && r.version == version && r.plural == plural)
 }
 
 /// Finds the resource of a kind in a group/version (`apiVersion` as written in objects).
 pub fn find_kind(api_version: &str, kind: &str) -> Option<ResId> {
-    RESOURCES.iter().position(|r| r.api_version() == api_version && r.kind == kind)
+    RESOURCES
+        .iter()
+        .position(|r| r.api_version() == api_version && r.kind == kind)
 }
 
 /// The resource type of an id; ids only come from this table.
@@ -244,8 +261,18 @@ pub mod ids {
     macro_rules! id {
         ($name:ident, $group:literal, $plural:literal) => {
             #[doc = concat!("`", $plural, "` in group `", $group, "`.")]
-            pub static $name: LazyLock<ResId> =
-                LazyLock::new(|| find($group, if $group == "metrics.k8s.io" { "v1beta1" } else { "v1" }, $plural).unwrap_or(usize::MAX));
+            pub static $name: LazyLock<ResId> = LazyLock::new(|| {
+                find(
+                    $group,
+                    if $group == "metrics.k8s.io" {
+                        "v1beta1"
+                    } else {
+                        "v1"
+                    },
+                    $plural,
+                )
+                .unwrap_or(usize::MAX)
+            });
         };
     }
     id!(NAMESPACES, "", "namespaces");
@@ -261,7 +288,11 @@ pub mod ids {
     id!(REPLICASETS, "apps", "replicasets");
     id!(ENDPOINTSLICES, "discovery.k8s.io", "endpointslices");
     id!(LEASES, "coordination.k8s.io", "leases");
-    id!(MUTATING_WEBHOOKS, "admissionregistration.k8s.io", "mutatingwebhookconfigurations");
+    id!(
+        MUTATING_WEBHOOKS,
+        "admissionregistration.k8s.io",
+        "mutatingwebhookconfigurations"
+    );
     id!(POD_METRICS, "metrics.k8s.io", "pods");
     id!(NODE_METRICS, "metrics.k8s.io", "nodes");
 }

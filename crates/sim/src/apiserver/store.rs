@@ -29,7 +29,10 @@ pub struct ObjKey {
 impl ObjKey {
     /// A key.
     pub fn new(namespace: impl Into<String>, name: impl Into<String>) -> Self {
-        Self { namespace: namespace.into(), name: name.into() }
+        Self {
+            namespace: namespace.into(),
+            name: name.into(),
+        }
     }
 }
 
@@ -94,7 +97,9 @@ pub enum StoreError {
     #[error("already exists")]
     AlreadyExists,
     /// The object changed since the given resourceVersion.
-    #[error("the object has been modified; please apply your changes to the latest version and try again")]
+    #[error(
+        "the object has been modified; please apply your changes to the latest version and try again"
+    )]
     Conflict,
     /// The requested resourceVersion is older than the retained history.
     #[error("too old resource version: {requested} ({oldest})")]
@@ -123,7 +128,9 @@ pub struct Store {
 
 impl std::fmt::Debug for Store {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Store").field("rv", &self.current_rv()).finish()
+        f.debug_struct("Store")
+            .field("rv", &self.current_rv())
+            .finish()
     }
 }
 
@@ -145,7 +152,9 @@ impl Store {
     fn lock(&self) -> MutexGuard<'_, Inner> {
         // A panic while holding the lock cannot leave the maps half-updated (every mutation
         // is a single insert/remove after all fallible work), so a poisoned lock is usable.
-        self.inner.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+        self.inner
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// The newest resourceVersion.
@@ -170,7 +179,9 @@ impl Store {
         mut filter: impl FnMut(&Entry) -> bool,
     ) -> (Vec<Entry>, u64, Option<ObjKey>) {
         let inner = self.lock();
-        let Some(table) = inner.objects.get(res) else { return (Vec::new(), inner.rv, None) };
+        let Some(table) = inner.objects.get(res) else {
+            return (Vec::new(), inner.rv, None);
+        };
         let lower = match (start_after, namespace) {
             (Some(k), _) => Bound::Excluded(k.clone()),
             (None, Some(ns)) => Bound::Included(ObjKey::new(ns, "")),
@@ -217,7 +228,11 @@ impl Store {
         expected: Option<u64>,
     ) -> Result<Entry, StoreError> {
         let mut inner = self.lock();
-        let current = inner.objects.get(res).and_then(|t| t.get(&key)).map(|e| e.rv);
+        let current = inner
+            .objects
+            .get(res)
+            .and_then(|t| t.get(&key))
+            .map(|e| e.rv);
         match (current, expected) {
             (None, _) => return Err(StoreError::NotFound),
             (Some(rv), Some(exp)) if rv != exp => return Err(StoreError::Conflict),
@@ -231,16 +246,27 @@ impl Store {
 
     /// Removes an object if its resourceVersion is still `expected` (when given); the DELETED
     /// event carries the last state with a new resourceVersion, as etcd-backed servers do.
-    pub fn remove(&self, res: ResId, key: &ObjKey, expected: Option<u64>) -> Result<Entry, StoreError> {
+    pub fn remove(
+        &self,
+        res: ResId,
+        key: &ObjKey,
+        expected: Option<u64>,
+    ) -> Result<Entry, StoreError> {
         let mut inner = self.lock();
-        let current = inner.objects.get(res).and_then(|t| t.get(key)).map(|e| e.rv);
+        let current = inner
+            .objects
+            .get(res)
+            .and_then(|t| t.get(key))
+            .map(|e| e.rv);
         match (current, expected) {
             (None, _) => return Err(StoreError::NotFound),
             (Some(rv), Some(exp)) if rv != exp => return Err(StoreError::Conflict),
             _ => {}
         }
         let last = inner.objects.get_mut(res).and_then(|t| t.remove(key));
-        let object = last.map(|e| Arc::unwrap_or_clone(e.object)).unwrap_or(Value::Null);
+        let object = last
+            .map(|e| Arc::unwrap_or_clone(e.object))
+            .unwrap_or(Value::Null);
         let entry = inner.record(res, key.clone(), object, EventType::Deleted, None);
         drop(inner);
         self.changed.notify_waiters();
@@ -252,9 +278,15 @@ impl Store {
     pub fn watch_from(&self, from: u64) -> Result<WatchCursor<'_>, StoreError> {
         let inner = self.lock();
         if from < inner.floor {
-            return Err(StoreError::Expired { requested: from, oldest: inner.floor });
+            return Err(StoreError::Expired {
+                requested: from,
+                oldest: inner.floor,
+            });
         }
-        Ok(WatchCursor { store: self, after: from.min(inner.rv) })
+        Ok(WatchCursor {
+            store: self,
+            after: from.min(inner.rv),
+        })
     }
 }
 
@@ -290,13 +322,24 @@ impl Inner {
             meta.insert("resourceVersion".into(), Value::String(rv.to_string()));
         }
         let json = Bytes::from(serde_json::to_vec(&object).unwrap_or_default());
-        let entry = Entry { object: Arc::new(object), json, rv };
+        let entry = Entry {
+            object: Arc::new(object),
+            json,
+            rv,
+        };
         if self.log.len() >= self.capacity
             && let Some(old) = self.log.pop_front()
         {
             self.floor = old.rv;
         }
-        self.log.push_back(Arc::new(Event { rv, res, kind, key, entry: entry.clone(), prev }));
+        self.log.push_back(Arc::new(Event {
+            rv,
+            res,
+            kind,
+            key,
+            entry: entry.clone(),
+            prev,
+        }));
         entry
     }
 }
@@ -333,7 +376,10 @@ impl WatchCursor<'_> {
     pub fn take(&mut self) -> Result<Vec<Arc<Event>>, StoreError> {
         let inner = self.store.lock();
         if self.after < inner.floor {
-            return Err(StoreError::Expired { requested: self.after, oldest: inner.floor });
+            return Err(StoreError::Expired {
+                requested: self.after,
+                oldest: inner.floor,
+            });
         }
         // rvs are strictly increasing along the log: binary search the start.
         let start = inner.log.partition_point(|e| e.rv <= self.after);
@@ -363,13 +409,23 @@ mod tests {
         let b = s.create(1, ObjKey::new("ns", "b"), obj("b")).unwrap();
         assert!(b.rv > a.rv);
         assert_eq!(a.object["metadata"]["resourceVersion"], a.rv.to_string());
-        assert_eq!(s.create(0, ObjKey::new("ns", "a"), obj("a")).unwrap_err(), StoreError::AlreadyExists);
-        let a2 = s.replace(0, ObjKey::new("ns", "a"), obj("a"), Some(a.rv)).unwrap();
         assert_eq!(
-            s.replace(0, ObjKey::new("ns", "a"), obj("a"), Some(a.rv)).unwrap_err(),
+            s.create(0, ObjKey::new("ns", "a"), obj("a")).unwrap_err(),
+            StoreError::AlreadyExists
+        );
+        let a2 = s
+            .replace(0, ObjKey::new("ns", "a"), obj("a"), Some(a.rv))
+            .unwrap();
+        assert_eq!(
+            s.replace(0, ObjKey::new("ns", "a"), obj("a"), Some(a.rv))
+                .unwrap_err(),
             StoreError::Conflict
         );
-        assert_eq!(s.remove(0, &ObjKey::new("ns", "a"), Some(a.rv)).unwrap_err(), StoreError::Conflict);
+        assert_eq!(
+            s.remove(0, &ObjKey::new("ns", "a"), Some(a.rv))
+                .unwrap_err(),
+            StoreError::Conflict
+        );
         s.remove(0, &ObjKey::new("ns", "a"), Some(a2.rv)).unwrap();
         assert!(s.get(0, &ObjKey::new("ns", "a")).is_none());
     }
@@ -378,7 +434,8 @@ mod tests {
     fn list_paginates_in_key_order_within_a_namespace() {
         let s = Store::new(1, 100);
         for (ns, n) in [("a", "x"), ("b", "y"), ("b", "z"), ("c", "w")] {
-            s.create(0, ObjKey::new(ns, n), json!({"metadata": {}})).unwrap();
+            s.create(0, ObjKey::new(ns, n), json!({"metadata": {}}))
+                .unwrap();
         }
         let (page, _, next) = s.list(0, Some("b"), None, Some(1), |_| true);
         assert_eq!(page.len(), 1);
@@ -395,7 +452,10 @@ mod tests {
         for n in ["a", "b", "c", "d"] {
             s.create(0, ObjKey::new("ns", n), obj(n)).unwrap();
         }
-        assert!(matches!(s.watch_from(start), Err(StoreError::Expired { .. })));
+        assert!(matches!(
+            s.watch_from(start),
+            Err(StoreError::Expired { .. })
+        ));
         let mut w = s.watch_from(s.current_rv() - 2).unwrap();
         let batch = w.next_batch().await.unwrap();
         let names: Vec<_> = batch.iter().map(|e| e.key.name.as_str()).collect();

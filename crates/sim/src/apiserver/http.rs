@@ -1,0 +1,154 @@
+//! Connections: TLS, HTTP/1.1 with upgrades, authentication, and dispatch by route.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::{Request, Response, StatusCode, header};
+use http_body_util::combinators::UnsyncBoxBody;
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::TcpListener;
+use tokio_rustls::TlsAcceptor;
+use tokio_util::sync::CancellationToken;
+
+use super::errors::ApiError;
+use super::request::{Route, route};
+use super::{State, UserInfo, discovery, rest};
+use crate::certs::client_identity;
+
+/// Response bodies: whole JSON documents or streams (watches, logs, proxied upgrades).
+pub type Body = UnsyncBoxBody<Bytes, std::io::Error>;
+
+/// A whole body.
+pub fn full(bytes: impl Into<Bytes>) -> Body {
+    Full::new(bytes.into())
+        .map_err(|never: Infallible| match never {})
+        .boxed_unsync()
+}
+
+/// A JSON response.
+pub fn json_response(code: u16, bytes: impl Into<Bytes>) -> Response<Body> {
+    let mut resp = Response::new(full(bytes));
+    *resp.status_mut() = StatusCode::from_u16(code).unwrap_or(StatusCode::OK);
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        header::HeaderValue::from_static("application/json"),
+    );
+    resp
+}
+
+/// A JSON response of a value.
+pub fn value_response(code: u16, value: &serde_json::Value) -> Response<Body> {
+    json_response(code, serde_json::to_vec(value).unwrap_or_default())
+}
+
+/// The Status response of an error.
+pub fn error_response(err: &ApiError) -> Response<Body> {
+    value_response(err.code, &err.to_status())
+}
+
+pub(super) async fn serve(
+    listener: TcpListener,
+    tls: Option<Arc<rustls::ServerConfig>>,
+    state: Arc<State>,
+    stop: CancellationToken,
+) {
+    let acceptor = tls.map(TlsAcceptor::from);
+    loop {
+        let accepted = tokio::select! {
+            () = stop.cancelled() => return,
+            accepted = listener.accept() => accepted,
+        };
+        let Ok((tcp, _peer)) = accepted else { continue };
+        let _ = tcp.set_nodelay(true);
+        let state = state.clone();
+        let acceptor = acceptor.clone();
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            match acceptor {
+                Some(acceptor) => {
+                    let Ok(tls) = acceptor.accept(tcp).await else {
+                        return;
+                    };
+                    let identity = tls
+                        .get_ref()
+                        .1
+                        .peer_certificates()
+                        .and_then(|c| c.first())
+                        .and_then(client_identity)
+                        .map(|(cn, orgs)| user(cn, orgs));
+                    connection(tls, state, identity, stop).await;
+                }
+                None => connection(tcp, state, None, stop).await,
+            }
+        });
+    }
+}
+
+fn user(username: String, mut groups: Vec<String>) -> UserInfo {
+    groups.push("system:authenticated".into());
+    UserInfo {
+        username,
+        uid: String::new(),
+        groups,
+    }
+}
+
+async fn connection<IO>(
+    io: IO,
+    state: Arc<State>,
+    identity: Option<UserInfo>,
+    stop: CancellationToken,
+) where
+    IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let service = service_fn(move |req| {
+        let state = state.clone();
+        let identity = identity.clone();
+        async move { Ok::<_, Infallible>(handle(state, req, identity).await) }
+    });
+    let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+    let conn = builder.serve_connection_with_upgrades(TokioIo::new(io), service);
+    tokio::select! {
+        _ = conn => {}
+        () = stop.cancelled() => {}
+    }
+}
+
+async fn handle(
+    state: Arc<State>,
+    req: Request<Incoming>,
+    identity: Option<UserInfo>,
+) -> Response<Body> {
+    let user = identity.or_else(|| {
+        let auth = req.headers().get(header::AUTHORIZATION)?.to_str().ok()?;
+        let token = auth.strip_prefix("Bearer ")?.trim();
+        state.user_for_token(token)
+    });
+    let Some(user) = user else {
+        return error_response(&ApiError::unauthorized());
+    };
+    let path = req.uri().path().to_owned();
+    match route(&path) {
+        Route::Version => value_response(200, &discovery::version(&state)),
+        Route::Health => {
+            let mut r = Response::new(full("ok"));
+            r.headers_mut().insert(
+                header::CONTENT_TYPE,
+                header::HeaderValue::from_static("text/plain"),
+            );
+            r
+        }
+        Route::CoreVersions => discovery::core_versions(&state, req.headers()),
+        Route::Groups => discovery::groups(req.headers()),
+        Route::Group(group) => discovery::group(&group),
+        Route::ResourceList { group, version } => discovery::resource_list(&group, &version),
+        Route::OpenApi(path) => discovery::openapi(&path),
+        Route::Resource(r) => rest::dispatch(state, req, r, user).await,
+        Route::NotFound => error_response(&ApiError::no_route()),
+    }
+}

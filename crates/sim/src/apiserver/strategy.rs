@@ -1,0 +1,1259 @@
+//! Resource-specific behaviour, looked up from the resource table: defaults and admission on
+//! create, what an update may change, how deletion proceeds, field selectors, and the
+//! subresources with verbs of their own (binding, eviction, token, finalize).
+
+use std::collections::BTreeSet;
+use std::net::Ipv4Addr;
+use std::sync::Arc;
+
+use http::{Request, Response};
+use hyper::body::Incoming;
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use serde_json::{Value, json};
+
+use super::errors::ApiError;
+use super::http::{Body, error_response, value_response};
+use super::meta::{self, meta_mut};
+use super::request::ResourceRoute;
+use super::resources::{self, ResId, ResourceType, ids};
+use super::rest::{self, DeleteOptions, Query};
+use super::store::{Entry, ObjKey};
+use super::{State, UserInfo};
+
+/// Which part of an object a write addresses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Subresource {
+    /// The object (its status is kept).
+    Main,
+    /// The `status` subresource (only the status changes).
+    Status,
+}
+
+/// Patch content types.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum PatchKind {
+    /// RFC 6902.
+    Json,
+    /// RFC 7386.
+    Merge,
+    /// Kubernetes strategic merge patch.
+    Strategic,
+    /// Server-side apply (simplified: a strategic merge of the applied configuration).
+    Apply,
+}
+
+impl PatchKind {
+    pub(super) fn from_mime(mime: &str) -> Option<Self> {
+        match mime {
+            "application/json-patch+json" => Some(Self::Json),
+            "application/merge-patch+json" => Some(Self::Merge),
+            "application/strategic-merge-patch+json" => Some(Self::Strategic),
+            "application/apply-patch+yaml" | "application/apply-patch+cbor" => Some(Self::Apply),
+            _ => None,
+        }
+    }
+}
+
+pub(super) fn apply_patch(
+    rt: &ResourceType,
+    kind: PatchKind,
+    target: &mut Value,
+    patch: &Value,
+) -> Result<(), ApiError> {
+    match kind {
+        PatchKind::Json => {
+            let ops: json_patch::Patch = serde_json::from_value(patch.clone())
+                .map_err(|e| ApiError::bad_request(format!("invalid JSON patch: {e}")))?;
+            json_patch::patch(target, &ops).map_err(|e| {
+                ApiError::invalid(
+                    rt.group,
+                    rt.kind,
+                    meta::name(target).unwrap_or_default(),
+                    &[(
+                        String::new(),
+                        format!("the JSON patch could not be applied: {e}"),
+                    )],
+                )
+            })
+        }
+        PatchKind::Merge | PatchKind::Strategic | PatchKind::Apply => {
+            json_patch::merge(target, patch);
+            Ok(())
+        }
+    }
+}
+
+/// The objects every cluster starts with.
+pub(super) fn bootstrap(state: &State) {
+    for ns in ["default", "kube-system", "kube-public", "kube-node-lease"] {
+        let mut obj = json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}});
+        init_meta(&mut obj);
+        prepare_namespace(&mut obj);
+        if let Ok(entry) = state
+            .store
+            .create(*ids::NAMESPACES, ObjKey::new("", ns), obj)
+        {
+            after_create(state, *ids::NAMESPACES, &entry);
+        }
+    }
+    let (base, _) = state.config.service_cidr;
+    let first = Ipv4Addr::from(u32::from(base) + 1).to_string();
+    let mut svc = json!({"apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": "kubernetes", "namespace": "default", "labels": {"component": "apiserver", "provider": "kubernetes"}},
+        "spec": {"type": "ClusterIP", "clusterIP": first, "clusterIPs": [first], "sessionAffinity": "None",
+            "ipFamilies": ["IPv4"], "ipFamilyPolicy": "SingleStack", "internalTrafficPolicy": "Cluster",
+            "ports": [{"name": "https", "port": 443, "protocol": "TCP", "targetPort": 443}]},
+        "status": {"loadBalancer": {}}});
+    init_meta(&mut svc);
+    let _ = state
+        .store
+        .create(*ids::SERVICES, ObjKey::new("default", "kubernetes"), svc);
+}
+
+fn init_meta(obj: &mut Value) {
+    let m = meta_mut(obj);
+    m.insert("uid".into(), json!(meta::new_uid()));
+    m.insert("creationTimestamp".into(), json!(meta::now()));
+}
+
+/// Names: DNS labels for namespaces and services, DNS subdomains for the rest.
+pub(super) fn validate_name(rt: &ResourceType, name: &str) -> Result<(), ApiError> {
+    let label_only = matches!(rt.plural, "namespaces" | "services");
+    let ok = if label_only {
+        is_dns_label(name)
+    } else {
+        is_dns_subdomain(name)
+    };
+    if ok {
+        return Ok(());
+    }
+    let what = if label_only {
+        "a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', and must start and end with an alphanumeric character"
+    } else {
+        "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character"
+    };
+    Err(ApiError::invalid(
+        rt.group,
+        rt.kind,
+        name,
+        &[(
+            "metadata.name".into(),
+            format!("Invalid value: {name:?}: {what}"),
+        )],
+    ))
+}
+
+fn is_dns_label(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 63
+        && s.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !s.starts_with('-')
+        && !s.ends_with('-')
+}
+
+fn is_dns_subdomain(s: &str) -> bool {
+    !s.is_empty() && s.len() <= 253 && s.split('.').all(is_dns_label)
+}
+
+/// Namespace lifecycle admission: new objects need an existing, active namespace.
+pub(super) fn namespace_admission(
+    state: &State,
+    rt: &ResourceType,
+    namespace: Option<&str>,
+) -> Result<(), ApiError> {
+    if !rt.namespaced {
+        return Ok(());
+    }
+    let ns = namespace.unwrap_or_default();
+    let entry = state
+        .store
+        .get(*ids::NAMESPACES, &ObjKey::new("", ns))
+        .ok_or_else(|| ApiError::not_found("", "namespaces", ns))?;
+    if meta::deleting(&entry.object) && rt.plural != "events" {
+        return Err(ApiError::forbidden(format!(
+            "{} \"{}\" is forbidden: unable to create new content in namespace {ns} because it is being terminated",
+            rt.plural, ""
+        )));
+    }
+    Ok(())
+}
+
+fn prepare_namespace(obj: &mut Value) {
+    let name = meta::name(obj).unwrap_or_default().to_owned();
+    let m = meta_mut(obj);
+    let labels = m.entry("labels").or_insert_with(|| json!({}));
+    if let Some(l) = labels.as_object_mut() {
+        l.insert("kubernetes.io/metadata.name".into(), json!(name));
+    }
+    obj["spec"] = json!({"finalizers": ["kubernetes"]});
+    obj["status"] = json!({"phase": "Active"});
+}
+
+/// Defaults and admission for a new object.
+pub(super) fn prepare_create(
+    state: &State,
+    rt: &ResourceType,
+    obj: &mut Value,
+    _user: &UserInfo,
+) -> Result<(), ApiError> {
+    match (rt.group, rt.plural) {
+        ("", "namespaces") => prepare_namespace(obj),
+        ("", "pods") => prepare_pod(state, obj)?,
+        ("", "services") => prepare_service(state, obj)?,
+        ("", "persistentvolumeclaims") => obj["status"] = json!({"phase": "Pending"}),
+        ("", "persistentvolumes") => obj["status"] = json!({"phase": "Available"}),
+        ("apps", "deployments") => {
+            default_deployment(obj);
+            obj["status"] = json!({});
+        }
+        ("apps", "replicasets" | "statefulsets" | "daemonsets") => {
+            if obj["spec"].get("replicas").is_none() && rt.plural != "daemonsets" {
+                obj["spec"]["replicas"] = json!(1);
+            }
+            if let Some(t) = obj.pointer_mut("/spec/template/spec") {
+                default_pod_spec(t);
+            }
+            obj["status"] = json!({});
+        }
+        ("batch", "jobs") => {
+            if let Some(t) = obj.pointer_mut("/spec/template/spec") {
+                default_pod_spec(t);
+            }
+            obj["status"] = json!({});
+        }
+        _ => {}
+    }
+    Ok(())
+}
+
+fn default_deployment(obj: &mut Value) {
+    let spec = &mut obj["spec"];
+    if spec.get("replicas").is_none() {
+        spec["replicas"] = json!(1);
+    }
+    if spec.get("strategy").is_none() {
+        spec["strategy"] = json!({"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": "25%", "maxSurge": "25%"}});
+    }
+    for (k, v) in [
+        ("revisionHistoryLimit", 10),
+        ("progressDeadlineSeconds", 600),
+    ] {
+        if spec.get(k).is_none() {
+            spec[k] = json!(v);
+        }
+    }
+    if let Some(t) = spec.pointer_mut("/template/spec") {
+        default_pod_spec(t);
+    }
+}
+
+fn set_default(map: &mut Value, key: &str, value: Value) {
+    if let Some(m) = map.as_object_mut()
+        && m.get(key).is_none_or(Value::is_null)
+    {
+        m.insert(key.to_owned(), value);
+    }
+}
+
+/// `SetDefaults_PodSpec` and `SetDefaults_Container`, the parts clients see.
+fn default_pod_spec(spec: &mut Value) {
+    set_default(spec, "restartPolicy", json!("Always"));
+    set_default(spec, "dnsPolicy", json!("ClusterFirst"));
+    set_default(spec, "terminationGracePeriodSeconds", json!(30));
+    set_default(spec, "securityContext", json!({}));
+    set_default(spec, "schedulerName", json!("default-scheduler"));
+    set_default(spec, "enableServiceLinks", json!(true));
+    let host_network = spec
+        .get("hostNetwork")
+        .and_then(Value::as_bool)
+        .unwrap_or(false);
+    for list in ["containers", "initContainers"] {
+        if let Some(cs) = spec.get_mut(list).and_then(Value::as_array_mut) {
+            for c in cs {
+                default_container(c, host_network);
+            }
+        }
+    }
+    if let Some(vols) = spec.get_mut("volumes").and_then(Value::as_array_mut) {
+        for v in vols {
+            for kind in ["secret", "configMap", "projected", "downwardAPI"] {
+                if let Some(src) = v.get_mut(kind) {
+                    set_default(src, "defaultMode", json!(420));
+                }
+            }
+        }
+    }
+}
+
+fn default_container(c: &mut Value, host_network: bool) {
+    let image = c
+        .get("image")
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_owned();
+    let tag_latest = !image.contains('@') && {
+        let last = image.rsplit('/').next().unwrap_or_default();
+        !last.contains(':') || last.ends_with(":latest")
+    };
+    set_default(
+        c,
+        "imagePullPolicy",
+        json!(if tag_latest { "Always" } else { "IfNotPresent" }),
+    );
+    set_default(c, "terminationMessagePath", json!("/dev/termination-log"));
+    set_default(c, "terminationMessagePolicy", json!("File"));
+    if let Some(ports) = c.get_mut("ports").and_then(Value::as_array_mut) {
+        for p in ports {
+            set_default(p, "protocol", json!("TCP"));
+            if host_network && let Some(port) = p.get("containerPort").cloned() {
+                set_default(p, "hostPort", port);
+            }
+        }
+    }
+    if let Some(res) = c.get_mut("resources") {
+        let limits = res
+            .get("limits")
+            .and_then(Value::as_object)
+            .cloned()
+            .unwrap_or_default();
+        if !limits.is_empty() {
+            let requests = res
+                .as_object_mut()
+                .map(|r| r.entry("requests").or_insert_with(|| json!({})));
+            if let Some(Value::Object(requests)) = requests {
+                for (k, v) in limits {
+                    requests.entry(k).or_insert(v);
+                }
+            }
+        }
+    }
+    for probe in ["livenessProbe", "readinessProbe", "startupProbe"] {
+        if let Some(p) = c.get_mut(probe) {
+            set_default(p, "timeoutSeconds", json!(1));
+            set_default(p, "periodSeconds", json!(10));
+            set_default(p, "successThreshold", json!(1));
+            set_default(p, "failureThreshold", json!(3));
+            if let Some(h) = p.get_mut("httpGet") {
+                set_default(h, "scheme", json!("HTTP"));
+            }
+        }
+    }
+    if let Some(env) = c.get_mut("env").and_then(Value::as_array_mut) {
+        for e in env {
+            if let Some(f) = e.pointer_mut("/valueFrom/fieldRef") {
+                set_default(f, "apiVersion", json!("v1"));
+            }
+        }
+    }
+}
+
+const SA_MOUNT: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
+
+fn prepare_pod(state: &State, obj: &mut Value) -> Result<(), ApiError> {
+    let ns = meta::namespace(obj).unwrap_or_default().to_owned();
+    if !obj.get("spec").is_some_and(Value::is_object) {
+        obj["spec"] = json!({});
+    }
+    let spec = &mut obj["spec"];
+    default_pod_spec(spec);
+    // ServiceAccount admission.
+    let sa_name = spec
+        .get("serviceAccountName")
+        .and_then(Value::as_str)
+        .or_else(|| spec.get("serviceAccount").and_then(Value::as_str))
+        .filter(|s| !s.is_empty())
+        .unwrap_or("default")
+        .to_owned();
+    spec["serviceAccountName"] = json!(sa_name);
+    spec["serviceAccount"] = json!(sa_name);
+    let sa = state.store.get(*ids::SERVICEACCOUNTS, &ObjKey::new(&ns, &sa_name)).ok_or_else(|| {
+        ApiError::forbidden(format!(
+            "pods is forbidden: error looking up service account {ns}/{sa_name}: serviceaccount \"{sa_name}\" not found"
+        ))
+    })?;
+    let automount = spec
+        .get("automountServiceAccountToken")
+        .and_then(Value::as_bool)
+        .or_else(|| {
+            sa.object
+                .get("automountServiceAccountToken")
+                .and_then(Value::as_bool)
+        })
+        .unwrap_or(true);
+    if automount {
+        inject_token_volume(spec);
+    }
+    // DefaultTolerationSeconds admission.
+    let tolerations = spec
+        .as_object_mut()
+        .map(|s| s.entry("tolerations").or_insert_with(|| json!([])));
+    if let Some(Value::Array(tols)) = tolerations {
+        for key in [
+            "node.kubernetes.io/not-ready",
+            "node.kubernetes.io/unreachable",
+        ] {
+            let present = tols.iter().any(|t| {
+                let k = t.get("key").and_then(Value::as_str);
+                let e = t.get("effect").and_then(Value::as_str);
+                let op = t.get("operator").and_then(Value::as_str);
+                (k == Some(key) || (k.is_none() && op == Some("Exists")))
+                    && (e.is_none() || e == Some("NoExecute"))
+            });
+            if !present {
+                tols.push(json!({"key": key, "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 300}));
+            }
+        }
+    }
+    // Priority admission.
+    let class = spec
+        .get("priorityClassName")
+        .and_then(Value::as_str)
+        .filter(|s| !s.is_empty())
+        .map(str::to_owned);
+    let (priority, policy) = match &class {
+        Some(c) => {
+            let pcs =
+                resources::find("scheduling.k8s.io", "v1", "priorityclasses").unwrap_or(usize::MAX);
+            let pc = state.store.get(pcs, &ObjKey::new("", c)).ok_or_else(|| {
+                ApiError::forbidden(format!(
+                    "pods \"{}\" is forbidden: no PriorityClass with name {c} was found",
+                    meta::name(obj).unwrap_or_default()
+                ))
+            })?;
+            (
+                pc.object.get("value").and_then(Value::as_i64).unwrap_or(0),
+                pc.object
+                    .get("preemptionPolicy")
+                    .and_then(Value::as_str)
+                    .unwrap_or("PreemptLowerPriority")
+                    .to_owned(),
+            )
+        }
+        None => (0, "PreemptLowerPriority".to_owned()),
+    };
+    let spec = &mut obj["spec"];
+    if let Some(given) = spec.get("priority").and_then(Value::as_i64)
+        && given != priority
+    {
+        return Err(ApiError::forbidden(format!(
+            "pods \"{}\" is forbidden: the integer value of priority ({given}) must not be provided in pod spec; priority admission controller computed {priority} from the given PriorityClass name",
+            meta::name(obj).unwrap_or_default()
+        )));
+    }
+    spec["priority"] = json!(priority);
+    set_default(spec, "preemptionPolicy", json!(policy));
+    let qos = qos_class(spec);
+    obj["status"] = json!({"phase": "Pending", "qosClass": qos});
+    Ok(())
+}
+
+fn inject_token_volume(spec: &mut Value) {
+    let containers_mount_it = ["containers", "initContainers"].iter().any(|list| {
+        spec.get(*list).and_then(Value::as_array).is_some_and(|cs| {
+            cs.iter().any(|c| {
+                c.get("volumeMounts")
+                    .and_then(Value::as_array)
+                    .is_some_and(|ms| {
+                        ms.iter()
+                            .any(|m| m.get("mountPath").and_then(Value::as_str) == Some(SA_MOUNT))
+                    })
+            })
+        })
+    });
+    if containers_mount_it {
+        return;
+    }
+    let name = format!("kube-api-access-{}", meta::random_suffix(5));
+    let volume = json!({"name": name, "projected": {"defaultMode": 420, "sources": [
+        {"serviceAccountToken": {"expirationSeconds": 3607, "path": "token"}},
+        {"configMap": {"name": "kube-root-ca.crt", "items": [{"key": "ca.crt", "path": "ca.crt"}]}},
+        {"downwardAPI": {"items": [{"path": "namespace", "fieldRef": {"apiVersion": "v1", "fieldPath": "metadata.namespace"}}]}}
+    ]}});
+    if let Some(Value::Array(vols)) = spec
+        .as_object_mut()
+        .map(|s| s.entry("volumes").or_insert_with(|| json!([])))
+    {
+        vols.push(volume);
+    }
+    for list in ["containers", "initContainers"] {
+        if let Some(cs) = spec.get_mut(list).and_then(Value::as_array_mut) {
+            for c in cs {
+                if let Some(Value::Array(ms)) = c
+                    .as_object_mut()
+                    .map(|c| c.entry("volumeMounts").or_insert_with(|| json!([])))
+                {
+                    ms.push(json!({"name": name, "readOnly": true, "mountPath": SA_MOUNT}));
+                }
+            }
+        }
+    }
+}
+
+/// The pod's QoS class, as `qos.GetPodQOS` computes it from requests and limits.
+fn qos_class(spec: &Value) -> &'static str {
+    let mut any = false;
+    let mut guaranteed = true;
+    for list in ["containers", "initContainers"] {
+        for c in spec
+            .get(list)
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+        {
+            let req = c.pointer("/resources/requests").and_then(Value::as_object);
+            let lim = c.pointer("/resources/limits").and_then(Value::as_object);
+            if req.is_some_and(|r| !r.is_empty()) || lim.is_some_and(|l| !l.is_empty()) {
+                any = true;
+            }
+            for r in ["cpu", "memory"] {
+                let l = lim.and_then(|l| l.get(r));
+                let q = req.and_then(|q| q.get(r));
+                if l.is_none() || q != l {
+                    guaranteed = false;
+                }
+            }
+        }
+    }
+    match (any, guaranteed) {
+        (false, _) => "BestEffort",
+        (true, true) => "Guaranteed",
+        (true, false) => "Burstable",
+    }
+}
+
+fn prepare_service(state: &State, obj: &mut Value) -> Result<(), ApiError> {
+    if !obj.get("spec").is_some_and(Value::is_object) {
+        obj["spec"] = json!({});
+    }
+    let spec = &mut obj["spec"];
+    set_default(spec, "type", json!("ClusterIP"));
+    set_default(spec, "sessionAffinity", json!("None"));
+    set_default(spec, "internalTrafficPolicy", json!("Cluster"));
+    if let Some(ports) = spec.get_mut("ports").and_then(Value::as_array_mut) {
+        for p in ports {
+            set_default(p, "protocol", json!("TCP"));
+            if let Some(port) = p.get("port").cloned() {
+                set_default(p, "targetPort", port);
+            }
+        }
+    }
+    let svc_type = spec
+        .get("type")
+        .and_then(Value::as_str)
+        .unwrap_or("ClusterIP")
+        .to_owned();
+    if svc_type != "ExternalName" {
+        let requested = spec
+            .get("clusterIP")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_owned();
+        let ip = if requested == "None" {
+            "None".to_owned()
+        } else {
+            allocate_cluster_ip(state, &requested).map_err(|m| {
+                ApiError::invalid(
+                    "",
+                    "Service",
+                    meta::name(obj).unwrap_or_default(),
+                    &[("spec.clusterIPs".into(), m)],
+                )
+            })?
+        };
+        let spec = &mut obj["spec"];
+        spec["clusterIP"] = json!(ip);
+        spec["clusterIPs"] = json!([ip]);
+        set_default(spec, "ipFamilies", json!(["IPv4"]));
+        set_default(spec, "ipFamilyPolicy", json!("SingleStack"));
+    }
+    if matches!(svc_type.as_str(), "NodePort" | "LoadBalancer") {
+        let mut used = used_node_ports(state);
+        if let Some(ports) = obj["spec"].get_mut("ports").and_then(Value::as_array_mut) {
+            for p in ports {
+                if p.get("nodePort").and_then(Value::as_u64).is_none()
+                    && let Some(port) = (30000..=32767u64).find(|n| !used.contains(n))
+                {
+                    used.insert(port);
+                    p["nodePort"] = json!(port);
+                }
+            }
+        }
+    }
+    obj["status"] = json!({"loadBalancer": {}});
+    Ok(())
+}
+
+fn used_node_ports(state: &State) -> BTreeSet<u64> {
+    let (services, _, _) = state.store.list(*ids::SERVICES, None, None, None, |_| true);
+    services
+        .iter()
+        .flat_map(|s| {
+            s.object
+                .pointer("/spec/ports")
+                .and_then(Value::as_array)
+                .cloned()
+                .unwrap_or_default()
+        })
+        .filter_map(|p| p.get("nodePort").and_then(Value::as_u64))
+        .collect()
+}
+
+fn allocate_cluster_ip(state: &State, requested: &str) -> Result<String, String> {
+    let (base, prefix) = state.config.service_cidr;
+    let size = 1u32 << (32 - u32::from(prefix.min(30)));
+    let base = u32::from(base);
+    let (services, _, _) = state.store.list(*ids::SERVICES, None, None, None, |_| true);
+    let used: BTreeSet<String> = services
+        .iter()
+        .filter_map(|s| {
+            s.object
+                .pointer("/spec/clusterIP")
+                .and_then(Value::as_str)
+                .map(str::to_owned)
+        })
+        .collect();
+    if !requested.is_empty() {
+        let ip: Ipv4Addr = requested
+            .parse()
+            .map_err(|_| format!("Invalid value: {requested:?}: must be a valid IP address"))?;
+        let n = u32::from(ip);
+        if n <= base || n >= base + size - 1 {
+            return Err(format!(
+                "Invalid value: {requested:?}: provided IP is not in the valid range"
+            ));
+        }
+        if used.contains(requested) {
+            return Err(format!(
+                "Invalid value: {requested:?}: provided IP is already allocated"
+            ));
+        }
+        return Ok(requested.to_owned());
+    }
+    (2..size - 1)
+        .map(|i| Ipv4Addr::from(base + i).to_string())
+        .find(|ip| !used.contains(ip))
+        .ok_or_else(|| "Internal error: range is full".to_owned())
+}
+
+/// Mutating admission webhooks (none registered yet in this server: later).
+pub(super) async fn admit(
+    _state: &State,
+    _rt: &ResourceType,
+    obj: Value,
+    _old: Option<&Value>,
+    _user: &UserInfo,
+) -> Result<Value, ApiError> {
+    Ok(obj)
+}
+
+/// Validation of a created or updated object.
+pub(super) fn validate(
+    _state: &State,
+    rt: &ResourceType,
+    obj: &Value,
+    old: Option<&Value>,
+) -> Result<(), ApiError> {
+    let name = meta::name(obj).unwrap_or_default();
+    if rt.plural == "pods" && rt.group.is_empty() {
+        let mut causes = Vec::new();
+        let containers = obj.pointer("/spec/containers").and_then(Value::as_array);
+        if containers.is_none_or(Vec::is_empty) {
+            causes.push(("spec.containers".to_owned(), "Required value".to_owned()));
+        }
+        let mut seen = BTreeSet::new();
+        for (list, cs) in [
+            ("containers", containers),
+            (
+                "initContainers",
+                obj.pointer("/spec/initContainers")
+                    .and_then(Value::as_array),
+            ),
+        ] {
+            for (i, c) in cs.into_iter().flatten().enumerate() {
+                let cname = c.get("name").and_then(Value::as_str).unwrap_or_default();
+                if cname.is_empty() {
+                    causes.push((format!("spec.{list}[{i}].name"), "Required value".into()));
+                } else if !seen.insert(cname.to_owned()) {
+                    causes.push((
+                        format!("spec.{list}[{i}].name"),
+                        format!("Duplicate value: {cname:?}"),
+                    ));
+                }
+                if c.get("image")
+                    .and_then(Value::as_str)
+                    .is_none_or(str::is_empty)
+                {
+                    causes.push((format!("spec.{list}[{i}].image"), "Required value".into()));
+                }
+            }
+        }
+        if let Some(old) = old
+            && let Some(cause) = pod_update_forbidden(old, obj)
+        {
+            causes.push(("spec".into(), cause));
+        }
+        if !causes.is_empty() {
+            return Err(ApiError::invalid(rt.group, rt.kind, name, &causes));
+        }
+    }
+    if rt.plural == "deployments" && obj.pointer("/spec/selector").is_none() {
+        return Err(ApiError::invalid(
+            rt.group,
+            rt.kind,
+            name,
+            &[("spec.selector".into(), "Required value".into())],
+        ));
+    }
+    Ok(())
+}
+
+/// The pod update rule of `ValidatePodUpdate`: only images, `activeDeadlineSeconds` (set or
+/// lowered), added tolerations and removed scheduling gates may change.
+fn pod_update_forbidden(old: &Value, new: &Value) -> Option<String> {
+    let (Some(o), Some(n)) = (old.get("spec"), new.get("spec")) else {
+        return None;
+    };
+    let mut a = o.clone();
+    let mut b = n.clone();
+    for list in ["containers", "initContainers"] {
+        if let (Some(ca), Some(cb)) = (
+            a.get_mut(list).and_then(Value::as_array_mut),
+            b.get(list).and_then(Value::as_array),
+        ) {
+            for (x, y) in ca.iter_mut().zip(cb) {
+                if let Some(img) = y.get("image") {
+                    x["image"] = img.clone();
+                }
+            }
+        }
+    }
+    match (
+        o.get("activeDeadlineSeconds").and_then(Value::as_i64),
+        n.get("activeDeadlineSeconds").and_then(Value::as_i64),
+    ) {
+        (Some(x), Some(y)) if y > x => {
+            return Some(format!(
+                "Invalid value: {y}: must be less than or equal to previous value"
+            ));
+        }
+        (Some(_), None) => {
+            return Some(
+                "Invalid value: \"null\": must not update from a positive integer to nil value"
+                    .into(),
+            );
+        }
+        _ => {}
+    }
+    a["activeDeadlineSeconds"] = n
+        .get("activeDeadlineSeconds")
+        .cloned()
+        .unwrap_or(Value::Null);
+    let old_tols = o
+        .get("tolerations")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default();
+    let new_tols = n
+        .get("tolerations")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default();
+    let without_seconds = |t: &Value| {
+        let mut t = t.clone();
+        if let Some(m) = t.as_object_mut() {
+            m.remove("tolerationSeconds");
+        }
+        t
+    };
+    let kept = old_tols.iter().all(|t| {
+        new_tols
+            .iter()
+            .any(|u| without_seconds(u) == without_seconds(t))
+    });
+    if !kept {
+        return Some(
+            "Forbidden: existing toleration can not be modified except its tolerationSeconds"
+                .into(),
+        );
+    }
+    a["tolerations"] = n.get("tolerations").cloned().unwrap_or(Value::Null);
+    let gates_removed_only = n
+        .get("schedulingGates")
+        .and_then(Value::as_array)
+        .is_none_or(|g| {
+            g.iter().all(|x| {
+                o.get("schedulingGates")
+                    .and_then(Value::as_array)
+                    .is_some_and(|og| og.contains(x))
+            })
+        });
+    if gates_removed_only {
+        a["schedulingGates"] = n.get("schedulingGates").cloned().unwrap_or(Value::Null);
+    }
+    strip_nulls(&mut a);
+    strip_nulls(&mut b);
+    (a != b).then(|| {
+        "Forbidden: pod updates may not change fields other than `spec.containers[*].image`,`spec.initContainers[*].image`,`spec.activeDeadlineSeconds`,`spec.tolerations` (only additions to existing tolerations),`spec.terminationGracePeriodSeconds` (allow it to be set to 1 if it was previously negative)".to_owned()
+    })
+}
+
+fn strip_nulls(v: &mut Value) {
+    if let Some(m) = v.as_object_mut() {
+        m.retain(|_, x| !x.is_null());
+    }
+}
+
+/// Resources whose objects carry `metadata.generation`.
+pub(super) fn has_generation(rt: &ResourceType) -> bool {
+    matches!(rt.group, "apps" | "batch" | "policy")
+}
+
+/// What an update keeps from the stored object.
+pub(super) fn prepare_update(rt: &ResourceType, new: &mut Value, old: &Value, sub: Subresource) {
+    if sub == Subresource::Status {
+        let status = new.get("status").cloned();
+        let rv = meta::meta_str(new, "resourceVersion").map(str::to_owned);
+        *new = old.clone();
+        match status {
+            Some(s) => new["status"] = s,
+            None => {
+                if let Some(m) = new.as_object_mut() {
+                    m.remove("status");
+                }
+            }
+        }
+        if let Some(rv) = rv {
+            meta_mut(new).insert("resourceVersion".into(), json!(rv));
+        }
+        return;
+    }
+    let old_meta = old
+        .get("metadata")
+        .and_then(Value::as_object)
+        .cloned()
+        .unwrap_or_default();
+    let spec_changed = new.get("spec") != old.get("spec");
+    let m = meta_mut(new);
+    for k in [
+        "uid",
+        "creationTimestamp",
+        "deletionTimestamp",
+        "deletionGracePeriodSeconds",
+        "name",
+        "namespace",
+        "generation",
+    ] {
+        match old_meta.get(k) {
+            Some(v) => {
+                m.insert(k.to_owned(), v.clone());
+            }
+            None => {
+                m.remove(k);
+            }
+        }
+    }
+    if has_generation(rt) && spec_changed {
+        let g = old_meta
+            .get("generation")
+            .and_then(Value::as_i64)
+            .unwrap_or(0)
+            + 1;
+        m.insert("generation".into(), json!(g));
+    }
+    if rt.has_status() {
+        match old.get("status") {
+            Some(s) => new["status"] = s.clone(),
+            None => {
+                if let Some(o) = new.as_object_mut() {
+                    o.remove("status");
+                }
+            }
+        }
+    }
+}
+
+/// Whether an update leaves an object that is to be removed now (deleting, no finalizers
+/// left, and for a pod nothing still running: grace over, or never bound).
+pub(super) fn may_finish_deletion(rt: &ResourceType, obj: &Value) -> bool {
+    if !meta::deleting(obj) || !meta::finalizers(obj).is_empty() {
+        return false;
+    }
+    if rt.plural == "namespaces" && rt.group.is_empty() {
+        return obj
+            .pointer("/spec/finalizers")
+            .and_then(Value::as_array)
+            .is_none_or(Vec::is_empty);
+    }
+    if rt.plural == "pods" && rt.group.is_empty() {
+        let grace = obj
+            .pointer("/metadata/deletionGracePeriodSeconds")
+            .and_then(Value::as_i64)
+            .unwrap_or(0);
+        return grace == 0 || obj.pointer("/spec/nodeName").is_none();
+    }
+    true
+}
+
+fn is_terminal(obj: &Value) -> bool {
+    matches!(
+        obj.pointer("/status/phase").and_then(Value::as_str),
+        Some("Succeeded" | "Failed")
+    )
+}
+
+/// How a delete proceeds: `Some(marked)` keeps the object marked for deletion (finalizers,
+/// graceful pod deletion, namespaces); `None` removes it now.
+pub(super) fn deletion(rt: &ResourceType, obj: &Value, opts: &DeleteOptions) -> Option<Value> {
+    let mut marked = obj.clone();
+    let mut finalizers = meta::finalizers(obj);
+    match opts.propagation.as_deref() {
+        Some("Foreground") if !finalizers.iter().any(|f| f == "foregroundDeletion") => {
+            finalizers.push("foregroundDeletion".into())
+        }
+        Some("Orphan") if !finalizers.iter().any(|f| f == "orphan") => {
+            finalizers.push("orphan".into())
+        }
+        _ => {}
+    }
+    let now = Timestamp::now();
+    if rt.plural == "namespaces" && rt.group.is_empty() {
+        let m = meta_mut(&mut marked);
+        m.entry("deletionTimestamp")
+            .or_insert_with(|| json!(meta::time_string(now)));
+        m.insert("deletionGracePeriodSeconds".into(), json!(0));
+        marked["status"] = json!({"phase": "Terminating"});
+        return Some(marked);
+    }
+    let mut grace = 0;
+    if rt.plural == "pods" && rt.group.is_empty() {
+        let bound = obj
+            .pointer("/spec/nodeName")
+            .and_then(Value::as_str)
+            .is_some_and(|n| !n.is_empty());
+        grace = opts
+            .grace_period_seconds
+            .or_else(|| {
+                obj.pointer("/spec/terminationGracePeriodSeconds")
+                    .and_then(Value::as_i64)
+            })
+            .unwrap_or(30)
+            .max(0);
+        if !bound || is_terminal(obj) {
+            grace = 0;
+        }
+        // An ongoing graceful deletion is only ever shortened.
+        if let Some(current) = obj
+            .pointer("/metadata/deletionGracePeriodSeconds")
+            .and_then(Value::as_i64)
+        {
+            grace = grace.min(current);
+        }
+    }
+    if grace == 0 && finalizers.is_empty() {
+        return None;
+    }
+    let m = meta_mut(&mut marked);
+    let deadline = now
+        .checked_add(SignedDuration::from_secs(grace))
+        .unwrap_or(now);
+    let keep_earlier = m
+        .get("deletionTimestamp")
+        .and_then(Value::as_str)
+        .and_then(meta::parse_time)
+        .is_some_and(|t| t <= deadline);
+    if !keep_earlier {
+        m.insert(
+            "deletionTimestamp".into(),
+            json!(meta::time_string(deadline)),
+        );
+    }
+    m.insert("deletionGracePeriodSeconds".into(), json!(grace));
+    if !finalizers.is_empty() {
+        m.insert("finalizers".into(), json!(finalizers));
+    }
+    Some(marked)
+}
+
+/// Side effects of a create.
+pub(super) fn after_create(state: &State, res: ResId, entry: &Entry) {
+    if res == *ids::NAMESPACES {
+        let ns = meta::name(&entry.object).unwrap_or_default().to_owned();
+        let mut sa = json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "default", "namespace": ns}});
+        init_meta(&mut sa);
+        let _ = state
+            .store
+            .create(*ids::SERVICEACCOUNTS, ObjKey::new(&ns, "default"), sa);
+        let mut cm = json!({"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "kube-root-ca.crt", "namespace": ns,
+                "annotations": {"kubernetes.io/description": "Contains a CA bundle that can be used to verify the kube-apiserver when using internal endpoints such as the internal service IP or kubernetes.default.svc. No other usage is guaranteed across distributions of Kubernetes clusters."}},
+            "data": {"ca.crt": state.ca.cert_pem()}});
+        init_meta(&mut cm);
+        let _ = state
+            .store
+            .create(*ids::CONFIGMAPS, ObjKey::new(&ns, "kube-root-ca.crt"), cm);
+    }
+}
+
+/// Side effects of an update.
+pub(super) fn after_update(_state: &State, _res: ResId, _entry: &Entry) {}
+
+/// Side effects of a delete (the entry is the marked object or the last state).
+pub(super) fn after_delete(_state: &State, _res: ResId, _entry: &Entry) {}
+
+/// The value of a field-selector label on an object, as the real server's field sets give it.
+pub(super) fn field_value(rt: &ResourceType, obj: &Value, field: &str) -> Option<String> {
+    match (rt.plural, field) {
+        ("events", "source") => meta::path_str(obj, "source.component"),
+        (_, "spec.unschedulable" | "spec.hostNetwork") => {
+            Some(meta::path_str(obj, field).unwrap_or_else(|| "false".into()))
+        }
+        _ => Some(meta::path_str(obj, field).unwrap_or_default()),
+    }
+}
+
+/// Create-only resources: bindings, reviews.
+pub(super) async fn create_only(
+    state: &State,
+    rt: &ResourceType,
+    namespace: Option<&str>,
+    body: Value,
+    user: &UserInfo,
+) -> Result<(u16, Value), ApiError> {
+    match rt.plural {
+        "bindings" => {
+            let pod = meta::name(&body).unwrap_or_default().to_owned();
+            bind(state, namespace.unwrap_or_default(), &pod, &body).map(|v| (201, v))
+        }
+        "tokenreviews" => {
+            let token = body
+                .pointer("/spec/token")
+                .and_then(Value::as_str)
+                .unwrap_or_default();
+            let status = match state.user_for_token(token) {
+                Some(u) => {
+                    json!({"authenticated": true, "user": {"username": u.username, "uid": u.uid, "groups": u.groups}, "audiences": ["https://kubernetes.default.svc"]})
+                }
+                None => json!({"authenticated": false, "error": "invalid bearer token"}),
+            };
+            let mut out = body;
+            out["status"] = status;
+            Ok((201, out))
+        }
+        "subjectaccessreviews" => {
+            // Every authenticated user is allowed (documented simplification); the review
+            // still has to name a user.
+            let named = body
+                .pointer("/spec/user")
+                .and_then(Value::as_str)
+                .is_some_and(|u| !u.is_empty())
+                || body
+                    .pointer("/spec/groups")
+                    .and_then(Value::as_array)
+                    .is_some_and(|g| !g.is_empty());
+            let mut out = body;
+            out["status"] = if named {
+                json!({"allowed": true, "reason": format!("allowed by the sim API server (asked by {})", user.username)})
+            } else {
+                json!({"allowed": false, "reason": "no user or group in the review"})
+            };
+            Ok((201, out))
+        }
+        _ => Err(ApiError::method_not_allowed(format!(
+            "create is not supported on {}",
+            rt.plural
+        ))),
+    }
+}
+
+/// Binds a pod to a node (`pods/binding`, `bindings`).
+fn bind(state: &State, namespace: &str, pod: &str, binding: &Value) -> Result<Value, ApiError> {
+    let target = binding
+        .pointer("/target/name")
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_owned();
+    if target.is_empty() {
+        return Err(ApiError::invalid(
+            "",
+            "Binding",
+            pod,
+            &[("target.name".into(), "Required value".into())],
+        ));
+    }
+    let k = ObjKey::new(namespace, pod);
+    for _ in 0..16 {
+        let current = state
+            .store
+            .get(*ids::PODS, &k)
+            .ok_or_else(|| ApiError::not_found("", "pods", pod))?;
+        if meta::deleting(&current.object) {
+            return Err(ApiError::conflict(
+                "",
+                "pods",
+                pod,
+                "pod is being deleted, cannot be assigned to a host",
+            ));
+        }
+        if let Some(n) = current
+            .object
+            .pointer("/spec/nodeName")
+            .and_then(Value::as_str)
+            .filter(|n| !n.is_empty())
+        {
+            return Err(ApiError::conflict(
+                "",
+                "pods",
+                pod,
+                &format!("pod {pod} is already assigned to node {n:?}"),
+            ));
+        }
+        let mut new = (*current.object).clone();
+        new["spec"]["nodeName"] = json!(target);
+        let cond = json!({"type": "PodScheduled", "status": "True", "lastProbeTime": null, "lastTransitionTime": meta::now()});
+        let conds = new["status"]
+            .as_object_mut()
+            .map(|s| s.entry("conditions").or_insert_with(|| json!([])));
+        if let Some(Value::Array(c)) = conds {
+            c.retain(|x| x.get("type").and_then(Value::as_str) != Some("PodScheduled"));
+            c.push(cond);
+        }
+        match state
+            .store
+            .replace(*ids::PODS, k.clone(), new, Some(current.rv))
+        {
+            Ok(_) => return Ok(rest_success()),
+            Err(super::store::StoreError::Conflict) => continue,
+            Err(e) => return Err(ApiError::internal(e.to_string())),
+        }
+    }
+    Err(ApiError::conflict(
+        "",
+        "pods",
+        pod,
+        "too many concurrent writes",
+    ))
+}
+
+fn rest_success() -> Value {
+    json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201})
+}
+
+/// Subresources with verbs of their own.
+pub(super) async fn subresource(
+    state: Arc<State>,
+    req: Request<Incoming>,
+    r: &ResourceRoute,
+    name: &str,
+    sub: &str,
+    q: &Query,
+    user: &UserInfo,
+) -> Response<Body> {
+    let rt = resources::get(r.res);
+    let ns = r.namespace.clone().unwrap_or_default();
+    let method = req.method().clone();
+    let result = match (rt.plural, sub, method.as_str()) {
+        ("pods", "binding", "POST") => match rest::read_object(&state, req).await {
+            Ok(b) => bind(&state, &ns, name, &b).map(|v| (201, v)),
+            Err(e) => Err(e),
+        },
+        ("pods", "eviction", "POST") => match rest::read_object(&state, req).await {
+            Ok(_) => rest::delete_object(&state, r.res, &ObjKey::new(&ns, name), &DeleteOptions::default())
+                .map(|_| (201, json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}))),
+            Err(e) => Err(e),
+        },
+        ("serviceaccounts", "token", "POST") => match rest::read_object(&state, req).await {
+            Ok(body) => token_request(&state, &ns, name, body),
+            Err(e) => Err(e),
+        },
+        ("namespaces", "finalize", "PUT") => match rest::read_object(&state, req).await {
+            Ok(body) => finalize_namespace(&state, name, &body),
+            Err(e) => Err(e),
+        },
+        _ => Err(ApiError::method_not_allowed(format!("{method} is not supported on {}/{sub}", rt.plural))),
+    };
+    let _ = (q, user);
+    match result {
+        Ok((code, v)) => value_response(code, &v),
+        Err(e) => error_response(&e),
+    }
+}
+
+fn token_request(state: &State, ns: &str, sa: &str, body: Value) -> Result<(u16, Value), ApiError> {
+    let account = state
+        .store
+        .get(*ids::SERVICEACCOUNTS, &ObjKey::new(ns, sa))
+        .ok_or_else(|| ApiError::not_found("", "serviceaccounts", sa))?;
+    let uid = meta::meta_str(&account.object, "uid")
+        .unwrap_or_default()
+        .to_owned();
+    let token = state.issue_token(UserInfo {
+        username: format!("system:serviceaccount:{ns}:{sa}"),
+        uid,
+        groups: vec![
+            "system:serviceaccounts".into(),
+            format!("system:serviceaccounts:{ns}"),
+            "system:authenticated".into(),
+        ],
+    });
+    let seconds = body
+        .pointer("/spec/expirationSeconds")
+        .and_then(Value::as_i64)
+        .unwrap_or(3600);
+    let expires = Timestamp::now()
+        .checked_add(SignedDuration::from_secs(seconds))
+        .unwrap_or_else(|_| Timestamp::now());
+    let mut out = body;
+    out["apiVersion"] = json!("authentication.k8s.io/v1");
+    out["kind"] = json!("TokenRequest");
+    out["status"] = json!({"token": token, "expirationTimestamp": meta::time_string(expires)});
+    Ok((201, out))
+}
+
+fn finalize_namespace(state: &State, name: &str, body: &Value) -> Result<(u16, Value), ApiError> {
+    let k = ObjKey::new("", name);
+    let current = state
+        .store
+        .get(*ids::NAMESPACES, &k)
+        .ok_or_else(|| ApiError::not_found("", "namespaces", name))?;
+    let mut new = (*current.object).clone();
+    new["spec"]["finalizers"] = body
+        .pointer("/spec/finalizers")
+        .cloned()
+        .unwrap_or(json!([]));
+    let rt = resources::get(*ids::NAMESPACES);
+    let result = if may_finish_deletion(rt, &new) {
+        state.store.remove(*ids::NAMESPACES, &k, Some(current.rv))
+    } else {
+        state
+            .store
+            .replace(*ids::NAMESPACES, k, new, Some(current.rv))
+    };
+    result
+        .map(|e| (200, (*e.object).clone()))
+        .map_err(|e| ApiError::conflict("", "namespaces", name, &e.to_string()))
+}
+
+/// Reads of computed resources (metrics).
+pub(super) fn read_only_get(
+    _state: &State,
+    rt: &ResourceType,
+    _ns: Option<&str>,
+    name: &str,
+) -> Result<Value, ApiError> {
+    Err(ApiError::not_found(rt.group, rt.plural, name))
+}
+
+/// Lists of computed resources (metrics).
+pub(super) fn read_only_list(
+    state: &State,
+    rt: &ResourceType,
+    _filter: &super::watch::Filter,
+) -> Result<Value, ApiError> {
+    Ok(rest::list_value(
+        rt,
+        Vec::new(),
+        state.store.current_rv(),
+        None,
+    ))
+}

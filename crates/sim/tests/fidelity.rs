@@ -1,0 +1,399 @@
+//! Fidelity of the embedded API server, through kube-rs, for the semantics controllers rely
+//! on. Written against the Kubernetes API only, so the same checks hold for a real server.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
+
+use std::time::Duration;
+
+use futures::{StreamExt, TryStreamExt};
+use k8s_openapi::api::core::v1::{Namespace, Pod};
+use kube::api::{
+    Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, WatchEvent, WatchParams,
+};
+use kube::core::Status;
+use serde_json::json;
+use tensile_sim::apiserver::{ApiServer, ApiServerConfig};
+
+async fn server() -> (ApiServer, kube::Client) {
+    let server = ApiServer::start(ApiServerConfig::default()).await.unwrap();
+    let client = server.client().await.unwrap();
+    (server, client)
+}
+
+fn pod(name: &str) -> Pod {
+    serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "labels": {"app": "web"}},
+        "spec": {"containers": [{"name": "c", "image": "nginx:1.27", "ports": [{"containerPort": 80}]}]}
+    }))
+    .unwrap()
+}
+
+fn api_error(e: kube::Error) -> Status {
+    match e {
+        kube::Error::Api(s) => *s,
+        other => panic!("expected an API error, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn discovery_and_default_namespaces() {
+    let (_s, client) = server().await;
+    let version = client.apiserver_version().await.unwrap();
+    assert_eq!(version.major, "1");
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    let names: Vec<String> = namespaces
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter_map(|n| n.metadata.name)
+        .collect();
+    for want in ["default", "kube-system", "kube-public", "kube-node-lease"] {
+        assert!(names.contains(&want.to_owned()), "{names:?}");
+    }
+    let discovery = kube::Discovery::new(client).run().await.unwrap();
+    assert!(discovery.has_group("apps"));
+}
+
+#[tokio::test]
+async fn pod_create_applies_admission_defaults() {
+    let (_s, client) = server().await;
+    let pods: Api<Pod> = Api::namespaced(client, "default");
+    let p = pods
+        .create(&PostParams::default(), &pod("web"))
+        .await
+        .unwrap();
+    let spec = p.spec.as_ref().unwrap();
+    assert!(
+        p.metadata.uid.is_some()
+            && p.metadata.resource_version.is_some()
+            && p.metadata.creation_timestamp.is_some()
+    );
+    assert_eq!(spec.service_account_name.as_deref(), Some("default"));
+    let volumes = spec.volumes.as_ref().unwrap();
+    assert!(
+        volumes[0].name.starts_with("kube-api-access-"),
+        "{volumes:?}"
+    );
+    let mounts = spec.containers[0].volume_mounts.as_ref().unwrap();
+    assert_eq!(
+        mounts[0].mount_path,
+        "/var/run/secrets/kubernetes.io/serviceaccount"
+    );
+    let tolerations = spec.tolerations.as_ref().unwrap();
+    assert_eq!(tolerations.len(), 2);
+    assert_eq!(tolerations[0].toleration_seconds, Some(300));
+    assert_eq!(
+        spec.containers[0].image_pull_policy.as_deref(),
+        Some("IfNotPresent")
+    );
+    assert_eq!(
+        spec.containers[0].ports.as_ref().unwrap()[0]
+            .protocol
+            .as_deref(),
+        Some("TCP")
+    );
+    assert_eq!(p.status.as_ref().unwrap().phase.as_deref(), Some("Pending"));
+    assert_eq!(
+        p.status.as_ref().unwrap().qos_class.as_deref(),
+        Some("BestEffort")
+    );
+}
+
+#[tokio::test]
+async fn errors_carry_the_real_reasons_and_codes() {
+    let (_s, client) = server().await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    let e = api_error(pods.get("nope").await.unwrap_err());
+    assert_eq!(
+        (e.code, e.reason.as_str(), e.message.as_str()),
+        (404, "NotFound", "pods \"nope\" not found")
+    );
+    pods.create(&PostParams::default(), &pod("a"))
+        .await
+        .unwrap();
+    let e = api_error(
+        pods.create(&PostParams::default(), &pod("a"))
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!((e.code, e.reason.as_str()), (409, "AlreadyExists"));
+    let mut bad = pod("b");
+    bad.spec.as_mut().unwrap().containers.clear();
+    let e = api_error(pods.create(&PostParams::default(), &bad).await.unwrap_err());
+    assert_eq!((e.code, e.reason.as_str()), (422, "Invalid"));
+    let missing: Api<Pod> = Api::namespaced(client, "no-such-ns");
+    let e = api_error(
+        missing
+            .create(&PostParams::default(), &pod("c"))
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!(
+        (e.code, e.message.as_str()),
+        (404, "namespaces \"no-such-ns\" not found")
+    );
+}
+
+#[tokio::test]
+async fn optimistic_concurrency_and_no_op_updates() {
+    let (_s, client) = server().await;
+    let pods: Api<Pod> = Api::namespaced(client, "default");
+    let p = pods
+        .create(&PostParams::default(), &pod("web"))
+        .await
+        .unwrap();
+    let mut changed = p.clone();
+    changed
+        .metadata
+        .labels
+        .as_mut()
+        .unwrap()
+        .insert("tier".into(), "front".into());
+    let updated = pods
+        .replace("web", &PostParams::default(), &changed)
+        .await
+        .unwrap();
+    assert_ne!(
+        updated.metadata.resource_version,
+        p.metadata.resource_version
+    );
+    let e = api_error(
+        pods.replace("web", &PostParams::default(), &changed)
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!((e.code, e.reason.as_str()), (409, "Conflict"));
+    let same = pods
+        .replace("web", &PostParams::default(), &updated)
+        .await
+        .unwrap();
+    assert_eq!(
+        same.metadata.resource_version, updated.metadata.resource_version,
+        "a no-op update is not a write"
+    );
+}
+
+#[tokio::test]
+async fn pod_spec_is_immutable_except_images() {
+    let (_s, client) = server().await;
+    let pods: Api<Pod> = Api::namespaced(client, "default");
+    pods.create(&PostParams::default(), &pod("web"))
+        .await
+        .unwrap();
+    let ok = pods
+        .patch(
+            "web",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"activeDeadlineSeconds": 60}})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(ok.spec.unwrap().active_deadline_seconds, Some(60));
+    let e = api_error(
+        pods.patch(
+            "web",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"restartPolicy": "Never"}})),
+        )
+        .await
+        .unwrap_err(),
+    );
+    assert_eq!(e.code, 422);
+    assert!(
+        e.message.contains("pod updates may not change fields"),
+        "{}",
+        e.message
+    );
+}
+
+#[tokio::test]
+async fn list_selectors_and_pagination() {
+    let (_s, client) = server().await;
+    let pods: Api<Pod> = Api::namespaced(client, "default");
+    for i in 0..5 {
+        let mut p = pod(&format!("p{i}"));
+        p.metadata
+            .labels
+            .as_mut()
+            .unwrap()
+            .insert("n".into(), (i % 2).to_string());
+        pods.create(&PostParams::default(), &p).await.unwrap();
+    }
+    let odd = pods
+        .list(&ListParams::default().labels("n=1"))
+        .await
+        .unwrap();
+    assert_eq!(odd.items.len(), 2);
+    let first = pods.list(&ListParams::default().limit(2)).await.unwrap();
+    assert_eq!(first.items.len(), 2);
+    let token = first.metadata.continue_.clone().unwrap();
+    let second = pods
+        .list(&ListParams::default().limit(10).continue_token(&token))
+        .await
+        .unwrap();
+    assert_eq!(second.items.len(), 3);
+    assert!(second.metadata.continue_.is_none());
+    let unbound = pods
+        .list(&ListParams::default().fields("spec.nodeName="))
+        .await
+        .unwrap();
+    assert_eq!(unbound.items.len(), 5);
+    let e = api_error(
+        pods.list(&ListParams::default().fields("spec.bogus=1"))
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!(
+        (e.code, e.message.as_str()),
+        (400, "field label not supported: spec.bogus")
+    );
+}
+
+#[tokio::test]
+async fn watch_sees_a_pod_bound_to_a_node_through_a_field_selector() {
+    let (_s, client) = server().await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    let created = pods
+        .create(&PostParams::default(), &pod("web"))
+        .await
+        .unwrap();
+    let rv = created.metadata.resource_version.clone().unwrap();
+    let mut stream = pods
+        .watch(&WatchParams::default().fields("spec.nodeName=node-1"), &rv)
+        .await
+        .unwrap()
+        .boxed();
+    let binding = json!({"apiVersion": "v1", "kind": "Binding", "metadata": {"name": "web"}, "target": {"apiVersion": "v1", "kind": "Node", "name": "node-1"}});
+    let req = http::Request::post("/api/v1/namespaces/default/pods/web/binding")
+        .header("content-type", "application/json")
+        .body(serde_json::to_vec(&binding).unwrap())
+        .unwrap();
+    client.request_text(req).await.unwrap();
+    let ev = tokio::time::timeout(Duration::from_secs(10), stream.try_next())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    match ev {
+        WatchEvent::Added(p) => assert_eq!(p.spec.unwrap().node_name.as_deref(), Some("node-1")),
+        other => panic!("expected ADDED, got {other:?}"),
+    }
+    // A bound pod is deleted gracefully; the kubelet's grace-0 delete finishes it.
+    let marked = pods.delete("web", &DeleteParams::default()).await.unwrap();
+    let marked = marked.left().expect("graceful deletion returns the object");
+    assert!(marked.metadata.deletion_timestamp.is_some());
+    assert_eq!(marked.metadata.deletion_grace_period_seconds, Some(30));
+    let ev = tokio::time::timeout(Duration::from_secs(10), stream.try_next())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert!(matches!(ev, WatchEvent::Modified(_)), "{ev:?}");
+    let uid = marked.metadata.uid.clone().unwrap();
+    pods.delete(
+        "web",
+        &DeleteParams {
+            grace_period_seconds: Some(0),
+            preconditions: Some(kube::api::Preconditions {
+                uid: Some(uid),
+                resource_version: None,
+            }),
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    let ev = tokio::time::timeout(Duration::from_secs(10), stream.try_next())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert!(matches!(ev, WatchEvent::Deleted(_)), "{ev:?}");
+    assert_eq!(api_error(pods.get("web").await.unwrap_err()).code, 404);
+}
+
+#[tokio::test]
+async fn watch_from_a_too_old_resource_version_is_expired() {
+    let config = ApiServerConfig {
+        watch_history: 4,
+        ..Default::default()
+    };
+    let server = ApiServer::start(config).await.unwrap();
+    let client = server.client().await.unwrap();
+    let pods: Api<Pod> = Api::namespaced(client, "default");
+    let first = pods
+        .create(&PostParams::default(), &pod("p0"))
+        .await
+        .unwrap();
+    for i in 1..8 {
+        pods.create(&PostParams::default(), &pod(&format!("p{i}")))
+            .await
+            .unwrap();
+    }
+    let rv = first.metadata.resource_version.unwrap();
+    let mut stream = pods
+        .watch(&WatchParams::default(), &rv)
+        .await
+        .unwrap()
+        .boxed();
+    let ev = tokio::time::timeout(Duration::from_secs(10), stream.try_next())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    match ev {
+        WatchEvent::Error(e) => assert_eq!((e.code, e.reason.as_str()), (410, "Expired")),
+        other => panic!("expected a 410 error event, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn kube_runtime_reflector_tracks_the_server() {
+    use kube::runtime::{WatchStreamExt, reflector, watcher};
+    let (_s, client) = server().await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    let (store, writer) = reflector::store();
+    let stream = watcher(pods.clone(), watcher::Config::default())
+        .reflect(writer)
+        .applied_objects();
+    let task = tokio::spawn(async move { stream.for_each(|_| async {}).await });
+    store.wait_until_ready().await.unwrap();
+    for i in 0..3 {
+        pods.create(&PostParams::default(), &pod(&format!("p{i}")))
+            .await
+            .unwrap();
+    }
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while store.len() < 3 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "reflector saw {} pods",
+            store.len()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    task.abort();
+}
+
+#[tokio::test]
+async fn anonymous_requests_are_refused_and_tokens_work() {
+    let (s, _client) = server().await;
+    let mut config = kube::Config::new(s.url().parse().unwrap());
+    config.accept_invalid_certs = true;
+    let anonymous = kube::Client::try_from(config.clone()).unwrap();
+    let e = api_error(
+        Api::<Pod>::namespaced(anonymous, "default")
+            .list(&ListParams::default())
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!(e.code, 401);
+    config.auth_info.token = Some(s.admin_token().to_owned().into());
+    let with_token = kube::Client::try_from(config).unwrap();
+    Api::<Pod>::namespaced(with_token, "default")
+        .list(&ListParams::default())
+        .await
+        .unwrap();
+}
