@@ -1,17 +1,37 @@
 //! `tensile`: every component of tensile-kube as a subcommand of one binary.
 #![forbid(unsafe_code)]
 
-use clap::Parser;
+mod sim;
+
+use clap::{Parser, Subcommand};
 
 /// Run one Kubernetes cluster on top of many.
-///
-/// The components (virtual-node, webhook, descheduler, scheduler, sim, up) arrive as
-/// subcommands issue by issue; see the README for what exists today.
 #[derive(Debug, Parser)]
 #[command(name = "tensile", version, about, long_about = None)]
-struct Cli {}
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run one simulated cluster (embedded API server) in the foreground.
+    Sim(sim::SimArgs),
+}
 
 fn main() -> anyhow::Result<()> {
-    let _cli = Cli::parse();
-    Ok(())
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    runtime.block_on(async {
+        match cli.command {
+            Command::Sim(args) => sim::run(args).await,
+        }
+    })
 }

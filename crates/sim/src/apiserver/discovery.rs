@@ -212,7 +212,66 @@ fn aggregated_group(group: &str, versions: &[&str]) -> Value {
     json!({"metadata": metadata, "versions": versions})
 }
 
-/// `/openapi/...`: not served (yet); clients that need it fall back or say so.
-pub fn openapi(_path: &str) -> Response<Body> {
-    error_response(&ApiError::no_route())
+/// `/openapi/v3` and `/openapi/v3/{api/v1, apis/{group}/{version}}`: the operations of each
+/// resource with their `x-kubernetes-group-version-kind` and query parameters. kubectl reads
+/// them to learn that the server validates fields itself (`fieldValidation` on PATCH), so it
+/// sends `fieldValidation=Strict` instead of validating against a downloaded schema. The
+/// documents carry no component schemas (documented simplification): `kubectl explain` has
+/// nothing to show. `/openapi/v2` is not served; current clients use v3.
+pub fn openapi(path: &str) -> Response<Body> {
+    let Some(rest) = path.strip_prefix("/openapi/v3") else {
+        return error_response(&ApiError::no_route());
+    };
+    let rest = rest.trim_start_matches('/');
+    if rest.is_empty() {
+        let mut paths = serde_json::Map::new();
+        paths.insert("api/v1".into(), json!({"serverRelativeURL": "/openapi/v3/api/v1?hash=SIM"}));
+        for (group, versions) in group_versions() {
+            for v in versions {
+                let key = format!("apis/{group}/{v}");
+                paths.insert(key.clone(), json!({"serverRelativeURL": format!("/openapi/v3/{key}?hash=SIM")}));
+            }
+        }
+        return value_response(200, &json!({"paths": paths}));
+    }
+    let (group, version) = match rest.split('/').collect::<Vec<_>>().as_slice() {
+        ["api", v] => (String::new(), (*v).to_owned()),
+        ["apis", g, v] => ((*g).to_owned(), (*v).to_owned()),
+        _ => return error_response(&ApiError::no_route()),
+    };
+    let mut paths = serde_json::Map::new();
+    for r in in_group_version(&group, &version) {
+        let gvk = json!({"group": r.group, "version": r.version, "kind": r.kind});
+        let prefix = if r.group.is_empty() { format!("/api/{}", r.version) } else { format!("/apis/{}/{}", r.group, r.version) };
+        let scope = if r.namespaced { "/namespaces/{namespace}" } else { "" };
+        let op = |verb: &str, params: &[&str]| {
+            let parameters: Vec<Value> = params
+                .iter()
+                .map(|p| json!({"name": p, "in": "query", "schema": {"type": "string", "uniqueItems": true}}))
+                .collect();
+            json!({"operationId": format!("{verb}{}", r.kind), "x-kubernetes-action": verb,
+                "x-kubernetes-group-version-kind": gvk, "parameters": parameters,
+                "responses": {"200": {"description": "OK"}}})
+        };
+        let write = ["dryRun", "fieldManager", "fieldValidation"];
+        if r.create_only {
+            paths.insert(format!("{prefix}/{}", r.plural), json!({"post": op("create", &write)}));
+            continue;
+        }
+        paths.insert(
+            format!("{prefix}{scope}/{}", r.plural),
+            json!({"get": op("list", &["labelSelector", "fieldSelector", "limit", "continue", "watch", "resourceVersion", "timeoutSeconds"]),
+                   "post": op("post", &write)}),
+        );
+        paths.insert(
+            format!("{prefix}{scope}/{}/{{name}}", r.plural),
+            json!({"get": op("get", &[]), "put": op("put", &write),
+                   "patch": op("patch", &["dryRun", "fieldManager", "fieldValidation", "force"]),
+                   "delete": op("delete", &["dryRun", "gracePeriodSeconds", "propagationPolicy"])}),
+        );
+    }
+    if paths.is_empty() {
+        return error_response(&ApiError::no_route());
+    }
+    value_response(200, &json!({"openapi": "3.0.0", "info": {"title": "Kubernetes", "version": "v1.33.4-sim"}, "paths": paths}))
 }

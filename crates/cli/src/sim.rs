@@ -1,0 +1,50 @@
+//! `tensile sim`: one simulated cluster in the foreground, for people and scripts.
+
+use std::io::Write as _;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use anyhow::Context as _;
+use tensile_sim::apiserver::{ApiServer, ApiServerConfig};
+
+/// Flags of `tensile sim`.
+#[derive(Debug, clap::Args)]
+pub struct SimArgs {
+    /// Address to serve the API on (port 0 picks a free port).
+    #[arg(long, default_value = "127.0.0.1:0")]
+    listen: SocketAddr,
+    /// Cluster (and kubeconfig context) name.
+    #[arg(long, default_value = "sim")]
+    name: String,
+    /// Serve plain HTTP instead of HTTPS.
+    #[arg(long)]
+    insecure_http: bool,
+    /// Write the kubeconfig here (it is also printed).
+    #[arg(long)]
+    kubeconfig_out: Option<PathBuf>,
+}
+
+pub async fn run(args: SimArgs) -> anyhow::Result<()> {
+    let config = ApiServerConfig {
+        name: args.name.clone(),
+        listen: args.listen,
+        tls: !args.insecure_http,
+        ..ApiServerConfig::default()
+    };
+    let server = ApiServer::start(config).await.with_context(|| format!("starting the API server on {}", args.listen))?;
+    let kubeconfig = server.kubeconfig(&args.name);
+    if let Some(path) = &args.kubeconfig_out {
+        std::fs::write(path, &kubeconfig).with_context(|| format!("writing the kubeconfig to {}", path.display()))?;
+    }
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "# tensile sim: cluster {:?} serving on {}", args.name, server.url())?;
+    match &args.kubeconfig_out {
+        Some(path) => writeln!(out, "# kubeconfig written to {}; try: kubectl --kubeconfig {} get ns", path.display(), path.display())?,
+        None => write!(out, "{kubeconfig}")?,
+    }
+    out.flush()?;
+    drop(out);
+    tokio::signal::ctrl_c().await.context("waiting for Ctrl-C")?;
+    server.stop();
+    Ok(())
+}
