@@ -14,6 +14,7 @@ mod rest;
 pub mod selectors;
 pub mod store;
 mod strategy;
+pub mod table;
 mod watch;
 
 use std::collections::HashMap;

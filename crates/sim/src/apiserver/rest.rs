@@ -19,7 +19,7 @@ use super::request::ResourceRoute;
 use super::resources::{self, ResId, ResourceType};
 use super::store::{Entry, ObjKey, StoreError};
 use super::strategy::{self, Subresource};
-use super::{State, UserInfo, watch};
+use super::{State, UserInfo, table, watch};
 
 /// Query parameters of a request.
 #[derive(Debug, Default)]
@@ -70,6 +70,11 @@ pub(super) async fn dispatch(
     let q = Query::parse(req.uri().query());
     let rt = resources::get(r.res);
     let method = req.method().clone();
+    let as_table = table::wants_table(
+        req.headers()
+            .get(header::ACCEPT)
+            .and_then(|a| a.to_str().ok()),
+    );
     let name = r.name.clone();
     let sub = r.subresource.clone();
     if rt.create_only && !(method == Method::POST && name.is_none()) {
@@ -80,9 +85,9 @@ pub(super) async fn dispatch(
     }
     let outcome = match (&method, name.as_deref(), sub.as_deref()) {
         (&Method::GET, None, None) if r.watch_prefix || q.flag("watch") => {
-            return watch::watch(state, &r, &q);
+            return watch::watch(state, &r, &q, as_table);
         }
-        (&Method::GET, None, None) => list(&state, &r, &q),
+        (&Method::GET, None, None) => list(&state, &r, &q, as_table),
         (&Method::POST, None, None)
             if r.namespace.is_none() && rt.namespaced && !rt.create_only =>
         {
@@ -102,7 +107,23 @@ pub(super) async fn dispatch(
             Ok(opts) => delete_collection(&state, &r, &q, opts),
             Err(e) => Err(e),
         },
-        (&Method::GET, Some(n), None | Some("status")) => get(&state, &r, n),
+        (&Method::GET, Some(n), None | Some("status")) => get(&state, &r, n).map(|(code, v)| {
+            if as_table {
+                (
+                    code,
+                    table::table(
+                        rt,
+                        &[v],
+                        state.store.current_rv(),
+                        q.get("includeObject"),
+                        true,
+                        None,
+                    ),
+                )
+            } else {
+                (code, v)
+            }
+        }),
         (&Method::PUT, Some(n), s @ (None | Some("status"))) => {
             match read_object(&state, req).await {
                 Ok(body) => update(&state, &r, n, body, &q, &user, subresource(s))
@@ -257,7 +278,7 @@ struct Continue {
     name: String,
 }
 
-fn list(state: &State, r: &ResourceRoute, q: &Query) -> Result<(u16, Value)> {
+fn list(state: &State, r: &ResourceRoute, q: &Query, as_table: bool) -> Result<(u16, Value)> {
     let rt = resources::get(r.res);
     let filter = watch::Filter::from_query(rt, r.namespace.as_deref(), q)?;
     if rt.read_only {
@@ -285,10 +306,16 @@ fn list(state: &State, r: &ResourceRoute, q: &Query) -> Result<(u16, Value)> {
         limit,
         |e| filter.matches(rt, &e.object),
     );
-    Ok((
-        200,
-        list_value(rt, items.iter().map(entry_value).collect(), rv, more),
-    ))
+    let list = list_value(rt, items.iter().map(entry_value).collect(), rv, more);
+    if as_table {
+        let items = list["items"].as_array().cloned().unwrap_or_default();
+        let token = list.pointer("/metadata/continue");
+        return Ok((
+            200,
+            table::table(rt, &items, rv, q.get("includeObject"), true, token),
+        ));
+    }
+    Ok((200, list))
 }
 
 pub(super) fn list_value(

@@ -23,7 +23,7 @@ use super::resources::{self, ResourceType};
 use super::rest::Query;
 use super::selectors::{self, Selector};
 use super::store::{EventType, StoreError};
-use super::strategy;
+use super::{strategy, table};
 
 /// Namespace, label and field selection of a list or watch.
 #[derive(Debug, Default)]
@@ -123,7 +123,12 @@ const BOOKMARK_EVERY: Duration = Duration::from_secs(10);
 /// The longest a watch runs without `timeoutSeconds` (the real server's default is 30-60 min).
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(1800);
 
-pub(super) fn watch(state: Arc<State>, r: &ResourceRoute, q: &Query) -> Response<Body> {
+pub(super) fn watch(
+    state: Arc<State>,
+    r: &ResourceRoute,
+    q: &Query,
+    as_table: bool,
+) -> Response<Body> {
     let rt = resources::get(r.res);
     if rt.read_only {
         return error_response(&ApiError::method_not_allowed(format!(
@@ -158,6 +163,25 @@ pub(super) fn watch(state: Arc<State>, r: &ResourceRoute, q: &Query) -> Response
         .map(Duration::from_secs)
         .unwrap_or(DEFAULT_TIMEOUT);
     let res = r.res;
+    let include = q.get("includeObject").map(str::to_owned);
+    // As a Table, each event carries a one-row table; the first one has the columns.
+    let mut first_table = true;
+    let mut render = move |kind: &str, json: &[u8], object: &Value| -> Bytes {
+        if as_table {
+            let t = table::table(
+                rt,
+                std::slice::from_ref(object),
+                0,
+                include.as_deref(),
+                first_table,
+                None,
+            );
+            first_table = false;
+            value_line(kind, &t)
+        } else {
+            line(kind, json)
+        }
+    };
     let (tx, rx) = mpsc::channel::<Bytes>(1024);
     tokio::spawn(async move {
         let deadline = tokio::time::Instant::now() + timeout;
@@ -171,7 +195,7 @@ pub(super) fn watch(state: Arc<State>, r: &ResourceRoute, q: &Query) -> Response
                             filter.matches(rt, &e.object)
                         });
                 for e in items {
-                    if tx.send(line("ADDED", &e.json)).await.is_err() {
+                    if tx.send(render("ADDED", &e.json, &e.object)).await.is_err() {
                         return;
                     }
                 }
@@ -213,7 +237,7 @@ pub(super) fn watch(state: Arc<State>, r: &ResourceRoute, q: &Query) -> Response
                             }
                             _ => continue,
                         };
-                        if tx.send(line(kind, &ev.entry.json)).await.is_err() {
+                        if tx.send(render(kind, &ev.entry.json, &ev.entry.object)).await.is_err() {
                             return;
                         }
                     }

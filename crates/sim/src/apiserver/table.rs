@@ -1,0 +1,513 @@
+//! Server-side printing: the `Table` representation `kubectl get` asks for
+//! (`Accept: application/json;as=Table;v=v1;g=meta.k8s.io`), with the columns the real server
+//! prints for each resource, so `kubectl get pods -o wide` shows READY, STATUS, IP and NODE.
+
+use k8s_openapi::jiff::Timestamp;
+use serde_json::{Value, json};
+
+use super::meta;
+use super::resources::ResourceType;
+
+/// Whether the request asks for a Table.
+pub fn wants_table(accept: Option<&str>) -> bool {
+    accept.is_some_and(|a| {
+        a.split(',').any(|t| {
+            let t = t.replace(' ', "");
+            t.contains("as=Table")
+                && t.contains("g=meta.k8s.io")
+                && (t.contains("v=v1;") || t.ends_with("v=v1"))
+        })
+    })
+}
+
+struct Column {
+    name: &'static str,
+    kind: &'static str,
+    priority: u8,
+}
+
+const fn col(name: &'static str, kind: &'static str, priority: u8) -> Column {
+    Column {
+        name,
+        kind,
+        priority,
+    }
+}
+
+fn columns(rt: &ResourceType) -> Vec<Column> {
+    let mut cols = vec![col("Name", "string", 0)];
+    cols.extend(match (rt.group, rt.plural) {
+        ("", "pods") => vec![
+            col("Ready", "string", 0),
+            col("Status", "string", 0),
+            col("Restarts", "string", 0),
+            col("Age", "string", 0),
+            col("IP", "string", 1),
+            col("Node", "string", 1),
+            col("Nominated Node", "string", 1),
+            col("Readiness Gates", "string", 1),
+        ],
+        ("", "nodes") => vec![
+            col("Status", "string", 0),
+            col("Roles", "string", 0),
+            col("Age", "string", 0),
+            col("Version", "string", 0),
+            col("Internal-IP", "string", 1),
+            col("External-IP", "string", 1),
+            col("OS-Image", "string", 1),
+            col("Kernel-Version", "string", 1),
+            col("Container-Runtime", "string", 1),
+        ],
+        ("", "namespaces") => vec![col("Status", "string", 0), col("Age", "string", 0)],
+        ("", "services") => vec![
+            col("Type", "string", 0),
+            col("Cluster-IP", "string", 0),
+            col("External-IP", "string", 0),
+            col("Port(s)", "string", 0),
+            col("Age", "string", 0),
+            col("Selector", "string", 1),
+        ],
+        ("", "configmaps") => vec![col("Data", "integer", 0), col("Age", "string", 0)],
+        ("", "secrets") => vec![
+            col("Type", "string", 0),
+            col("Data", "integer", 0),
+            col("Age", "string", 0),
+        ],
+        ("", "endpoints") => vec![col("Endpoints", "string", 0), col("Age", "string", 0)],
+        ("", "persistentvolumeclaims") => vec![
+            col("Status", "string", 0),
+            col("Volume", "string", 0),
+            col("Capacity", "string", 0),
+            col("Access Modes", "string", 0),
+            col("StorageClass", "string", 0),
+            col("Age", "string", 0),
+        ],
+        ("apps", "deployments") => vec![
+            col("Ready", "string", 0),
+            col("Up-to-date", "string", 0),
+            col("Available", "string", 0),
+            col("Age", "string", 0),
+            col("Containers", "string", 1),
+            col("Images", "string", 1),
+            col("Selector", "string", 1),
+        ],
+        ("apps", "replicasets") => vec![
+            col("Desired", "integer", 0),
+            col("Current", "integer", 0),
+            col("Ready", "integer", 0),
+            col("Age", "string", 0),
+        ],
+        ("coordination.k8s.io", "leases") => {
+            vec![col("Holder", "string", 0), col("Age", "string", 0)]
+        }
+        ("", "events") => {
+            return vec![
+                col("Last Seen", "string", 0),
+                col("Type", "string", 0),
+                col("Reason", "string", 0),
+                col("Object", "string", 0),
+                col("Message", "string", 0),
+            ];
+        }
+        _ => vec![col("Age", "string", 0)],
+    });
+    cols
+}
+
+fn s(v: Option<&Value>) -> String {
+    v.and_then(Value::as_str).unwrap_or_default().to_owned()
+}
+
+fn or_none(v: String) -> String {
+    if v.is_empty() { "<none>".to_owned() } else { v }
+}
+
+fn cells(rt: &ResourceType, obj: &Value, now: Timestamp) -> Vec<Value> {
+    let name = meta::name(obj).unwrap_or_default().to_owned();
+    let age = meta::meta_str(obj, "creationTimestamp")
+        .and_then(meta::parse_time)
+        .map(|t| human_duration(now, t))
+        .unwrap_or_else(|| "<unknown>".into());
+    let arr = |p: &str| {
+        obj.pointer(p)
+            .and_then(Value::as_array)
+            .cloned()
+            .unwrap_or_default()
+    };
+    let count = |p: &str| {
+        obj.pointer(p)
+            .and_then(Value::as_object)
+            .map_or(0, serde_json::Map::len)
+    };
+    let int = |p: &str| obj.pointer(p).and_then(Value::as_i64).unwrap_or(0);
+    let mut c = vec![json!(name)];
+    match (rt.group, rt.plural) {
+        ("", "pods") => {
+            let statuses = arr("/status/containerStatuses");
+            let total = arr("/spec/containers").len();
+            let ready = statuses
+                .iter()
+                .filter(|s| s.get("ready").and_then(Value::as_bool) == Some(true))
+                .count();
+            let restarts: i64 = statuses
+                .iter()
+                .filter_map(|s| s.get("restartCount").and_then(Value::as_i64))
+                .sum();
+            c.extend([
+                json!(format!("{ready}/{total}")),
+                json!(pod_status(obj)),
+                json!(restarts.to_string()),
+                json!(age),
+                json!(or_none(s(obj.pointer("/status/podIP")))),
+                json!(or_none(s(obj.pointer("/spec/nodeName")))),
+                json!(or_none(s(obj.pointer("/status/nominatedNodeName")))),
+                json!("<none>"),
+            ]);
+        }
+        ("", "nodes") => {
+            let ready = arr("/status/conditions")
+                .iter()
+                .find(|c| c.get("type").and_then(Value::as_str) == Some("Ready"))
+                .map(|c| s(c.get("status")));
+            let mut status = match ready.as_deref() {
+                Some("True") => "Ready".to_owned(),
+                _ => "NotReady".to_owned(),
+            };
+            if obj.pointer("/spec/unschedulable").and_then(Value::as_bool) == Some(true) {
+                status.push_str(",SchedulingDisabled");
+            }
+            let roles: Vec<String> = meta::labels(obj)
+                .into_iter()
+                .filter_map(|(k, v)| {
+                    k.strip_prefix("node-role.kubernetes.io/")
+                        .map(str::to_owned)
+                        .or_else(|| (k == "kubernetes.io/role").then_some(v))
+                })
+                .collect();
+            let addr = |t: &str| {
+                arr("/status/addresses")
+                    .iter()
+                    .find(|a| a.get("type").and_then(Value::as_str) == Some(t))
+                    .map(|a| s(a.get("address")))
+                    .unwrap_or_default()
+            };
+            c.extend([
+                json!(status),
+                json!(or_none(roles.join(","))),
+                json!(age),
+                json!(s(obj.pointer("/status/nodeInfo/kubeletVersion"))),
+                json!(or_none(addr("InternalIP"))),
+                json!(or_none(addr("ExternalIP"))),
+                json!(or_none(s(obj.pointer("/status/nodeInfo/osImage")))),
+                json!(or_none(s(obj.pointer("/status/nodeInfo/kernelVersion")))),
+                json!(or_none(s(
+                    obj.pointer("/status/nodeInfo/containerRuntimeVersion")
+                ))),
+            ]);
+        }
+        ("", "namespaces") => c.extend([json!(s(obj.pointer("/status/phase"))), json!(age)]),
+        ("", "services") => {
+            let ports: Vec<String> = arr("/spec/ports")
+                .iter()
+                .map(|p| {
+                    let port = p.get("port").and_then(Value::as_i64).unwrap_or(0);
+                    let proto = s(p.get("protocol"));
+                    match p.get("nodePort").and_then(Value::as_i64) {
+                        Some(n) => format!("{port}:{n}/{proto}"),
+                        None => format!("{port}/{proto}"),
+                    }
+                })
+                .collect();
+            let selector: Vec<String> = meta::string_map(obj.pointer("/spec/selector"))
+                .into_iter()
+                .map(|(k, v)| format!("{k}={v}"))
+                .collect();
+            let external = match s(obj.pointer("/spec/type")).as_str() {
+                "LoadBalancer" => "<pending>".to_owned(),
+                _ => "<none>".to_owned(),
+            };
+            c.extend([
+                json!(s(obj.pointer("/spec/type"))),
+                json!(s(obj.pointer("/spec/clusterIP"))),
+                json!(external),
+                json!(or_none(ports.join(","))),
+                json!(age),
+                json!(or_none(selector.join(","))),
+            ]);
+        }
+        ("", "configmaps") => c.extend([json!(count("/data") + count("/binaryData")), json!(age)]),
+        ("", "secrets") => c.extend([
+            json!(s(obj.pointer("/type"))),
+            json!(count("/data")),
+            json!(age),
+        ]),
+        ("", "endpoints") => {
+            let eps: Vec<String> = arr("/subsets")
+                .iter()
+                .flat_map(|sub| {
+                    let ports: Vec<i64> = sub
+                        .get("ports")
+                        .and_then(Value::as_array)
+                        .into_iter()
+                        .flatten()
+                        .filter_map(|p| p.get("port").and_then(Value::as_i64))
+                        .collect();
+                    sub.get("addresses")
+                        .and_then(Value::as_array)
+                        .cloned()
+                        .unwrap_or_default()
+                        .into_iter()
+                        .flat_map(move |a| {
+                            let ip = s(a.get("ip"));
+                            ports.clone().into_iter().map(move |p| format!("{ip}:{p}"))
+                        })
+                })
+                .collect();
+            c.extend([json!(or_none(eps.join(","))), json!(age)]);
+        }
+        ("", "persistentvolumeclaims") => c.extend([
+            json!(s(obj.pointer("/status/phase"))),
+            json!(s(obj.pointer("/spec/volumeName"))),
+            json!(s(obj.pointer("/status/capacity/storage"))),
+            json!(
+                arr("/spec/accessModes")
+                    .iter()
+                    .map(|m| s(Some(m))
+                        .replace("ReadWriteOnce", "RWO")
+                        .replace("ReadOnlyMany", "ROX")
+                        .replace("ReadWriteMany", "RWX"))
+                    .collect::<Vec<_>>()
+                    .join(",")
+            ),
+            json!(s(obj.pointer("/spec/storageClassName"))),
+            json!(age),
+        ]),
+        ("apps", "deployments") => {
+            let containers = arr("/spec/template/spec/containers");
+            let names: Vec<String> = containers.iter().map(|c| s(c.get("name"))).collect();
+            let images: Vec<String> = containers.iter().map(|c| s(c.get("image"))).collect();
+            let selector: Vec<String> = meta::string_map(obj.pointer("/spec/selector/matchLabels"))
+                .into_iter()
+                .map(|(k, v)| format!("{k}={v}"))
+                .collect();
+            c.extend([
+                json!(format!(
+                    "{}/{}",
+                    int("/status/readyReplicas"),
+                    int("/spec/replicas")
+                )),
+                json!(int("/status/updatedReplicas")),
+                json!(int("/status/availableReplicas")),
+                json!(age),
+                json!(names.join(",")),
+                json!(images.join(",")),
+                json!(selector.join(",")),
+            ]);
+        }
+        ("apps", "replicasets") => c.extend([
+            json!(int("/spec/replicas")),
+            json!(int("/status/replicas")),
+            json!(int("/status/readyReplicas")),
+            json!(age),
+        ]),
+        ("coordination.k8s.io", "leases") => {
+            c.extend([json!(s(obj.pointer("/spec/holderIdentity"))), json!(age)])
+        }
+        ("", "events") => {
+            let last = [
+                "/lastTimestamp",
+                "/eventTime",
+                "/metadata/creationTimestamp",
+            ]
+            .iter()
+            .find_map(|p| {
+                obj.pointer(p)
+                    .and_then(Value::as_str)
+                    .and_then(meta::parse_time)
+            })
+            .map(|t| human_duration(now, t))
+            .unwrap_or_else(|| "<unknown>".into());
+            let object = format!(
+                "{}/{}",
+                s(obj.pointer("/involvedObject/kind")).to_lowercase(),
+                s(obj.pointer("/involvedObject/name"))
+            );
+            return vec![
+                json!(last),
+                json!(s(obj.pointer("/type"))),
+                json!(s(obj.pointer("/reason"))),
+                json!(object),
+                json!(s(obj.pointer("/message"))),
+            ];
+        }
+        _ => c.push(json!(age)),
+    }
+    c
+}
+
+/// kubectl's pod STATUS column.
+fn pod_status(pod: &Value) -> String {
+    if meta::deleting(pod) {
+        return "Terminating".into();
+    }
+    let mut reason = s(pod.pointer("/status/reason"));
+    if reason.is_empty() {
+        reason = s(pod.pointer("/status/phase"));
+    }
+    let inits = pod
+        .pointer("/status/initContainerStatuses")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default();
+    let total_init = pod
+        .pointer("/spec/initContainers")
+        .and_then(Value::as_array)
+        .map_or(0, Vec::len);
+    for (i, c) in inits.iter().enumerate() {
+        if let Some(t) = c.pointer("/state/terminated")
+            && t.get("exitCode").and_then(Value::as_i64) == Some(0)
+        {
+            continue;
+        }
+        if let Some(w) = c
+            .pointer("/state/waiting/reason")
+            .and_then(Value::as_str)
+            .filter(|r| *r != "PodInitializing")
+        {
+            return format!("Init:{w}");
+        }
+        return format!("Init:{i}/{total_init}");
+    }
+    for c in pod
+        .pointer("/status/containerStatuses")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
+        if let Some(w) = c.pointer("/state/waiting/reason").and_then(Value::as_str) {
+            reason = w.to_owned();
+        } else if let Some(t) = c.pointer("/state/terminated") {
+            reason = t
+                .get("reason")
+                .and_then(Value::as_str)
+                .map(str::to_owned)
+                .unwrap_or_else(|| {
+                    format!(
+                        "ExitCode:{}",
+                        t.get("exitCode").and_then(Value::as_i64).unwrap_or(0)
+                    )
+                });
+        }
+    }
+    reason
+}
+
+/// `duration.HumanDuration` of apimachinery.
+pub fn human_duration(now: Timestamp, then: Timestamp) -> String {
+    let secs = now.as_second().saturating_sub(then.as_second());
+    if secs < 0 {
+        return "<invalid>".into();
+    }
+    let (m, h, d) = (secs / 60, secs / 3600, secs / 86400);
+    if secs < 120 {
+        format!("{secs}s")
+    } else if m < 10 {
+        let s = secs % 60;
+        if s == 0 {
+            format!("{m}m")
+        } else {
+            format!("{m}m{s}s")
+        }
+    } else if m < 180 {
+        format!("{m}m")
+    } else if h < 8 {
+        let mm = m % 60;
+        if mm == 0 {
+            format!("{h}h")
+        } else {
+            format!("{h}h{mm}m")
+        }
+    } else if h < 48 {
+        format!("{h}h")
+    } else if h < 24 * 8 {
+        let hh = h % 24;
+        if hh == 0 {
+            format!("{d}d")
+        } else {
+            format!("{d}d{hh}h")
+        }
+    } else if h < 24 * 365 * 2 {
+        format!("{d}d")
+    } else if h < 24 * 365 * 8 {
+        let y = d / 365;
+        let dd = d % 365;
+        if dd == 0 {
+            format!("{y}y")
+        } else {
+            format!("{y}y{dd}d")
+        }
+    } else {
+        format!("{}y", d / 365)
+    }
+}
+
+/// The Table of a list of objects. `include`: `None`, `Metadata` or `Object` (default).
+pub fn table(
+    rt: &ResourceType,
+    items: &[Value],
+    rv: u64,
+    include: Option<&str>,
+    with_columns: bool,
+    continue_token: Option<&Value>,
+) -> Value {
+    let now = Timestamp::now();
+    let cols: Vec<Value> = columns(rt)
+        .iter()
+        .map(|c| json!({"name": c.name, "type": c.kind, "format": if c.name == "Name" { "name" } else { "" }, "description": "", "priority": c.priority}))
+        .collect();
+    let rows: Vec<Value> = items
+        .iter()
+        .map(|o| {
+            let object = match include {
+                Some("None") => Value::Null,
+                Some("Metadata") => json!({"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": o.get("metadata")}),
+                _ => o.clone(),
+            };
+            json!({"cells": cells(rt, o, now), "object": object})
+        })
+        .collect();
+    let mut metadata = json!({"resourceVersion": rv.to_string()});
+    if let Some(c) = continue_token {
+        metadata["continue"] = c.clone();
+    }
+    json!({"kind": "Table", "apiVersion": "meta.k8s.io/v1", "metadata": metadata,
+        "columnDefinitions": if with_columns { Value::Array(cols) } else { Value::Null }, "rows": rows})
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn human_durations_match_apimachinery() {
+        let now: Timestamp = "2026-11-22T10:00:00Z".parse().unwrap();
+        let ago =
+            |s: i64| human_duration(now, Timestamp::from_second(now.as_second() - s).unwrap());
+        assert_eq!(ago(5), "5s");
+        assert_eq!(ago(119), "119s");
+        assert_eq!(ago(150), "2m30s");
+        assert_eq!(ago(600), "10m");
+        assert_eq!(ago(4 * 3600 + 120), "4h2m");
+        assert_eq!(ago(30 * 3600), "30h");
+        assert_eq!(ago(3 * 86400 + 3600), "3d1h");
+        assert_eq!(ago(100 * 86400), "100d");
+    }
+
+    #[test]
+    fn table_accept_header_is_recognised() {
+        assert!(wants_table(Some(
+            "application/json;as=Table;v=v1;g=meta.k8s.io,application/json;as=Table;v=v1beta1;g=meta.k8s.io,application/json"
+        )));
+        assert!(!wants_table(Some("application/json")));
+    }
+}
