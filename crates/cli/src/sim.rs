@@ -31,20 +31,35 @@ pub async fn run(args: SimArgs) -> anyhow::Result<()> {
         tls: !args.insecure_http,
         ..ApiServerConfig::default()
     };
-    let server = ApiServer::start(config).await.with_context(|| format!("starting the API server on {}", args.listen))?;
+    let server = ApiServer::start(config)
+        .await
+        .with_context(|| format!("starting the API server on {}", args.listen))?;
     let kubeconfig = server.kubeconfig(&args.name);
     if let Some(path) = &args.kubeconfig_out {
-        std::fs::write(path, &kubeconfig).with_context(|| format!("writing the kubeconfig to {}", path.display()))?;
+        std::fs::write(path, &kubeconfig)
+            .with_context(|| format!("writing the kubeconfig to {}", path.display()))?;
     }
     let mut out = std::io::stdout().lock();
-    writeln!(out, "# tensile sim: cluster {:?} serving on {}", args.name, server.url())?;
+    writeln!(
+        out,
+        "# tensile sim: cluster {:?} serving on {}",
+        args.name,
+        server.url()
+    )?;
     match &args.kubeconfig_out {
-        Some(path) => writeln!(out, "# kubeconfig written to {}; try: kubectl --kubeconfig {} get ns", path.display(), path.display())?,
+        Some(path) => writeln!(
+            out,
+            "# kubeconfig written to {}; try: kubectl --kubeconfig {} get ns",
+            path.display(),
+            path.display()
+        )?,
         None => write!(out, "{kubeconfig}")?,
     }
     out.flush()?;
     drop(out);
-    tokio::signal::ctrl_c().await.context("waiting for Ctrl-C")?;
+    tokio::signal::ctrl_c()
+        .await
+        .context("waiting for Ctrl-C")?;
     server.stop();
     Ok(())
 }

@@ -225,11 +225,17 @@ pub fn openapi(path: &str) -> Response<Body> {
     let rest = rest.trim_start_matches('/');
     if rest.is_empty() {
         let mut paths = serde_json::Map::new();
-        paths.insert("api/v1".into(), json!({"serverRelativeURL": "/openapi/v3/api/v1?hash=SIM"}));
+        paths.insert(
+            "api/v1".into(),
+            json!({"serverRelativeURL": "/openapi/v3/api/v1?hash=SIM"}),
+        );
         for (group, versions) in group_versions() {
             for v in versions {
                 let key = format!("apis/{group}/{v}");
-                paths.insert(key.clone(), json!({"serverRelativeURL": format!("/openapi/v3/{key}?hash=SIM")}));
+                paths.insert(
+                    key.clone(),
+                    json!({"serverRelativeURL": format!("/openapi/v3/{key}?hash=SIM")}),
+                );
             }
         }
         return value_response(200, &json!({"paths": paths}));
@@ -242,8 +248,16 @@ pub fn openapi(path: &str) -> Response<Body> {
     let mut paths = serde_json::Map::new();
     for r in in_group_version(&group, &version) {
         let gvk = json!({"group": r.group, "version": r.version, "kind": r.kind});
-        let prefix = if r.group.is_empty() { format!("/api/{}", r.version) } else { format!("/apis/{}/{}", r.group, r.version) };
-        let scope = if r.namespaced { "/namespaces/{namespace}" } else { "" };
+        let prefix = if r.group.is_empty() {
+            format!("/api/{}", r.version)
+        } else {
+            format!("/apis/{}/{}", r.group, r.version)
+        };
+        let scope = if r.namespaced {
+            "/namespaces/{namespace}"
+        } else {
+            ""
+        };
         let op = |verb: &str, params: &[&str]| {
             let parameters: Vec<Value> = params
                 .iter()
@@ -255,7 +269,10 @@ pub fn openapi(path: &str) -> Response<Body> {
         };
         let write = ["dryRun", "fieldManager", "fieldValidation"];
         if r.create_only {
-            paths.insert(format!("{prefix}/{}", r.plural), json!({"post": op("create", &write)}));
+            paths.insert(
+                format!("{prefix}/{}", r.plural),
+                json!({"post": op("create", &write)}),
+            );
             continue;
         }
         paths.insert(
@@ -273,5 +290,8 @@ pub fn openapi(path: &str) -> Response<Body> {
     if paths.is_empty() {
         return error_response(&ApiError::no_route());
     }
-    value_response(200, &json!({"openapi": "3.0.0", "info": {"title": "Kubernetes", "version": "v1.33.4-sim"}, "paths": paths}))
+    value_response(
+        200,
+        &json!({"openapi": "3.0.0", "info": {"title": "Kubernetes", "version": "v1.33.4-sim"}, "paths": paths}),
+    )
 }
