@@ -4,6 +4,7 @@
 //! with the semantics clients depend on (see `store`, `rest`, `watch`), to kube-rs and to the
 //! real `kubectl`. What it simplifies is listed in `docs/sim.md`.
 
+pub mod controllers;
 pub mod discovery;
 pub mod errors;
 mod http;
@@ -46,6 +47,8 @@ pub struct ApiServerConfig {
     pub max_body_bytes: usize,
     /// The Kubernetes version reported by `/version` and on nodes.
     pub git_version: String,
+    /// Which built-in control loops run.
+    pub controllers: controllers::Controllers,
 }
 
 impl Default for ApiServerConfig {
@@ -58,6 +61,7 @@ impl Default for ApiServerConfig {
             watch_history: 200_000,
             max_body_bytes: 3 * 1024 * 1024,
             git_version: "v1.33.4-sim".to_owned(),
+            controllers: controllers::Controllers::default(),
         }
     }
 }
@@ -194,6 +198,7 @@ impl ApiServer {
         });
         strategy::bootstrap(&state);
         let stop = CancellationToken::new();
+        controllers::start(&state, &stop);
         tokio::spawn(http::serve(listener, tls, state.clone(), stop.clone()));
         Ok(Self {
             state,

@@ -1023,7 +1023,7 @@ pub(super) async fn create_only(
     match rt.plural {
         "bindings" => {
             let pod = meta::name(&body).unwrap_or_default().to_owned();
-            bind(state, namespace.unwrap_or_default(), &pod, &body).map(|v| (201, v))
+            bind_pod(state, namespace.unwrap_or_default(), &pod, &body).map(|v| (201, v))
         }
         "tokenreviews" => {
             let token = body
@@ -1067,7 +1067,7 @@ pub(super) async fn create_only(
 }
 
 /// Binds a pod to a node (`pods/binding`, `bindings`).
-fn bind(state: &State, namespace: &str, pod: &str, binding: &Value) -> Result<Value, ApiError> {
+pub(super) fn bind_pod(state: &State, namespace: &str, pod: &str, binding: &Value) -> Result<Value, ApiError> {
     let target = binding
         .pointer("/target/name")
         .and_then(Value::as_str)
@@ -1154,7 +1154,7 @@ pub(super) async fn subresource(
     let method = req.method().clone();
     let result = match (rt.plural, sub, method.as_str()) {
         ("pods", "binding", "POST") => match rest::read_object(&state, req).await {
-            Ok(b) => bind(&state, &ns, name, &b).map(|v| (201, v)),
+            Ok(b) => bind_pod(&state, &ns, name, &b).map(|v| (201, v)),
             Err(e) => Err(e),
         },
         ("pods", "eviction", "POST") => match rest::read_object(&state, req).await {

@@ -1,0 +1,189 @@
+//! The built-in control loops of the simulated cluster, each optional: what kube-scheduler and
+//! kube-controller-manager do for a real cluster, to the extent tensile-kube's tests and the
+//! sandbox need it. They run in-process on the store and write through the same code paths as
+//! REST clients (admission, validation, defaults).
+
+mod deployment;
+mod endpoints;
+mod gc;
+mod namespace;
+mod nodelifecycle;
+mod replicaset;
+mod scheduler;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::Value;
+use tokio_util::sync::CancellationToken;
+
+use super::errors::ApiError;
+use super::request::ResourceRoute;
+use super::resources::ResId;
+use super::rest::{self, DeleteOptions, Query};
+use super::store::{Event, ObjKey, StoreError};
+use super::{State, UserInfo};
+
+/// Which control loops run.
+#[derive(Clone, Debug)]
+pub struct Controllers {
+    /// Bind pending pods to nodes where they fit (`crates/core` fit predicates).
+    pub scheduler: bool,
+    /// Mark nodes whose lease expired Unknown and taint them unreachable.
+    pub node_lifecycle: bool,
+    /// How long a node lease may go unrenewed before the node is Unknown.
+    pub node_grace: Duration,
+    /// Endpoints and EndpointSlices from ready pods behind Services.
+    pub endpoints: bool,
+    /// Deployments -> ReplicaSets -> Pods.
+    pub workloads: bool,
+    /// Delete dependents of deleted owners, and pods of deleted nodes.
+    pub garbage_collector: bool,
+    /// Empty and remove terminating namespaces.
+    pub namespaces: bool,
+}
+
+impl Default for Controllers {
+    fn default() -> Self {
+        Self {
+            scheduler: true,
+            node_lifecycle: true,
+            node_grace: Duration::from_secs(40),
+            endpoints: true,
+            workloads: true,
+            garbage_collector: true,
+            namespaces: true,
+        }
+    }
+}
+
+impl Controllers {
+    /// No control loop at all (a bare API server).
+    pub fn none() -> Self {
+        Self {
+            scheduler: false,
+            node_lifecycle: false,
+            endpoints: false,
+            workloads: false,
+            garbage_collector: false,
+            namespaces: false,
+            ..Self::default()
+        }
+    }
+}
+
+pub(super) fn start(state: &Arc<State>, stop: &CancellationToken) {
+    let c = state.config.controllers.clone();
+    let spawn = |enabled: bool, f: fn(Arc<State>, CancellationToken) -> futures::future::BoxFuture<'static, ()>| {
+        if enabled {
+            tokio::spawn(f(state.clone(), stop.clone()));
+        }
+    };
+    spawn(c.namespaces, |s, t| Box::pin(namespace::run(s, t)));
+    spawn(c.garbage_collector, |s, t| Box::pin(gc::run(s, t)));
+    spawn(c.scheduler, |s, t| Box::pin(scheduler::run(s, t)));
+    spawn(c.workloads, |s, t| Box::pin(replicaset::run(s, t)));
+    spawn(c.workloads, |s, t| Box::pin(deployment::run(s, t)));
+    spawn(c.endpoints, |s, t| Box::pin(endpoints::run(s, t)));
+    spawn(c.node_lifecycle, |s, t| Box::pin(nodelifecycle::run(s, t)));
+}
+
+/// The identity controllers act as.
+fn system_user(name: &str) -> UserInfo {
+    UserInfo {
+        username: format!("system:{name}"),
+        uid: String::new(),
+        groups: vec!["system:masters".into(), "system:authenticated".into()],
+    }
+}
+
+fn route(res: ResId, namespace: Option<&str>) -> ResourceRoute {
+    ResourceRoute {
+        res,
+        namespace: namespace.map(str::to_owned),
+        name: None,
+        subresource: None,
+        rest: String::new(),
+        watch_prefix: false,
+    }
+}
+
+/// Creates an object as a client would (defaults, admission, validation).
+async fn create(state: &State, res: ResId, namespace: Option<&str>, obj: Value, who: &str) -> Result<Value, ApiError> {
+    rest::create(state, &route(res, namespace), obj, &Query::default(), &system_user(who)).await
+}
+
+/// Deletes an object as a client would.
+fn delete(state: &State, res: ResId, key: &ObjKey, opts: &DeleteOptions) -> Result<Value, ApiError> {
+    rest::delete_object(state, res, key, opts)
+}
+
+/// Read-modify-write of an object without admission (status and controller-owned fields);
+/// retried on conflicts; no write when `f` leaves it unchanged. `f` returning false skips it.
+fn modify(state: &State, res: ResId, key: &ObjKey, mut f: impl FnMut(&mut Value) -> bool) -> Result<(), StoreError> {
+    for _ in 0..16 {
+        let Some(current) = state.store.get(res, key) else { return Err(StoreError::NotFound) };
+        let mut new = (*current.object).clone();
+        if !f(&mut new) || new == *current.object {
+            return Ok(());
+        }
+        match state.store.replace(res, key.clone(), new, Some(current.rv)) {
+            Ok(_) => return Ok(()),
+            Err(StoreError::Conflict) => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    Err(StoreError::Conflict)
+}
+
+/// A control loop: a full pass over the current objects, and incremental work per batch of
+/// changes (or per tick, with no batch, for time-based rules).
+trait Reconciler: Send {
+    /// Everything, from the current objects (at start and after the history was lost).
+    fn resync(&mut self, state: &State) -> impl Future<Output = ()> + Send;
+    /// A batch of changes, or `None` on a tick.
+    fn changed(&mut self, state: &State, events: Option<&[Arc<Event>]>) -> impl Future<Output = ()> + Send;
+}
+
+/// Runs a reconciler on the store's events until stopped.
+async fn run_loop(state: Arc<State>, stop: CancellationToken, every: Duration, mut r: impl Reconciler) {
+    'outer: loop {
+        let start = state.store.current_rv();
+        r.resync(&state).await;
+        let Ok(mut cursor) = state.store.watch_from(start) else { continue };
+        let mut ticker = tokio::time::interval(every);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                () = stop.cancelled() => return,
+                batch = cursor.next_batch() => match batch {
+                    Ok(batch) => r.changed(&state, Some(&batch)).await,
+                    Err(_) => continue 'outer,
+                },
+                _ = ticker.tick() => r.changed(&state, None).await,
+            }
+        }
+    }
+}
+
+/// `metadata.ownerReferences[*].uid` of an object.
+fn owner_uids(obj: &Value) -> impl Iterator<Item = &str> {
+    obj.pointer("/metadata/ownerReferences")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(|r| r.get("uid").and_then(Value::as_str))
+}
+
+/// The controller owner reference of an object (kind, name, uid).
+fn controller_of(obj: &Value) -> Option<(&str, &str, &str)> {
+    obj.pointer("/metadata/ownerReferences")?.as_array()?.iter().find_map(|r| {
+        (r.get("controller").and_then(Value::as_bool) == Some(true)).then(|| {
+            (
+                r.get("kind").and_then(Value::as_str).unwrap_or_default(),
+                r.get("name").and_then(Value::as_str).unwrap_or_default(),
+                r.get("uid").and_then(Value::as_str).unwrap_or_default(),
+            )
+        })
+    })
+}

@@ -1,0 +1,110 @@
+//! Node lifecycle: a node whose lease (`kube-node-lease/<node>`) has not been renewed within
+//! the grace period is marked Unknown and tainted unreachable; once its kubelet reports Ready
+//! again, the taints go. (Taint-based eviction of pods is not simulated.)
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+
+use super::super::State;
+use super::super::meta;
+use super::super::resources::ids;
+use super::super::store::{Event, ObjKey};
+use super::{Reconciler, modify, run_loop};
+
+const UNREACHABLE: &str = "node.kubernetes.io/unreachable";
+
+pub(super) async fn run(state: Arc<State>, stop: CancellationToken) {
+    let grace = state.config.controllers.node_grace;
+    run_loop(state, stop, Duration::from_secs(1), NodeLifecycle { grace }).await;
+}
+
+struct NodeLifecycle {
+    grace: Duration,
+}
+
+fn ready_status(node: &Value) -> Option<&str> {
+    node.pointer("/status/conditions")?
+        .as_array()?
+        .iter()
+        .find(|c| c.get("type").and_then(Value::as_str) == Some("Ready"))?
+        .get("status")?
+        .as_str()
+}
+
+fn has_unreachable_taint(node: &Value) -> bool {
+    node.pointer("/spec/taints").and_then(Value::as_array).is_some_and(|t| {
+        t.iter().any(|t| t.get("key").and_then(Value::as_str) == Some(UNREACHABLE))
+    })
+}
+
+impl NodeLifecycle {
+    fn check(&self, state: &State) {
+        let now = Timestamp::now();
+        let grace = SignedDuration::try_from(self.grace).unwrap_or(SignedDuration::from_secs(40));
+        let (nodes, _, _) = state.store.list(*ids::NODES, None, None, None, |_| true);
+        for node in nodes {
+            let name = meta::name(&node.object).unwrap_or_default().to_owned();
+            let key = ObjKey::new("", &name);
+            let lease = state.store.get(*ids::LEASES, &ObjKey::new("kube-node-lease", &name));
+            let renewed = lease
+                .as_ref()
+                .and_then(|l| l.object.pointer("/spec/renewTime").and_then(Value::as_str).and_then(meta::parse_time));
+            let Some(renewed) = renewed else { continue };
+            let expired = now.duration_since(renewed) > grace;
+            if expired && ready_status(&node.object) != Some("Unknown") {
+                let _ = modify(state, *ids::NODES, &key, |n| mark_unknown(n, now));
+            } else if !expired && ready_status(&node.object) == Some("True") && has_unreachable_taint(&node.object) {
+                let _ = modify(state, *ids::NODES, &key, |n| {
+                    if let Some(t) = n.pointer_mut("/spec/taints").and_then(Value::as_array_mut) {
+                        t.retain(|t| t.get("key").and_then(Value::as_str) != Some(UNREACHABLE));
+                    }
+                    true
+                });
+            }
+        }
+    }
+}
+
+fn mark_unknown(node: &mut Value, now: Timestamp) -> bool {
+    let stamp = meta::time_string(now);
+    if let Some(conditions) = node.pointer_mut("/status/conditions").and_then(Value::as_array_mut) {
+        for c in conditions.iter_mut() {
+            c["status"] = json!("Unknown");
+            c["reason"] = json!("NodeStatusUnknown");
+            c["message"] = json!("Kubelet stopped posting node status.");
+            c["lastTransitionTime"] = json!(stamp);
+        }
+    }
+    if !node.get("spec").is_some_and(Value::is_object) {
+        node["spec"] = json!({});
+    }
+    let taints = node["spec"].as_object_mut().map(|s| s.entry("taints").or_insert_with(|| json!([])));
+    if let Some(Value::Array(taints)) = taints {
+        for effect in ["NoSchedule", "NoExecute"] {
+            let present = taints.iter().any(|t| {
+                t.get("key").and_then(Value::as_str) == Some(UNREACHABLE) && t.get("effect").and_then(Value::as_str) == Some(effect)
+            });
+            if !present {
+                taints.push(json!({"key": UNREACHABLE, "effect": effect, "timeAdded": stamp}));
+            }
+        }
+    }
+    true
+}
+
+impl Reconciler for NodeLifecycle {
+    async fn resync(&mut self, state: &State) {
+        self.check(state);
+    }
+
+    async fn changed(&mut self, state: &State, events: Option<&[Arc<Event>]>) {
+        // Time drives this rule; node events only matter for the taint removal.
+        if events.is_none_or(|e| e.iter().any(|e| e.res == *ids::NODES)) {
+            self.check(state);
+        }
+    }
+}

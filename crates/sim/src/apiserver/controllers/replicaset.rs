@@ -1,0 +1,112 @@
+//! ReplicaSets keep `spec.replicas` active pods from their template.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+
+use super::super::State;
+use super::super::meta;
+use super::super::resources::ids;
+use super::super::rest::DeleteOptions;
+use super::super::store::{Event, ObjKey};
+use super::{Reconciler, controller_of, create, delete, modify, run_loop};
+
+pub(super) async fn run(state: Arc<State>, stop: CancellationToken) {
+    run_loop(state, stop, Duration::from_secs(10), ReplicaSets).await;
+}
+
+struct ReplicaSets;
+
+fn is_active(pod: &Value) -> bool {
+    !meta::deleting(pod) && !matches!(pod.pointer("/status/phase").and_then(Value::as_str), Some("Succeeded" | "Failed"))
+}
+
+pub(super) fn is_ready(pod: &Value) -> bool {
+    pod.pointer("/status/conditions").and_then(Value::as_array).is_some_and(|c| {
+        c.iter().any(|c| c.get("type").and_then(Value::as_str) == Some("Ready") && c.get("status").and_then(Value::as_str) == Some("True"))
+    })
+}
+
+/// Pods controlled by the object with `uid` in `namespace`.
+pub(super) fn owned_pods(state: &State, namespace: &str, uid: &str) -> Vec<Arc<Value>> {
+    let (pods, _, _) = state.store.list(*ids::PODS, Some(namespace), None, None, |e| controller_of(&e.object).is_some_and(|(_, _, u)| u == uid));
+    pods.into_iter().map(|e| e.object).collect()
+}
+
+async fn reconcile(state: &State, key: &ObjKey) {
+    let Some(rs) = state.store.get(*ids::REPLICASETS, key) else { return };
+    let rs = rs.object;
+    if meta::deleting(&rs) {
+        return;
+    }
+    let uid = meta::meta_str(&rs, "uid").unwrap_or_default().to_owned();
+    let want = rs.pointer("/spec/replicas").and_then(Value::as_i64).unwrap_or(1).max(0) as usize;
+    let pods = owned_pods(state, &key.namespace, &uid);
+    let mut active: Vec<&Arc<Value>> = pods.iter().filter(|p| is_active(p)).collect();
+    if active.len() < want {
+        let template = rs.pointer("/spec/template").cloned().unwrap_or_else(|| json!({}));
+        for _ in active.len()..want {
+            let mut pod = json!({"apiVersion": "v1", "kind": "Pod",
+                "metadata": template.get("metadata").cloned().unwrap_or_else(|| json!({})),
+                "spec": template.get("spec").cloned().unwrap_or_else(|| json!({}))});
+            let m = meta::meta_mut(&mut pod);
+            m.insert("generateName".into(), json!(format!("{}-", key.name)));
+            m.insert("namespace".into(), json!(key.namespace));
+            m.remove("name");
+            m.insert("ownerReferences".into(), json!([{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": key.name,
+                "uid": uid, "controller": true, "blockOwnerDeletion": true}]));
+            if create(state, *ids::PODS, Some(&key.namespace), pod, "replicaset-controller").await.is_err() {
+                break;
+            }
+        }
+    } else if active.len() > want {
+        // Delete unscheduled first, then not ready, then the newest.
+        active.sort_by_key(|p| {
+            let unscheduled = p.pointer("/spec/nodeName").is_none();
+            (!unscheduled, is_ready(p), std::cmp::Reverse(meta::meta_str(p, "creationTimestamp").unwrap_or_default().to_owned()))
+        });
+        for p in active.iter().take(active.len() - want) {
+            let k = ObjKey::new(&key.namespace, meta::name(p).unwrap_or_default());
+            let _ = delete(state, *ids::PODS, &k, &DeleteOptions::default());
+        }
+    }
+    let pods = owned_pods(state, &key.namespace, &uid);
+    let active: Vec<&Arc<Value>> = pods.iter().filter(|p| is_active(p)).collect();
+    let ready = active.iter().filter(|p| is_ready(p)).count();
+    let observed = rs.pointer("/metadata/generation").cloned().unwrap_or(json!(1));
+    let _ = modify(state, *ids::REPLICASETS, key, |o| {
+        o["status"] = json!({"replicas": active.len(), "fullyLabeledReplicas": active.len(), "readyReplicas": ready,
+            "availableReplicas": ready, "observedGeneration": observed});
+        true
+    });
+}
+
+impl Reconciler for ReplicaSets {
+    async fn resync(&mut self, state: &State) {
+        let (items, _, _) = state.store.list(*ids::REPLICASETS, None, None, None, |_| true);
+        for e in items {
+            let key = ObjKey::new(meta::namespace(&e.object).unwrap_or_default(), meta::name(&e.object).unwrap_or_default());
+            reconcile(state, &key).await;
+        }
+    }
+
+    async fn changed(&mut self, state: &State, events: Option<&[Arc<Event>]>) {
+        let Some(events) = events else { return self.resync(state).await };
+        let mut dirty = BTreeSet::new();
+        for e in events {
+            if e.res == *ids::REPLICASETS {
+                dirty.insert(e.key.clone());
+            } else if e.res == *ids::PODS
+                && let Some(("ReplicaSet", name, _)) = controller_of(&e.entry.object)
+            {
+                dirty.insert(ObjKey::new(&e.key.namespace, name));
+            }
+        }
+        for key in dirty {
+            reconcile(state, &key).await;
+        }
+    }
+}
