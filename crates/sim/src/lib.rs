@@ -4,3 +4,5 @@
 
 pub mod apiserver;
 pub mod certs;
+pub mod env;
+pub mod kubelet;

@@ -1,0 +1,207 @@
+//! `TestEnv`: N clusters for a test, a benchmark or the sandbox. Simulated in-process by
+//! default: an embedded API server with its control loops and simulated nodes.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use crate::apiserver::{ApiServer, ApiServerConfig, ApiServerError};
+use crate::kubelet::{SimKubelet, SimKubeletConfig, SimKubeletError, SimNode};
+
+/// Starting a test environment failed.
+#[derive(Debug, thiserror::Error)]
+pub enum TestEnvError {
+    /// An API server did not start.
+    #[error("starting cluster {cluster}: {source}")]
+    ApiServer {
+        /// Which cluster.
+        cluster: String,
+        /// Why.
+        #[source]
+        source: ApiServerError,
+    },
+    /// A client could not be built.
+    #[error("client for cluster {cluster}: {source}")]
+    Client {
+        /// Which cluster.
+        cluster: String,
+        /// Why.
+        #[source]
+        source: kube::Error,
+    },
+    /// The simulated nodes could not register.
+    #[error("nodes of cluster {cluster}: {source}")]
+    Nodes {
+        /// Which cluster.
+        cluster: String,
+        /// Why.
+        #[source]
+        source: SimKubeletError,
+    },
+    /// A kubeconfig could not be written.
+    #[error("writing kubeconfig {path}: {source}")]
+    Kubeconfig {
+        /// Where.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Shape of one cluster.
+#[derive(Clone, Debug)]
+pub struct ClusterSpec {
+    /// Name (kubeconfig context).
+    pub name: String,
+    /// API server settings.
+    pub apiserver: ApiServerConfig,
+    /// Simulated nodes (none: a control plane only).
+    pub kubelet: Option<SimKubeletConfig>,
+}
+
+impl ClusterSpec {
+    /// A cluster with `nodes` nodes of 4 CPU and 8 GiB.
+    pub fn new(name: impl Into<String>, nodes: usize) -> Self {
+        let name = name.into();
+        let kubelet = (nodes > 0).then(|| SimKubeletConfig {
+            nodes: (1..=nodes)
+                .map(|i| SimNode::new(format!("{name}-node-{i}"), "4", "8Gi"))
+                .collect(),
+            ..SimKubeletConfig::default()
+        });
+        Self {
+            apiserver: ApiServerConfig {
+                name: name.clone(),
+                ..ApiServerConfig::default()
+            },
+            kubelet,
+            name,
+        }
+    }
+}
+
+/// One cluster of a test environment.
+pub struct TestCluster {
+    /// Its name.
+    pub name: String,
+    /// An administrator client.
+    pub client: kube::Client,
+    /// The kubeconfig file (context = name).
+    pub kubeconfig: PathBuf,
+    server: ApiServer,
+    kubelet: Option<SimKubelet>,
+}
+
+impl std::fmt::Debug for TestCluster {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TestCluster")
+            .field("name", &self.name)
+            .field("kubeconfig", &self.kubeconfig)
+            .finish_non_exhaustive()
+    }
+}
+
+impl TestCluster {
+    /// The embedded API server.
+    pub fn server(&self) -> &ApiServer {
+        &self.server
+    }
+
+    /// Stops the simulated nodes (their leases expire; nothing looks after their pods).
+    pub fn stop_nodes(&mut self) {
+        if let Some(k) = self.kubelet.take() {
+            k.stop();
+        }
+    }
+}
+
+/// N clusters, removed (servers stopped, files deleted) on drop.
+#[derive(Debug)]
+pub struct TestEnv {
+    /// The clusters, in the order asked for.
+    pub clusters: Vec<TestCluster>,
+    dir: PathBuf,
+}
+
+static ENVS: AtomicUsize = AtomicUsize::new(0);
+
+impl TestEnv {
+    /// `n` clusters named `c1..cn`, two simulated nodes each.
+    pub async fn start(n: usize) -> Result<Self, TestEnvError> {
+        Self::start_with(
+            (1..=n)
+                .map(|i| ClusterSpec::new(format!("c{i}"), 2))
+                .collect(),
+        )
+        .await
+    }
+
+    /// Clusters of the given shapes.
+    pub async fn start_with(specs: Vec<ClusterSpec>) -> Result<Self, TestEnvError> {
+        let dir = std::env::temp_dir().join(format!(
+            "tensile-testenv-{}-{}",
+            std::process::id(),
+            ENVS.fetch_add(1, Ordering::Relaxed)
+        ));
+        std::fs::create_dir_all(&dir).map_err(|source| TestEnvError::Kubeconfig {
+            path: dir.clone(),
+            source,
+        })?;
+        let mut env = Self {
+            clusters: Vec::new(),
+            dir,
+        };
+        for spec in specs {
+            let cluster = spec.name.clone();
+            let server = ApiServer::start(spec.apiserver.clone())
+                .await
+                .map_err(|source| TestEnvError::ApiServer {
+                    cluster: cluster.clone(),
+                    source,
+                })?;
+            let client = server
+                .client()
+                .await
+                .map_err(|source| TestEnvError::Client {
+                    cluster: cluster.clone(),
+                    source,
+                })?;
+            let kubeconfig = env.dir.join(format!("{cluster}.kubeconfig"));
+            std::fs::write(&kubeconfig, server.kubeconfig(&cluster)).map_err(|source| {
+                TestEnvError::Kubeconfig {
+                    path: kubeconfig.clone(),
+                    source,
+                }
+            })?;
+            let kubelet =
+                match spec.kubelet {
+                    Some(k) => Some(SimKubelet::start(client.clone(), k).await.map_err(
+                        |source| TestEnvError::Nodes {
+                            cluster: cluster.clone(),
+                            source,
+                        },
+                    )?),
+                    None => None,
+                };
+            env.clusters.push(TestCluster {
+                name: cluster,
+                client,
+                kubeconfig,
+                server,
+                kubelet,
+            });
+        }
+        Ok(env)
+    }
+
+    /// The folder holding the kubeconfigs.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+}
+
+impl Drop for TestEnv {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}

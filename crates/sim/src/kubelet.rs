@@ -1,0 +1,499 @@
+//! Simulated nodes: a kubelet for N nodes that only talks to the Kubernetes API (kube-rs), so
+//! it works the same against the embedded server and a real control plane. It registers the
+//! nodes, renews their leases, runs the pods bound to them (Running with an IP from a per-node
+//! range, conditions, container statuses, init containers, restart policy) and finishes their
+//! graceful deletion.
+//!
+//! Containers run a tiny deterministic program read from their command and args: `sleep N`
+//! ends after N seconds with exit code 0, `exit N` ends at once with code N; anything else runs
+//! until the pod is deleted.
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::Ipv4Addr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, Preconditions};
+use kube::runtime::{WatchStreamExt, watcher};
+use serde_json::{Value, json};
+use tokio::sync::Mutex;
+use tokio_util::sync::CancellationToken;
+
+use crate::apiserver::meta::time_string;
+
+/// One simulated node.
+#[derive(Clone, Debug)]
+pub struct SimNode {
+    /// Node name.
+    pub name: String,
+    /// Allocatable (and capacity) resources, e.g. `cpu: "4"`, `memory: "8Gi"`, `pods: "110"`.
+    pub resources: BTreeMap<String, String>,
+    /// Extra labels.
+    pub labels: BTreeMap<String, String>,
+    /// Taints, as JSON objects (`{"key":..,"value":..,"effect":..}`).
+    pub taints: Vec<Value>,
+}
+
+impl SimNode {
+    /// A node with `cpu` cores, `memory` and 110 pods.
+    pub fn new(name: impl Into<String>, cpu: &str, memory: &str) -> Self {
+        Self {
+            name: name.into(),
+            resources: BTreeMap::from([
+                ("cpu".to_owned(), cpu.to_owned()),
+                ("memory".to_owned(), memory.to_owned()),
+                ("pods".to_owned(), "110".to_owned()),
+                ("ephemeral-storage".to_owned(), "100Gi".to_owned()),
+            ]),
+            labels: BTreeMap::new(),
+            taints: Vec::new(),
+        }
+    }
+}
+
+/// How the simulated kubelet behaves.
+#[derive(Clone, Debug)]
+pub struct SimKubeletConfig {
+    /// The nodes it runs.
+    pub nodes: Vec<SimNode>,
+    /// Lease renewal period (a real kubelet renews every 10 s).
+    pub lease_renew: Duration,
+    /// Lease duration written on the lease.
+    pub lease_duration_seconds: i32,
+    /// The second octet of pod IPs: node `i` gives pods `10.<octet>.<i>.<n>`.
+    pub pod_network_octet: u8,
+    /// Kubelet version reported on the nodes.
+    pub kubelet_version: String,
+    /// The port written into `daemonEndpoints.kubeletEndpoint`.
+    pub kubelet_port: i32,
+}
+
+impl Default for SimKubeletConfig {
+    fn default() -> Self {
+        Self {
+            nodes: vec![SimNode::new("sim-node-1", "4", "8Gi")],
+            lease_renew: Duration::from_secs(10),
+            lease_duration_seconds: 40,
+            pod_network_octet: 244,
+            kubelet_version: "v1.33.4-sim".to_owned(),
+            kubelet_port: 10250,
+        }
+    }
+}
+
+/// A running simulated kubelet. Dropping it (or [`SimKubelet::stop`]) stops every node: leases
+/// are no longer renewed, as when a real node goes away.
+#[derive(Debug)]
+pub struct SimKubelet {
+    stop: CancellationToken,
+}
+
+impl Drop for SimKubelet {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+/// Registering the nodes failed.
+#[derive(Debug, thiserror::Error)]
+#[error("registering simulated node {node}: {source}")]
+pub struct SimKubeletError {
+    node: String,
+    #[source]
+    source: kube::Error,
+}
+
+struct Shared {
+    client: kube::Client,
+    config: SimKubeletConfig,
+    /// node name -> (index, next host number)
+    ips: Mutex<HashMap<String, (usize, u32)>>,
+    /// pod uid -> the program task running its containers
+    running: Mutex<HashMap<String, CancellationToken>>,
+}
+
+impl SimKubelet {
+    /// Registers the nodes and starts running their pods.
+    pub async fn start(
+        client: kube::Client,
+        config: SimKubeletConfig,
+    ) -> Result<Self, SimKubeletError> {
+        let nodes: Api<Node> = Api::all(client.clone());
+        for (i, n) in config.nodes.iter().enumerate() {
+            register(&nodes, n, i, &config)
+                .await
+                .map_err(|source| SimKubeletError {
+                    node: n.name.clone(),
+                    source,
+                })?;
+        }
+        let shared = Arc::new(Shared {
+            client,
+            ips: Mutex::new(
+                config
+                    .nodes
+                    .iter()
+                    .enumerate()
+                    .map(|(i, n)| (n.name.clone(), (i, 2)))
+                    .collect(),
+            ),
+            config,
+            running: Mutex::new(HashMap::new()),
+        });
+        let stop = CancellationToken::new();
+        tokio::spawn(leases(shared.clone(), stop.clone()));
+        tokio::spawn(pods(shared, stop.clone()));
+        Ok(Self { stop })
+    }
+
+    /// Stops every node (leases expire, pods are no longer looked after).
+    pub fn stop(&self) {
+        self.stop.cancel();
+    }
+}
+
+fn node_ip(index: usize) -> String {
+    // 127.0.0.0/8 is all loopback: each node gets its own address, all reachable here.
+    Ipv4Addr::new(127, 0, 10 + (index / 250) as u8, (index % 250) as u8 + 1).to_string()
+}
+
+fn conditions(now: &str) -> Value {
+    json!([
+        {"type": "MemoryPressure", "status": "False", "reason": "KubeletHasSufficientMemory", "message": "kubelet has sufficient memory available", "lastHeartbeatTime": now, "lastTransitionTime": now},
+        {"type": "DiskPressure", "status": "False", "reason": "KubeletHasNoDiskPressure", "message": "kubelet has no disk pressure", "lastHeartbeatTime": now, "lastTransitionTime": now},
+        {"type": "PIDPressure", "status": "False", "reason": "KubeletHasSufficientPID", "message": "kubelet has sufficient PID available", "lastHeartbeatTime": now, "lastTransitionTime": now},
+        {"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "kubelet is posting ready status", "lastHeartbeatTime": now, "lastTransitionTime": now}
+    ])
+}
+
+async fn register(
+    nodes: &Api<Node>,
+    n: &SimNode,
+    index: usize,
+    config: &SimKubeletConfig,
+) -> Result<(), kube::Error> {
+    let mut labels = BTreeMap::from([
+        ("kubernetes.io/hostname".to_owned(), n.name.clone()),
+        ("kubernetes.io/os".to_owned(), "linux".to_owned()),
+        ("kubernetes.io/arch".to_owned(), "amd64".to_owned()),
+        ("beta.kubernetes.io/os".to_owned(), "linux".to_owned()),
+        ("beta.kubernetes.io/arch".to_owned(), "amd64".to_owned()),
+    ]);
+    labels.extend(n.labels.clone());
+    let node: Node = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Node",
+        "metadata": {"name": n.name, "labels": labels},
+        "spec": {"taints": n.taints, "podCIDR": format!("10.{}.{index}.0/24", config.pod_network_octet)},
+    }))
+    .map_err(kube::Error::SerdeError)?;
+    match nodes.create(&PostParams::default(), &node).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(s)) if s.code == 409 => {}
+        Err(e) => return Err(e),
+    }
+    let now = time_string(Timestamp::now());
+    let status = json!({"status": {
+        "capacity": n.resources, "allocatable": n.resources,
+        "conditions": conditions(&now),
+        "addresses": [{"type": "InternalIP", "address": node_ip(index)}, {"type": "Hostname", "address": n.name}],
+        "daemonEndpoints": {"kubeletEndpoint": {"Port": config.kubelet_port}},
+        "nodeInfo": {"machineID": format!("sim-{index}"), "systemUUID": format!("sim-{index}"), "bootID": format!("sim-{index}"),
+            "kernelVersion": "6.1.0-sim", "osImage": "tensile-sim", "containerRuntimeVersion": "sim://1.0",
+            "kubeletVersion": config.kubelet_version, "kubeProxyVersion": config.kubelet_version,
+            "operatingSystem": "linux", "architecture": "amd64"}
+    }});
+    nodes
+        .patch_status(&n.name, &PatchParams::default(), &Patch::Merge(status))
+        .await?;
+    Ok(())
+}
+
+async fn leases(shared: Arc<Shared>, stop: CancellationToken) {
+    let leases: Api<Lease> = Api::namespaced(shared.client.clone(), "kube-node-lease");
+    let nodes: Api<Node> = Api::all(shared.client.clone());
+    let mut ticker = tokio::time::interval(shared.config.lease_renew);
+    loop {
+        tokio::select! {
+            () = stop.cancelled() => return,
+            _ = ticker.tick() => {}
+        }
+        for n in &shared.config.nodes {
+            renew(&leases, &nodes, n, &shared.config).await;
+        }
+    }
+}
+
+async fn renew(leases: &Api<Lease>, nodes: &Api<Node>, n: &SimNode, config: &SimKubeletConfig) {
+    let now = MicroTime(Timestamp::now());
+    let Ok(node) = nodes.get(&n.name).await else {
+        return;
+    };
+    let uid = node.metadata.uid.clone().unwrap_or_default();
+    let lease: Result<Lease, _> = serde_json::from_value(json!({
+        "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+        "metadata": {"name": n.name, "namespace": "kube-node-lease",
+            "ownerReferences": [{"apiVersion": "v1", "kind": "Node", "name": n.name, "uid": uid}]},
+        "spec": {"holderIdentity": n.name, "leaseDurationSeconds": config.lease_duration_seconds, "renewTime": now},
+    }));
+    let Ok(lease) = lease else { return };
+    match leases.get_opt(&n.name).await {
+        Ok(Some(mut existing)) => {
+            existing.spec = lease.spec;
+            let _ = leases
+                .replace(&n.name, &PostParams::default(), &existing)
+                .await;
+        }
+        Ok(None) => {
+            let _ = leases.create(&PostParams::default(), &lease).await;
+        }
+        Err(_) => return,
+    }
+    // Back from an outage: report Ready again, as a kubelet does on its next status update.
+    let ready = node
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
+    if !ready {
+        let stamp = time_string(Timestamp::now());
+        let _ = nodes
+            .patch_status(
+                &n.name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"status": {"conditions": conditions(&stamp)}})),
+            )
+            .await;
+    }
+}
+
+async fn pods(shared: Arc<Shared>, stop: CancellationToken) {
+    let api: Api<Pod> = Api::all(shared.client.clone());
+    let stream = watcher(api, watcher::Config::default()).default_backoff();
+    futures::pin_mut!(stream);
+    loop {
+        let event = tokio::select! {
+            () = stop.cancelled() => return,
+            e = stream.next() => e,
+        };
+        let Some(Ok(event)) = event else { continue };
+        match event {
+            watcher::Event::Apply(pod) | watcher::Event::InitApply(pod) => {
+                handle(&shared, &stop, pod).await
+            }
+            watcher::Event::Delete(pod) => {
+                if let Some(uid) = pod.metadata.uid
+                    && let Some(t) = shared.running.lock().await.remove(&uid)
+                {
+                    t.cancel();
+                }
+            }
+            watcher::Event::Init | watcher::Event::InitDone => {}
+        }
+    }
+}
+
+async fn handle(shared: &Arc<Shared>, stop: &CancellationToken, pod: Pod) {
+    let Some(node) = pod.spec.as_ref().and_then(|s| s.node_name.clone()) else {
+        return;
+    };
+    let Some(&(index, _)) = shared.ips.lock().await.get(&node) else {
+        return;
+    };
+    let (Some(ns), Some(name), Some(uid)) = (
+        pod.metadata.namespace.clone(),
+        pod.metadata.name.clone(),
+        pod.metadata.uid.clone(),
+    ) else {
+        return;
+    };
+    let api: Api<Pod> = Api::namespaced(shared.client.clone(), &ns);
+    if pod.metadata.deletion_timestamp.is_some() {
+        if let Some(t) = shared.running.lock().await.remove(&uid) {
+            t.cancel();
+        }
+        // The containers are stopped: finish the graceful deletion.
+        let dp = DeleteParams {
+            grace_period_seconds: Some(0),
+            preconditions: Some(Preconditions {
+                uid: Some(uid),
+                resource_version: None,
+            }),
+            ..DeleteParams::default()
+        };
+        let _ = api.delete(&name, &dp).await;
+        return;
+    }
+    let phase = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.phase.as_deref())
+        .unwrap_or("Pending");
+    if matches!(phase, "Succeeded" | "Failed") || shared.running.lock().await.contains_key(&uid) {
+        return;
+    }
+    let started_before = pod.status.as_ref().and_then(|s| s.pod_ip.clone());
+    let ip = match started_before {
+        Some(ip) => ip,
+        None => {
+            let mut ips = shared.ips.lock().await;
+            let Some(slot) = ips.get_mut(&node) else {
+                return;
+            };
+            let host = slot.1;
+            slot.1 += 1;
+            format!(
+                "10.{}.{index}.{}",
+                shared.config.pod_network_octet,
+                host % 254 + 1
+            )
+        }
+    };
+    let token = stop.child_token();
+    shared
+        .running
+        .lock()
+        .await
+        .insert(uid.clone(), token.clone());
+    tokio::spawn(run_pod(api, pod, node_ip(index), ip, token));
+}
+
+/// What a container does.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Program {
+    Forever,
+    Sleep(u64),
+    Exit(i32),
+}
+
+fn program(container: &k8s_openapi::api::core::v1::Container) -> Program {
+    let words: Vec<&str> = container
+        .command
+        .iter()
+        .flatten()
+        .chain(container.args.iter().flatten())
+        .flat_map(|s| s.split_whitespace())
+        .collect();
+    for w in words.windows(2) {
+        match (w[0], w[1].parse::<u64>()) {
+            ("sleep", Ok(n)) => return Program::Sleep(n),
+            ("exit", Ok(n)) => return Program::Exit(i32::try_from(n).unwrap_or(255)),
+            _ => {}
+        }
+    }
+    Program::Forever
+}
+
+fn container_id(uid: &str, name: &str, restarts: i32) -> String {
+    format!("sim://{uid}-{name}-{restarts}")
+}
+
+/// Runs a pod's containers until they end (by program and restart policy) or it is deleted.
+async fn run_pod(
+    api: Api<Pod>,
+    pod: Pod,
+    host_ip: String,
+    pod_ip: String,
+    stop: CancellationToken,
+) {
+    let Some(spec) = pod.spec.clone() else { return };
+    let name = pod.metadata.name.clone().unwrap_or_default();
+    let uid = pod.metadata.uid.clone().unwrap_or_default();
+    let policy = spec
+        .restart_policy
+        .clone()
+        .unwrap_or_else(|| "Always".to_owned());
+    let start = time_string(Timestamp::now());
+    let init_statuses: Vec<Value> = spec.init_containers.iter().flatten().map(|c| json!({
+        "name": c.name, "image": c.image, "imageID": format!("sim://{}", c.image.clone().unwrap_or_default()),
+        "containerID": container_id(&uid, &c.name, 0), "ready": true, "restartCount": 0, "started": false,
+        "state": {"terminated": {"exitCode": 0, "reason": "Completed", "startedAt": start, "finishedAt": start}}
+    })).collect();
+    let mut restarts: Vec<i32> = vec![0; spec.containers.len()];
+    let mut ended: Vec<Option<i32>> = vec![None; spec.containers.len()];
+    loop {
+        let now = time_string(Timestamp::now());
+        let running = ended.iter().all(Option::is_none);
+        let statuses: Vec<Value> = spec.containers.iter().enumerate().map(|(i, c)| {
+            let state = match ended[i] {
+                None => json!({"running": {"startedAt": now}}),
+                Some(code) => json!({"terminated": {"exitCode": code, "reason": if code == 0 { "Completed" } else { "Error" }, "startedAt": start, "finishedAt": now}}),
+            };
+            json!({"name": c.name, "image": c.image, "imageID": format!("sim://{}", c.image.clone().unwrap_or_default()),
+                "containerID": container_id(&uid, &c.name, restarts[i]), "ready": ended[i].is_none(), "restartCount": restarts[i],
+                "started": ended[i].is_none(), "state": state})
+        }).collect();
+        let all_done = ended.iter().all(Option::is_some);
+        let phase = if !all_done {
+            "Running"
+        } else if ended.iter().all(|c| *c == Some(0)) {
+            "Succeeded"
+        } else {
+            "Failed"
+        };
+        let ready = if running { "True" } else { "False" };
+        let status = json!({"status": {
+            "phase": phase, "hostIP": host_ip, "hostIPs": [{"ip": host_ip}], "podIP": pod_ip, "podIPs": [{"ip": pod_ip}],
+            "startTime": start,
+            "conditions": [
+                {"type": "PodReadyToStartContainers", "status": "True", "lastProbeTime": null, "lastTransitionTime": start},
+                {"type": "Initialized", "status": "True", "lastProbeTime": null, "lastTransitionTime": start},
+                {"type": "Ready", "status": ready, "lastProbeTime": null, "lastTransitionTime": now},
+                {"type": "ContainersReady", "status": ready, "lastProbeTime": null, "lastTransitionTime": now},
+                {"type": "PodScheduled", "status": "True", "lastProbeTime": null, "lastTransitionTime": start}
+            ],
+            "initContainerStatuses": init_statuses, "containerStatuses": statuses,
+        }});
+        if api
+            .patch_status(&name, &PatchParams::default(), &Patch::Merge(status))
+            .await
+            .is_err()
+        {
+            return;
+        }
+        if all_done {
+            return;
+        }
+        // Wait for the next container to end, if any ends by itself.
+        let next = spec
+            .containers
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| ended[*i].is_none())
+            .filter_map(|(i, c)| match program(c) {
+                Program::Forever => None,
+                Program::Sleep(s) => Some((i, Duration::from_secs(s), 0)),
+                Program::Exit(code) => Some((i, Duration::ZERO, code)),
+            })
+            .min_by_key(|(_, d, _)| *d);
+        let Some((i, after, code)) = next else {
+            stop.cancelled().await;
+            return;
+        };
+        tokio::select! {
+            () = stop.cancelled() => return,
+            () = tokio::time::sleep(after) => {}
+        }
+        let restart = match policy.as_str() {
+            "Always" => true,
+            "OnFailure" => code != 0,
+            _ => false,
+        };
+        if restart {
+            restarts[i] += 1;
+            // A restarted container that exits at once would spin; the kubelet backs off.
+            if after.is_zero() {
+                tokio::select! {
+                    () = stop.cancelled() => return,
+                    () = tokio::time::sleep(Duration::from_secs(10)) => {}
+                }
+            }
+        } else {
+            ended[i] = Some(code);
+        }
+    }
+}

@@ -1,0 +1,307 @@
+//! The simulated cluster as a whole: control loops and simulated nodes, through kube-rs.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
+
+use std::future::Future;
+use std::time::Duration;
+
+use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
+use k8s_openapi::api::core::v1::{Endpoints, Namespace, Node, Pod, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use serde_json::json;
+use tensile_sim::apiserver::controllers::Controllers;
+use tensile_sim::env::{ClusterSpec, TestEnv};
+
+/// Polls `check` until it returns `Some`, or fails after `secs` seconds.
+async fn eventually<T, F, Fut>(secs: u64, what: &str, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(secs);
+    loop {
+        if let Some(v) = check().await {
+            return v;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn from<T: serde::de::DeserializeOwned>(v: serde_json::Value) -> T {
+    serde_json::from_value(v).unwrap()
+}
+
+fn deployment(name: &str, replicas: i32, cpu: &str) -> Deployment {
+    from(
+        json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name},
+        "spec": {"replicas": replicas, "selector": {"matchLabels": {"app": name}},
+            "template": {"metadata": {"labels": {"app": name}},
+                "spec": {"containers": [{"name": "c", "image": "nginx:1.27", "ports": [{"containerPort": 80, "name": "http"}],
+                    "resources": {"requests": {"cpu": cpu}}}]}}}}),
+    )
+}
+
+#[tokio::test]
+async fn a_deployment_runs_on_simulated_nodes_and_its_service_gets_endpoints() {
+    let env = TestEnv::start(1).await.unwrap();
+    let c = &env.clusters[0];
+    let deployments: Api<Deployment> = Api::namespaced(c.client.clone(), "default");
+    let pods: Api<Pod> = Api::namespaced(c.client.clone(), "default");
+    deployments
+        .create(&PostParams::default(), &deployment("web", 3, "100m"))
+        .await
+        .unwrap();
+    let services: Api<Service> = Api::namespaced(c.client.clone(), "default");
+    services
+        .create(
+            &PostParams::default(),
+            &from(
+                json!({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "web"},
+        "spec": {"selector": {"app": "web"}, "ports": [{"port": 8080, "targetPort": "http"}]}}),
+            ),
+        )
+        .await
+        .unwrap();
+    eventually(30, "3 available replicas", || async {
+        let d = deployments.get("web").await.ok()?;
+        (d.status?.available_replicas? == 3).then_some(())
+    })
+    .await;
+    let list = pods
+        .list(&ListParams::default().labels("app=web"))
+        .await
+        .unwrap();
+    assert_eq!(list.items.len(), 3);
+    for p in &list.items {
+        let status = p.status.as_ref().unwrap();
+        assert_eq!(status.phase.as_deref(), Some("Running"));
+        assert!(status.pod_ip.as_deref().unwrap().starts_with("10.244."));
+        assert!(
+            p.spec
+                .as_ref()
+                .unwrap()
+                .node_name
+                .as_deref()
+                .unwrap()
+                .starts_with("c1-node-")
+        );
+    }
+    let endpoints: Api<Endpoints> = Api::namespaced(c.client.clone(), "default");
+    let ep = eventually(30, "3 endpoint addresses", || async {
+        let ep = endpoints.get("web").await.ok()?;
+        let subset = ep.subsets.as_ref()?.first()?.clone();
+        (subset.addresses.as_ref()?.len() == 3).then_some(subset)
+    })
+    .await;
+    assert_eq!(
+        ep.ports.unwrap()[0].port,
+        80,
+        "named targetPort resolved to the container port"
+    );
+    let slices: Api<EndpointSlice> = Api::namespaced(c.client.clone(), "default");
+    let s = slices
+        .list(&ListParams::default().labels("kubernetes.io/service-name=web"))
+        .await
+        .unwrap();
+    assert_eq!(s.items.len(), 1);
+    assert_eq!(s.items[0].endpoints.len(), 3);
+
+    // Deleting the Deployment removes its ReplicaSet and pods (garbage collector, kubelet).
+    deployments
+        .delete("web", &DeleteParams::default())
+        .await
+        .unwrap();
+    let replicasets: Api<ReplicaSet> = Api::namespaced(c.client.clone(), "default");
+    eventually(30, "replicaset and pods gone", || async {
+        let rs = replicasets.list(&ListParams::default()).await.ok()?;
+        let p = pods
+            .list(&ListParams::default().labels("app=web"))
+            .await
+            .ok()?;
+        (rs.items.is_empty() && p.items.is_empty()).then_some(())
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_pod_that_fits_nowhere_is_marked_unschedulable_with_the_schedulers_reasons() {
+    let env = TestEnv::start(1).await.unwrap();
+    let pods: Api<Pod> = Api::namespaced(env.clusters[0].client.clone(), "default");
+    pods.create(&PostParams::default(), &from(json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "huge"},
+        "spec": {"containers": [{"name": "c", "image": "i", "resources": {"requests": {"cpu": "64"}}}]}}))).await.unwrap();
+    let message = eventually(30, "Unschedulable condition", || async {
+        let p = pods.get("huge").await.ok()?;
+        let c = p
+            .status?
+            .conditions?
+            .into_iter()
+            .find(|c| c.type_ == "PodScheduled")?;
+        (c.status == "False" && c.reason.as_deref() == Some("Unschedulable"))
+            .then(|| c.message.unwrap_or_default())
+    })
+    .await;
+    assert_eq!(message, "0/2 nodes are available: 2 Insufficient cpu.");
+}
+
+#[tokio::test]
+async fn container_programs_and_restart_policy_decide_the_phase() {
+    let env = TestEnv::start(1).await.unwrap();
+    let pods: Api<Pod> = Api::namespaced(env.clusters[0].client.clone(), "default");
+    for (name, cmd) in [("ok", "sleep 0"), ("bad", "exit 3")] {
+        pods.create(&PostParams::default(), &from(json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+            "spec": {"restartPolicy": "Never", "containers": [{"name": "c", "image": "busybox", "command": ["sh", "-c", cmd]}]}}))).await.unwrap();
+    }
+    for (name, phase, code) in [("ok", "Succeeded", 0), ("bad", "Failed", 3)] {
+        let p = eventually(30, phase, || async {
+            let p = pods.get(name).await.ok()?;
+            (p.status.as_ref()?.phase.as_deref() == Some(phase)).then_some(p)
+        })
+        .await;
+        let state = p.status.unwrap().container_statuses.unwrap()[0]
+            .state
+            .clone()
+            .unwrap();
+        assert_eq!(state.terminated.unwrap().exit_code, code);
+    }
+}
+
+#[tokio::test]
+async fn a_running_pod_is_deleted_gracefully_and_the_kubelet_finishes_it() {
+    let env = TestEnv::start(1).await.unwrap();
+    let pods: Api<Pod> = Api::namespaced(env.clusters[0].client.clone(), "default");
+    pods.create(
+        &PostParams::default(),
+        &from(
+            json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "web"},
+        "spec": {"containers": [{"name": "c", "image": "nginx"}]}}),
+        ),
+    )
+    .await
+    .unwrap();
+    eventually(30, "running", || async {
+        (pods.get("web").await.ok()?.status?.phase? == "Running").then_some(())
+    })
+    .await;
+    pods.delete("web", &DeleteParams::default()).await.unwrap();
+    eventually(30, "pod gone", || async {
+        pods.get_opt("web").await.ok()?.is_none().then_some(())
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn deleting_a_namespace_deletes_its_contents_then_itself() {
+    let env = TestEnv::start(1).await.unwrap();
+    let c = &env.clusters[0];
+    let namespaces: Api<Namespace> = Api::all(c.client.clone());
+    namespaces
+        .create(
+            &PostParams::default(),
+            &from(json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "shop"}})),
+        )
+        .await
+        .unwrap();
+    let pods: Api<Pod> = Api::namespaced(c.client.clone(), "shop");
+    // A finalizer holds the namespace in Terminating until the test lets it go.
+    pods.create(
+        &PostParams::default(),
+        &from(json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "web", "finalizers": ["example.com/hold"]},
+        "spec": {"containers": [{"name": "c", "image": "nginx"}]}})),
+    )
+    .await
+    .unwrap();
+    eventually(30, "running", || async {
+        (pods.get("web").await.ok()?.status?.phase? == "Running").then_some(())
+    })
+    .await;
+    namespaces
+        .delete("shop", &DeleteParams::default())
+        .await
+        .unwrap();
+    let ns = namespaces.get("shop").await.unwrap();
+    assert_eq!(ns.status.unwrap().phase.as_deref(), Some("Terminating"));
+    let e = pods
+        .create(
+            &PostParams::default(),
+            &from(
+                json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "late"},
+        "spec": {"containers": [{"name": "c", "image": "nginx"}]}}),
+            ),
+        )
+        .await
+        .unwrap_err();
+    assert!(matches!(e, kube::Error::Api(s) if s.code == 403));
+    eventually(30, "pod terminating", || async {
+        pods.get("web")
+            .await
+            .ok()?
+            .metadata
+            .deletion_timestamp
+            .map(|_| ())
+    })
+    .await;
+    pods.patch(
+        "web",
+        &kube::api::PatchParams::default(),
+        &kube::api::Patch::Merge(json!({"metadata": {"finalizers": null}})),
+    )
+    .await
+    .unwrap();
+    eventually(30, "namespace gone", || async {
+        namespaces
+            .get_opt("shop")
+            .await
+            .ok()?
+            .is_none()
+            .then_some(())
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_node_whose_lease_expires_goes_unknown_and_is_tainted_unreachable() {
+    let mut spec = ClusterSpec::new("c1", 1);
+    spec.apiserver.controllers = Controllers {
+        node_grace: Duration::from_secs(2),
+        ..Controllers::default()
+    };
+    if let Some(k) = spec.kubelet.as_mut() {
+        k.lease_renew = Duration::from_millis(300);
+    }
+    let mut env = TestEnv::start_with(vec![spec]).await.unwrap();
+    let nodes: Api<Node> = Api::all(env.clusters[0].client.clone());
+    eventually(10, "lease renewed", || async {
+        let n = nodes.get("c1-node-1").await.ok()?;
+        let ready = n
+            .status?
+            .conditions?
+            .into_iter()
+            .find(|c| c.type_ == "Ready")?;
+        (ready.status == "True").then_some(())
+    })
+    .await;
+    env.clusters[0].stop_nodes();
+    let node = eventually(30, "node Unknown", || async {
+        let n = nodes.get("c1-node-1").await.ok()?;
+        let ready = n
+            .status
+            .clone()?
+            .conditions?
+            .into_iter()
+            .find(|c| c.type_ == "Ready")?;
+        (ready.status == "Unknown").then_some(n)
+    })
+    .await;
+    let taints = node.spec.unwrap().taints.unwrap();
+    let effects: Vec<&str> = taints
+        .iter()
+        .filter(|t| t.key == "node.kubernetes.io/unreachable")
+        .map(|t| t.effect.as_str())
+        .collect();
+    assert_eq!(effects, ["NoSchedule", "NoExecute"]);
+}
