@@ -1067,7 +1067,12 @@ pub(super) async fn create_only(
 }
 
 /// Binds a pod to a node (`pods/binding`, `bindings`).
-pub(super) fn bind_pod(state: &State, namespace: &str, pod: &str, binding: &Value) -> Result<Value, ApiError> {
+pub(super) fn bind_pod(
+    state: &State,
+    namespace: &str,
+    pod: &str,
+    binding: &Value,
+) -> Result<Value, ApiError> {
     let target = binding
         .pointer("/target/name")
         .and_then(Value::as_str)

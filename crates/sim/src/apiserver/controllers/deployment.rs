@@ -42,24 +42,45 @@ fn template_hash(template: &Value) -> String {
 }
 
 async fn reconcile(state: &State, key: &ObjKey) {
-    let Some(d) = state.store.get(*ids::DEPLOYMENTS, key) else { return };
+    let Some(d) = state.store.get(*ids::DEPLOYMENTS, key) else {
+        return;
+    };
     let d = d.object;
     if meta::deleting(&d) {
         return;
     }
     let uid = meta::meta_str(&d, "uid").unwrap_or_default().to_owned();
-    let replicas = d.pointer("/spec/replicas").and_then(Value::as_i64).unwrap_or(1);
-    let template = d.pointer("/spec/template").cloned().unwrap_or_else(|| json!({}));
+    let replicas = d
+        .pointer("/spec/replicas")
+        .and_then(Value::as_i64)
+        .unwrap_or(1);
+    let template = d
+        .pointer("/spec/template")
+        .cloned()
+        .unwrap_or_else(|| json!({}));
     let hash = template_hash(&template);
-    let (owned, _, _) = state.store.list(*ids::REPLICASETS, Some(&key.namespace), None, None, |e| {
-        controller_of(&e.object).is_some_and(|(_, _, u)| u == uid)
-    });
-    let is_current = |rs: &Value| rs.pointer("/metadata/labels/pod-template-hash").and_then(Value::as_str) == Some(hash.as_str());
+    let (owned, _, _) =
+        state
+            .store
+            .list(*ids::REPLICASETS, Some(&key.namespace), None, None, |e| {
+                controller_of(&e.object).is_some_and(|(_, _, u)| u == uid)
+            });
+    let is_current = |rs: &Value| {
+        rs.pointer("/metadata/labels/pod-template-hash")
+            .and_then(Value::as_str)
+            == Some(hash.as_str())
+    };
     let revision = owned.len() + 1;
     if !owned.iter().any(|e| is_current(&e.object)) {
-        let mut labels = template.pointer("/metadata/labels").cloned().unwrap_or_else(|| json!({}));
+        let mut labels = template
+            .pointer("/metadata/labels")
+            .cloned()
+            .unwrap_or_else(|| json!({}));
         labels["pod-template-hash"] = json!(hash);
-        let mut selector = d.pointer("/spec/selector").cloned().unwrap_or_else(|| json!({}));
+        let mut selector = d
+            .pointer("/spec/selector")
+            .cloned()
+            .unwrap_or_else(|| json!({}));
         selector["matchLabels"]["pod-template-hash"] = json!(hash);
         let mut rs_template = template.clone();
         rs_template["metadata"]["labels"] = labels.clone();
@@ -70,11 +91,21 @@ async fn reconcile(state: &State, key: &ObjKey) {
                 "ownerReferences": [{"apiVersion": "apps/v1", "kind": "Deployment", "name": key.name, "uid": uid,
                     "controller": true, "blockOwnerDeletion": true}]},
             "spec": {"replicas": replicas, "selector": selector, "template": rs_template}});
-        let _ = create(state, *ids::REPLICASETS, Some(&key.namespace), rs, "deployment-controller").await;
+        let _ = create(
+            state,
+            *ids::REPLICASETS,
+            Some(&key.namespace),
+            rs,
+            "deployment-controller",
+        )
+        .await;
     }
-    let (owned, _, _) = state.store.list(*ids::REPLICASETS, Some(&key.namespace), None, None, |e| {
-        controller_of(&e.object).is_some_and(|(_, _, u)| u == uid)
-    });
+    let (owned, _, _) =
+        state
+            .store
+            .list(*ids::REPLICASETS, Some(&key.namespace), None, None, |e| {
+                controller_of(&e.object).is_some_and(|(_, _, u)| u == uid)
+            });
     let (mut total, mut updated, mut ready, mut available) = (0, 0, 0, 0);
     for rs in &owned {
         let rs_key = ObjKey::new(&key.namespace, meta::name(&rs.object).unwrap_or_default());
@@ -94,16 +125,24 @@ async fn reconcile(state: &State, key: &ObjKey) {
             updated = get("/status/replicas");
         }
     }
-    let generation = d.pointer("/metadata/generation").cloned().unwrap_or(json!(1));
+    let generation = d
+        .pointer("/metadata/generation")
+        .cloned()
+        .unwrap_or(json!(1));
     let now = meta::now();
     let done = available >= replicas && updated == replicas && total == replicas;
     let _ = modify(state, *ids::DEPLOYMENTS, key, |o| {
         let mut status = json!({"observedGeneration": generation, "replicas": total, "updatedReplicas": updated,
             "readyReplicas": ready, "availableReplicas": available, "unavailableReplicas": (replicas - available).max(0)});
         let condition = |t: &str, ok: bool, reason: &str, message: &str| {
-            let previous = o.pointer("/status/conditions").and_then(Value::as_array).and_then(|c| {
-                c.iter().find(|c| c.get("type").and_then(Value::as_str) == Some(t)).cloned()
-            });
+            let previous = o
+                .pointer("/status/conditions")
+                .and_then(Value::as_array)
+                .and_then(|c| {
+                    c.iter()
+                        .find(|c| c.get("type").and_then(Value::as_str) == Some(t))
+                        .cloned()
+                });
             let status = if ok { "True" } else { "False" };
             let since = previous
                 .filter(|p| p.get("status").and_then(Value::as_str) == Some(status))
@@ -113,10 +152,38 @@ async fn reconcile(state: &State, key: &ObjKey) {
         };
         let available_ok = available >= replicas;
         status["conditions"] = json!([
-            condition("Available", available_ok, if available_ok { "MinimumReplicasAvailable" } else { "MinimumReplicasUnavailable" },
-                if available_ok { "Deployment has minimum availability." } else { "Deployment does not have minimum availability." }),
-            condition("Progressing", true, if done { "NewReplicaSetAvailable" } else { "ReplicaSetUpdated" },
-                &format!("ReplicaSet \"{}-{hash}\" {}", key.name, if done { "has successfully progressed." } else { "is progressing." })),
+            condition(
+                "Available",
+                available_ok,
+                if available_ok {
+                    "MinimumReplicasAvailable"
+                } else {
+                    "MinimumReplicasUnavailable"
+                },
+                if available_ok {
+                    "Deployment has minimum availability."
+                } else {
+                    "Deployment does not have minimum availability."
+                }
+            ),
+            condition(
+                "Progressing",
+                true,
+                if done {
+                    "NewReplicaSetAvailable"
+                } else {
+                    "ReplicaSetUpdated"
+                },
+                &format!(
+                    "ReplicaSet \"{}-{hash}\" {}",
+                    key.name,
+                    if done {
+                        "has successfully progressed."
+                    } else {
+                        "is progressing."
+                    }
+                )
+            ),
         ]);
         if o.get("status") == Some(&status) {
             return false;
@@ -128,9 +195,14 @@ async fn reconcile(state: &State, key: &ObjKey) {
 
 impl Reconciler for Deployments {
     async fn resync(&mut self, state: &State) {
-        let (items, _, _) = state.store.list(*ids::DEPLOYMENTS, None, None, None, |_| true);
+        let (items, _, _) = state
+            .store
+            .list(*ids::DEPLOYMENTS, None, None, None, |_| true);
         for e in items {
-            let key = ObjKey::new(meta::namespace(&e.object).unwrap_or_default(), meta::name(&e.object).unwrap_or_default());
+            let key = ObjKey::new(
+                meta::namespace(&e.object).unwrap_or_default(),
+                meta::name(&e.object).unwrap_or_default(),
+            );
             reconcile(state, &key).await;
         }
     }

@@ -28,7 +28,10 @@ const SLICE_CONTROLLER: &str = "endpointslice-controller.k8s.io";
 const MIRROR_CONTROLLER: &str = "endpointslicemirroring-controller.k8s.io";
 const SERVICE_NAME: &str = "kubernetes.io/service-name";
 
-fn selector_matches(selector: &BTreeMap<String, String>, labels: &BTreeMap<String, String>) -> bool {
+fn selector_matches(
+    selector: &BTreeMap<String, String>,
+    labels: &BTreeMap<String, String>,
+) -> bool {
     selector.iter().all(|(k, v)| labels.get(k) == Some(v))
 }
 
@@ -40,7 +43,12 @@ fn target_port(svc_port: &Value, pod: &Value) -> Option<i64> {
             .pointer("/spec/containers")
             .and_then(Value::as_array)?
             .iter()
-            .flat_map(|c| c.get("ports").and_then(Value::as_array).cloned().unwrap_or_default())
+            .flat_map(|c| {
+                c.get("ports")
+                    .and_then(Value::as_array)
+                    .cloned()
+                    .unwrap_or_default()
+            })
             .find(|p| p.get("name").and_then(Value::as_str) == Some(name.as_str()))
             .and_then(|p| p.get("containerPort").and_then(Value::as_i64)),
         _ => svc_port.get("port").and_then(Value::as_i64),
@@ -63,26 +71,54 @@ async fn reconcile(state: &State, key: &ObjKey) {
         mirror(state, key).await;
         return;
     }
-    let ports = svc.object.pointer("/spec/ports").and_then(Value::as_array).cloned().unwrap_or_default();
-    let (pods, _, _) = state.store.list(*ids::PODS, Some(&key.namespace), None, None, |e| {
-        selector_matches(&selector, &meta::labels(&e.object))
-            && e.object.pointer("/status/podIP").and_then(Value::as_str).is_some_and(|ip| !ip.is_empty())
-            && !matches!(e.object.pointer("/status/phase").and_then(Value::as_str), Some("Succeeded" | "Failed"))
-    });
+    let ports = svc
+        .object
+        .pointer("/spec/ports")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default();
+    let (pods, _, _) = state
+        .store
+        .list(*ids::PODS, Some(&key.namespace), None, None, |e| {
+            selector_matches(&selector, &meta::labels(&e.object))
+                && e.object
+                    .pointer("/status/podIP")
+                    .and_then(Value::as_str)
+                    .is_some_and(|ip| !ip.is_empty())
+                && !matches!(
+                    e.object.pointer("/status/phase").and_then(Value::as_str),
+                    Some("Succeeded" | "Failed")
+                )
+        });
     let (mut ready, mut not_ready, mut slice_endpoints) = (Vec::new(), Vec::new(), Vec::new());
     for p in &pods {
-        let ip = p.object.pointer("/status/podIP").cloned().unwrap_or(Value::Null);
-        let node = p.object.pointer("/spec/nodeName").cloned().unwrap_or(Value::Null);
+        let ip = p
+            .object
+            .pointer("/status/podIP")
+            .cloned()
+            .unwrap_or(Value::Null);
+        let node = p
+            .object
+            .pointer("/spec/nodeName")
+            .cloned()
+            .unwrap_or(Value::Null);
         let target = json!({"kind": "Pod", "namespace": key.namespace, "name": meta::name(&p.object),
             "uid": meta::meta_str(&p.object, "uid")});
         let address = json!({"ip": ip, "nodeName": node, "targetRef": target});
         let terminating = meta::deleting(&p.object);
         let is_ready = is_ready(&p.object) && !terminating;
-        if is_ready { ready.push(address) } else { not_ready.push(address) }
+        if is_ready {
+            ready.push(address)
+        } else {
+            not_ready.push(address)
+        }
         slice_endpoints.push(json!({"addresses": [ip], "conditions": {"ready": is_ready, "serving": is_ready, "terminating": terminating},
             "nodeName": node, "targetRef": target}));
     }
-    let first_pod = pods.first().map(|p| (*p.object).clone()).unwrap_or_default();
+    let first_pod = pods
+        .first()
+        .map(|p| (*p.object).clone())
+        .unwrap_or_default();
     let ep_ports: Vec<Value> = ports
         .iter()
         .map(|p| {
@@ -104,7 +140,11 @@ async fn reconcile(state: &State, key: &ObjKey) {
         }
         subsets.push(subset);
     }
-    let labels = svc.object.pointer("/metadata/labels").cloned().unwrap_or_else(|| json!({}));
+    let labels = svc
+        .object
+        .pointer("/metadata/labels")
+        .cloned()
+        .unwrap_or_else(|| json!({}));
     let desired = json!({"apiVersion": "v1", "kind": "Endpoints", "metadata": {"name": key.name, "namespace": key.namespace, "labels": labels}, "subsets": subsets});
     upsert_endpoints(state, key, desired).await;
     let slice_ports: Vec<Value> = ep_ports.clone();
@@ -113,7 +153,14 @@ async fn reconcile(state: &State, key: &ObjKey) {
 
 async fn upsert_endpoints(state: &State, key: &ObjKey, desired: Value) {
     if state.store.get(*ids::ENDPOINTS, key).is_none() {
-        let _ = create(state, *ids::ENDPOINTS, Some(&key.namespace), desired, "endpoint-controller").await;
+        let _ = create(
+            state,
+            *ids::ENDPOINTS,
+            Some(&key.namespace),
+            desired,
+            "endpoint-controller",
+        )
+        .await;
         return;
     }
     let _ = modify(state, *ids::ENDPOINTS, key, |o| {
@@ -129,12 +176,24 @@ async fn upsert_endpoints(state: &State, key: &ObjKey, desired: Value) {
 
 /// The slices of a service written by `controller` (all of ours when `None`).
 fn slices(state: &State, key: &ObjKey, controller: Option<&str>) -> Vec<ObjKey> {
-    let (items, _, _) = state.store.list(*ids::ENDPOINTSLICES, Some(&key.namespace), None, None, |e| {
-        let labels = meta::labels(&e.object);
-        labels.get(SERVICE_NAME) == Some(&key.name)
-            && labels.get(MANAGED_BY).is_some_and(|m| controller.is_none_or(|c| m == c) && (m == SLICE_CONTROLLER || m == MIRROR_CONTROLLER))
-    });
-    items.iter().map(|e| ObjKey::new(&key.namespace, meta::name(&e.object).unwrap_or_default())).collect()
+    let (items, _, _) = state.store.list(
+        *ids::ENDPOINTSLICES,
+        Some(&key.namespace),
+        None,
+        None,
+        |e| {
+            let labels = meta::labels(&e.object);
+            labels.get(SERVICE_NAME) == Some(&key.name)
+                && labels.get(MANAGED_BY).is_some_and(|m| {
+                    controller.is_none_or(|c| m == c)
+                        && (m == SLICE_CONTROLLER || m == MIRROR_CONTROLLER)
+                })
+        },
+    );
+    items
+        .iter()
+        .map(|e| ObjKey::new(&key.namespace, meta::name(&e.object).unwrap_or_default()))
+        .collect()
 }
 
 fn delete_slices(state: &State, key: &ObjKey, controller: Option<&str>) {
@@ -143,7 +202,13 @@ fn delete_slices(state: &State, key: &ObjKey, controller: Option<&str>) {
     }
 }
 
-async fn upsert_slice(state: &State, key: &ObjKey, controller: &str, endpoints: Vec<Value>, ports: Vec<Value>) {
+async fn upsert_slice(
+    state: &State,
+    key: &ObjKey,
+    controller: &str,
+    endpoints: Vec<Value>,
+    ports: Vec<Value>,
+) {
     let existing = slices(state, key, Some(controller));
     match existing.first() {
         None => {
@@ -151,11 +216,20 @@ async fn upsert_slice(state: &State, key: &ObjKey, controller: &str, endpoints: 
                 "metadata": {"generateName": format!("{}-", key.name), "namespace": key.namespace,
                     "labels": {SERVICE_NAME: key.name, MANAGED_BY: controller}},
                 "addressType": "IPv4", "endpoints": endpoints, "ports": ports});
-            let _ = create(state, *ids::ENDPOINTSLICES, Some(&key.namespace), slice, "endpointslice-controller").await;
+            let _ = create(
+                state,
+                *ids::ENDPOINTSLICES,
+                Some(&key.namespace),
+                slice,
+                "endpointslice-controller",
+            )
+            .await;
         }
         Some(k) => {
             let _ = modify(state, *ids::ENDPOINTSLICES, k, |o| {
-                if o.get("endpoints") == Some(&json!(endpoints)) && o.get("ports") == Some(&json!(ports)) {
+                if o.get("endpoints") == Some(&json!(endpoints))
+                    && o.get("ports") == Some(&json!(ports))
+                {
                     return false;
                 }
                 o["endpoints"] = json!(endpoints);
@@ -166,7 +240,12 @@ async fn upsert_slice(state: &State, key: &ObjKey, controller: &str, endpoints: 
     }
     // Keep one slice per service and controller.
     for extra in existing.iter().skip(1) {
-        let _ = delete(state, *ids::ENDPOINTSLICES, extra, &DeleteOptions::default());
+        let _ = delete(
+            state,
+            *ids::ENDPOINTSLICES,
+            extra,
+            &DeleteOptions::default(),
+        );
     }
 }
 
@@ -178,9 +257,20 @@ async fn mirror(state: &State, key: &ObjKey) {
     };
     let mut endpoints = Vec::new();
     let mut ports = Vec::new();
-    for subset in ep.object.get("subsets").and_then(Value::as_array).into_iter().flatten() {
+    for subset in ep
+        .object
+        .get("subsets")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
         for (list, ready) in [("addresses", true), ("notReadyAddresses", false)] {
-            for a in subset.get(list).and_then(Value::as_array).into_iter().flatten() {
+            for a in subset
+                .get(list)
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+            {
                 let mut e = json!({"addresses": [a.get("ip")], "conditions": {"ready": ready}});
                 for f in ["nodeName", "targetRef", "hostname"] {
                     if let Some(v) = a.get(f) {
@@ -190,7 +280,12 @@ async fn mirror(state: &State, key: &ObjKey) {
                 endpoints.push(e);
             }
         }
-        for p in subset.get("ports").and_then(Value::as_array).into_iter().flatten() {
+        for p in subset
+            .get("ports")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+        {
             if !ports.contains(p) {
                 ports.push(p.clone());
             }
@@ -203,7 +298,10 @@ impl Reconciler for EndpointsController {
     async fn resync(&mut self, state: &State) {
         let (items, _, _) = state.store.list(*ids::SERVICES, None, None, None, |_| true);
         for e in items {
-            let key = ObjKey::new(meta::namespace(&e.object).unwrap_or_default(), meta::name(&e.object).unwrap_or_default());
+            let key = ObjKey::new(
+                meta::namespace(&e.object).unwrap_or_default(),
+                meta::name(&e.object).unwrap_or_default(),
+            );
             reconcile(state, &key).await;
         }
     }
@@ -222,7 +320,8 @@ impl Reconciler for EndpointsController {
                 let relevant = e.kind == EventType::Deleted
                     || e.prev.as_ref().is_none_or(|p| {
                         p.object.get("status") != e.entry.object.get("status")
-                            || p.object.pointer("/metadata/labels") != e.entry.object.pointer("/metadata/labels")
+                            || p.object.pointer("/metadata/labels")
+                                != e.entry.object.pointer("/metadata/labels")
                             || meta::deleting(&p.object) != meta::deleting(&e.entry.object)
                     });
                 if relevant {
@@ -231,7 +330,11 @@ impl Reconciler for EndpointsController {
             }
         }
         for ns in namespaces {
-            let (svcs, _, _) = state.store.list(*ids::SERVICES, Some(&ns), None, None, |s| s.object.pointer("/spec/selector").is_some());
+            let (svcs, _, _) = state
+                .store
+                .list(*ids::SERVICES, Some(&ns), None, None, |s| {
+                    s.object.pointer("/spec/selector").is_some()
+                });
             for s in svcs {
                 dirty.insert(ObjKey::new(&ns, meta::name(&s.object).unwrap_or_default()));
             }

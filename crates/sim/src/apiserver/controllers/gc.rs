@@ -34,7 +34,10 @@ impl Gc {
         self.unindex(&r);
         let uid = meta::meta_str(obj, "uid").unwrap_or_default().to_owned();
         for owner in owner_uids(obj) {
-            self.dependents.entry(owner.to_owned()).or_default().insert(r.clone());
+            self.dependents
+                .entry(owner.to_owned())
+                .or_default()
+                .insert(r.clone());
         }
         self.live.insert(uid.clone());
         self.uid_of.insert(r, uid);
@@ -62,9 +65,13 @@ impl Gc {
 
     /// Deletes the dependents of a gone owner whose other owners are gone too.
     fn collect(&mut self, state: &State, owner_uid: &str) {
-        let Some(deps) = self.dependents.remove(owner_uid) else { return };
+        let Some(deps) = self.dependents.remove(owner_uid) else {
+            return;
+        };
         for (res, key) in deps {
-            let Some(e) = state.store.get(res, &key) else { continue };
+            let Some(e) = state.store.get(res, &key) else {
+                continue;
+            };
             if meta::deleting(&e.object) {
                 continue;
             }
@@ -80,7 +87,11 @@ impl Gc {
     fn finalize(&mut self, state: &State, res: ResId, key: &ObjKey, obj: &Value) {
         let uid = meta::meta_str(obj, "uid").unwrap_or_default().to_owned();
         let finalizers = meta::finalizers(obj);
-        let deps: Vec<Ref> = self.dependents.get(&uid).map(|d| d.iter().cloned().collect()).unwrap_or_default();
+        let deps: Vec<Ref> = self
+            .dependents
+            .get(&uid)
+            .map(|d| d.iter().cloned().collect())
+            .unwrap_or_default();
         if finalizers.iter().any(|f| f == "orphan") {
             for (dres, dkey) in &deps {
                 let _ = modify(state, *dres, dkey, |o| drop_owner(o, &uid));
@@ -91,7 +102,15 @@ impl Gc {
             for (dres, dkey) in &deps {
                 if state.store.get(*dres, dkey).is_some() {
                     left += 1;
-                    let _ = delete(state, *dres, dkey, &DeleteOptions { propagation: Some("Foreground".into()), ..Default::default() });
+                    let _ = delete(
+                        state,
+                        *dres,
+                        dkey,
+                        &DeleteOptions {
+                            propagation: Some("Foreground".into()),
+                            ..Default::default()
+                        },
+                    );
                 }
             }
             if left == 0 {
@@ -102,7 +121,12 @@ impl Gc {
 }
 
 fn drop_owner(obj: &mut Value, uid: &str) -> bool {
-    let Some(refs) = obj.pointer_mut("/metadata/ownerReferences").and_then(Value::as_array_mut) else { return false };
+    let Some(refs) = obj
+        .pointer_mut("/metadata/ownerReferences")
+        .and_then(Value::as_array_mut)
+    else {
+        return false;
+    };
     let before = refs.len();
     refs.retain(|r| r.get("uid").and_then(Value::as_str) != Some(uid));
     before != refs.len()
@@ -111,7 +135,12 @@ fn drop_owner(obj: &mut Value, uid: &str) -> bool {
 /// Removes a finalizer and, if that was the last thing holding the object, the object.
 fn remove_finalizer(state: &State, res: ResId, key: &ObjKey, finalizer: &str) {
     let _ = modify(state, res, key, |o| {
-        let Some(list) = o.pointer_mut("/metadata/finalizers").and_then(Value::as_array_mut) else { return false };
+        let Some(list) = o
+            .pointer_mut("/metadata/finalizers")
+            .and_then(Value::as_array_mut)
+        else {
+            return false;
+        };
         list.retain(|f| f.as_str() != Some(finalizer));
         true
     });
@@ -132,11 +161,19 @@ impl Reconciler for Gc {
             }
             let (items, _, _) = state.store.list(res, None, None, None, |_| true);
             for e in items {
-                let key = ObjKey::new(meta::namespace(&e.object).unwrap_or_default(), meta::name(&e.object).unwrap_or_default());
+                let key = ObjKey::new(
+                    meta::namespace(&e.object).unwrap_or_default(),
+                    meta::name(&e.object).unwrap_or_default(),
+                );
                 self.index((res, key), &e.object);
             }
         }
-        let orphans: Vec<String> = self.dependents.keys().filter(|o| !self.live.contains(*o)).cloned().collect();
+        let orphans: Vec<String> = self
+            .dependents
+            .keys()
+            .filter(|o| !self.live.contains(*o))
+            .cloned()
+            .collect();
         for owner in orphans {
             self.collect(state, &owner);
         }
@@ -154,7 +191,9 @@ impl Reconciler for Gc {
                     }
                 }
                 EventType::Deleted => {
-                    let uid = meta::meta_str(&e.entry.object, "uid").unwrap_or_default().to_owned();
+                    let uid = meta::meta_str(&e.entry.object, "uid")
+                        .unwrap_or_default()
+                        .to_owned();
                     self.unindex_owner(&r, &e.entry.object);
                     self.collect(state, &uid);
                     if e.res == *ids::NODES {
@@ -166,7 +205,11 @@ impl Reconciler for Gc {
             if meta::deleting(&e.entry.object) || e.kind == EventType::Deleted {
                 let owners: Vec<String> = owner_uids(&e.entry.object).map(str::to_owned).collect();
                 for owner in owners {
-                    if let Some((ores, okey)) = self.uid_of.iter().find(|(_, u)| **u == owner).map(|(r, _)| r.clone())
+                    if let Some((ores, okey)) = self
+                        .uid_of
+                        .iter()
+                        .find(|(_, u)| **u == owner)
+                        .map(|(r, _)| r.clone())
                         && let Some(o) = state.store.get(ores, &okey)
                         && meta::deleting(&o.object)
                     {
@@ -185,7 +228,18 @@ fn pods_of_deleted_node(state: &State, node: &str) {
         e.object.pointer("/spec/nodeName").and_then(Value::as_str) == Some(node)
     });
     for p in pods {
-        let key = ObjKey::new(meta::namespace(&p.object).unwrap_or_default(), meta::name(&p.object).unwrap_or_default());
-        let _ = delete(state, *ids::PODS, &key, &DeleteOptions { grace_period_seconds: Some(0), ..Default::default() });
+        let key = ObjKey::new(
+            meta::namespace(&p.object).unwrap_or_default(),
+            meta::name(&p.object).unwrap_or_default(),
+        );
+        let _ = delete(
+            state,
+            *ids::PODS,
+            &key,
+            &DeleteOptions {
+                grace_period_seconds: Some(0),
+                ..Default::default()
+            },
+        );
     }
 }

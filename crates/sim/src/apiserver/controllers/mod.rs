@@ -74,11 +74,13 @@ impl Controllers {
 
 pub(super) fn start(state: &Arc<State>, stop: &CancellationToken) {
     let c = state.config.controllers.clone();
-    let spawn = |enabled: bool, f: fn(Arc<State>, CancellationToken) -> futures::future::BoxFuture<'static, ()>| {
-        if enabled {
-            tokio::spawn(f(state.clone(), stop.clone()));
-        }
-    };
+    let spawn =
+        |enabled: bool,
+         f: fn(Arc<State>, CancellationToken) -> futures::future::BoxFuture<'static, ()>| {
+            if enabled {
+                tokio::spawn(f(state.clone(), stop.clone()));
+            }
+        };
     spawn(c.namespaces, |s, t| Box::pin(namespace::run(s, t)));
     spawn(c.garbage_collector, |s, t| Box::pin(gc::run(s, t)));
     spawn(c.scheduler, |s, t| Box::pin(scheduler::run(s, t)));
@@ -109,20 +111,45 @@ fn route(res: ResId, namespace: Option<&str>) -> ResourceRoute {
 }
 
 /// Creates an object as a client would (defaults, admission, validation).
-async fn create(state: &State, res: ResId, namespace: Option<&str>, obj: Value, who: &str) -> Result<Value, ApiError> {
-    rest::create(state, &route(res, namespace), obj, &Query::default(), &system_user(who)).await
+async fn create(
+    state: &State,
+    res: ResId,
+    namespace: Option<&str>,
+    obj: Value,
+    who: &str,
+) -> Result<Value, ApiError> {
+    rest::create(
+        state,
+        &route(res, namespace),
+        obj,
+        &Query::default(),
+        &system_user(who),
+    )
+    .await
 }
 
 /// Deletes an object as a client would.
-fn delete(state: &State, res: ResId, key: &ObjKey, opts: &DeleteOptions) -> Result<Value, ApiError> {
+fn delete(
+    state: &State,
+    res: ResId,
+    key: &ObjKey,
+    opts: &DeleteOptions,
+) -> Result<Value, ApiError> {
     rest::delete_object(state, res, key, opts)
 }
 
 /// Read-modify-write of an object without admission (status and controller-owned fields);
 /// retried on conflicts; no write when `f` leaves it unchanged. `f` returning false skips it.
-fn modify(state: &State, res: ResId, key: &ObjKey, mut f: impl FnMut(&mut Value) -> bool) -> Result<(), StoreError> {
+fn modify(
+    state: &State,
+    res: ResId,
+    key: &ObjKey,
+    mut f: impl FnMut(&mut Value) -> bool,
+) -> Result<(), StoreError> {
     for _ in 0..16 {
-        let Some(current) = state.store.get(res, key) else { return Err(StoreError::NotFound) };
+        let Some(current) = state.store.get(res, key) else {
+            return Err(StoreError::NotFound);
+        };
         let mut new = (*current.object).clone();
         if !f(&mut new) || new == *current.object {
             return Ok(());
@@ -142,15 +169,26 @@ trait Reconciler: Send {
     /// Everything, from the current objects (at start and after the history was lost).
     fn resync(&mut self, state: &State) -> impl Future<Output = ()> + Send;
     /// A batch of changes, or `None` on a tick.
-    fn changed(&mut self, state: &State, events: Option<&[Arc<Event>]>) -> impl Future<Output = ()> + Send;
+    fn changed(
+        &mut self,
+        state: &State,
+        events: Option<&[Arc<Event>]>,
+    ) -> impl Future<Output = ()> + Send;
 }
 
 /// Runs a reconciler on the store's events until stopped.
-async fn run_loop(state: Arc<State>, stop: CancellationToken, every: Duration, mut r: impl Reconciler) {
+async fn run_loop(
+    state: Arc<State>,
+    stop: CancellationToken,
+    every: Duration,
+    mut r: impl Reconciler,
+) {
     'outer: loop {
         let start = state.store.current_rv();
         r.resync(&state).await;
-        let Ok(mut cursor) = state.store.watch_from(start) else { continue };
+        let Ok(mut cursor) = state.store.watch_from(start) else {
+            continue;
+        };
         let mut ticker = tokio::time::interval(every);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -177,13 +215,16 @@ fn owner_uids(obj: &Value) -> impl Iterator<Item = &str> {
 
 /// The controller owner reference of an object (kind, name, uid).
 fn controller_of(obj: &Value) -> Option<(&str, &str, &str)> {
-    obj.pointer("/metadata/ownerReferences")?.as_array()?.iter().find_map(|r| {
-        (r.get("controller").and_then(Value::as_bool) == Some(true)).then(|| {
-            (
-                r.get("kind").and_then(Value::as_str).unwrap_or_default(),
-                r.get("name").and_then(Value::as_str).unwrap_or_default(),
-                r.get("uid").and_then(Value::as_str).unwrap_or_default(),
-            )
+    obj.pointer("/metadata/ownerReferences")?
+        .as_array()?
+        .iter()
+        .find_map(|r| {
+            (r.get("controller").and_then(Value::as_bool) == Some(true)).then(|| {
+                (
+                    r.get("kind").and_then(Value::as_str).unwrap_or_default(),
+                    r.get("name").and_then(Value::as_str).unwrap_or_default(),
+                    r.get("uid").and_then(Value::as_str).unwrap_or_default(),
+                )
+            })
         })
-    })
 }

@@ -8,11 +8,11 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
+use super::super::State;
 use super::super::meta;
 use super::super::resources::{self, RESOURCES, ids};
 use super::super::rest::DeleteOptions;
 use super::super::store::{Event, ObjKey};
-use super::super::State;
 use super::{Reconciler, delete, modify, run_loop};
 
 pub(super) async fn run(state: Arc<State>, stop: CancellationToken) {
@@ -22,8 +22,13 @@ pub(super) async fn run(state: Arc<State>, stop: CancellationToken) {
 struct NamespaceController;
 
 fn terminating(state: &State) -> Vec<String> {
-    let (items, _, _) = state.store.list(*ids::NAMESPACES, None, None, None, |e| meta::deleting(&e.object));
-    items.iter().filter_map(|e| meta::name(&e.object).map(str::to_owned)).collect()
+    let (items, _, _) = state.store.list(*ids::NAMESPACES, None, None, None, |e| {
+        meta::deleting(&e.object)
+    });
+    items
+        .iter()
+        .filter_map(|e| meta::name(&e.object).map(str::to_owned))
+        .collect()
 }
 
 /// Deletes what is left in `ns`; removes the namespace when nothing is.
@@ -53,7 +58,10 @@ fn clean(state: &State, ns: &str) {
     });
     if let Some(e) = state.store.get(*ids::NAMESPACES, &key)
         && meta::deleting(&e.object)
-        && e.object.pointer("/spec/finalizers").and_then(Value::as_array).is_none_or(Vec::is_empty)
+        && e.object
+            .pointer("/spec/finalizers")
+            .and_then(Value::as_array)
+            .is_none_or(Vec::is_empty)
         && meta::finalizers(&e.object).is_empty()
     {
         let _ = state.store.remove(*ids::NAMESPACES, &key, Some(e.rv));

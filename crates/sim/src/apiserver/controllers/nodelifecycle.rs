@@ -36,9 +36,12 @@ fn ready_status(node: &Value) -> Option<&str> {
 }
 
 fn has_unreachable_taint(node: &Value) -> bool {
-    node.pointer("/spec/taints").and_then(Value::as_array).is_some_and(|t| {
-        t.iter().any(|t| t.get("key").and_then(Value::as_str) == Some(UNREACHABLE))
-    })
+    node.pointer("/spec/taints")
+        .and_then(Value::as_array)
+        .is_some_and(|t| {
+            t.iter()
+                .any(|t| t.get("key").and_then(Value::as_str) == Some(UNREACHABLE))
+        })
 }
 
 impl NodeLifecycle {
@@ -49,15 +52,23 @@ impl NodeLifecycle {
         for node in nodes {
             let name = meta::name(&node.object).unwrap_or_default().to_owned();
             let key = ObjKey::new("", &name);
-            let lease = state.store.get(*ids::LEASES, &ObjKey::new("kube-node-lease", &name));
-            let renewed = lease
-                .as_ref()
-                .and_then(|l| l.object.pointer("/spec/renewTime").and_then(Value::as_str).and_then(meta::parse_time));
+            let lease = state
+                .store
+                .get(*ids::LEASES, &ObjKey::new("kube-node-lease", &name));
+            let renewed = lease.as_ref().and_then(|l| {
+                l.object
+                    .pointer("/spec/renewTime")
+                    .and_then(Value::as_str)
+                    .and_then(meta::parse_time)
+            });
             let Some(renewed) = renewed else { continue };
             let expired = now.duration_since(renewed) > grace;
             if expired && ready_status(&node.object) != Some("Unknown") {
                 let _ = modify(state, *ids::NODES, &key, |n| mark_unknown(n, now));
-            } else if !expired && ready_status(&node.object) == Some("True") && has_unreachable_taint(&node.object) {
+            } else if !expired
+                && ready_status(&node.object) == Some("True")
+                && has_unreachable_taint(&node.object)
+            {
                 let _ = modify(state, *ids::NODES, &key, |n| {
                     if let Some(t) = n.pointer_mut("/spec/taints").and_then(Value::as_array_mut) {
                         t.retain(|t| t.get("key").and_then(Value::as_str) != Some(UNREACHABLE));
@@ -71,7 +82,10 @@ impl NodeLifecycle {
 
 fn mark_unknown(node: &mut Value, now: Timestamp) -> bool {
     let stamp = meta::time_string(now);
-    if let Some(conditions) = node.pointer_mut("/status/conditions").and_then(Value::as_array_mut) {
+    if let Some(conditions) = node
+        .pointer_mut("/status/conditions")
+        .and_then(Value::as_array_mut)
+    {
         for c in conditions.iter_mut() {
             c["status"] = json!("Unknown");
             c["reason"] = json!("NodeStatusUnknown");
@@ -82,11 +96,14 @@ fn mark_unknown(node: &mut Value, now: Timestamp) -> bool {
     if !node.get("spec").is_some_and(Value::is_object) {
         node["spec"] = json!({});
     }
-    let taints = node["spec"].as_object_mut().map(|s| s.entry("taints").or_insert_with(|| json!([])));
+    let taints = node["spec"]
+        .as_object_mut()
+        .map(|s| s.entry("taints").or_insert_with(|| json!([])));
     if let Some(Value::Array(taints)) = taints {
         for effect in ["NoSchedule", "NoExecute"] {
             let present = taints.iter().any(|t| {
-                t.get("key").and_then(Value::as_str) == Some(UNREACHABLE) && t.get("effect").and_then(Value::as_str) == Some(effect)
+                t.get("key").and_then(Value::as_str) == Some(UNREACHABLE)
+                    && t.get("effect").and_then(Value::as_str) == Some(effect)
             });
             if !present {
                 taints.push(json!({"key": UNREACHABLE, "effect": effect, "timeAdded": stamp}));

@@ -21,33 +21,55 @@ pub(super) async fn run(state: Arc<State>, stop: CancellationToken) {
 struct ReplicaSets;
 
 fn is_active(pod: &Value) -> bool {
-    !meta::deleting(pod) && !matches!(pod.pointer("/status/phase").and_then(Value::as_str), Some("Succeeded" | "Failed"))
+    !meta::deleting(pod)
+        && !matches!(
+            pod.pointer("/status/phase").and_then(Value::as_str),
+            Some("Succeeded" | "Failed")
+        )
 }
 
 pub(super) fn is_ready(pod: &Value) -> bool {
-    pod.pointer("/status/conditions").and_then(Value::as_array).is_some_and(|c| {
-        c.iter().any(|c| c.get("type").and_then(Value::as_str) == Some("Ready") && c.get("status").and_then(Value::as_str) == Some("True"))
-    })
+    pod.pointer("/status/conditions")
+        .and_then(Value::as_array)
+        .is_some_and(|c| {
+            c.iter().any(|c| {
+                c.get("type").and_then(Value::as_str) == Some("Ready")
+                    && c.get("status").and_then(Value::as_str) == Some("True")
+            })
+        })
 }
 
 /// Pods controlled by the object with `uid` in `namespace`.
 pub(super) fn owned_pods(state: &State, namespace: &str, uid: &str) -> Vec<Arc<Value>> {
-    let (pods, _, _) = state.store.list(*ids::PODS, Some(namespace), None, None, |e| controller_of(&e.object).is_some_and(|(_, _, u)| u == uid));
+    let (pods, _, _) = state
+        .store
+        .list(*ids::PODS, Some(namespace), None, None, |e| {
+            controller_of(&e.object).is_some_and(|(_, _, u)| u == uid)
+        });
     pods.into_iter().map(|e| e.object).collect()
 }
 
 async fn reconcile(state: &State, key: &ObjKey) {
-    let Some(rs) = state.store.get(*ids::REPLICASETS, key) else { return };
+    let Some(rs) = state.store.get(*ids::REPLICASETS, key) else {
+        return;
+    };
     let rs = rs.object;
     if meta::deleting(&rs) {
         return;
     }
     let uid = meta::meta_str(&rs, "uid").unwrap_or_default().to_owned();
-    let want = rs.pointer("/spec/replicas").and_then(Value::as_i64).unwrap_or(1).max(0) as usize;
+    let want = rs
+        .pointer("/spec/replicas")
+        .and_then(Value::as_i64)
+        .unwrap_or(1)
+        .max(0) as usize;
     let pods = owned_pods(state, &key.namespace, &uid);
     let mut active: Vec<&Arc<Value>> = pods.iter().filter(|p| is_active(p)).collect();
     if active.len() < want {
-        let template = rs.pointer("/spec/template").cloned().unwrap_or_else(|| json!({}));
+        let template = rs
+            .pointer("/spec/template")
+            .cloned()
+            .unwrap_or_else(|| json!({}));
         for _ in active.len()..want {
             let mut pod = json!({"apiVersion": "v1", "kind": "Pod",
                 "metadata": template.get("metadata").cloned().unwrap_or_else(|| json!({})),
@@ -56,9 +78,21 @@ async fn reconcile(state: &State, key: &ObjKey) {
             m.insert("generateName".into(), json!(format!("{}-", key.name)));
             m.insert("namespace".into(), json!(key.namespace));
             m.remove("name");
-            m.insert("ownerReferences".into(), json!([{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": key.name,
-                "uid": uid, "controller": true, "blockOwnerDeletion": true}]));
-            if create(state, *ids::PODS, Some(&key.namespace), pod, "replicaset-controller").await.is_err() {
+            m.insert(
+                "ownerReferences".into(),
+                json!([{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": key.name,
+                "uid": uid, "controller": true, "blockOwnerDeletion": true}]),
+            );
+            if create(
+                state,
+                *ids::PODS,
+                Some(&key.namespace),
+                pod,
+                "replicaset-controller",
+            )
+            .await
+            .is_err()
+            {
                 break;
             }
         }
@@ -66,7 +100,15 @@ async fn reconcile(state: &State, key: &ObjKey) {
         // Delete unscheduled first, then not ready, then the newest.
         active.sort_by_key(|p| {
             let unscheduled = p.pointer("/spec/nodeName").is_none();
-            (!unscheduled, is_ready(p), std::cmp::Reverse(meta::meta_str(p, "creationTimestamp").unwrap_or_default().to_owned()))
+            (
+                !unscheduled,
+                is_ready(p),
+                std::cmp::Reverse(
+                    meta::meta_str(p, "creationTimestamp")
+                        .unwrap_or_default()
+                        .to_owned(),
+                ),
+            )
         });
         for p in active.iter().take(active.len() - want) {
             let k = ObjKey::new(&key.namespace, meta::name(p).unwrap_or_default());
@@ -76,7 +118,10 @@ async fn reconcile(state: &State, key: &ObjKey) {
     let pods = owned_pods(state, &key.namespace, &uid);
     let active: Vec<&Arc<Value>> = pods.iter().filter(|p| is_active(p)).collect();
     let ready = active.iter().filter(|p| is_ready(p)).count();
-    let observed = rs.pointer("/metadata/generation").cloned().unwrap_or(json!(1));
+    let observed = rs
+        .pointer("/metadata/generation")
+        .cloned()
+        .unwrap_or(json!(1));
     let _ = modify(state, *ids::REPLICASETS, key, |o| {
         o["status"] = json!({"replicas": active.len(), "fullyLabeledReplicas": active.len(), "readyReplicas": ready,
             "availableReplicas": ready, "observedGeneration": observed});
@@ -86,15 +131,22 @@ async fn reconcile(state: &State, key: &ObjKey) {
 
 impl Reconciler for ReplicaSets {
     async fn resync(&mut self, state: &State) {
-        let (items, _, _) = state.store.list(*ids::REPLICASETS, None, None, None, |_| true);
+        let (items, _, _) = state
+            .store
+            .list(*ids::REPLICASETS, None, None, None, |_| true);
         for e in items {
-            let key = ObjKey::new(meta::namespace(&e.object).unwrap_or_default(), meta::name(&e.object).unwrap_or_default());
+            let key = ObjKey::new(
+                meta::namespace(&e.object).unwrap_or_default(),
+                meta::name(&e.object).unwrap_or_default(),
+            );
             reconcile(state, &key).await;
         }
     }
 
     async fn changed(&mut self, state: &State, events: Option<&[Arc<Event>]>) {
-        let Some(events) = events else { return self.resync(state).await };
+        let Some(events) = events else {
+            return self.resync(state).await;
+        };
         let mut dirty = BTreeSet::new();
         for e in events {
             if e.res == *ids::REPLICASETS {

@@ -31,7 +31,10 @@ struct Scheduler {
 impl Scheduler {
     fn new() -> Self {
         // No owner: every pod on a node takes room.
-        Self { model: CapacityModel::new(String::new()), pending: BTreeSet::new() }
+        Self {
+            model: CapacityModel::new(String::new()),
+            pending: BTreeSet::new(),
+        }
     }
 
     fn observe(&mut self, res: usize, key: &ObjKey, obj: Option<&Value>) {
@@ -81,7 +84,9 @@ impl Scheduler {
                 Ok(node) => {
                     let binding = json!({"apiVersion": "v1", "kind": "Binding", "metadata": {"name": key.name},
                         "target": {"apiVersion": "v1", "kind": "Node", "name": node}});
-                    if super::super::strategy::bind_pod(state, &key.namespace, &key.name, &binding).is_ok() {
+                    if super::super::strategy::bind_pod(state, &key.namespace, &key.name, &binding)
+                        .is_ok()
+                    {
                         let mut bound = pod;
                         if let Some(spec) = bound.spec.as_mut() {
                             spec.node_name = Some(node);
@@ -106,41 +111,68 @@ impl Scheduler {
             total += 1;
             match req.check(&node) {
                 Ok(()) => {
-                    let score = node.free.get("cpu") / 1_000_000 + node.free.get("memory") / (1 << 20);
-                    if best.as_ref().is_none_or(|(s, n)| score > *s || (score == *s && node.name < n.as_str())) {
+                    let score =
+                        node.free.get("cpu") / 1_000_000 + node.free.get("memory") / (1 << 20);
+                    if best
+                        .as_ref()
+                        .is_none_or(|(s, n)| score > *s || (score == *s && node.name < n.as_str()))
+                    {
                         best = Some((score, node.name.to_owned()));
                     }
                 }
                 Err(unfit) => failures.push(unfit),
             }
         }
-        best.map(|(_, n)| n).ok_or_else(|| summarize(total, failures.iter().map(Vec::as_slice)))
+        best.map(|(_, n)| n)
+            .ok_or_else(|| summarize(total, failures.iter().map(Vec::as_slice)))
     }
 }
 
 fn wants_scheduling(pod: &Value) -> bool {
-    let unbound = pod.pointer("/spec/nodeName").and_then(Value::as_str).is_none_or(str::is_empty);
-    let ours = pod.pointer("/spec/schedulerName").and_then(Value::as_str).is_none_or(|s| s == "default-scheduler");
-    let gated = pod.pointer("/spec/schedulingGates").and_then(Value::as_array).is_some_and(|g| !g.is_empty());
+    let unbound = pod
+        .pointer("/spec/nodeName")
+        .and_then(Value::as_str)
+        .is_none_or(str::is_empty);
+    let ours = pod
+        .pointer("/spec/schedulerName")
+        .and_then(Value::as_str)
+        .is_none_or(|s| s == "default-scheduler");
+    let gated = pod
+        .pointer("/spec/schedulingGates")
+        .and_then(Value::as_array)
+        .is_some_and(|g| !g.is_empty());
     let phase = pod.pointer("/status/phase").and_then(Value::as_str);
-    unbound && ours && !gated && !meta::deleting(pod) && !matches!(phase, Some("Succeeded" | "Failed"))
+    unbound
+        && ours
+        && !gated
+        && !meta::deleting(pod)
+        && !matches!(phase, Some("Succeeded" | "Failed"))
 }
 
 fn mark_unschedulable(state: &State, key: &ObjKey, message: &str) {
     let _ = modify(state, *ids::PODS, key, |pod| {
-        let Some(status) = pod.get_mut("status").and_then(Value::as_object_mut) else { return false };
+        let Some(status) = pod.get_mut("status").and_then(Value::as_object_mut) else {
+            return false;
+        };
         let conditions = status.entry("conditions").or_insert_with(|| json!([]));
-        let Some(list) = conditions.as_array_mut() else { return false };
-        let current = list.iter().find(|c| c.get("type").and_then(Value::as_str) == Some("PodScheduled"));
+        let Some(list) = conditions.as_array_mut() else {
+            return false;
+        };
+        let current = list
+            .iter()
+            .find(|c| c.get("type").and_then(Value::as_str) == Some("PodScheduled"));
         let same = current.is_some_and(|c| {
-            c.get("status").and_then(Value::as_str) == Some("False") && c.get("message").and_then(Value::as_str) == Some(message)
+            c.get("status").and_then(Value::as_str) == Some("False")
+                && c.get("message").and_then(Value::as_str) == Some(message)
         });
         if same {
             return false;
         }
         list.retain(|c| c.get("type").and_then(Value::as_str) != Some("PodScheduled"));
-        list.push(json!({"type": "PodScheduled", "status": "False", "lastProbeTime": null,
-            "lastTransitionTime": meta::now(), "reason": "Unschedulable", "message": message}));
+        list.push(
+            json!({"type": "PodScheduled", "status": "False", "lastProbeTime": null,
+            "lastTransitionTime": meta::now(), "reason": "Unschedulable", "message": message}),
+        );
         true
     });
 }
@@ -151,7 +183,10 @@ impl Reconciler for Scheduler {
         for res in [*ids::NODES, *ids::PODS] {
             let (items, _, _) = state.store.list(res, None, None, None, |_| true);
             for e in items {
-                let key = ObjKey::new(meta::namespace(&e.object).unwrap_or_default(), meta::name(&e.object).unwrap_or_default());
+                let key = ObjKey::new(
+                    meta::namespace(&e.object).unwrap_or_default(),
+                    meta::name(&e.object).unwrap_or_default(),
+                );
                 self.observe(res, &key, Some(&e.object));
             }
         }
