@@ -4,6 +4,7 @@
 //! with the semantics clients depend on (see `store`, `rest`, `watch`), to kube-rs and to the
 //! real `kubectl`. What it simplifies is listed in `docs/sim.md`.
 
+mod admission;
 pub mod controllers;
 pub mod discovery;
 pub mod errors;

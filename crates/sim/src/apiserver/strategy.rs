@@ -636,15 +636,15 @@ fn allocate_cluster_ip(state: &State, requested: &str) -> Result<String, String>
         .ok_or_else(|| "Internal error: range is full".to_owned())
 }
 
-/// Mutating admission webhooks (none registered yet in this server: later).
+/// Mutating admission (webhooks).
 pub(super) async fn admit(
-    _state: &State,
-    _rt: &ResourceType,
+    state: &State,
+    rt: &ResourceType,
     obj: Value,
-    _old: Option<&Value>,
-    _user: &UserInfo,
+    old: Option<&Value>,
+    user: &UserInfo,
 ) -> Result<Value, ApiError> {
-    Ok(obj)
+    super::admission::mutate(state, rt, obj, old, user).await
 }
 
 /// Validation of a created or updated object.
