@@ -1157,6 +1157,13 @@ pub(super) async fn subresource(
     let rt = resources::get(r.res);
     let ns = r.namespace.clone().unwrap_or_default();
     let method = req.method().clone();
+    match (rt.group, rt.plural, sub) {
+        ("", "pods", "log" | "exec" | "attach" | "portforward") => {
+            return super::proxy::pod_stream(state, req, &ns, name, sub, q).await;
+        }
+        ("", "nodes", "proxy") => return super::proxy::node_proxy(state, req, name, &r.rest).await,
+        _ => {}
+    }
     let result = match (rt.plural, sub, method.as_str()) {
         ("pods", "binding", "POST") => match rest::read_object(&state, req).await {
             Ok(b) => bind_pod(&state, &ns, name, &b).map(|v| (201, v)),

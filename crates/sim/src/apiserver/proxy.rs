@@ -1,0 +1,386 @@
+//! The API server's connections to kubelets: `pods/log`, `pods/exec`, `pods/attach`,
+//! `pods/portforward` and `nodes/proxy` go to the node's kubelet endpoint (InternalIP and
+//! `daemonEndpoints.kubeletEndpoint.Port`) over TLS, presenting the API server's kubelet client
+//! certificate. Upgrades (SPDY and WebSocket) are passed through byte for byte, as Kubernetes
+//! up to 1.29 does; plain responses (logs, stats) are streamed.
+//!
+//! Like a real API server started without `--kubelet-certificate-authority`, the kubelet's
+//! serving certificate is not verified: kubelets sign their own.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::{Method, Request, Response, StatusCode, header};
+use http_body_util::{BodyExt, Empty};
+use hyper::body::Incoming;
+use hyper_util::rt::TokioIo;
+use rustls::DigitallySignedStruct;
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls_pki_types::{CertificateDer, ServerName, UnixTime};
+use serde_json::Value;
+use tokio::net::TcpStream;
+use tokio_rustls::TlsConnector;
+
+use super::State;
+use super::errors::ApiError;
+use super::http::{Body, error_response};
+use super::resources::ids;
+use super::rest::Query;
+use super::store::ObjKey;
+use crate::certs::{certs_from_pem, key_from_pem, provider};
+
+/// Accepts any kubelet serving certificate (see the module comment); signatures are still
+/// checked so the handshake itself is sound.
+#[derive(Debug)]
+struct KubeletCertNotVerified(Arc<rustls::crypto::CryptoProvider>);
+
+impl ServerCertVerifier for KubeletCertNotVerified {
+    fn verify_server_cert(
+        &self,
+        _: &CertificateDer<'_>,
+        _: &[CertificateDer<'_>],
+        _: &ServerName<'_>,
+        _: &[u8],
+        _: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        Ok(ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.0.signature_verification_algorithms.supported_schemes()
+    }
+}
+
+fn kubelet_tls(state: &State) -> Result<TlsConnector, ApiError> {
+    let provider = provider();
+    let config = rustls::ClientConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| ApiError::internal(e.to_string()))?
+        .dangerous()
+        .with_custom_certificate_verifier(Arc::new(KubeletCertNotVerified(provider)))
+        .with_client_auth_cert(
+            certs_from_pem("kubelet client", &state.kubelet_client.cert_pem)
+                .map_err(|e| ApiError::internal(e.to_string()))?,
+            key_from_pem("kubelet client", &state.kubelet_client.key_pem)
+                .map_err(|e| ApiError::internal(e.to_string()))?,
+        )
+        .map_err(|e| ApiError::internal(e.to_string()))?;
+    let mut config = config;
+    // Upgrades need HTTP/1.1.
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(TlsConnector::from(Arc::new(config)))
+}
+
+/// The kubelet endpoint of a node: (address, port).
+fn kubelet_endpoint(state: &State, node: &str) -> Result<(String, u16), ApiError> {
+    let n = state
+        .store
+        .get(*ids::NODES, &ObjKey::new("", node))
+        .ok_or_else(|| ApiError::not_found("", "nodes", node))?;
+    let addresses = n
+        .object
+        .pointer("/status/addresses")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default();
+    let address = ["InternalIP", "Hostname", "ExternalIP"]
+        .iter()
+        .find_map(|t| {
+            addresses
+                .iter()
+                .find(|a| a.get("type").and_then(Value::as_str) == Some(t))
+        })
+        .and_then(|a| a.get("address").and_then(Value::as_str))
+        .filter(|a| !a.is_empty())
+        .ok_or_else(|| {
+            ApiError::bad_request(format!("node {node} has no address to reach its kubelet"))
+        })?;
+    let port = n
+        .object
+        .pointer("/status/daemonEndpoints/kubeletEndpoint/Port")
+        .and_then(Value::as_u64)
+        .unwrap_or(10250);
+    let port = u16::try_from(port).map_err(|_| {
+        ApiError::bad_request(format!("node {node} has an invalid kubelet port {port}"))
+    })?;
+    Ok((address.to_owned(), port))
+}
+
+/// `pods/{log,exec,attach,portforward}`.
+pub(super) async fn pod_stream(
+    state: Arc<State>,
+    req: Request<Incoming>,
+    ns: &str,
+    name: &str,
+    sub: &str,
+    q: &Query,
+) -> Response<Body> {
+    match pod_target(&state, &req, ns, name, sub, q) {
+        Ok((node, path)) => forward(&state, req, &node, &path).await,
+        Err(e) => error_response(&e),
+    }
+}
+
+fn pod_target(
+    state: &State,
+    req: &Request<Incoming>,
+    ns: &str,
+    name: &str,
+    sub: &str,
+    q: &Query,
+) -> Result<(String, String), ApiError> {
+    let pod = state
+        .store
+        .get(*ids::PODS, &ObjKey::new(ns, name))
+        .ok_or_else(|| ApiError::not_found("", "pods", name))?;
+    let node = pod
+        .object
+        .pointer("/spec/nodeName")
+        .and_then(Value::as_str)
+        .filter(|n| !n.is_empty())
+        .ok_or_else(|| ApiError::bad_request(format!("pod {name} does not have a host assigned")))?
+        .to_owned();
+    let containers: Vec<String> = [
+        "/spec/containers",
+        "/spec/initContainers",
+        "/spec/ephemeralContainers",
+    ]
+    .iter()
+    .flat_map(|p| {
+        pod.object
+            .pointer(p)
+            .and_then(Value::as_array)
+            .cloned()
+            .unwrap_or_default()
+    })
+    .filter_map(|c| c.get("name").and_then(Value::as_str).map(str::to_owned))
+    .collect();
+    let container = || -> Result<String, ApiError> {
+        match q.get("container").filter(|c| !c.is_empty()) {
+            Some(c) if containers.iter().any(|x| x == c) => Ok(c.to_owned()),
+            Some(c) => Err(ApiError::bad_request(format!(
+                "container {c} is not valid for pod {name}"
+            ))),
+            None => {
+                let main: Vec<String> = pod
+                    .object
+                    .pointer("/spec/containers")
+                    .and_then(Value::as_array)
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|c| c.get("name").and_then(Value::as_str).map(str::to_owned))
+                    .collect();
+                match main.as_slice() {
+                    [one] => Ok(one.clone()),
+                    _ => Err(ApiError::bad_request(format!(
+                        "a container name must be specified for pod {name}, choose one of: [{}]",
+                        main.join(" ")
+                    ))),
+                }
+            }
+        }
+    };
+    let mut params = form_urlencoded::Serializer::new(String::new());
+    let path = match sub {
+        "log" => {
+            for k in [
+                "follow",
+                "previous",
+                "sinceSeconds",
+                "sinceTime",
+                "timestamps",
+                "tailLines",
+                "limitBytes",
+            ] {
+                if let Some(v) = q.get(k) {
+                    params.append_pair(k, v);
+                }
+            }
+            format!("/containerLogs/{ns}/{name}/{}", container()?)
+        }
+        "exec" | "attach" => {
+            for (api, kubelet) in [
+                ("stdin", "input"),
+                ("stdout", "output"),
+                ("stderr", "error"),
+                ("tty", "tty"),
+            ] {
+                if q.flag(api) {
+                    params.append_pair(kubelet, "1");
+                }
+            }
+            if sub == "exec" {
+                let command = q.all("command");
+                if command.is_empty() {
+                    return Err(ApiError::bad_request("you must specify at least 1 command"));
+                }
+                for c in command {
+                    params.append_pair("command", c);
+                }
+            }
+            format!("/{sub}/{ns}/{name}/{}", container()?)
+        }
+        "portforward" => {
+            for p in q.all("ports") {
+                params.append_pair("port", p);
+            }
+            format!("/portForward/{ns}/{name}")
+        }
+        other => {
+            return Err(ApiError::method_not_allowed(format!(
+                "{} pods/{other} is not supported",
+                req.method()
+            )));
+        }
+    };
+    let query = params.finish();
+    Ok((
+        node,
+        if query.is_empty() {
+            path
+        } else {
+            format!("{path}?{query}")
+        },
+    ))
+}
+
+/// `nodes/{name}/proxy/{path}`: the kubelet's own API (stats, metrics, pods).
+pub(super) async fn node_proxy(
+    state: Arc<State>,
+    req: Request<Incoming>,
+    node: &str,
+    rest: &str,
+) -> Response<Body> {
+    let query = req
+        .uri()
+        .query()
+        .map(|q| format!("?{q}"))
+        .unwrap_or_default();
+    let path = format!("/{rest}{query}");
+    forward(&state, req, node, &path).await
+}
+
+/// Sends `req` to the node's kubelet at `path`; splices upgraded connections, streams bodies.
+async fn forward(state: &State, req: Request<Incoming>, node: &str, path: &str) -> Response<Body> {
+    match forward_inner(state, req, node, path).await {
+        Ok(r) => r,
+        Err(e) => error_response(&e),
+    }
+}
+
+async fn forward_inner(
+    state: &State,
+    mut req: Request<Incoming>,
+    node: &str,
+    path: &str,
+) -> Result<Response<Body>, ApiError> {
+    let (host, port) = kubelet_endpoint(state, node)?;
+    let unavailable = |e: &dyn std::fmt::Display| {
+        ApiError::service_unavailable(format!(
+            "error trying to reach service: dial tcp {host}:{port}: {e}"
+        ))
+    };
+    let tcp = TcpStream::connect((host.as_str(), port))
+        .await
+        .map_err(|e| unavailable(&e))?;
+    let _ = tcp.set_nodelay(true);
+    let name = ServerName::try_from(host.clone()).map_err(|e| unavailable(&e))?;
+    let tls = kubelet_tls(state)?
+        .connect(name, tcp)
+        .await
+        .map_err(|e| unavailable(&e))?;
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tls))
+        .await
+        .map_err(|e| unavailable(&e))?;
+    tokio::spawn(conn.with_upgrades());
+
+    let upgrading = req.headers().contains_key(header::UPGRADE);
+    let mut out = Request::builder().method(req.method().clone()).uri(path);
+    for (k, v) in req.headers() {
+        // Our identity goes in the TLS handshake; the user's credentials stay here.
+        if k != header::AUTHORIZATION && k != header::HOST {
+            out = out.header(k, v);
+        }
+    }
+    out = out.header(header::HOST, format!("{host}:{port}"));
+    let client_upgrade = if upgrading {
+        Some(hyper::upgrade::on(&mut req))
+    } else {
+        None
+    };
+    let body = if req.method() == Method::GET || upgrading {
+        Empty::<Bytes>::new()
+            .map_err(|never| match never {})
+            .boxed_unsync()
+    } else {
+        req.into_body()
+            .map_err(std::io::Error::other)
+            .boxed_unsync()
+    };
+    let out = out
+        .body(body)
+        .map_err(|e| ApiError::internal(e.to_string()))?;
+    let mut resp = sender
+        .send_request(out)
+        .await
+        .map_err(|e| unavailable(&e))?;
+
+    if resp.status() == StatusCode::SWITCHING_PROTOCOLS {
+        let Some(client_upgrade) = client_upgrade else {
+            return Err(ApiError::internal(
+                "the kubelet switched protocols on a plain request",
+            ));
+        };
+        let kubelet_upgrade = hyper::upgrade::on(&mut resp);
+        let mut reply = Response::builder().status(StatusCode::SWITCHING_PROTOCOLS);
+        for (k, v) in resp.headers() {
+            reply = reply.header(k, v);
+        }
+        tokio::spawn(async move {
+            let (Ok(client), Ok(kubelet)) = (client_upgrade.await, kubelet_upgrade.await) else {
+                return;
+            };
+            let _ = tokio::io::copy_bidirectional(
+                &mut TokioIo::new(client),
+                &mut TokioIo::new(kubelet),
+            )
+            .await;
+        });
+        return reply
+            .body(super::http::full(Bytes::new()))
+            .map_err(|e| ApiError::internal(e.to_string()));
+    }
+    let (parts, body) = resp.into_parts();
+    Ok(Response::from_parts(
+        parts,
+        body.map_err(std::io::Error::other).boxed_unsync(),
+    ))
+}
