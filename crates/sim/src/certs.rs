@@ -93,6 +93,11 @@ impl Ca {
         &self.cert_pem
     }
 
+    /// The CA's private key (a real controller-manager signs with it).
+    pub fn key_pem(&self) -> String {
+        self.issuer.key().serialize_pem()
+    }
+
     /// A serving certificate for these DNS names and IP addresses.
     pub fn issue_server(&self, common_name: &str, sans: &[String]) -> Result<Issued, CertError> {
         self.issue(common_name, &[], sans, ExtendedKeyUsagePurpose::ServerAuth)

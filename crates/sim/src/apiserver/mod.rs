@@ -247,13 +247,7 @@ impl ApiServer {
 
     /// A kube client authenticated as the administrator.
     pub async fn client(&self) -> Result<kube::Client, kube::Error> {
-        let kubeconfig: kube::config::Kubeconfig =
-            kube::config::Kubeconfig::from_yaml(&self.kubeconfig("admin"))
-                .map_err(kube::Error::InferKubeconfig)?;
-        let config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
-            .await
-            .map_err(kube::Error::InferKubeconfig)?;
-        kube::Client::try_from(config)
+        client_from_kubeconfig(&self.kubeconfig("admin")).await
     }
 
     /// Stops serving.
@@ -266,6 +260,16 @@ impl Drop for ApiServer {
     fn drop(&mut self) {
         self.stop.cancel();
     }
+}
+
+/// A client from kubeconfig text (its current context).
+pub async fn client_from_kubeconfig(kubeconfig: &str) -> Result<kube::Client, kube::Error> {
+    let parsed =
+        kube::config::Kubeconfig::from_yaml(kubeconfig).map_err(kube::Error::InferKubeconfig)?;
+    let config = kube::Config::from_custom_kubeconfig(parsed, &Default::default())
+        .await
+        .map_err(kube::Error::InferKubeconfig)?;
+    kube::Client::try_from(config)
 }
 
 /// One cluster of a kubeconfig.

@@ -1,5 +1,9 @@
 //! `TestEnv`: N clusters for a test, a benchmark or the sandbox. Simulated in-process by
-//! default: an embedded API server with its control loops and simulated nodes.
+//! default: an embedded API server with its control loops and simulated nodes. With
+//! `TENSILE_K8S_BIN` set, real control planes from binaries instead (see [`real`]); the
+//! simulated nodes are the same either way, and tests cannot tell the difference.
+
+pub mod real;
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -37,7 +41,16 @@ pub enum TestEnvError {
         #[source]
         source: SimKubeletError,
     },
-    /// A kubeconfig could not be written.
+    /// A real control plane did not start.
+    #[error("real control plane of {cluster}: {source}")]
+    Real {
+        /// Which cluster.
+        cluster: String,
+        /// Why.
+        #[source]
+        source: real::RealError,
+    },
+    /// A kubeconfig could not be read or written.
     #[error("writing kubeconfig {path}: {source}")]
     Kubeconfig {
         /// Where.
@@ -88,8 +101,18 @@ pub struct TestCluster {
     pub client: kube::Client,
     /// The kubeconfig file (context = name).
     pub kubeconfig: PathBuf,
-    server: ApiServer,
+    backend: Backend,
     kubelet: Option<SimKubelet>,
+}
+
+/// What serves a cluster's API.
+#[derive(Debug)]
+enum Backend {
+    Sim(ApiServer),
+    /// Kept for its lifetime: dropping it stops the control plane.
+    Real {
+        _control_plane: real::RealCluster,
+    },
 }
 
 impl std::fmt::Debug for TestCluster {
@@ -102,9 +125,17 @@ impl std::fmt::Debug for TestCluster {
 }
 
 impl TestCluster {
-    /// The embedded API server.
-    pub fn server(&self) -> &ApiServer {
-        &self.server
+    /// The embedded API server, when simulated.
+    pub fn server(&self) -> Option<&ApiServer> {
+        match &self.backend {
+            Backend::Sim(s) => Some(s),
+            Backend::Real { .. } => None,
+        }
+    }
+
+    /// Whether this cluster runs real control-plane binaries.
+    pub fn is_real(&self) -> bool {
+        matches!(self.backend, Backend::Real { .. })
     }
 
     /// Stops the simulated nodes (their leases expire; nothing looks after their pods).
@@ -151,28 +182,48 @@ impl TestEnv {
             clusters: Vec::new(),
             dir,
         };
+        let bins = real::bin_dir();
         for spec in specs {
             let cluster = spec.name.clone();
-            let server = ApiServer::start(spec.apiserver.clone())
-                .await
-                .map_err(|source| TestEnvError::ApiServer {
-                    cluster: cluster.clone(),
-                    source,
-                })?;
-            let client = server
-                .client()
+            let kubeconfig = env.dir.join(format!("{cluster}.kubeconfig"));
+            let (backend, text) = match &bins {
+                None => {
+                    let server =
+                        ApiServer::start(spec.apiserver.clone())
+                            .await
+                            .map_err(|source| TestEnvError::ApiServer {
+                                cluster: cluster.clone(),
+                                source,
+                            })?;
+                    let text = server.kubeconfig(&cluster);
+                    (Backend::Sim(server), text)
+                }
+                Some(bin) => {
+                    let real = real::start(bin, &env.dir, &cluster)
+                        .await
+                        .map_err(|source| TestEnvError::Real {
+                            cluster: cluster.clone(),
+                            source,
+                        })?;
+                    let text = real.kubeconfig.clone();
+                    (
+                        Backend::Real {
+                            _control_plane: real,
+                        },
+                        text,
+                    )
+                }
+            };
+            std::fs::write(&kubeconfig, &text).map_err(|source| TestEnvError::Kubeconfig {
+                path: kubeconfig.clone(),
+                source,
+            })?;
+            let client = crate::apiserver::client_from_kubeconfig(&text)
                 .await
                 .map_err(|source| TestEnvError::Client {
                     cluster: cluster.clone(),
                     source,
                 })?;
-            let kubeconfig = env.dir.join(format!("{cluster}.kubeconfig"));
-            std::fs::write(&kubeconfig, server.kubeconfig(&cluster)).map_err(|source| {
-                TestEnvError::Kubeconfig {
-                    path: kubeconfig.clone(),
-                    source,
-                }
-            })?;
             let kubelet =
                 match spec.kubelet {
                     Some(k) => Some(SimKubelet::start(client.clone(), k).await.map_err(
@@ -187,7 +238,7 @@ impl TestEnv {
                 name: cluster,
                 client,
                 kubeconfig,
-                server,
+                backend,
                 kubelet,
             });
         }

@@ -1,0 +1,329 @@
+//! Real control planes from binaries (the envtest pattern): when `TENSILE_K8S_BIN` names a
+//! folder holding `etcd`, `kube-apiserver`, `kube-scheduler` and `kube-controller-manager`,
+//! each cluster of a `TestEnv` runs them on loopback with its own CA, certificates, ports and
+//! data directory, all removed when the cluster is dropped. The API server is configured like
+//! kubeadm's (RBAC, a kubelet client certificate in `system:masters`), so what passes here
+//! holds for ordinary clusters.
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use tokio::process::{Child, Command};
+
+use crate::apiserver::{KubeconfigEntry, kubeconfig};
+use crate::certs::{Ca, CertError};
+
+/// The environment variable naming the binaries folder.
+pub const BIN_ENV: &str = "TENSILE_K8S_BIN";
+
+/// Starting a real control plane failed.
+#[derive(Debug, thiserror::Error)]
+pub enum RealError {
+    /// A binary is missing.
+    #[error(
+        "{binary} not found in {dir} (set {BIN_ENV} to a folder holding etcd, kube-apiserver, kube-scheduler and kube-controller-manager)"
+    )]
+    Missing {
+        /// Which binary.
+        binary: &'static str,
+        /// Where it was looked for.
+        dir: PathBuf,
+    },
+    /// Files could not be written.
+    #[error("writing {path}: {source}")]
+    Io {
+        /// Which file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A process did not start.
+    #[error("starting {binary}: {source}")]
+    Spawn {
+        /// Which binary.
+        binary: &'static str,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Certificates could not be made.
+    #[error(transparent)]
+    Cert(#[from] CertError),
+    /// The API server did not become ready.
+    #[error("kube-apiserver of {cluster} not ready after {seconds} s (logs in {logs})")]
+    NotReady {
+        /// Which cluster.
+        cluster: String,
+        /// How long it was given.
+        seconds: u64,
+        /// Where its logs are.
+        logs: String,
+    },
+}
+
+/// A running real control plane; its processes are killed and its files removed on drop.
+#[derive(Debug)]
+pub struct RealCluster {
+    /// Kubeconfig text (admin, client certificate).
+    pub kubeconfig: String,
+    children: Vec<Child>,
+    dir: PathBuf,
+}
+
+impl Drop for RealCluster {
+    fn drop(&mut self) {
+        for c in &mut self.children {
+            let _ = c.start_kill();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// The binaries folder, when real control planes are asked for.
+pub fn bin_dir() -> Option<PathBuf> {
+    std::env::var_os(BIN_ENV)
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+}
+
+fn free_port() -> Result<u16, RealError> {
+    let l = TcpListener::bind("127.0.0.1:0").map_err(|source| RealError::Io {
+        path: "127.0.0.1:0".into(),
+        source,
+    })?;
+    l.local_addr()
+        .map(|a| a.port())
+        .map_err(|source| RealError::Io {
+            path: "127.0.0.1:0".into(),
+            source,
+        })
+}
+
+fn write(dir: &Path, name: &str, text: &str) -> Result<PathBuf, RealError> {
+    let path = dir.join(name);
+    std::fs::write(&path, text).map_err(|source| RealError::Io {
+        path: path.clone(),
+        source,
+    })?;
+    Ok(path)
+}
+
+fn spawn(
+    bin: &Path,
+    binary: &'static str,
+    args: &[String],
+    log: &Path,
+) -> Result<Child, RealError> {
+    let out = std::fs::File::create(log).map_err(|source| RealError::Io {
+        path: log.to_owned(),
+        source,
+    })?;
+    let err = out.try_clone().map_err(|source| RealError::Io {
+        path: log.to_owned(),
+        source,
+    })?;
+    Command::new(bin.join(binary))
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(out)
+        .stderr(err)
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(|source| RealError::Spawn { binary, source })
+}
+
+/// Starts etcd, kube-apiserver, kube-controller-manager and kube-scheduler for `cluster` in a
+/// fresh folder under `parent`.
+pub async fn start(bin: &Path, parent: &Path, cluster: &str) -> Result<RealCluster, RealError> {
+    for binary in [
+        "etcd",
+        "kube-apiserver",
+        "kube-scheduler",
+        "kube-controller-manager",
+    ] {
+        if !bin.join(binary).is_file() {
+            return Err(RealError::Missing {
+                binary,
+                dir: bin.to_owned(),
+            });
+        }
+    }
+    let dir = parent.join(format!("{cluster}-control-plane"));
+    std::fs::create_dir_all(dir.join("etcd")).map_err(|source| RealError::Io {
+        path: dir.clone(),
+        source,
+    })?;
+    let ca = Ca::new(&format!("{cluster}-ca"))?;
+    let serving = ca.issue_server(
+        "kube-apiserver",
+        &[
+            "127.0.0.1".into(),
+            "localhost".into(),
+            "10.96.0.1".into(),
+            "kubernetes".into(),
+            "kubernetes.default".into(),
+            "kubernetes.default.svc".into(),
+        ],
+    )?;
+    let admin = ca.issue_client("kubernetes-admin", Some("system:masters"))?;
+    let kubelet_client =
+        ca.issue_client("kube-apiserver-kubelet-client", Some("system:masters"))?;
+    let sa = rcgen::KeyPair::generate().map_err(|e| CertError::Generate {
+        what: "service account key".into(),
+        source: e,
+    })?;
+    let ca_key = ca.key_pem();
+    let f = |name: &str, text: &str| write(&dir, name, text);
+    let ca_crt = f("ca.crt", ca.cert_pem())?;
+    let ca_key_file = f("ca.key", &ca_key)?;
+    let tls_crt = f("apiserver.crt", &serving.cert_pem)?;
+    let tls_key = f("apiserver.key", &serving.key_pem)?;
+    let kc_crt = f("kubelet-client.crt", &kubelet_client.cert_pem)?;
+    let kc_key = f("kubelet-client.key", &kubelet_client.key_pem)?;
+    let sa_key = f("sa.key", &sa.serialize_pem())?;
+    let sa_pub = f("sa.pub", &sa.public_key_pem())?;
+    let (etcd_port, peer_port, api_port) = (free_port()?, free_port()?, free_port()?);
+    let server = format!("https://127.0.0.1:{api_port}");
+    let config = kubeconfig(&[KubeconfigEntry {
+        context: cluster.to_owned(),
+        server: server.clone(),
+        ca_pem: ca.cert_pem().to_owned(),
+        client: Some(admin),
+        token: None,
+    }]);
+    let kubeconfig_file = f("admin.kubeconfig", &config)?;
+    let s = |p: &Path| p.display().to_string();
+    let etcd_url = format!("http://127.0.0.1:{etcd_port}");
+    let peer_url = format!("http://127.0.0.1:{peer_port}");
+    let mut children = Vec::new();
+    children.push(spawn(
+        bin,
+        "etcd",
+        &[
+            format!("--data-dir={}", s(&dir.join("etcd"))),
+            "--name=default".into(),
+            format!("--listen-client-urls={etcd_url}"),
+            format!("--advertise-client-urls={etcd_url}"),
+            format!("--listen-peer-urls={peer_url}"),
+            format!("--initial-advertise-peer-urls={peer_url}"),
+            format!("--initial-cluster=default={peer_url}"),
+            "--unsafe-no-fsync".into(),
+        ],
+        &dir.join("etcd.log"),
+    )?);
+    children.push(spawn(
+        bin,
+        "kube-apiserver",
+        &[
+            format!("--etcd-servers={etcd_url}"),
+            format!("--secure-port={api_port}"),
+            "--bind-address=127.0.0.1".into(),
+            "--advertise-address=127.0.0.1".into(),
+            format!("--tls-cert-file={}", s(&tls_crt)),
+            format!("--tls-private-key-file={}", s(&tls_key)),
+            format!("--client-ca-file={}", s(&ca_crt)),
+            format!("--kubelet-client-certificate={}", s(&kc_crt)),
+            format!("--kubelet-client-key={}", s(&kc_key)),
+            format!("--service-account-key-file={}", s(&sa_pub)),
+            format!("--service-account-signing-key-file={}", s(&sa_key)),
+            "--service-account-issuer=https://kubernetes.default.svc".into(),
+            "--service-cluster-ip-range=10.96.0.0/16".into(),
+            "--authorization-mode=Node,RBAC".into(),
+            "--allow-privileged=true".into(),
+        ],
+        &dir.join("kube-apiserver.log"),
+    )?);
+    children.push(spawn(
+        bin,
+        "kube-controller-manager",
+        &[
+            format!("--kubeconfig={}", s(&kubeconfig_file)),
+            "--leader-elect=false".into(),
+            format!("--service-account-private-key-file={}", s(&sa_key)),
+            format!("--root-ca-file={}", s(&ca_crt)),
+            format!("--cluster-signing-cert-file={}", s(&ca_crt)),
+            format!("--cluster-signing-key-file={}", s(&ca_key_file)),
+            "--use-service-account-credentials=false".into(),
+            "--bind-address=127.0.0.1".into(),
+            "--secure-port=0".into(),
+        ],
+        &dir.join("kube-controller-manager.log"),
+    )?);
+    children.push(spawn(
+        bin,
+        "kube-scheduler",
+        &[
+            format!("--kubeconfig={}", s(&kubeconfig_file)),
+            "--leader-elect=false".into(),
+            "--bind-address=127.0.0.1".into(),
+            "--secure-port=0".into(),
+        ],
+        &dir.join("kube-scheduler.log"),
+    )?);
+    let cluster_handle = RealCluster {
+        kubeconfig: config.clone(),
+        children,
+        dir: dir.clone(),
+    };
+    wait_ready(&config, cluster, &dir).await?;
+    Ok(cluster_handle)
+}
+
+async fn wait_ready(config: &str, cluster: &str, dir: &Path) -> Result<(), RealError> {
+    let seconds = 60;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(seconds);
+    let not_ready = || RealError::NotReady {
+        cluster: cluster.to_owned(),
+        seconds,
+        logs: dir.display().to_string(),
+    };
+    let kubeconfig = kube::config::Kubeconfig::from_yaml(config).map_err(|_| not_ready())?;
+    loop {
+        let client =
+            match kube::Config::from_custom_kubeconfig(kubeconfig.clone(), &Default::default())
+                .await
+            {
+                Ok(c) => kube::Client::try_from(c).ok(),
+                Err(_) => None,
+            };
+        if let Some(client) = client {
+            let req = http::Request::get("/readyz").body(Vec::new());
+            // The default ServiceAccount must exist before pods can be created.
+            let sa = kube::Api::<k8s_openapi::api::core::v1::ServiceAccount>::namespaced(
+                client.clone(),
+                "default",
+            );
+            if let Ok(req) = req
+                && client.request_text(req).await.is_ok()
+                && sa.get_opt("default").await.ok().flatten().is_some()
+            {
+                return Ok(());
+            }
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return Err(not_ready());
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_folder_without_the_binaries_is_a_clear_error() {
+        let dir = std::env::temp_dir().join(format!("tensile-real-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let err = start(&dir, &dir, "c1").await.unwrap_err();
+        assert!(
+            matches!(err, RealError::Missing { binary: "etcd", .. }),
+            "{err}"
+        );
+        assert!(err.to_string().contains("TENSILE_K8S_BIN"), "{err}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
