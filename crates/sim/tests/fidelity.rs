@@ -401,62 +401,225 @@ async fn anonymous_requests_are_refused_and_tokens_work() {
         .unwrap();
 }
 
-async fn raw(client: &kube::Client, method: &str, path: &str, content_type: &str, body: Vec<u8>) -> Result<String, Status> {
-    let req = http::Request::builder().method(method).uri(path).header("content-type", content_type).body(body).unwrap();
+async fn raw(
+    client: &kube::Client,
+    method: &str,
+    path: &str,
+    content_type: &str,
+    body: Vec<u8>,
+) -> Result<String, Status> {
+    let req = http::Request::builder()
+        .method(method)
+        .uri(path)
+        .header("content-type", content_type)
+        .body(body)
+        .unwrap();
     client.request_text(req).await.map_err(api_error)
 }
 
 #[tokio::test]
 async fn bad_input_gets_the_right_status_and_the_server_keeps_serving() {
     let (_s, client) = server().await;
-    let e = raw(&client, "POST", "/api/v1/namespaces/default/pods", "application/json", b"{not json".to_vec()).await.unwrap_err();
+    let e = raw(
+        &client,
+        "POST",
+        "/api/v1/namespaces/default/pods",
+        "application/json",
+        b"{not json".to_vec(),
+    )
+    .await
+    .unwrap_err();
     assert_eq!((e.code, e.reason.as_str()), (400, "BadRequest"));
-    let e = raw(&client, "POST", "/api/v1/namespaces/default/pods", "application/json", b"[1,2]".to_vec()).await.unwrap_err();
+    let e = raw(
+        &client,
+        "POST",
+        "/api/v1/namespaces/default/pods",
+        "application/json",
+        b"[1,2]".to_vec(),
+    )
+    .await
+    .unwrap_err();
     assert_eq!(e.code, 400);
-    let e = raw(&client, "POST", "/api/v1/namespaces/default/pods", "application/json", br#"{"spec":{"containers":"x"}}"#.to_vec()).await.unwrap_err();
+    let e = raw(
+        &client,
+        "POST",
+        "/api/v1/namespaces/default/pods",
+        "application/json",
+        br#"{"spec":{"containers":"x"}}"#.to_vec(),
+    )
+    .await
+    .unwrap_err();
     assert_eq!(e.code, 400, "{}", e.message);
-    let e = raw(&client, "POST", "/api/v1/namespaces/default/pods", "text/plain", b"hello".to_vec()).await.unwrap_err();
+    let e = raw(
+        &client,
+        "POST",
+        "/api/v1/namespaces/default/pods",
+        "text/plain",
+        b"hello".to_vec(),
+    )
+    .await
+    .unwrap_err();
     assert_eq!((e.code, e.reason.as_str()), (415, "UnsupportedMediaType"));
-    let big = format!(r#"{{"metadata":{{"name":"big"}},"data":{{"k":"{}"}}}}"#, "x".repeat(4 * 1024 * 1024));
-    let e = raw(&client, "POST", "/api/v1/namespaces/default/configmaps", "application/json", big.into_bytes()).await.unwrap_err();
+    let big = format!(
+        r#"{{"metadata":{{"name":"big"}},"data":{{"k":"{}"}}}}"#,
+        "x".repeat(4 * 1024 * 1024)
+    );
+    let e = raw(
+        &client,
+        "POST",
+        "/api/v1/namespaces/default/configmaps",
+        "application/json",
+        big.into_bytes(),
+    )
+    .await
+    .unwrap_err();
     assert_eq!((e.code, e.reason.as_str()), (413, "RequestEntityTooLarge"));
-    let e = raw(&client, "GET", "/api/v1/widgets", "application/json", Vec::new()).await.unwrap_err();
+    let e = raw(
+        &client,
+        "GET",
+        "/api/v1/widgets",
+        "application/json",
+        Vec::new(),
+    )
+    .await
+    .unwrap_err();
     assert_eq!((e.code, e.reason.as_str()), (404, "NotFound"));
-    let e = raw(&client, "GET", "/apis/nope.example.com/v1/things", "application/json", Vec::new()).await.unwrap_err();
+    let e = raw(
+        &client,
+        "GET",
+        "/apis/nope.example.com/v1/things",
+        "application/json",
+        Vec::new(),
+    )
+    .await
+    .unwrap_err();
     assert_eq!(e.code, 404);
-    let e = raw(&client, "PUT", "/api/v1/namespaces/default/pods", "application/json", b"{}".to_vec()).await.unwrap_err();
+    let e = raw(
+        &client,
+        "PUT",
+        "/api/v1/namespaces/default/pods",
+        "application/json",
+        b"{}".to_vec(),
+    )
+    .await
+    .unwrap_err();
     assert_eq!((e.code, e.reason.as_str()), (405, "MethodNotAllowed"));
-    let yaml = b"apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: from-yaml\ndata:\n  a: b\n".to_vec();
-    raw(&client, "POST", "/api/v1/namespaces/default/configmaps", "application/yaml", yaml).await.unwrap();
-    let e = raw(&client, "POST", "/api/v1/namespaces/default/configmaps", "application/yaml", b"a: [unclosed".to_vec()).await.unwrap_err();
+    let yaml =
+        b"apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: from-yaml\ndata:\n  a: b\n".to_vec();
+    raw(
+        &client,
+        "POST",
+        "/api/v1/namespaces/default/configmaps",
+        "application/yaml",
+        yaml,
+    )
+    .await
+    .unwrap();
+    let e = raw(
+        &client,
+        "POST",
+        "/api/v1/namespaces/default/configmaps",
+        "application/yaml",
+        b"a: [unclosed".to_vec(),
+    )
+    .await
+    .unwrap_err();
     assert_eq!(e.code, 400);
-    let mismatched = br#"{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"x","namespace":"other"}}"#.to_vec();
-    let e = raw(&client, "POST", "/api/v1/namespaces/default/configmaps", "application/json", mismatched).await.unwrap_err();
+    let mismatched =
+        br#"{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"x","namespace":"other"}}"#
+            .to_vec();
+    let e = raw(
+        &client,
+        "POST",
+        "/api/v1/namespaces/default/configmaps",
+        "application/json",
+        mismatched,
+    )
+    .await
+    .unwrap_err();
     assert_eq!(e.code, 400);
-    assert!(e.message.contains("does not match the namespace"), "{}", e.message);
+    assert!(
+        e.message.contains("does not match the namespace"),
+        "{}",
+        e.message
+    );
     // Still serving.
-    Api::<Pod>::namespaced(client, "default").list(&ListParams::default()).await.unwrap();
+    Api::<Pod>::namespaced(client, "default")
+        .list(&ListParams::default())
+        .await
+        .unwrap();
 }
 
 #[tokio::test]
 async fn patches_merge_json_and_strategic() {
     let (_s, client) = server().await;
     let pods: Api<Pod> = Api::namespaced(client, "default");
-    pods.create(&PostParams::default(), &pod("web")).await.unwrap();
-    let p = pods.patch("web", &PatchParams::default(), &Patch::Merge(json!({"metadata": {"labels": {"a": "1", "app": null}}}))).await.unwrap();
+    pods.create(&PostParams::default(), &pod("web"))
+        .await
+        .unwrap();
+    let p = pods
+        .patch(
+            "web",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"a": "1", "app": null}}})),
+        )
+        .await
+        .unwrap();
     let labels = p.metadata.labels.unwrap();
-    assert_eq!((labels.get("a").map(String::as_str), labels.contains_key("app")), (Some("1"), false));
-    let p = pods.patch("web", &PatchParams::default(), &Patch::<()>::Json(serde_json::from_value(json!([
-        {"op": "add", "path": "/metadata/annotations", "value": {"x": "y"}},
-        {"op": "replace", "path": "/spec/containers/0/image", "value": "nginx:1.28"}
-    ])).unwrap())).await.unwrap();
-    assert_eq!(p.spec.unwrap().containers[0].image.as_deref(), Some("nginx:1.28"));
-    let p = pods.patch("web", &PatchParams::default(), &Patch::Strategic(json!({"spec": {"containers": [{"name": "c", "image": "nginx:1.29"}]}}))).await.unwrap();
+    assert_eq!(
+        (
+            labels.get("a").map(String::as_str),
+            labels.contains_key("app")
+        ),
+        (Some("1"), false)
+    );
+    let p = pods
+        .patch(
+            "web",
+            &PatchParams::default(),
+            &Patch::<()>::Json(
+                serde_json::from_value(json!([
+                    {"op": "add", "path": "/metadata/annotations", "value": {"x": "y"}},
+                    {"op": "replace", "path": "/spec/containers/0/image", "value": "nginx:1.28"}
+                ]))
+                .unwrap(),
+            ),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        p.spec.unwrap().containers[0].image.as_deref(),
+        Some("nginx:1.28")
+    );
+    let p = pods
+        .patch(
+            "web",
+            &PatchParams::default(),
+            &Patch::Strategic(
+                json!({"spec": {"containers": [{"name": "c", "image": "nginx:1.29"}]}}),
+            ),
+        )
+        .await
+        .unwrap();
     let spec = p.spec.unwrap();
     assert_eq!(spec.containers.len(), 1);
     assert_eq!(spec.containers[0].image.as_deref(), Some("nginx:1.29"));
-    assert_eq!(spec.containers[0].ports.as_ref().map(Vec::len), Some(1), "strategic merge keeps the other fields of the container");
-    let e = pods.patch("web", &PatchParams::default(), &Patch::<()>::Json(serde_json::from_value(json!([
-        {"op": "test", "path": "/metadata/name", "value": "other"}])).unwrap())).await.unwrap_err();
+    assert_eq!(
+        spec.containers[0].ports.as_ref().map(Vec::len),
+        Some(1),
+        "strategic merge keeps the other fields of the container"
+    );
+    let e = pods
+        .patch(
+            "web",
+            &PatchParams::default(),
+            &Patch::<()>::Json(
+                serde_json::from_value(json!([
+        {"op": "test", "path": "/metadata/name", "value": "other"}]))
+                .unwrap(),
+            ),
+        )
+        .await
+        .unwrap_err();
     assert_eq!(api_error(e).code, 422);
 }
