@@ -6,6 +6,7 @@ use std::path::PathBuf;
 
 use anyhow::Context as _;
 use tensile_sim::apiserver::{ApiServer, ApiServerConfig};
+use tensile_sim::kubelet::{SimKubelet, SimKubeletConfig, SimNode};
 
 /// Flags of `tensile sim`.
 #[derive(Debug, clap::Args)]
@@ -16,6 +17,9 @@ pub struct SimArgs {
     /// Cluster (and kubeconfig context) name.
     #[arg(long, default_value = "sim")]
     name: String,
+    /// Simulated nodes to register (4 CPU, 8 GiB each).
+    #[arg(long, default_value_t = 2)]
+    nodes: usize,
     /// Serve plain HTTP instead of HTTPS.
     #[arg(long)]
     insecure_http: bool,
@@ -35,6 +39,16 @@ pub async fn run(args: SimArgs) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("starting the API server on {}", args.listen))?;
     let kubeconfig = server.kubeconfig(&args.name);
+    let _nodes = if args.nodes > 0 {
+        let client = server.client().await.context("building a client for the simulated nodes")?;
+        let config = SimKubeletConfig {
+            nodes: (1..=args.nodes).map(|i| SimNode::new(format!("{}-node-{i}", args.name), "4", "8Gi")).collect(),
+            ..SimKubeletConfig::default()
+        };
+        Some(SimKubelet::start(client, config).await.context("registering the simulated nodes")?)
+    } else {
+        None
+    };
     if let Some(path) = &args.kubeconfig_out {
         std::fs::write(path, &kubeconfig)
             .with_context(|| format!("writing the kubeconfig to {}", path.display()))?;
