@@ -22,6 +22,7 @@ use tokio_rustls::TlsConnector;
 use super::errors::ApiError;
 use super::meta;
 use super::resources::{ResourceType, ids};
+use super::selectors::LabelSelector;
 use super::store::ObjKey;
 use super::{State, UserInfo};
 use crate::certs::{certs_from_pem, provider};
@@ -119,44 +120,13 @@ fn rules_match(hook: &Value, rt: &ResourceType, operation: &str) -> bool {
         })
 }
 
-/// A `metav1.LabelSelector` (matchLabels and matchExpressions); absent or empty matches all.
-pub(super) fn selector_matches(
-    selector: Option<&Value>,
-    labels: &BTreeMap<String, String>,
-) -> bool {
-    let Some(sel) = selector.filter(|s| s.is_object()) else {
+/// A `metav1.LabelSelector`; absent matches all. A selector that does not parse matches
+/// nothing (the configuration is wrong; better to skip the webhook than to call it for all).
+fn selector_matches(selector: Option<&Value>, labels: &BTreeMap<String, String>) -> bool {
+    let Some(sel) = selector.filter(|s| !s.is_null()) else {
         return true;
     };
-    let match_labels = meta::string_map(sel.get("matchLabels"));
-    if !match_labels.iter().all(|(k, v)| labels.get(k) == Some(v)) {
-        return false;
-    }
-    sel.get("matchExpressions")
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-        .all(|e| {
-            let key = e.get("key").and_then(Value::as_str).unwrap_or_default();
-            let values: Vec<&str> = e
-                .get("values")
-                .and_then(Value::as_array)
-                .into_iter()
-                .flatten()
-                .filter_map(Value::as_str)
-                .collect();
-            let have = labels.get(key);
-            match e
-                .get("operator")
-                .and_then(Value::as_str)
-                .unwrap_or_default()
-            {
-                "In" => have.is_some_and(|v| values.contains(&v.as_str())),
-                "NotIn" => have.is_none_or(|v| !values.contains(&v.as_str())),
-                "Exists" => have.is_some(),
-                "DoesNotExist" => have.is_none(),
-                _ => false,
-            }
-        })
+    LabelSelector::from_label_selector(sel).is_ok_and(|s| s.matches(labels))
 }
 
 async fn call(

@@ -10,6 +10,7 @@ pub mod discovery;
 pub mod errors;
 mod http;
 pub mod meta;
+pub mod patch;
 mod proto_schema;
 pub mod protobuf;
 mod proxy;

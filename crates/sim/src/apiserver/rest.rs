@@ -219,6 +219,11 @@ pub(super) fn decode(content_type: &str, body: &[u8]) -> Result<Value> {
                 ApiError::bad_request(format!("error decoding the request body as YAML: {e}"))
             })?
         }
+        // kubectl's `create` generators send protobuf; objects are kept as JSON.
+        "application/vnd.kubernetes.protobuf" => super::protobuf::decode_k8s_protobuf(body)
+            .map_err(|e| {
+                ApiError::bad_request(format!("error decoding the request body as protobuf: {e}"))
+            })?,
         other => return Err(ApiError::unsupported_media_type(other)),
     };
     if !value.is_object() {

@@ -60,25 +60,31 @@ pub(super) fn apply_patch(
     target: &mut Value,
     patch: &Value,
 ) -> Result<(), ApiError> {
-    match kind {
-        PatchKind::Json => {
-            let ops: json_patch::Patch = serde_json::from_value(patch.clone())
-                .map_err(|e| ApiError::bad_request(format!("invalid JSON patch: {e}")))?;
-            json_patch::patch(target, &ops).map_err(|e| {
-                ApiError::invalid(
-                    rt.group,
-                    rt.kind,
-                    meta::name(target).unwrap_or_default(),
-                    &[(
-                        String::new(),
-                        format!("the JSON patch could not be applied: {e}"),
-                    )],
-                )
-            })
+    let result = match kind {
+        PatchKind::Json => super::patch::json_patch(target, patch),
+        PatchKind::Merge => super::patch::apply_merge_patch(target, patch),
+        PatchKind::Strategic | PatchKind::Apply => {
+            let schema =
+                super::patch::Schema::for_kind(rt.kind).unwrap_or(super::patch::Schema::object());
+            super::patch::strategic_merge_patch(target, patch, schema)
         }
-        PatchKind::Merge | PatchKind::Strategic | PatchKind::Apply => {
-            json_patch::merge(target, patch);
+    };
+    match result {
+        Ok(()) => {
+            super::patch::normalize_after_patch(target);
             Ok(())
+        }
+        Err(e) => {
+            let code = e.http_status();
+            let name = meta::name(target).unwrap_or_default().to_owned();
+            Err(match code {
+                422 => {
+                    ApiError::invalid(rt.group, rt.kind, &name, &[(String::new(), e.to_string())])
+                }
+                413 => ApiError::too_large(e.to_string()),
+                400 => ApiError::bad_request(e.to_string()),
+                _ => ApiError::internal(e.to_string()),
+            })
         }
     }
 }

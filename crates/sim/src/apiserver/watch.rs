@@ -21,7 +21,7 @@ use super::meta;
 use super::request::ResourceRoute;
 use super::resources::{self, ResourceType};
 use super::rest::Query;
-use super::selectors::{self, Selector};
+use super::selectors::{FieldSelector, LabelSelector};
 use super::store::{EventType, StoreError};
 use super::{strategy, table};
 
@@ -30,8 +30,8 @@ use super::{strategy, table};
 pub(super) struct Filter {
     pub namespace: Option<String>,
     name: Option<String>,
-    labels: Option<Selector>,
-    fields: Option<Selector>,
+    labels: Option<LabelSelector>,
+    fields: Option<FieldSelector>,
 }
 
 impl Filter {
@@ -41,13 +41,16 @@ impl Filter {
         q: &Query,
     ) -> Result<Self, ApiError> {
         let labels = match q.get("labelSelector").filter(|s| !s.trim().is_empty()) {
-            Some(s) => Some(selectors::parse(s).map_err(|e| ApiError::bad_request(e.to_string()))?),
+            Some(s) => {
+                Some(LabelSelector::parse(s).map_err(|e| ApiError::bad_request(e.to_string()))?)
+            }
             None => None,
         };
         let fields = match q.get("fieldSelector").filter(|s| !s.trim().is_empty()) {
             Some(s) => {
-                let sel = selectors::parse(s).map_err(|e| ApiError::bad_request(e.to_string()))?;
-                if let Some(bad) = sel.keys().find(|k| !rt.supports_field(k)) {
+                let sel =
+                    FieldSelector::parse(s).map_err(|e| ApiError::bad_request(e.to_string()))?;
+                if let Some(bad) = sel.fields().find(|k| !rt.supports_field(k)) {
                     return Err(ApiError::bad_request(format!(
                         "field label not supported: {bad}"
                     )));
@@ -80,10 +83,19 @@ impl Filter {
         {
             return false;
         }
-        if let Some(f) = &self.fields
-            && !f.matches_with(|field| strategy::field_value(rt, obj, field))
-        {
-            return false;
+        if let Some(f) = &self.fields {
+            let values: std::collections::BTreeMap<String, String> = f
+                .fields()
+                .map(|field| {
+                    (
+                        field.to_owned(),
+                        strategy::field_value(rt, obj, field).unwrap_or_default(),
+                    )
+                })
+                .collect();
+            if !f.matches(&values) {
+                return false;
+            }
         }
         true
     }
