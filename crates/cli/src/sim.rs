@@ -40,12 +40,21 @@ pub async fn run(args: SimArgs) -> anyhow::Result<()> {
         .with_context(|| format!("starting the API server on {}", args.listen))?;
     let kubeconfig = server.kubeconfig(&args.name);
     let _nodes = if args.nodes > 0 {
-        let client = server.client().await.context("building a client for the simulated nodes")?;
+        let client = server
+            .client()
+            .await
+            .context("building a client for the simulated nodes")?;
         let config = SimKubeletConfig {
-            nodes: (1..=args.nodes).map(|i| SimNode::new(format!("{}-node-{i}", args.name), "4", "8Gi")).collect(),
+            nodes: (1..=args.nodes)
+                .map(|i| SimNode::new(format!("{}-node-{i}", args.name), "4", "8Gi"))
+                .collect(),
             ..SimKubeletConfig::default()
         };
-        Some(SimKubelet::start(client, config).await.context("registering the simulated nodes")?)
+        Some(
+            SimKubelet::start(client, config)
+                .await
+                .context("registering the simulated nodes")?,
+        )
     } else {
         None
     };
