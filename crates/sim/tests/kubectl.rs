@@ -295,3 +295,110 @@ fn decoded_bodies_equal_what_kubectl_would_send_as_json() {
         assert_eq!(got, want, "kubectl {}", args.join(" "));
     }
 }
+
+#[test]
+fn kubectl_apply_label_patch_get_and_delete() {
+    let c = Cluster::start();
+    let manifest = c.dir.join("app.yaml");
+    std::fs::write(
+        &manifest,
+        "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: shop\n---\napiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: cfg\n  namespace: shop\ndata:\n  a: \"1\"\n---\napiVersion: v1\nkind: Pod\nmetadata:\n  name: web\n  namespace: shop\n  labels: {app: web}\nspec:\n  schedulerName: none\n  containers:\n  - name: web\n    image: nginx:1.27\n",
+    )
+    .unwrap();
+    let m = manifest.to_str().unwrap();
+    let out = c.ok(&["apply", "-f", m]);
+    assert!(
+        out.contains("pod/web created") && out.contains("namespace/shop created"),
+        "{out}"
+    );
+    // Applying again is a no-op, changing the file is a patch.
+    assert!(c.ok(&["apply", "-f", m]).contains("pod/web unchanged"));
+    std::fs::write(
+        &manifest,
+        std::fs::read_to_string(&manifest)
+            .unwrap()
+            .replace("a: \"1\"", "a: \"2\""),
+    )
+    .unwrap();
+    assert!(
+        c.ok(&["apply", "-f", m])
+            .contains("configmap/cfg configured")
+    );
+    assert_eq!(
+        c.ok(&["-n", "shop", "get", "cm", "cfg", "-o", "jsonpath={.data.a}"]),
+        "2"
+    );
+    c.ok(&["-n", "shop", "label", "pod", "web", "tier=front"]);
+    c.ok(&[
+        "-n",
+        "shop",
+        "patch",
+        "pod",
+        "web",
+        "-p",
+        r#"{"metadata":{"annotations":{"x":"y"}}}"#,
+    ]);
+    c.ok(&[
+        "-n",
+        "shop",
+        "patch",
+        "pod",
+        "web",
+        "--type=json",
+        "-p",
+        r#"[{"op":"replace","path":"/spec/containers/0/image","value":"nginx:1.28"}]"#,
+    ]);
+    let pod: Value =
+        serde_json::from_str(&c.ok(&["-n", "shop", "get", "pod", "web", "-o", "json"])).unwrap();
+    assert_eq!(pod["metadata"]["labels"]["tier"], "front");
+    assert_eq!(pod["metadata"]["annotations"]["x"], "y");
+    assert_eq!(pod["spec"]["containers"][0]["image"], "nginx:1.28");
+    let table = c.ok(&["-n", "shop", "get", "pods", "-o", "wide"]);
+    let header: Vec<&str> = table.lines().next().unwrap().split_whitespace().collect();
+    assert_eq!(
+        header,
+        [
+            "NAME",
+            "READY",
+            "STATUS",
+            "RESTARTS",
+            "AGE",
+            "IP",
+            "NODE",
+            "NOMINATED",
+            "NODE",
+            "READINESS",
+            "GATES"
+        ]
+    );
+    assert!(table.contains("Pending"), "{table}");
+    // An invalid change is refused with the server's reason.
+    let out = c.run(&[
+        "-n",
+        "shop",
+        "patch",
+        "pod",
+        "web",
+        "-p",
+        r#"{"spec":{"restartPolicy":"Never"}}"#,
+    ]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("pod updates may not change fields"));
+    assert!(
+        c.ok(&["-n", "shop", "delete", "pod", "web"])
+            .contains("pod \"web\" deleted")
+    );
+    let out = c.run(&["-n", "shop", "get", "pod", "web"]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("NotFound"));
+    // Server-side dry run writes nothing.
+    c.ok(&[
+        "-n",
+        "shop",
+        "create",
+        "configmap",
+        "dry",
+        "--from-literal=a=b",
+        "--dry-run=server",
+    ]);
+    assert!(!c.run(&["-n", "shop", "get", "cm", "dry"]).status.success());
+}

@@ -364,7 +364,7 @@ fn apply_response(
         ))
     })?;
     let mut patched = obj;
-    json_patch::patch(&mut patched, &ops).map_err(|e| {
+    super::patch::json_patch_ops(&mut patched, &ops).map_err(|e| {
         ApiError::internal(format!(
             "webhook \"{name}\" returned a patch that does not apply: {e}"
         ))
