@@ -208,6 +208,7 @@ pub(super) fn prepare_create(
         ("", "pods") => prepare_pod(state, obj)?,
         ("", "services") => prepare_service(state, obj)?,
         ("", "persistentvolumeclaims") => obj["status"] = json!({"phase": "Pending"}),
+        ("", "secrets") => set_default(obj, "type", json!("Opaque")),
         ("", "persistentvolumes") => obj["status"] = json!({"phase": "Available"}),
         ("apps", "deployments") => {
             default_deployment(obj);
