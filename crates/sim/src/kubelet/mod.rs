@@ -4,9 +4,16 @@
 //! range, conditions, container statuses, init containers, restart policy) and finishes their
 //! graceful deletion.
 //!
+//! Each node serves the kubelet API (`tensile-kubelet`, see [`api`]) on its own loopback
+//! address, authenticated and authorized like a kubelet's: the API server's client certificate
+//! (checked against the cluster CA from `kube-root-ca.crt`) or a bearer token (TokenReview),
+//! then a SubjectAccessReview.
+//!
 //! Containers run a tiny deterministic program read from their command and args: `sleep N`
 //! ends after N seconds with exit code 0, `exit N` ends at once with code N; anything else runs
 //! until the pod is deleted.
+
+mod api;
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::Ipv4Addr;
@@ -69,8 +76,8 @@ pub struct SimKubeletConfig {
     pub pod_network_octet: u8,
     /// Kubelet version reported on the nodes.
     pub kubelet_version: String,
-    /// The port written into `daemonEndpoints.kubeletEndpoint`.
-    pub kubelet_port: i32,
+    /// Serve the kubelet API on each node (logs, exec, attach, port-forward, stats).
+    pub kubelet_api: bool,
 }
 
 impl Default for SimKubeletConfig {
@@ -81,16 +88,17 @@ impl Default for SimKubeletConfig {
             lease_duration_seconds: 40,
             pod_network_octet: 244,
             kubelet_version: "v1.33.4-sim".to_owned(),
-            kubelet_port: 10250,
+            kubelet_api: true,
         }
     }
 }
 
 /// A running simulated kubelet. Dropping it (or [`SimKubelet::stop`]) stops every node: leases
-/// are no longer renewed, as when a real node goes away.
+/// are no longer renewed and the kubelet APIs close, as when a real node goes away.
 #[derive(Debug)]
 pub struct SimKubelet {
     stop: CancellationToken,
+    _servers: Vec<tensile_kubelet::KubeletServer>,
 }
 
 impl Drop for SimKubelet {
@@ -101,11 +109,24 @@ impl Drop for SimKubelet {
 
 /// Registering the nodes failed.
 #[derive(Debug, thiserror::Error)]
-#[error("registering simulated node {node}: {source}")]
-pub struct SimKubeletError {
-    node: String,
-    #[source]
-    source: kube::Error,
+pub enum SimKubeletError {
+    /// The API refused the node.
+    #[error("registering simulated node {node}: {source}")]
+    Register {
+        /// Which node.
+        node: String,
+        /// Why.
+        #[source]
+        source: kube::Error,
+    },
+    /// The kubelet API could not start.
+    #[error("kubelet API of simulated node {node}: {message}")]
+    KubeletApi {
+        /// Which node.
+        node: String,
+        /// Why.
+        message: String,
+    },
 }
 
 struct Shared {
@@ -115,6 +136,8 @@ struct Shared {
     ips: Mutex<HashMap<String, (usize, u32)>>,
     /// pod uid -> the program task running its containers
     running: Mutex<HashMap<String, CancellationToken>>,
+    /// (namespace, name) -> the pods bound to our nodes, for the kubelet API
+    pods: std::sync::Mutex<HashMap<(String, String), Pod>>,
 }
 
 impl SimKubelet {
@@ -123,17 +146,8 @@ impl SimKubelet {
         client: kube::Client,
         config: SimKubeletConfig,
     ) -> Result<Self, SimKubeletError> {
-        let nodes: Api<Node> = Api::all(client.clone());
-        for (i, n) in config.nodes.iter().enumerate() {
-            register(&nodes, n, i, &config)
-                .await
-                .map_err(|source| SimKubeletError {
-                    node: n.name.clone(),
-                    source,
-                })?;
-        }
         let shared = Arc::new(Shared {
-            client,
+            client: client.clone(),
             ips: Mutex::new(
                 config
                     .nodes
@@ -142,13 +156,42 @@ impl SimKubelet {
                     .map(|(i, n)| (n.name.clone(), (i, 2)))
                     .collect(),
             ),
-            config,
+            config: config.clone(),
             running: Mutex::new(HashMap::new()),
+            pods: std::sync::Mutex::new(HashMap::new()),
         });
+        let mut servers = Vec::new();
+        let mut ports = Vec::new();
+        if config.kubelet_api {
+            let client_ca = cluster_ca(&client).await;
+            for (i, n) in config.nodes.iter().enumerate() {
+                let server = serve_kubelet_api(&shared, &client, n, i, client_ca.clone())
+                    .await
+                    .map_err(|message| SimKubeletError::KubeletApi {
+                        node: n.name.clone(),
+                        message,
+                    })?;
+                ports.push(i32::from(server.addr().port()));
+                servers.push(server);
+            }
+        }
+        let nodes: Api<Node> = Api::all(client.clone());
+        for (i, n) in config.nodes.iter().enumerate() {
+            let port = ports.get(i).copied().unwrap_or(10250);
+            register(&nodes, n, i, &config, port)
+                .await
+                .map_err(|source| SimKubeletError::Register {
+                    node: n.name.clone(),
+                    source,
+                })?;
+        }
         let stop = CancellationToken::new();
         tokio::spawn(leases(shared.clone(), stop.clone()));
         tokio::spawn(pods(shared, stop.clone()));
-        Ok(Self { stop })
+        Ok(Self {
+            stop,
+            _servers: servers,
+        })
     }
 
     /// Stops every node (leases expire, pods are no longer looked after).
@@ -171,11 +214,59 @@ fn conditions(now: &str) -> Value {
     ])
 }
 
+/// The cluster CA, from the `kube-root-ca.crt` ConfigMap every namespace has: what the API
+/// server's kubelet client certificate is signed with (when it is the cluster CA, as kubeadm
+/// does it).
+async fn cluster_ca(client: &kube::Client) -> Option<String> {
+    let cms: Api<k8s_openapi::api::core::v1::ConfigMap> =
+        Api::namespaced(client.clone(), "kube-system");
+    cms.get_opt("kube-root-ca.crt")
+        .await
+        .ok()
+        .flatten()?
+        .data?
+        .get("ca.crt")
+        .cloned()
+}
+
+async fn serve_kubelet_api(
+    shared: &Arc<Shared>,
+    client: &kube::Client,
+    n: &SimNode,
+    index: usize,
+    client_ca: Option<String>,
+) -> Result<tensile_kubelet::KubeletServer, String> {
+    let ip = node_ip(index);
+    let listen: std::net::SocketAddr = format!("{ip}:0").parse().map_err(|e| format!("{e}"))?;
+    let config = tensile_kubelet::KubeletServerConfig {
+        listen,
+        cert: tensile_kubelet::ServingCert::SelfSigned {
+            sans: vec![ip, n.name.clone()],
+        },
+        client_ca_pem: client_ca,
+        auth: tensile_kubelet::Auth::Webhook(Box::new(tensile_kubelet::WebhookAuth::new(
+            client.clone(),
+            n.name.clone(),
+        ))),
+        streaming: tensile_kubelet::StreamingConfig::default(),
+    };
+    let backend = Arc::new(api::SimBackend {
+        node: n.name.clone(),
+        shared: shared.clone(),
+        started: time_string(Timestamp::now()),
+        cpu: std::sync::Mutex::new(tensile_kubelet::stats::CpuIntegrator::default()),
+    });
+    tensile_kubelet::KubeletServer::start(config, backend)
+        .await
+        .map_err(|e| e.to_string())
+}
+
 async fn register(
     nodes: &Api<Node>,
     n: &SimNode,
     index: usize,
     config: &SimKubeletConfig,
+    kubelet_port: i32,
 ) -> Result<(), kube::Error> {
     let mut labels = BTreeMap::from([
         ("kubernetes.io/hostname".to_owned(), n.name.clone()),
@@ -201,7 +292,7 @@ async fn register(
         "capacity": n.resources, "allocatable": n.resources,
         "conditions": conditions(&now),
         "addresses": [{"type": "InternalIP", "address": node_ip(index)}, {"type": "Hostname", "address": n.name}],
-        "daemonEndpoints": {"kubeletEndpoint": {"Port": config.kubelet_port}},
+        "daemonEndpoints": {"kubeletEndpoint": {"Port": kubelet_port}},
         "nodeInfo": {"machineID": format!("sim-{index}"), "systemUUID": format!("sim-{index}"), "bootID": format!("sim-{index}"),
             "kernelVersion": "6.1.0-sim", "osImage": "tensile-sim", "containerRuntimeVersion": "sim://1.0",
             "kubeletVersion": config.kubelet_version, "kubeProxyVersion": config.kubelet_version,
@@ -283,9 +374,17 @@ async fn pods(shared: Arc<Shared>, stop: CancellationToken) {
         let Some(Ok(event)) = event else { continue };
         match event {
             watcher::Event::Apply(pod) | watcher::Event::InitApply(pod) => {
+                remember(&shared, &pod);
                 handle(&shared, &stop, pod).await
             }
             watcher::Event::Delete(pod) => {
+                if let (Some(ns), Some(name), Ok(mut pods)) = (
+                    pod.metadata.namespace.clone(),
+                    pod.metadata.name.clone(),
+                    shared.pods.lock(),
+                ) {
+                    pods.remove(&(ns, name));
+                }
                 if let Some(uid) = pod.metadata.uid
                     && let Some(t) = shared.running.lock().await.remove(&uid)
                 {
@@ -293,6 +392,25 @@ async fn pods(shared: Arc<Shared>, stop: CancellationToken) {
                 }
             }
             watcher::Event::Init | watcher::Event::InitDone => {}
+        }
+    }
+}
+
+/// Keeps the pods bound to our nodes for the kubelet API.
+fn remember(shared: &Shared, pod: &Pod) {
+    let ours = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.node_name.as_ref())
+        .is_some_and(|n| shared.config.nodes.iter().any(|x| &x.name == n));
+    let (Some(ns), Some(name)) = (pod.metadata.namespace.clone(), pod.metadata.name.clone()) else {
+        return;
+    };
+    if let Ok(mut pods) = shared.pods.lock() {
+        if ours {
+            pods.insert((ns, name), pod.clone());
+        } else {
+            pods.remove(&(ns, name));
         }
     }
 }

@@ -1,0 +1,547 @@
+//! The kubelet HTTPS server: TLS (given or self-signed), authentication and authorization of
+//! every request (see [`crate::auth`]), and the routes the API server and metrics-server use.
+//! Streams go to [`crate::remotecommand`] and [`crate::portforward`]; everything else asks the
+//! backend.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use futures::Stream;
+use http::{HeaderValue, Method, Request, Response, StatusCode, header};
+use http_body_util::combinators::UnsyncBoxBody;
+use http_body_util::{BodyExt, Full, StreamBody};
+use hyper::body::{Frame, Incoming};
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use k8s_openapi::api::core::v1::Pod;
+use rustls::RootCertStore;
+use rustls::server::WebPkiClientVerifier;
+use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+use tokio::net::TcpListener;
+use tokio_rustls::TlsAcceptor;
+use tokio_util::sync::CancellationToken;
+
+use crate::auth::{Auth, User, attributes};
+use crate::backend::{
+    AttachRequest, BackendError, ExecRequest, PodRef, StreamBackend, StreamOptions,
+};
+use crate::logs::LogOptions;
+use crate::stats::{Summary, resource_metrics};
+use crate::upgrade::{
+    PortForwardUpgrade, RemoteCommandUpgrade, command_from_query, ports_from_query,
+};
+use crate::{StreamingConfig, portforward, remotecommand};
+
+/// A stream of log bytes.
+pub type LogStream = Pin<Box<dyn Stream<Item = std::io::Result<Bytes>> + Send>>;
+
+/// Everything the kubelet API needs from whoever runs the pods.
+pub trait KubeletBackend: StreamBackend {
+    /// A container's log, as `options` ask (follow streams until the client leaves).
+    fn logs(
+        &self,
+        pod: PodRef,
+        container: String,
+        options: LogOptions,
+    ) -> impl Future<Output = Result<LogStream, BackendError>> + Send;
+    /// The pods bound to this node.
+    fn pods(&self) -> impl Future<Output = Result<Vec<Pod>, BackendError>> + Send;
+    /// Resource usage of the node and its pods.
+    fn stats(&self) -> impl Future<Output = Result<Summary, BackendError>> + Send;
+}
+
+/// Where the serving certificate comes from.
+#[derive(Debug, Clone)]
+pub enum ServingCert {
+    /// PEM certificate chain and key (`APISERVER_CERT_LOCATION`/`APISERVER_KEY_LOCATION`).
+    Pem {
+        /// Certificate chain.
+        cert: String,
+        /// Private key.
+        key: String,
+    },
+    /// A self-signed certificate for these names and addresses (the API server does not verify
+    /// kubelet certificates unless configured to).
+    SelfSigned {
+        /// DNS names and IP addresses.
+        sans: Vec<String>,
+    },
+}
+
+/// Configuration of a kubelet API server.
+#[derive(Debug)]
+pub struct KubeletServerConfig {
+    /// Listen address (the kubelet's is `:10250`).
+    pub listen: SocketAddr,
+    /// The serving certificate.
+    pub cert: ServingCert,
+    /// CA for client certificates (the API server presents one signed by the cluster CA).
+    pub client_ca_pem: Option<String>,
+    /// Authentication and authorization.
+    pub auth: Auth,
+    /// Streaming limits and timeouts.
+    pub streaming: StreamingConfig,
+}
+
+/// Starting the server failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    /// The listen address could not be bound.
+    #[error("kubelet API cannot listen on {addr}: {source}")]
+    Bind {
+        /// Address.
+        addr: SocketAddr,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The certificate or CA could not be used.
+    #[error("kubelet API TLS: {0}")]
+    Tls(String),
+}
+
+/// A running kubelet API server; stops when dropped.
+#[derive(Debug)]
+pub struct KubeletServer {
+    addr: SocketAddr,
+    stop: CancellationToken,
+}
+
+impl Drop for KubeletServer {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+type Body = UnsyncBoxBody<Bytes, std::io::Error>;
+
+fn full(bytes: impl Into<Bytes>) -> Body {
+    Full::new(bytes.into())
+        .map_err(|never: Infallible| match never {})
+        .boxed_unsync()
+}
+
+fn text(code: StatusCode, body: impl Into<Bytes>) -> Response<Body> {
+    let mut r = Response::new(full(body));
+    *r.status_mut() = code;
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    r
+}
+
+fn json(value: &impl serde::Serialize) -> Response<Body> {
+    let mut r = Response::new(full(serde_json::to_vec(value).unwrap_or_default()));
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    r
+}
+
+fn tls_config(config: &KubeletServerConfig) -> Result<Arc<rustls::ServerConfig>, ServerError> {
+    let tls = |e: &dyn std::fmt::Display| ServerError::Tls(e.to_string());
+    let (cert, key) = match &config.cert {
+        ServingCert::Pem { cert, key } => (cert.clone(), key.clone()),
+        ServingCert::SelfSigned { sans } => {
+            let c = rcgen::generate_simple_self_signed(sans.clone()).map_err(|e| tls(&e))?;
+            (c.cert.pem(), c.signing_key.serialize_pem())
+        }
+    };
+    let chain = CertificateDer::pem_slice_iter(cert.as_bytes())
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| tls(&e))?;
+    let key = PrivateKeyDer::from_pem_slice(key.as_bytes()).map_err(|e| tls(&e))?;
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| tls(&e))?;
+    let builder = match &config.client_ca_pem {
+        Some(ca) => {
+            let mut roots = RootCertStore::empty();
+            for c in CertificateDer::pem_slice_iter(ca.as_bytes()) {
+                roots.add(c.map_err(|e| tls(&e))?).map_err(|e| tls(&e))?;
+            }
+            // Requested, not required: bearer-token clients have no certificate.
+            let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
+                .allow_unauthenticated()
+                .build()
+                .map_err(|e| tls(&e))?;
+            builder.with_client_cert_verifier(verifier)
+        }
+        None => builder.with_no_client_auth(),
+    };
+    let mut server = builder.with_single_cert(chain, key).map_err(|e| tls(&e))?;
+    // Streams upgrade the connection, which HTTP/2 cannot.
+    server.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(Arc::new(server))
+}
+
+/// The user of a verified client certificate: CN, and the O values as groups.
+fn cert_user(cert: &CertificateDer<'_>) -> Option<User> {
+    let (_, parsed) = x509_parser::parse_x509_certificate(cert.as_ref()).ok()?;
+    let subject = parsed.subject();
+    let name = subject.iter_common_name().next()?.as_str().ok()?.to_owned();
+    let groups = subject
+        .iter_organization()
+        .filter_map(|o| o.as_str().ok().map(str::to_owned))
+        .collect();
+    Some(User {
+        name,
+        uid: None,
+        groups,
+    })
+}
+
+impl KubeletServer {
+    /// Binds and serves until dropped.
+    pub async fn start<B: KubeletBackend>(
+        config: KubeletServerConfig,
+        backend: Arc<B>,
+    ) -> Result<Self, ServerError> {
+        if matches!(config.auth, Auth::Disabled) {
+            tracing::warn!(
+                "kubelet API authentication and authorization are OFF: anyone who reaches {} can read logs and run commands in every pod",
+                config.listen
+            );
+        }
+        let acceptor = TlsAcceptor::from(tls_config(&config)?);
+        let listener =
+            TcpListener::bind(config.listen)
+                .await
+                .map_err(|source| ServerError::Bind {
+                    addr: config.listen,
+                    source,
+                })?;
+        let addr = listener.local_addr().map_err(|source| ServerError::Bind {
+            addr: config.listen,
+            source,
+        })?;
+        let stop = CancellationToken::new();
+        let ctx = Arc::new(Context {
+            auth: config.auth,
+            streaming: config.streaming,
+        });
+        let token = stop.clone();
+        tokio::spawn(async move {
+            loop {
+                let accepted = tokio::select! {
+                    () = token.cancelled() => return,
+                    a = listener.accept() => a,
+                };
+                let Ok((tcp, _)) = accepted else { continue };
+                let _ = tcp.set_nodelay(true);
+                let (acceptor, ctx, backend, token) = (
+                    acceptor.clone(),
+                    ctx.clone(),
+                    backend.clone(),
+                    token.clone(),
+                );
+                tokio::spawn(async move {
+                    // A handshake that never completes must not hold a task forever.
+                    let Ok(Ok(tls)) = tokio::time::timeout(
+                        std::time::Duration::from_secs(10),
+                        acceptor.accept(tcp),
+                    )
+                    .await
+                    else {
+                        return;
+                    };
+                    let user = tls
+                        .get_ref()
+                        .1
+                        .peer_certificates()
+                        .and_then(|c| c.first())
+                        .and_then(cert_user);
+                    let svc = service_fn(move |req| {
+                        let (ctx, backend, user) = (ctx.clone(), backend.clone(), user.clone());
+                        async move { Ok::<_, Infallible>(handle(&ctx, backend, user, req).await) }
+                    });
+                    let builder =
+                        hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+                    let conn = builder.serve_connection_with_upgrades(TokioIo::new(tls), svc);
+                    tokio::select! {
+                        _ = conn => {}
+                        () = token.cancelled() => {}
+                    }
+                });
+            }
+        });
+        Ok(Self { addr, stop })
+    }
+
+    /// The bound address.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Stops serving.
+    pub fn stop(&self) {
+        self.stop.cancel();
+    }
+}
+
+/// Per-server state shared by requests.
+#[derive(Debug)]
+pub struct Context {
+    /// Authentication and authorization.
+    pub auth: Auth,
+    /// Streaming limits.
+    pub streaming: StreamingConfig,
+}
+
+/// The routes: (path segments, allowed methods).
+enum Route {
+    Healthz,
+    Pods,
+    RunningPods,
+    Logs(PodRef, String),
+    Exec(PodRef, String),
+    Attach(PodRef, String),
+    PortForward(PodRef),
+    StatsSummary,
+    MetricsResource,
+}
+
+fn route(path: &str) -> Option<(Route, &'static [Method])> {
+    const GET: &[Method] = &[Method::GET];
+    const STREAM: &[Method] = &[Method::GET, Method::POST];
+    let segments: Vec<&str> = path.trim_start_matches('/').split('/').collect();
+    let pod = |ns: &str, name: &str, uid: Option<&str>| PodRef {
+        namespace: ns.to_owned(),
+        name: name.to_owned(),
+        uid: uid.map(str::to_owned),
+    };
+    Some(match segments.as_slice() {
+        ["healthz"] => (Route::Healthz, GET),
+        ["pods"] | ["pods", ""] => (Route::Pods, GET),
+        ["runningpods", ..] => (Route::RunningPods, GET),
+        ["containerLogs", ns, name, container] => (
+            Route::Logs(pod(ns, name, None), (*container).to_owned()),
+            GET,
+        ),
+        ["exec", ns, name, container] => (
+            Route::Exec(pod(ns, name, None), (*container).to_owned()),
+            STREAM,
+        ),
+        ["exec", ns, name, uid, container] => (
+            Route::Exec(pod(ns, name, Some(uid)), (*container).to_owned()),
+            STREAM,
+        ),
+        ["attach", ns, name, container] => (
+            Route::Attach(pod(ns, name, None), (*container).to_owned()),
+            STREAM,
+        ),
+        ["attach", ns, name, uid, container] => (
+            Route::Attach(pod(ns, name, Some(uid)), (*container).to_owned()),
+            STREAM,
+        ),
+        ["portForward", ns, name] => (Route::PortForward(pod(ns, name, None)), STREAM),
+        ["portForward", ns, name, uid] => (Route::PortForward(pod(ns, name, Some(uid))), STREAM),
+        ["stats", "summary"] | ["stats", "summary", ""] => (Route::StatsSummary, GET),
+        ["metrics", "resource"] | ["metrics", "resource", ""] => (Route::MetricsResource, GET),
+        _ => return None,
+    })
+}
+
+/// Serves one request (also usable without TLS, e.g. in tests).
+pub async fn handle<B: KubeletBackend>(
+    ctx: &Context,
+    backend: Arc<B>,
+    cert_user: Option<User>,
+    req: Request<Incoming>,
+) -> Response<Body> {
+    let bearer = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(|t| t.trim().to_owned());
+    let attrs = attributes(req.method(), req.uri().path());
+    if let Err(e) = ctx.auth.check(cert_user, bearer.as_deref(), &attrs).await {
+        return text(
+            StatusCode::from_u16(e.status()).unwrap_or(StatusCode::FORBIDDEN),
+            e.to_string(),
+        );
+    }
+    let Some((route, methods)) = route(req.uri().path()) else {
+        return text(StatusCode::NOT_FOUND, "404 page not found\n");
+    };
+    if !methods.contains(req.method()) {
+        let mut r = text(StatusCode::METHOD_NOT_ALLOWED, "405: Method Not Allowed\n");
+        let allow = methods
+            .iter()
+            .map(Method::as_str)
+            .collect::<Vec<_>>()
+            .join(", ");
+        if let Ok(v) = HeaderValue::from_str(&allow) {
+            r.headers_mut().insert(header::ALLOW, v);
+        }
+        return r;
+    }
+    let query = req.uri().query().unwrap_or_default().to_owned();
+    match route {
+        Route::Healthz => text(StatusCode::OK, "ok"),
+        Route::Pods | Route::RunningPods => match backend.pods().await {
+            Ok(pods) => json(
+                &serde_json::json!({"kind": "PodList", "apiVersion": "v1", "metadata": {}, "items": pods}),
+            ),
+            Err(e) => text(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+        },
+        Route::StatsSummary => match backend.stats().await {
+            Ok(s) => json(&s),
+            Err(e) => text(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+        },
+        Route::MetricsResource => match backend.stats().await {
+            Ok(s) => {
+                let mut r = text(StatusCode::OK, resource_metrics(&s));
+                r.headers_mut().insert(
+                    header::CONTENT_TYPE,
+                    HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+                );
+                r
+            }
+            Err(e) => text(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+        },
+        Route::Logs(pod, container) => match LogOptions::from_query(Some(&query)) {
+            Err(e) => text(StatusCode::BAD_REQUEST, e.to_string()),
+            Ok(options) => match backend.logs(pod, container, options).await {
+                Ok(stream) => {
+                    let body = StreamBody::new(futures::StreamExt::map(stream, |chunk| {
+                        chunk.map(Frame::data)
+                    }));
+                    let mut r = Response::new(body.boxed_unsync());
+                    r.headers_mut()
+                        .insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain"));
+                    r
+                }
+                Err(e) => text(StatusCode::NOT_FOUND, e.to_string()),
+            },
+        },
+        Route::Exec(pod, container) => {
+            remote_command(ctx, backend, req, &query, pod, container, true)
+        }
+        Route::Attach(pod, container) => {
+            remote_command(ctx, backend, req, &query, pod, container, false)
+        }
+        Route::PortForward(pod) => port_forward(ctx, backend, req, &query, pod),
+    }
+}
+
+fn empty_101(resp: Response<()>) -> Response<Body> {
+    let (parts, ()) = resp.into_parts();
+    Response::from_parts(parts, full(Bytes::new()))
+}
+
+fn bad_request(e: &crate::UpgradeError) -> Response<Body> {
+    let (parts, body) = e.response().into_parts();
+    Response::from_parts(parts, full(body))
+}
+
+fn remote_command<B: KubeletBackend>(
+    ctx: &Context,
+    backend: Arc<B>,
+    mut req: Request<Incoming>,
+    query: &str,
+    pod: PodRef,
+    container: String,
+    exec: bool,
+) -> Response<Body> {
+    let upgrade = match RemoteCommandUpgrade::negotiate(req.headers()) {
+        Ok(u) => u,
+        Err(e) => return bad_request(&e),
+    };
+    let options = match StreamOptions::from_query(query) {
+        Ok(o) => o,
+        Err(e) => return bad_request(&e),
+    };
+    let command = if exec {
+        match command_from_query(query) {
+            Ok(c) => c,
+            Err(e) => return bad_request(&e),
+        }
+    } else {
+        Vec::new()
+    };
+    let response = empty_101(upgrade.response());
+    let on = hyper::upgrade::on(&mut req);
+    let streaming = ctx.streaming.clone();
+    tokio::spawn(async move {
+        let Ok(upgraded) = on.await else { return };
+        let io = TokioIo::new(upgraded);
+        let result = if exec {
+            remotecommand::serve_exec(
+                &upgrade,
+                io,
+                ExecRequest {
+                    pod,
+                    container,
+                    command,
+                    options,
+                },
+                backend,
+                &streaming,
+            )
+            .await
+        } else {
+            remotecommand::serve_attach(
+                &upgrade,
+                io,
+                AttachRequest {
+                    pod,
+                    container,
+                    options,
+                },
+                backend,
+                &streaming,
+            )
+            .await
+        };
+        if let Err(e) = result {
+            tracing::debug!(error = %e, "remote command stream ended with an error");
+        }
+    });
+    response
+}
+
+fn port_forward<B: KubeletBackend>(
+    ctx: &Context,
+    backend: Arc<B>,
+    mut req: Request<Incoming>,
+    query: &str,
+    pod: PodRef,
+) -> Response<Body> {
+    let ports = match ports_from_query(query) {
+        Ok(p) => p,
+        Err(e) => return bad_request(&e),
+    };
+    let upgrade = match PortForwardUpgrade::negotiate(req.headers(), &ports) {
+        Ok(u) => u,
+        Err(e) => return bad_request(&e),
+    };
+    let response = empty_101(upgrade.response());
+    let on = hyper::upgrade::on(&mut req);
+    let streaming = ctx.streaming.clone();
+    tokio::spawn(async move {
+        let Ok(upgraded) = on.await else { return };
+        if let Err(e) = portforward::serve_portforward(
+            &upgrade,
+            TokioIo::new(upgraded),
+            pod,
+            ports,
+            backend,
+            &streaming,
+        )
+        .await
+        {
+            tracing::debug!(error = %e, "port-forward stream ended with an error");
+        }
+    });
+    response
+}

@@ -1,0 +1,444 @@
+//! The kubelet API of simulated nodes (served by `tensile-kubelet`): deterministic container
+//! logs, a small set of built-in commands for exec (no host processes are ever run), attach,
+//! an echo server on each declared container port for port-forward, and resource statistics
+//! from the pods' requests.
+
+use std::collections::BTreeMap;
+use std::io;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use k8s_openapi::api::core::v1::{Container, Pod};
+use k8s_openapi::jiff::Timestamp;
+use tensile_core::quantity::parse_quantity;
+use tensile_kubelet::stats::{
+    ContainerStats, CpuIntegrator, CpuStats, MemoryStats, NodeStats, PodReference, PodStats,
+    Summary,
+};
+use tensile_kubelet::{
+    AttachRequest, BackendError, ExecIo, ExecRequest, ExitStatus, KubeletBackend, LogOptions,
+    LogStream, PodRef, PortForwardRequest, PortForwardStream, StreamBackend,
+};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use super::Shared;
+use crate::apiserver::meta::time_string;
+
+/// The kubelet API backend of one simulated node.
+pub(super) struct SimBackend {
+    pub(super) node: String,
+    pub(super) shared: Arc<Shared>,
+    pub(super) started: String,
+    pub(super) cpu: Mutex<CpuIntegrator>,
+}
+
+impl SimBackend {
+    fn pod(&self, r: &PodRef) -> Result<Pod, BackendError> {
+        let pods = self
+            .shared
+            .pods
+            .lock()
+            .map_err(|_| BackendError::new("pod cache unavailable"))?;
+        let pod = pods
+            .get(&(r.namespace.clone(), r.name.clone()))
+            .filter(|p| {
+                p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(self.node.as_str())
+            })
+            .cloned()
+            .ok_or_else(|| {
+                BackendError::new(format!(
+                    "pod {}/{} not found on node {}",
+                    r.namespace, r.name, self.node
+                ))
+            })?;
+        if let Some(uid) = &r.uid
+            && pod.metadata.uid.as_ref() != Some(uid)
+        {
+            return Err(BackendError::new(format!(
+                "pod {}/{} has another uid",
+                r.namespace, r.name
+            )));
+        }
+        Ok(pod)
+    }
+
+    fn container(&self, r: &PodRef, name: &str) -> Result<(Pod, Container), BackendError> {
+        let pod = self.pod(r)?;
+        let spec = pod.spec.clone().unwrap_or_default();
+        let c = spec
+            .containers
+            .iter()
+            .chain(spec.init_containers.iter().flatten())
+            .find(|c| c.name == name)
+            .cloned()
+            .ok_or_else(|| {
+                BackendError::new(format!("container {name} is not valid for pod {}", r.name))
+            })?;
+        Ok((pod, c))
+    }
+}
+
+/// The log a container writes: its start, then what its command echoes.
+fn log_lines(pod: &Pod, c: &Container) -> Vec<String> {
+    let mut lines = vec![format!(
+        "container {} of pod {} started (image {})",
+        c.name,
+        pod.metadata.name.as_deref().unwrap_or_default(),
+        c.image.as_deref().unwrap_or_default()
+    )];
+    let words: Vec<String> = c
+        .command
+        .iter()
+        .flatten()
+        .chain(c.args.iter().flatten())
+        .cloned()
+        .collect();
+    let script = words.join(" ");
+    for part in script.split([';', '&']) {
+        let part = part.trim();
+        let at = if part.starts_with("echo ") {
+            Some(0)
+        } else {
+            part.find(" echo ").map(|i| i + 1)
+        };
+        if let Some(rest) = at.and_then(|i| part.get(i + 5..)) {
+            lines.push(rest.trim().trim_matches(['"', '\'']).to_owned());
+        }
+    }
+    lines
+}
+
+fn stamp(line: &str, timestamps: bool) -> String {
+    if timestamps {
+        format!("{} {line}\n", time_string(Timestamp::now()))
+    } else {
+        format!("{line}\n")
+    }
+}
+
+impl StreamBackend for SimBackend {
+    async fn exec(&self, request: ExecRequest, mut io: ExecIo) -> ExitStatus {
+        let (pod, container) = match self.container(&request.pod, &request.container) {
+            Ok(x) => x,
+            Err(e) => return ExitStatus::Error(e.to_string()),
+        };
+        let argv = request.command;
+        // `sh -c "a; b"` runs the built-ins in order; anything else is one command.
+        let commands: Vec<Vec<String>> = match argv.as_slice() {
+            [sh, flag, script]
+                if (sh == "sh" || sh == "/bin/sh" || sh == "bash") && flag == "-c" =>
+            {
+                script
+                    .split(';')
+                    .map(|c| c.split_whitespace().map(str::to_owned).collect::<Vec<_>>())
+                    .filter(|c| !c.is_empty())
+                    .collect()
+            }
+            _ => vec![argv],
+        };
+        let mut status = ExitStatus::Success;
+        for cmd in commands {
+            status = builtin(&cmd, &pod, &container, &mut io).await;
+            if status != ExitStatus::Success {
+                break;
+            }
+        }
+        if let Some(out) = io.stdout.as_mut() {
+            let _ = out.shutdown().await;
+        }
+        status
+    }
+
+    async fn attach(&self, request: AttachRequest, mut io: ExecIo) -> ExitStatus {
+        if let Err(e) = self.container(&request.pod, &request.container) {
+            return ExitStatus::Error(e.to_string());
+        }
+        if let Some(out) = io.stdout.as_mut() {
+            let _ = out
+                .write_all(format!("attached to {}\n", request.container).as_bytes())
+                .await;
+        }
+        // The main process echoes what it is given until stdin ends.
+        let _ = copy_stdin(&mut io).await;
+        ExitStatus::Success
+    }
+
+    async fn port_forward(
+        &self,
+        request: PortForwardRequest,
+    ) -> Result<PortForwardStream, BackendError> {
+        let pod = self.pod(&request.pod)?;
+        let declared = pod
+            .spec
+            .iter()
+            .flat_map(|s| s.containers.iter())
+            .flat_map(|c| c.ports.iter().flatten())
+            .any(|p| i64::from(p.container_port) == i64::from(request.port));
+        if !declared {
+            return Err(BackendError::new(format!(
+                "failed to connect to localhost:{}: connection refused",
+                request.port
+            )));
+        }
+        let (ours, theirs) = tokio::io::duplex(64 * 1024);
+        tokio::spawn(async move {
+            let (mut r, mut w) = tokio::io::split(ours);
+            let _ = tokio::io::copy(&mut r, &mut w).await;
+            let _ = w.shutdown().await;
+        });
+        Ok(PortForwardStream::new(theirs))
+    }
+}
+
+async fn copy_stdin(io: &mut ExecIo) -> io::Result<()> {
+    let (Some(stdin), Some(stdout)) = (io.stdin.as_mut(), io.stdout.as_mut()) else {
+        return Ok(());
+    };
+    let mut buf = [0u8; 8192];
+    loop {
+        let n = stdin.read(&mut buf).await?;
+        if n == 0 {
+            return Ok(());
+        }
+        stdout.write_all(&buf[..n]).await?;
+        stdout.flush().await?;
+    }
+}
+
+async fn write_out(io: &mut ExecIo, text: &str) {
+    if let Some(out) = io.stdout.as_mut() {
+        let _ = out.write_all(text.as_bytes()).await;
+        let _ = out.flush().await;
+    }
+}
+
+/// The built-in commands of simulated containers.
+async fn builtin(cmd: &[String], pod: &Pod, container: &Container, io: &mut ExecIo) -> ExitStatus {
+    let args: Vec<&str> = cmd.iter().skip(1).map(String::as_str).collect();
+    match cmd.first().map(|c| c.rsplit('/').next().unwrap_or(c)) {
+        Some("echo") => {
+            let (newline, words) = match args.first() {
+                Some(&"-n") => (false, &args[1..]),
+                _ => (true, &args[..]),
+            };
+            let mut text = words.join(" ").trim_matches(['"', '\'']).to_owned();
+            if newline {
+                text.push('\n');
+            }
+            write_out(io, &text).await;
+            ExitStatus::Success
+        }
+        Some("cat") => match copy_stdin(io).await {
+            Ok(()) => ExitStatus::Success,
+            Err(e) => ExitStatus::Error(e.to_string()),
+        },
+        Some("hostname") => {
+            write_out(
+                io,
+                &format!("{}\n", pod.metadata.name.as_deref().unwrap_or_default()),
+            )
+            .await;
+            ExitStatus::Success
+        }
+        Some("env") => {
+            let mut vars: BTreeMap<String, String> = BTreeMap::new();
+            vars.insert(
+                "HOSTNAME".into(),
+                pod.metadata.name.clone().unwrap_or_default(),
+            );
+            vars.insert(
+                "PATH".into(),
+                "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".into(),
+            );
+            for e in container.env.iter().flatten() {
+                vars.insert(e.name.clone(), e.value.clone().unwrap_or_default());
+            }
+            let text: String = vars.iter().map(|(k, v)| format!("{k}={v}\n")).collect();
+            write_out(io, &text).await;
+            ExitStatus::Success
+        }
+        Some("pwd") => {
+            write_out(io, "/\n").await;
+            ExitStatus::Success
+        }
+        Some("sleep") => {
+            let secs = args
+                .first()
+                .and_then(|s| s.parse::<f64>().ok())
+                .unwrap_or(0.0)
+                .clamp(0.0, 3600.0);
+            tokio::time::sleep(Duration::from_secs_f64(secs)).await;
+            ExitStatus::Success
+        }
+        Some("true") => ExitStatus::Success,
+        Some("false") => ExitStatus::ExitCode(1),
+        Some("exit") => match args.first().map(|c| c.parse::<i32>()) {
+            Some(Ok(0)) | None => ExitStatus::Success,
+            Some(Ok(code)) => ExitStatus::ExitCode(code),
+            Some(Err(_)) => ExitStatus::ExitCode(2),
+        },
+        Some(other) => ExitStatus::Error(format!(
+            "failed to exec in container: exec: \"{other}\": executable file not found in $PATH"
+        )),
+        None => ExitStatus::Error("no command".into()),
+    }
+}
+
+/// What a simulated container uses: its requests, or a small default.
+fn usage(c: &Container) -> (u64, u64) {
+    let request = |name: &str| {
+        c.resources
+            .as_ref()
+            .and_then(|r| r.requests.as_ref())
+            .and_then(|r| r.get(name))
+            .and_then(|q| parse_quantity(&q.0).ok())
+            .map(|q| q.nanos)
+    };
+    let cpu_nanocores = request("cpu")
+        .and_then(|n| u64::try_from(n).ok())
+        .unwrap_or(1_000_000);
+    let memory = request("memory")
+        .and_then(|n| u64::try_from(n / 1_000_000_000).ok())
+        .unwrap_or(8 << 20);
+    (cpu_nanocores, memory)
+}
+
+impl KubeletBackend for SimBackend {
+    async fn logs(
+        &self,
+        pod: PodRef,
+        container: String,
+        options: LogOptions,
+    ) -> Result<LogStream, BackendError> {
+        let (p, c) = self.container(&pod, &container)?;
+        let mut lines = log_lines(&p, &c);
+        if let Some(n) = options.tail_lines.and_then(|n| usize::try_from(n).ok()) {
+            let skip = lines.len().saturating_sub(n);
+            lines.drain(..skip);
+        }
+        let mut text: String = lines.iter().map(|l| stamp(l, options.timestamps)).collect();
+        if let Some(limit) = options.limit_bytes.and_then(|l| usize::try_from(l).ok()) {
+            text.truncate(limit);
+        }
+        let head = futures::stream::once(async move { Ok::<_, io::Error>(Bytes::from(text)) });
+        if !options.follow {
+            return Ok(Box::pin(head));
+        }
+        // Following: a line a second for as long as the client reads.
+        let timestamps = options.timestamps;
+        let ticks = futures::stream::unfold(1u64, move |n| async move {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            Some((
+                Ok(Bytes::from(stamp(&format!("tick {n}"), timestamps))),
+                n + 1,
+            ))
+        });
+        Ok(Box::pin(futures::StreamExt::chain(head, ticks)))
+    }
+
+    async fn pods(&self) -> Result<Vec<Pod>, BackendError> {
+        let pods = self
+            .shared
+            .pods
+            .lock()
+            .map_err(|_| BackendError::new("pod cache unavailable"))?;
+        Ok(pods
+            .values()
+            .filter(|p| {
+                p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(self.node.as_str())
+            })
+            .cloned()
+            .collect())
+    }
+
+    async fn stats(&self) -> Result<Summary, BackendError> {
+        let now = Timestamp::now();
+        let time = time_string(now);
+        let millis = now.as_millisecond();
+        let pods = self.pods().await?;
+        let mut cpu = self
+            .cpu
+            .lock()
+            .map_err(|_| BackendError::new("stats unavailable"))?;
+        let (mut node_cpu, mut node_mem, mut node_total) = (0u64, 0u64, 0u64);
+        let mut out = Vec::new();
+        let mut live = std::collections::HashSet::new();
+        for p in pods
+            .iter()
+            .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
+        {
+            let uid = p.metadata.uid.clone().unwrap_or_default();
+            let start = p
+                .status
+                .as_ref()
+                .and_then(|s| s.start_time.as_ref())
+                .map(|t| time_string(t.0));
+            let (mut pc, mut pm, mut pt) = (0u64, 0u64, 0u64);
+            let mut containers = Vec::new();
+            for c in p.spec.iter().flat_map(|s| s.containers.iter()) {
+                let (nano, mem) = usage(c);
+                let key = format!("{uid}/{}", c.name);
+                let total = cpu.sample(&key, nano, millis);
+                live.insert(key);
+                pc += nano;
+                pm += mem;
+                pt += total;
+                containers.push(ContainerStats {
+                    name: c.name.clone(),
+                    start_time: start.clone(),
+                    cpu: Some(CpuStats {
+                        time: time.clone(),
+                        usage_nano_cores: Some(nano),
+                        usage_core_nano_seconds: Some(total),
+                    }),
+                    memory: Some(MemoryStats {
+                        time: time.clone(),
+                        working_set_bytes: Some(mem),
+                        usage_bytes: Some(mem),
+                    }),
+                });
+            }
+            node_cpu += pc;
+            node_mem += pm;
+            node_total += pt;
+            out.push(PodStats {
+                pod_ref: PodReference {
+                    name: p.metadata.name.clone().unwrap_or_default(),
+                    namespace: p.metadata.namespace.clone().unwrap_or_default(),
+                    uid,
+                },
+                start_time: start,
+                containers,
+                cpu: Some(CpuStats {
+                    time: time.clone(),
+                    usage_nano_cores: Some(pc),
+                    usage_core_nano_seconds: Some(pt),
+                }),
+                memory: Some(MemoryStats {
+                    time: time.clone(),
+                    working_set_bytes: Some(pm),
+                    usage_bytes: Some(pm),
+                }),
+            });
+        }
+        cpu.retain(|k| live.contains(k));
+        Ok(Summary {
+            node: NodeStats {
+                node_name: self.node.clone(),
+                start_time: Some(self.started.clone()),
+                cpu: Some(CpuStats {
+                    time: time.clone(),
+                    usage_nano_cores: Some(node_cpu),
+                    usage_core_nano_seconds: Some(node_total),
+                }),
+                memory: Some(MemoryStats {
+                    time,
+                    working_set_bytes: Some(node_mem),
+                    usage_bytes: Some(node_mem),
+                }),
+            },
+            pods: out,
+        })
+    }
+}
