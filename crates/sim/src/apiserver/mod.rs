@@ -10,6 +10,7 @@ pub mod discovery;
 pub mod errors;
 mod http;
 pub mod meta;
+mod metrics;
 pub mod patch;
 mod proto_schema;
 pub mod protobuf;
@@ -114,6 +115,7 @@ pub struct State {
     /// The address clients reach it at.
     pub url: String,
     tokens: Mutex<HashMap<String, UserInfo>>,
+    metrics: metrics::MetricsCache,
 }
 
 impl State {
@@ -195,6 +197,7 @@ impl ApiServer {
             kubelet_client,
             url,
             tokens: Mutex::new(HashMap::new()),
+            metrics: metrics::MetricsCache::default(),
         });
         let admin_token = state.issue_token(UserInfo {
             username: "kubernetes-admin".into(),

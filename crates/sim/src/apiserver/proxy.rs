@@ -384,3 +384,42 @@ async fn forward_inner(
         body.map_err(std::io::Error::other).boxed_unsync(),
     ))
 }
+
+/// GETs a kubelet path of a node and returns the whole body (metrics scraping).
+pub(super) async fn kubelet_get(state: &State, node: &str, path: &str) -> Result<Bytes, ApiError> {
+    let (host, port) = kubelet_endpoint(state, node)?;
+    let unavailable = |e: &dyn std::fmt::Display| {
+        ApiError::service_unavailable(format!("unable to fetch metrics from node {node}: {e}"))
+    };
+    let tcp = TcpStream::connect((host.as_str(), port))
+        .await
+        .map_err(|e| unavailable(&e))?;
+    let name = ServerName::try_from(host.clone()).map_err(|e| unavailable(&e))?;
+    let tls = kubelet_tls(state)?
+        .connect(name, tcp)
+        .await
+        .map_err(|e| unavailable(&e))?;
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tls))
+        .await
+        .map_err(|e| unavailable(&e))?;
+    tokio::spawn(conn);
+    let req = Request::get(path)
+        .header(header::HOST, format!("{host}:{port}"))
+        .body(Empty::<Bytes>::new())
+        .map_err(|e| ApiError::internal(e.to_string()))?;
+    let resp = sender
+        .send_request(req)
+        .await
+        .map_err(|e| unavailable(&e))?;
+    let status = resp.status();
+    let body = resp
+        .into_body()
+        .collect()
+        .await
+        .map_err(|e| unavailable(&e))?
+        .to_bytes();
+    if !status.is_success() {
+        return Err(unavailable(&format!("the kubelet answered {status}")));
+    }
+    Ok(body)
+}

@@ -83,6 +83,26 @@ pub(super) async fn dispatch(
             rt.plural
         )));
     }
+    if rt.read_only {
+        let result = match (&method, name.as_deref()) {
+            (&Method::GET, Some(n)) => {
+                super::metrics::get(&state, rt, r.namespace.as_deref(), n).await
+            }
+            (&Method::GET, None) => match watch::Filter::from_query(rt, r.namespace.as_deref(), &q)
+            {
+                Ok(filter) => super::metrics::list(&state, rt, &filter).await,
+                Err(e) => Err(e),
+            },
+            _ => Err(ApiError::method_not_allowed(format!(
+                "{} are read-only",
+                rt.plural
+            ))),
+        };
+        return match result {
+            Ok(v) => value_response(200, &v),
+            Err(e) => error_response(&e),
+        };
+    }
     let outcome = match (&method, name.as_deref(), sub.as_deref()) {
         (&Method::GET, None, None) if r.watch_prefix || q.flag("watch") => {
             return watch::watch(state, &r, &q, as_table);
@@ -266,9 +286,6 @@ fn entry_value(e: &Entry) -> Value {
 
 fn get(state: &State, r: &ResourceRoute, name: &str) -> Result<(u16, Value)> {
     let rt = resources::get(r.res);
-    if rt.read_only {
-        return strategy::read_only_get(state, rt, r.namespace.as_deref(), name).map(|v| (200, v));
-    }
     state
         .store
         .get(r.res, &key(rt, r.namespace.as_deref(), name))
@@ -286,9 +303,6 @@ struct Continue {
 fn list(state: &State, r: &ResourceRoute, q: &Query, as_table: bool) -> Result<(u16, Value)> {
     let rt = resources::get(r.res);
     let filter = watch::Filter::from_query(rt, r.namespace.as_deref(), q)?;
-    if rt.read_only {
-        return strategy::read_only_list(state, rt, &filter).map(|v| (200, v));
-    }
     let start = match q.get("continue").filter(|c| !c.is_empty()) {
         Some(token) => {
             let raw = B64URL

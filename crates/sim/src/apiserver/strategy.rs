@@ -1252,27 +1252,3 @@ fn finalize_namespace(state: &State, name: &str, body: &Value) -> Result<(u16, V
         .map(|e| (200, (*e.object).clone()))
         .map_err(|e| ApiError::conflict("", "namespaces", name, &e.to_string()))
 }
-
-/// Reads of computed resources (metrics).
-pub(super) fn read_only_get(
-    _state: &State,
-    rt: &ResourceType,
-    _ns: Option<&str>,
-    name: &str,
-) -> Result<Value, ApiError> {
-    Err(ApiError::not_found(rt.group, rt.plural, name))
-}
-
-/// Lists of computed resources (metrics).
-pub(super) fn read_only_list(
-    state: &State,
-    rt: &ResourceType,
-    _filter: &super::watch::Filter,
-) -> Result<Value, ApiError> {
-    Ok(rest::list_value(
-        rt,
-        Vec::new(),
-        state.store.current_rv(),
-        None,
-    ))
-}

@@ -1,0 +1,245 @@
+//! End to end through the real `kubectl`: logs, exec (SPDY and WebSocket), attach,
+//! port-forward (both transports) and top, for pods on simulated nodes, going API server ->
+//! kubelet API exactly as on a real cluster.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::PathBuf;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use tensile_sim::env::TestEnv;
+
+struct Env {
+    _env: TestEnv,
+    runtime: tokio::runtime::Runtime,
+    kubeconfig: PathBuf,
+}
+
+impl Env {
+    fn start() -> Self {
+        let runtime = tokio::runtime::Runtime::new().unwrap();
+        let env = runtime.block_on(TestEnv::start(1)).unwrap();
+        let kubeconfig = env.clusters[0].kubeconfig.clone();
+        Self {
+            _env: env,
+            runtime,
+            kubeconfig,
+        }
+    }
+
+    fn cmd(&self, args: &[&str]) -> Command {
+        let mut c = Command::new("kubectl");
+        c.arg("--kubeconfig")
+            .arg(&self.kubeconfig)
+            .arg("--request-timeout=20s")
+            .args(args);
+        c
+    }
+
+    fn run(&self, args: &[&str], envs: &[(&str, &str)], stdin: Option<&[u8]>) -> Output {
+        let mut c = self.cmd(args);
+        c.envs(envs.iter().copied())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let mut child = c.spawn().unwrap();
+        let mut input = child.stdin.take().unwrap();
+        if let Some(bytes) = stdin {
+            input.write_all(bytes).unwrap();
+        }
+        drop(input);
+        child.wait_with_output().unwrap()
+    }
+
+    fn ok(&self, args: &[&str]) -> String {
+        let out = self.run(args, &[], None);
+        assert!(
+            out.status.success(),
+            "kubectl {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// Waits, with a deadline, until `f` holds.
+    fn until(&self, what: &str, mut f: impl FnMut() -> bool) {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !f() {
+            assert!(Instant::now() < deadline, "timed out waiting for {what}");
+            self.runtime
+                .block_on(tokio::time::sleep(Duration::from_millis(200)));
+        }
+    }
+}
+
+/// A kubectl process that is killed when the test ends, pass or fail.
+struct Running(Child);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn pod_manifest() -> &'static str {
+    "apiVersion: v1\nkind: Pod\nmetadata:\n  name: web\n  labels: {app: web}\nspec:\n  containers:\n  - name: web\n    image: nginx:1.27\n    command: [\"sh\", \"-c\", \"echo hello from web; sleep 100000\"]\n    env: [{name: GREETING, value: hi}]\n    ports: [{containerPort: 8080}, {containerPort: 9090}]\n    resources: {requests: {cpu: 250m, memory: 64Mi}}\n"
+}
+
+fn setup() -> Env {
+    let env = Env::start();
+    let file = env.kubeconfig.with_file_name("web.yaml");
+    std::fs::write(&file, pod_manifest()).unwrap();
+    env.ok(&["apply", "-f", file.to_str().unwrap()]);
+    env.until("pod running", || {
+        env.ok(&["get", "pod", "web", "-o", "jsonpath={.status.phase}"]) == "Running"
+    });
+    env
+}
+
+#[test]
+fn logs_exec_and_attach_through_the_api_server() {
+    let env = setup();
+    assert_eq!(
+        env.ok(&["logs", "web"]),
+        "container web of pod web started (image nginx:1.27)\nhello from web\n"
+    );
+    assert_eq!(env.ok(&["logs", "web", "--tail=1"]), "hello from web\n");
+
+    // Follow streams new lines as they come.
+    let mut follow = Running(
+        env.cmd(&["logs", "-f", "web"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let mut stdout = follow.0.stdout.take().unwrap();
+    let mut seen = String::new();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut buf = [0u8; 256];
+    while !seen.contains("tick 2") {
+        assert!(Instant::now() < deadline, "no streamed lines: {seen}");
+        let n = stdout.read(&mut buf).unwrap();
+        assert!(n > 0, "log stream ended: {seen}");
+        seen.push_str(&String::from_utf8_lossy(&buf[..n]));
+    }
+    drop(follow);
+
+    for (mode, envs) in [
+        ("SPDY", vec![("KUBECTL_REMOTE_COMMAND_WEBSOCKETS", "false")]),
+        ("WebSocket", vec![]),
+    ] {
+        let out = env.run(&["exec", "web", "--", "echo", "hi", "there"], &envs, None);
+        assert_eq!(String::from_utf8_lossy(&out.stdout), "hi there\n", "{mode}");
+        let out = env.run(&["exec", "web", "--", "env"], &envs, None);
+        assert!(
+            String::from_utf8_lossy(&out.stdout).contains("GREETING=hi\n"),
+            "{mode}"
+        );
+        let out = env.run(
+            &["exec", "web", "--", "sh", "-c", "echo a; exit 3"],
+            &envs,
+            None,
+        );
+        assert_eq!(
+            out.status.code(),
+            Some(3),
+            "{mode}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let out = env.run(
+            &["exec", "-i", "web", "--", "cat"],
+            &envs,
+            Some(b"through stdin\n"),
+        );
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout),
+            "through stdin\n",
+            "{mode}"
+        );
+        let out = env.run(&["exec", "web", "--", "nosuch"], &envs, None);
+        assert!(!out.status.success());
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains("executable file not found"),
+            "{mode}"
+        );
+        let out = env.run(&["attach", "-i", "web"], &envs, Some(b"echoed\n"));
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            text.contains("attached to web") && text.contains("echoed"),
+            "{mode}: {text}"
+        );
+    }
+}
+
+fn forwarded_port(child: &mut Child) -> u16 {
+    let mut out = child.stdout.take().unwrap();
+    let mut seen = String::new();
+    let mut buf = [0u8; 256];
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Some(line) = seen
+            .lines()
+            .find(|l| l.starts_with("Forwarding from 127.0.0.1:"))
+        {
+            let port = line
+                .trim_start_matches("Forwarding from 127.0.0.1:")
+                .split(' ')
+                .next()
+                .unwrap();
+            // kubectl keeps writing "Handling connection..." lines: keep draining them, or the
+            // closed pipe kills it.
+            std::thread::spawn(move || std::io::copy(&mut out, &mut std::io::sink()));
+            return port.parse().unwrap();
+        }
+        assert!(Instant::now() < deadline, "no port: {seen}");
+        let n = out.read(&mut buf).unwrap();
+        assert!(n > 0, "port-forward ended: {seen}");
+        seen.push_str(&String::from_utf8_lossy(&buf[..n]));
+    }
+}
+
+#[test]
+fn port_forward_over_both_transports_and_top() {
+    let env = setup();
+    for envs in [vec![("KUBECTL_PORT_FORWARD_WEBSOCKETS", "false")], vec![]] {
+        let mut pf = Running(
+            env.cmd(&["port-forward", "pod/web", ":8080", ":9090"])
+                .envs(envs.iter().copied())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap(),
+        );
+        let port = forwarded_port(&mut pf.0);
+        let handles: Vec<_> = (0..4)
+            .map(|i| {
+                std::thread::spawn(move || {
+                    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+                    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+                    let msg = format!("connection {i} says hello");
+                    s.write_all(msg.as_bytes()).unwrap();
+                    let mut got = vec![0u8; msg.len()];
+                    s.read_exact(&mut got).unwrap();
+                    assert_eq!(got, msg.as_bytes());
+                })
+            })
+            .collect();
+        for h in handles {
+            h.join().unwrap();
+        }
+    }
+    env.until("pod metrics", || {
+        env.run(&["top", "pod", "web", "--no-headers"], &[], None)
+            .status
+            .success()
+    });
+    let top = env.ok(&["top", "pod", "web", "--no-headers"]);
+    let cols: Vec<&str> = top.split_whitespace().collect();
+    assert_eq!(cols, ["web", "250m", "64Mi"]);
+    let nodes = env.ok(&["top", "node", "--no-headers"]);
+    assert_eq!(nodes.lines().count(), 2, "{nodes}");
+}
