@@ -113,3 +113,46 @@ impl StreamBackend for FakeBackend {
         Ok(PortForwardStream::new(ours))
     }
 }
+
+impl tensile_kubelet::KubeletBackend for FakeBackend {
+    async fn logs(
+        &self,
+        pod: tensile_kubelet::PodRef,
+        container: String,
+        options: tensile_kubelet::LogOptions,
+    ) -> Result<tensile_kubelet::LogStream, BackendError> {
+        if pod.name != "web" {
+            return Err(BackendError::new(format!("pod {} not found", pod.name)));
+        }
+        let lines = [
+            format!("{container} line 1\n"),
+            format!("{container} line 2\n"),
+        ];
+        let skip = options
+            .tail_lines
+            .map_or(0, |t| lines.len().saturating_sub(t as usize));
+        let text: String = lines[skip..].concat();
+        Ok(Box::pin(futures::stream::once(async move {
+            Ok(bytes::Bytes::from(text))
+        })))
+    }
+
+    async fn pods(&self) -> Result<Vec<k8s_openapi::api::core::v1::Pod>, BackendError> {
+        Ok(vec![
+            serde_json::from_value(
+                serde_json::json!({"metadata": {"name": "web", "namespace": "default"}}),
+            )
+            .unwrap(),
+        ])
+    }
+
+    async fn stats(&self) -> Result<tensile_kubelet::stats::Summary, BackendError> {
+        Ok(tensile_kubelet::stats::Summary {
+            node: tensile_kubelet::stats::NodeStats {
+                node_name: "node-1".into(),
+                ..Default::default()
+            },
+            pods: Vec::new(),
+        })
+    }
+}

@@ -1,0 +1,385 @@
+//! The kubelet HTTPS server: authentication (client certificates, TokenReview), authorization
+//! (SubjectAccessReview, cached), routes, 404/405, bad query values. The API server answering
+//! the reviews is a fake that records what it is asked.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
+
+mod common;
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Empty, Full};
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use rcgen::{
+    BasicConstraints, CertificateParams, CertifiedIssuer, DnType, ExtendedKeyUsagePurpose, IsCa,
+    KeyPair,
+};
+use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use serde_json::{Value, json};
+use tensile_kubelet::{
+    Auth, KubeletServer, KubeletServerConfig, ServingCert, StreamingConfig, WebhookAuth,
+};
+use tokio::net::{TcpListener, TcpStream};
+
+use common::backend::FakeBackend;
+
+struct Ca(CertifiedIssuer<'static, KeyPair>);
+
+impl Ca {
+    fn new(name: &str) -> Self {
+        let mut p = CertificateParams::new(Vec::<String>::new()).unwrap();
+        p.distinguished_name.push(DnType::CommonName, name);
+        p.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        Self(CertifiedIssuer::self_signed(p, KeyPair::generate().unwrap()).unwrap())
+    }
+
+    fn issue(&self, cn: &str, group: Option<&str>, server: bool) -> (String, String) {
+        let sans = if server {
+            vec!["127.0.0.1".to_owned()]
+        } else {
+            Vec::new()
+        };
+        let mut p = CertificateParams::new(sans).unwrap();
+        p.distinguished_name.push(DnType::CommonName, cn);
+        if let Some(g) = group {
+            p.distinguished_name.push(DnType::OrganizationName, g);
+        }
+        p.extended_key_usages = vec![if server {
+            ExtendedKeyUsagePurpose::ServerAuth
+        } else {
+            ExtendedKeyUsagePurpose::ClientAuth
+        }];
+        let key = KeyPair::generate().unwrap();
+        (
+            p.signed_by(&key, &self.0).unwrap().pem(),
+            key.serialize_pem(),
+        )
+    }
+}
+
+/// An API server that knows two tokens and allows alice and the API server's identity.
+async fn fake_apiserver(reviews: Arc<AtomicUsize>) -> String {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        loop {
+            let Ok((tcp, _)) = listener.accept().await else {
+                return;
+            };
+            let reviews = reviews.clone();
+            tokio::spawn(async move {
+                let svc = service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
+                    let reviews = reviews.clone();
+                    async move {
+                        let path = req.uri().path().to_owned();
+                        let mut body: Value = serde_json::from_slice(
+                            &req.into_body().collect().await.unwrap().to_bytes(),
+                        )
+                        .unwrap();
+                        if path.ends_with("/tokenreviews") {
+                            body["status"] = match body["spec"]["token"].as_str() {
+                                Some("alice-token") => {
+                                    json!({"authenticated": true, "user": {"username": "alice", "groups": ["dev"]}})
+                                }
+                                Some("bob-token") => {
+                                    json!({"authenticated": true, "user": {"username": "bob"}})
+                                }
+                                _ => json!({"authenticated": false}),
+                            };
+                        } else {
+                            reviews.fetch_add(1, Ordering::SeqCst);
+                            let user = body["spec"]["user"].as_str().unwrap_or_default();
+                            let attrs = &body["spec"]["resourceAttributes"];
+                            assert_eq!(
+                                (attrs["resource"].as_str(), attrs["name"].as_str()),
+                                (Some("nodes"), Some("node-1"))
+                            );
+                            body["status"] = json!({"allowed": matches!(user, "alice" | "kube-apiserver-kubelet-client")});
+                        }
+                        let mut resp = hyper::Response::new(Full::new(Bytes::from(
+                            serde_json::to_vec(&body).unwrap(),
+                        )));
+                        *resp.status_mut() = hyper::StatusCode::CREATED;
+                        resp.headers_mut()
+                            .insert("content-type", "application/json".parse().unwrap());
+                        Ok::<_, Infallible>(resp)
+                    }
+                });
+                let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+                    .serve_connection(TokioIo::new(tcp), svc)
+                    .await;
+            });
+        }
+    });
+    format!("http://{addr}")
+}
+
+struct Setup {
+    addr: SocketAddr,
+    ca: Ca,
+    reviews: Arc<AtomicUsize>,
+    _server: KubeletServer,
+}
+
+async fn setup(auth_on: bool) -> Setup {
+    let ca = Ca::new("cluster-ca");
+    let (cert, key) = ca.issue("node-1", None, true);
+    let reviews = Arc::new(AtomicUsize::new(0));
+    let url = fake_apiserver(reviews.clone()).await;
+    let client = kube::Client::try_from(kube::Config::new(url.parse().unwrap())).unwrap();
+    let auth = if auth_on {
+        Auth::Webhook(Box::new(WebhookAuth::new(client, "node-1")))
+    } else {
+        Auth::Disabled
+    };
+    let config = KubeletServerConfig {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        cert: ServingCert::Pem { cert, key },
+        client_ca_pem: Some(ca.0.pem()),
+        auth,
+        streaming: StreamingConfig::default(),
+    };
+    let server = KubeletServer::start(config, FakeBackend::new())
+        .await
+        .unwrap();
+    Setup {
+        addr: server.addr(),
+        ca,
+        reviews,
+        _server: server,
+    }
+}
+
+/// One HTTPS request; `cert` is a client certificate and key.
+async fn request(
+    s: &Setup,
+    method: &str,
+    path: &str,
+    token: Option<&str>,
+    cert: Option<(String, String)>,
+) -> Result<(u16, String, Option<String>), String> {
+    let mut roots = rustls::RootCertStore::empty();
+    roots
+        .add(CertificateDer::from_pem_slice(s.ca.0.pem().as_bytes()).unwrap())
+        .unwrap();
+    let builder = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_root_certificates(roots);
+    let config = match cert {
+        Some((c, k)) => builder
+            .with_client_auth_cert(
+                vec![CertificateDer::from_pem_slice(c.as_bytes()).unwrap()],
+                PrivateKeyDer::from_pem_slice(k.as_bytes()).unwrap(),
+            )
+            .unwrap(),
+        None => builder.with_no_client_auth(),
+    };
+    let tcp = TcpStream::connect(s.addr)
+        .await
+        .map_err(|e| e.to_string())?;
+    let tls = tokio_rustls::TlsConnector::from(Arc::new(config))
+        .connect(ServerName::try_from("127.0.0.1").unwrap(), tcp)
+        .await
+        .map_err(|e| e.to_string())?;
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tls))
+        .await
+        .map_err(|e| e.to_string())?;
+    tokio::spawn(conn);
+    let mut req = hyper::Request::builder()
+        .method(method)
+        .uri(path)
+        .header("host", "node-1");
+    if let Some(t) = token {
+        req = req.header("authorization", format!("Bearer {t}"));
+    }
+    let resp = sender
+        .send_request(req.body(Empty::<Bytes>::new()).unwrap())
+        .await
+        .map_err(|e| e.to_string())?;
+    let status = resp.status().as_u16();
+    let allow = resp
+        .headers()
+        .get("allow")
+        .map(|v| v.to_str().unwrap().to_owned());
+    let body = resp
+        .into_body()
+        .collect()
+        .await
+        .map_err(|e| e.to_string())?
+        .to_bytes();
+    Ok((status, String::from_utf8_lossy(&body).into_owned(), allow))
+}
+
+#[tokio::test]
+async fn checklist_58_anonymous_and_unknown_tokens_get_401() {
+    let s = setup(true).await;
+    assert_eq!(
+        request(&s, "GET", "/pods", None, None).await.unwrap().0,
+        401
+    );
+    assert_eq!(
+        request(&s, "GET", "/pods", Some("nobody"), None)
+            .await
+            .unwrap()
+            .0,
+        401
+    );
+    assert_eq!(
+        request(&s, "GET", "/no/such/path", None, None)
+            .await
+            .unwrap()
+            .0,
+        401,
+        "nothing is revealed before authentication"
+    );
+}
+
+#[tokio::test]
+async fn tokens_are_reviewed_and_authorized_per_user_with_cached_decisions() {
+    let s = setup(true).await;
+    let (code, body, _) = request(&s, "GET", "/pods", Some("alice-token"), None)
+        .await
+        .unwrap();
+    assert_eq!(code, 200, "{body}");
+    let pods: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(pods["kind"], "PodList");
+    let (code, body, _) = request(
+        &s,
+        "GET",
+        "/containerLogs/default/web/c",
+        Some("bob-token"),
+        None,
+    )
+    .await
+    .unwrap();
+    assert_eq!(code, 403);
+    assert!(
+        body.contains("user=bob") && body.contains("subresource(proxy)"),
+        "{body}"
+    );
+    let before = s.reviews.load(Ordering::SeqCst);
+    request(&s, "GET", "/pods", Some("alice-token"), None)
+        .await
+        .unwrap();
+    assert_eq!(
+        s.reviews.load(Ordering::SeqCst),
+        before,
+        "the decision was cached"
+    );
+}
+
+#[tokio::test]
+async fn the_api_servers_client_certificate_is_accepted_and_other_cas_are_refused() {
+    let s = setup(true).await;
+    let cert = s.ca.issue(
+        "kube-apiserver-kubelet-client",
+        Some("system:masters"),
+        false,
+    );
+    let (code, body, _) = request(
+        &s,
+        "GET",
+        "/containerLogs/default/web/c?tailLines=1",
+        None,
+        Some(cert),
+    )
+    .await
+    .unwrap();
+    assert_eq!((code, body.as_str()), (200, "c line 2\n"));
+    let stranger = Ca::new("other-ca").issue("kube-apiserver-kubelet-client", None, false);
+    assert!(
+        request(&s, "GET", "/pods", None, Some(stranger))
+            .await
+            .is_err(),
+        "handshake refused"
+    );
+}
+
+#[tokio::test]
+async fn checklist_62_64_67_routes_methods_and_bad_values() {
+    let s = setup(false).await;
+    assert_eq!(
+        request(&s, "GET", "/healthz", None, None).await.unwrap().1,
+        "ok"
+    );
+    assert_eq!(
+        request(&s, "GET", "/unknown", None, None).await.unwrap().0,
+        404
+    );
+    let (code, _, allow) = request(&s, "POST", "/pods", None, None).await.unwrap();
+    assert_eq!((code, allow.as_deref()), (405, Some("GET")));
+    assert_eq!(
+        request(
+            &s,
+            "GET",
+            "/containerLogs/default/web/c?tailLines=-1",
+            None,
+            None
+        )
+        .await
+        .unwrap()
+        .0,
+        400
+    );
+    assert_eq!(
+        request(
+            &s,
+            "GET",
+            "/containerLogs/default/web/c?limitBytes=0",
+            None,
+            None
+        )
+        .await
+        .unwrap()
+        .0,
+        400
+    );
+    assert_eq!(
+        request(
+            &s,
+            "GET",
+            "/containerLogs/default/web/c?sinceSeconds=5&sinceTime=2026-11-22T10:00:00Z",
+            None,
+            None
+        )
+        .await
+        .unwrap()
+        .0,
+        400
+    );
+    let (code, body, _) = request(&s, "GET", "/stats/summary", None, None)
+        .await
+        .unwrap();
+    assert_eq!(code, 200);
+    assert_eq!(
+        serde_json::from_str::<Value>(&body).unwrap()["node"]["nodeName"],
+        "node-1"
+    );
+    let (code, body, _) = request(&s, "GET", "/metrics/resource", None, None)
+        .await
+        .unwrap();
+    assert_eq!(code, 200);
+    assert!(body.contains("resource_scrape_error 0"), "{body}");
+    // Streaming routes need an upgrade: a plain GET is a 400 with the reason.
+    assert_eq!(
+        request(
+            &s,
+            "GET",
+            "/exec/default/web/c?command=ls&output=1",
+            None,
+            None
+        )
+        .await
+        .unwrap()
+        .0,
+        400
+    );
+}
