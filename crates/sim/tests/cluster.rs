@@ -305,3 +305,105 @@ async fn a_node_whose_lease_expires_goes_unknown_and_is_tainted_unreachable() {
         .collect();
     assert_eq!(effects, ["NoSchedule", "NoExecute"]);
 }
+
+/// A scheduler extender on loopback: filters out `*-node-1`, and every node for pods labelled
+/// `reject=all`; prefers `*-node-3`.
+async fn extender() -> String {
+    use http_body_util::BodyExt;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        loop {
+            let Ok((tcp, _)) = listener.accept().await else {
+                return;
+            };
+            tokio::spawn(async move {
+                let svc = hyper::service::service_fn(
+                    |req: hyper::Request<hyper::body::Incoming>| async move {
+                        let path = req.uri().path().to_owned();
+                        let args: serde_json::Value = serde_json::from_slice(
+                            &req.into_body().collect().await.unwrap().to_bytes(),
+                        )
+                        .unwrap();
+                        let names: Vec<String> = args["nodenames"]
+                            .as_array()
+                            .unwrap()
+                            .iter()
+                            .map(|n| n.as_str().unwrap().to_owned())
+                            .collect();
+                        let reject_all = args["pod"]["metadata"]["labels"]["reject"] == "all";
+                        let out = if path.ends_with("/filter") {
+                            let (kept, failed): (Vec<String>, Vec<String>) = names
+                                .into_iter()
+                                .partition(|n| !reject_all && !n.ends_with("-node-1"));
+                            let failed: serde_json::Map<String, serde_json::Value> = failed
+                                .into_iter()
+                                .map(|n| (n, json!("node(s) are too busy")))
+                                .collect();
+                            json!({"nodenames": kept, "failedNodes": failed, "error": ""})
+                        } else {
+                            json!(names.iter().map(|n| json!({"host": n, "score": if n.ends_with("-node-3") { 10 } else { 0 }})).collect::<Vec<_>>())
+                        };
+                        Ok::<_, std::convert::Infallible>(hyper::Response::new(
+                            http_body_util::Full::new(bytes::Bytes::from(
+                                serde_json::to_vec(&out).unwrap(),
+                            )),
+                        ))
+                    },
+                );
+                let _ = hyper_util::server::conn::auto::Builder::new(
+                    hyper_util::rt::TokioExecutor::new(),
+                )
+                .serve_connection(hyper_util::rt::TokioIo::new(tcp), svc)
+                .await;
+            });
+        }
+    });
+    format!("http://{addr}/scheduler")
+}
+
+#[tokio::test]
+async fn the_scheduler_calls_extenders_to_filter_and_prioritize() {
+    use tensile_sim::apiserver::controllers::SchedulerExtender;
+    let env = TestEnv::start_with(vec![ClusterSpec::new("c1", 3)])
+        .await
+        .unwrap();
+    let c = &env.clusters[0];
+    c.server()
+        .unwrap()
+        .set_scheduler_extenders(vec![SchedulerExtender {
+            url_prefix: extender().await,
+            filter_verb: Some("filter".into()),
+            prioritize_verb: Some("prioritize".into()),
+            weight: 5,
+            node_cache_capable: true,
+            ignorable: false,
+            ca_pem: None,
+        }]);
+    let pods: Api<Pod> = Api::namespaced(c.client.clone(), "default");
+    for (name, labels) in [
+        ("chosen", json!({})),
+        ("rejected", json!({"reject": "all"})),
+    ] {
+        pods.create(&PostParams::default(), &from(json!({"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "labels": labels}, "spec": {"containers": [{"name": "c", "image": "i"}]}}))).await.unwrap();
+    }
+    let node = eventually(30, "bound", || async {
+        pods.get("chosen").await.ok()?.spec?.node_name
+    })
+    .await;
+    assert_eq!(node, "c1-node-3");
+    let message = eventually(30, "unschedulable", || async {
+        let c = pods
+            .get("rejected")
+            .await
+            .ok()?
+            .status?
+            .conditions?
+            .into_iter()
+            .find(|c| c.type_ == "PodScheduled")?;
+        (c.reason.as_deref() == Some("Unschedulable")).then(|| c.message.unwrap_or_default())
+    })
+    .await;
+    assert_eq!(message, "0/3 nodes are available: 3 node(s) are too busy.");
+}

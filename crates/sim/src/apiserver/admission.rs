@@ -4,20 +4,11 @@
 //! `failurePolicy` honoured (Fail by default), denials reported with the webhook's name.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
 use std::time::Duration;
 
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as B64;
-use bytes::Bytes;
-use http::{Request, header};
-use http_body_util::{BodyExt, Full};
-use hyper_util::rt::TokioIo;
-use rustls::RootCertStore;
-use rustls_pki_types::ServerName;
 use serde_json::{Value, json};
-use tokio::net::TcpStream;
-use tokio_rustls::TlsConnector;
 
 use super::errors::ApiError;
 use super::meta;
@@ -25,7 +16,6 @@ use super::resources::{ResourceType, ids};
 use super::selectors::LabelSelector;
 use super::store::ObjKey;
 use super::{State, UserInfo};
-use crate::certs::{certs_from_pem, provider};
 
 /// Runs every matching mutating webhook on `obj` (`old` set for updates).
 pub(super) async fn mutate(
@@ -169,7 +159,7 @@ async fn call(
     let body = serde_json::to_vec(&review).map_err(|e| e.to_string())?;
     let reply = tokio::time::timeout(
         Duration::from_secs(timeout),
-        post(&url, &server_name, ca.as_deref(), body),
+        super::client::post_json(&url, &server_name, ca.as_deref(), body),
     )
     .await
     .map_err(|_| format!("Post \"{url}\": context deadline exceeded"))??;
@@ -245,73 +235,6 @@ fn target(state: &State, client: &Value) -> Result<(String, String), String> {
         format!("https://{ip}:{ep_port}{path}"),
         format!("{name}.{ns}.svc"),
     ))
-}
-
-async fn post(
-    url: &str,
-    server_name: &str,
-    ca_pem: Option<&str>,
-    body: Vec<u8>,
-) -> Result<Vec<u8>, String> {
-    let uri: http::Uri = url
-        .parse()
-        .map_err(|e| format!("invalid url {url:?}: {e}"))?;
-    if uri.scheme_str() != Some("https") {
-        return Err(format!("webhook url {url:?} must use https"));
-    }
-    let host = uri
-        .host()
-        .ok_or("url has no host")?
-        .trim_matches(['[', ']'])
-        .to_owned();
-    let port = uri.port_u16().unwrap_or(443);
-    let ca_pem = ca_pem.ok_or("the webhook has no caBundle to verify it with")?;
-    let mut roots = RootCertStore::empty();
-    for cert in certs_from_pem("caBundle", ca_pem).map_err(|e| e.to_string())? {
-        roots.add(cert).map_err(|e| e.to_string())?;
-    }
-    let config = rustls::ClientConfig::builder_with_provider(provider())
-        .with_safe_default_protocol_versions()
-        .map_err(|e| e.to_string())?
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    let tcp = TcpStream::connect((host.as_str(), port))
-        .await
-        .map_err(|e| format!("Post \"{url}\": dial tcp {host}:{port}: {e}"))?;
-    let name = ServerName::try_from(server_name.to_owned()).map_err(|e| e.to_string())?;
-    let tls = TlsConnector::from(Arc::new(config))
-        .connect(name, tcp)
-        .await
-        .map_err(|e| format!("Post \"{url}\": tls: {e}"))?;
-    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tls))
-        .await
-        .map_err(|e| e.to_string())?;
-    tokio::spawn(conn);
-    let path = uri
-        .path_and_query()
-        .map(|p| p.as_str().to_owned())
-        .unwrap_or_else(|| "/".into());
-    let req = Request::post(path)
-        .header(header::HOST, format!("{host}:{port}"))
-        .header(header::CONTENT_TYPE, "application/json")
-        .header(header::ACCEPT, "application/json")
-        .body(Full::new(Bytes::from(body)))
-        .map_err(|e| e.to_string())?;
-    let resp = sender
-        .send_request(req)
-        .await
-        .map_err(|e| format!("Post \"{url}\": {e}"))?;
-    let status = resp.status();
-    let bytes = resp
-        .into_body()
-        .collect()
-        .await
-        .map_err(|e| e.to_string())?
-        .to_bytes();
-    if !status.is_success() {
-        return Err(format!("Post \"{url}\": the webhook answered {status}"));
-    }
-    Ok(bytes.to_vec())
 }
 
 fn apply_response(

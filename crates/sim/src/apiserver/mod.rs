@@ -5,6 +5,7 @@
 //! real `kubectl`. What it simplifies is listed in `docs/sim.md`.
 
 mod admission;
+mod client;
 pub mod controllers;
 pub mod discovery;
 pub mod errors;
@@ -116,12 +117,18 @@ pub struct State {
     pub url: String,
     tokens: Mutex<HashMap<String, UserInfo>>,
     metrics: metrics::MetricsCache,
+    extenders: Mutex<Vec<controllers::SchedulerExtender>>,
 }
 
 impl State {
     /// The user a bearer token belongs to.
     pub fn user_for_token(&self, token: &str) -> Option<UserInfo> {
         self.tokens.lock().ok()?.get(token).cloned()
+    }
+
+    /// The scheduler extenders in use.
+    pub fn scheduler_extenders(&self) -> Vec<controllers::SchedulerExtender> {
+        self.extenders.lock().map(|e| e.clone()).unwrap_or_default()
     }
 
     /// Issues a new bearer token for a user (TokenRequest, test users).
@@ -190,6 +197,7 @@ impl ApiServer {
         };
         let scheme = if config.tls { "https" } else { "http" };
         let url = format!("{scheme}://{}", SocketAddr::new(host, addr.port()));
+        let extenders = config.controllers.scheduler_extenders.clone();
         let state = Arc::new(State {
             store: Store::new(resources::RESOURCES.len(), config.watch_history),
             config,
@@ -198,6 +206,7 @@ impl ApiServer {
             url,
             tokens: Mutex::new(HashMap::new()),
             metrics: metrics::MetricsCache::default(),
+            extenders: Mutex::new(extenders),
         });
         let admin_token = state.issue_token(UserInfo {
             username: "kubernetes-admin".into(),
@@ -215,6 +224,13 @@ impl ApiServer {
             admin_cert,
             stop,
         })
+    }
+
+    /// Replaces the scheduler extenders (e.g. once an extender started by the caller listens).
+    pub fn set_scheduler_extenders(&self, extenders: Vec<controllers::SchedulerExtender>) {
+        if let Ok(mut e) = self.state.extenders.lock() {
+            *e = extenders;
+        }
     }
 
     /// The base URL (`https://127.0.0.1:PORT`).

@@ -41,6 +41,28 @@ pub struct Controllers {
     pub garbage_collector: bool,
     /// Empty and remove terminating namespaces.
     pub namespaces: bool,
+    /// Scheduler extenders called after the built-in filters (kube-scheduler's HTTP extender
+    /// protocol); can also be set while running, `ApiServer::set_scheduler_extenders`.
+    pub scheduler_extenders: Vec<SchedulerExtender>,
+}
+
+/// One scheduler extender, as in `KubeSchedulerConfiguration.extenders`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SchedulerExtender {
+    /// Base URL (`http://` or `https://`).
+    pub url_prefix: String,
+    /// Verb of the filter call, if it filters.
+    pub filter_verb: Option<String>,
+    /// Verb of the prioritize call, if it scores.
+    pub prioritize_verb: Option<String>,
+    /// Weight of its scores.
+    pub weight: i64,
+    /// Send node names only (the extender keeps its own node cache).
+    pub node_cache_capable: bool,
+    /// Scheduling goes on without it when it fails.
+    pub ignorable: bool,
+    /// CA of an `https` extender.
+    pub ca_pem: Option<String>,
 }
 
 impl Default for Controllers {
@@ -53,6 +75,7 @@ impl Default for Controllers {
             workloads: true,
             garbage_collector: true,
             namespaces: true,
+            scheduler_extenders: Vec::new(),
         }
     }
 }

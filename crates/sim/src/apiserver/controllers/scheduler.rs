@@ -3,7 +3,7 @@
 //! free room; pods that fit nowhere get `PodScheduled=False/Unschedulable` with
 //! kube-scheduler's message and are retried when the cluster changes.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -65,7 +65,7 @@ impl Scheduler {
         }
     }
 
-    fn schedule_pending(&mut self, state: &State) {
+    async fn schedule_pending(&mut self, state: &State) {
         let keys: Vec<ObjKey> = self.pending.iter().cloned().collect();
         for key in keys {
             let Some(entry) = state.store.get(*ids::PODS, &key) else {
@@ -80,7 +80,7 @@ impl Scheduler {
                 self.pending.remove(&key);
                 continue;
             };
-            match self.place(&pod) {
+            match self.place(state, &pod, &entry.object).await {
                 Ok(node) => {
                     let binding = json!({"apiVersion": "v1", "kind": "Binding", "metadata": {"name": key.name},
                         "target": {"apiVersion": "v1", "kind": "Node", "name": node}});
@@ -101,31 +101,208 @@ impl Scheduler {
         }
     }
 
-    /// The node with the most free CPU and memory (relative) among those that fit.
-    fn place(&self, pod: &Pod) -> Result<String, String> {
+    /// The nodes that pass the built-in filters, with a 0..=100 score for free room.
+    fn feasible(&self, pod: &Pod) -> Result<(Vec<(String, i128)>, usize, Vec<Vec<Unfit>>), String> {
         let req = PodRequirements::from_pod(pod).map_err(|e| e.to_string())?;
         let mut failures: Vec<Vec<Unfit>> = Vec::new();
-        let mut best: Option<(i128, String)> = None;
+        let mut fits = Vec::new();
         let mut total = 0;
         for node in self.model.nodes() {
             total += 1;
             match req.check(&node) {
-                Ok(()) => {
-                    let score =
-                        node.free.get("cpu") / 1_000_000 + node.free.get("memory") / (1 << 20);
-                    if best
-                        .as_ref()
-                        .is_none_or(|(s, n)| score > *s || (score == *s && node.name < n.as_str()))
-                    {
-                        best = Some((score, node.name.to_owned()));
-                    }
-                }
+                Ok(()) => fits.push((
+                    node.name.to_owned(),
+                    node.free.get("cpu") / 1_000_000 + node.free.get("memory") / (1 << 20),
+                )),
                 Err(unfit) => failures.push(unfit),
             }
         }
-        best.map(|(_, n)| n)
-            .ok_or_else(|| summarize(total, failures.iter().map(Vec::as_slice)))
+        let max = fits.iter().map(|(_, s)| *s).max().unwrap_or(0).max(1);
+        Ok((
+            fits.into_iter().map(|(n, s)| (n, s * 100 / max)).collect(),
+            total,
+            failures,
+        ))
     }
+
+    /// The best node: built-in filters, then the extenders' filters and scores.
+    async fn place(&self, state: &State, pod: &Pod, pod_json: &Value) -> Result<String, String> {
+        let (mut candidates, total, failures) = self.feasible(pod)?;
+        let extenders = state.scheduler_extenders();
+        let mut extender_reasons: BTreeMap<String, usize> = BTreeMap::new();
+        for ext in extenders.iter().filter(|e| e.filter_verb.is_some()) {
+            if candidates.is_empty() {
+                break;
+            }
+            let names: Vec<String> = candidates.iter().map(|(n, _)| n.clone()).collect();
+            match filter(state, ext, pod_json, &names).await {
+                Ok((kept, failed)) => {
+                    candidates.retain(|(n, _)| kept.contains(n));
+                    for reason in failed.values() {
+                        *extender_reasons.entry(reason.clone()).or_default() += 1;
+                    }
+                }
+                Err(e) if ext.ignorable => {
+                    tracing::warn!(extender = %ext.url_prefix, error = %e, "ignorable scheduler extender failed")
+                }
+                Err(e) => {
+                    return Err(format!(
+                        "0/{total} nodes are available: extender {}: {e}",
+                        ext.url_prefix
+                    ));
+                }
+            }
+        }
+        if candidates.is_empty() {
+            let mut message = summarize(total, failures.iter().map(Vec::as_slice));
+            if !extender_reasons.is_empty() {
+                let extra: Vec<String> = extender_reasons
+                    .iter()
+                    .map(|(r, n)| format!("{n} {r}"))
+                    .collect();
+                message = if message.ends_with(':') {
+                    format!("{message} {}.", extra.join(", "))
+                } else {
+                    format!("{}, {}.", message.trim_end_matches('.'), extra.join(", "))
+                };
+            }
+            return Err(message);
+        }
+        let mut scores: BTreeMap<String, i128> = candidates.iter().cloned().collect();
+        for ext in extenders.iter().filter(|e| e.prioritize_verb.is_some()) {
+            let names: Vec<String> = scores.keys().cloned().collect();
+            match prioritize(state, ext, pod_json, &names).await {
+                // Extender scores are 0..=10; kube-scheduler scales them to node scores (x10).
+                Ok(list) => {
+                    for (host, score) in list {
+                        if let Some(s) = scores.get_mut(&host) {
+                            *s += i128::from(score) * i128::from(ext.weight) * 10;
+                        }
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(extender = %ext.url_prefix, error = %e, "scheduler extender prioritize failed")
+                }
+            }
+        }
+        // Highest score; the first name among equals, for determinism.
+        let best = scores
+            .iter()
+            .max_by(|a, b| a.1.cmp(b.1).then_with(|| b.0.cmp(a.0)))
+            .map(|(n, _)| n.clone());
+        best.ok_or_else(|| summarize(total, failures.iter().map(Vec::as_slice)))
+    }
+}
+
+fn extender_args(
+    state: &State,
+    ext: &super::SchedulerExtender,
+    pod: &Value,
+    names: &[String],
+) -> Value {
+    if ext.node_cache_capable {
+        json!({"pod": pod, "nodenames": names})
+    } else {
+        let nodes: Vec<Value> = names
+            .iter()
+            .filter_map(|n| {
+                state
+                    .store
+                    .get(*ids::NODES, &ObjKey::new("", n))
+                    .map(|e| (*e.object).clone())
+            })
+            .collect();
+        json!({"pod": pod, "nodes": {"items": nodes}})
+    }
+}
+
+/// Calls one verb of an extender.
+async fn call_extender(
+    ext: &super::SchedulerExtender,
+    verb: &str,
+    args: &Value,
+) -> Result<Value, String> {
+    let url = format!("{}/{verb}", ext.url_prefix.trim_end_matches('/'));
+    let host = url
+        .parse::<http::Uri>()
+        .ok()
+        .and_then(|u| u.host().map(str::to_owned))
+        .unwrap_or_default();
+    let body = serde_json::to_vec(args).map_err(|e| e.to_string())?;
+    let reply = tokio::time::timeout(
+        Duration::from_secs(30),
+        super::super::client::post_json_with(&url, &host, ext.ca_pem.as_deref(), body, true),
+    )
+    .await
+    .map_err(|_| format!("Post \"{url}\": timed out"))??;
+    serde_json::from_slice(&reply).map_err(|e| format!("invalid answer from {url}: {e}"))
+}
+
+async fn filter(
+    state: &State,
+    ext: &super::SchedulerExtender,
+    pod: &Value,
+    names: &[String],
+) -> Result<(BTreeSet<String>, BTreeMap<String, String>), String> {
+    let verb = ext.filter_verb.as_deref().unwrap_or("filter");
+    let result = call_extender(ext, verb, &extender_args(state, ext, pod, names)).await?;
+    if let Some(err) = result
+        .get("error")
+        .and_then(Value::as_str)
+        .filter(|e| !e.is_empty())
+    {
+        return Err(err.to_owned());
+    }
+    let kept: BTreeSet<String> = match result.get("nodenames").and_then(Value::as_array) {
+        Some(list) => list
+            .iter()
+            .filter_map(|n| n.as_str().map(str::to_owned))
+            .collect(),
+        None => result
+            .pointer("/nodes/items")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .filter_map(|n| {
+                n.pointer("/metadata/name")
+                    .and_then(Value::as_str)
+                    .map(str::to_owned)
+            })
+            .collect(),
+    };
+    let mut failed = BTreeMap::new();
+    for key in ["failedNodes", "failedAndUnresolvableNodes"] {
+        for (n, r) in result
+            .get(key)
+            .and_then(Value::as_object)
+            .into_iter()
+            .flatten()
+        {
+            failed.insert(n.clone(), r.as_str().unwrap_or_default().to_owned());
+        }
+    }
+    Ok((kept, failed))
+}
+
+async fn prioritize(
+    state: &State,
+    ext: &super::SchedulerExtender,
+    pod: &Value,
+    names: &[String],
+) -> Result<Vec<(String, i64)>, String> {
+    let verb = ext.prioritize_verb.as_deref().unwrap_or("prioritize");
+    let result = call_extender(ext, verb, &extender_args(state, ext, pod, names)).await?;
+    Ok(result
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|h| {
+            Some((
+                h.get("host")?.as_str()?.to_owned(),
+                h.get("score")?.as_i64()?,
+            ))
+        })
+        .collect())
 }
 
 fn wants_scheduling(pod: &Value) -> bool {
@@ -190,7 +367,7 @@ impl Reconciler for Scheduler {
                 self.observe(res, &key, Some(&e.object));
             }
         }
-        self.schedule_pending(state);
+        self.schedule_pending(state).await;
     }
 
     async fn changed(&mut self, state: &State, events: Option<&[Arc<Event>]>) {
@@ -204,7 +381,7 @@ impl Reconciler for Scheduler {
             self.observe(e.res, &e.key, obj);
         }
         if relevant && !self.pending.is_empty() {
-            self.schedule_pending(state);
+            self.schedule_pending(state).await;
         }
     }
 }
