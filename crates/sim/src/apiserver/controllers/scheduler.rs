@@ -23,6 +23,16 @@ pub(super) async fn run(state: Arc<State>, stop: CancellationToken) {
     run_loop(state, stop, Duration::from_secs(5), Scheduler::new()).await;
 }
 
+/// The outcome of the built-in filters for a pod.
+struct Feasible {
+    /// Nodes that fit, with a 0..=100 score.
+    candidates: Vec<(String, i128)>,
+    /// Nodes looked at.
+    total: usize,
+    /// Why the others do not fit.
+    failures: Vec<Vec<Unfit>>,
+}
+
 struct Scheduler {
     model: CapacityModel,
     pending: BTreeSet<ObjKey>,
@@ -102,7 +112,7 @@ impl Scheduler {
     }
 
     /// The nodes that pass the built-in filters, with a 0..=100 score for free room.
-    fn feasible(&self, pod: &Pod) -> Result<(Vec<(String, i128)>, usize, Vec<Vec<Unfit>>), String> {
+    fn feasible(&self, pod: &Pod) -> Result<Feasible, String> {
         let req = PodRequirements::from_pod(pod).map_err(|e| e.to_string())?;
         let mut failures: Vec<Vec<Unfit>> = Vec::new();
         let mut fits = Vec::new();
@@ -127,7 +137,11 @@ impl Scheduler {
 
     /// The best node: built-in filters, then the extenders' filters and scores.
     async fn place(&self, state: &State, pod: &Pod, pod_json: &Value) -> Result<String, String> {
-        let (mut candidates, total, failures) = self.feasible(pod)?;
+        let Feasible {
+            mut candidates,
+            total,
+            failures,
+        } = self.feasible(pod)?;
         let extenders = state.scheduler_extenders();
         let mut extender_reasons: BTreeMap<String, usize> = BTreeMap::new();
         for ext in extenders.iter().filter(|e| e.filter_verb.is_some()) {
