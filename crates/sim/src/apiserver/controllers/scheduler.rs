@@ -128,11 +128,11 @@ impl Scheduler {
             }
         }
         let max = fits.iter().map(|(_, s)| *s).max().unwrap_or(0).max(1);
-        Ok((
-            fits.into_iter().map(|(n, s)| (n, s * 100 / max)).collect(),
+        Ok(Feasible {
+            candidates: fits.into_iter().map(|(n, s)| (n, s * 100 / max)).collect(),
             total,
             failures,
-        ))
+        })
     }
 
     /// The best node: built-in filters, then the extenders' filters and scores.
