@@ -94,22 +94,28 @@ async fn main() {
         let rv = rv.clone();
         watchers.push(tokio::spawn(async move {
             use futures::AsyncBufReadExt;
-            let req = http::Request::get(format!("/api/v1/pods?watch=1&resourceVersion={rv}&timeoutSeconds=290"))
-                .body(Vec::new())
-                .unwrap();
+            let req = http::Request::get(format!(
+                "/api/v1/pods?watch=1&resourceVersion={rv}&timeoutSeconds=290"
+            ))
+            .body(Vec::new())
+            .unwrap();
             let stream = client.request_stream(req).await.unwrap();
             futures::pin_mut!(stream);
             let mut lines = stream.lines();
             let mut latencies = Vec::with_capacity(pods_n);
             let mut pending: Vec<(String, Instant)> = Vec::new();
             while latencies.len() + pending.len() < pods_n {
-                let Some(line) = lines.next().await else { break };
+                let Some(line) = lines.next().await else {
+                    break;
+                };
                 let line = line.unwrap();
                 let got = Instant::now();
                 if !line.starts_with("{\"type\":\"ADDED\"") {
                     continue;
                 }
-                let Some(at) = line.find("\"name\":\"pod-") else { continue };
+                let Some(at) = line.find("\"name\":\"pod-") else {
+                    continue;
+                };
                 let rest = &line[at + 8..];
                 let name = rest[..rest.find('"').unwrap()].to_owned();
                 pending.push((name, got));

@@ -623,3 +623,60 @@ async fn patches_merge_json_and_strategic() {
         .unwrap_err();
     assert_eq!(api_error(e).code, 422);
 }
+
+#[tokio::test]
+async fn server_side_apply_creates_then_merges() {
+    let (_s, client) = server().await;
+    let cms: Api<k8s_openapi::api::core::v1::ConfigMap> = Api::namespaced(client, "default");
+    let pp = PatchParams::apply("fidelity").force();
+    let cm = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "applied"}, "data": {"a": "1"}});
+    let created = cms.patch("applied", &pp, &Patch::Apply(&cm)).await.unwrap();
+    assert_eq!(created.data.unwrap()["a"], "1");
+    let more = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "applied"}, "data": {"b": "2"}});
+    let merged = cms
+        .patch("applied", &pp, &Patch::Apply(&more))
+        .await
+        .unwrap();
+    let data = merged.data.unwrap();
+    assert_eq!(
+        (
+            data.get("a").map(String::as_str),
+            data.get("b").map(String::as_str)
+        ),
+        (Some("1"), Some("2"))
+    );
+}
+
+#[tokio::test]
+async fn send_initial_events_ends_with_a_bookmark() {
+    let (_s, client) = server().await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    pods.create(&PostParams::default(), &pod("a"))
+        .await
+        .unwrap();
+    let req = http::Request::get("/api/v1/namespaces/default/pods?watch=1&sendInitialEvents=true&allowWatchBookmarks=true&resourceVersionMatch=NotOlderThan")
+        .body(Vec::new())
+        .unwrap();
+    let mut events = client.request_events::<Pod>(req).await.unwrap().boxed();
+    let first = tokio::time::timeout(Duration::from_secs(10), events.try_next())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert!(matches!(first, WatchEvent::Added(p) if p.metadata.name.as_deref() == Some("a")));
+    let second = tokio::time::timeout(Duration::from_secs(10), events.try_next())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    match second {
+        WatchEvent::Bookmark(b) => assert_eq!(
+            b.metadata
+                .annotations
+                .get("k8s.io/initial-events-end")
+                .map(String::as_str),
+            Some("true")
+        ),
+        other => panic!("expected the initial-events bookmark, got {other:?}"),
+    }
+}
