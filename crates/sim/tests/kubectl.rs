@@ -402,3 +402,42 @@ fn kubectl_apply_label_patch_get_and_delete() {
     ]);
     assert!(!c.run(&["-n", "shop", "get", "cm", "dry"]).status.success());
 }
+
+#[test]
+fn kubectl_get_watch_prints_changes_as_they_happen() {
+    use std::io::Read;
+    let c = Cluster::start();
+    c.ok(&["create", "configmap", "first", "--from-literal=a=b"]);
+    let mut watch = Command::new(kubectl())
+        .arg("--kubeconfig")
+        .arg(c.dir.join("kubeconfig"))
+        .args(["get", "configmaps", "-w"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut out = watch.stdout.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut seen = String::new();
+        let mut buf = [0u8; 512];
+        while !seen.contains("second") {
+            match out.read(&mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => seen.push_str(&String::from_utf8_lossy(&buf[..n])),
+            }
+        }
+        seen
+    });
+    // Whether the watch has started or not, "second" must show (in the list or as an event).
+    c.ok(&["create", "configmap", "second", "--from-literal=a=b"]);
+    let waited = std::time::Instant::now();
+    while !reader.is_finished() && waited.elapsed() < std::time::Duration::from_secs(30) {
+        std::thread::yield_now();
+        std::thread::park_timeout(std::time::Duration::from_millis(50));
+    }
+    let _ = watch.kill();
+    let _ = watch.wait();
+    let seen = reader.join().unwrap();
+    assert!(seen.contains("first") && seen.contains("second"), "{seen}");
+    assert!(seen.starts_with("NAME"), "{seen}");
+}
