@@ -10,6 +10,7 @@
 //! - [`fit`]: the fit predicates shared by the scheduler extender, descheduler and capacity.
 //! - [`deps`]: which ConfigMaps, Secrets, PVCs and ServiceAccount a pod needs.
 //! - [`translate`]: upper pod -> lower pod, and lower copies of the objects it needs.
+//! - [`node`]: the virtual Node object, its conditions and taints, flag/env parsing.
 //! - [`plan`]: creation order of a pod's lower objects and what to do with existing ones.
 //! - [`update`]: which upper pod changes may be applied to the lower pod.
 //! - [`status`]: lower pod -> upper pod status.
@@ -20,6 +21,7 @@ pub mod cluster_selector;
 pub mod deps;
 pub mod fit;
 pub mod keys;
+pub mod node;
 pub mod plan;
 pub mod quantity;
 pub mod resources;
