@@ -4,3 +4,6 @@
 //!
 //! Built in issues 5 and 6 on top of `tensile-core`.
 #![forbid(unsafe_code)]
+
+pub mod clients;
+pub mod lower_backend;
