@@ -1,0 +1,232 @@
+//! The virtual Node: registered in the upper cluster, its status (capacity from the live model,
+//! health of the lower cluster) patched when it changes, its Lease in `kube-node-lease` renewed
+//! like a kubelet's (every 10 s, 40 s duration, owned by the Node).
+
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, Time};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::runtime::watcher;
+use serde_json::json;
+use tensile_core::capacity::CapacityModel;
+use tensile_core::node::{LowerHealth, NodeIdentity, node_health, virtual_node};
+use tensile_core::resources::ResourceVector;
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+/// Settings of the node loop.
+#[derive(Clone, Debug)]
+pub struct NodeLoop {
+    /// Identity, labels, taint, addresses.
+    pub identity: NodeIdentity,
+    /// Owner id: lower pods with this owner are not subtracted from capacity.
+    pub owner: String,
+    /// Report NotReady after the lower cluster has been unreachable this long (None: never).
+    pub not_ready_after: Option<Duration>,
+    /// Lease renewal period.
+    pub lease_renew: Duration,
+    /// Node status heartbeat when nothing changes.
+    pub heartbeat: Duration,
+}
+
+/// Capacity published by the tracker: (total, largest fit on one node).
+pub type Capacity = (ResourceVector, ResourceVector);
+
+/// Feeds the capacity model from watches of lower nodes and pods (never a re-list) and
+/// publishes the totals when they change.
+pub async fn track_capacity(
+    lower: kube::Client,
+    owner: String,
+    tx: watch::Sender<Capacity>,
+    stop: CancellationToken,
+) {
+    let nodes = watcher(Api::<Node>::all(lower.clone()), watcher::Config::default())
+        .map(|e| e.map(Either::Node));
+    let pods =
+        watcher(Api::<Pod>::all(lower), watcher::Config::default()).map(|e| e.map(Either::Pod));
+    let mut events = futures::stream::select(nodes.boxed(), pods.boxed());
+    let mut model = CapacityModel::new(owner);
+    loop {
+        let next = tokio::select! {
+            () = stop.cancelled() => return,
+            n = events.next() => n,
+        };
+        let Some(event) = next else { return };
+        let Ok(event) = event else {
+            // The watcher retries by itself; give it a moment.
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            continue;
+        };
+        match event {
+            Either::Node(e) => apply(
+                &mut model,
+                e,
+                |m, n: &Node| drop(m.apply_node(n)),
+                |m, n: &Node| m.remove_node(n.metadata.name.as_deref().unwrap_or_default()),
+            ),
+            Either::Pod(e) => apply(
+                &mut model,
+                e,
+                |m, p: &Pod| drop(m.apply_pod(p)),
+                |m, p: &Pod| {
+                    m.remove_pod(
+                        p.metadata.namespace.as_deref().unwrap_or_default(),
+                        p.metadata.name.as_deref().unwrap_or_default(),
+                    )
+                },
+            ),
+        }
+        let now = (model.total(), model.largest_fit());
+        tx.send_if_modified(|cur| {
+            if *cur == now {
+                false
+            } else {
+                *cur = now.clone();
+                true
+            }
+        });
+    }
+}
+
+enum Either {
+    Node(watcher::Event<Node>),
+    Pod(watcher::Event<Pod>),
+}
+
+fn apply<K>(
+    model: &mut CapacityModel,
+    e: watcher::Event<K>,
+    put: impl Fn(&mut CapacityModel, &K),
+    del: impl Fn(&mut CapacityModel, &K),
+) {
+    match e {
+        watcher::Event::Apply(o) | watcher::Event::InitApply(o) => put(model, &o),
+        watcher::Event::Delete(o) => del(model, &o),
+        watcher::Event::Init | watcher::Event::InitDone => {}
+    }
+}
+
+/// Registers the node and keeps its status and lease current until `stop`.
+pub async fn run_node(
+    upper: kube::Client,
+    lower: kube::Client,
+    cfg: NodeLoop,
+    mut capacity: watch::Receiver<Capacity>,
+    stop: CancellationToken,
+) {
+    let nodes: Api<Node> = Api::all(upper.clone());
+    let leases: Api<Lease> = Api::namespaced(upper.clone(), "kube-node-lease");
+    let name = cfg.identity.name.clone();
+    let mut health = LowerHealth::Reachable;
+    let mut ticker = tokio::time::interval(cfg.lease_renew);
+    let mut last_status = tokio::time::Instant::now() - cfg.heartbeat;
+    let mut published: Option<serde_json::Value> = None;
+    loop {
+        let capacity_changed = tokio::select! {
+            () = stop.cancelled() => return,
+            _ = ticker.tick() => false,
+            r = capacity.changed() => r.is_ok(),
+        };
+        // Ping the lower cluster with every tick: its health decides conditions and taints.
+        if !capacity_changed {
+            health = match tokio::time::timeout(Duration::from_secs(5), lower.apiserver_version())
+                .await
+            {
+                Ok(Ok(_)) => LowerHealth::Reachable,
+                Ok(Err(e)) => unreachable_since(&health, e.to_string()),
+                Err(_) => unreachable_since(&health, "timed out".into()),
+            };
+        }
+        let (total, largest) = capacity.borrow().clone();
+        let current = nodes.get_opt(&name).await.ok().flatten();
+        let previous = current
+            .as_ref()
+            .and_then(|n| n.status.as_ref())
+            .and_then(|s| s.conditions.clone())
+            .unwrap_or_default();
+        let now = Time(Timestamp::now());
+        let (conditions, taints) = node_health(&health, cfg.not_ready_after, &now, &previous);
+        let desired = virtual_node(&cfg.identity, &total, &largest, conditions, taints);
+        let node_uid = match &current {
+            None => match nodes.create(&PostParams::default(), &desired).await {
+                Ok(n) => n.metadata.uid,
+                Err(e) => {
+                    tracing::warn!(node = %name, error = %e, "registering the virtual node");
+                    continue;
+                }
+            },
+            Some(n) => n.metadata.uid.clone(),
+        };
+        // Status only when something but the heartbeat changed, or the heartbeat is due.
+        let fingerprint = json!({"capacity": desired.status.as_ref().map(|s| &s.capacity), "health": format!("{health:?}"),
+            "labels": desired.metadata.labels, "annotations": desired.metadata.annotations, "taints": desired.spec.as_ref().map(|s| &s.taints)});
+        let due = last_status.elapsed() >= cfg.heartbeat;
+        if current.is_some() && (due || published.as_ref() != Some(&fingerprint)) {
+            let meta = json!({"metadata": {"labels": desired.metadata.labels, "annotations": desired.metadata.annotations},
+                "spec": {"taints": desired.spec.as_ref().and_then(|s| s.taints.clone())}});
+            let status = json!({"status": desired.status});
+            let ok = nodes
+                .patch(&name, &PatchParams::default(), &Patch::Merge(meta))
+                .await
+                .is_ok()
+                && nodes
+                    .patch_status(&name, &PatchParams::default(), &Patch::Merge(status))
+                    .await
+                    .is_ok();
+            if ok {
+                published = Some(fingerprint);
+                last_status = tokio::time::Instant::now();
+            }
+        } else if current.is_none() {
+            published = Some(fingerprint);
+            last_status = tokio::time::Instant::now();
+        }
+        if !capacity_changed {
+            renew_lease(&leases, &name, node_uid.as_deref()).await;
+        }
+    }
+}
+
+fn unreachable_since(previous: &LowerHealth, reason: String) -> LowerHealth {
+    match previous {
+        LowerHealth::Unreachable { since, .. } => LowerHealth::Unreachable {
+            since: since.clone(),
+            reason,
+        },
+        LowerHealth::Reachable => LowerHealth::Unreachable {
+            since: Time(Timestamp::now()),
+            reason,
+        },
+    }
+}
+
+async fn renew_lease(leases: &Api<Lease>, name: &str, node_uid: Option<&str>) {
+    let spec = json!({"holderIdentity": name, "leaseDurationSeconds": 40, "renewTime": MicroTime(Timestamp::now())});
+    match leases.get_opt(name).await {
+        Ok(Some(_)) => {
+            let _ = leases
+                .patch(
+                    name,
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({"spec": spec})),
+                )
+                .await;
+        }
+        Ok(None) => {
+            let lease: Result<Lease, _> = serde_json::from_value(
+                json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+                "metadata": {"name": name, "namespace": "kube-node-lease",
+                    "ownerReferences": [{"apiVersion": "v1", "kind": "Node", "name": name, "uid": node_uid.unwrap_or_default()}]},
+                "spec": spec}),
+            );
+            if let Ok(lease) = lease {
+                let _ = leases.create(&PostParams::default(), &lease).await;
+            }
+        }
+        Err(e) => tracing::warn!(node = %name, error = %e, "renewing the node lease"),
+    }
+}

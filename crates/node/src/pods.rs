@@ -1,0 +1,587 @@
+//! The pod controller: upper pods bound to the virtual node and lower pods we created, each
+//! watched once (field selector `spec.nodeName=<node>` upstairs, our owner label downstairs);
+//! every change puts the pod's key on a work queue; a reconcile reads both caches, asks
+//! `tensile-core` what should be, and writes only the difference.
+
+use std::sync::Arc;
+
+use futures::{StreamExt, TryStreamExt};
+use k8s_openapi::api::core::v1::{
+    ConfigMap, Namespace, PersistentVolumeClaim, Pod, Secret, ServiceAccount,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
+use kube::Resource;
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, Preconditions};
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use serde_json::json;
+use tensile_core::deps::{
+    is_owned_by, lower_config_map, lower_namespace, lower_pvc, lower_secret, lower_service_account,
+    pod_dependencies,
+};
+use tensile_core::keys::{
+    CONDITION_OFFLOADED, EVENT_PROVIDER_CREATE_FAILED, EVENT_PROVIDER_CREATE_SUCCESS,
+    EVENT_PROVIDER_DELETE_SUCCESS, EVENT_PROVIDER_UPDATE_FAILED, EVENT_PROVIDER_UPDATE_SUCCESS,
+    LABEL_OWNER, REASON_NOT_OFFLOADED, REASON_PROVIDER_FAILED, owner_label_value,
+};
+use tensile_core::plan::{Existing, LowerKind, on_existing, pod_creation_plan};
+use tensile_core::status::{LowerAbsent, deletion_from_below, on_lower_absent, upper_status};
+use tensile_core::translate::{TranslateConfig, lower_pod, offload_decision};
+use tensile_core::update::{is_lower_pod_of, lower_pod_update};
+use tokio_util::sync::CancellationToken;
+
+use crate::queue::{Queue, Receiver};
+
+/// A pod key: (namespace, name), the same in both clusters.
+pub type Key = (String, String);
+
+/// A failed reconcile: the message goes to the upper pod as an Event.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct SyncError(String);
+
+fn err(context: &str, e: impl std::fmt::Display) -> SyncError {
+    SyncError(format!("{context}: {e}"))
+}
+
+fn already_exists(e: &kube::Error) -> bool {
+    matches!(e, kube::Error::Api(s) if s.code == 409)
+}
+
+fn not_found(e: &kube::Error) -> bool {
+    matches!(e, kube::Error::Api(s) if s.code == 404)
+}
+
+/// What the controller needs.
+pub struct PodSync {
+    /// Upper cluster.
+    pub upper: kube::Client,
+    /// Lower cluster.
+    pub lower: kube::Client,
+    /// Virtual node name.
+    pub node: String,
+    /// A name for the lower cluster in messages.
+    pub lower_name: String,
+    /// Translation settings (owner id, ignore-labels).
+    pub translate: TranslateConfig,
+    /// Parallel reconciles.
+    pub workers: usize,
+}
+
+impl std::fmt::Debug for PodSync {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PodSync")
+            .field("node", &self.node)
+            .finish_non_exhaustive()
+    }
+}
+
+struct Ctx {
+    cfg: PodSync,
+    upper_pods: Store<Pod>,
+    lower_pods: Store<Pod>,
+    recorder: Recorder,
+}
+
+fn key_of(p: &Pod) -> Option<Key> {
+    Some((p.metadata.namespace.clone()?, p.metadata.name.clone()?))
+}
+
+/// Runs until `stop`.
+pub async fn run(cfg: PodSync, stop: CancellationToken) {
+    let (upper_pods, upper_writer) = reflector::store();
+    let (lower_pods, lower_writer) = reflector::store();
+    let upper_api: Api<Pod> = Api::all(cfg.upper.clone());
+    let lower_api: Api<Pod> = Api::all(cfg.lower.clone());
+    let upper_stream = watcher(
+        upper_api,
+        watcher::Config::default().fields(&format!("spec.nodeName={}", cfg.node)),
+    )
+    .default_backoff()
+    .reflect(upper_writer)
+    .touched_objects()
+    .boxed();
+    let owner = owner_label_value(&cfg.translate.owner);
+    let lower_stream = watcher(
+        lower_api,
+        watcher::Config::default().labels(&format!("{LABEL_OWNER}={owner}")),
+    )
+    .default_backoff()
+    .reflect(lower_writer)
+    .touched_objects()
+    .boxed();
+    let (queue, rx) = Queue::<Key>::new();
+    let feed = {
+        let queue = queue.clone();
+        let stop = stop.clone();
+        async move {
+            let mut merged = futures::stream::select(upper_stream, lower_stream);
+            loop {
+                tokio::select! {
+                    () = stop.cancelled() => return,
+                    next = merged.try_next() => match next {
+                        Ok(Some(p)) => {
+                            if let Some(k) = key_of(&p) {
+                                queue.add(k);
+                            }
+                        }
+                        Ok(None) => return,
+                        Err(e) => tracing::warn!(error = %e, "pod watch error"),
+                    }
+                }
+            }
+        }
+    };
+    tokio::spawn(feed);
+    // Nothing is decided before both caches are complete: an absent lower pod must mean absent.
+    let (a, b) = tokio::join!(upper_pods.wait_until_ready(), lower_pods.wait_until_ready());
+    if a.is_err() || b.is_err() {
+        return;
+    }
+    let recorder = Recorder::new(
+        cfg.upper.clone(),
+        Reporter {
+            controller: "tensile-kube".into(),
+            instance: Some(cfg.node.clone()),
+        },
+    );
+    let workers = cfg.workers.max(1);
+    let ctx = Arc::new(Ctx {
+        cfg,
+        upper_pods,
+        lower_pods,
+        recorder,
+    });
+    for p in ctx
+        .upper_pods
+        .state()
+        .iter()
+        .chain(ctx.lower_pods.state().iter())
+    {
+        if let Some(k) = key_of(p) {
+            queue.add(k);
+        }
+    }
+    let mut tasks = Vec::new();
+    for _ in 0..workers {
+        tasks.push(tokio::spawn(worker(
+            ctx.clone(),
+            queue.clone(),
+            rx.clone(),
+            stop.clone(),
+        )));
+    }
+    for t in tasks {
+        let _ = t.await;
+    }
+}
+
+async fn worker(ctx: Arc<Ctx>, queue: Queue<Key>, rx: Receiver<Key>, stop: CancellationToken) {
+    loop {
+        let key = {
+            let mut rx = rx.lock().await;
+            tokio::select! {
+                () = stop.cancelled() => return,
+                k = rx.recv() => match k { Some(k) => k, None => return },
+            }
+        };
+        if !queue.start(&key) {
+            continue;
+        }
+        let result = reconcile(&ctx, &key).await;
+        if let Err(e) = &result {
+            tracing::warn!(namespace = %key.0, pod = %key.1, error = %e, "pod sync failed");
+        }
+        queue.done(key, result.is_ok());
+    }
+}
+
+impl Ctx {
+    fn upper_api(&self, ns: &str) -> Api<Pod> {
+        Api::namespaced(self.cfg.upper.clone(), ns)
+    }
+
+    fn lower_api(&self, ns: &str) -> Api<Pod> {
+        Api::namespaced(self.cfg.lower.clone(), ns)
+    }
+
+    async fn event(&self, pod: &Pod, warning: bool, reason: &str, note: String) {
+        let ev = Event {
+            type_: if warning {
+                EventType::Warning
+            } else {
+                EventType::Normal
+            },
+            reason: reason.to_owned(),
+            note: Some(note),
+            action: reason.to_owned(),
+            secondary: None,
+        };
+        if let Err(e) = self.recorder.publish(&ev, &pod.object_ref(&())).await {
+            tracing::debug!(error = %e, "could not record an event");
+        }
+    }
+
+    /// Sets our condition on the upper pod (once; no write when it already says so).
+    async fn upper_condition(
+        &self,
+        pod: &Pod,
+        reason: &str,
+        message: &str,
+    ) -> Result<(), SyncError> {
+        let current = pod
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .and_then(|c| c.iter().find(|c| c.type_ == CONDITION_OFFLOADED));
+        if current.is_some_and(|c| {
+            c.status == "False"
+                && c.reason.as_deref() == Some(reason)
+                && c.message.as_deref() == Some(message)
+        }) {
+            return Ok(());
+        }
+        let mut conditions: Vec<serde_json::Value> = pod
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .into_iter()
+            .flatten()
+            .filter(|c| c.type_ != CONDITION_OFFLOADED)
+            .filter_map(|c| serde_json::to_value(c).ok())
+            .collect();
+        conditions.push(json!({"type": CONDITION_OFFLOADED, "status": "False", "reason": reason, "message": message,
+            "lastTransitionTime": Time(Timestamp::now())}));
+        let (ns, name) = key_of(pod).ok_or_else(|| SyncError("pod without name".into()))?;
+        self.upper_api(&ns)
+            .patch_status(
+                &name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"status": {"conditions": conditions}})),
+            )
+            .await
+            .map_err(|e| err("updating the upper pod status", e))?;
+        Ok(())
+    }
+}
+
+async fn reconcile(ctx: &Ctx, key: &Key) -> Result<(), SyncError> {
+    let (ns, name) = key;
+    let r = ObjectRef::<Pod>::new(name).within(ns);
+    let upper = ctx.upper_pods.get(&r);
+    let lower = ctx.lower_pods.get(&r);
+    let owner = &ctx.cfg.translate.owner;
+    let now = Time(Timestamp::now());
+    match (upper, lower) {
+        (None, None) => Ok(()),
+        (None, Some(l)) => {
+            // The upper pod is gone: its lower pod goes too (ours only, this exact one).
+            if is_owned_by(&l.metadata, owner) && l.metadata.deletion_timestamp.is_none() {
+                delete_lower(ctx, &l, None).await?;
+            }
+            Ok(())
+        }
+        (Some(u), lower) => {
+            if u.metadata.deletion_timestamp.is_some() {
+                return match lower {
+                    Some(l)
+                        if l.metadata.deletion_timestamp.is_none()
+                            && is_lower_pod_of(&l, &u, owner) =>
+                    {
+                        delete_lower(ctx, &l, u.metadata.deletion_grace_period_seconds).await?;
+                        ctx.event(
+                            &u,
+                            false,
+                            EVENT_PROVIDER_DELETE_SUCCESS,
+                            format!("deleting the pod in lower cluster {}", ctx.cfg.lower_name),
+                        )
+                        .await;
+                        Ok(())
+                    }
+                    Some(_) => Ok(()),
+                    None => force_delete_upper(ctx, &u).await,
+                };
+            }
+            if let Err(why) = offload_decision(&u) {
+                return ctx
+                    .upper_condition(&u, REASON_NOT_OFFLOADED, &why.to_string())
+                    .await;
+            }
+            match lower {
+                None => match on_lower_absent(&u, &ctx.cfg.lower_name, &now) {
+                    LowerAbsent::Create => match create_lower(ctx, &u).await {
+                        Ok(()) => {
+                            ctx.event(
+                                &u,
+                                false,
+                                EVENT_PROVIDER_CREATE_SUCCESS,
+                                format!("created in lower cluster {}", ctx.cfg.lower_name),
+                            )
+                            .await;
+                            Ok(())
+                        }
+                        Err(e) => {
+                            ctx.event(&u, true, EVENT_PROVIDER_CREATE_FAILED, e.to_string())
+                                .await;
+                            let _ = ctx
+                                .upper_condition(&u, REASON_PROVIDER_FAILED, &e.to_string())
+                                .await;
+                            Err(e)
+                        }
+                    },
+                    LowerAbsent::Lost(status) => {
+                        ctx.upper_api(ns)
+                            .patch_status(
+                                name,
+                                &PatchParams::default(),
+                                &Patch::Merge(json!({"status": status})),
+                            )
+                            .await
+                            .map_err(|e| err("marking the upper pod lost", e))?;
+                        Ok(())
+                    }
+                    LowerAbsent::FinishUpperDeletion => force_delete_upper(ctx, &u).await,
+                    LowerAbsent::Nothing => Ok(()),
+                },
+                Some(l) => sync_existing(ctx, &u, &l, &now).await,
+            }
+        }
+    }
+}
+
+async fn sync_existing(ctx: &Ctx, u: &Pod, l: &Pod, now: &Time) -> Result<(), SyncError> {
+    let (ns, name) = key_of(u).ok_or_else(|| SyncError("pod without name".into()))?;
+    let owner = &ctx.cfg.translate.owner;
+    if !is_lower_pod_of(l, u, owner) {
+        // Ours but for an earlier upper pod of the same name: replace it.
+        if is_owned_by(&l.metadata, owner) {
+            if l.metadata.deletion_timestamp.is_none() {
+                delete_lower(ctx, l, Some(0)).await?;
+            }
+            return Ok(());
+        }
+        return Err(SyncError(format!(
+            "a pod {ns}/{name} that is not ours exists in lower cluster {}",
+            ctx.cfg.lower_name
+        )));
+    }
+    if let Some(del) = deletion_from_below(u, l) {
+        let dp = DeleteParams {
+            grace_period_seconds: del.grace_period_seconds.and_then(|g| u32::try_from(g).ok()),
+            ..DeleteParams::default()
+        };
+        return match ctx.upper_api(&ns).delete(&name, &dp).await {
+            Ok(_) => Ok(()),
+            Err(e) if not_found(&e) => Ok(()),
+            Err(e) => Err(err(
+                "deleting the upper pod after its lower pod was deleted",
+                e,
+            )),
+        };
+    }
+    let update =
+        lower_pod_update(u, l, &ctx.cfg.translate).map_err(|e| SyncError(e.to_string()))?;
+    if let Some(patch) = &update.patch {
+        match ctx
+            .lower_api(&ns)
+            .patch(&name, &PatchParams::default(), &Patch::Strategic(patch))
+            .await
+        {
+            Ok(_) => {
+                ctx.event(
+                    u,
+                    false,
+                    EVENT_PROVIDER_UPDATE_SUCCESS,
+                    "updated the lower pod".into(),
+                )
+                .await
+            }
+            Err(e) => {
+                ctx.event(u, true, EVENT_PROVIDER_UPDATE_FAILED, e.to_string())
+                    .await;
+                return Err(err("updating the lower pod", e));
+            }
+        }
+    }
+    if let Some(ephemeral) = &update.ephemeral_containers {
+        let patch = json!({"spec": {"ephemeralContainers": ephemeral}});
+        ctx.lower_api(&ns)
+            .patch_subresource(
+                "ephemeralcontainers",
+                &name,
+                &PatchParams::default(),
+                &Patch::Strategic(patch),
+            )
+            .await
+            .map_err(|e| err("adding ephemeral containers to the lower pod", e))?;
+    }
+    if let Some(status) = upper_status(u, l, now) {
+        ctx.upper_api(&ns)
+            .patch_status(
+                &name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"status": status})),
+            )
+            .await
+            .map_err(|e| err("updating the upper pod status", e))?;
+    }
+    Ok(())
+}
+
+async fn delete_lower(ctx: &Ctx, l: &Pod, grace: Option<i64>) -> Result<(), SyncError> {
+    let (ns, name) = key_of(l).ok_or_else(|| SyncError("pod without name".into()))?;
+    let dp = DeleteParams {
+        grace_period_seconds: grace.and_then(|g| u32::try_from(g.max(0)).ok()),
+        preconditions: Some(Preconditions {
+            uid: l.metadata.uid.clone(),
+            resource_version: None,
+        }),
+        ..DeleteParams::default()
+    };
+    match ctx.lower_api(&ns).delete(&name, &dp).await {
+        Ok(_) => Ok(()),
+        Err(e) if not_found(&e) => Ok(()),
+        Err(e) => Err(err("deleting the lower pod", e)),
+    }
+}
+
+async fn force_delete_upper(ctx: &Ctx, u: &Pod) -> Result<(), SyncError> {
+    let (ns, name) = key_of(u).ok_or_else(|| SyncError("pod without name".into()))?;
+    let dp = DeleteParams {
+        grace_period_seconds: Some(0),
+        preconditions: Some(Preconditions {
+            uid: u.metadata.uid.clone(),
+            resource_version: None,
+        }),
+        ..DeleteParams::default()
+    };
+    match ctx.upper_api(&ns).delete(&name, &dp).await {
+        Ok(_) => Ok(()),
+        Err(e) if not_found(&e) => Ok(()),
+        Err(e) => Err(err("finishing the upper pod's deletion", e)),
+    }
+}
+
+/// Creates what the pod needs in the lower cluster, then the pod, in the plan's order.
+async fn create_lower(ctx: &Ctx, u: &Pod) -> Result<(), SyncError> {
+    let (ns, name) = key_of(u).ok_or_else(|| SyncError("pod without name".into()))?;
+    let owner = ctx.cfg.translate.owner.clone();
+    let deps = pod_dependencies(u);
+    let plan = pod_creation_plan(u, &deps).ok_or_else(|| SyncError("pod without name".into()))?;
+    let (upper, lower) = (ctx.cfg.upper.clone(), ctx.cfg.lower.clone());
+    let pp = PostParams::default();
+    for step in plan {
+        let what = format!("{:?} {}", step.kind, step.name);
+        let created = match step.kind {
+            LowerKind::Namespace => Api::<Namespace>::all(lower.clone())
+                .create(&pp, &lower_namespace(&ns, &owner))
+                .await
+                .map(|_| ()),
+            LowerKind::ServiceAccount => Api::<ServiceAccount>::namespaced(lower.clone(), &ns)
+                .create(&pp, &lower_service_account(&step.name, &ns, &owner))
+                .await
+                .map(|_| ()),
+            LowerKind::ConfigMap => match Api::<ConfigMap>::namespaced(upper.clone(), &ns)
+                .get_opt(&step.name)
+                .await
+            {
+                Ok(Some(cm)) => Api::<ConfigMap>::namespaced(lower.clone(), &ns)
+                    .create(&pp, &lower_config_map(&cm, &owner))
+                    .await
+                    .map(|_| ()),
+                Ok(None) if step.optional => continue,
+                Ok(None) => {
+                    return Err(SyncError(format!(
+                        "configmap {ns}/{} not found in the upper cluster",
+                        step.name
+                    )));
+                }
+                Err(e) => return Err(err(&format!("reading configmap {ns}/{}", step.name), e)),
+            },
+            LowerKind::Secret => match Api::<Secret>::namespaced(upper.clone(), &ns)
+                .get_opt(&step.name)
+                .await
+            {
+                Ok(Some(s)) => match lower_secret(&s, &owner) {
+                    Ok(copy) => Api::<Secret>::namespaced(lower.clone(), &ns)
+                        .create(&pp, &copy)
+                        .await
+                        .map(|_| ()),
+                    // Service-account tokens belong to the upper cluster: never copied.
+                    Err(_) => continue,
+                },
+                Ok(None) if step.optional => continue,
+                Ok(None) => {
+                    return Err(SyncError(format!(
+                        "secret {ns}/{} not found in the upper cluster",
+                        step.name
+                    )));
+                }
+                Err(e) => return Err(err(&format!("reading secret {ns}/{}", step.name), e)),
+            },
+            LowerKind::PersistentVolumeClaim => {
+                match Api::<PersistentVolumeClaim>::namespaced(upper.clone(), &ns)
+                    .get_opt(&step.name)
+                    .await
+                {
+                    Ok(Some(pvc)) => Api::<PersistentVolumeClaim>::namespaced(lower.clone(), &ns)
+                        .create(&pp, &lower_pvc(&pvc, &owner))
+                        .await
+                        .map(|_| ()),
+                    // As the original: a claim missing upstairs is skipped (the pod waits for it).
+                    Ok(None) => continue,
+                    Err(e) => return Err(err(&format!("reading claim {ns}/{}", step.name), e)),
+                }
+            }
+            LowerKind::Pod => {
+                let pod = lower_pod(u, &ctx.cfg.translate).map_err(|e| SyncError(e.to_string()))?;
+                match ctx.lower_api(&ns).create(&pp, &pod).await {
+                    Ok(_) => Ok(()),
+                    Err(e) if already_exists(&e) => {
+                        let existing = ctx
+                            .lower_api(&ns)
+                            .get(&name)
+                            .await
+                            .map_err(|e| err("reading the existing lower pod", e))?;
+                        let uid = u.metadata.uid.clone().unwrap_or_default();
+                        match on_existing(LowerKind::Pod, &existing.metadata, &owner, &uid) {
+                            Existing::Ours => Ok(()),
+                            Existing::Stale => {
+                                delete_lower(ctx, &existing, Some(0)).await?;
+                                return Err(SyncError(format!(
+                                    "replacing a stale lower pod {ns}/{name}"
+                                )));
+                            }
+                            _ => {
+                                return Err(SyncError(format!(
+                                    "a pod {ns}/{name} that is not ours exists in lower cluster {}",
+                                    ctx.cfg.lower_name
+                                )));
+                            }
+                        }
+                    }
+                    Err(e) => Err(e),
+                }
+            }
+        };
+        match created {
+            Ok(()) => {}
+            // An existing namespace, ConfigMap, Secret, ServiceAccount or claim is used as it is.
+            Err(e) if already_exists(&e) => {}
+            Err(e) => {
+                return Err(err(
+                    &format!("creating {what} in lower cluster {}", ctx.cfg.lower_name),
+                    e,
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The upper pods of this node right now (for the kubelet API's `/pods`).
+pub fn upper_pods_snapshot(store: &Store<Pod>) -> Vec<Pod> {
+    store.state().iter().map(|p| (**p).clone()).collect()
+}

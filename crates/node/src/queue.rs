@@ -1,0 +1,118 @@
+//! A keyed work queue: each key is worked on by at most one worker at a time, a key that
+//! changes while it is being worked on is worked on again afterwards, and failures come back
+//! after a per-key exponential backoff (5 ms doubling to 10 s, like virtual-kubelet's).
+
+use std::collections::{HashMap, HashSet};
+use std::hash::Hash;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+
+struct State<K> {
+    queued: HashSet<K>,
+    processing: HashSet<K>,
+    dirty: HashSet<K>,
+    failures: HashMap<K, u32>,
+}
+
+/// The queue; cheap to clone.
+pub struct Queue<K> {
+    state: Arc<Mutex<State<K>>>,
+    tx: mpsc::UnboundedSender<K>,
+}
+
+impl<K> Clone for Queue<K> {
+    fn clone(&self) -> Self {
+        Self {
+            state: self.state.clone(),
+            tx: self.tx.clone(),
+        }
+    }
+}
+
+impl<K> std::fmt::Debug for Queue<K> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Queue").finish_non_exhaustive()
+    }
+}
+
+/// The receiving end, shared by the workers.
+pub type Receiver<K> = Arc<tokio::sync::Mutex<mpsc::UnboundedReceiver<K>>>;
+
+impl<K: Clone + Eq + Hash + Send + 'static> Queue<K> {
+    /// A queue and its receiver.
+    pub fn new() -> (Self, Receiver<K>) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let state = State {
+            queued: HashSet::new(),
+            processing: HashSet::new(),
+            dirty: HashSet::new(),
+            failures: HashMap::new(),
+        };
+        (
+            Self {
+                state: Arc::new(Mutex::new(state)),
+                tx,
+            },
+            Arc::new(tokio::sync::Mutex::new(rx)),
+        )
+    }
+
+    /// Asks for `key` to be worked on.
+    pub fn add(&self, key: K) {
+        let Ok(mut s) = self.state.lock() else { return };
+        if s.processing.contains(&key) {
+            s.dirty.insert(key);
+        } else if s.queued.insert(key.clone()) {
+            let _ = self.tx.send(key);
+        }
+    }
+
+    /// A worker takes `key` (returns false if it is already being worked on).
+    pub fn start(&self, key: &K) -> bool {
+        let Ok(mut s) = self.state.lock() else {
+            return false;
+        };
+        s.queued.remove(key);
+        if s.processing.contains(key) {
+            s.dirty.insert(key.clone());
+            return false;
+        }
+        s.processing.insert(key.clone());
+        true
+    }
+
+    /// A worker is done with `key`; `ok` says whether it succeeded.
+    pub fn done(&self, key: K, ok: bool) {
+        let retry_after = {
+            let Ok(mut s) = self.state.lock() else { return };
+            s.processing.remove(&key);
+            if ok {
+                s.failures.remove(&key);
+                None
+            } else {
+                let n = s.failures.entry(key.clone()).or_insert(0);
+                *n = n.saturating_add(1);
+                let ms = 5u64.saturating_mul(1 << (*n).min(11)).min(10_000);
+                Some(Duration::from_millis(ms))
+            }
+        };
+        let dirty = self
+            .state
+            .lock()
+            .map(|mut s| s.dirty.remove(&key))
+            .unwrap_or(false);
+        match retry_after {
+            Some(delay) => {
+                let q = self.clone();
+                tokio::spawn(async move {
+                    tokio::time::sleep(delay).await;
+                    q.add(key);
+                });
+            }
+            None if dirty => self.add(key),
+            None => {}
+        }
+    }
+}
