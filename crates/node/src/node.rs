@@ -45,9 +45,9 @@ pub async fn track_capacity(
     stop: CancellationToken,
 ) {
     let nodes = watcher(Api::<Node>::all(lower.clone()), watcher::Config::default())
-        .map(|e| e.map(Either::Node));
-    let pods =
-        watcher(Api::<Pod>::all(lower), watcher::Config::default()).map(|e| e.map(Either::Pod));
+        .map(|e| e.map(|e| Either::Node(Box::new(e))));
+    let pods = watcher(Api::<Pod>::all(lower), watcher::Config::default())
+        .map(|e| e.map(|e| Either::Pod(Box::new(e))));
     let mut events = futures::stream::select(nodes.boxed(), pods.boxed());
     let mut model = CapacityModel::new(owner);
     loop {
@@ -64,13 +64,13 @@ pub async fn track_capacity(
         match event {
             Either::Node(e) => apply(
                 &mut model,
-                e,
+                *e,
                 |m, n: &Node| drop(m.apply_node(n)),
                 |m, n: &Node| m.remove_node(n.metadata.name.as_deref().unwrap_or_default()),
             ),
             Either::Pod(e) => apply(
                 &mut model,
-                e,
+                *e,
                 |m, p: &Pod| drop(m.apply_pod(p)),
                 |m, p: &Pod| {
                     m.remove_pod(
@@ -93,8 +93,8 @@ pub async fn track_capacity(
 }
 
 enum Either {
-    Node(watcher::Event<Node>),
-    Pod(watcher::Event<Pod>),
+    Node(Box<watcher::Event<Node>>),
+    Pod(Box<watcher::Event<Pod>>),
 }
 
 fn apply<K>(
