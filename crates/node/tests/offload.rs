@@ -41,6 +41,12 @@ async fn start() -> (TestEnv, CancellationToken) {
     ])
     .await
     .unwrap();
+    let stop = spawn_node(&env, "vk-lower").await;
+    (env, stop)
+}
+
+/// Starts a virtual node `name` for the env's lower cluster.
+async fn spawn_node(env: &TestEnv, name: &str) -> CancellationToken {
     let (upper, lower) = (
         env.clusters[0].client.clone(),
         env.clusters[1].client.clone(),
@@ -49,7 +55,7 @@ async fn start() -> (TestEnv, CancellationToken) {
     let vn = VirtualNode {
         node: NodeLoop {
             identity: NodeIdentity {
-                name: "vk-lower".into(),
+                name: name.into(),
                 extra_label: Some(("clusterID".into(), "lower".into())),
                 taint: None,
                 internal_ip: "127.0.0.1".into(),
@@ -57,7 +63,7 @@ async fn start() -> (TestEnv, CancellationToken) {
                 kubelet_port: 10250,
                 lower_version: version,
             },
-            owner: "vk-lower".into(),
+            owner: name.into(),
             not_ready_after: None,
             lease_renew: Duration::from_millis(500),
             heartbeat: Duration::from_secs(60),
@@ -65,15 +71,26 @@ async fn start() -> (TestEnv, CancellationToken) {
         pods: PodSync {
             upper,
             lower,
-            node: "vk-lower".into(),
+            node: name.into(),
             lower_name: "lower".into(),
-            translate: TranslateConfig::new("vk-lower"),
+            translate: TranslateConfig::new(name),
             workers: 8,
         },
     };
     let stop = CancellationToken::new();
     tokio::spawn(vn.run(stop.clone()));
-    (env, stop)
+    stop
+}
+
+fn pod(name: &str, node: &str, extra: serde_json::Value) -> Pod {
+    let mut p = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": {"app": name}},
+        "spec": {"nodeName": node, "containers": [{"name": "c", "image": "nginx:1.27"}]}});
+    json_patch::merge(&mut p, &extra);
+    serde_json::from_value(p).unwrap()
+}
+
+async fn phase(api: &Api<Pod>, name: &str) -> Option<String> {
+    api.get_opt(name).await.ok()??.status?.phase
 }
 
 #[tokio::test]
@@ -164,4 +181,189 @@ async fn a_deployment_upstairs_runs_in_the_lower_cluster_and_reports_back() {
     })
     .await;
     stop.cancel();
+}
+
+#[tokio::test]
+async fn dependencies_go_first_updates_follow_and_kube_system_is_not_offloaded() {
+    let (env, stop) = start().await;
+    let (upper, lower) = (&env.clusters[0].client, &env.clusters[1].client);
+    let cms: Api<k8s_openapi::api::core::v1::ConfigMap> = Api::namespaced(upper.clone(), "default");
+    cms.create(
+        &PostParams::default(),
+        &serde_json::from_value(json!({"apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": "settings"}, "data": {"a": "1"}}))
+        .unwrap(),
+    )
+    .await
+    .unwrap();
+    let upper_pods: Api<Pod> = Api::namespaced(upper.clone(), "default");
+    upper_pods
+        .create(
+            &PostParams::default(),
+            &pod(
+                "web",
+                "vk-lower",
+                json!({"spec": {"containers": [{"name": "c", "image": "nginx:1.27",
+        "envFrom": [{"configMapRef": {"name": "settings"}}]}]}}),
+            ),
+        )
+        .await
+        .unwrap();
+    eventually(30, "running", || async {
+        (phase(&upper_pods, "web").await? == "Running").then_some(())
+    })
+    .await;
+    let lower_cm: Api<k8s_openapi::api::core::v1::ConfigMap> =
+        Api::namespaced(lower.clone(), "default");
+    let copy = lower_cm.get("settings").await.unwrap();
+    assert_eq!(copy.data.unwrap()["a"], "1");
+    assert_eq!(
+        copy.metadata.labels.unwrap()["tensile-kube.io/owner"],
+        "vk-lower"
+    );
+
+    // An image change upstairs reaches the lower pod.
+    upper_pods
+        .patch(
+            "web",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Strategic(
+                json!({"spec": {"containers": [{"name": "c", "image": "nginx:1.28"}]}}),
+            ),
+        )
+        .await
+        .unwrap();
+    let lower_pods: Api<Pod> = Api::namespaced(lower.clone(), "default");
+    eventually(30, "image updated downstairs", || async {
+        let p = lower_pods.get("web").await.ok()?;
+        (p.spec?.containers[0].image.as_deref() == Some("nginx:1.28")).then_some(())
+    })
+    .await;
+
+    let system: Api<Pod> = Api::namespaced(upper.clone(), "kube-system");
+    system
+        .create(&PostParams::default(), &pod("sys", "vk-lower", json!({})))
+        .await
+        .unwrap();
+    let message = eventually(30, "not-offloaded condition", || async {
+        let c = system
+            .get("sys")
+            .await
+            .ok()?
+            .status?
+            .conditions?
+            .into_iter()
+            .find(|c| c.type_ == "tensile-kube.io/Offloaded")?;
+        (c.reason.as_deref() == Some("NotOffloaded")).then(|| c.message.unwrap_or_default())
+    })
+    .await;
+    assert!(message.contains("kube-system"), "{message}");
+    assert!(
+        Api::<Pod>::namespaced(lower.clone(), "kube-system")
+            .get_opt("sys")
+            .await
+            .unwrap()
+            .is_none()
+    );
+    stop.cancel();
+}
+
+#[tokio::test]
+async fn a_lower_pod_removed_without_grace_fails_the_upper_pod() {
+    let (env, stop) = start().await;
+    let (upper, lower) = (&env.clusters[0].client, &env.clusters[1].client);
+    let upper_pods: Api<Pod> = Api::namespaced(upper.clone(), "default");
+    upper_pods
+        .create(&PostParams::default(), &pod("web", "vk-lower", json!({})))
+        .await
+        .unwrap();
+    eventually(30, "running", || async {
+        (phase(&upper_pods, "web").await? == "Running").then_some(())
+    })
+    .await;
+    let lower_pods: Api<Pod> = Api::namespaced(lower.clone(), "default");
+    lower_pods
+        .delete(
+            "web",
+            &DeleteParams {
+                grace_period_seconds: Some(0),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    let p = eventually(30, "upper pod failed", || async {
+        let p = upper_pods.get("web").await.ok()?;
+        (p.status.as_ref()?.phase.as_deref() == Some("Failed")).then_some(p)
+    })
+    .await;
+    assert_eq!(p.status.unwrap().reason.as_deref(), Some("LowerPodLost"));
+    stop.cancel();
+}
+
+#[tokio::test]
+async fn a_restart_adopts_what_exists_and_two_nodes_share_a_lower_cluster() {
+    let (env, first) = start().await;
+    let upper = env.clusters[0].client.clone();
+    let lower = env.clusters[1].client.clone();
+    let upper_pods: Api<Pod> = Api::namespaced(upper.clone(), "default");
+    for i in 0..5 {
+        upper_pods
+            .create(
+                &PostParams::default(),
+                &pod(&format!("p{i}"), "vk-lower", json!({})),
+            )
+            .await
+            .unwrap();
+    }
+    let lower_pods: Api<Pod> = Api::namespaced(lower.clone(), "default");
+    let before = eventually(30, "5 lower pods", || async {
+        let l = lower_pods
+            .list(&ListParams::default().labels("tensile-kube.io/owner=vk-lower"))
+            .await
+            .ok()?;
+        (l.items.len() == 5).then_some(l.items)
+    })
+    .await;
+    // A second virtual node on the same lower cluster, and a restart of the first.
+    let second = spawn_node(&env, "vk-other").await;
+    upper_pods
+        .create(&PostParams::default(), &pod("q0", "vk-other", json!({})))
+        .await
+        .unwrap();
+    first.cancel();
+    let again = spawn_node(&env, "vk-lower").await;
+    eventually(30, "q0 offloaded by the second node", || async {
+        (phase(&upper_pods, "q0").await? == "Running").then_some(())
+    })
+    .await;
+    for i in 0..5 {
+        eventually(30, "pods still running", || async {
+            (phase(&upper_pods, &format!("p{i}")).await? == "Running").then_some(())
+        })
+        .await;
+    }
+    let after = lower_pods
+        .list(&ListParams::default().labels("tensile-kube.io/owner=vk-lower"))
+        .await
+        .unwrap()
+        .items;
+    let uids = |v: &[Pod]| {
+        let mut u: Vec<_> = v.iter().map(|p| p.metadata.uid.clone().unwrap()).collect();
+        u.sort();
+        u
+    };
+    assert_eq!(
+        uids(&before),
+        uids(&after),
+        "no lower pod was deleted or duplicated by the restart"
+    );
+    let theirs = lower_pods
+        .list(&ListParams::default().labels("tensile-kube.io/owner=vk-other"))
+        .await
+        .unwrap()
+        .items;
+    assert_eq!(theirs.len(), 1, "the other node's pod is untouched");
+    second.cancel();
+    again.cancel();
 }
