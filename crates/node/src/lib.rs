@@ -11,8 +11,33 @@ pub mod node;
 pub mod pods;
 mod queue;
 
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use kube::runtime::reflector;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
+
+/// The kubelet API of the virtual node.
+#[derive(Debug)]
+pub struct KubeletApi {
+    /// Where to listen (the advertised port is the bound one).
+    pub listen: SocketAddr,
+    /// Serving certificate.
+    pub cert: tensile_kubelet::ServingCert,
+    /// CA of client certificates (the upper cluster's CA by default).
+    pub client_ca_pem: Option<String>,
+    /// Authentication and authorization off (only when the operator asks for it).
+    pub auth_disabled: bool,
+}
+
+/// Starting the virtual node failed.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// The kubelet API could not start.
+    #[error(transparent)]
+    Kubelet(#[from] tensile_kubelet::ServerError),
+}
 
 /// Everything a virtual node runs, wired together.
 #[derive(Debug)]
@@ -21,11 +46,50 @@ pub struct VirtualNode {
     pub node: node::NodeLoop,
     /// The pod controller settings.
     pub pods: pods::PodSync,
+    /// The kubelet API, if served.
+    pub kubelet: Option<KubeletApi>,
 }
 
 impl VirtualNode {
-    /// Runs the capacity tracker, the node loop and the pod controller until `stop`.
-    pub async fn run(self, stop: CancellationToken) {
+    /// Starts the kubelet API (its port is then advertised on the node), the capacity tracker,
+    /// the node loop and the pod controller; runs until `stop`.
+    pub async fn start(
+        mut self,
+        stop: CancellationToken,
+    ) -> Result<tokio::task::JoinHandle<()>, StartError> {
+        let (store, writer) = reflector::store::<k8s_openapi::api::core::v1::Pod>();
+        let server = match self.kubelet.take() {
+            Some(k) => {
+                let reader = store.clone();
+                let backend = Arc::new(
+                    lower_backend::LowerBackend::new(
+                        self.pods.lower.clone(),
+                        self.pods.translate.owner.clone(),
+                        move || reader.state().iter().map(|p| (**p).clone()).collect(),
+                    )
+                    .with_node_name(self.node.identity.name.clone()),
+                );
+                let auth = if k.auth_disabled {
+                    tensile_kubelet::Auth::Disabled
+                } else {
+                    tensile_kubelet::Auth::Webhook(Box::new(tensile_kubelet::WebhookAuth::new(
+                        self.pods.upper.clone(),
+                        self.node.identity.name.clone(),
+                    )))
+                };
+                let config = tensile_kubelet::KubeletServerConfig {
+                    listen: k.listen,
+                    cert: k.cert,
+                    client_ca_pem: k.client_ca_pem,
+                    auth,
+                    streaming: tensile_kubelet::StreamingConfig::default(),
+                };
+                let server = tensile_kubelet::KubeletServer::start(config, backend).await?;
+                self.node.identity.kubelet_port = i32::from(server.addr().port());
+                Some(server)
+            }
+            None => None,
+        };
         let (tx, rx) = watch::channel(Default::default());
         let lower = self.pods.lower.clone();
         let upper = self.pods.upper.clone();
@@ -36,7 +100,21 @@ impl VirtualNode {
             stop.clone(),
         ));
         let node_loop = tokio::spawn(node::run_node(upper, lower, self.node, rx, stop.clone()));
-        let pods = tokio::spawn(pods::run(self.pods, stop));
-        let _ = tokio::join!(capacity, node_loop, pods);
+        let pods = tokio::spawn(pods::run_with_store(
+            self.pods,
+            (store, writer),
+            stop.clone(),
+        ));
+        Ok(tokio::spawn(async move {
+            let _ = tokio::join!(capacity, node_loop, pods);
+            drop(server);
+        }))
+    }
+
+    /// [`Self::start`] and wait until `stop`.
+    pub async fn run(self, stop: CancellationToken) -> Result<(), StartError> {
+        let handle = self.start(stop).await?;
+        let _ = handle.await;
+        Ok(())
     }
 }

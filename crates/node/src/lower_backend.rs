@@ -1,1 +1,742 @@
-//! (being written)
+//! The kubelet backend of the virtual node: every kubelet API request for a pod of the virtual
+//! node is forwarded to the pod of the same namespace and name in the lower cluster, through the
+//! lower API server (kube-rs: `pods/log`, `pods/exec`, `pods/attach`, `pods/portforward`) and
+//! its `metrics.k8s.io` API.
+//!
+//! Security first: a lower pod is only ever reached when it is ours, i.e. it carries our owner
+//! label ([`LABEL_OWNER`] equal to [`owner_label_value`] of the owner id). When the request names
+//! a UID (the `/exec/{ns}/{pod}/{uid}/...` routes), that is the UID of the *upper* pod, so it is
+//! compared with the lower pod's [`ANNOTATION_UPPER_UID`]. A pod that is missing, not ours, or
+//! of another UID is "not found", and nothing is forwarded to it.
+//!
+//! ```text
+//! let backend = LowerBackend::new(lower_client, "vk-1".into(), move || upper_pods.snapshot())
+//!     .with_node_name("vk-1");
+//! let server = KubeletServer::start(config, Arc::new(backend)).await?;
+//! ```
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::fmt;
+use std::io;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures::{AsyncBufReadExt as _, SinkExt as _};
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Status;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{
+    Api, ApiResource, AttachParams, AttachedProcess, DynamicObject, GroupVersionKind, ListParams,
+    LogParams, Portforwarder,
+};
+use serde::Deserialize;
+use tensile_core::keys::{ANNOTATION_UPPER_UID, LABEL_OWNER, owner_label_value};
+use tensile_core::quantity::{parse_quantity, value};
+use tensile_kubelet::stats::{
+    ContainerStats, CpuIntegrator, CpuStats, MemoryStats, NodeStats, PodReference, PodStats,
+    Summary,
+};
+use tensile_kubelet::{
+    AttachRequest, BackendError, BoxWriter, ErrorFuture, ExecIo, ExecRequest, ExitStatus,
+    KubeletBackend, LogOptions, LogStream, PodRef, PortForwardRequest, PortForwardStream,
+    StreamBackend, StreamOptions,
+};
+use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWrite, AsyncWriteExt as _, DuplexStream};
+
+/// Buffer of each standard stream between kube-rs and the kubelet side (kube-rs' default is
+/// 1 KiB, which makes bulk copies crawl).
+const STREAM_BUFFER: usize = 64 * 1024;
+
+/// How long a forwarded port's connection to the lower cluster may linger after the kubelet side
+/// dropped it (it normally closes by itself at once) before it is cut.
+const PORT_FORWARD_GRACE: Duration = Duration::from_secs(30);
+
+/// The upper pods bound to the virtual node (`/pods`), e.g. a snapshot of the upper pod
+/// reflector's store.
+type UpperPods = dyn Fn() -> Vec<Pod> + Send + Sync;
+
+/// The virtual node's kubelet backend: forwards logs, exec, attach and port-forward to our pods
+/// of the lower cluster, and builds `/stats/summary` from the lower cluster's metrics API.
+pub struct LowerBackend {
+    lower: kube::Client,
+    owner: String,
+    owner_value: String,
+    node_name: String,
+    started: String,
+    upper_pods: Arc<UpperPods>,
+    cpu: Mutex<CpuIntegrator>,
+}
+
+impl fmt::Debug for LowerBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LowerBackend")
+            .field("owner", &self.owner)
+            .field("owner_value", &self.owner_value)
+            .field("node_name", &self.node_name)
+            .finish_non_exhaustive()
+    }
+}
+
+impl LowerBackend {
+    /// A backend reaching the lower cluster with `lower`. `owner` is the owner id whose
+    /// [`LABEL_OWNER`] value marks the lower pods this virtual node created (only those are ever
+    /// reached); `upper_pods` lists the upper pods bound to the virtual node (served on `/pods`).
+    /// The node name reported in stats is `owner` until [`Self::with_node_name`] says otherwise.
+    pub fn new(
+        lower: kube::Client,
+        owner: String,
+        upper_pods: impl Fn() -> Vec<Pod> + Send + Sync + 'static,
+    ) -> Self {
+        Self {
+            lower,
+            owner_value: owner_label_value(&owner),
+            node_name: owner.clone(),
+            owner,
+            started: rfc3339(Timestamp::now()),
+            upper_pods: Arc::new(upper_pods),
+            cpu: Mutex::new(CpuIntegrator::default()),
+        }
+    }
+
+    /// The virtual node's name, as reported in `/stats/summary`.
+    #[must_use]
+    pub fn with_node_name(mut self, node_name: impl Into<String>) -> Self {
+        self.node_name = node_name.into();
+        self
+    }
+
+    /// The owner id.
+    pub fn owner(&self) -> &str {
+        &self.owner
+    }
+
+    /// The label selector of the lower pods this backend may reach.
+    pub fn owner_selector(&self) -> String {
+        format!("{LABEL_OWNER}={}", self.owner_value)
+    }
+
+    /// The lower pod of `r`, if it is ours (and of the upper UID `r` names, if any); anything else
+    /// is "not found". Returns the namespaced API to reach it with.
+    async fn owned_pod(&self, r: &PodRef) -> Result<(Api<Pod>, Pod), BackendError> {
+        let not_found = || BackendError::new(format!("pod {}/{} not found", r.namespace, r.name));
+        // Names go into the lower API server's URL path: only real object names get there.
+        if !is_object_name(&r.namespace) || !is_object_name(&r.name) {
+            return Err(not_found());
+        }
+        let api: Api<Pod> = Api::namespaced(self.lower.clone(), &r.namespace);
+        let pod = api.get_opt(&r.name).await.map_err(|e| {
+            BackendError::new(format!(
+                "reading pod {}/{} in the lower cluster: {}",
+                r.namespace,
+                r.name,
+                api_error(&e)
+            ))
+        })?;
+        let Some(pod) = pod else {
+            return Err(not_found());
+        };
+        let owner = pod
+            .metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(LABEL_OWNER));
+        if owner != Some(&self.owner_value) {
+            tracing::warn!(
+                namespace = %r.namespace,
+                pod = %r.name,
+                "refusing a kubelet API request for a lower pod this virtual node does not own"
+            );
+            return Err(not_found());
+        }
+        if let Some(uid) = &r.uid {
+            let upper = pod
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(ANNOTATION_UPPER_UID));
+            if upper != Some(uid) {
+                return Err(BackendError::new(format!(
+                    "pod {}/{} with uid {uid} not found",
+                    r.namespace, r.name
+                )));
+            }
+        }
+        Ok((api, pod))
+    }
+
+    /// Exec (`command` given) or attach, with the streams of `io`.
+    async fn remote(
+        &self,
+        r: &PodRef,
+        container: String,
+        command: Option<Vec<String>>,
+        options: StreamOptions,
+        io: ExecIo,
+    ) -> ExitStatus {
+        let what = if command.is_some() {
+            "exec in"
+        } else {
+            "attach to"
+        };
+        let api = match self.owned_pod(r).await {
+            Ok((api, _)) => api,
+            Err(e) => return ExitStatus::Error(e.0),
+        };
+        let context = format!(
+            "{what} container {container} of pod {}/{} in the lower cluster",
+            r.namespace, r.name
+        );
+        let params = AttachParams::default()
+            .container(container)
+            .stdin(options.stdin)
+            .stdout(options.stdout)
+            .stderr(options.stderr)
+            .tty(options.tty)
+            .max_stdin_buf_size(STREAM_BUFFER)
+            .max_stdout_buf_size(STREAM_BUFFER)
+            .max_stderr_buf_size(STREAM_BUFFER);
+        let started = match command {
+            Some(command) => api.exec(&r.name, command, &params).await,
+            None => api.attach(&r.name, &params).await,
+        };
+        let process = match started {
+            Ok(p) => p,
+            Err(e) => return ExitStatus::Error(format!("{context}: {}", api_error(&e))),
+        };
+        // From here on, dropping this future drops `process`, whose `Drop` aborts kube-rs'
+        // connection task: the lower API server sees the stream closed and the lower kubelet
+        // stops the command (exec) or detaches (attach).
+        match pump(process, io).await {
+            Ok(Some(status)) => ExitStatus::from_status(&status),
+            // Ended cleanly without a status (protocols before v4 send none on success).
+            Ok(None) => ExitStatus::Success,
+            Err(e) => ExitStatus::Error(format!("{context}: {e}")),
+        }
+    }
+
+    fn empty_summary(&self) -> Summary {
+        Summary {
+            node: NodeStats {
+                node_name: self.node_name.clone(),
+                start_time: Some(self.started.clone()),
+                cpu: None,
+                memory: None,
+            },
+            pods: Vec::new(),
+        }
+    }
+}
+
+/// A Kubernetes object name (DNS subdomain: lower-case alphanumerics, `-` and `.`, starting and
+/// ending with an alphanumeric, at most 253 characters); namespaces are a subset.
+fn is_object_name(s: &str) -> bool {
+    let b = s.as_bytes();
+    !b.is_empty()
+        && b.len() <= 253
+        && b.iter()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, b'-' | b'.'))
+        && b.first().is_some_and(u8::is_ascii_alphanumeric)
+        && b.last().is_some_and(u8::is_ascii_alphanumeric)
+}
+
+/// A kube-rs error as the user should read it: the API server's message when there is one.
+fn api_error(e: &kube::Error) -> String {
+    match e {
+        kube::Error::Api(s) => format!("{} ({})", s.message, s.code),
+        other => other.to_string(),
+    }
+}
+
+fn rfc3339(t: Timestamp) -> String {
+    Timestamp::from_second(t.as_second())
+        .unwrap_or(t)
+        .to_string()
+}
+
+/// Copies the streams between the kubelet side (`io`) and the lower process until the process
+/// ends; returns its final status, if the lower cluster sent one.
+async fn pump(mut process: AttachedProcess, io: ExecIo) -> Result<Option<Status>, String> {
+    let ExecIo {
+        stdin,
+        stdout,
+        stderr,
+        tty,
+        resize,
+    } = io;
+    let status = process.take_status();
+    let remote_stdin = process.stdin();
+    let remote_stdout = process.stdout();
+    let remote_stderr = process.stderr();
+    let resizer = if tty { process.terminal_size() } else { None };
+
+    // stdin until the client's EOF, then closed, so that `cat` and friends end.
+    let input = async move {
+        if let (Some(mut from), Some(mut to)) = (stdin, remote_stdin) {
+            if let Err(e) = tokio::io::copy(&mut from, &mut to).await {
+                tracing::debug!(error = %e, "copying stdin to the lower cluster stopped");
+            }
+            let _ = to.shutdown().await;
+        }
+    };
+    let resizing = async move {
+        if let (Some(mut sizes), Some(mut to)) = (resize, resizer) {
+            while let Some(size) = sizes.recv().await {
+                let size = kube::api::TerminalSize {
+                    width: size.width,
+                    height: size.height,
+                };
+                if to.send(size).await.is_err() {
+                    break;
+                }
+            }
+        }
+    };
+    let finished = async move {
+        tokio::join!(
+            copy_out(remote_stdout, stdout),
+            copy_out(remote_stderr, stderr)
+        );
+        match status {
+            Some(status) => status.await,
+            None => None,
+        }
+    };
+    // The process may end before the client closes stdin: the input side is abandoned then.
+    let side = async move {
+        tokio::join!(input, resizing);
+        std::future::pending::<Option<Status>>().await
+    };
+    let status = tokio::select! {
+        s = finished => s,
+        s = side => s,
+    };
+    match status {
+        Some(status) => Ok(Some(status)),
+        // No status: the connection task has ended (its status sender is gone); whether it
+        // ended cleanly decides between success and an error.
+        None => process
+            .join()
+            .await
+            .map(|()| None)
+            .map_err(|e| e.to_string()),
+    }
+}
+
+/// Copies one output stream of the lower process to the client until it ends, then ends the
+/// client's stream. A client that stops reading stops the copy (and so, through kube-rs'
+/// backpressure, the connection).
+async fn copy_out<R: AsyncRead + Unpin>(from: Option<R>, to: Option<BoxWriter>) {
+    let (Some(mut from), Some(mut to)) = (from, to) else {
+        return;
+    };
+    let mut buf = vec![0u8; 16 * 1024];
+    loop {
+        let n = match from.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        let Some(chunk) = buf.get(..n) else { break };
+        if to.write_all(chunk).await.is_err() || to.flush().await.is_err() {
+            return;
+        }
+    }
+    let _ = to.shutdown().await;
+}
+
+/// The kubelet side's end of one forwarded connection: the kube-rs port stream, and the
+/// forwarder whose connection to the lower cluster it uses.
+struct ForwardedPort {
+    io: DuplexStream,
+    forwarder: Option<Portforwarder>,
+}
+
+impl Drop for ForwardedPort {
+    fn drop(&mut self) {
+        let Some(forwarder) = self.forwarder.take() else {
+            return;
+        };
+        // Dropping the stream (done right after this) makes kube-rs close the WebSocket
+        // gracefully; a lower side that never answers is cut after a grace period.
+        match tokio::runtime::Handle::try_current() {
+            Ok(handle) => {
+                handle.spawn(async move {
+                    tokio::time::sleep(PORT_FORWARD_GRACE).await;
+                    forwarder.abort();
+                });
+            }
+            Err(_) => forwarder.abort(),
+        }
+    }
+}
+
+impl AsyncRead for ForwardedPort {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for ForwardedPort {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().io).poll_write(cx, buf)
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_shutdown(cx)
+    }
+}
+
+impl StreamBackend for LowerBackend {
+    async fn exec(&self, request: ExecRequest, io: ExecIo) -> ExitStatus {
+        self.remote(
+            &request.pod,
+            request.container,
+            Some(request.command),
+            request.options,
+            io,
+        )
+        .await
+    }
+
+    async fn attach(&self, request: AttachRequest, io: ExecIo) -> ExitStatus {
+        self.remote(&request.pod, request.container, None, request.options, io)
+            .await
+    }
+
+    async fn port_forward(
+        &self,
+        request: PortForwardRequest,
+    ) -> Result<PortForwardStream, BackendError> {
+        let r = &request.pod;
+        let (api, _) = self.owned_pod(r).await?;
+        let context = || {
+            format!(
+                "port-forward to port {} of pod {}/{} in the lower cluster",
+                request.port, r.namespace, r.name
+            )
+        };
+        let mut forwarder = api
+            .portforward(&r.name, &[request.port])
+            .await
+            .map_err(|e| BackendError::new(format!("{}: {}", context(), api_error(&e))))?;
+        let error = forwarder
+            .take_error(request.port)
+            .map(|f| -> ErrorFuture { Box::pin(f) });
+        let Some(io) = forwarder.take_stream(request.port) else {
+            forwarder.abort();
+            return Err(BackendError::new(format!("{}: no stream", context())));
+        };
+        Ok(PortForwardStream {
+            io: Box::new(ForwardedPort {
+                io,
+                forwarder: Some(forwarder),
+            }),
+            error,
+        })
+    }
+}
+
+/// `metrics.k8s.io/v1beta1` `PodMetrics`, the part we read.
+#[derive(Debug, Default, Deserialize)]
+struct PodMetricsData {
+    #[serde(default)]
+    timestamp: Option<String>,
+    #[serde(default)]
+    containers: Vec<ContainerMetrics>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+struct ContainerMetrics {
+    name: String,
+    #[serde(default)]
+    usage: BTreeMap<String, Quantity>,
+}
+
+fn pod_metrics_resource() -> ApiResource {
+    ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("metrics.k8s.io", "v1beta1", "PodMetrics"),
+        "pods",
+    )
+}
+
+/// The lower cluster serves no metrics API (no metrics-server, or its APIService is down).
+fn no_metrics_api(e: &kube::Error) -> bool {
+    matches!(e, kube::Error::Api(s) if s.code == 404 || s.code == 503)
+}
+
+/// CPU in nano-cores and memory in bytes of one container's usage.
+fn usage(c: &ContainerMetrics) -> (u64, u64) {
+    let nanos = |name: &str| {
+        c.usage
+            .get(name)
+            .and_then(|q| parse_quantity(&q.0).ok())
+            .map(|q| q.nanos)
+            .unwrap_or(0)
+    };
+    let cpu = u64::try_from(nanos("cpu")).unwrap_or(0);
+    let memory = u64::try_from(value(nanos("memory"))).unwrap_or(0);
+    (cpu, memory)
+}
+
+impl KubeletBackend for LowerBackend {
+    async fn logs(
+        &self,
+        pod: PodRef,
+        container: String,
+        options: LogOptions,
+    ) -> Result<LogStream, BackendError> {
+        let (api, _) = self.owned_pod(&pod).await?;
+        let context = format!(
+            "logs of container {container} of pod {}/{} in the lower cluster",
+            pod.namespace, pod.name
+        );
+        let since_time = match options.since_time.as_deref() {
+            None => None,
+            Some(t) => Some(t.parse::<Timestamp>().map_err(|e| {
+                BackendError::new(format!("{context}: invalid sinceTime {t:?}: {e}"))
+            })?),
+        };
+        let params = LogParams {
+            container: Some(container.clone()),
+            follow: options.follow,
+            limit_bytes: options.limit_bytes,
+            pretty: false,
+            previous: options.previous,
+            since_seconds: options.since_seconds,
+            since_time,
+            tail_lines: options.tail_lines,
+            timestamps: options.timestamps,
+        };
+        let reader = api
+            .log_stream(&pod.name, &params)
+            .await
+            .map_err(|e| BackendError::new(format!("{context}: {}", api_error(&e))))?;
+        let stream = futures::stream::unfold(Some(Box::pin(reader)), |state| async move {
+            let mut reader = state?;
+            match reader.fill_buf().await {
+                Ok([]) => None,
+                Ok(buf) => {
+                    let chunk = Bytes::copy_from_slice(buf);
+                    reader.consume_unpin(chunk.len());
+                    Some((Ok(chunk), Some(reader)))
+                }
+                Err(e) => Some((Err(e), None)),
+            }
+        });
+        Ok(Box::pin(stream))
+    }
+
+    async fn pods(&self) -> Result<Vec<Pod>, BackendError> {
+        Ok((self.upper_pods)())
+    }
+
+    async fn stats(&self) -> Result<Summary, BackendError> {
+        let selector = self.owner_selector();
+        let params = ListParams::default().labels(&selector);
+        // Only our pods' metrics: the lower cluster's other pods are none of the upper
+        // cluster's business (the original listed every pod's metrics of the lower cluster).
+        let metrics_api: Api<DynamicObject> =
+            Api::all_with(self.lower.clone(), &pod_metrics_resource());
+        let metrics = match metrics_api.list(&params).await {
+            Ok(list) => list.items,
+            Err(e) if no_metrics_api(&e) => {
+                // A lower cluster without metrics-server: `kubectl top` shows nothing for the
+                // virtual node's pods, but the node keeps serving stats (and metrics-server
+                // upstairs keeps scraping it) instead of failing.
+                tracing::debug!(error = %e, "the lower cluster serves no metrics API");
+                return Ok(self.empty_summary());
+            }
+            Err(e) => {
+                return Err(BackendError::new(format!(
+                    "listing pod metrics ({selector}) in the lower cluster: {}",
+                    api_error(&e)
+                )));
+            }
+        };
+        let pods_api: Api<Pod> = Api::all(self.lower.clone());
+        let lower_pods = pods_api.list(&params).await.map_err(|e| {
+            BackendError::new(format!(
+                "listing pods ({selector}) in the lower cluster: {}",
+                api_error(&e)
+            ))
+        })?;
+        let key = |ns: &str, name: &str| format!("{ns}/{name}");
+        let lower: HashMap<String, &Pod> = lower_pods
+            .items
+            .iter()
+            .map(|p| {
+                (
+                    key(
+                        p.metadata.namespace.as_deref().unwrap_or_default(),
+                        p.metadata.name.as_deref().unwrap_or_default(),
+                    ),
+                    p,
+                )
+            })
+            .collect();
+        let upper: HashMap<String, String> = (self.upper_pods)()
+            .into_iter()
+            .filter_map(|p| {
+                let k = key(
+                    p.metadata.namespace.as_deref().unwrap_or_default(),
+                    p.metadata.name.as_deref()?,
+                );
+                Some((k, p.metadata.uid?))
+            })
+            .collect();
+
+        let now = Timestamp::now();
+        let now_string = rfc3339(now);
+        let mut cpu = self
+            .cpu
+            .lock()
+            .map_err(|_| BackendError::new("CPU statistics unavailable"))?;
+        let mut live = HashSet::new();
+        let (mut node_cpu, mut node_memory) = (0u64, 0u64);
+        let mut pods = Vec::new();
+        for m in &metrics {
+            let namespace = m.metadata.namespace.clone().unwrap_or_default();
+            let Some(name) = m.metadata.name.clone() else {
+                continue;
+            };
+            let k = key(&namespace, &name);
+            // The pod must still be ours (a metrics API ignoring the selector changes nothing).
+            let Some(lower_pod) = lower.get(&k) else {
+                continue;
+            };
+            let data: PodMetricsData = serde_json::from_value(m.data.clone()).unwrap_or_default();
+            let (time, millis) = match data
+                .timestamp
+                .as_deref()
+                .and_then(|t| t.parse::<Timestamp>().ok())
+            {
+                Some(t) => (rfc3339(t), t.as_millisecond()),
+                None => (now_string.clone(), now.as_millisecond()),
+            };
+            let uid = lower_pod
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(ANNOTATION_UPPER_UID))
+                .cloned()
+                .or_else(|| upper.get(&k).cloned())
+                .unwrap_or_default();
+            let start = lower_pod
+                .status
+                .as_ref()
+                .and_then(|s| s.start_time.as_ref())
+                .map(|t| rfc3339(t.0));
+            let (mut pod_cpu, mut pod_memory, mut pod_total) = (0u64, 0u64, 0u64);
+            let mut containers = Vec::new();
+            for c in &data.containers {
+                let (nano_cores, memory) = usage(c);
+                let counter = format!("{k}/{uid}/{}", c.name);
+                let total = cpu.sample(&counter, nano_cores, millis);
+                live.insert(counter);
+                pod_cpu = pod_cpu.saturating_add(nano_cores);
+                pod_memory = pod_memory.saturating_add(memory);
+                pod_total = pod_total.saturating_add(total);
+                containers.push(ContainerStats {
+                    name: c.name.clone(),
+                    start_time: start.clone(),
+                    cpu: Some(CpuStats {
+                        time: time.clone(),
+                        usage_nano_cores: Some(nano_cores),
+                        usage_core_nano_seconds: Some(total),
+                    }),
+                    memory: Some(MemoryStats {
+                        time: time.clone(),
+                        working_set_bytes: Some(memory),
+                        usage_bytes: None,
+                    }),
+                });
+            }
+            node_cpu = node_cpu.saturating_add(pod_cpu);
+            node_memory = node_memory.saturating_add(pod_memory);
+            pods.push(PodStats {
+                pod_ref: PodReference {
+                    name,
+                    namespace,
+                    uid,
+                },
+                start_time: start,
+                containers,
+                cpu: Some(CpuStats {
+                    time: time.clone(),
+                    usage_nano_cores: Some(pod_cpu),
+                    usage_core_nano_seconds: Some(pod_total),
+                }),
+                memory: Some(MemoryStats {
+                    time,
+                    working_set_bytes: Some(pod_memory),
+                    usage_bytes: None,
+                }),
+            });
+        }
+        // The node's counter integrates the node's usage itself, so that it never goes back
+        // when a pod goes away.
+        const NODE: &str = "";
+        let node_total = cpu.sample(NODE, node_cpu, now.as_millisecond());
+        live.insert(NODE.to_owned());
+        cpu.retain(|k| live.contains(k));
+        Ok(Summary {
+            node: NodeStats {
+                node_name: self.node_name.clone(),
+                start_time: Some(self.started.clone()),
+                cpu: Some(CpuStats {
+                    time: now_string.clone(),
+                    usage_nano_cores: Some(node_cpu),
+                    usage_core_nano_seconds: Some(node_total),
+                }),
+                memory: Some(MemoryStats {
+                    time: now_string,
+                    working_set_bytes: Some(node_memory),
+                    usage_bytes: None,
+                }),
+            },
+            pods,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn object_names_are_validated_before_reaching_a_url() {
+        assert!(is_object_name("web-1"));
+        assert!(is_object_name("a.b"));
+        for bad in ["", "..", ".", "a/b", "A", "x?watch=1", "-a", "a-", "a%2Fb"] {
+            assert!(!is_object_name(bad), "{bad}");
+        }
+    }
+
+    #[test]
+    fn container_usage_from_quantities() {
+        let c = ContainerMetrics {
+            name: "c".into(),
+            usage: BTreeMap::from([
+                ("cpu".to_owned(), Quantity("250m".into())),
+                ("memory".to_owned(), Quantity("64Mi".into())),
+            ]),
+        };
+        assert_eq!(usage(&c), (250_000_000, 64 << 20));
+        assert_eq!(usage(&ContainerMetrics::default()), (0, 0));
+    }
+}

@@ -91,7 +91,17 @@ fn key_of(p: &Pod) -> Option<Key> {
 
 /// Runs until `stop`.
 pub async fn run(cfg: PodSync, stop: CancellationToken) {
-    let (upper_pods, upper_writer) = reflector::store();
+    run_with_store(cfg, reflector::store(), stop).await;
+}
+
+/// Runs until `stop`, filling the given upper pod store (shared with the kubelet API's
+/// `/pods`).
+pub async fn run_with_store(
+    cfg: PodSync,
+    upper: (Store<Pod>, reflector::store::Writer<Pod>),
+    stop: CancellationToken,
+) {
+    let (upper_pods, upper_writer) = upper;
     let (lower_pods, lower_writer) = reflector::store();
     let upper_api: Api<Pod> = Api::all(cfg.upper.clone());
     let lower_api: Api<Pod> = Api::all(cfg.lower.clone());

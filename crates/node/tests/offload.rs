@@ -10,9 +10,9 @@ use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use serde_json::json;
 use tensile_core::node::NodeIdentity;
 use tensile_core::translate::TranslateConfig;
-use tensile_node::VirtualNode;
 use tensile_node::node::NodeLoop;
 use tensile_node::pods::PodSync;
+use tensile_node::{KubeletApi, VirtualNode};
 use tensile_sim::env::{ClusterSpec, TestEnv};
 use tokio_util::sync::CancellationToken;
 
@@ -76,6 +76,22 @@ async fn spawn_node(env: &TestEnv, name: &str) -> CancellationToken {
             translate: TranslateConfig::new(name),
             workers: 8,
         },
+        kubelet: Some(KubeletApi {
+            listen: "127.0.0.1:0".parse().unwrap(),
+            cert: tensile_kubelet::ServingCert::SelfSigned {
+                sans: vec!["127.0.0.1".into()],
+            },
+            client_ca_pem: Some(
+                env.clusters[0]
+                    .server()
+                    .unwrap()
+                    .state()
+                    .ca
+                    .cert_pem()
+                    .to_owned(),
+            ),
+            auth_disabled: false,
+        }),
     };
     let stop = CancellationToken::new();
     tokio::spawn(vn.run(stop.clone()));
@@ -366,4 +382,49 @@ async fn a_restart_adopts_what_exists_and_two_nodes_share_a_lower_cluster() {
     assert_eq!(theirs.len(), 1, "the other node's pod is untouched");
     second.cancel();
     again.cancel();
+}
+
+#[tokio::test]
+async fn logs_and_exec_upstairs_reach_the_lower_pod() {
+    use kube::api::{AttachParams, LogParams};
+    use tokio::io::AsyncReadExt;
+    let (env, stop) = start().await;
+    let upper = &env.clusters[0].client;
+    let upper_pods: Api<Pod> = Api::namespaced(upper.clone(), "default");
+    upper_pods
+        .create(
+            &PostParams::default(),
+            &pod(
+                "web",
+                "vk-lower",
+                json!({"spec": {"containers": [{"name": "c", "image": "nginx:1.27",
+        "command": ["sh", "-c", "echo hello from below; sleep 100000"]}]}}),
+            ),
+        )
+        .await
+        .unwrap();
+    eventually(30, "running", || async {
+        (phase(&upper_pods, "web").await? == "Running").then_some(())
+    })
+    .await;
+    let logs = upper_pods.logs("web", &LogParams::default()).await.unwrap();
+    assert!(logs.contains("hello from below"), "{logs}");
+    let mut exec = upper_pods
+        .exec(
+            "web",
+            ["echo", "up", "and", "down"],
+            &AttachParams::default().stderr(false),
+        )
+        .await
+        .unwrap();
+    let mut out = String::new();
+    exec.stdout()
+        .unwrap()
+        .read_to_string(&mut out)
+        .await
+        .unwrap();
+    assert_eq!(out, "up and down\n");
+    let status = exec.take_status().unwrap().await.unwrap();
+    assert_eq!(status.status.as_deref(), Some("Success"));
+    stop.cancel();
 }
