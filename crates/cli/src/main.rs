@@ -2,6 +2,7 @@
 #![forbid(unsafe_code)]
 
 mod sim;
+mod virtual_node;
 
 use clap::{Parser, Subcommand};
 
@@ -17,6 +18,8 @@ struct Cli {
 enum Command {
     /// Run one simulated cluster (embedded API server) in the foreground.
     Sim(sim::SimArgs),
+    /// Register a lower cluster as one node of the upper cluster and run its pods there.
+    VirtualNode(Box<virtual_node::VirtualNodeArgs>),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -34,6 +37,7 @@ fn main() -> anyhow::Result<()> {
     runtime.block_on(async {
         match cli.command {
             Command::Sim(args) => sim::run(args).await,
+            Command::VirtualNode(args) => virtual_node::run(*args).await,
         }
     })
 }

@@ -1,0 +1,306 @@
+//! `tensile virtual-node`: one lower cluster as one node of the upper cluster. Accepts the
+//! original tensile-kube's flags and environment variables (its own and those node-cli gave it)
+//! so its manifests run unchanged; flags that mean nothing here are accepted with a warning.
+
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context as _, bail};
+use prometheus_client::registry::Registry;
+use tensile_core::node::{NodeIdentity, kubelet_port, node_taint, parse_node_label};
+use tensile_core::translate::TranslateConfig;
+use tensile_node::clients::{ApiCalls, KubeconfigSource, build_client, build_client_with_server};
+use tensile_node::node::NodeLoop;
+use tensile_node::pods::PodSync;
+use tensile_node::{KubeletApi, VirtualNode};
+use tokio_util::sync::CancellationToken;
+
+/// Flags of `tensile virtual-node` (the original's names and defaults).
+#[derive(Debug, clap::Args)]
+#[allow(clippy::struct_excessive_bools)]
+pub struct VirtualNodeArgs {
+    /// Kubeconfig of the lower cluster (required; an unreadable file is an error, never a
+    /// fall-back to another cluster).
+    #[arg(long)]
+    client_kubeconfig: Option<PathBuf>,
+    /// QPS of the lower-cluster client.
+    #[arg(long, default_value_t = 500.0)]
+    client_qps: f32,
+    /// Burst of the lower-cluster client.
+    #[arg(long, default_value_t = 1000)]
+    client_burst: u32,
+    /// Pod labels removed from lower pods (recorded in `tripped-labels`).
+    #[arg(long, default_value = tensile_core::keys::DEFAULT_IGNORE_LABELS)]
+    ignore_labels: String,
+    /// Extra controllers (`PVControllers`, `ServiceControllers`).
+    #[arg(long, default_value = "PVControllers,ServiceControllers")]
+    enable_controllers: String,
+    /// Create ServiceAccounts in the lower cluster for the pods that use them.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    enable_serviceaccount: bool,
+    /// Log level (trace, debug, info, warn, error).
+    #[arg(long, default_value = "info")]
+    log_level: String,
+    /// Kubeconfig of the upper cluster.
+    #[arg(long, env = "KUBECONFIG")]
+    kubeconfig: Option<PathBuf>,
+    /// Name of the virtual node.
+    #[arg(long, env = "DEFAULTNODE_NAME", default_value = "virtual-kubelet")]
+    nodename: String,
+    /// Provider (only `k8s`).
+    #[arg(long, default_value = "k8s")]
+    provider: String,
+    /// Ignored (kept for compatibility).
+    #[arg(long)]
+    provider_config: Option<String>,
+    /// Restrict the upper pods to one namespace (not supported: a warning).
+    #[arg(long, default_value = "")]
+    namespace: String,
+    /// Ignored (kept for compatibility).
+    #[arg(long, default_value = "cluster.local")]
+    cluster_domain: String,
+    /// `Linux` or `Windows`; the node is reported as linux.
+    #[arg(long, default_value = "Linux")]
+    os: String,
+    /// Plain-HTTP listener for metrics (Prometheus `/metrics`).
+    #[arg(long, default_value = "")]
+    metrics_addr: String,
+    /// Taint key (deprecated in node-cli; `VKUBELET_TAINT_KEY`).
+    #[arg(long, env = "VKUBELET_TAINT_KEY")]
+    taint: Option<String>,
+    /// Do not taint the node.
+    #[arg(long, default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
+    disable_taint: bool,
+    /// Parallel pod syncs.
+    #[arg(long, default_value_t = 50)]
+    pod_sync_workers: usize,
+    /// Always true: the lease is how the upper cluster knows the node is alive.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    enable_node_lease: bool,
+    /// Ignored: we never re-list.
+    #[arg(long, default_value = "1m")]
+    full_resync_period: String,
+    /// Ignored (kept for compatibility).
+    #[arg(long, default_value = "0")]
+    startup_timeout: String,
+    /// QPS of the upper client (0: client-go's 5).
+    #[arg(long, default_value_t = 0.0)]
+    kube_api_qps: f32,
+    /// Burst of the upper client (0: client-go's 10).
+    #[arg(long, default_value_t = 0)]
+    kube_api_burst: u32,
+    /// CA of client certificates on the kubelet port (default: the upper cluster's CA).
+    #[arg(long, env = "APISERVER_CA_CERT_LOCATION")]
+    client_verify_ca: Option<PathBuf>,
+    /// Turn the kubelet API's authentication and authorization OFF.
+    #[arg(long, default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
+    no_verify_clients: bool,
+    /// Bearer tokens through TokenReview (always on here).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
+    authentication_token_webhook: bool,
+    /// Ignored: caches use the kubelet's TTLs.
+    #[arg(long)]
+    authentication_token_webhook_cache_ttl: Option<String>,
+    /// Ignored: caches use the kubelet's TTLs.
+    #[arg(long)]
+    authorization_webhook_cache_authorized_ttl: Option<String>,
+    /// Ignored: caches use the kubelet's TTLs.
+    #[arg(long)]
+    authorization_webhook_cache_unauthorized_ttl: Option<String>,
+    /// klog verbosity (mapped to the log level).
+    #[arg(long = "klog.v")]
+    klog_v: Option<u8>,
+    /// Accepted for compatibility.
+    #[arg(long = "klog.logtostderr", num_args = 0..=1, default_missing_value = "true")]
+    klog_logtostderr: Option<String>,
+    /// Accepted for compatibility.
+    #[arg(long = "klog.alsologtostderr", num_args = 0..=1, default_missing_value = "true")]
+    klog_alsologtostderr: Option<String>,
+    /// Accepted for compatibility.
+    #[arg(long = "klog.vmodule")]
+    klog_vmodule: Option<String>,
+    /// Owner id written on lower objects (default: the node name). Give each virtual node of
+    /// every upper cluster sharing a lower cluster its own.
+    #[arg(long)]
+    owner_id: Option<String>,
+    /// Report NotReady after the lower cluster has been unreachable this many seconds (default:
+    /// never; the node stays Ready, tainted NoSchedule, so nothing is evicted).
+    #[arg(long)]
+    not_ready_after_seconds: Option<u64>,
+    /// Address of the kubelet API (the port comes from KUBELET_PORT).
+    #[arg(long, default_value = "0.0.0.0")]
+    kubelet_address: IpAddr,
+}
+
+fn env(name: &str) -> Option<String> {
+    std::env::var(name).ok().filter(|v| !v.is_empty())
+}
+
+fn read(path: &PathBuf, what: &str) -> anyhow::Result<String> {
+    std::fs::read_to_string(path).with_context(|| format!("reading {what} {}", path.display()))
+}
+
+pub async fn run(args: VirtualNodeArgs) -> anyhow::Result<()> {
+    if args.provider != "k8s" {
+        bail!("unknown provider {:?}: only k8s", args.provider);
+    }
+    if !matches!(args.os.as_str(), "Linux" | "Windows") {
+        bail!("invalid --os {:?}: must be Linux or Windows", args.os);
+    }
+    for (set, flag) in [
+        (args.provider_config.is_some(), "--provider-config"),
+        (!args.namespace.is_empty(), "--namespace"),
+        (!args.metrics_addr.is_empty(), "--metrics-addr"),
+        (!args.enable_node_lease, "--enable-node-lease=false"),
+        (!args.enable_controllers.is_empty(), "--enable-controllers"),
+        (!args.enable_serviceaccount, "--enable-serviceaccount=false"),
+    ] {
+        if set {
+            tracing::warn!(
+                "{flag} is accepted for compatibility but has no effect in this version"
+            );
+        }
+    }
+    let Some(lower_path) = args.client_kubeconfig.clone() else {
+        bail!("--client-kubeconfig is required: the kubeconfig of the lower cluster");
+    };
+    let upper_source = match &args.kubeconfig {
+        Some(p) => KubeconfigSource::Path(p.clone()),
+        None => match std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".kube/config")) {
+            Some(p) if p.exists() => KubeconfigSource::Path(p),
+            _ => KubeconfigSource::InCluster,
+        },
+    };
+    let mut registry = Registry::default();
+    let calls = ApiCalls::new(&mut registry);
+    let upper = build_client_with_server(
+        upper_source,
+        env("MASTER_URI").as_deref(),
+        args.kube_api_qps,
+        args.kube_api_burst,
+        "upper",
+        &calls,
+    )
+    .await
+    .context("upper cluster client")?;
+    let lower = build_client(
+        KubeconfigSource::Path(lower_path),
+        args.client_qps,
+        args.client_burst,
+        "lower",
+        &calls,
+    )
+    .await
+    .context("lower cluster client")?;
+    let lower_version = lower
+        .apiserver_version()
+        .await
+        .context("asking the lower cluster for its version")?
+        .git_version;
+    let taint = node_taint(
+        args.disable_taint,
+        args.taint.as_deref(),
+        env("VKUBELET_TAINT_VALUE").as_deref(),
+        env("VKUBELET_TAINT_EFFECT").as_deref(),
+    )?;
+    let port = kubelet_port(env("KUBELET_PORT").as_deref())?;
+    let identity = NodeIdentity {
+        name: args.nodename.clone(),
+        extra_label: env("VKUBELET_NODE_LABEL")
+            .as_deref()
+            .and_then(parse_node_label),
+        taint,
+        internal_ip: env("VKUBELET_POD_IP").unwrap_or_default(),
+        external_ip: env("VKUBELET_EXTERNAL_POD_IP"),
+        kubelet_port: port,
+        lower_version,
+    };
+    let owner = args
+        .owner_id
+        .clone()
+        .unwrap_or_else(|| args.nodename.clone());
+    let ignore_labels = args
+        .ignore_labels
+        .split(',')
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .map(str::to_owned)
+        .collect();
+    let cert = match (
+        env("APISERVER_CERT_LOCATION"),
+        env("APISERVER_KEY_LOCATION"),
+    ) {
+        (Some(c), Some(k)) => tensile_kubelet::ServingCert::Pem {
+            cert: read(&PathBuf::from(c), "certificate")?,
+            key: read(&PathBuf::from(k), "key")?,
+        },
+        _ => {
+            let mut sans = vec![args.nodename.clone()];
+            sans.extend(
+                [identity.internal_ip.clone()]
+                    .into_iter()
+                    .chain(identity.external_ip.clone())
+                    .filter(|s| !s.is_empty()),
+            );
+            tensile_kubelet::ServingCert::SelfSigned { sans }
+        }
+    };
+    let client_ca_pem = match &args.client_verify_ca {
+        Some(p) => Some(read(p, "client CA")?),
+        None => upper_ca(&upper).await,
+    };
+    let listen = SocketAddr::new(args.kubelet_address, u16::try_from(port).unwrap_or(10250));
+    let vn = VirtualNode {
+        node: NodeLoop {
+            identity,
+            owner: owner.clone(),
+            not_ready_after: args.not_ready_after_seconds.map(Duration::from_secs),
+            lease_renew: Duration::from_secs(10),
+            heartbeat: Duration::from_secs(60),
+        },
+        pods: PodSync {
+            upper,
+            lower,
+            node: args.nodename.clone(),
+            lower_name: args.nodename.clone(),
+            translate: TranslateConfig {
+                owner,
+                ignore_labels,
+            },
+            workers: args.pod_sync_workers,
+        },
+        kubelet: Some(KubeletApi {
+            listen,
+            cert,
+            client_ca_pem,
+            auth_disabled: args.no_verify_clients,
+        }),
+    };
+    let stop = CancellationToken::new();
+    let handle = vn
+        .start(stop.clone())
+        .await
+        .context("starting the virtual node")?;
+    tracing::info!(node = %args.nodename, %listen, "virtual node running");
+    tokio::signal::ctrl_c()
+        .await
+        .context("waiting for a signal")?;
+    stop.cancel();
+    let _ = tokio::time::timeout(Duration::from_secs(10), handle).await;
+    Ok(())
+}
+
+/// The upper cluster's CA from its `kube-root-ca.crt` (what its API server's kubelet client
+/// certificate is signed with, as kubeadm sets clusters up).
+async fn upper_ca(upper: &kube::Client) -> Option<String> {
+    let cms: kube::Api<k8s_openapi::api::core::v1::ConfigMap> =
+        kube::Api::namespaced(upper.clone(), "kube-system");
+    cms.get_opt("kube-root-ca.crt")
+        .await
+        .ok()
+        .flatten()?
+        .data?
+        .get("ca.crt")
+        .cloned()
+}
