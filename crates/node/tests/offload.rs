@@ -428,3 +428,156 @@ async fn logs_and_exec_upstairs_reach_the_lower_pod() {
     assert_eq!(status.status.as_deref(), Some("Success"));
     stop.cancel();
 }
+
+#[tokio::test]
+async fn a_lower_cluster_outage_keeps_pods_and_taints_the_node_until_it_is_back() {
+    let (env, stop) = start().await;
+    let upper = &env.clusters[0].client;
+    let upper_pods: Api<Pod> = Api::namespaced(upper.clone(), "default");
+    upper_pods
+        .create(&PostParams::default(), &pod("web", "vk-lower", json!({})))
+        .await
+        .unwrap();
+    eventually(30, "running", || async {
+        (phase(&upper_pods, "web").await? == "Running").then_some(())
+    })
+    .await;
+    let nodes: Api<Node> = Api::all(upper.clone());
+    let reachable = |n: &Node| {
+        n.status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .and_then(|c| {
+                c.iter()
+                    .find(|c| c.type_ == "tensile-kube.io/LowerClusterReachable")
+            })
+            .map(|c| c.status.clone())
+    };
+    let tainted = |n: &Node| {
+        n.spec
+            .as_ref()
+            .and_then(|s| s.taints.as_ref())
+            .is_some_and(|t| {
+                t.iter()
+                    .any(|t| t.key == "tensile-kube.io/lower-cluster-unreachable")
+            })
+    };
+
+    env.clusters[1].server().unwrap().set_available(false);
+    let down = eventually(30, "node says the lower cluster is unreachable", || async {
+        let n = nodes.get("vk-lower").await.ok()?;
+        (reachable(&n).as_deref() == Some("False") && tainted(&n)).then_some(n)
+    })
+    .await;
+    let ready = down
+        .status
+        .unwrap()
+        .conditions
+        .unwrap()
+        .into_iter()
+        .find(|c| c.type_ == "Ready")
+        .unwrap();
+    assert_eq!(
+        ready.status, "True",
+        "the node stays Ready so the upper cluster evicts nothing"
+    );
+    assert_eq!(phase(&upper_pods, "web").await.as_deref(), Some("Running"));
+
+    env.clusters[1].server().unwrap().set_available(true);
+    eventually(60, "node recovered", || async {
+        let n = nodes.get("vk-lower").await.ok()?;
+        (reachable(&n).as_deref() == Some("True") && !tainted(&n)).then_some(())
+    })
+    .await;
+    upper_pods
+        .create(&PostParams::default(), &pod("after", "vk-lower", json!({})))
+        .await
+        .unwrap();
+    eventually(60, "new pod runs after the outage", || async {
+        (phase(&upper_pods, "after").await? == "Running").then_some(())
+    })
+    .await;
+    assert_eq!(phase(&upper_pods, "web").await.as_deref(), Some("Running"));
+    stop.cancel();
+}
+
+#[tokio::test]
+async fn failures_are_reported_and_deletion_is_graceful_both_ways() {
+    let (env, stop) = start().await;
+    let (upper, lower) = (&env.clusters[0].client, &env.clusters[1].client);
+    let upper_pods: Api<Pod> = Api::namespaced(upper.clone(), "default");
+    // A mandatory Secret that does not exist: reported on the pod, retried, then fixed.
+    upper_pods.create(&PostParams::default(), &pod("needs", "vk-lower", json!({"spec": {"volumes": [{"name": "s", "secret": {"secretName": "missing"}}],
+        "containers": [{"name": "c", "image": "nginx", "volumeMounts": [{"name": "s", "mountPath": "/s"}]}]}}))).await.unwrap();
+    let message = eventually(30, "ProviderFailed condition", || async {
+        let c = upper_pods
+            .get("needs")
+            .await
+            .ok()?
+            .status?
+            .conditions?
+            .into_iter()
+            .find(|c| c.type_ == "tensile-kube.io/Offloaded")?;
+        (c.reason.as_deref() == Some("ProviderFailed")).then(|| c.message.unwrap_or_default())
+    })
+    .await;
+    assert!(
+        message.contains("secret default/missing not found"),
+        "{message}"
+    );
+    let secrets: Api<k8s_openapi::api::core::v1::Secret> =
+        Api::namespaced(upper.clone(), "default");
+    secrets
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"apiVersion": "v1", "kind": "Secret",
+        "metadata": {"name": "missing"}, "stringData": {"k": "v"}}))
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+    eventually(60, "pod runs once the secret exists", || async {
+        (phase(&upper_pods, "needs").await? == "Running").then_some(())
+    })
+    .await;
+
+    // Unschedulable downstairs shows upstairs.
+    upper_pods
+        .create(
+            &PostParams::default(),
+            &pod(
+                "huge",
+                "vk-lower",
+                json!({"spec": {"containers": [{"name": "c", "image": "nginx",
+        "resources": {"requests": {"cpu": "64"}}}]}}),
+            ),
+        )
+        .await
+        .unwrap();
+    eventually(30, "Unschedulable mirrored", || async {
+        let c = upper_pods
+            .get("huge")
+            .await
+            .ok()?
+            .status?
+            .conditions?
+            .into_iter()
+            .find(|c| c.type_ == "PodScheduled")?;
+        (c.reason.as_deref() == Some("Unschedulable")).then_some(())
+    })
+    .await;
+
+    // Deleting upstairs deletes downstairs and finishes.
+    upper_pods
+        .delete("needs", &DeleteParams::default())
+        .await
+        .unwrap();
+    let lower_pods: Api<Pod> = Api::namespaced(lower.clone(), "default");
+    eventually(60, "deleted in both clusters", || async {
+        (upper_pods.get_opt("needs").await.ok()?.is_none()
+            && lower_pods.get_opt("needs").await.ok()?.is_none())
+        .then_some(())
+    })
+    .await;
+    stop.cancel();
+}

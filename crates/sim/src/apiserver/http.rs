@@ -132,6 +132,11 @@ async fn handle(
     let Some(user) = user else {
         return error_response(&ApiError::unauthorized());
     };
+    if !state.available() {
+        return error_response(&ApiError::service_unavailable(
+            "the server is currently unable to handle the request",
+        ));
+    }
     let path = req.uri().path().to_owned();
     match route(&path) {
         Route::Version => value_response(200, &discovery::version(&state)),

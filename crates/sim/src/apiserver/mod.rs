@@ -118,12 +118,25 @@ pub struct State {
     tokens: Mutex<HashMap<String, UserInfo>>,
     metrics: metrics::MetricsCache,
     extenders: Mutex<Vec<controllers::SchedulerExtender>>,
+    /// False during a simulated outage: every request gets 503 and watches end.
+    available: tokio::sync::watch::Sender<bool>,
 }
 
 impl State {
     /// The user a bearer token belongs to.
     pub fn user_for_token(&self, token: &str) -> Option<UserInfo> {
         self.tokens.lock().ok()?.get(token).cloned()
+    }
+
+    /// Whether the server answers (false during a simulated outage).
+    pub fn available(&self) -> bool {
+        *self.available.borrow()
+    }
+
+    /// Resolves when a simulated outage begins.
+    pub(crate) async fn outage(&self) {
+        let mut rx = self.available.subscribe();
+        let _ = rx.wait_for(|up| !*up).await;
     }
 
     /// The scheduler extenders in use.
@@ -207,6 +220,7 @@ impl ApiServer {
             tokens: Mutex::new(HashMap::new()),
             metrics: metrics::MetricsCache::default(),
             extenders: Mutex::new(extenders),
+            available: tokio::sync::watch::Sender::new(true),
         });
         let admin_token = state.issue_token(UserInfo {
             username: "kubernetes-admin".into(),
@@ -231,6 +245,12 @@ impl ApiServer {
         if let Ok(mut e) = self.state.extenders.lock() {
             *e = extenders;
         }
+    }
+
+    /// Simulates an outage (`false`): every request is answered 503 and open watches end,
+    /// until set back to `true`. The built-in control loops keep running.
+    pub fn set_available(&self, available: bool) {
+        self.state.available.send_replace(available);
     }
 
     /// The base URL (`https://127.0.0.1:PORT`).

@@ -261,6 +261,7 @@ pub(super) fn watch(
                 }
                 () = tokio::time::sleep_until(deadline) => return,
                 () = tx.closed() => return,
+                () = state.outage() => return,
             }
         }
     });
