@@ -33,6 +33,10 @@ pub struct NodeLoop {
     pub heartbeat: Duration,
 }
 
+/// The least time between two capacity-driven status patches (a burst of lower pod events
+/// becomes one patch, not one per event).
+const MIN_STATUS_INTERVAL: Duration = Duration::from_secs(1);
+
 /// Capacity published by the tracker: (total, largest fit on one node).
 pub type Capacity = (ResourceVector, ResourceVector);
 
@@ -125,12 +129,30 @@ pub async fn run_node(
     let mut ticker = tokio::time::interval(cfg.lease_renew);
     let mut last_status = tokio::time::Instant::now() - cfg.heartbeat;
     let mut published: Option<serde_json::Value> = None;
+    let mut pending = false;
+    let mut capacity_open = true;
     loop {
+        // Capacity changes are patched at most once per `MIN_STATUS_INTERVAL`; the changes in
+        // between are folded into the next patch.
         let capacity_changed = tokio::select! {
             () = stop.cancelled() => return,
             _ = ticker.tick() => false,
-            r = capacity.changed() => r.is_ok(),
+            r = capacity.changed(), if capacity_open => match r {
+                Ok(()) => {
+                    if last_status.elapsed() < MIN_STATUS_INTERVAL {
+                        pending = true;
+                        continue;
+                    }
+                    true
+                }
+                Err(_) => {
+                    capacity_open = false;
+                    continue;
+                }
+            },
+            () = tokio::time::sleep_until(last_status + MIN_STATUS_INTERVAL), if pending => true,
         };
+        pending = false;
         // Ping the lower cluster with every tick: its health decides conditions and taints.
         if !capacity_changed {
             health = match tokio::time::timeout(Duration::from_secs(5), lower.apiserver_version())
