@@ -581,3 +581,103 @@ async fn failures_are_reported_and_deletion_is_graceful_both_ways() {
     .await;
     stop.cancel();
 }
+
+#[tokio::test]
+async fn a_restart_in_the_middle_of_a_200_pod_burst_loses_duplicates_and_deletes_nothing() {
+    use futures::StreamExt;
+    use kube::runtime::{WatchStreamExt, watcher};
+    let (env, first) = start().await;
+    let (upper, lower) = (
+        env.clusters[0].client.clone(),
+        env.clusters[1].client.clone(),
+    );
+    // Record every lower pod deletion for the whole test.
+    let deleted = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let watch = {
+        let deleted = deleted.clone();
+        let api: Api<Pod> = Api::namespaced(lower.clone(), "default");
+        tokio::spawn(async move {
+            let mut s = watcher(api, watcher::Config::default())
+                .default_backoff()
+                .boxed();
+            while let Some(Ok(e)) = s.next().await {
+                if matches!(e, watcher::Event::Delete(_)) {
+                    deleted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                }
+            }
+        })
+    };
+    let upper_pods: Api<Pod> = Api::namespaced(upper.clone(), "default");
+    let creates = futures::stream::iter(0..200).for_each_concurrent(16, |i| {
+        let api = upper_pods.clone();
+        async move {
+            api.create(
+                &PostParams::default(),
+                &pod(&format!("burst-{i}"), "vk-lower", json!({})),
+            )
+            .await
+            .unwrap();
+        }
+    });
+    let lower_pods: Api<Pod> = Api::namespaced(lower.clone(), "default");
+    let restart = async {
+        eventually(60, "the burst under way downstairs", || async {
+            let n = lower_pods
+                .list(&ListParams::default().labels("tensile-kube.io/owner=vk-lower"))
+                .await
+                .ok()?
+                .items
+                .len();
+            (n >= 20).then_some(())
+        })
+        .await;
+        first.cancel();
+        spawn_node(&env, "vk-lower").await
+    };
+    let ((), second) = tokio::join!(creates, restart);
+    eventually(120, "all 200 running upstairs", || async {
+        let list = upper_pods.list(&ListParams::default()).await.ok()?;
+        let running = list
+            .items
+            .iter()
+            .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
+            .count();
+        (running == 200).then_some(())
+    })
+    .await;
+    let lower_list = lower_pods
+        .list(&ListParams::default().labels("tensile-kube.io/owner=vk-lower"))
+        .await
+        .unwrap()
+        .items;
+    assert_eq!(lower_list.len(), 200);
+    let upper_uids: std::collections::BTreeSet<String> = upper_pods
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter_map(|p| p.metadata.uid)
+        .collect();
+    let recorded: std::collections::BTreeSet<String> = lower_list
+        .iter()
+        .filter_map(|p| {
+            p.metadata
+                .annotations
+                .as_ref()?
+                .get("tensile-kube.io/upper-uid")
+                .cloned()
+        })
+        .collect();
+    assert_eq!(
+        recorded, upper_uids,
+        "one lower pod per upper pod, each for the right upper pod"
+    );
+    assert_eq!(
+        deleted.load(std::sync::atomic::Ordering::SeqCst),
+        0,
+        "no lower pod was deleted"
+    );
+    watch.abort();
+    second.cancel();
+}
