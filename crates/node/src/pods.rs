@@ -3,7 +3,8 @@
 //! every change puts the pod's key on a work queue; a reconcile reads both caches, asks
 //! `tensile-core` what should be, and writes only the difference.
 
-use std::sync::Arc;
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
 
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::{
@@ -83,6 +84,9 @@ struct Ctx {
     upper_pods: Store<Pod>,
     lower_pods: Store<Pod>,
     recorder: Recorder,
+    /// Lower namespaces seen to exist, so a burst of pods in one namespace asks for it once,
+    /// not once per pod. Forgotten on any failed creation (the namespace may have gone).
+    lower_namespaces: Mutex<HashSet<String>>,
 }
 
 fn key_of(p: &Pod) -> Option<Key> {
@@ -163,6 +167,7 @@ pub async fn run_with_store(
         upper_pods,
         lower_pods,
         recorder,
+        lower_namespaces: Mutex::default(),
     });
     for p in ctx
         .upper_pods
@@ -476,6 +481,17 @@ async fn force_delete_upper(ctx: &Ctx, u: &Pod) -> Result<(), SyncError> {
 
 /// Creates what the pod needs in the lower cluster, then the pod, in the plan's order.
 async fn create_lower(ctx: &Ctx, u: &Pod) -> Result<(), SyncError> {
+    let result = create_lower_steps(ctx, u).await;
+    if result.is_err()
+        && let Some(ns) = &u.metadata.namespace
+        && let Ok(mut known) = ctx.lower_namespaces.lock()
+    {
+        known.remove(ns);
+    }
+    result
+}
+
+async fn create_lower_steps(ctx: &Ctx, u: &Pod) -> Result<(), SyncError> {
     let (ns, name) = key_of(u).ok_or_else(|| SyncError("pod without name".into()))?;
     let owner = ctx.cfg.translate.owner.clone();
     let deps = pod_dependencies(u);
@@ -485,10 +501,25 @@ async fn create_lower(ctx: &Ctx, u: &Pod) -> Result<(), SyncError> {
     for step in plan {
         let what = format!("{:?} {}", step.kind, step.name);
         let created = match step.kind {
-            LowerKind::Namespace => Api::<Namespace>::all(lower.clone())
-                .create(&pp, &lower_namespace(&ns, &owner))
-                .await
-                .map(|_| ()),
+            LowerKind::Namespace => {
+                if ctx
+                    .lower_namespaces
+                    .lock()
+                    .is_ok_and(|known| known.contains(&ns))
+                {
+                    continue;
+                }
+                let created = Api::<Namespace>::all(lower.clone())
+                    .create(&pp, &lower_namespace(&ns, &owner))
+                    .await
+                    .map(|_| ());
+                if (created.is_ok() || created.as_ref().is_err_and(already_exists))
+                    && let Ok(mut known) = ctx.lower_namespaces.lock()
+                {
+                    known.insert(ns.clone());
+                }
+                created
+            }
             LowerKind::ServiceAccount => Api::<ServiceAccount>::namespaced(lower.clone(), &ns)
                 .create(&pp, &lower_service_account(&step.name, &ns, &owner))
                 .await

@@ -47,10 +47,12 @@ async fn start() -> (TestEnv, CancellationToken) {
 
 /// Starts a virtual node `name` for the env's lower cluster.
 async fn spawn_node(env: &TestEnv, name: &str) -> CancellationToken {
-    let (upper, lower) = (
-        env.clusters[0].client.clone(),
-        env.clusters[1].client.clone(),
-    );
+    spawn_node_with(env, name, env.clusters[1].client.clone()).await
+}
+
+/// Starts a virtual node `name` that talks to the lower cluster through `lower`.
+async fn spawn_node_with(env: &TestEnv, name: &str, lower: kube::Client) -> CancellationToken {
+    let upper = env.clusters[0].client.clone();
     let version = lower.apiserver_version().await.unwrap().git_version;
     let vn = VirtualNode {
         node: NodeLoop {
@@ -680,4 +682,112 @@ async fn a_restart_in_the_middle_of_a_200_pod_burst_loses_duplicates_and_deletes
     );
     watch.abort();
     second.cancel();
+}
+
+#[tokio::test]
+async fn a_burst_in_one_namespace_creates_it_once_and_a_deleted_lower_namespace_comes_back() {
+    use k8s_openapi::api::core::v1::Namespace;
+    use tensile_node::clients::{ApiCallLabels, ApiCalls, KubeconfigSource, Verb, build_client};
+    let env = TestEnv::start_with(vec![
+        ClusterSpec::new("upper", 0),
+        ClusterSpec::new("lower", 2),
+    ])
+    .await
+    .unwrap();
+    let mut registry = prometheus_client::registry::Registry::default();
+    let calls = ApiCalls::new(&mut registry);
+    let text = std::fs::read_to_string(&env.clusters[1].kubeconfig).unwrap();
+    let lower_counted = build_client(KubeconfigSource::Text(text), 1000.0, 1000, "lower", &calls)
+        .await
+        .unwrap();
+    let stop = spawn_node_with(&env, "vk-lower", lower_counted).await;
+    let (upper, lower) = (
+        env.clusters[0].client.clone(),
+        env.clusters[1].client.clone(),
+    );
+    let ns: Namespace = serde_json::from_value(
+        json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "team-a"}}),
+    )
+    .unwrap();
+    Api::<Namespace>::all(upper.clone())
+        .create(&PostParams::default(), &ns)
+        .await
+        .unwrap();
+    let upper_pods: Api<Pod> = Api::namespaced(upper.clone(), "team-a");
+    let lower_pods: Api<Pod> = Api::namespaced(lower.clone(), "team-a");
+    for i in 0..40 {
+        upper_pods
+            .create(
+                &PostParams::default(),
+                &pod(&format!("p-{i}"), "vk-lower", json!({})),
+            )
+            .await
+            .unwrap();
+    }
+    eventually(120, "40 lower pods", || async {
+        let n = lower_pods
+            .list(&ListParams::default())
+            .await
+            .ok()?
+            .items
+            .len();
+        (n == 40).then_some(())
+    })
+    .await;
+    let namespace_creates = calls
+        .snapshot()
+        .into_iter()
+        .filter(|(l, _): &(ApiCallLabels, u64)| {
+            l.verb == Verb::Create && l.resource == "namespaces"
+        })
+        .map(|(_, c)| c)
+        .sum::<u64>();
+    // At most one per worker racing on the first pods, never one per pod.
+    assert!(
+        (1..=8).contains(&namespace_creates),
+        "{namespace_creates} namespace creations for 40 pods"
+    );
+
+    // The lower namespace goes away (someone deleted it downstairs); the next pod brings it back.
+    upper_pods
+        .delete_collection(&DeleteParams::default(), &ListParams::default())
+        .await
+        .unwrap();
+    eventually(120, "the lower pods gone", || async {
+        lower_pods
+            .list(&ListParams::default())
+            .await
+            .ok()?
+            .items
+            .is_empty()
+            .then_some(())
+    })
+    .await;
+    let lower_ns: Api<Namespace> = Api::all(lower.clone());
+    lower_ns
+        .delete("team-a", &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually(60, "the lower namespace gone", || async {
+        lower_ns
+            .get_opt("team-a")
+            .await
+            .ok()?
+            .is_none()
+            .then_some(())
+    })
+    .await;
+    upper_pods
+        .create(&PostParams::default(), &pod("after", "vk-lower", json!({})))
+        .await
+        .unwrap();
+    eventually(
+        120,
+        "the pod running after its lower namespace was recreated",
+        || async {
+            (phase(&upper_pods, "after").await.as_deref() == Some("Running")).then_some(())
+        },
+    )
+    .await;
+    stop.cancel();
 }
