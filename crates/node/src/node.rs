@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use futures::StreamExt;
+use futures::{Stream, StreamExt};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, Time};
@@ -40,18 +40,18 @@ const MIN_STATUS_INTERVAL: Duration = Duration::from_secs(1);
 /// Capacity published by the tracker: (total, largest fit on one node).
 pub type Capacity = (ResourceVector, ResourceVector);
 
-/// Feeds the capacity model from watches of lower nodes and pods (never a re-list) and
-/// publishes the totals when they change.
+/// Feeds the capacity model from a watch of lower nodes and the shared stream of lower pod
+/// events (never a re-list) and publishes the totals when they change.
 pub async fn track_capacity(
     lower: kube::Client,
     owner: String,
+    pods: impl Stream<Item = watcher::Event<Pod>> + Send + 'static,
     tx: watch::Sender<Capacity>,
     stop: CancellationToken,
 ) {
-    let nodes = watcher(Api::<Node>::all(lower.clone()), watcher::Config::default())
+    let nodes = watcher(Api::<Node>::all(lower), watcher::Config::default())
         .map(|e| e.map(|e| Either::Node(Box::new(e))));
-    let pods = watcher(Api::<Pod>::all(lower), watcher::Config::default())
-        .map(|e| e.map(|e| Either::Pod(Box::new(e))));
+    let pods = pods.map(|e| Ok(Either::Pod(Box::new(e))));
     let mut events = futures::stream::select(nodes.boxed(), pods.boxed());
     let mut model = CapacityModel::new(owner);
     loop {

@@ -1,12 +1,14 @@
-//! The pod controller: upper pods bound to the virtual node and lower pods we created, each
-//! watched once (field selector `spec.nodeName=<node>` upstairs, our owner label downstairs);
+//! The pod controller: upper pods bound to the virtual node and lower pods we created (field
+//! selector `spec.nodeName=<node>` upstairs; downstairs our pods, taken from the one shared
+//! watch of all lower pods that the capacity tracker reads too);
 //! every change puts the pod's key on a work queue; a reconcile reads both caches, asks
 //! `tensile-core` what should be, and writes only the difference.
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 
-use futures::{StreamExt, TryStreamExt};
+use futures::channel::mpsc::{UnboundedReceiver, unbounded};
+use futures::{Stream, StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::{
     ConfigMap, Namespace, PersistentVolumeClaim, Pod, Secret, ServiceAccount,
 };
@@ -93,22 +95,84 @@ fn key_of(p: &Pod) -> Option<Key> {
     Some((p.metadata.namespace.clone()?, p.metadata.name.clone()?))
 }
 
-/// Runs until `stop`.
-pub async fn run(cfg: PodSync, stop: CancellationToken) {
-    run_with_store(cfg, reflector::store(), stop).await;
+/// One watch of every lower pod, fanned out to `consumers` streams (the capacity model needs
+/// all of them, the pod controller ours; one watch serves both instead of two that deliver
+/// our pods twice). The watcher retries with backoff by itself; it ends at `stop`.
+pub fn lower_pod_events(
+    lower: kube::Client,
+    consumers: usize,
+    stop: CancellationToken,
+) -> Vec<UnboundedReceiver<watcher::Event<Pod>>> {
+    let (senders, receivers): (Vec<_>, Vec<_>) = (0..consumers).map(|_| unbounded()).unzip();
+    tokio::spawn(async move {
+        let mut events = watcher(Api::<Pod>::all(lower), watcher::Config::default())
+            .default_backoff()
+            .boxed();
+        loop {
+            let next = tokio::select! {
+                () = stop.cancelled() => return,
+                next = events.next() => next,
+            };
+            match next {
+                Some(Ok(event)) => {
+                    for tx in &senders {
+                        // A consumer that has stopped no longer needs events.
+                        let _ = tx.unbounded_send(event.clone());
+                    }
+                }
+                Some(Err(e)) => tracing::warn!(error = %e, "lower pod watch error"),
+                None => return,
+            }
+        }
+    });
+    receivers
 }
 
-/// Runs until `stop`, filling the given upper pod store (shared with the kubelet API's
-/// `/pods`).
+/// Keeps of a stream of every lower pod what the pod controller's cache holds: the pods with
+/// our owner label. A pod that loses the label leaves the cache as a deletion, as it would from
+/// a label-selector watch.
+fn ours_only<S: Stream<Item = watcher::Event<Pod>>>(
+    events: S,
+    owner: &str,
+    cache: Store<Pod>,
+) -> impl Stream<Item = watcher::Event<Pod>> + use<S> {
+    let owner = owner_label_value(owner);
+    let is_ours = move |p: &Pod| {
+        p.metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(LABEL_OWNER))
+            .is_some_and(|v| *v == owner)
+    };
+    events.filter_map(move |e| {
+        let cached = |p: &Pod| cache.get(&ObjectRef::from_obj(p)).is_some();
+        let kept = match e {
+            watcher::Event::Apply(p) if is_ours(&p) => Some(watcher::Event::Apply(p)),
+            watcher::Event::Apply(p) | watcher::Event::Delete(p) if cached(&p) => {
+                Some(watcher::Event::Delete(p))
+            }
+            watcher::Event::InitApply(p) if is_ours(&p) => Some(watcher::Event::InitApply(p)),
+            watcher::Event::Apply(_) | watcher::Event::Delete(_) | watcher::Event::InitApply(_) => {
+                None
+            }
+            watcher::Event::Init => Some(watcher::Event::Init),
+            watcher::Event::InitDone => Some(watcher::Event::InitDone),
+        };
+        futures::future::ready(kept)
+    })
+}
+
+/// Runs until `stop`: fills the given upper pod store (shared with the kubelet API's `/pods`)
+/// and reads lower pods from `lower_events` (see [`lower_pod_events`]).
 pub async fn run_with_store(
     cfg: PodSync,
     upper: (Store<Pod>, reflector::store::Writer<Pod>),
+    lower_events: impl Stream<Item = watcher::Event<Pod>> + Send + 'static,
     stop: CancellationToken,
 ) {
     let (upper_pods, upper_writer) = upper;
     let (lower_pods, lower_writer) = reflector::store();
     let upper_api: Api<Pod> = Api::all(cfg.upper.clone());
-    let lower_api: Api<Pod> = Api::all(cfg.lower.clone());
     let upper_stream = watcher(
         upper_api,
         watcher::Config::default().fields(&format!("spec.nodeName={}", cfg.node)),
@@ -117,15 +181,11 @@ pub async fn run_with_store(
     .reflect(upper_writer)
     .touched_objects()
     .boxed();
-    let owner = owner_label_value(&cfg.translate.owner);
-    let lower_stream = watcher(
-        lower_api,
-        watcher::Config::default().labels(&format!("{LABEL_OWNER}={owner}")),
-    )
-    .default_backoff()
-    .reflect(lower_writer)
-    .touched_objects()
-    .boxed();
+    let lower_stream = ours_only(lower_events, &cfg.translate.owner, lower_pods.clone())
+        .map(Ok::<_, watcher::Error>)
+        .reflect(lower_writer)
+        .touched_objects()
+        .boxed();
     let (queue, rx) = Queue::<Key>::new();
     let feed = {
         let queue = queue.clone();
@@ -625,4 +685,73 @@ async fn create_lower_steps(ctx: &Ctx, u: &Pod) -> Result<(), SyncError> {
 /// The upper pods of this node right now (for the kubelet API's `/pods`).
 pub fn upper_pods_snapshot(store: &Store<Pod>) -> Vec<Pod> {
     store.state().iter().map(|p| (**p).clone()).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    fn lower(name: &str, owner: Option<&str>) -> Pod {
+        let mut p = Pod::default();
+        p.metadata.namespace = Some("default".into());
+        p.metadata.name = Some(name.into());
+        p.metadata.labels = owner.map(|o| {
+            [(LABEL_OWNER.to_owned(), owner_label_value(o))]
+                .into_iter()
+                .collect()
+        });
+        p
+    }
+
+    fn names(events: &[watcher::Event<Pod>]) -> Vec<String> {
+        events
+            .iter()
+            .map(|e| match e {
+                watcher::Event::Apply(p) => format!("apply {}", p.metadata.name.clone().unwrap()),
+                watcher::Event::Delete(p) => format!("delete {}", p.metadata.name.clone().unwrap()),
+                watcher::Event::InitApply(p) => {
+                    format!("init {}", p.metadata.name.clone().unwrap())
+                }
+                watcher::Event::Init => "begin".into(),
+                watcher::Event::InitDone => "done".into(),
+            })
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn only_our_lower_pods_reach_the_cache_and_a_pod_that_loses_our_label_leaves_it() {
+        let (store, mut writer) = reflector::store::<Pod>();
+        let run = |events: Vec<watcher::Event<Pod>>, store: Store<Pod>| async move {
+            ours_only(futures::stream::iter(events), "vk", store)
+                .collect::<Vec<_>>()
+                .await
+        };
+        let listed = run(
+            vec![
+                watcher::Event::Init,
+                watcher::Event::InitApply(lower("mine", Some("vk"))),
+                watcher::Event::InitApply(lower("other-node", Some("vk-2"))),
+                watcher::Event::InitApply(lower("foreign", None)),
+                watcher::Event::InitDone,
+            ],
+            store.clone(),
+        )
+        .await;
+        assert_eq!(names(&listed), ["begin", "init mine", "done"]);
+        for e in &listed {
+            writer.apply_watcher_event(e);
+        }
+        let changes = run(
+            vec![
+                watcher::Event::Apply(lower("foreign", None)),
+                watcher::Event::Delete(lower("foreign", None)),
+                watcher::Event::Apply(lower("mine", None)),
+                watcher::Event::Apply(lower("new", Some("vk"))),
+            ],
+            store,
+        )
+        .await;
+        assert_eq!(names(&changes), ["delete mine", "apply new"]);
+    }
 }

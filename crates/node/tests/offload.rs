@@ -747,6 +747,17 @@ async fn a_burst_in_one_namespace_creates_it_once_and_a_deleted_lower_namespace_
         (1..=8).contains(&namespace_creates),
         "{namespace_creates} namespace creations for 40 pods"
     );
+    // One watch of lower pods, shared by the pod controller and the capacity tracker.
+    let pod_lists = calls
+        .snapshot()
+        .into_iter()
+        .filter(|(l, _)| l.verb == Verb::List && l.resource == "pods")
+        .map(|(_, c)| c)
+        .sum::<u64>();
+    assert_eq!(
+        pod_lists, 1,
+        "lower pods listed once, by the one shared watch"
+    );
 
     // The lower namespace goes away (someone deleted it downstairs); the next pod brings it back.
     upper_pods
