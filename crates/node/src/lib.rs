@@ -93,11 +93,7 @@ impl VirtualNode {
         let (tx, rx) = watch::channel(Default::default());
         let lower = self.pods.lower.clone();
         let upper = self.pods.upper.clone();
-        let mut lower_pods = pods::lower_pod_events(lower.clone(), 2, stop.clone());
-        let (for_pods, for_capacity) = match (lower_pods.pop(), lower_pods.pop()) {
-            (Some(a), Some(b)) => (a, b),
-            _ => unreachable!("lower_pod_events returns one stream per consumer asked for"),
-        };
+        let [for_pods, for_capacity] = pods::lower_pod_events(lower.clone(), stop.clone());
         let capacity = tokio::spawn(node::track_capacity(
             lower.clone(),
             self.node.owner.clone(),

@@ -27,7 +27,7 @@ use tensile_core::deps::{
 use tensile_core::keys::{
     CONDITION_OFFLOADED, EVENT_PROVIDER_CREATE_FAILED, EVENT_PROVIDER_CREATE_SUCCESS,
     EVENT_PROVIDER_DELETE_SUCCESS, EVENT_PROVIDER_UPDATE_FAILED, EVENT_PROVIDER_UPDATE_SUCCESS,
-    LABEL_OWNER, REASON_NOT_OFFLOADED, REASON_PROVIDER_FAILED, owner_label_value,
+    REASON_NOT_OFFLOADED, REASON_PROVIDER_FAILED,
 };
 use tensile_core::plan::{Existing, LowerKind, on_existing, pod_creation_plan};
 use tensile_core::status::{LowerAbsent, deletion_from_below, on_lower_absent, upper_status};
@@ -95,15 +95,19 @@ fn key_of(p: &Pod) -> Option<Key> {
     Some((p.metadata.namespace.clone()?, p.metadata.name.clone()?))
 }
 
-/// One watch of every lower pod, fanned out to `consumers` streams (the capacity model needs
+/// One watch of every lower pod, fanned out to `CONSUMERS` streams (the capacity model needs
 /// all of them, the pod controller ours; one watch serves both instead of two that deliver
 /// our pods twice). The watcher retries with backoff by itself; it ends at `stop`.
-pub fn lower_pod_events(
+pub fn lower_pod_events<const CONSUMERS: usize>(
     lower: kube::Client,
-    consumers: usize,
     stop: CancellationToken,
-) -> Vec<UnboundedReceiver<watcher::Event<Pod>>> {
-    let (senders, receivers): (Vec<_>, Vec<_>) = (0..consumers).map(|_| unbounded()).unzip();
+) -> [UnboundedReceiver<watcher::Event<Pod>>; CONSUMERS] {
+    let mut senders = Vec::with_capacity(CONSUMERS);
+    let receivers = std::array::from_fn(|_| {
+        let (tx, rx) = unbounded();
+        senders.push(tx);
+        rx
+    });
     tokio::spawn(async move {
         let mut events = watcher(Api::<Pod>::all(lower), watcher::Config::default())
             .default_backoff()
@@ -136,14 +140,8 @@ fn ours_only<S: Stream<Item = watcher::Event<Pod>>>(
     owner: &str,
     cache: Store<Pod>,
 ) -> impl Stream<Item = watcher::Event<Pod>> + use<S> {
-    let owner = owner_label_value(owner);
-    let is_ours = move |p: &Pod| {
-        p.metadata
-            .labels
-            .as_ref()
-            .and_then(|l| l.get(LABEL_OWNER))
-            .is_some_and(|v| *v == owner)
-    };
+    let owner = owner.to_owned();
+    let is_ours = move |p: &Pod| is_owned_by(&p.metadata, &owner);
     events.filter_map(move |e| {
         let cached = |p: &Pod| cache.get(&ObjectRef::from_obj(p)).is_some();
         let kept = match e {
@@ -691,6 +689,7 @@ pub fn upper_pods_snapshot(store: &Store<Pod>) -> Vec<Pod> {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+    use tensile_core::keys::{LABEL_OWNER, owner_label_value};
 
     fn lower(name: &str, owner: Option<&str>) -> Pod {
         let mut p = Pod::default();
