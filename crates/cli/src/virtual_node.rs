@@ -13,7 +13,7 @@ use tensile_core::translate::TranslateConfig;
 use tensile_node::clients::{ApiCalls, KubeconfigSource, build_client, build_client_with_server};
 use tensile_node::node::NodeLoop;
 use tensile_node::pods::PodSync;
-use tensile_node::{KubeletApi, VirtualNode};
+use tensile_node::{KubeletApi, Metrics, VirtualNode};
 use tokio_util::sync::CancellationToken;
 
 /// Flags of `tensile virtual-node` (the original's names and defaults).
@@ -63,7 +63,8 @@ pub struct VirtualNodeArgs {
     /// `Linux` or `Windows`; the node is reported as linux.
     #[arg(long, default_value = "Linux")]
     os: String,
-    /// Plain-HTTP listener for metrics (Prometheus `/metrics`).
+    /// Plain-HTTP listener (`host:port` or `:port`) for Prometheus `/metrics` and the stats
+    /// summary JSON at `/stats/summary`.
     #[arg(long, default_value = "")]
     metrics_addr: String,
     /// Taint key (deprecated in node-cli; `VKUBELET_TAINT_KEY`).
@@ -133,6 +134,21 @@ pub struct VirtualNodeArgs {
     kubelet_address: IpAddr,
 }
 
+/// `--metrics-addr` as node-cli took it: `host:port` or `:port` (all addresses); empty: off.
+fn metrics_addr(value: &str) -> anyhow::Result<Option<SocketAddr>> {
+    if value.is_empty() {
+        return Ok(None);
+    }
+    let full = if value.starts_with(':') {
+        format!("0.0.0.0{value}")
+    } else {
+        value.to_owned()
+    };
+    full.parse()
+        .map(Some)
+        .with_context(|| format!("invalid --metrics-addr {value:?}: expected host:port or :port"))
+}
+
 fn env(name: &str) -> Option<String> {
     std::env::var(name).ok().filter(|v| !v.is_empty())
 }
@@ -151,10 +167,8 @@ pub async fn run(args: VirtualNodeArgs) -> anyhow::Result<()> {
     for (set, flag) in [
         (args.provider_config.is_some(), "--provider-config"),
         (!args.namespace.is_empty(), "--namespace"),
-        (!args.metrics_addr.is_empty(), "--metrics-addr"),
         (!args.enable_node_lease, "--enable-node-lease=false"),
         (!args.enable_controllers.is_empty(), "--enable-controllers"),
-        (!args.enable_serviceaccount, "--enable-serviceaccount=false"),
     ] {
         if set {
             tracing::warn!(
@@ -172,6 +186,7 @@ pub async fn run(args: VirtualNodeArgs) -> anyhow::Result<()> {
             _ => KubeconfigSource::InCluster,
         },
     };
+    let metrics_listen = metrics_addr(&args.metrics_addr)?;
     let mut registry = Registry::default();
     let calls = ApiCalls::new(&mut registry);
     let upper = build_client_with_server(
@@ -269,6 +284,7 @@ pub async fn run(args: VirtualNodeArgs) -> anyhow::Result<()> {
                 ignore_labels,
             },
             workers: args.pod_sync_workers,
+            service_accounts: args.enable_serviceaccount,
         },
         kubelet: Some(KubeletApi {
             listen,
@@ -276,18 +292,22 @@ pub async fn run(args: VirtualNodeArgs) -> anyhow::Result<()> {
             client_ca_pem,
             auth_disabled: args.no_verify_clients,
         }),
+        metrics: Metrics {
+            registry,
+            listen: metrics_listen,
+        },
     };
     let stop = CancellationToken::new();
-    let handle = vn
+    let running = vn
         .start(stop.clone())
         .await
         .context("starting the virtual node")?;
-    tracing::info!(node = %args.nodename, %listen, "virtual node running");
+    tracing::info!(node = %args.nodename, %listen, metrics = ?running.metrics_addr, "virtual node running");
     tokio::signal::ctrl_c()
         .await
         .context("waiting for a signal")?;
     stop.cancel();
-    let _ = tokio::time::timeout(Duration::from_secs(10), handle).await;
+    let _ = tokio::time::timeout(Duration::from_secs(10), running.handle).await;
     Ok(())
 }
 

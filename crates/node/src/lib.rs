@@ -7,6 +7,7 @@
 
 pub mod clients;
 pub mod lower_backend;
+pub mod metrics;
 pub mod node;
 pub mod pods;
 mod queue;
@@ -31,12 +32,36 @@ pub struct KubeletApi {
     pub auth_disabled: bool,
 }
 
+/// Prometheus metrics of the virtual node.
+#[derive(Debug, Default)]
+pub struct Metrics {
+    /// Registry with the caller's metrics (the clients' API call counters); the pod sync
+    /// histograms are added to it.
+    pub registry: prometheus_client::registry::Registry,
+    /// Where to serve `/metrics` and `/stats/summary` over plain HTTP (`--metrics-addr`).
+    pub listen: Option<SocketAddr>,
+}
+
 /// Starting the virtual node failed.
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
     /// The kubelet API could not start.
     #[error(transparent)]
     Kubelet(#[from] tensile_kubelet::ServerError),
+    /// The metrics listener could not start.
+    #[error(transparent)]
+    Metrics(#[from] metrics::MetricsError),
+}
+
+/// A started virtual node.
+#[derive(Debug)]
+pub struct Running {
+    /// Ends when the node has stopped.
+    pub handle: tokio::task::JoinHandle<()>,
+    /// The kubelet API's address, if served.
+    pub kubelet_addr: Option<SocketAddr>,
+    /// The metrics listener's address, if served.
+    pub metrics_addr: Option<SocketAddr>,
 }
 
 /// Everything a virtual node runs, wired together.
@@ -48,27 +73,34 @@ pub struct VirtualNode {
     pub pods: pods::PodSync,
     /// The kubelet API, if served.
     pub kubelet: Option<KubeletApi>,
+    /// Metrics (registry and listener).
+    pub metrics: Metrics,
 }
 
 impl VirtualNode {
     /// Starts the kubelet API (its port is then advertised on the node), the capacity tracker,
     /// the node loop and the pod controller; runs until `stop`.
-    pub async fn start(
-        mut self,
-        stop: CancellationToken,
-    ) -> Result<tokio::task::JoinHandle<()>, StartError> {
+    pub async fn start(mut self, stop: CancellationToken) -> Result<Running, StartError> {
         let (store, writer) = reflector::store::<k8s_openapi::api::core::v1::Pod>();
+        let reader = store.clone();
+        let backend = Arc::new(
+            lower_backend::LowerBackend::new(
+                self.pods.lower.clone(),
+                self.pods.translate.owner.clone(),
+                move || reader.state().iter().map(|p| (**p).clone()).collect(),
+            )
+            .with_node_name(self.node.identity.name.clone()),
+        );
+        let mut registry = std::mem::take(&mut self.metrics.registry);
+        let sync_metrics = pods::SyncMetrics::new(&mut registry);
+        let metrics_addr = match self.metrics.listen {
+            Some(addr) => {
+                Some(metrics::serve(addr, Arc::new(registry), backend.clone(), stop.clone()).await?)
+            }
+            None => None,
+        };
         let server = match self.kubelet.take() {
             Some(k) => {
-                let reader = store.clone();
-                let backend = Arc::new(
-                    lower_backend::LowerBackend::new(
-                        self.pods.lower.clone(),
-                        self.pods.translate.owner.clone(),
-                        move || reader.state().iter().map(|p| (**p).clone()).collect(),
-                    )
-                    .with_node_name(self.node.identity.name.clone()),
-                );
                 let auth = if k.auth_disabled {
                     tensile_kubelet::Auth::Disabled
                 } else {
@@ -90,6 +122,7 @@ impl VirtualNode {
             }
             None => None,
         };
+        let kubelet_addr = server.as_ref().map(tensile_kubelet::KubeletServer::addr);
         let (tx, rx) = watch::channel(Default::default());
         let lower = self.pods.lower.clone();
         let upper = self.pods.upper.clone();
@@ -106,18 +139,24 @@ impl VirtualNode {
             self.pods,
             (store, writer),
             for_pods,
+            sync_metrics,
             stop.clone(),
         ));
-        Ok(tokio::spawn(async move {
+        let handle = tokio::spawn(async move {
             let _ = tokio::join!(capacity, node_loop, pods);
             drop(server);
-        }))
+        });
+        Ok(Running {
+            handle,
+            kubelet_addr,
+            metrics_addr,
+        })
     }
 
     /// [`Self::start`] and wait until `stop`.
     pub async fn run(self, stop: CancellationToken) -> Result<(), StartError> {
-        let handle = self.start(stop).await?;
-        let _ = handle.await;
+        let running = self.start(stop).await?;
+        let _ = running.handle.await;
         Ok(())
     }
 }

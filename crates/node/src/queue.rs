@@ -5,12 +5,13 @@
 use std::collections::{HashMap, HashSet};
 use std::hash::Hash;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc;
 
 struct State<K> {
-    queued: HashSet<K>,
+    /// Keys waiting for a worker, with when they started waiting.
+    queued: HashMap<K, Instant>,
     processing: HashSet<K>,
     dirty: HashSet<K>,
     failures: HashMap<K, u32>,
@@ -45,7 +46,7 @@ impl<K: Clone + Eq + Hash + Send + 'static> Queue<K> {
     pub fn new() -> (Self, Receiver<K>) {
         let (tx, rx) = mpsc::unbounded_channel();
         let state = State {
-            queued: HashSet::new(),
+            queued: HashMap::new(),
             processing: HashSet::new(),
             dirty: HashSet::new(),
             failures: HashMap::new(),
@@ -64,23 +65,22 @@ impl<K: Clone + Eq + Hash + Send + 'static> Queue<K> {
         let Ok(mut s) = self.state.lock() else { return };
         if s.processing.contains(&key) {
             s.dirty.insert(key);
-        } else if s.queued.insert(key.clone()) {
+        } else if !s.queued.contains_key(&key) {
+            s.queued.insert(key.clone(), Instant::now());
             let _ = self.tx.send(key);
         }
     }
 
-    /// A worker takes `key` (returns false if it is already being worked on).
-    pub fn start(&self, key: &K) -> bool {
-        let Ok(mut s) = self.state.lock() else {
-            return false;
-        };
-        s.queued.remove(key);
+    /// A worker takes `key`: how long it waited, or None if it is already being worked on.
+    pub fn start(&self, key: &K) -> Option<Duration> {
+        let mut s = self.state.lock().ok()?;
+        let waited = s.queued.remove(key).map(|t| t.elapsed());
         if s.processing.contains(key) {
             s.dirty.insert(key.clone());
-            return false;
+            return None;
         }
         s.processing.insert(key.clone());
-        true
+        Some(waited.unwrap_or_default())
     }
 
     /// A worker is done with `key`; `ok` says whether it succeeded.

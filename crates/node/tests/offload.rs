@@ -1,115 +1,16 @@
 //! A lower cluster as one node of an upper cluster, end to end on simulated clusters.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
 
-use std::future::Future;
 use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use serde_json::json;
-use tensile_core::node::NodeIdentity;
-use tensile_core::translate::TranslateConfig;
-use tensile_node::node::NodeLoop;
-use tensile_node::pods::PodSync;
-use tensile_node::{KubeletApi, VirtualNode};
 use tensile_sim::env::{ClusterSpec, TestEnv};
-use tokio_util::sync::CancellationToken;
 
-async fn eventually<T, F, Fut>(secs: u64, what: &str, mut check: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Option<T>>,
-{
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(secs);
-    loop {
-        if let Some(v) = check().await {
-            return v;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
-async fn start() -> (TestEnv, CancellationToken) {
-    let env = TestEnv::start_with(vec![
-        ClusterSpec::new("upper", 0),
-        ClusterSpec::new("lower", 2),
-    ])
-    .await
-    .unwrap();
-    let stop = spawn_node(&env, "vk-lower").await;
-    (env, stop)
-}
-
-/// Starts a virtual node `name` for the env's lower cluster.
-async fn spawn_node(env: &TestEnv, name: &str) -> CancellationToken {
-    spawn_node_with(env, name, env.clusters[1].client.clone()).await
-}
-
-/// Starts a virtual node `name` that talks to the lower cluster through `lower`.
-async fn spawn_node_with(env: &TestEnv, name: &str, lower: kube::Client) -> CancellationToken {
-    let upper = env.clusters[0].client.clone();
-    let version = lower.apiserver_version().await.unwrap().git_version;
-    let vn = VirtualNode {
-        node: NodeLoop {
-            identity: NodeIdentity {
-                name: name.into(),
-                extra_label: Some(("clusterID".into(), "lower".into())),
-                taint: None,
-                internal_ip: "127.0.0.1".into(),
-                external_ip: None,
-                kubelet_port: 10250,
-                lower_version: version,
-            },
-            owner: name.into(),
-            not_ready_after: None,
-            lease_renew: Duration::from_millis(500),
-            heartbeat: Duration::from_secs(60),
-        },
-        pods: PodSync {
-            upper,
-            lower,
-            node: name.into(),
-            lower_name: "lower".into(),
-            translate: TranslateConfig::new(name),
-            workers: 8,
-        },
-        kubelet: Some(KubeletApi {
-            listen: "127.0.0.1:0".parse().unwrap(),
-            cert: tensile_kubelet::ServingCert::SelfSigned {
-                sans: vec!["127.0.0.1".into()],
-            },
-            client_ca_pem: Some(
-                env.clusters[0]
-                    .server()
-                    .unwrap()
-                    .state()
-                    .ca
-                    .cert_pem()
-                    .to_owned(),
-            ),
-            auth_disabled: false,
-        }),
-    };
-    let stop = CancellationToken::new();
-    tokio::spawn(vn.run(stop.clone()));
-    stop
-}
-
-fn pod(name: &str, node: &str, extra: serde_json::Value) -> Pod {
-    let mut p = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": {"app": name}},
-        "spec": {"nodeName": node, "containers": [{"name": "c", "image": "nginx:1.27"}]}});
-    json_patch::merge(&mut p, &extra);
-    serde_json::from_value(p).unwrap()
-}
-
-async fn phase(api: &Api<Pod>, name: &str) -> Option<String> {
-    api.get_opt(name).await.ok()??.status?.phase
-}
+mod common;
+use common::{eventually, phase, pod, spawn_node, spawn_node_with, start};
 
 #[tokio::test]
 async fn a_deployment_upstairs_runs_in_the_lower_cluster_and_reports_back() {
@@ -431,8 +332,13 @@ async fn logs_and_exec_upstairs_reach_the_lower_pod() {
     stop.cancel();
 }
 
+/// The lower API server stops answering for 60 s: the virtual node stays Ready (so the upper
+/// cluster evicts nothing), keeps its lease, says the lower cluster is unreachable and takes no
+/// new pods (NoSchedule taint); afterwards it recovers by itself and offloading resumes.
 #[tokio::test]
-async fn a_lower_cluster_outage_keeps_pods_and_taints_the_node_until_it_is_back() {
+async fn checklist_19_fix_a_60_s_lower_cluster_outage_keeps_pods_and_the_lease_and_taints_the_node_until_it_is_back()
+ {
+    use k8s_openapi::api::coordination::v1::Lease;
     let (env, stop) = start().await;
     let upper = &env.clusters[0].client;
     let upper_pods: Api<Pod> = Api::namespaced(upper.clone(), "default");
@@ -445,14 +351,12 @@ async fn a_lower_cluster_outage_keeps_pods_and_taints_the_node_until_it_is_back(
     })
     .await;
     let nodes: Api<Node> = Api::all(upper.clone());
-    let reachable = |n: &Node| {
+    let leases: Api<Lease> = Api::namespaced(upper.clone(), "kube-node-lease");
+    let condition = |n: &Node, type_: &str| {
         n.status
             .as_ref()
             .and_then(|s| s.conditions.as_ref())
-            .and_then(|c| {
-                c.iter()
-                    .find(|c| c.type_ == "tensile-kube.io/LowerClusterReachable")
-            })
+            .and_then(|c| c.iter().find(|c| c.type_ == type_))
             .map(|c| c.status.clone())
     };
     let tainted = |n: &Node| {
@@ -464,31 +368,58 @@ async fn a_lower_cluster_outage_keeps_pods_and_taints_the_node_until_it_is_back(
                     .any(|t| t.key == "tensile-kube.io/lower-cluster-unreachable")
             })
     };
+    let renewed = || async {
+        leases
+            .get("vk-lower")
+            .await
+            .ok()
+            .and_then(|l| l.spec?.renew_time)
+            .map(|t| t.0)
+    };
 
     env.clusters[1].server().unwrap().set_available(false);
-    let down = eventually(30, "node says the lower cluster is unreachable", || async {
+    let outage = tokio::time::Instant::now();
+    eventually(30, "node says the lower cluster is unreachable", || async {
         let n = nodes.get("vk-lower").await.ok()?;
-        (reachable(&n).as_deref() == Some("False") && tainted(&n)).then_some(n)
+        (condition(&n, "tensile-kube.io/LowerClusterReachable").as_deref() == Some("False")
+            && tainted(&n))
+        .then_some(())
     })
     .await;
-    let ready = down
-        .status
-        .unwrap()
-        .conditions
-        .unwrap()
-        .into_iter()
-        .find(|c| c.type_ == "Ready")
-        .unwrap();
-    assert_eq!(
-        ready.status, "True",
-        "the node stays Ready so the upper cluster evicts nothing"
+    // Throughout the outage: Ready, tainted, the lease renewed, the pod Running upstairs.
+    let mut last_renewal = renewed().await;
+    let mut renewals = 0;
+    while outage.elapsed() < Duration::from_secs(60) {
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let n = nodes.get("vk-lower").await.unwrap();
+        assert_eq!(
+            condition(&n, "Ready").as_deref(),
+            Some("True"),
+            "the node stays Ready so the upper cluster evicts nothing ({:?} into the outage)",
+            outage.elapsed()
+        );
+        assert!(
+            tainted(&n),
+            "the taint stays while the lower cluster is away"
+        );
+        assert_eq!(phase(&upper_pods, "web").await.as_deref(), Some("Running"));
+        let now = renewed().await;
+        if now != last_renewal {
+            renewals += 1;
+            last_renewal = now;
+        }
+    }
+    assert!(
+        renewals >= 5,
+        "the lease is renewed during the outage ({renewals} renewals seen in 60 s)"
     );
-    assert_eq!(phase(&upper_pods, "web").await.as_deref(), Some("Running"));
 
     env.clusters[1].server().unwrap().set_available(true);
     eventually(60, "node recovered", || async {
         let n = nodes.get("vk-lower").await.ok()?;
-        (reachable(&n).as_deref() == Some("True") && !tainted(&n)).then_some(())
+        (condition(&n, "tensile-kube.io/LowerClusterReachable").as_deref() == Some("True")
+            && !tainted(&n))
+        .then_some(())
     })
     .await;
     upper_pods

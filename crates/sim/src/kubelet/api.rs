@@ -213,6 +213,17 @@ async fn write_out(io: &mut ExecIo, text: &str) {
     }
 }
 
+/// To stderr, or to stdout when there is a terminal (one stream then) or no stderr.
+async fn write_err(io: &mut ExecIo, text: &str) {
+    match io.stderr.as_mut() {
+        Some(err) if !io.tty => {
+            let _ = err.write_all(text.as_bytes()).await;
+            let _ = err.flush().await;
+        }
+        _ => write_out(io, text).await,
+    }
+}
+
 /// The built-in commands of simulated containers.
 async fn builtin(cmd: &[String], pod: &Pod, container: &Container, io: &mut ExecIo) -> ExitStatus {
     let args: Vec<&str> = cmd.iter().skip(1).map(String::as_str).collect();
@@ -270,6 +281,31 @@ async fn builtin(cmd: &[String], pod: &Pod, container: &Container, io: &mut Exec
                 .clamp(0.0, 3600.0);
             tokio::time::sleep(Duration::from_secs_f64(secs)).await;
             ExitStatus::Success
+        }
+        // `stty size`: the terminal's size as the client last reported it (rows, columns),
+        // waiting up to a second for the first report.
+        Some("stty") if args == ["size"] => {
+            let Some(sizes) = io.resize.as_mut().filter(|_| io.tty) else {
+                write_err(io, "stty: 'standard input': Inappropriate ioctl for device\n").await;
+                return ExitStatus::ExitCode(1);
+            };
+            let mut last = tokio::time::timeout(Duration::from_secs(1), sizes.recv())
+                .await
+                .ok()
+                .flatten();
+            while let Ok(size) = sizes.try_recv() {
+                last = Some(size);
+            }
+            match last {
+                Some(size) => {
+                    write_out(io, &format!("{} {}\n", size.height, size.width)).await;
+                    ExitStatus::Success
+                }
+                None => {
+                    write_err(io, "stty: no terminal size was reported\n").await;
+                    ExitStatus::ExitCode(1)
+                }
+            }
         }
         Some("true") => ExitStatus::Success,
         Some("false") => ExitStatus::ExitCode(1),

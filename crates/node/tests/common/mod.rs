@@ -1,0 +1,177 @@
+//! Helpers of the virtual-node end-to-end tests: simulated clusters, a virtual node on them,
+//! and waiting on conditions with deadlines.
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::Api;
+use serde_json::json;
+use tensile_core::node::NodeIdentity;
+use tensile_core::translate::TranslateConfig;
+use tensile_node::node::NodeLoop;
+use tensile_node::pods::PodSync;
+use tensile_node::{KubeletApi, Metrics, VirtualNode};
+use tensile_sim::env::{ClusterSpec, TestEnv};
+use tokio_util::sync::CancellationToken;
+
+/// Polls `check` every 100 ms until it returns `Some`, failing after `secs`.
+pub async fn eventually<T, F, Fut>(secs: u64, what: &str, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(secs);
+    loop {
+        if let Some(v) = check().await {
+            return v;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// An upper cluster and a lower cluster of two nodes (8 CPUs), with virtual node `vk-lower`.
+pub async fn start() -> (TestEnv, CancellationToken) {
+    let env = clusters().await;
+    let stop = spawn_node(&env, "vk-lower").await;
+    (env, stop)
+}
+
+/// The two clusters of [`start`], without a virtual node.
+pub async fn clusters() -> TestEnv {
+    TestEnv::start_with(vec![
+        ClusterSpec::new("upper", 0),
+        ClusterSpec::new("lower", 2),
+    ])
+    .await
+    .unwrap()
+}
+
+/// Starts a virtual node `name` for the env's lower cluster.
+pub async fn spawn_node(env: &TestEnv, name: &str) -> CancellationToken {
+    spawn_node_with(env, name, env.clusters[1].client.clone()).await
+}
+
+/// Starts a virtual node `name` that talks to the lower cluster through `lower`.
+pub async fn spawn_node_with(env: &TestEnv, name: &str, lower: kube::Client) -> CancellationToken {
+    spawn(env, NodeOptions::new(name).lower(lower)).await.stop
+}
+
+/// How a test's virtual node differs from the default.
+pub struct NodeOptions {
+    pub name: String,
+    pub lower: Option<kube::Client>,
+    pub service_accounts: bool,
+    pub metrics: bool,
+    pub heartbeat: Duration,
+    pub lease_renew: Duration,
+}
+
+impl NodeOptions {
+    pub fn new(name: &str) -> Self {
+        Self {
+            name: name.into(),
+            lower: None,
+            service_accounts: true,
+            metrics: false,
+            heartbeat: Duration::from_secs(60),
+            lease_renew: Duration::from_millis(500),
+        }
+    }
+
+    pub fn lower(mut self, lower: kube::Client) -> Self {
+        self.lower = Some(lower);
+        self
+    }
+}
+
+/// A started virtual node.
+pub struct Spawned {
+    pub stop: CancellationToken,
+    pub kubelet: SocketAddr,
+    pub metrics: Option<SocketAddr>,
+}
+
+/// Starts a virtual node as `opts` say (kubelet API on a free port, authn/authz on, the upper
+/// cluster's CA for client certificates).
+pub async fn spawn(env: &TestEnv, opts: NodeOptions) -> Spawned {
+    let upper = env.clusters[0].client.clone();
+    let lower = opts
+        .lower
+        .clone()
+        .unwrap_or_else(|| env.clusters[1].client.clone());
+    let version = lower.apiserver_version().await.unwrap().git_version;
+    let name = opts.name.as_str();
+    let vn = VirtualNode {
+        node: NodeLoop {
+            identity: NodeIdentity {
+                name: name.into(),
+                extra_label: Some(("clusterID".into(), "lower".into())),
+                taint: None,
+                internal_ip: "127.0.0.1".into(),
+                external_ip: None,
+                kubelet_port: 10250,
+                lower_version: version,
+            },
+            owner: name.into(),
+            not_ready_after: None,
+            lease_renew: opts.lease_renew,
+            heartbeat: opts.heartbeat,
+        },
+        pods: PodSync {
+            upper,
+            lower,
+            node: name.into(),
+            lower_name: "lower".into(),
+            translate: TranslateConfig::new(name),
+            workers: 8,
+            service_accounts: opts.service_accounts,
+        },
+        kubelet: Some(KubeletApi {
+            listen: "127.0.0.1:0".parse().unwrap(),
+            cert: tensile_kubelet::ServingCert::SelfSigned {
+                sans: vec!["127.0.0.1".into()],
+            },
+            client_ca_pem: Some(
+                env.clusters[0]
+                    .server()
+                    .unwrap()
+                    .state()
+                    .ca
+                    .cert_pem()
+                    .to_owned(),
+            ),
+            auth_disabled: false,
+        }),
+        metrics: Metrics {
+            registry: Default::default(),
+            listen: opts.metrics.then(|| "127.0.0.1:0".parse().unwrap()),
+        },
+    };
+    let stop = CancellationToken::new();
+    let running = vn.start(stop.clone()).await.unwrap();
+    Spawned {
+        stop,
+        kubelet: running.kubelet_addr.unwrap(),
+        metrics: running.metrics_addr,
+    }
+}
+
+/// A pod named `name` (label `app=<name>`) bound to `node`, merged with `extra`.
+pub fn pod(name: &str, node: &str, extra: serde_json::Value) -> Pod {
+    let mut p = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": {"app": name}},
+        "spec": {"nodeName": node, "containers": [{"name": "c", "image": "nginx:1.27"}]}});
+    json_patch::merge(&mut p, &extra);
+    serde_json::from_value(p).unwrap()
+}
+
+/// The pod's phase, if it exists and has one.
+pub async fn phase(api: &Api<Pod>, name: &str) -> Option<String> {
+    api.get_opt(name).await.ok()??.status?.phase
+}
