@@ -187,12 +187,16 @@ pub fn override_server(config: &mut Config, url: &str) -> Result<(), ClientError
 /// Builds a client from a loaded configuration: kube's default stack, then API-call counting,
 /// then the token bucket (outermost). Must be called inside a Tokio runtime.
 pub fn client_from_config(
-    config: Config,
+    mut config: Config,
     qps: f32,
     burst: u32,
     cluster: &'static str,
     calls: &ApiCalls,
 ) -> Result<Client, ClientError> {
+    // kube retries 429/503/504 inside the call, up to 15 times over minutes: a worker would
+    // hang on an unavailable cluster with nothing said on the pod. Our work queue retries with
+    // backoff and reports each failure instead; watches back off by themselves.
+    config.default_retry = false;
     let builder =
         ClientBuilder::try_from(config).map_err(|source| ClientError::Build { cluster, source })?;
     let limits = RateLimitLayer::new(qps, burst);

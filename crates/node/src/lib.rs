@@ -5,6 +5,7 @@
 //! Built in issues 5 and 6 on top of `tensile-core`.
 #![forbid(unsafe_code)]
 
+pub mod backoff;
 pub mod clients;
 pub mod lower_backend;
 pub mod metrics;

@@ -4,7 +4,7 @@
 //! every change puts the pod's key on a work queue; a reconcile reads both caches, asks
 //! `tensile-core` what should be, and writes only the difference.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
 use futures::channel::mpsc::{UnboundedReceiver, unbounded};
@@ -138,6 +138,8 @@ struct Ctx {
     lower_pods: Store<Pod>,
     recorder: Recorder,
     metrics: SyncMetrics,
+    /// The grace period of upper pods whose deletion we saw, until their key is reconciled.
+    gone_grace: Arc<Mutex<HashMap<Key, i64>>>,
     /// Lower namespaces seen to exist, so a burst of pods in one namespace asks for it once,
     /// not once per pod. Forgotten on any failed creation (the namespace may have gone).
     lower_namespaces: Mutex<HashSet<String>>,
@@ -162,7 +164,7 @@ pub fn lower_pod_events<const CONSUMERS: usize>(
     });
     tokio::spawn(async move {
         let mut events = watcher(Api::<Pod>::all(lower), watcher::Config::default())
-            .default_backoff()
+            .backoff(crate::backoff::WatchBackoff::default())
             .boxed();
         loop {
             let next = tokio::select! {
@@ -224,11 +226,23 @@ pub async fn run_with_store(
     let (upper_pods, upper_writer) = upper;
     let (lower_pods, lower_writer) = reflector::store();
     let upper_api: Api<Pod> = Api::all(cfg.upper.clone());
+    let gone_grace: Arc<Mutex<HashMap<Key, i64>>> = Arc::default();
+    let record_gone = gone_grace.clone();
     let upper_stream = watcher(
         upper_api,
         watcher::Config::default().fields(&format!("spec.nodeName={}", cfg.node)),
     )
-    .default_backoff()
+    .backoff(crate::backoff::WatchBackoff::default())
+    .inspect_ok(move |e| {
+        // A pod deleted with grace 0 vanishes at once; its last state still says so, and the
+        // lower pod goes the same way.
+        if let watcher::Event::Delete(p) = e
+            && let (Some(k), Some(g)) = (key_of(p), p.metadata.deletion_grace_period_seconds)
+            && let Ok(mut m) = record_gone.lock()
+        {
+            m.insert(k, g);
+        }
+    })
     .reflect(upper_writer)
     .touched_objects()
     .boxed();
@@ -279,6 +293,7 @@ pub async fn run_with_store(
         lower_pods,
         recorder,
         metrics,
+        gone_grace,
         lower_namespaces: Mutex::default(),
     });
     for p in ctx
@@ -404,12 +419,15 @@ async fn reconcile(ctx: &Ctx, key: &Key) -> Result<(), SyncError> {
     let lower = ctx.lower_pods.get(&r);
     let owner = &ctx.cfg.translate.owner;
     let now = Time(Timestamp::now());
+    let gone_grace = ctx.gone_grace.lock().ok().and_then(|mut m| m.remove(key));
     match (upper, lower) {
         (None, None) => Ok(()),
         (None, Some(l)) => {
-            // The upper pod is gone: its lower pod goes too (ours only, this exact one).
+            // The upper pod is gone: its lower pod goes too (ours only, this exact one), with
+            // the grace its last state had, or none when it vanished without one (a forced
+            // deletion, or one while we were away), as the original.
             if is_owned_by(&l.metadata, owner) && l.metadata.deletion_timestamp.is_none() {
-                delete_lower(ctx, &l, None).await?;
+                delete_lower(ctx, &l, Some(gone_grace.unwrap_or(0))).await?;
             }
             Ok(())
         }

@@ -426,7 +426,14 @@ async fn checklist_19_fix_a_60_s_lower_cluster_outage_keeps_pods_and_the_lease_a
         .create(&PostParams::default(), &pod("after", "vk-lower", json!({})))
         .await
         .unwrap();
-    eventually(60, "new pod runs after the outage", || async {
+    // Offloading resumes at once; the lower cluster's own scheduler and kubelets (simulated,
+    // watching with client back-off like real ones) may take up to half a minute more.
+    let lower_pods: Api<Pod> = Api::namespaced(env.clusters[1].client.clone(), "default");
+    eventually(30, "the new pod created downstairs", || async {
+        lower_pods.get_opt("after").await.ok()?.map(|_| ())
+    })
+    .await;
+    eventually(120, "new pod runs after the outage", || async {
         (phase(&upper_pods, "after").await? == "Running").then_some(())
     })
     .await;

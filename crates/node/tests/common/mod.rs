@@ -11,6 +11,7 @@ use kube::api::Api;
 use serde_json::json;
 use tensile_core::node::NodeIdentity;
 use tensile_core::translate::TranslateConfig;
+use tensile_node::clients::{ApiCalls, KubeconfigSource, build_client};
 use tensile_node::node::NodeLoop;
 use tensile_node::pods::PodSync;
 use tensile_node::{KubeletApi, Metrics, VirtualNode};
@@ -55,7 +56,7 @@ pub async fn clusters() -> TestEnv {
 
 /// Starts a virtual node `name` for the env's lower cluster.
 pub async fn spawn_node(env: &TestEnv, name: &str) -> CancellationToken {
-    spawn_node_with(env, name, env.clusters[1].client.clone()).await
+    spawn(env, NodeOptions::new(name)).await.stop
 }
 
 /// Starts a virtual node `name` that talks to the lower cluster through `lower`.
@@ -101,11 +102,23 @@ pub struct Spawned {
 /// Starts a virtual node as `opts` say (kubelet API on a free port, authn/authz on, the upper
 /// cluster's CA for client certificates).
 pub async fn spawn(env: &TestEnv, opts: NodeOptions) -> Spawned {
-    let upper = env.clusters[0].client.clone();
-    let lower = opts
-        .lower
-        .clone()
-        .unwrap_or_else(|| env.clusters[1].client.clone());
+    // Clients as the binary builds them (rate limits, counting, no hidden retries).
+    let mut registry = prometheus_client::registry::Registry::default();
+    let calls = ApiCalls::new(&mut registry);
+    let client = |i: usize, cluster: &'static str| {
+        let text = std::fs::read_to_string(&env.clusters[i].kubeconfig).unwrap();
+        let calls = calls.clone();
+        async move {
+            build_client(KubeconfigSource::Text(text), 500.0, 1000, cluster, &calls)
+                .await
+                .unwrap()
+        }
+    };
+    let upper = client(0, "upper").await;
+    let lower = match opts.lower.clone() {
+        Some(l) => l,
+        None => client(1, "lower").await,
+    };
     let version = lower.apiserver_version().await.unwrap().git_version;
     let name = opts.name.as_str();
     let vn = VirtualNode {
@@ -150,7 +163,7 @@ pub async fn spawn(env: &TestEnv, opts: NodeOptions) -> Spawned {
             auth_disabled: false,
         }),
         metrics: Metrics {
-            registry: Default::default(),
+            registry,
             listen: opts.metrics.then(|| "127.0.0.1:0".parse().unwrap()),
         },
     };

@@ -286,7 +286,11 @@ async fn builtin(cmd: &[String], pod: &Pod, container: &Container, io: &mut Exec
         // waiting up to a second for the first report.
         Some("stty") if args == ["size"] => {
             let Some(sizes) = io.resize.as_mut().filter(|_| io.tty) else {
-                write_err(io, "stty: 'standard input': Inappropriate ioctl for device\n").await;
+                write_err(
+                    io,
+                    "stty: 'standard input': Inappropriate ioctl for device\n",
+                )
+                .await;
                 return ExitStatus::ExitCode(1);
             };
             let mut last = tokio::time::timeout(Duration::from_secs(1), sizes.recv())

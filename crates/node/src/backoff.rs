@@ -1,0 +1,54 @@
+//! The retry delays of our watches: 250 ms doubling to 4 s, with jitter, reset after a
+//! success. kube's default goes to 30 s, so after a lower-cluster outage the pod statuses would
+//! stay stale for up to half a minute after the cluster is back; a watch retry every 4 s
+//! costs one request per cluster.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+const FIRST: Duration = Duration::from_millis(250);
+const MAX: Duration = Duration::from_secs(4);
+
+/// Exponential backoff for `WatchStreamExt::backoff`.
+#[derive(Debug, Clone, Default)]
+pub struct WatchBackoff {
+    next: Option<Duration>,
+}
+
+impl Iterator for WatchBackoff {
+    type Item = Duration;
+
+    fn next(&mut self) -> Option<Duration> {
+        let delay = self.next.unwrap_or(FIRST);
+        self.next = Some((delay * 2).min(MAX));
+        // Up to a quarter more, so that many watches failing together do not retry together.
+        let nanos = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos());
+        Some(delay + delay.mul_f64(f64::from(nanos % 1000) / 4000.0))
+    }
+}
+
+impl kube::runtime::utils::Backoff for WatchBackoff {
+    fn reset(&mut self) {
+        self.next = None;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn doubles_up_to_the_maximum_with_at_most_a_quarter_of_jitter_and_resets() {
+        use kube::runtime::utils::Backoff as _;
+        let mut b = WatchBackoff::default();
+        let delays: Vec<Duration> = (&mut b).take(8).collect();
+        let bases = [250, 500, 1000, 2000, 4000, 4000, 4000, 4000];
+        for (d, base) in delays.iter().zip(bases) {
+            let base = Duration::from_millis(base);
+            assert!(*d >= base && *d <= base + base / 4, "{d:?} for {base:?}");
+        }
+        b.reset();
+        assert!(b.next().is_some_and(|d| d < Duration::from_millis(320)));
+    }
+}
