@@ -1,6 +1,7 @@
 //! `tensile`: every component of tensile-kube as a subcommand of one binary.
 #![forbid(unsafe_code)]
 
+mod bench;
 mod sim;
 mod virtual_node;
 
@@ -18,6 +19,8 @@ struct Cli {
 enum Command {
     /// Run one simulated cluster (embedded API server) in the foreground.
     Sim(sim::SimArgs),
+    /// Benchmarks (`tensile bench offload`).
+    Bench(bench::BenchArgs),
     /// Register a lower cluster as one node of the upper cluster and run its pods there.
     VirtualNode(Box<virtual_node::VirtualNodeArgs>),
 }
@@ -37,6 +40,7 @@ fn main() -> anyhow::Result<()> {
     runtime.block_on(async {
         match cli.command {
             Command::Sim(args) => sim::run(args).await,
+            Command::Bench(args) => bench::run(args).await,
             Command::VirtualNode(args) => virtual_node::run(*args).await,
         }
     })

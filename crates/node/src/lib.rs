@@ -7,6 +7,7 @@
 
 pub mod backoff;
 pub mod clients;
+pub mod events;
 pub mod lower_backend;
 pub mod metrics;
 pub mod node;

@@ -16,7 +16,6 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::Resource;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, Preconditions};
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use prometheus_client::encoding::EncodeLabelSet;
@@ -39,6 +38,7 @@ use tensile_core::translate::{TranslateConfig, lower_pod, offload_decision};
 use tensile_core::update::{is_lower_pod_of, lower_pod_update};
 use tokio_util::sync::CancellationToken;
 
+use crate::events::{EventSink, PodEvent};
 use crate::queue::{Queue, Receiver};
 
 /// Where a pod sync spends its time: the Prometheus histogram `tensile_pod_sync_seconds`
@@ -136,7 +136,7 @@ struct Ctx {
     cfg: PodSync,
     upper_pods: Store<Pod>,
     lower_pods: Store<Pod>,
-    recorder: Recorder,
+    recorder: EventSink,
     metrics: SyncMetrics,
     /// The grace period of upper pods whose deletion we saw, until their key is reconciled.
     gone_grace: Arc<Mutex<HashMap<Key, i64>>>,
@@ -279,13 +279,7 @@ pub async fn run_with_store(
     if a.is_err() || b.is_err() {
         return;
     }
-    let recorder = Recorder::new(
-        cfg.upper.clone(),
-        Reporter {
-            controller: "tensile-kube".into(),
-            instance: Some(cfg.node.clone()),
-        },
-    );
+    let recorder = EventSink::start(cfg.upper.clone(), "tensile-kube", &cfg.node);
     let workers = cfg.workers.max(1);
     let ctx = Arc::new(Ctx {
         cfg,
@@ -352,21 +346,14 @@ impl Ctx {
         Api::namespaced(self.cfg.lower.clone(), ns)
     }
 
+    /// Queues an event about `pod` (sent in the background; a reconcile never waits for it).
     async fn event(&self, pod: &Pod, warning: bool, reason: &str, note: String) {
-        let ev = Event {
-            type_: if warning {
-                EventType::Warning
-            } else {
-                EventType::Normal
-            },
+        self.recorder.publish(PodEvent {
+            regarding: pod.object_ref(&()),
+            warning,
             reason: reason.to_owned(),
-            note: Some(note),
-            action: reason.to_owned(),
-            secondary: None,
-        };
-        if let Err(e) = self.recorder.publish(&ev, &pod.object_ref(&())).await {
-            tracing::debug!(error = %e, "could not record an event");
-        }
+            note,
+        });
     }
 
     /// Sets our condition on the upper pod (once; no write when it already says so).

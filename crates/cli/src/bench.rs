@@ -1,0 +1,408 @@
+//! `tensile bench offload`: a burst of pods through one virtual node between two simulated
+//! clusters. The clusters run in this process; the virtual node runs as its own process
+//! (`tensile virtual-node`, as deployed) so its memory is its own. Reports, per stage, the
+//! latency seen from outside and the time inside the node (from its `/metrics`), the API
+//! calls it made per cluster, verb and resource, and its memory.
+
+#![allow(clippy::print_stdout)] // the report is what the command prints
+
+use std::collections::{BTreeMap, HashMap};
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, bail};
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::api::{Api, PostParams};
+use kube::runtime::{WatchStreamExt, watcher};
+use serde_json::json;
+use tensile_sim::env::{ClusterSpec, TestEnv};
+use tensile_sim::kubelet::{SimKubeletConfig, SimNode};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// `tensile bench ...`
+#[derive(Debug, clap::Args)]
+pub struct BenchArgs {
+    #[command(subcommand)]
+    what: Bench,
+}
+
+#[derive(Debug, clap::Subcommand)]
+enum Bench {
+    /// Pods created at once upstairs, bound to one virtual node, run in the lower cluster.
+    Offload(OffloadArgs),
+}
+
+#[derive(Debug, clap::Args)]
+struct OffloadArgs {
+    /// Pods to create at once.
+    #[arg(long, default_value_t = 1000)]
+    pods: usize,
+    /// Concurrent creations upstairs.
+    #[arg(long, default_value_t = 32)]
+    concurrency: usize,
+    /// Pod-sync workers of the virtual node.
+    #[arg(long, default_value_t = 50)]
+    workers: usize,
+}
+
+pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
+    match args.what {
+        Bench::Offload(a) => offload(a).await,
+    }
+}
+
+type Times = Arc<Mutex<HashMap<String, Instant>>>;
+
+fn pct(v: &mut [Duration], p: f64) -> Duration {
+    v.sort();
+    if v.is_empty() {
+        return Duration::ZERO;
+    }
+    #[allow(
+        clippy::cast_possible_truncation,
+        clippy::cast_sign_loss,
+        clippy::cast_precision_loss
+    )]
+    let i = (((v.len() - 1) as f64) * p).round() as usize;
+    v[i.min(v.len() - 1)]
+}
+
+/// A process's memory from `/proc/<pid>/status`: (current RSS, peak RSS) in MiB.
+fn memory_mib(pid: u32) -> (f64, f64) {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let field = |name: &str| {
+        status
+            .lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.split_whitespace().nth(1)?.parse::<f64>().ok())
+            .map_or(f64::NAN, |kib| kib / 1024.0)
+    };
+    (field("VmRSS:"), field("VmHWM:"))
+}
+
+/// GET over plain HTTP/1.1 (the node's metrics listener), body as text.
+async fn http_get(addr: &str, path: &str) -> anyhow::Result<String> {
+    let mut tcp = tokio::net::TcpStream::connect(addr).await?;
+    tcp.write_all(
+        format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").as_bytes(),
+    )
+    .await?;
+    let mut raw = Vec::new();
+    tcp.read_to_end(&mut raw).await?;
+    let text = String::from_utf8_lossy(&raw);
+    let (head, body) = text
+        .split_once("\r\n\r\n")
+        .context("a reply without headers")?;
+    if !head.starts_with("HTTP/1.1 200") {
+        bail!("GET {path}: {}", head.lines().next().unwrap_or_default());
+    }
+    Ok(body.to_owned())
+}
+
+/// Samples of the Prometheus text format: (name, labels) -> value.
+type Samples = BTreeMap<(String, BTreeMap<String, String>), f64>;
+
+fn parse_metrics(text: &str) -> Samples {
+    let mut out = Samples::new();
+    for line in text.lines().filter(|l| !l.starts_with('#')) {
+        let Some((series, value)) = line.rsplit_once(' ') else {
+            continue;
+        };
+        let Ok(value) = value.parse::<f64>() else {
+            continue;
+        };
+        let (name, labels) = match series.split_once('{') {
+            Some((n, rest)) => (n, rest.trim_end_matches('}')),
+            None => (series, ""),
+        };
+        let labels = labels
+            .split(',')
+            .filter_map(|kv| {
+                let (k, v) = kv.split_once('=')?;
+                Some((k.to_owned(), v.trim_matches('"').to_owned()))
+            })
+            .collect();
+        out.insert((name.to_owned(), labels), value);
+    }
+    out
+}
+
+/// A quantile of a Prometheus histogram (linear within the bucket, as `histogram_quantile`).
+fn histogram_quantile(samples: &Samples, name: &str, stage: &str, q: f64) -> Option<f64> {
+    let mut buckets: Vec<(f64, f64)> = samples
+        .iter()
+        .filter(|((n, l), _)| {
+            n == &format!("{name}_bucket") && l.get("stage").map(String::as_str) == Some(stage)
+        })
+        .filter_map(|((_, l), v)| {
+            let le = l.get("le")?;
+            let le = if le == "+Inf" {
+                f64::INFINITY
+            } else {
+                le.parse().ok()?
+            };
+            Some((le, *v))
+        })
+        .collect();
+    buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let total = buckets.last()?.1;
+    if total <= 0.0 {
+        return None;
+    }
+    let rank = q * total;
+    let mut prev = (0.0, 0.0);
+    for (le, count) in buckets {
+        if count >= rank {
+            if le.is_infinite() {
+                return Some(prev.0);
+            }
+            let width = count - prev.1;
+            let frac = if width > 0.0 {
+                (rank - prev.1) / width
+            } else {
+                1.0
+            };
+            return Some(prev.0 + (le - prev.0) * frac);
+        }
+        prev = (le, count);
+    }
+    None
+}
+
+fn free_port() -> anyhow::Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}
+
+async fn offload(args: OffloadArgs) -> anyhow::Result<()> {
+    let n = args.pods;
+    let lower_nodes = n.div_ceil(100).max(2);
+    let mut lower_spec = ClusterSpec::new("lower", 0);
+    lower_spec.kubelet = Some(SimKubeletConfig {
+        nodes: (1..=lower_nodes)
+            .map(|i| SimNode::new(format!("lower-node-{i}"), "64", "256Gi"))
+            .collect(),
+        kubelet_api: false,
+        ..Default::default()
+    });
+    let env = TestEnv::start_with(vec![ClusterSpec::new("upper", 0), lower_spec])
+        .await
+        .context("starting the simulated clusters")?;
+    let (upper, lower) = (
+        env.clusters[0].client.clone(),
+        env.clusters[1].client.clone(),
+    );
+
+    let metrics_addr = format!("127.0.0.1:{}", free_port()?);
+    let exe = std::env::current_exe().context("finding the tensile binary")?;
+    let mut child = tokio::process::Command::new(exe)
+        .args(["virtual-node", "--nodename", "vk", "--disable-taint"])
+        .arg("--kubeconfig")
+        .arg(&env.clusters[0].kubeconfig)
+        .arg("--client-kubeconfig")
+        .arg(&env.clusters[1].kubeconfig)
+        .args(["--metrics-addr", &metrics_addr])
+        .args(["--kube-api-qps", "500", "--kube-api-burst", "1000"])
+        .args(["--client-qps", "500", "--client-burst", "1000"])
+        .args(["--pod-sync-workers", &args.workers.to_string()])
+        .args(["--kubelet-address", "127.0.0.1"])
+        .env("KUBELET_PORT", free_port()?.to_string())
+        .env("VKUBELET_POD_IP", "127.0.0.1")
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .context("starting tensile virtual-node")?;
+    let pid = child.id().context("the virtual node exited at once")?;
+    let nodes: Api<Node> = Api::all(upper.clone());
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let ready = nodes.get_opt("vk").await.ok().flatten().is_some();
+        if ready && http_get(&metrics_addr, "/healthz").await.is_ok() {
+            break;
+        }
+        if let Some(status) = child.try_wait()? {
+            bail!("the virtual node exited: {status}");
+        }
+        if Instant::now() > deadline {
+            bail!("the virtual node did not register within 60 s");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Start-up (initial lists, registration) settles before we count.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let before = parse_metrics(&http_get(&metrics_addr, "/metrics").await?);
+    let idle_rss = memory_mib(pid).0;
+
+    let (acked, lower_created, lower_running, upper_running): (Times, Times, Times, Times) =
+        Default::default();
+    let observe = |client: kube::Client, created: Option<Times>, running: Times| {
+        tokio::spawn(async move {
+            let api: Api<Pod> = Api::namespaced(client, "default");
+            let mut s = watcher(api, watcher::Config::default())
+                .default_backoff()
+                .applied_objects()
+                .boxed();
+            while let Some(Ok(p)) = s.next().await {
+                let now = Instant::now();
+                let name = p.metadata.name.clone().unwrap_or_default();
+                if let Some(Ok(mut c)) = created.as_ref().map(|c| c.lock()) {
+                    c.entry(name.clone()).or_insert(now);
+                }
+                if p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
+                    && let Ok(mut r) = running.lock()
+                {
+                    r.entry(name).or_insert(now);
+                }
+            }
+        })
+    };
+    let w1 = observe(
+        lower.clone(),
+        Some(lower_created.clone()),
+        lower_running.clone(),
+    );
+    let w2 = observe(upper.clone(), None, upper_running.clone());
+    let creator: Api<Pod> = Api::namespaced(upper.clone(), "default");
+    let start = Instant::now();
+    let failures = futures::stream::iter(0..n)
+        .map(|i| {
+            let api = creator.clone();
+            let acked = acked.clone();
+            async move {
+                let name = format!("p-{i}");
+                let pod: Pod = serde_json::from_value(
+                    json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+                    "spec": {"nodeName": "vk", "containers": [{"name": "c", "image": "nginx:1.27",
+                        "resources": {"requests": {"cpu": "10m"}}}]}}),
+                )?;
+                api.create(&PostParams::default(), &pod).await?;
+                if let Ok(mut a) = acked.lock() {
+                    a.insert(name, Instant::now());
+                }
+                anyhow::Ok(())
+            }
+        })
+        .buffer_unordered(args.concurrency.max(1))
+        .filter(|r| futures::future::ready(r.is_err()))
+        .count()
+        .await;
+    if failures > 0 {
+        bail!("{failures} pod creations failed upstairs");
+    }
+    let deadline = Instant::now() + Duration::from_secs(600);
+    let mut peak_rss = 0.0_f64;
+    while upper_running.lock().map_or(0, |r| r.len()) < n && Instant::now() < deadline {
+        peak_rss = peak_rss.max(memory_mib(pid).0);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let total = start.elapsed();
+    let after = parse_metrics(&http_get(&metrics_addr, "/metrics").await?);
+    let (rss, _) = memory_mib(pid);
+    peak_rss = peak_rss.max(rss);
+    // Memory once the burst is over and the node only holds its caches.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let (settled_rss, hwm) = memory_mib(pid);
+    w1.abort();
+    w2.abort();
+    let _ = child.kill().await;
+
+    let snapshot = |t: &Times| t.lock().map(|m| m.clone()).unwrap_or_default();
+    let (a, lc, lr, ur) = (
+        snapshot(&acked),
+        snapshot(&lower_created),
+        snapshot(&lower_running),
+        snapshot(&upper_running),
+    );
+    let mut down: Vec<Duration> = a
+        .iter()
+        .filter_map(|(k, t)| lc.get(k).map(|c| c.saturating_duration_since(*t)))
+        .collect();
+    let mut up: Vec<Duration> = lr
+        .iter()
+        .filter_map(|(k, t)| ur.get(k).map(|u| u.saturating_duration_since(*t)))
+        .collect();
+
+    println!(
+        "offload benchmark: {n} pods created at once ({} concurrent creates) upstairs, bound to one virtual node",
+        args.concurrency
+    );
+    println!(
+        "  (its own process, {} pod-sync workers); {lower_nodes} simulated lower nodes; the two clusters share this process",
+        args.workers
+    );
+    println!("all {} upper pods Running after {total:.2?}", ur.len());
+    println!(
+        "seen from outside: upper pod created -> lower pod created  p50 {:.1?}  p99 {:.1?}",
+        pct(&mut down, 0.5),
+        pct(&mut down, 0.99)
+    );
+    println!(
+        "seen from outside: lower pod Running -> upper pod Running  p50 {:.1?}  p99 {:.1?}",
+        pct(&mut up, 0.5),
+        pct(&mut up, 0.99)
+    );
+    let stage = |s: &str, q: f64| {
+        histogram_quantile(&after, "tensile_pod_sync_seconds", s, q)
+            .map_or_else(|| "-".to_owned(), |v| format!("{:.1}ms", v * 1000.0))
+    };
+    for (s, what) in [
+        (
+            "queue_wait",
+            "a changed pod waiting for a worker (the burst's queue)",
+        ),
+        ("reconcile", "one reconcile, API calls included"),
+        (
+            "lower_pod_create",
+            "the lower API server answering the pod create",
+        ),
+    ] {
+        println!(
+            "inside the node: {s:16} p50 {:>8}  p99 {:>8}  ({what})",
+            stage(s, 0.5),
+            stage(s, 0.99)
+        );
+    }
+    let calls = |m: &Samples| -> BTreeMap<(String, String, String), f64> {
+        m.iter()
+            .filter(|((name, _), _)| name == "tensile_api_calls_total")
+            .map(|((_, l), v)| {
+                let get = |k: &str| l.get(k).cloned().unwrap_or_default();
+                ((get("cluster"), get("verb"), get("resource")), *v)
+            })
+            .collect()
+    };
+    let (c0, c1) = (calls(&before), calls(&after));
+    println!("API calls of the node during the burst (cluster, verb, resource):");
+    let mut writes: BTreeMap<String, f64> = BTreeMap::new();
+    let mut lists = 0.0;
+    for (k, v) in &c1 {
+        let d = v - c0.get(k).copied().unwrap_or(0.0);
+        if d > 0.0 {
+            println!("  {:6} {:8} {:28} {d}", k.0, k.1, k.2);
+        }
+        if matches!(
+            k.1.as_str(),
+            "create" | "update" | "patch" | "delete" | "deletecollection"
+        ) {
+            *writes.entry(k.0.clone()).or_default() += d;
+        }
+        if k.1 == "list" {
+            lists += d;
+        }
+    }
+    #[allow(clippy::cast_precision_loss)]
+    let per_pod = |c: &str| writes.get(c).copied().unwrap_or(0.0) / n as f64;
+    println!(
+        "writes per pod: upper {:.2}, lower {:.2}; LIST requests after start-up: {lists}",
+        per_pod("upper"),
+        per_pod("lower")
+    );
+    println!(
+        "virtual node memory (RSS): {idle_rss:.1} MiB before, {peak_rss:.1} MiB peak during the burst (VmHWM {hwm:.1} MiB), {settled_rss:.1} MiB 5 s after"
+    );
+    Ok(())
+}
