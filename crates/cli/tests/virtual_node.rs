@@ -3,6 +3,7 @@
 //! kubectl upstairs run downstairs, and logs, exec and top work from upstairs.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
 
+use std::io::{Read as _, Write as _};
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -108,7 +109,8 @@ fn the_binary_with_the_originals_flags_offloads_a_deployment_and_serves_logs_and
                 "deployment",
                 "web",
                 "--image=nginx:1.27",
-                "--replicas=2"
+                "--replicas=2",
+                "--port=8080"
             ]
         )
         .0
@@ -162,6 +164,7 @@ fn the_binary_with_the_originals_flags_offloads_a_deployment_and_serves_logs_and
         &["exec", "deploy/web", "--", "echo", "from", "upstairs"],
     );
     assert!(ok && out == "from upstairs\n", "{out}{err}");
+    streams_through_the_virtual_node(&upper);
     until("metrics", || {
         kubectl(&upper, &["top", "pods", "--no-headers"])
             .1
@@ -186,6 +189,105 @@ fn the_binary_with_the_originals_flags_offloads_a_deployment_and_serves_logs_and
         .is_empty()
     });
     drop(runtime);
+}
+
+fn kubectl_with_stdin(kubeconfig: &Path, args: &[&str], stdin: &[u8]) -> String {
+    let mut child = Command::new("kubectl")
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .arg("--request-timeout=20s")
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(stdin).unwrap();
+    let out = child.wait_with_output().unwrap();
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+/// `exec -i`, `exec -it` (under a pseudo-terminal from `script`), `attach`, `logs -f` and
+/// `port-forward` from the upper cluster, for a pod running in the lower one.
+fn streams_through_the_virtual_node(upper: &Path) {
+    let (_, pod, _) = kubectl(
+        upper,
+        &[
+            "get",
+            "pods",
+            "-l",
+            "app=web",
+            "-o",
+            "jsonpath={.items[0].metadata.name}",
+        ],
+    );
+    let out = kubectl_with_stdin(
+        upper,
+        &["exec", "-i", &pod, "--", "cat"],
+        b"through stdin\n",
+    );
+    assert_eq!(out, "through stdin\n");
+    // A real terminal of 40 rows and 100 columns: kubectl sends its size, the lower container
+    // sees it.
+    let script = format!(
+        "stty rows 40 cols 100; kubectl --kubeconfig {} --request-timeout=20s exec -it {pod} -- stty size",
+        upper.display()
+    );
+    let out = Command::new("script")
+        .args(["-qec", &script, "/dev/null"])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("40 100"), "exec -it: {text}");
+    let out = kubectl_with_stdin(upper, &["attach", "-i", &pod], b"echoed\n");
+    assert!(
+        out.contains("attached to") && out.contains("echoed"),
+        "attach: {out}"
+    );
+    // logs -f: the simulated container writes a tick line every second.
+    let mut follow = Killed(
+        Command::new("kubectl")
+            .arg("--kubeconfig")
+            .arg(upper)
+            .args(["logs", "-f", &pod])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let mut stdout = follow.0.stdout.take().unwrap();
+    let mut seen = String::new();
+    let mut buf = [0u8; 256];
+    while !seen.contains("tick") {
+        let n = stdout.read(&mut buf).unwrap();
+        assert!(n > 0, "logs -f ended: {seen}");
+        seen.push_str(&String::from_utf8_lossy(&buf[..n]));
+    }
+    drop(follow);
+    // port-forward: the simulated container echoes on its declared port.
+    let mut pf = Killed(
+        Command::new("kubectl")
+            .arg("--kubeconfig")
+            .arg(upper)
+            .args(["port-forward", &format!("pod/{pod}"), ":8080"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let port = tensile_sim::env::forwarded_port(pf.0.stdout.take().unwrap()).unwrap();
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    s.write_all(b"hello through two clusters").unwrap();
+    let mut got = vec![0u8; 26];
+    s.read_exact(&mut got).unwrap();
+    assert_eq!(got, b"hello through two clusters");
+    drop(pf);
 }
 
 #[test]

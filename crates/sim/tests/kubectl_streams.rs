@@ -175,33 +175,6 @@ fn logs_exec_and_attach_through_the_api_server() {
     }
 }
 
-fn forwarded_port(child: &mut Child) -> u16 {
-    let mut out = child.stdout.take().unwrap();
-    let mut seen = String::new();
-    let mut buf = [0u8; 256];
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        if let Some(line) = seen
-            .lines()
-            .find(|l| l.starts_with("Forwarding from 127.0.0.1:"))
-        {
-            let port = line
-                .trim_start_matches("Forwarding from 127.0.0.1:")
-                .split(' ')
-                .next()
-                .unwrap();
-            // kubectl keeps writing "Handling connection..." lines: keep draining them, or the
-            // closed pipe kills it.
-            std::thread::spawn(move || std::io::copy(&mut out, &mut std::io::sink()));
-            return port.parse().unwrap();
-        }
-        assert!(Instant::now() < deadline, "no port: {seen}");
-        let n = out.read(&mut buf).unwrap();
-        assert!(n > 0, "port-forward ended: {seen}");
-        seen.push_str(&String::from_utf8_lossy(&buf[..n]));
-    }
-}
-
 #[test]
 fn port_forward_over_both_transports_and_top() {
     let env = setup();
@@ -214,7 +187,7 @@ fn port_forward_over_both_transports_and_top() {
                 .spawn()
                 .unwrap(),
         );
-        let port = forwarded_port(&mut pf.0);
+        let port = tensile_sim::env::forwarded_port(pf.0.stdout.take().unwrap()).unwrap();
         let handles: Vec<_> = (0..4)
             .map(|i| {
                 std::thread::spawn(move || {

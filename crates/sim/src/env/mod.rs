@@ -256,3 +256,31 @@ impl Drop for TestEnv {
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
+
+/// The local port `kubectl port-forward ... :PORT` chose, read from its stdout ("Forwarding
+/// from 127.0.0.1:N -> PORT"). The rest of its output is drained in the background: kubectl
+/// keeps writing "Handling connection" lines and dies of a closed pipe otherwise.
+pub fn forwarded_port(mut out: impl std::io::Read + Send + 'static) -> Result<u16, String> {
+    let mut seen = String::new();
+    let mut buf = [0u8; 256];
+    loop {
+        if let Some(line) = seen
+            .lines()
+            .find(|l| l.starts_with("Forwarding from 127.0.0.1:"))
+        {
+            let port = line
+                .trim_start_matches("Forwarding from 127.0.0.1:")
+                .split(' ')
+                .next()
+                .and_then(|p| p.parse().ok())
+                .ok_or_else(|| format!("no port in {line:?}"))?;
+            std::thread::spawn(move || std::io::copy(&mut out, &mut std::io::sink()));
+            return Ok(port);
+        }
+        let n = out.read(&mut buf).map_err(|e| e.to_string())?;
+        if n == 0 {
+            return Err(format!("port-forward ended: {seen}"));
+        }
+        seen.push_str(&String::from_utf8_lossy(&buf[..n]));
+    }
+}
