@@ -149,6 +149,12 @@ fn key_of(p: &Pod) -> Option<Key> {
     Some((p.metadata.namespace.clone()?, p.metadata.name.clone()?))
 }
 
+/// Nothing here reads `managedFields`, often the biggest part of a pod on a real cluster
+/// (several field managers, each with its field set): the caches do not keep it.
+fn forget_managed_fields(p: &mut Pod) {
+    p.metadata.managed_fields = None;
+}
+
 /// One watch of every lower pod, fanned out to `CONSUMERS` streams (the capacity model needs
 /// all of them, the pod controller ours; one watch serves both instead of two that deliver
 /// our pods twice). The watcher retries with backoff by itself; it ends at `stop`.
@@ -165,6 +171,7 @@ pub fn lower_pod_events<const CONSUMERS: usize>(
     tokio::spawn(async move {
         let mut events = watcher(Api::<Pod>::all(lower), watcher::Config::default())
             .backoff(crate::backoff::WatchBackoff::default())
+            .modify(forget_managed_fields)
             .boxed();
         loop {
             let next = tokio::select! {
@@ -233,6 +240,7 @@ pub async fn run_with_store(
         watcher::Config::default().fields(&format!("spec.nodeName={}", cfg.node)),
     )
     .backoff(crate::backoff::WatchBackoff::default())
+    .modify(forget_managed_fields)
     .inspect_ok(move |e| {
         // A pod deleted with grace 0 vanishes at once; its last state still says so, and the
         // lower pod goes the same way.
