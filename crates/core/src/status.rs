@@ -70,6 +70,42 @@ pub fn upper_status(upper: &Pod, lower: &Pod, now: &Time) -> Option<PodStatus> {
     (status != current).then_some(status)
 }
 
+/// The upper pod's conditions with our [`CONDITION_OFFLOADED`] set to False for `reason`
+/// (the pod is not, or not yet, in the lower cluster), or `None` when it already says exactly
+/// that (no write). The other conditions are kept as they are.
+pub fn not_offloaded_conditions(
+    upper: &Pod,
+    reason: &str,
+    message: &str,
+    now: &Time,
+) -> Option<Vec<PodCondition>> {
+    let current = upper.status.clone().unwrap_or_default();
+    let unchanged = current.conditions.iter().flatten().any(|c| {
+        c.type_ == CONDITION_OFFLOADED
+            && c.status == "False"
+            && c.reason.as_deref() == Some(reason)
+            && c.message.as_deref() == Some(message)
+    });
+    if unchanged {
+        return None;
+    }
+    let mut conditions: Vec<PodCondition> = current
+        .conditions
+        .iter()
+        .flatten()
+        .filter(|c| c.type_ != CONDITION_OFFLOADED)
+        .cloned()
+        .collect();
+    conditions.push(condition(
+        &current,
+        "False",
+        reason,
+        message.to_owned(),
+        now,
+    ));
+    Some(conditions)
+}
+
 /// Our condition, keeping its transition time when its status did not change.
 fn condition(
     current: &PodStatus,
@@ -231,6 +267,48 @@ mod tests {
 
     fn now() -> Time {
         Time("2026-11-22T10:05:00Z".parse().unwrap())
+    }
+
+    #[test]
+    fn not_offloaded_replaces_only_our_condition_keeps_its_transition_time_and_repeats_nothing() {
+        let mut upper = bound_pod();
+        upper.status = Some(
+            serde_json::from_value(json!({"conditions": [
+                {"type": "PodScheduled", "status": "True", "lastTransitionTime": "2026-11-22T10:00:00Z"},
+                {"type": CONDITION_OFFLOADED, "status": "False", "reason": "ProviderFailed",
+                 "message": "secret default/a not found", "lastTransitionTime": "2026-11-22T10:01:00Z"}
+            ]}))
+            .unwrap(),
+        );
+        assert_eq!(
+            not_offloaded_conditions(
+                &upper,
+                "ProviderFailed",
+                "secret default/a not found",
+                &now()
+            ),
+            None,
+            "already says so: no write"
+        );
+        let next = not_offloaded_conditions(
+            &upper,
+            "ProviderFailed",
+            "secret default/b not found",
+            &now(),
+        )
+        .unwrap();
+        assert_eq!(next.len(), 2);
+        assert_eq!(next[0].type_, "PodScheduled");
+        let ours = &next[1];
+        assert_eq!(ours.message.as_deref(), Some("secret default/b not found"));
+        assert_eq!(
+            ours.last_transition_time,
+            Some(Time("2026-11-22T10:01:00Z".parse().unwrap())),
+            "still False: the transition time stays"
+        );
+        let fresh =
+            not_offloaded_conditions(&bound_pod(), "NotOffloaded", "kube-system", &now()).unwrap();
+        assert_eq!(fresh[0].last_transition_time, Some(now()));
     }
 
     /// The lower pod Running on a lower node, as the lower API server reports it.

@@ -10,7 +10,7 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, Time};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, Patch, PatchParams, PostParams};
-use kube::runtime::watcher;
+use kube::runtime::{WatchStreamExt, watcher};
 use serde_json::json;
 use tensile_core::capacity::CapacityModel;
 use tensile_core::node::{LowerHealth, NodeIdentity, node_health, virtual_node};
@@ -50,6 +50,7 @@ pub async fn track_capacity(
     stop: CancellationToken,
 ) {
     let nodes = watcher(Api::<Node>::all(lower), watcher::Config::default())
+        .backoff(crate::backoff::WatchBackoff::default())
         .map(|e| e.map(|e| Either::Node(Box::new(e))));
     let pods = pods.map(|e| Ok(Either::Pod(Box::new(e))));
     let mut events = futures::stream::select(nodes.boxed(), pods.boxed());
@@ -60,11 +61,8 @@ pub async fn track_capacity(
             n = events.next() => n,
         };
         let Some(event) = next else { return };
-        let Ok(event) = event else {
-            // The watcher retries by itself; give it a moment.
-            tokio::time::sleep(Duration::from_millis(500)).await;
-            continue;
-        };
+        // The watcher retries by itself, with the backoff of every watch of ours.
+        let Ok(event) = event else { continue };
         match event {
             Either::Node(e) => apply(
                 &mut model,
@@ -226,29 +224,35 @@ fn unreachable_since(previous: &LowerHealth, reason: String) -> LowerHealth {
     }
 }
 
+/// Renews the lease with one patch; only a missing lease costs a second request (its creation).
 async fn renew_lease(leases: &Api<Lease>, name: &str, node_uid: Option<&str>) {
     let spec = json!({"holderIdentity": name, "leaseDurationSeconds": 40, "renewTime": MicroTime(Timestamp::now())});
-    match leases.get_opt(name).await {
-        Ok(Some(_)) => {
-            let _ = leases
-                .patch(
-                    name,
-                    &PatchParams::default(),
-                    &Patch::Merge(json!({"spec": spec})),
-                )
-                .await;
+    let renewed = leases
+        .patch(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": spec})),
+        )
+        .await;
+    let missing = match renewed {
+        Ok(_) => return,
+        Err(kube::Error::Api(s)) if s.code == 404 => true,
+        Err(e) => {
+            tracing::warn!(node = %name, error = %e, "renewing the node lease");
+            false
         }
-        Ok(None) => {
-            let lease: Result<Lease, _> = serde_json::from_value(
-                json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
-                "metadata": {"name": name, "namespace": "kube-node-lease",
-                    "ownerReferences": [{"apiVersion": "v1", "kind": "Node", "name": name, "uid": node_uid.unwrap_or_default()}]},
-                "spec": spec}),
-            );
-            if let Ok(lease) = lease {
-                let _ = leases.create(&PostParams::default(), &lease).await;
-            }
+    };
+    if missing {
+        let lease: Result<Lease, _> = serde_json::from_value(
+            json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+            "metadata": {"name": name, "namespace": "kube-node-lease",
+                "ownerReferences": [{"apiVersion": "v1", "kind": "Node", "name": name, "uid": node_uid.unwrap_or_default()}]},
+            "spec": spec}),
+        );
+        if let Ok(lease) = lease
+            && let Err(e) = leases.create(&PostParams::default(), &lease).await
+        {
+            tracing::warn!(node = %name, error = %e, "creating the node lease");
         }
-        Err(e) => tracing::warn!(node = %name, error = %e, "renewing the node lease"),
     }
 }

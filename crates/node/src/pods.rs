@@ -28,12 +28,14 @@ use tensile_core::deps::{
     pod_dependencies,
 };
 use tensile_core::keys::{
-    CONDITION_OFFLOADED, EVENT_PROVIDER_CREATE_FAILED, EVENT_PROVIDER_CREATE_SUCCESS,
-    EVENT_PROVIDER_DELETE_SUCCESS, EVENT_PROVIDER_UPDATE_FAILED, EVENT_PROVIDER_UPDATE_SUCCESS,
-    REASON_NOT_OFFLOADED, REASON_PROVIDER_FAILED,
+    EVENT_PROVIDER_CREATE_FAILED, EVENT_PROVIDER_CREATE_SUCCESS, EVENT_PROVIDER_DELETE_SUCCESS,
+    EVENT_PROVIDER_UPDATE_FAILED, EVENT_PROVIDER_UPDATE_SUCCESS, REASON_NOT_OFFLOADED,
+    REASON_PROVIDER_FAILED,
 };
 use tensile_core::plan::{Existing, LowerKind, on_existing, pod_creation_plan};
-use tensile_core::status::{LowerAbsent, deletion_from_below, on_lower_absent, upper_status};
+use tensile_core::status::{
+    LowerAbsent, deletion_from_below, not_offloaded_conditions, on_lower_absent, upper_status,
+};
 use tensile_core::translate::{TranslateConfig, lower_pod, offload_decision};
 use tensile_core::update::{is_lower_pod_of, lower_pod_update};
 use tokio_util::sync::CancellationToken;
@@ -180,9 +182,13 @@ pub fn lower_pod_events<const CONSUMERS: usize>(
             };
             match next {
                 Some(Ok(event)) => {
-                    for tx in &senders {
-                        // A consumer that has stopped no longer needs events.
-                        let _ = tx.unbounded_send(event.clone());
+                    // A consumer that has stopped no longer needs events. The last one gets the
+                    // event itself: one pod copy fewer per event.
+                    if let Some((last, others)) = senders.split_last() {
+                        for tx in others {
+                            let _ = tx.unbounded_send(event.clone());
+                        }
+                        let _ = last.unbounded_send(event);
                     }
                 }
                 Some(Err(e)) => tracing::warn!(error = %e, "lower pod watch error"),
@@ -355,7 +361,7 @@ impl Ctx {
     }
 
     /// Queues an event about `pod` (sent in the background; a reconcile never waits for it).
-    async fn event(&self, pod: &Pod, warning: bool, reason: &str, note: String) {
+    fn event(&self, pod: &Pod, warning: bool, reason: &str, note: String) {
         self.recorder.publish(PodEvent {
             regarding: pod.object_ref(&()),
             warning,
@@ -364,36 +370,18 @@ impl Ctx {
         });
     }
 
-    /// Sets our condition on the upper pod (once; no write when it already says so).
+    /// Sets our condition on the upper pod to False for `reason` (no write when it already
+    /// says so; `tensile-core` decides).
     async fn upper_condition(
         &self,
         pod: &Pod,
         reason: &str,
         message: &str,
     ) -> Result<(), SyncError> {
-        let current = pod
-            .status
-            .as_ref()
-            .and_then(|s| s.conditions.as_ref())
-            .and_then(|c| c.iter().find(|c| c.type_ == CONDITION_OFFLOADED));
-        if current.is_some_and(|c| {
-            c.status == "False"
-                && c.reason.as_deref() == Some(reason)
-                && c.message.as_deref() == Some(message)
-        }) {
+        let now = Time(Timestamp::now());
+        let Some(conditions) = not_offloaded_conditions(pod, reason, message, &now) else {
             return Ok(());
-        }
-        let mut conditions: Vec<serde_json::Value> = pod
-            .status
-            .as_ref()
-            .and_then(|s| s.conditions.as_ref())
-            .into_iter()
-            .flatten()
-            .filter(|c| c.type_ != CONDITION_OFFLOADED)
-            .filter_map(|c| serde_json::to_value(c).ok())
-            .collect();
-        conditions.push(json!({"type": CONDITION_OFFLOADED, "status": "False", "reason": reason, "message": message,
-            "lastTransitionTime": Time(Timestamp::now())}));
+        };
         let (ns, name) = key_of(pod).ok_or_else(|| SyncError("pod without name".into()))?;
         self.upper_api(&ns)
             .patch_status(
@@ -439,8 +427,7 @@ async fn reconcile(ctx: &Ctx, key: &Key) -> Result<(), SyncError> {
                             false,
                             EVENT_PROVIDER_DELETE_SUCCESS,
                             format!("deleting the pod in lower cluster {}", ctx.cfg.lower_name),
-                        )
-                        .await;
+                        );
                         Ok(())
                     }
                     Some(_) => Ok(()),
@@ -461,13 +448,11 @@ async fn reconcile(ctx: &Ctx, key: &Key) -> Result<(), SyncError> {
                                 false,
                                 EVENT_PROVIDER_CREATE_SUCCESS,
                                 format!("created in lower cluster {}", ctx.cfg.lower_name),
-                            )
-                            .await;
+                            );
                             Ok(())
                         }
                         Err(e) => {
-                            ctx.event(&u, true, EVENT_PROVIDER_CREATE_FAILED, e.to_string())
-                                .await;
+                            ctx.event(&u, true, EVENT_PROVIDER_CREATE_FAILED, e.to_string());
                             let _ = ctx
                                 .upper_condition(&u, REASON_PROVIDER_FAILED, &e.to_string())
                                 .await;
@@ -532,18 +517,14 @@ async fn sync_existing(ctx: &Ctx, u: &Pod, l: &Pod, now: &Time) -> Result<(), Sy
             .patch(&name, &PatchParams::default(), &Patch::Strategic(patch))
             .await
         {
-            Ok(_) => {
-                ctx.event(
-                    u,
-                    false,
-                    EVENT_PROVIDER_UPDATE_SUCCESS,
-                    "updated the lower pod".into(),
-                )
-                .await
-            }
+            Ok(_) => ctx.event(
+                u,
+                false,
+                EVENT_PROVIDER_UPDATE_SUCCESS,
+                "updated the lower pod".into(),
+            ),
             Err(e) => {
-                ctx.event(u, true, EVENT_PROVIDER_UPDATE_FAILED, e.to_string())
-                    .await;
+                ctx.event(u, true, EVENT_PROVIDER_UPDATE_FAILED, e.to_string());
                 return Err(err("updating the lower pod", e));
             }
         }

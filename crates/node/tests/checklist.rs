@@ -33,6 +33,29 @@ async fn offloaded(api: &Api<Pod>, name: &str) -> Option<(String, String)> {
     Some((c.reason.unwrap_or_default(), c.message.unwrap_or_default()))
 }
 
+/// Creates pod `name` with `spec` (its volume `v` mounted) whose volume source is missing
+/// upstairs, and waits for the reason on the pod: ProviderFailed with `message` in it.
+async fn missing_volume_is_reported(
+    pods: &Api<Pod>,
+    name: &str,
+    mut spec: serde_json::Value,
+    message: &str,
+) {
+    spec["containers"] = json!([{"name": "c", "image": "nginx", "volumeMounts": [{"name": "v", "mountPath": "/v"}]}]);
+    pods.create(
+        &PostParams::default(),
+        &pod(name, "vk-lower", json!({"spec": spec})),
+    )
+    .await
+    .unwrap();
+    let (reason, got) = eventually(30, "the missing volume source reported", || async {
+        offloaded(pods, name).await
+    })
+    .await;
+    assert_eq!(reason, "ProviderFailed");
+    assert!(got.contains(message), "{got}");
+}
+
 async fn running(api: &Api<Pod>, name: &str) {
     eventually(60, &format!("{name} running"), || async {
         (phase(api, name).await? == "Running").then_some(())
@@ -125,26 +148,8 @@ async fn checklist_31_a_config_map_created_after_the_pod_is_copied_and_the_pod_s
     let (env, stop) = start().await;
     let (upper, lower) = (&env.clusters[0].client, &env.clusters[1].client);
     let pods: Api<Pod> = Api::namespaced(upper.clone(), "default");
-    pods.create(
-        &PostParams::default(),
-        &pod(
-            "web",
-            "vk-lower",
-            json!({"spec": {"volumes": [{"name": "v", "configMap": {"name": "late"}}],
-            "containers": [{"name": "c", "image": "nginx", "volumeMounts": [{"name": "v", "mountPath": "/v"}]}]}}),
-        ),
-    )
-    .await
-    .unwrap();
-    let (reason, message) = eventually(30, "the missing ConfigMap reported", || async {
-        offloaded(&pods, "web").await
-    })
-    .await;
-    assert_eq!(reason, "ProviderFailed");
-    assert!(
-        message.contains("configmap default/late not found"),
-        "{message}"
-    );
+    let pod_spec = json!({"volumes": [{"name": "v", "configMap": {"name": "late"}}]});
+    missing_volume_is_reported(&pods, "web", pod_spec, "configmap default/late not found").await;
     Api::<ConfigMap>::namespaced(upper.clone(), "default")
         .create(
             &PostParams::default(),
@@ -168,26 +173,8 @@ async fn checklist_34_fix_a_missing_secret_keeps_the_pod_pending_with_the_reason
  {
     let (env, stop) = start().await;
     let pods: Api<Pod> = Api::namespaced(env.clusters[0].client.clone(), "default");
-    pods.create(
-        &PostParams::default(),
-        &pod(
-            "once",
-            "vk-lower",
-            json!({"spec": {"restartPolicy": "Never", "volumes": [{"name": "s", "secret": {"secretName": "absent"}}],
-            "containers": [{"name": "c", "image": "nginx", "volumeMounts": [{"name": "s", "mountPath": "/s"}]}]}}),
-        ),
-    )
-    .await
-    .unwrap();
-    let (reason, message) = eventually(30, "the missing Secret reported", || async {
-        offloaded(&pods, "once").await
-    })
-    .await;
-    assert_eq!(reason, "ProviderFailed");
-    assert!(
-        message.contains("secret default/absent not found"),
-        "{message}"
-    );
+    let pod_spec = json!({"restartPolicy": "Never", "volumes": [{"name": "v", "secret": {"secretName": "absent"}}]});
+    missing_volume_is_reported(&pods, "once", pod_spec, "secret default/absent not found").await;
     // Like a kubelet waiting for a volume: Pending and retried, not Failed (the original failed
     // a restartPolicy=Never pod, so a Secret created a second late lost the Job's pod).
     tokio::time::sleep(Duration::from_secs(2)).await;
