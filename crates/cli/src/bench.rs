@@ -45,6 +45,10 @@ struct OffloadArgs {
     /// Pod-sync workers of the virtual node.
     #[arg(long, default_value_t = 50)]
     workers: usize,
+    /// Run the virtual node under this program, e.g. `heaptrack` to profile its memory (the
+    /// reported RSS is then the wrapper's process).
+    #[arg(long)]
+    node_wrapper: Option<String>,
 }
 
 pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
@@ -198,7 +202,15 @@ async fn offload(args: OffloadArgs) -> anyhow::Result<()> {
 
     let metrics_addr = format!("127.0.0.1:{}", free_port()?);
     let exe = std::env::current_exe().context("finding the tensile binary")?;
-    let mut child = tokio::process::Command::new(exe)
+    let mut command = match &args.node_wrapper {
+        Some(wrapper) => {
+            let mut c = tokio::process::Command::new(wrapper);
+            c.arg(exe);
+            c
+        }
+        None => tokio::process::Command::new(exe),
+    };
+    let mut child = command
         .args(["virtual-node", "--nodename", "vk", "--disable-taint"])
         .arg("--kubeconfig")
         .arg(&env.clusters[0].kubeconfig)

@@ -3,6 +3,8 @@
 
 mod bench;
 mod sim;
+mod status;
+mod up;
 mod virtual_node;
 
 use clap::{Parser, Subcommand};
@@ -17,6 +19,11 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// The sandbox: an upper and lower clusters in this process, a virtual node for each lower
+    /// cluster, one kubeconfig, a live status table.
+    Up(up::UpArgs),
+    /// The status table (virtual nodes, pods, recent events) of an upper cluster.
+    Status(status::StatusArgs),
     /// Run one simulated cluster (embedded API server) in the foreground.
     Sim(sim::SimArgs),
     /// Benchmarks (`tensile bench offload`).
@@ -39,6 +46,8 @@ fn main() -> anyhow::Result<()> {
         .build()?;
     runtime.block_on(async {
         match cli.command {
+            Command::Up(args) => up::run(args).await,
+            Command::Status(args) => status::run(args).await,
             Command::Sim(args) => sim::run(args).await,
             Command::Bench(args) => bench::run(args).await,
             Command::VirtualNode(args) => virtual_node::run(*args).await,

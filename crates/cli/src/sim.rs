@@ -29,35 +29,12 @@ pub struct SimArgs {
 }
 
 pub async fn run(args: SimArgs) -> anyhow::Result<()> {
-    let config = ApiServerConfig {
-        name: args.name.clone(),
-        listen: args.listen,
-        tls: !args.insecure_http,
-        ..ApiServerConfig::default()
-    };
-    let server = ApiServer::start(config)
-        .await
-        .with_context(|| format!("starting the API server on {}", args.listen))?;
+    let nodes = (1..=args.nodes)
+        .map(|i| SimNode::new(format!("{}-node-{i}", args.name), "4", "8Gi"))
+        .collect();
+    let (server, _nodes) =
+        start_cluster(&args.name, args.listen, !args.insecure_http, nodes, 244).await?;
     let kubeconfig = server.kubeconfig(&args.name);
-    let _nodes = if args.nodes > 0 {
-        let client = server
-            .client()
-            .await
-            .context("building a client for the simulated nodes")?;
-        let config = SimKubeletConfig {
-            nodes: (1..=args.nodes)
-                .map(|i| SimNode::new(format!("{}-node-{i}", args.name), "4", "8Gi"))
-                .collect(),
-            ..SimKubeletConfig::default()
-        };
-        Some(
-            SimKubelet::start(client, config)
-                .await
-                .context("registering the simulated nodes")?,
-        )
-    } else {
-        None
-    };
     if let Some(path) = &args.kubeconfig_out {
         std::fs::write(path, &kubeconfig)
             .with_context(|| format!("writing the kubeconfig to {}", path.display()))?;
@@ -85,4 +62,40 @@ pub async fn run(args: SimArgs) -> anyhow::Result<()> {
         .context("waiting for Ctrl-C")?;
     server.stop();
     Ok(())
+}
+
+/// One simulated cluster: its API server on `listen` and, if any, its `nodes` (with kubelet APIs;
+/// pod IPs `10.<pod_network_octet>.<node>.<n>`).
+pub(crate) async fn start_cluster(
+    name: &str,
+    listen: SocketAddr,
+    tls: bool,
+    nodes: Vec<SimNode>,
+    pod_network_octet: u8,
+) -> anyhow::Result<(ApiServer, Option<SimKubelet>)> {
+    let config = ApiServerConfig {
+        name: name.to_owned(),
+        listen,
+        tls,
+        ..ApiServerConfig::default()
+    };
+    let server = ApiServer::start(config)
+        .await
+        .with_context(|| format!("starting the API server of cluster {name} on {listen}"))?;
+    if nodes.is_empty() {
+        return Ok((server, None));
+    }
+    let client = server
+        .client()
+        .await
+        .with_context(|| format!("building a client for the nodes of cluster {name}"))?;
+    let config = SimKubeletConfig {
+        nodes,
+        pod_network_octet,
+        ..SimKubeletConfig::default()
+    };
+    let kubelet = SimKubelet::start(client, config)
+        .await
+        .with_context(|| format!("registering the simulated nodes of cluster {name}"))?;
+    Ok((server, Some(kubelet)))
 }

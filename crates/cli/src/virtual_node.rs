@@ -186,6 +186,53 @@ pub async fn run(args: VirtualNodeArgs) -> anyhow::Result<()> {
             _ => KubeconfigSource::InCluster,
         },
     };
+    let vn = assemble(
+        &args,
+        upper_source,
+        KubeconfigSource::Path(lower_path),
+        &env,
+        None,
+    )
+    .await?;
+    let listen = vn.kubelet.as_ref().map(|k| k.listen);
+    let stop = CancellationToken::new();
+    let running = vn
+        .start(stop.clone())
+        .await
+        .context("starting the virtual node")?;
+    tracing::info!(node = %args.nodename, ?listen, metrics = ?running.metrics_addr, "virtual node running");
+    tokio::signal::ctrl_c()
+        .await
+        .context("waiting for a signal")?;
+    stop.cancel();
+    let _ = tokio::time::timeout(Duration::from_secs(10), running.handle).await;
+    Ok(())
+}
+
+/// The upper cluster's CA from its `kube-root-ca.crt` (what its API server's kubelet client
+/// certificate is signed with, as kubeadm sets clusters up).
+async fn upper_ca(upper: &kube::Client) -> Option<String> {
+    let cms: kube::Api<k8s_openapi::api::core::v1::ConfigMap> =
+        kube::Api::namespaced(upper.clone(), "kube-system");
+    cms.get_opt("kube-root-ca.crt")
+        .await
+        .ok()
+        .flatten()?
+        .data?
+        .get("ca.crt")
+        .cloned()
+}
+
+/// The virtual node that `args` describe, its clients built from the two sources. `env` reads the
+/// environment variables of the original (`KUBELET_PORT`, `VKUBELET_*`, ...); `kubelet_listen`
+/// overrides where the kubelet API listens (port 0 allowed: the bound port is advertised).
+pub(crate) async fn assemble(
+    args: &VirtualNodeArgs,
+    upper_source: KubeconfigSource,
+    lower_source: KubeconfigSource,
+    env: &dyn Fn(&str) -> Option<String>,
+    kubelet_listen: Option<SocketAddr>,
+) -> anyhow::Result<VirtualNode> {
     let metrics_listen = metrics_addr(&args.metrics_addr)?;
     let mut registry = Registry::default();
     let calls = ApiCalls::new(&mut registry);
@@ -200,7 +247,7 @@ pub async fn run(args: VirtualNodeArgs) -> anyhow::Result<()> {
     .await
     .context("upper cluster client")?;
     let lower = build_client(
-        KubeconfigSource::Path(lower_path),
+        lower_source,
         args.client_qps,
         args.client_burst,
         "lower",
@@ -265,8 +312,10 @@ pub async fn run(args: VirtualNodeArgs) -> anyhow::Result<()> {
         Some(p) => Some(read(p, "client CA")?),
         None => upper_ca(&upper).await,
     };
-    let listen = SocketAddr::new(args.kubelet_address, u16::try_from(port).unwrap_or(10250));
-    let vn = VirtualNode {
+    let listen = kubelet_listen.unwrap_or_else(|| {
+        SocketAddr::new(args.kubelet_address, u16::try_from(port).unwrap_or(10250))
+    });
+    Ok(VirtualNode {
         node: NodeLoop {
             identity,
             owner: owner.clone(),
@@ -296,31 +345,18 @@ pub async fn run(args: VirtualNodeArgs) -> anyhow::Result<()> {
             registry,
             listen: metrics_listen,
         },
-    };
-    let stop = CancellationToken::new();
-    let running = vn
-        .start(stop.clone())
-        .await
-        .context("starting the virtual node")?;
-    tracing::info!(node = %args.nodename, %listen, metrics = ?running.metrics_addr, "virtual node running");
-    tokio::signal::ctrl_c()
-        .await
-        .context("waiting for a signal")?;
-    stop.cancel();
-    let _ = tokio::time::timeout(Duration::from_secs(10), running.handle).await;
-    Ok(())
+    })
 }
 
-/// The upper cluster's CA from its `kube-root-ca.crt` (what its API server's kubelet client
-/// certificate is signed with, as kubeadm sets clusters up).
-async fn upper_ca(upper: &kube::Client) -> Option<String> {
-    let cms: kube::Api<k8s_openapi::api::core::v1::ConfigMap> =
-        kube::Api::namespaced(upper.clone(), "kube-system");
-    cms.get_opt("kube-root-ca.crt")
-        .await
-        .ok()
-        .flatten()?
-        .data?
-        .get("ca.crt")
-        .cloned()
+/// `args` read as the command line of `tensile virtual-node` (its environment defaults apply).
+pub(crate) fn parse_args<'a>(
+    args: impl IntoIterator<Item = &'a str>,
+) -> Result<VirtualNodeArgs, clap::Error> {
+    #[derive(clap::Parser)]
+    struct Only {
+        #[command(flatten)]
+        args: VirtualNodeArgs,
+    }
+    <Only as clap::Parser>::try_parse_from(std::iter::once("virtual-node").chain(args))
+        .map(|o| o.args)
 }

@@ -26,5 +26,6 @@ pub mod plan;
 pub mod quantity;
 pub mod resources;
 pub mod status;
+pub mod summary;
 pub mod translate;
 pub mod update;

@@ -276,13 +276,19 @@ impl ApiServer {
     /// A kubeconfig for this cluster: context `context` (current), user with the admin
     /// client certificate, and a second user `<context>-token` with the admin bearer token.
     pub fn kubeconfig(&self, context: &str) -> String {
-        kubeconfig(&[KubeconfigEntry {
+        kubeconfig(&[self.kubeconfig_entry(context)])
+    }
+
+    /// This server as one context of a kubeconfig (see [`kubeconfig`]), administrator
+    /// credentials.
+    pub fn kubeconfig_entry(&self, context: &str) -> KubeconfigEntry {
+        KubeconfigEntry {
             context: context.to_owned(),
             server: self.url().to_owned(),
             ca_pem: self.state.ca.cert_pem().to_owned(),
             client: Some(self.admin_cert.clone()),
             token: Some(self.admin_token.clone()),
-        }])
+        }
     }
 
     /// A kube client authenticated as the administrator.

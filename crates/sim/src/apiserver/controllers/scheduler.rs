@@ -120,9 +120,14 @@ impl Scheduler {
         for node in self.model.nodes() {
             total += 1;
             match req.check(&node) {
+                // Free room in millicores plus MiB; each free pod slot counts as 100m and
+                // 200 MiB, the defaults kube-scheduler scores pods without requests with, so
+                // such pods spread over nodes as they do on a real cluster.
                 Ok(()) => fits.push((
                     node.name.to_owned(),
-                    node.free.get("cpu") / 1_000_000 + node.free.get("memory") / (1 << 20),
+                    node.free.get("cpu") / 1_000_000
+                        + node.free.get("memory") / (1 << 20)
+                        + node.free.get("pods") / 1_000_000_000 * 300,
                 )),
                 Err(unfit) => failures.push(unfit),
             }

@@ -1,0 +1,311 @@
+//! `tensile up`: the sandbox. An upper cluster and N lower clusters (simulated, TLS, on
+//! loopback), simulated nodes of different sizes in each lower cluster, one virtual node per lower
+//! cluster, one kubeconfig with a context per cluster, and a live status table. Ctrl-C stops it.
+
+use std::fmt::Write as _;
+use std::io::Write as _;
+use std::net::{IpAddr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, bail};
+use tensile_core::quantity::parse_quantity;
+use tensile_node::clients::KubeconfigSource;
+use tensile_sim::apiserver::kubeconfig;
+use tensile_sim::kubelet::SimNode;
+use tokio_util::sync::CancellationToken;
+
+use crate::status::{ClusterCaches, show};
+
+/// Flags of `tensile up`.
+#[derive(Debug, clap::Args)]
+pub struct UpArgs {
+    /// Lower clusters, each shown upstairs as one virtual node.
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u8).range(1..=50))]
+    lower_clusters: u8,
+    /// The nodes of each lower cluster, one `CPU:MEMORY` per node, comma-separated.
+    #[arg(long, default_value = "8:32Gi,4:16Gi", value_delimiter = ',', value_parser = parse_node_size)]
+    nodes: Vec<NodeSize>,
+    /// Port of the upper cluster's API server; lower cluster i listens on PORT+i. 0: free ports.
+    #[arg(long, default_value_t = 7443)]
+    port: u16,
+    /// Address every server listens on.
+    #[arg(long, default_value = "127.0.0.1")]
+    address: IpAddr,
+    /// Where to write the kubeconfig (contexts `upper`, the current one, and `lower-1`, ...).
+    #[arg(long, default_value = "tensile-up.kubeconfig")]
+    kubeconfig_out: PathBuf,
+    /// No live table: print the summary, then the table each time it changes.
+    #[arg(long)]
+    no_table: bool,
+}
+
+/// One simulated node's size.
+#[derive(Clone, Debug)]
+struct NodeSize {
+    cpu: String,
+    memory: String,
+}
+
+fn parse_node_size(text: &str) -> Result<NodeSize, String> {
+    let (cpu, memory) = text
+        .split_once(':')
+        .ok_or_else(|| format!("{text:?}: expected CPU:MEMORY, e.g. 8:32Gi"))?;
+    for (what, q) in [("CPU", cpu), ("memory", memory)] {
+        parse_quantity(q).map_err(|e| format!("{text:?}: invalid {what} {q:?}: {e}"))?;
+    }
+    Ok(NodeSize {
+        cpu: cpu.to_owned(),
+        memory: memory.to_owned(),
+    })
+}
+
+/// The port of cluster `index` (0 is the upper one).
+fn port_of(base: u16, index: u8) -> anyhow::Result<u16> {
+    if base == 0 {
+        return Ok(0);
+    }
+    base.checked_add(u16::from(index))
+        .with_context(|| format!("--port {base} leaves no room for {index} lower clusters"))
+}
+
+/// Fails early, before anything starts, when the kubeconfig cannot be written there.
+fn check_writable(path: &Path) -> anyhow::Result<()> {
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(path)
+        .map(drop)
+        .with_context(|| {
+            format!(
+                "cannot write the kubeconfig to {} (choose another path with --kubeconfig-out)",
+                path.display()
+            )
+        })
+}
+
+fn write_private(path: &Path, text: &str) -> anyhow::Result<()> {
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        // It holds administrator credentials.
+        .mode(0o600)
+        .open(path)
+        .with_context(|| format!("writing the kubeconfig to {}", path.display()))?;
+    f.write_all(text.as_bytes())
+        .with_context(|| format!("writing the kubeconfig to {}", path.display()))
+}
+
+fn progress(what: &str, started: Instant) {
+    eprintln!("  {what} ({:.1} s)", started.elapsed().as_secs_f64());
+}
+
+pub async fn run(args: UpArgs) -> anyhow::Result<()> {
+    let started = Instant::now();
+    if args.nodes.is_empty() {
+        bail!("--nodes needs at least one CPU:MEMORY");
+    }
+    check_writable(&args.kubeconfig_out)?;
+    let kubeconfig_path = std::fs::canonicalize(&args.kubeconfig_out)
+        .with_context(|| format!("resolving {}", args.kubeconfig_out.display()))?;
+    let port_hint = "(is another `tensile up` running? choose other ports with --port)";
+    eprintln!("tensile up: starting");
+
+    let listen = SocketAddr::new(args.address, port_of(args.port, 0)?);
+    let (upper, _) = crate::sim::start_cluster("upper", listen, true, Vec::new(), 244)
+        .await
+        .context(port_hint)?;
+    progress(&format!("upper cluster on {}", upper.url()), started);
+
+    let mut lowers = Vec::new();
+    for i in 1..=args.lower_clusters {
+        let name = format!("lower-{i}");
+        let nodes: Vec<SimNode> = args
+            .nodes
+            .iter()
+            .enumerate()
+            .map(|(j, s)| SimNode::new(format!("{name}-node-{}", j + 1), &s.cpu, &s.memory))
+            .collect();
+        let listen = SocketAddr::new(args.address, port_of(args.port, i)?);
+        // Distinct pod networks, so an IP says which cluster a pod runs in.
+        let (server, kubelet) =
+            crate::sim::start_cluster(&name, listen, true, nodes, 243_u8.wrapping_add(i))
+                .await
+                .context(port_hint)?;
+        progress(
+            &format!("{name} on {} with {} nodes", server.url(), args.nodes.len()),
+            started,
+        );
+        lowers.push((name, server, kubelet));
+    }
+
+    let mut entries = vec![upper.kubeconfig_entry("upper")];
+    entries.extend(lowers.iter().map(|(n, s, _)| s.kubeconfig_entry(n)));
+    write_private(&kubeconfig_path, &kubeconfig(&entries))?;
+    progress(
+        &format!("kubeconfig written to {}", kubeconfig_path.display()),
+        started,
+    );
+
+    let stop = CancellationToken::new();
+    let upper_text = upper.kubeconfig("upper");
+    let mut handles = Vec::new();
+    let mut virtual_nodes = Vec::new();
+    for (name, server, _) in &lowers {
+        let node_name = format!("vk-{name}");
+        let vn_args = crate::virtual_node::parse_args([
+            "--nodename",
+            &node_name,
+            // No taint until the webhook that adds its toleration runs here (issue 7).
+            "--disable-taint",
+            "--kube-api-qps",
+            "200",
+            "--kube-api-burst",
+            "400",
+        ])
+        .context("virtual node flags")?;
+        let address = args.address.to_string();
+        let env = move |key: &str| (key == "VKUBELET_POD_IP").then(|| address.clone());
+        let vn = crate::virtual_node::assemble(
+            &vn_args,
+            KubeconfigSource::Text(upper_text.clone()),
+            KubeconfigSource::Text(server.kubeconfig(name)),
+            &env,
+            Some(SocketAddr::new(args.address, 0)),
+        )
+        .await
+        .with_context(|| format!("virtual node {node_name}"))?;
+        let running = vn
+            .start(stop.clone())
+            .await
+            .with_context(|| format!("starting virtual node {node_name}"))?;
+        handles.push(running.handle);
+        virtual_nodes.push(node_name);
+    }
+
+    let upper_client = upper.client().await.context("upper cluster client")?;
+    let upper_caches = ClusterCaches::start(&upper_client, true, &stop);
+    let mut lower_caches = Vec::new();
+    for (name, server, _) in &lowers {
+        let client = server
+            .client()
+            .await
+            .with_context(|| format!("{name} client"))?;
+        lower_caches.push((name.clone(), ClusterCaches::start(&client, false, &stop)));
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let ready = crate::status::snapshot(&upper_caches, &[])
+            .upper_nodes
+            .iter()
+            .filter(|n| n.virtual_node && n.ready)
+            .count();
+        if ready == virtual_nodes.len() {
+            break;
+        }
+        if Instant::now() > deadline {
+            bail!(
+                "the virtual nodes were not Ready within 30 s ({ready} of {})",
+                virtual_nodes.len()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    progress(
+        &format!("virtual nodes {} Ready", virtual_nodes.join(", ")),
+        started,
+    );
+
+    let header = header(&upper, &lowers, &virtual_nodes, &kubeconfig_path, started);
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "{header}")?;
+    out.flush()?;
+    drop(out);
+
+    let table = async {
+        if args.no_table {
+            crate::status::show("", &upper_caches, &lower_caches, &stop).await
+        } else {
+            show(&header, &upper_caches, &lower_caches, &stop).await
+        }
+    };
+    tokio::select! {
+        r = table => r?,
+        r = tokio::signal::ctrl_c() => r.context("waiting for Ctrl-C")?,
+    }
+    eprintln!("tensile up: stopping");
+    stop.cancel();
+    for h in handles {
+        let _ = tokio::time::timeout(Duration::from_secs(5), h).await;
+    }
+    for (_, server, kubelet) in &lowers {
+        if let Some(k) = kubelet {
+            k.stop();
+        }
+        server.stop();
+    }
+    upper.stop();
+    eprintln!("tensile up: stopped");
+    Ok(())
+}
+
+fn header(
+    upper: &tensile_sim::apiserver::ApiServer,
+    lowers: &[(
+        String,
+        tensile_sim::apiserver::ApiServer,
+        Option<tensile_sim::kubelet::SimKubelet>,
+    )],
+    virtual_nodes: &[String],
+    kubeconfig: &Path,
+    started: Instant,
+) -> String {
+    let k = kubeconfig.display();
+    let mut h = format!(
+        "tensile up: ready in {:.1} s. Ctrl-C stops everything.\n  upper    {}  (context upper, the current one)\n",
+        started.elapsed().as_secs_f64(),
+        upper.url()
+    );
+    for (name, server, _) in lowers {
+        let _ = writeln!(h, "  {name}  {}  (context {name})", server.url());
+    }
+    let _ = write!(
+        h,
+        "  virtual nodes: {}\n  kubeconfig: {k}\n\nTry:\n  export KUBECONFIG={k}\n  kubectl get nodes\n  kubectl create deployment web --image=nginx --replicas=4\n  kubectl get pods -o wide\n  kubectl --context lower-1 get pods -A -o wide\n  kubectl logs deploy/web\n  kubectl exec deploy/web -- hostname",
+        virtual_nodes.join(", ")
+    );
+    h
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn node_sizes_are_cpu_colon_memory() {
+        let s = parse_node_size("8:32Gi").unwrap();
+        assert_eq!((s.cpu.as_str(), s.memory.as_str()), ("8", "32Gi"));
+        assert!(parse_node_size("8").unwrap_err().contains("CPU:MEMORY"));
+        assert!(
+            parse_node_size("x:1Gi")
+                .unwrap_err()
+                .contains("invalid CPU")
+        );
+        assert!(
+            parse_node_size("1:lots")
+                .unwrap_err()
+                .contains("invalid memory")
+        );
+    }
+
+    #[test]
+    fn lower_clusters_take_the_ports_after_the_upper_one() {
+        assert_eq!(port_of(7443, 0).unwrap(), 7443);
+        assert_eq!(port_of(7443, 2).unwrap(), 7445);
+        assert_eq!(port_of(0, 2).unwrap(), 0);
+        assert!(port_of(65535, 1).is_err());
+    }
+}

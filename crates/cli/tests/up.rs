@@ -1,0 +1,218 @@
+//! The README's first command end to end: `tensile up`, then the tour's kubectl lines with the
+//! machine's `kubectl`, `tensile status`, and a clean Ctrl-C. Plus its clear start-up errors.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
+
+mod common;
+
+use std::io::{BufRead as _, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::{Killed, kubectl, until};
+
+fn temp_dir(what: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("tensile-{what}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// `tensile up` with `args`; its stdout collected as it comes.
+fn start_up(args: &[&str], kubeconfig: &Path) -> (Killed, Arc<Mutex<String>>) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_tensile"))
+        .arg("up")
+        .args(args)
+        .arg("--kubeconfig-out")
+        .arg(kubeconfig)
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let out = Arc::new(Mutex::new(String::new()));
+    for stream in [
+        Box::new(child.stdout.take().unwrap()) as Box<dyn std::io::Read + Send>,
+        Box::new(child.stderr.take().unwrap()),
+    ] {
+        let out = out.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stream).lines() {
+                let Ok(line) = line else { return };
+                let mut o = out.lock().unwrap();
+                o.push_str(&line);
+                o.push('\n');
+            }
+        });
+    }
+    (Killed(child), out)
+}
+
+fn text(out: &Arc<Mutex<String>>) -> String {
+    out.lock().unwrap().clone()
+}
+
+#[test]
+fn tensile_up_then_the_tour_offloads_a_deployment_with_logs_and_exec_and_stops_on_ctrl_c() {
+    let dir = temp_dir("up-tour");
+    let kc = dir.join("kubeconfig");
+    let started = Instant::now();
+    let (mut up, out) = start_up(&["--port", "0", "--no-table"], &kc);
+    until("tensile up to be ready", || text(&out).contains("ready in"));
+    eprintln!("ready after {:?}", started.elapsed());
+    let shown = text(&out);
+    assert!(shown.contains("kubectl create deployment"), "{shown}");
+    assert!(shown.contains(&kc.display().to_string()), "{shown}");
+
+    let (ok, contexts, err) = kubectl(&kc, &["config", "get-contexts", "-o", "name"]);
+    assert!(ok, "{err}");
+    assert_eq!(
+        contexts.split_whitespace().collect::<Vec<_>>(),
+        ["lower-1", "lower-2", "upper"]
+    );
+    let (_, current, _) = kubectl(&kc, &["config", "current-context"]);
+    assert_eq!(current.trim(), "upper");
+    let (ok, nodes, err) = kubectl(&kc, &["get", "nodes", "--no-headers"]);
+    assert!(ok, "{err}");
+    for vk in ["vk-lower-1", "vk-lower-2"] {
+        assert!(
+            nodes
+                .lines()
+                .any(|l| l.starts_with(vk) && l.contains(" Ready ")),
+            "{nodes}"
+        );
+    }
+
+    let (ok, _, err) = kubectl(
+        &kc,
+        &[
+            "create",
+            "deployment",
+            "web",
+            "--image=nginx",
+            "--replicas=4",
+        ],
+    );
+    assert!(ok, "{err}");
+    let running = || {
+        let (_, pods, _) = kubectl(
+            &kc,
+            &[
+                "get",
+                "pods",
+                "-o",
+                "jsonpath={range .items[*]}{.metadata.name} {.status.phase} {.spec.nodeName}{\"\\n\"}{end}",
+            ],
+        );
+        pods.lines()
+            .filter(|l| l.contains(" Running vk-lower-"))
+            .map(|l| l.split(' ').next().unwrap().to_owned())
+            .collect::<Vec<_>>()
+    };
+    until("4 pods Running on virtual nodes", || running().len() == 4);
+    let mut upstairs = running();
+    upstairs.sort();
+    let mut downstairs = Vec::new();
+    for ctx in ["lower-1", "lower-2"] {
+        let (ok, pods, err) = kubectl(
+            &kc,
+            &[
+                "--context",
+                ctx,
+                "get",
+                "pods",
+                "-n",
+                "default",
+                "-o",
+                "jsonpath={range .items[*]}{.metadata.name}{\"\\n\"}{end}",
+            ],
+        );
+        assert!(ok, "{err}");
+        downstairs.extend(pods.lines().map(str::to_owned));
+    }
+    downstairs.sort();
+    assert_eq!(
+        upstairs, downstairs,
+        "each upper pod runs in a lower cluster"
+    );
+
+    let (ok, logs, err) = kubectl(&kc, &["logs", "deploy/web"]);
+    assert!(ok && logs.contains("started"), "{logs}{err}");
+    let (ok, host, err) = kubectl(&kc, &["exec", "deploy/web", "--", "hostname"]);
+    assert!(ok, "{err}");
+    assert!(upstairs.contains(&host.trim().to_owned()), "{host}");
+
+    // The table, from the watches, catches up with the pods.
+    until("the table to show 4 running pods", || {
+        text(&out).contains("4 total: 4 offloaded to virtual nodes, 4 running")
+    });
+    let status = Command::new(env!("CARGO_BIN_EXE_tensile"))
+        .args(["status", "--once", "--kubeconfig"])
+        .arg(&kc)
+        .output()
+        .unwrap();
+    let table = String::from_utf8_lossy(&status.stdout);
+    assert!(
+        status.status.success(),
+        "{}",
+        String::from_utf8_lossy(&status.stderr)
+    );
+    assert!(
+        table.contains("vk-lower-1") && table.contains("vk-lower-2"),
+        "{table}"
+    );
+    assert!(table.contains("4 total: 4 offloaded"), "{table}");
+    assert!(table.contains("ProviderCreateSuccess"), "{table}");
+
+    let interrupted = Command::new("kill")
+        .args(["-INT", &up.0.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(interrupted.success());
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(s) = up.0.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "tensile up did not stop on Ctrl-C"
+        );
+        std::thread::park_timeout(Duration::from_millis(100));
+    };
+    until("the output to be read", || {
+        text(&out).contains("tensile up: stopped")
+    });
+    assert!(status.success(), "{status:?}\n{}", text(&out));
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn a_taken_port_or_an_unwritable_kubeconfig_is_a_clear_error() {
+    let dir = temp_dir("up-errors");
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = taken.local_addr().unwrap().port().to_string();
+    let out = Command::new(env!("CARGO_BIN_EXE_tensile"))
+        .args(["up", "--port", &port, "--kubeconfig-out"])
+        .arg(dir.join("kubeconfig"))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains(&format!("cannot listen on 127.0.0.1:{port}")),
+        "{err}"
+    );
+    assert!(err.contains("--port"), "{err}");
+
+    let out = Command::new(env!("CARGO_BIN_EXE_tensile"))
+        .args(["up", "--port", "0", "--kubeconfig-out"])
+        .arg(dir.join("no-such-dir/kubeconfig"))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(err.contains("cannot write the kubeconfig to"), "{err}");
+    assert!(!err.contains("upper cluster on"), "nothing starts: {err}");
+    let _ = std::fs::remove_dir_all(dir);
+}
