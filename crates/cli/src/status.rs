@@ -417,7 +417,9 @@ pub async fn run(args: StatusArgs) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("{url} did not answer the watches within 30 s"))??;
     if args.once {
-        print!("{}", render(&snapshot(&upper, &[])));
+        let mut out = std::io::stdout().lock();
+        out.write_all(render(&snapshot(&upper, &[])).as_bytes())?;
+        out.flush()?;
         stop.cancel();
         return Ok(());
     }

@@ -99,8 +99,16 @@ fn write_private(path: &Path, text: &str) -> anyhow::Result<()> {
         .with_context(|| format!("writing the kubeconfig to {}", path.display()))
 }
 
+/// A line of progress on stderr (stdout is for the summary and the table).
+fn say(line: &str) {
+    let _ = writeln!(std::io::stderr(), "{line}");
+}
+
 fn progress(what: &str, started: Instant) {
-    eprintln!("  {what} ({:.1} s)", started.elapsed().as_secs_f64());
+    say(&format!(
+        "  {what} ({:.1} s)",
+        started.elapsed().as_secs_f64()
+    ));
 }
 
 pub async fn run(args: UpArgs) -> anyhow::Result<()> {
@@ -112,7 +120,7 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
     let kubeconfig_path = std::fs::canonicalize(&args.kubeconfig_out)
         .with_context(|| format!("resolving {}", args.kubeconfig_out.display()))?;
     let port_hint = "(is another `tensile up` running? choose other ports with --port)";
-    eprintln!("tensile up: starting");
+    say("tensile up: starting");
 
     let listen = SocketAddr::new(args.address, port_of(args.port, 0)?);
     let (upper, _) = crate::sim::start_cluster("upper", listen, true, Vec::new(), 244)
@@ -236,7 +244,7 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
         r = table => r?,
         r = tokio::signal::ctrl_c() => r.context("waiting for Ctrl-C")?,
     }
-    eprintln!("tensile up: stopping");
+    say("tensile up: stopping");
     stop.cancel();
     for h in handles {
         let _ = tokio::time::timeout(Duration::from_secs(5), h).await;
@@ -248,7 +256,7 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
         server.stop();
     }
     upper.stop();
-    eprintln!("tensile up: stopped");
+    say("tensile up: stopped");
     Ok(())
 }
 
@@ -274,7 +282,7 @@ fn header(
     }
     let _ = write!(
         h,
-        "  virtual nodes: {}\n  kubeconfig: {k}\n\nTry:\n  export KUBECONFIG={k}\n  kubectl get nodes\n  kubectl create deployment web --image=nginx --replicas=4\n  kubectl get pods -o wide\n  kubectl --context lower-1 get pods -A -o wide\n  kubectl logs deploy/web\n  kubectl exec deploy/web -- hostname",
+        "  virtual nodes: {}\n  kubeconfig: {k}\n\nTry:\n  export KUBECONFIG={k}\n  kubectl get nodes\n  kubectl create deployment web --image=nginx --replicas=4 --port=80\n  kubectl get pods -o wide\n  kubectl --context lower-1 get pods -A -o wide\n  kubectl logs deploy/web\n  kubectl exec deploy/web -- hostname",
         virtual_nodes.join(", ")
     );
     h

@@ -91,6 +91,7 @@ fn tensile_up_then_the_tour_offloads_a_deployment_with_logs_and_exec_and_stops_o
             "web",
             "--image=nginx",
             "--replicas=4",
+            "--port=80",
         ],
     );
     assert!(ok, "{err}");
@@ -141,6 +142,11 @@ fn tensile_up_then_the_tour_offloads_a_deployment_with_logs_and_exec_and_stops_o
     let (ok, host, err) = kubectl(&kc, &["exec", "deploy/web", "--", "hostname"]);
     assert!(ok, "{err}");
     assert!(upstairs.contains(&host.trim().to_owned()), "{host}");
+    common::port_forward_echo(&kc, "deploy/web", 80);
+    until("kubectl top pods to show the 4 pods", || {
+        let (_, top, _) = kubectl(&kc, &["top", "pods", "--no-headers"]);
+        top.lines().filter(|l| l.starts_with("web-")).count() == 4
+    });
 
     // The table, from the watches, catches up with the pods.
     until("the table to show 4 running pods", || {

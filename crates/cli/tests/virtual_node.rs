@@ -6,7 +6,6 @@
 use std::io::{Read as _, Write as _};
 use std::path::Path;
 use std::process::{Command, Stdio};
-use std::time::Duration;
 
 use tensile_sim::env::{ClusterSpec, TestEnv};
 
@@ -241,24 +240,7 @@ fn streams_through_the_virtual_node(upper: &Path) {
     }
     drop(follow);
     // port-forward: the simulated container echoes on its declared port.
-    let mut pf = Killed(
-        Command::new("kubectl")
-            .arg("--kubeconfig")
-            .arg(upper)
-            .args(["port-forward", &format!("pod/{pod}"), ":8080"])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
-    let port = tensile_sim::env::forwarded_port(pf.0.stdout.take().unwrap()).unwrap();
-    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
-    s.write_all(b"hello through two clusters").unwrap();
-    let mut got = vec![0u8; 26];
-    s.read_exact(&mut got).unwrap();
-    assert_eq!(got, b"hello through two clusters");
-    drop(pf);
+    common::port_forward_echo(upper, &format!("pod/{pod}"), 8080);
 }
 
 #[test]

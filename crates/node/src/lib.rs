@@ -6,6 +6,7 @@
 #![forbid(unsafe_code)]
 
 pub mod backoff;
+pub mod cache;
 pub mod clients;
 pub mod events;
 pub mod lower_backend;
@@ -17,7 +18,6 @@ mod queue;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use kube::runtime::reflector;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
@@ -83,13 +83,13 @@ impl VirtualNode {
     /// Starts the kubelet API (its port is then advertised on the node), the capacity tracker,
     /// the node loop and the pod controller; runs until `stop`.
     pub async fn start(mut self, stop: CancellationToken) -> Result<Running, StartError> {
-        let (store, writer) = reflector::store::<k8s_openapi::api::core::v1::Pod>();
-        let reader = store.clone();
+        let upper_pods = cache::CompactCache::<k8s_openapi::api::core::v1::Pod>::new();
+        let reader = upper_pods.clone();
         let backend = Arc::new(
             lower_backend::LowerBackend::new(
                 self.pods.lower.clone(),
                 self.pods.translate.owner.clone(),
-                move || reader.state().iter().map(|p| (**p).clone()).collect(),
+                move || reader.state(),
             )
             .with_node_name(self.node.identity.name.clone()),
         );
@@ -139,7 +139,7 @@ impl VirtualNode {
         let node_loop = tokio::spawn(node::run_node(upper, lower, self.node, rx, stop.clone()));
         let pods = tokio::spawn(pods::run_with_store(
             self.pods,
-            (store, writer),
+            upper_pods,
             for_pods,
             sync_metrics,
             stop.clone(),

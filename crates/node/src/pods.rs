@@ -4,7 +4,7 @@
 //! every change puts the pod's key on a work queue; a reconcile reads both caches, asks
 //! `tensile-core` what should be, and writes only the difference.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use futures::channel::mpsc::{UnboundedReceiver, unbounded};
@@ -16,7 +16,6 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::Resource;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, Preconditions};
-use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::family::Family;
@@ -40,6 +39,7 @@ use tensile_core::translate::{TranslateConfig, lower_pod, offload_decision};
 use tensile_core::update::{is_lower_pod_of, lower_pod_update};
 use tokio_util::sync::CancellationToken;
 
+use crate::cache::CompactCache;
 use crate::events::{EventSink, PodEvent};
 use crate::queue::{Queue, Receiver};
 
@@ -136,15 +136,15 @@ impl std::fmt::Debug for PodSync {
 
 struct Ctx {
     cfg: PodSync,
-    upper_pods: Store<Pod>,
-    lower_pods: Store<Pod>,
+    upper_pods: CompactCache<Pod>,
+    lower_pods: CompactCache<Pod>,
     recorder: EventSink,
     metrics: SyncMetrics,
     /// The grace period of upper pods whose deletion we saw, until their key is reconciled.
     gone_grace: Arc<Mutex<HashMap<Key, i64>>>,
     /// Lower namespaces seen to exist, so a burst of pods in one namespace asks for it once,
     /// not once per pod. Forgotten on any failed creation (the namespace may have gone).
-    lower_namespaces: Mutex<HashSet<String>>,
+    lower_namespaces: Mutex<HashMap<String, Arc<tokio::sync::OnceCell<()>>>>,
 }
 
 fn key_of(p: &Pod) -> Option<Key> {
@@ -205,12 +205,12 @@ pub fn lower_pod_events<const CONSUMERS: usize>(
 fn ours_only<S: Stream<Item = watcher::Event<Pod>>>(
     events: S,
     owner: &str,
-    cache: Store<Pod>,
+    cache: CompactCache<Pod>,
 ) -> impl Stream<Item = watcher::Event<Pod>> + use<S> {
     let owner = owner.to_owned();
     let is_ours = move |p: &Pod| is_owned_by(&p.metadata, &owner);
     events.filter_map(move |e| {
-        let cached = |p: &Pod| cache.get(&ObjectRef::from_obj(p)).is_some();
+        let cached = |p: &Pod| key_of(p).is_some_and(|(ns, name)| cache.contains(&ns, &name));
         let kept = match e {
             watcher::Event::Apply(p) if is_ours(&p) => Some(watcher::Event::Apply(p)),
             watcher::Event::Apply(p) | watcher::Event::Delete(p) if cached(&p) => {
@@ -231,13 +231,12 @@ fn ours_only<S: Stream<Item = watcher::Event<Pod>>>(
 /// and reads lower pods from `lower_events` (see [`lower_pod_events`]).
 pub async fn run_with_store(
     cfg: PodSync,
-    upper: (Store<Pod>, reflector::store::Writer<Pod>),
+    upper_pods: CompactCache<Pod>,
     lower_events: impl Stream<Item = watcher::Event<Pod>> + Send + 'static,
     metrics: SyncMetrics,
     stop: CancellationToken,
 ) {
-    let (upper_pods, upper_writer) = upper;
-    let (lower_pods, lower_writer) = reflector::store();
+    let lower_pods = CompactCache::<Pod>::new();
     let upper_api: Api<Pod> = Api::all(cfg.upper.clone());
     let gone_grace: Arc<Mutex<HashMap<Key, i64>>> = Arc::default();
     let record_gone = gone_grace.clone();
@@ -257,12 +256,18 @@ pub async fn run_with_store(
             m.insert(k, g);
         }
     })
-    .reflect(upper_writer)
+    .inspect_ok({
+        let cache = upper_pods.clone();
+        move |e| cache.apply(e)
+    })
     .touched_objects()
     .boxed();
     let lower_stream = ours_only(lower_events, &cfg.translate.owner, lower_pods.clone())
         .map(Ok::<_, watcher::Error>)
-        .reflect(lower_writer)
+        .inspect_ok({
+            let cache = lower_pods.clone();
+            move |e| cache.apply(e)
+        })
         .touched_objects()
         .boxed();
     let (queue, rx) = Queue::<Key>::new();
@@ -289,9 +294,9 @@ pub async fn run_with_store(
     };
     tokio::spawn(feed);
     // Nothing is decided before both caches are complete: an absent lower pod must mean absent.
-    let (a, b) = tokio::join!(upper_pods.wait_until_ready(), lower_pods.wait_until_ready());
-    if a.is_err() || b.is_err() {
-        return;
+    tokio::select! {
+        () = stop.cancelled() => return,
+        _ = futures::future::join(upper_pods.wait_until_ready(), lower_pods.wait_until_ready()) => {}
     }
     let recorder = EventSink::start(cfg.upper.clone(), "tensile-kube", &cfg.node);
     let workers = cfg.workers.max(1);
@@ -304,15 +309,13 @@ pub async fn run_with_store(
         gone_grace,
         lower_namespaces: Mutex::default(),
     });
-    for p in ctx
+    for k in ctx
         .upper_pods
-        .state()
-        .iter()
-        .chain(ctx.lower_pods.state().iter())
+        .keys()
+        .into_iter()
+        .chain(ctx.lower_pods.keys())
     {
-        if let Some(k) = key_of(p) {
-            queue.add(k);
-        }
+        queue.add(k);
     }
     let mut tasks = Vec::new();
     for _ in 0..workers {
@@ -397,9 +400,8 @@ impl Ctx {
 
 async fn reconcile(ctx: &Ctx, key: &Key) -> Result<(), SyncError> {
     let (ns, name) = key;
-    let r = ObjectRef::<Pod>::new(name).within(ns);
-    let upper = ctx.upper_pods.get(&r);
-    let lower = ctx.lower_pods.get(&r);
+    let upper = ctx.upper_pods.get(ns, name);
+    let lower = ctx.lower_pods.get(ns, name);
     let owner = &ctx.cfg.translate.owner;
     let now = Time(Timestamp::now());
     let gone_grace = ctx.gone_grace.lock().ok().and_then(|mut m| m.remove(key));
@@ -611,23 +613,26 @@ async fn create_lower_steps(ctx: &Ctx, u: &Pod) -> Result<(), SyncError> {
         let what = format!("{:?} {}", step.kind, step.name);
         let created = match step.kind {
             LowerKind::Namespace => {
-                if ctx
+                // One creation per namespace at a time: a burst of pods in a new namespace
+                // waits for the first worker's answer instead of each asking.
+                let Ok(once) = ctx
                     .lower_namespaces
                     .lock()
-                    .is_ok_and(|known| known.contains(&ns))
-                {
-                    continue;
-                }
-                let created = Api::<Namespace>::all(lower.clone())
-                    .create(&pp, &lower_namespace(&ns, &owner))
-                    .await
-                    .map(|_| ());
-                if (created.is_ok() || created.as_ref().is_err_and(already_exists))
-                    && let Ok(mut known) = ctx.lower_namespaces.lock()
-                {
-                    known.insert(ns.clone());
-                }
-                created
+                    .map(|mut m| m.entry(ns.clone()).or_default().clone())
+                else {
+                    return Err(SyncError("namespace cache poisoned".into()));
+                };
+                once.get_or_try_init(|| async {
+                    match Api::<Namespace>::all(lower.clone())
+                        .create(&pp, &lower_namespace(&ns, &owner))
+                        .await
+                    {
+                        Err(e) if !already_exists(&e) => Err(e),
+                        _ => Ok(()),
+                    }
+                })
+                .await
+                .map(|_| ())
             }
             LowerKind::ServiceAccount if !ctx.cfg.service_accounts => continue,
             LowerKind::ServiceAccount => Api::<ServiceAccount>::namespaced(lower.clone(), &ns)
@@ -736,8 +741,8 @@ async fn create_lower_steps(ctx: &Ctx, u: &Pod) -> Result<(), SyncError> {
 }
 
 /// The upper pods of this node right now (for the kubelet API's `/pods`).
-pub fn upper_pods_snapshot(store: &Store<Pod>) -> Vec<Pod> {
-    store.state().iter().map(|p| (**p).clone()).collect()
+pub fn upper_pods_snapshot(cache: &CompactCache<Pod>) -> Vec<Pod> {
+    cache.state()
 }
 
 #[cfg(test)]
@@ -775,8 +780,8 @@ mod tests {
 
     #[tokio::test]
     async fn only_our_lower_pods_reach_the_cache_and_a_pod_that_loses_our_label_leaves_it() {
-        let (store, mut writer) = reflector::store::<Pod>();
-        let run = |events: Vec<watcher::Event<Pod>>, store: Store<Pod>| async move {
+        let store = CompactCache::<Pod>::new();
+        let run = |events: Vec<watcher::Event<Pod>>, store: CompactCache<Pod>| async move {
             ours_only(futures::stream::iter(events), "vk", store)
                 .collect::<Vec<_>>()
                 .await
@@ -794,7 +799,7 @@ mod tests {
         .await;
         assert_eq!(names(&listed), ["begin", "init mine", "done"]);
         for e in &listed {
-            writer.apply_watcher_event(e);
+            store.apply(e);
         }
         let changes = run(
             vec![

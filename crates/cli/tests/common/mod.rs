@@ -1,8 +1,9 @@
 //! Helpers of the end-to-end tests of the `tensile` binary.
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)] // test code; not every test uses all
 
+use std::io::{Read as _, Write as _};
 use std::path::Path;
-use std::process::{Child, Command};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// A child process killed (and reaped) on drop.
@@ -36,4 +37,26 @@ pub fn until(what: &str, mut f: impl FnMut() -> bool) {
         assert!(Instant::now() < deadline, "timed out waiting for {what}");
         std::thread::park_timeout(Duration::from_millis(200));
     }
+}
+
+/// `kubectl port-forward TARGET :PORT` from `kubeconfig`, then bytes sent through it come back
+/// (the simulated containers echo on their declared ports).
+pub fn port_forward_echo(kubeconfig: &Path, target: &str, port: u16) {
+    let mut pf = Killed(
+        Command::new("kubectl")
+            .arg("--kubeconfig")
+            .arg(kubeconfig)
+            .args(["port-forward", target, &format!(":{port}")])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let local = tensile_sim::env::forwarded_port(pf.0.stdout.take().unwrap()).unwrap();
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", local)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    s.write_all(b"hello through two clusters").unwrap();
+    let mut got = vec![0u8; 26];
+    s.read_exact(&mut got).unwrap();
+    assert_eq!(got, b"hello through two clusters");
 }
