@@ -86,6 +86,22 @@ fn memory_mib(pid: u32) -> (f64, f64) {
     (field("VmRSS:"), field("VmHWM:"))
 }
 
+/// CPU time (user + system, all threads) a process has used, in seconds, from
+/// `/proc/<pid>/stat` (Linux counts it in USER_HZ ticks, 100 per second on every architecture
+/// Rust's std supports there).
+fn cpu_seconds(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // The command name may hold spaces: fields are counted after its closing parenthesis.
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .map_or(Vec::new(), |(_, rest)| rest.split_whitespace().collect());
+    let ticks = |i: usize| fields.get(i).and_then(|f| f.parse::<f64>().ok());
+    match (ticks(11), ticks(12)) {
+        (Some(user), Some(system)) => (user + system) / 100.0,
+        _ => f64::NAN,
+    }
+}
+
 /// GET over plain HTTP/1.1 (the node's metrics listener), body as text.
 async fn http_get(addr: &str, path: &str) -> anyhow::Result<String> {
     let mut tcp = tokio::net::TcpStream::connect(addr).await?;
@@ -279,6 +295,7 @@ async fn offload(args: OffloadArgs) -> anyhow::Result<()> {
     );
     let w2 = observe(upper.clone(), None, upper_running.clone());
     let creator: Api<Pod> = Api::namespaced(upper.clone(), "default");
+    let (node_cpu_before, all_cpu_before) = (cpu_seconds(pid), cpu_seconds(std::process::id()));
     let start = Instant::now();
     let failures = futures::stream::iter(0..n)
         .map(|i| {
@@ -312,6 +329,8 @@ async fn offload(args: OffloadArgs) -> anyhow::Result<()> {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let total = start.elapsed();
+    let node_cpu = cpu_seconds(pid) - node_cpu_before;
+    let all_cpu = cpu_seconds(std::process::id()) - all_cpu_before;
     let after = parse_metrics(&http_get(&metrics_addr, "/metrics").await?);
     let (rss, _) = memory_mib(pid);
     peak_rss = peak_rss.max(rss);
@@ -412,6 +431,13 @@ async fn offload(args: OffloadArgs) -> anyhow::Result<()> {
         "writes per pod: upper {:.2}, lower {:.2}; LIST requests after start-up: {lists}",
         per_pod("upper"),
         per_pod("lower")
+    );
+    #[allow(clippy::cast_precision_loss)]
+    let per_pod_ms = node_cpu * 1000.0 / n as f64;
+    println!(
+        "CPU during the burst: virtual node {node_cpu:.1} s ({per_pod_ms:.2} ms per pod), the two simulated clusters and this benchmark {all_cpu:.1} s, in {:.1} s on {} cores",
+        total.as_secs_f64(),
+        std::thread::available_parallelism().map_or(0, std::num::NonZero::get)
     );
     println!(
         "virtual node memory (RSS): {idle_rss:.1} MiB before, {peak_rss:.1} MiB peak during the burst (VmHWM {hwm:.1} MiB), {settled_rss:.1} MiB 5 s after"

@@ -461,6 +461,68 @@ fn meta_differs(lower: &ObjectMeta, desired: &ObjectMeta) -> bool {
         .any(|(key, value)| lower_annotations.and_then(|a| a.get(key)) != Some(value))
 }
 
+/// What to do with a lower ConfigMap or Secret when it or its upper original changed (the
+/// ConfigMap and Secret controller; reference 4.1 with its bugs fixed).
+#[derive(Clone, Debug, PartialEq)]
+pub enum CopyAction<T> {
+    /// Nothing: in step, or not ours (never touched).
+    Nothing,
+    /// Write this (the lower object's `resourceVersion` set, so a concurrent change conflicts).
+    Update(T),
+    /// Delete the lower object (with its UID as precondition), then create this: an immutable
+    /// copy, or a Secret whose type changed, cannot be updated.
+    Replace(T),
+    /// Delete the lower object (with its UID as precondition): its original is gone.
+    Delete,
+}
+
+/// [`CopyAction`] for our lower ConfigMap `lower` given its upper original, if any. Creation is
+/// the pod controller's job: this only follows originals of copies that exist.
+pub fn config_map_action(
+    upper: Option<&ConfigMap>,
+    lower: &ConfigMap,
+    owner: &str,
+) -> CopyAction<ConfigMap> {
+    if !is_owned_by(&lower.metadata, owner) {
+        return CopyAction::Nothing;
+    }
+    let Some(upper) = upper.filter(|u| u.metadata.deletion_timestamp.is_none()) else {
+        return CopyAction::Delete;
+    };
+    let mut desired = lower_config_map(upper, owner);
+    if !config_map_needs_update(lower, &desired) {
+        return CopyAction::Nothing;
+    }
+    if lower.immutable == Some(true) {
+        return CopyAction::Replace(desired);
+    }
+    desired.metadata.resource_version = lower.metadata.resource_version.clone();
+    CopyAction::Update(desired)
+}
+
+/// [`CopyAction`] for our lower Secret `lower` given its upper original, if any.
+pub fn secret_action(upper: Option<&Secret>, lower: &Secret, owner: &str) -> CopyAction<Secret> {
+    if !is_owned_by(&lower.metadata, owner) {
+        return CopyAction::Nothing;
+    }
+    let Some(upper) = upper.filter(|u| u.metadata.deletion_timestamp.is_none()) else {
+        return CopyAction::Delete;
+    };
+    // A service-account token secret is never copied; a copy of one cannot exist, so none of
+    // ours is kept under its name.
+    let Ok(mut desired) = lower_secret(upper, owner) else {
+        return CopyAction::Delete;
+    };
+    if !secret_needs_update(lower, &desired) {
+        return CopyAction::Nothing;
+    }
+    if lower.immutable == Some(true) || secret_type(lower) != secret_type(&desired) {
+        return CopyAction::Replace(desired);
+    }
+    desired.metadata.resource_version = lower.metadata.resource_version.clone();
+    CopyAction::Update(desired)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1376,5 +1438,103 @@ mod tests {
                 "lower_namespace": lower_namespace("shop", OWNER),
             })
         );
+    }
+
+    fn config_map(data: &[(&str, &str)], labels: Value) -> ConfigMap {
+        serde_json::from_value(json!({
+            "metadata": {"namespace": "ns", "name": "cfg", "uid": "u1", "labels": labels},
+            "data": data.iter().map(|(k, v)| ((*k).to_owned(), Value::from(*v))).collect::<serde_json::Map<_, _>>(),
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn checklist_73_fix_an_upper_config_map_change_updates_our_copy_and_never_one_not_ours() {
+        let upper = config_map(&[("k", "v1")], json!({"app": "web"}));
+        let mut lower = lower_config_map(&upper, OWNER);
+        lower.metadata.resource_version = Some("7".into());
+        assert_eq!(
+            config_map_action(Some(&upper), &lower, OWNER),
+            CopyAction::Nothing
+        );
+
+        let changed = config_map(&[("k", "v2")], json!({"app": "web", "tier": "1"}));
+        let CopyAction::Update(desired) = config_map_action(Some(&changed), &lower, OWNER) else {
+            panic!("an update");
+        };
+        assert_eq!(desired.data, changed.data);
+        assert_eq!(desired.metadata.resource_version.as_deref(), Some("7"));
+        assert_eq!(desired.metadata.labels.as_ref().unwrap()["tier"], "1");
+        assert!(is_owned_by(&desired.metadata, OWNER));
+
+        let theirs = config_map(&[("k", "v1")], json!({}));
+        assert_eq!(
+            config_map_action(Some(&changed), &theirs, OWNER),
+            CopyAction::Nothing
+        );
+        assert_eq!(config_map_action(None, &theirs, OWNER), CopyAction::Nothing);
+        assert_eq!(
+            config_map_action(Some(&changed), &lower, "another-node"),
+            CopyAction::Nothing,
+            "another virtual node's copy"
+        );
+
+        lower.immutable = Some(true);
+        assert!(matches!(
+            config_map_action(Some(&changed), &lower, OWNER),
+            CopyAction::Replace(_)
+        ));
+    }
+
+    #[test]
+    fn checklist_74_deleting_the_upper_original_deletes_our_copy() {
+        let upper = config_map(&[("k", "v1")], json!({}));
+        let lower = lower_config_map(&upper, OWNER);
+        assert_eq!(config_map_action(None, &lower, OWNER), CopyAction::Delete);
+        let mut deleting = upper.clone();
+        deleting.metadata.deletion_timestamp =
+            Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+            ));
+        assert_eq!(
+            config_map_action(Some(&deleting), &lower, OWNER),
+            CopyAction::Delete
+        );
+
+        let secret: Secret = serde_json::from_value(json!({
+            "metadata": {"namespace": "ns", "name": "s", "uid": "u2"},
+            "type": "Opaque",
+            "data": {"k": "djE="}
+        }))
+        .unwrap();
+        let copy = lower_secret(&secret, OWNER).unwrap();
+        assert_eq!(secret_action(None, &copy, OWNER), CopyAction::Delete);
+        assert_eq!(
+            secret_action(Some(&secret), &copy, OWNER),
+            CopyAction::Nothing
+        );
+    }
+
+    #[test]
+    fn a_secret_whose_data_or_type_changed_is_updated_or_replaced() {
+        let mut secret: Secret = serde_json::from_value(json!({
+            "metadata": {"namespace": "ns", "name": "s", "uid": "u2"},
+            "type": "Opaque",
+            "data": {"k": "djE="}
+        }))
+        .unwrap();
+        let copy = lower_secret(&secret, OWNER).unwrap();
+        secret.data = Some(BTreeMap::from([(
+            "k".to_owned(),
+            ByteString(b"v2".to_vec()),
+        )]));
+        assert!(
+            matches!(secret_action(Some(&secret), &copy, OWNER), CopyAction::Update(s) if s.data == secret.data)
+        );
+        secret.type_ = Some("example.com/other".into());
+        assert!(matches!(
+            secret_action(Some(&secret), &copy, OWNER),
+            CopyAction::Replace(_)
+        ));
     }
 }

@@ -8,6 +8,7 @@
 pub mod backoff;
 pub mod cache;
 pub mod clients;
+pub mod copies;
 pub mod events;
 pub mod lower_backend;
 pub mod metrics;
@@ -136,6 +137,15 @@ impl VirtualNode {
             tx,
             stop.clone(),
         ));
+        let copies = tokio::spawn(copies::run(
+            copies::CopySync {
+                upper: upper.clone(),
+                lower: lower.clone(),
+                owner: self.pods.translate.owner.clone(),
+                workers: 4,
+            },
+            stop.clone(),
+        ));
         let node_loop = tokio::spawn(node::run_node(upper, lower, self.node, rx, stop.clone()));
         let pods = tokio::spawn(pods::run_with_store(
             self.pods,
@@ -145,7 +155,7 @@ impl VirtualNode {
             stop.clone(),
         ));
         let handle = tokio::spawn(async move {
-            let _ = tokio::join!(capacity, node_loop, pods);
+            let _ = tokio::join!(capacity, node_loop, pods, copies);
             drop(server);
         });
         Ok(Running {

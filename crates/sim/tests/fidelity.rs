@@ -680,3 +680,35 @@ async fn send_initial_events_ends_with_a_bookmark() {
         other => panic!("expected the initial-events bookmark, got {other:?}"),
     }
 }
+
+#[tokio::test]
+async fn secret_string_data_is_folded_into_data_and_never_stored() {
+    let (_server, client) = server().await;
+    let secrets: Api<k8s_openapi::api::core::v1::Secret> = Api::namespaced(client, "default");
+    let created = secrets
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": "s"},
+                "data": {"a": "eA==", "b": "eA=="}, "stringData": {"b": "two"}}))
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+    assert!(created.string_data.is_none());
+    let data = created.data.unwrap();
+    assert_eq!(
+        (data["a"].0.as_slice(), data["b"].0.as_slice()),
+        (&b"x"[..], &b"two"[..])
+    );
+    assert_eq!(created.type_.as_deref(), Some("Opaque"));
+    let patched = secrets
+        .patch(
+            "s",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"stringData": {"a": "one"}})),
+        )
+        .await
+        .unwrap();
+    assert!(patched.string_data.is_none());
+    assert_eq!(patched.data.unwrap()["a"].0, b"one");
+}

@@ -208,7 +208,10 @@ pub(super) fn prepare_create(
         ("", "pods") => prepare_pod(state, obj)?,
         ("", "services") => prepare_service(state, obj)?,
         ("", "persistentvolumeclaims") => obj["status"] = json!({"phase": "Pending"}),
-        ("", "secrets") => set_default(obj, "type", json!("Opaque")),
+        ("", "secrets") => {
+            set_default(obj, "type", json!("Opaque"));
+            fold_string_data(obj);
+        }
         ("", "persistentvolumes") => obj["status"] = json!({"phase": "Available"}),
         ("apps", "deployments") => {
             default_deployment(obj);
@@ -817,7 +820,28 @@ pub(super) fn has_generation(rt: &ResourceType) -> bool {
 }
 
 /// What an update keeps from the stored object.
+/// As the real API server: a Secret's `stringData` is written into `data` (base64), over the
+/// same keys, and never stored.
+fn fold_string_data(obj: &mut Value) {
+    use base64::Engine as _;
+    let Some(Value::Object(strings)) = obj.as_object_mut().and_then(|o| o.remove("stringData"))
+    else {
+        return;
+    };
+    if !obj["data"].is_object() {
+        obj["data"] = json!({});
+    }
+    for (key, value) in strings {
+        if let Some(text) = value.as_str() {
+            obj["data"][key] = json!(base64::engine::general_purpose::STANDARD.encode(text));
+        }
+    }
+}
+
 pub(super) fn prepare_update(rt: &ResourceType, new: &mut Value, old: &Value, sub: Subresource) {
+    if rt.group.is_empty() && rt.plural == "secrets" && sub != Subresource::Status {
+        fold_string_data(new);
+    }
     if sub == Subresource::Status {
         let status = new.get("status").cloned();
         let rv = meta::meta_str(new, "resourceVersion").map(str::to_owned);

@@ -1,0 +1,222 @@
+//! The ConfigMap and Secret controller end to end on simulated clusters (checklist 73-75): our
+//! lower copies follow their upper originals, go when they go, and copies left without an
+//! original are collected at start; lower objects that are not ours are never touched.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
+
+mod common;
+
+use std::time::Instant;
+
+use common::{clusters, eventually, phase, pod, spawn_node};
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use serde_json::json;
+use tensile_core::keys::{ANNOTATION_GLOBAL, LABEL_OWNER, owner_label_value};
+
+fn config_map(name: &str, value: &str, labels: serde_json::Value) -> ConfigMap {
+    serde_json::from_value(json!({
+        "metadata": {"name": name, "labels": labels},
+        "data": {"k": value}
+    }))
+    .unwrap()
+}
+
+async fn data(api: &Api<ConfigMap>, name: &str) -> Option<String> {
+    api.get_opt(name).await.ok()??.data?.get("k").cloned()
+}
+
+/// Upper: ConfigMap `cfg` and Secret `sec`, used by pod `web` on `vk-lower`; `theirs`, an
+/// upper ConfigMap whose lower namesake was made by someone else. Returns once `web` runs.
+async fn offloaded_with_dependencies(upper: &kube::Client, lower: &kube::Client) {
+    let pp = PostParams::default();
+    let up_cms: Api<ConfigMap> = Api::namespaced(upper.clone(), "default");
+    up_cms
+        .create(&pp, &config_map("cfg", "v1", json!({})))
+        .await
+        .unwrap();
+    up_cms
+        .create(&pp, &config_map("theirs", "upper", json!({})))
+        .await
+        .unwrap();
+    Api::<ConfigMap>::namespaced(lower.clone(), "default")
+        .create(&pp, &config_map("theirs", "lower", json!({})))
+        .await
+        .unwrap();
+    Api::<Secret>::namespaced(upper.clone(), "default")
+        .create(
+            &pp,
+            &serde_json::from_value(
+                json!({"metadata": {"name": "sec"}, "stringData": {"k": "s1"}}),
+            )
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+    let pods: Api<Pod> = Api::namespaced(upper.clone(), "default");
+    pods.create(
+        &pp,
+        &pod(
+            "web",
+            "vk-lower",
+            json!({"spec": {
+                "volumes": [
+                    {"name": "c", "configMap": {"name": "cfg"}},
+                    {"name": "t", "configMap": {"name": "theirs"}},
+                    {"name": "s", "secret": {"secretName": "sec"}}
+                ]
+            }}),
+        ),
+    )
+    .await
+    .unwrap();
+    eventually(30, "web Running", || async {
+        (phase(&pods, "web").await? == "Running").then_some(())
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn checklist_73_fix_upper_config_map_and_secret_changes_reach_our_copies_only() {
+    let env = clusters().await;
+    let _node = spawn_node(&env, "vk-lower").await;
+    let (upper, lower) = (&env.clusters[0].client, &env.clusters[1].client);
+    offloaded_with_dependencies(upper, lower).await;
+    let (up_cms, low_cms): (Api<ConfigMap>, Api<ConfigMap>) = (
+        Api::namespaced(upper.clone(), "default"),
+        Api::namespaced(lower.clone(), "default"),
+    );
+    assert_eq!(data(&low_cms, "cfg").await.as_deref(), Some("v1"));
+
+    let merge = |v: serde_json::Value| Patch::Merge(v);
+    up_cms
+        .patch(
+            "theirs",
+            &PatchParams::default(),
+            &merge(json!({"data": {"k": "changed"}})),
+        )
+        .await
+        .unwrap();
+    let changed = Instant::now();
+    up_cms
+        .patch(
+            "cfg",
+            &PatchParams::default(),
+            &merge(json!({"data": {"k": "v2"}, "metadata": {"labels": {"tier": "1"}}})),
+        )
+        .await
+        .unwrap();
+    let copy = eventually(10, "the lower copy updated", || async {
+        let c = low_cms.get("cfg").await.ok()?;
+        (c.data.as_ref()?.get("k")? == "v2").then_some(c)
+    })
+    .await;
+    eprintln!(
+        "ConfigMap change reached the lower copy after {:?}",
+        changed.elapsed()
+    );
+    let labels = copy.metadata.labels.unwrap();
+    assert_eq!(labels.get("tier").map(String::as_str), Some("1"));
+    assert_eq!(
+        labels.get(LABEL_OWNER),
+        Some(&owner_label_value("vk-lower")),
+        "still marked ours"
+    );
+    assert_eq!(
+        data(&low_cms, "theirs").await.as_deref(),
+        Some("lower"),
+        "a lower object that is not ours is never overwritten"
+    );
+
+    let (up_secrets, low_secrets): (Api<Secret>, Api<Secret>) = (
+        Api::namespaced(upper.clone(), "default"),
+        Api::namespaced(lower.clone(), "default"),
+    );
+    up_secrets
+        .patch(
+            "sec",
+            &PatchParams::default(),
+            &merge(json!({"stringData": {"k": "s2"}})),
+        )
+        .await
+        .unwrap();
+    eventually(10, "the lower secret updated", || async {
+        let s = low_secrets.get("sec").await.ok()?;
+        (s.data.as_ref()?.get("k")?.0 == b"s2").then_some(())
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn checklist_74_deleting_upper_originals_deletes_our_copies_only() {
+    let env = clusters().await;
+    let _node = spawn_node(&env, "vk-lower").await;
+    let (upper, lower) = (&env.clusters[0].client, &env.clusters[1].client);
+    offloaded_with_dependencies(upper, lower).await;
+    let dp = DeleteParams::default();
+    let up_cms: Api<ConfigMap> = Api::namespaced(upper.clone(), "default");
+    up_cms.delete("theirs", &dp).await.unwrap();
+    up_cms.delete("cfg", &dp).await.unwrap();
+    Api::<Secret>::namespaced(upper.clone(), "default")
+        .delete("sec", &dp)
+        .await
+        .unwrap();
+    let low_cms: Api<ConfigMap> = Api::namespaced(lower.clone(), "default");
+    let low_secrets: Api<Secret> = Api::namespaced(lower.clone(), "default");
+    eventually(10, "both lower copies deleted", || async {
+        (low_cms.get_opt("cfg").await.ok()?.is_none()
+            && low_secrets.get_opt("sec").await.ok()?.is_none())
+        .then_some(())
+    })
+    .await;
+    assert_eq!(
+        data(&low_cms, "theirs").await.as_deref(),
+        Some("lower"),
+        "deleting an upper object never deletes a lower one that is not ours"
+    );
+}
+
+#[tokio::test]
+async fn checklist_75_at_start_copies_without_an_original_are_collected_and_nothing_else() {
+    let env = clusters().await;
+    let (upper, lower) = (&env.clusters[0].client, &env.clusters[1].client);
+    let pp = PostParams::default();
+    let low_cms: Api<ConfigMap> = Api::namespaced(lower.clone(), "default");
+    let ours = json!({LABEL_OWNER: owner_label_value("vk-lower")});
+    let mut orphan = config_map("orphan", "left", ours.clone());
+    orphan.metadata.annotations = Some([(ANNOTATION_GLOBAL.to_owned(), "true".to_owned())].into());
+    low_cms.create(&pp, &orphan).await.unwrap();
+    low_cms
+        .create(&pp, &config_map("kept", "kept", ours))
+        .await
+        .unwrap();
+    Api::<ConfigMap>::namespaced(upper.clone(), "default")
+        .create(&pp, &config_map("kept", "kept", json!({})))
+        .await
+        .unwrap();
+    low_cms
+        .create(&pp, &config_map("stranger", "x", json!({})))
+        .await
+        .unwrap();
+    let other_node = json!({LABEL_OWNER: owner_label_value("vk-other")});
+    low_cms
+        .create(&pp, &config_map("other-nodes", "x", other_node))
+        .await
+        .unwrap();
+
+    let _node = spawn_node(&env, "vk-lower").await;
+    eventually(10, "the orphan copy collected", || async {
+        low_cms
+            .get_opt("orphan")
+            .await
+            .ok()?
+            .is_none()
+            .then_some(())
+    })
+    .await;
+    for name in ["kept", "stranger", "other-nodes"] {
+        assert!(
+            low_cms.get_opt(name).await.unwrap().is_some(),
+            "{name} must stay"
+        );
+    }
+}
