@@ -45,6 +45,9 @@ struct OffloadArgs {
     /// Pod-sync workers of the virtual node.
     #[arg(long, default_value_t = 50)]
     workers: usize,
+    /// Client QPS of the virtual node, both clusters (its token buckets; the burst is twice).
+    #[arg(long, default_value_t = 500)]
+    qps: u32,
     /// Run the virtual node under this program, e.g. `heaptrack` to profile its memory (the
     /// reported RSS is then the wrapper's process).
     #[arg(long)]
@@ -233,8 +236,13 @@ async fn offload(args: OffloadArgs) -> anyhow::Result<()> {
         .arg("--client-kubeconfig")
         .arg(&env.clusters[1].kubeconfig)
         .args(["--metrics-addr", &metrics_addr])
-        .args(["--kube-api-qps", "500", "--kube-api-burst", "1000"])
-        .args(["--client-qps", "500", "--client-burst", "1000"])
+        .args(["--kube-api-qps", &args.qps.to_string()])
+        .args([
+            "--kube-api-burst",
+            &(args.qps.saturating_mul(2)).to_string(),
+        ])
+        .args(["--client-qps", &args.qps.to_string()])
+        .args(["--client-burst", &(args.qps.saturating_mul(2)).to_string()])
         .args(["--pod-sync-workers", &args.workers.to_string()])
         .args(["--kubelet-address", "127.0.0.1"])
         .env("KUBELET_PORT", free_port()?.to_string())
