@@ -363,15 +363,15 @@ pub fn render(s: &Snapshot) -> String {
     out
 }
 
-/// Draws the table every second until `stop`: in place on a terminal, otherwise printed again
-/// each time it changes. `header` goes above it.
+/// Draws the table every second until `stop`: with a `header`, redrawn in place under it on a
+/// terminal; otherwise (no header, or not a terminal) printed again each time it changes.
 pub async fn show(
-    header: &str,
+    header: Option<&str>,
     upper: &ClusterCaches,
     lower: &[(String, ClusterCaches)],
     stop: &CancellationToken,
 ) -> anyhow::Result<()> {
-    let tty = std::io::stdout().is_terminal();
+    let in_place = header.filter(|_| std::io::stdout().is_terminal());
     let mut last = String::new();
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     loop {
@@ -384,7 +384,7 @@ pub async fn show(
             continue;
         }
         let mut out = std::io::stdout().lock();
-        if tty {
+        if let Some(header) = in_place {
             // Home, then clear to the end of the screen: redrawn in place.
             write!(out, "\x1b[H\x1b[J{header}\n\n{text}")?;
         } else {
@@ -425,7 +425,7 @@ pub async fn run(args: StatusArgs) -> anyhow::Result<()> {
     }
     let header = format!("tensile status · {url} · Ctrl-C to quit");
     tokio::select! {
-        r = show(&header, &upper, &[], &stop) => r,
+        r = show(Some(&header), &upper, &[], &stop) => r,
         r = tokio::signal::ctrl_c() => { stop.cancel(); r.context("waiting for Ctrl-C") }
     }
 }

@@ -233,13 +233,12 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
     out.flush()?;
     drop(out);
 
-    let table = async {
-        if args.no_table {
-            crate::status::show("", &upper_caches, &lower_caches, &stop).await
-        } else {
-            show(&header, &upper_caches, &lower_caches, &stop).await
-        }
-    };
+    let table = show(
+        (!args.no_table).then_some(header.as_str()),
+        &upper_caches,
+        &lower_caches,
+        &stop,
+    );
     tokio::select! {
         r = table => r?,
         r = tokio::signal::ctrl_c() => r.context("waiting for Ctrl-C")?,

@@ -72,6 +72,17 @@ impl PodCounts {
     }
 }
 
+impl std::ops::AddAssign for PodCounts {
+    fn add_assign(&mut self, other: Self) {
+        self.unscheduled += other.unscheduled;
+        self.pending += other.pending;
+        self.running += other.running;
+        self.succeeded += other.succeeded;
+        self.failed += other.failed;
+        self.unknown += other.unknown;
+    }
+}
+
 /// Counts of `pods` by phase.
 pub fn pod_counts<'a>(pods: impl IntoIterator<Item = &'a Pod>) -> PodCounts {
     let mut counts = PodCounts::default();
@@ -148,13 +159,7 @@ pub fn cluster_total(nodes: &[NodeSummary]) -> NodeSummary {
     for n in nodes {
         total.allocatable.saturating_add_assign(&n.allocatable);
         total.requested.saturating_add_assign(&n.requested);
-        let p = &mut total.pods;
-        p.unscheduled += n.pods.unscheduled;
-        p.pending += n.pods.pending;
-        p.running += n.pods.running;
-        p.succeeded += n.pods.succeeded;
-        p.failed += n.pods.failed;
-        p.unknown += n.pods.unknown;
+        total.pods += n.pods;
     }
     total
 }
