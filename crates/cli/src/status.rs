@@ -13,7 +13,7 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::events::v1::Event;
 use kube::Api;
 use kube::runtime::reflector::{self, Store};
-use kube::runtime::{WatchStreamExt as _, watcher};
+use kube::runtime::watcher;
 use tensile_core::summary::{NodeSummary, PodCounts, cluster_total, node_summaries, pod_counts};
 use tokio_util::sync::CancellationToken;
 
@@ -113,9 +113,7 @@ where
     let (store, writer) = reflector::store();
     let stream = reflector::reflector(
         writer,
-        watcher(api, watcher::Config::default())
-            .backoff(tensile_node::backoff::WatchBackoff::default())
-            .modify(|o| o.meta_mut().managed_fields = None),
+        tensile_node::backoff::watch(api, watcher::Config::default()),
     );
     let stop = stop.clone();
     tokio::spawn(async move {

@@ -209,20 +209,6 @@ pub async fn run(args: VirtualNodeArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The upper cluster's CA from its `kube-root-ca.crt` (what its API server's kubelet client
-/// certificate is signed with, as kubeadm sets clusters up).
-async fn upper_ca(upper: &kube::Client) -> Option<String> {
-    let cms: kube::Api<k8s_openapi::api::core::v1::ConfigMap> =
-        kube::Api::namespaced(upper.clone(), "kube-system");
-    cms.get_opt("kube-root-ca.crt")
-        .await
-        .ok()
-        .flatten()?
-        .data?
-        .get("ca.crt")
-        .cloned()
-}
-
 /// The virtual node that `args` describe, its clients built from the two sources. `env` reads the
 /// environment variables of the original (`KUBELET_PORT`, `VKUBELET_*`, ...); `kubelet_listen`
 /// overrides where the kubelet API listens (port 0 allowed: the bound port is advertised).
@@ -310,7 +296,7 @@ pub(crate) async fn assemble(
     };
     let client_ca_pem = match &args.client_verify_ca {
         Some(p) => Some(read(p, "client CA")?),
-        None => upper_ca(&upper).await,
+        None => tensile_kubelet::auth::cluster_client_ca(&upper).await,
     };
     let listen = kubelet_listen.unwrap_or_else(|| {
         SocketAddr::new(args.kubelet_address, u16::try_from(port).unwrap_or(10250))

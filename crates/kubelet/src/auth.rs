@@ -145,6 +145,21 @@ impl std::fmt::Debug for Auth {
     }
 }
 
+/// The CA a cluster's API server signs its kubelet client certificates with, as kubeadm and
+/// the embedded API server set clusters up: `ca.crt` of `kube-system/kube-root-ca.crt`. None
+/// when it cannot be read (then client certificates are not accepted; tokens still are).
+pub async fn cluster_client_ca(client: &kube::Client) -> Option<String> {
+    let config_maps: Api<k8s_openapi::api::core::v1::ConfigMap> =
+        Api::namespaced(client.clone(), "kube-system");
+    config_maps
+        .get_opt("kube-root-ca.crt")
+        .await
+        .ok()
+        .flatten()?
+        .data?
+        .remove("ca.crt")
+}
+
 /// TokenReview/SubjectAccessReview against an API server, cached.
 #[allow(missing_debug_implementations)] // holds a client and token caches: nothing to show
 pub struct WebhookAuth {

@@ -1,5 +1,5 @@
-//! The retry delays of our watches: 250 ms doubling to 4 s, with jitter, reset after a
-//! success. kube's default goes to 30 s, so after a lower-cluster outage the pod statuses would
+//! How our watches run ([`watch`]) and their retry delays: 250 ms doubling to 4 s, with
+//! jitter, reset after a success. kube's default goes to 30 s, so after a lower-cluster outage the pod statuses would
 //! stay stale for up to half a minute after the cluster is back; a watch retry every 4 s
 //! costs one request per cluster.
 
@@ -32,6 +32,23 @@ impl kube::runtime::utils::Backoff for WatchBackoff {
     fn reset(&mut self) {
         self.next = None;
     }
+}
+
+/// A watch of `api` as all of ours run: retried with [`WatchBackoff`], and without
+/// `managedFields` (never read here, and often most of an object's size on real clusters).
+pub fn watch<K>(
+    api: kube::Api<K>,
+    config: kube::runtime::watcher::Config,
+) -> impl futures::Stream<Item = Result<kube::runtime::watcher::Event<K>, kube::runtime::watcher::Error>>
++ Send
++ use<K>
+where
+    K: kube::Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + 'static,
+{
+    use kube::runtime::WatchStreamExt as _;
+    kube::runtime::watcher(api, config)
+        .backoff(WatchBackoff::default())
+        .modify(|o| o.meta_mut().managed_fields = None)
 }
 
 #[cfg(test)]

@@ -123,6 +123,31 @@ impl fmt::Display for KubeconfigSource {
     }
 }
 
+/// Deletes `name` only while it is still the object with `uid` (a UID precondition: a namesake
+/// created meanwhile is never touched), with `grace` seconds if given. Already gone is done.
+pub async fn delete_exact<K>(
+    api: &kube::Api<K>,
+    name: &str,
+    uid: Option<String>,
+    grace: Option<u32>,
+) -> Result<(), kube::Error>
+where
+    K: kube::Resource + Clone + fmt::Debug + serde::de::DeserializeOwned,
+{
+    let params = kube::api::DeleteParams {
+        grace_period_seconds: grace,
+        preconditions: Some(kube::api::Preconditions {
+            uid,
+            resource_version: None,
+        }),
+        ..kube::api::DeleteParams::default()
+    };
+    match api.delete(name, &params).await {
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+        r => r.map(drop),
+    }
+}
+
 /// Loads a client configuration. A file is read synchronously (it is small and read once).
 pub async fn load_config(source: &KubeconfigSource) -> Result<Config, ClientError> {
     let options = KubeConfigOptions::default();

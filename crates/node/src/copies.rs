@@ -11,7 +11,7 @@ use std::sync::Arc;
 use futures::{StreamExt as _, TryStreamExt as _};
 use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
-use kube::api::{Api, DeleteParams, PostParams, Preconditions};
+use kube::api::{Api, PostParams};
 use kube::runtime::{WatchStreamExt as _, watcher};
 use kube::{Resource, ResourceExt as _};
 use serde::Serialize;
@@ -21,6 +21,7 @@ use tensile_core::keys::{LABEL_OWNER, owner_label_value};
 use tokio_util::sync::CancellationToken;
 
 use crate::cache::{CompactCache, Key};
+use crate::clients::delete_exact;
 use crate::queue::Queue;
 
 /// Settings of the ConfigMap and Secret controller.
@@ -80,9 +81,7 @@ where
     let upper_cache = CompactCache::<K>::new();
     let lower_cache = CompactCache::<K>::new();
     let watch = |api: Api<K>, config: watcher::Config, cache: CompactCache<K>| {
-        watcher(api, config)
-            .backoff(crate::backoff::WatchBackoff::default())
-            .modify(|o| o.meta_mut().managed_fields = None)
+        crate::backoff::watch(api, config)
             .inspect_ok(move |e| cache.apply(e))
             .touched_objects()
             .boxed()
@@ -130,17 +129,7 @@ where
     for _ in 0..ctx.0.workers.max(1) {
         let (ctx, queue, rx, stop) = (ctx.clone(), queue.clone(), rx.clone(), stop.clone());
         workers.push(tokio::spawn(async move {
-            loop {
-                let key = {
-                    let mut rx = rx.lock().await;
-                    tokio::select! {
-                        () = stop.cancelled() => return,
-                        k = rx.recv() => match k { Some(k) => k, None => return },
-                    }
-                };
-                if queue.start(&key).is_none() {
-                    continue;
-                }
+            while let Some((key, _)) = queue.next(&rx, &stop).await {
                 let (cfg, upper, lower) = &*ctx;
                 let result = sync(cfg, kind, action, upper, lower, &key).await;
                 if let Err(e) = &result {
@@ -184,17 +173,9 @@ where
         }
     };
     let delete = || async {
-        let params = DeleteParams {
-            preconditions: Some(Preconditions {
-                uid: copy.meta().uid.clone(),
-                resource_version: None,
-            }),
-            ..DeleteParams::default()
-        };
-        match api.delete(name, &params).await {
-            Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
-            r => r.map(drop).map_err(err("deleting")),
-        }
+        delete_exact(&api, name, copy.meta().uid.clone(), None)
+            .await
+            .map_err(err("deleting"))
     };
     match action(upper.get(ns, name).as_ref(), &copy, &cfg.owner) {
         CopyAction::Nothing => Ok(()),

@@ -10,7 +10,7 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, Time};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, Patch, PatchParams, PostParams};
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::runtime::watcher;
 use serde_json::json;
 use tensile_core::capacity::CapacityModel;
 use tensile_core::node::{LowerHealth, NodeIdentity, node_health, virtual_node};
@@ -49,8 +49,7 @@ pub async fn track_capacity(
     tx: watch::Sender<Capacity>,
     stop: CancellationToken,
 ) {
-    let nodes = watcher(Api::<Node>::all(lower), watcher::Config::default())
-        .backoff(crate::backoff::WatchBackoff::default())
+    let nodes = crate::backoff::watch(Api::<Node>::all(lower), watcher::Config::default())
         .map(|e| e.map(|e| Either::Node(Box::new(e))));
     let pods = pods.map(|e| Ok(Either::Pod(Box::new(e))));
     let mut events = futures::stream::select(nodes.boxed(), pods.boxed());

@@ -15,7 +15,7 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::Resource;
-use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, Preconditions};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::family::Family;
@@ -40,6 +40,7 @@ use tensile_core::update::{is_lower_pod_of, lower_pod_update};
 use tokio_util::sync::CancellationToken;
 
 use crate::cache::CompactCache;
+use crate::clients::delete_exact;
 use crate::events::{EventSink, PodEvent};
 use crate::queue::{Queue, Receiver};
 
@@ -151,12 +152,6 @@ fn key_of(p: &Pod) -> Option<Key> {
     Some((p.metadata.namespace.clone()?, p.metadata.name.clone()?))
 }
 
-/// Nothing here reads `managedFields`, often the biggest part of a pod on a real cluster
-/// (several field managers, each with its field set): the caches do not keep it.
-fn forget_managed_fields(p: &mut Pod) {
-    p.metadata.managed_fields = None;
-}
-
 /// One watch of every lower pod, fanned out to `CONSUMERS` streams (the capacity model needs
 /// all of them, the pod controller ours; one watch serves both instead of two that deliver
 /// our pods twice). The watcher retries with backoff by itself; it ends at `stop`.
@@ -171,10 +166,8 @@ pub fn lower_pod_events<const CONSUMERS: usize>(
         rx
     });
     tokio::spawn(async move {
-        let mut events = watcher(Api::<Pod>::all(lower), watcher::Config::default())
-            .backoff(crate::backoff::WatchBackoff::default())
-            .modify(forget_managed_fields)
-            .boxed();
+        let mut events =
+            crate::backoff::watch(Api::<Pod>::all(lower), watcher::Config::default()).boxed();
         loop {
             let next = tokio::select! {
                 () = stop.cancelled() => return,
@@ -240,12 +233,10 @@ pub async fn run_with_store(
     let upper_api: Api<Pod> = Api::all(cfg.upper.clone());
     let gone_grace: Arc<Mutex<HashMap<Key, i64>>> = Arc::default();
     let record_gone = gone_grace.clone();
-    let upper_stream = watcher(
+    let upper_stream = crate::backoff::watch(
         upper_api,
         watcher::Config::default().fields(&format!("spec.nodeName={}", cfg.node)),
     )
-    .backoff(crate::backoff::WatchBackoff::default())
-    .modify(forget_managed_fields)
     .inspect_ok(move |e| {
         // A pod deleted with grace 0 vanishes at once; its last state still says so, and the
         // lower pod goes the same way.
@@ -332,17 +323,7 @@ pub async fn run_with_store(
 }
 
 async fn worker(ctx: Arc<Ctx>, queue: Queue<Key>, rx: Receiver<Key>, stop: CancellationToken) {
-    loop {
-        let key = {
-            let mut rx = rx.lock().await;
-            tokio::select! {
-                () = stop.cancelled() => return,
-                k = rx.recv() => match k { Some(k) => k, None => return },
-            }
-        };
-        let Some(waited) = queue.start(&key) else {
-            continue;
-        };
+    while let Some((key, waited)) = queue.next(&rx, &stop).await {
         ctx.metrics.observe("queue_wait", waited);
         let t0 = std::time::Instant::now();
         let result = reconcile(&ctx, &key).await;
@@ -558,36 +539,17 @@ async fn sync_existing(ctx: &Ctx, u: &Pod, l: &Pod, now: &Time) -> Result<(), Sy
 
 async fn delete_lower(ctx: &Ctx, l: &Pod, grace: Option<i64>) -> Result<(), SyncError> {
     let (ns, name) = key_of(l).ok_or_else(|| SyncError("pod without name".into()))?;
-    let dp = DeleteParams {
-        grace_period_seconds: grace.and_then(|g| u32::try_from(g.max(0)).ok()),
-        preconditions: Some(Preconditions {
-            uid: l.metadata.uid.clone(),
-            resource_version: None,
-        }),
-        ..DeleteParams::default()
-    };
-    match ctx.lower_api(&ns).delete(&name, &dp).await {
-        Ok(_) => Ok(()),
-        Err(e) if not_found(&e) => Ok(()),
-        Err(e) => Err(err("deleting the lower pod", e)),
-    }
+    let grace = grace.and_then(|g| u32::try_from(g.max(0)).ok());
+    delete_exact(&ctx.lower_api(&ns), &name, l.metadata.uid.clone(), grace)
+        .await
+        .map_err(|e| err("deleting the lower pod", e))
 }
 
 async fn force_delete_upper(ctx: &Ctx, u: &Pod) -> Result<(), SyncError> {
     let (ns, name) = key_of(u).ok_or_else(|| SyncError("pod without name".into()))?;
-    let dp = DeleteParams {
-        grace_period_seconds: Some(0),
-        preconditions: Some(Preconditions {
-            uid: u.metadata.uid.clone(),
-            resource_version: None,
-        }),
-        ..DeleteParams::default()
-    };
-    match ctx.upper_api(&ns).delete(&name, &dp).await {
-        Ok(_) => Ok(()),
-        Err(e) if not_found(&e) => Ok(()),
-        Err(e) => Err(err("finishing the upper pod's deletion", e)),
-    }
+    delete_exact(&ctx.upper_api(&ns), &name, u.metadata.uid.clone(), Some(0))
+        .await
+        .map_err(|e| err("finishing the upper pod's deletion", e))
 }
 
 /// Creates what the pod needs in the lower cluster, then the pod, in the plan's order.
@@ -738,11 +700,6 @@ async fn create_lower_steps(ctx: &Ctx, u: &Pod) -> Result<(), SyncError> {
         }
     }
     Ok(())
-}
-
-/// The upper pods of this node right now (for the kubelet API's `/pods`).
-pub fn upper_pods_snapshot(cache: &CompactCache<Pod>) -> Vec<Pod> {
-    cache.state()
 }
 
 #[cfg(test)]

@@ -71,8 +71,29 @@ impl<K: Clone + Eq + Hash + Send + 'static> Queue<K> {
         }
     }
 
+    /// The next key for a worker to work on, and how long it waited; None once `stop` is
+    /// cancelled or the queue is gone. Call [`Self::done`] when finished with it.
+    pub async fn next(
+        &self,
+        rx: &Receiver<K>,
+        stop: &tokio_util::sync::CancellationToken,
+    ) -> Option<(K, Duration)> {
+        loop {
+            let key = {
+                let mut rx = rx.lock().await;
+                tokio::select! {
+                    () = stop.cancelled() => return None,
+                    k = rx.recv() => k?,
+                }
+            };
+            if let Some(waited) = self.start(&key) {
+                return Some((key, waited));
+            }
+        }
+    }
+
     /// A worker takes `key`: how long it waited, or None if it is already being worked on.
-    pub fn start(&self, key: &K) -> Option<Duration> {
+    fn start(&self, key: &K) -> Option<Duration> {
         let mut s = self.state.lock().ok()?;
         let waited = s.queued.remove(key).map(|t| t.elapsed());
         if s.processing.contains(key) {

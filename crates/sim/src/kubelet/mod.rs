@@ -163,7 +163,7 @@ impl SimKubelet {
         let mut servers = Vec::new();
         let mut ports = Vec::new();
         if config.kubelet_api {
-            let client_ca = cluster_ca(&client).await;
+            let client_ca = tensile_kubelet::auth::cluster_client_ca(&client).await;
             for (i, n) in config.nodes.iter().enumerate() {
                 let server = serve_kubelet_api(&shared, &client, n, i, client_ca.clone())
                     .await
@@ -212,21 +212,6 @@ fn conditions(now: &str) -> Value {
         {"type": "PIDPressure", "status": "False", "reason": "KubeletHasSufficientPID", "message": "kubelet has sufficient PID available", "lastHeartbeatTime": now, "lastTransitionTime": now},
         {"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "kubelet is posting ready status", "lastHeartbeatTime": now, "lastTransitionTime": now}
     ])
-}
-
-/// The cluster CA, from the `kube-root-ca.crt` ConfigMap every namespace has: what the API
-/// server's kubelet client certificate is signed with (when it is the cluster CA, as kubeadm
-/// does it).
-async fn cluster_ca(client: &kube::Client) -> Option<String> {
-    let cms: Api<k8s_openapi::api::core::v1::ConfigMap> =
-        Api::namespaced(client.clone(), "kube-system");
-    cms.get_opt("kube-root-ca.crt")
-        .await
-        .ok()
-        .flatten()?
-        .data?
-        .get("ca.crt")
-        .cloned()
 }
 
 async fn serve_kubelet_api(
