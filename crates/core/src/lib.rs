@@ -27,5 +27,6 @@ pub mod quantity;
 pub mod resources;
 pub mod status;
 pub mod summary;
+pub mod sync;
 pub mod translate;
 pub mod update;

@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use futures::channel::mpsc::{UnboundedReceiver, unbounded};
 use futures::{Stream, StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::{
-    ConfigMap, Namespace, PersistentVolumeClaim, Pod, Secret, ServiceAccount,
+    ConfigMap, Namespace, PersistentVolumeClaim, Pod, PodStatus, Secret, ServiceAccount,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
@@ -32,11 +32,10 @@ use tensile_core::keys::{
     REASON_PROVIDER_FAILED,
 };
 use tensile_core::plan::{Existing, LowerKind, on_existing, pod_creation_plan};
-use tensile_core::status::{
-    LowerAbsent, deletion_from_below, not_offloaded_conditions, on_lower_absent, upper_status,
-};
-use tensile_core::translate::{TranslateConfig, lower_pod, offload_decision};
-use tensile_core::update::{is_lower_pod_of, lower_pod_update};
+use tensile_core::status::not_offloaded_conditions;
+use tensile_core::sync::{PodStep, pod_step};
+use tensile_core::translate::{TranslateConfig, lower_pod};
+use tensile_core::update::PodUpdate;
 use tokio_util::sync::CancellationToken;
 
 use crate::cache::CompactCache;
@@ -383,117 +382,106 @@ async fn reconcile(ctx: &Ctx, key: &Key) -> Result<(), SyncError> {
     let (ns, name) = key;
     let upper = ctx.upper_pods.get(ns, name);
     let lower = ctx.lower_pods.get(ns, name);
-    let owner = &ctx.cfg.translate.owner;
     let now = Time(Timestamp::now());
     let gone_grace = ctx.gone_grace.lock().ok().and_then(|mut m| m.remove(key));
-    match (upper, lower) {
-        (None, None) => Ok(()),
-        (None, Some(l)) => {
-            // The upper pod is gone: its lower pod goes too (ours only, this exact one), with
-            // the grace its last state had, or none when it vanished without one (a forced
-            // deletion, or one while we were away), as the original.
-            if is_owned_by(&l.metadata, owner) && l.metadata.deletion_timestamp.is_none() {
-                delete_lower(ctx, &l, Some(gone_grace.unwrap_or(0))).await?;
+    let step = pod_step(
+        upper.as_ref(),
+        lower.as_ref(),
+        &ctx.cfg.translate,
+        &ctx.cfg.lower_name,
+        gone_grace,
+        &now,
+    )
+    .map_err(|e| SyncError(e.to_string()))?;
+    // Each step that needs a pod has it: `pod_step` only returns them when it is there.
+    let (Some(u), l) = (upper.as_ref(), lower.as_ref()) else {
+        return match (step, lower.as_ref()) {
+            (PodStep::DeleteLower { grace, .. }, Some(l)) => delete_lower(ctx, l, grace).await,
+            _ => Ok(()),
+        };
+    };
+    match step {
+        PodStep::Nothing => Ok(()),
+        PodStep::DeleteLower {
+            grace,
+            upper_deleting,
+        } => {
+            let Some(l) = l else { return Ok(()) };
+            delete_lower(ctx, l, grace).await?;
+            if upper_deleting {
+                ctx.event(
+                    u,
+                    false,
+                    EVENT_PROVIDER_DELETE_SUCCESS,
+                    format!("deleting the pod in lower cluster {}", ctx.cfg.lower_name),
+                );
             }
             Ok(())
         }
-        (Some(u), lower) => {
-            if u.metadata.deletion_timestamp.is_some() {
-                return match lower {
-                    Some(l)
-                        if l.metadata.deletion_timestamp.is_none()
-                            && is_lower_pod_of(&l, &u, owner) =>
-                    {
-                        delete_lower(ctx, &l, u.metadata.deletion_grace_period_seconds).await?;
-                        ctx.event(
-                            &u,
-                            false,
-                            EVENT_PROVIDER_DELETE_SUCCESS,
-                            format!("deleting the pod in lower cluster {}", ctx.cfg.lower_name),
-                        );
-                        Ok(())
-                    }
-                    Some(_) => Ok(()),
-                    None => force_delete_upper(ctx, &u).await,
-                };
+        PodStep::FinishUpperDeletion => force_delete_upper(ctx, u).await,
+        PodStep::NotOffloaded(why) => {
+            ctx.upper_condition(u, REASON_NOT_OFFLOADED, &why.to_string())
+                .await
+        }
+        PodStep::Create => match create_lower(ctx, u).await {
+            Ok(()) => {
+                ctx.event(
+                    u,
+                    false,
+                    EVENT_PROVIDER_CREATE_SUCCESS,
+                    format!("created in lower cluster {}", ctx.cfg.lower_name),
+                );
+                Ok(())
             }
-            if let Err(why) = offload_decision(&u) {
-                return ctx
-                    .upper_condition(&u, REASON_NOT_OFFLOADED, &why.to_string())
+            Err(e) => {
+                ctx.event(u, true, EVENT_PROVIDER_CREATE_FAILED, e.to_string());
+                let _ = ctx
+                    .upper_condition(u, REASON_PROVIDER_FAILED, &e.to_string())
                     .await;
+                Err(e)
             }
-            match lower {
-                None => match on_lower_absent(&u, &ctx.cfg.lower_name, &now) {
-                    LowerAbsent::Create => match create_lower(ctx, &u).await {
-                        Ok(()) => {
-                            ctx.event(
-                                &u,
-                                false,
-                                EVENT_PROVIDER_CREATE_SUCCESS,
-                                format!("created in lower cluster {}", ctx.cfg.lower_name),
-                            );
-                            Ok(())
-                        }
-                        Err(e) => {
-                            ctx.event(&u, true, EVENT_PROVIDER_CREATE_FAILED, e.to_string());
-                            let _ = ctx
-                                .upper_condition(&u, REASON_PROVIDER_FAILED, &e.to_string())
-                                .await;
-                            Err(e)
-                        }
-                    },
-                    LowerAbsent::Lost(status) => {
-                        ctx.upper_api(ns)
-                            .patch_status(
-                                name,
-                                &PatchParams::default(),
-                                &Patch::Merge(json!({"status": status})),
-                            )
-                            .await
-                            .map_err(|e| err("marking the upper pod lost", e))?;
-                        Ok(())
-                    }
-                    LowerAbsent::FinishUpperDeletion => force_delete_upper(ctx, &u).await,
-                    LowerAbsent::Nothing => Ok(()),
-                },
-                Some(l) => sync_existing(ctx, &u, &l, &now).await,
+        },
+        PodStep::MarkLost(status) => {
+            ctx.upper_api(ns)
+                .patch_status(
+                    name,
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({"status": status})),
+                )
+                .await
+                .map_err(|e| err("marking the upper pod lost", e))?;
+            Ok(())
+        }
+        PodStep::DeleteUpper { grace } => {
+            let dp = DeleteParams {
+                grace_period_seconds: grace.and_then(|g| u32::try_from(g).ok()),
+                ..DeleteParams::default()
+            };
+            match ctx.upper_api(ns).delete(name, &dp).await {
+                Ok(_) => Ok(()),
+                Err(e) if not_found(&e) => Ok(()),
+                Err(e) => Err(err(
+                    "deleting the upper pod after its lower pod was deleted",
+                    e,
+                )),
             }
         }
+        PodStep::Conflict => Err(SyncError(format!(
+            "a pod {ns}/{name} that is not ours exists in lower cluster {}",
+            ctx.cfg.lower_name
+        ))),
+        PodStep::Sync { update, status } => sync_existing(ctx, u, &update, status).await,
     }
 }
 
-async fn sync_existing(ctx: &Ctx, u: &Pod, l: &Pod, now: &Time) -> Result<(), SyncError> {
+/// Carries a [`PodStep::Sync`] out: the lower patch, ephemeral containers, the upper status.
+async fn sync_existing(
+    ctx: &Ctx,
+    u: &Pod,
+    update: &PodUpdate,
+    status: Option<Box<PodStatus>>,
+) -> Result<(), SyncError> {
     let (ns, name) = key_of(u).ok_or_else(|| SyncError("pod without name".into()))?;
-    let owner = &ctx.cfg.translate.owner;
-    if !is_lower_pod_of(l, u, owner) {
-        // Ours but for an earlier upper pod of the same name: replace it.
-        if is_owned_by(&l.metadata, owner) {
-            if l.metadata.deletion_timestamp.is_none() {
-                delete_lower(ctx, l, Some(0)).await?;
-            }
-            return Ok(());
-        }
-        return Err(SyncError(format!(
-            "a pod {ns}/{name} that is not ours exists in lower cluster {}",
-            ctx.cfg.lower_name
-        )));
-    }
-    if let Some(del) = deletion_from_below(u, l) {
-        let dp = DeleteParams {
-            grace_period_seconds: del.grace_period_seconds.and_then(|g| u32::try_from(g).ok()),
-            ..DeleteParams::default()
-        };
-        return match ctx.upper_api(&ns).delete(&name, &dp).await {
-            Ok(_) => Ok(()),
-            Err(e) if not_found(&e) => Ok(()),
-            Err(e) => Err(err(
-                "deleting the upper pod after its lower pod was deleted",
-                e,
-            )),
-        };
-    }
-    let update =
-        lower_pod_update(u, l, &ctx.cfg.translate).map_err(|e| SyncError(e.to_string()))?;
     if let Some(patch) = &update.patch {
         match ctx
             .lower_api(&ns)
@@ -524,7 +512,7 @@ async fn sync_existing(ctx: &Ctx, u: &Pod, l: &Pod, now: &Time) -> Result<(), Sy
             .await
             .map_err(|e| err("adding ephemeral containers to the lower pod", e))?;
     }
-    if let Some(status) = upper_status(u, l, now) {
+    if let Some(status) = status {
         ctx.upper_api(&ns)
             .patch_status(
                 &name,
