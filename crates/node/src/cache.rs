@@ -123,6 +123,23 @@ where
         objects.get(&key).and_then(|v| decode(v))
     }
 
+    /// The object `namespace/name` from the cache, or, when the cache does not have it (not yet
+    /// seen, or absent), from the API server: a miss is rare and must not be taken for absence.
+    pub async fn get_or_fetch(
+        &self,
+        api: &kube::Api<K>,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Option<K>, kube::Error>
+    where
+        K: Clone + std::fmt::Debug,
+    {
+        match self.get(namespace, name) {
+            Some(o) => Ok(Some(o)),
+            None => api.get_opt(name).await,
+        }
+    }
+
     /// Whether `namespace/name` is cached (nothing decoded).
     pub fn contains(&self, namespace: &str, name: &str) -> bool {
         self.inner

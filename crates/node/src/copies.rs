@@ -57,18 +57,39 @@ pub struct CopyError {
     source: kube::Error,
 }
 
-/// Runs both kinds until `stop`.
-pub async fn run(cfg: CopySync, stop: CancellationToken) {
+/// The upper ConfigMaps and Secrets as this controller's watches see them; the pod controller
+/// reads a pod's dependencies here rather than asking the API server for each.
+#[derive(Clone, Debug, Default)]
+pub struct UpperObjects {
+    /// Every upper ConfigMap.
+    pub config_maps: CompactCache<ConfigMap>,
+    /// Every upper Secret.
+    pub secrets: CompactCache<Secret>,
+}
+
+/// Runs both kinds until `stop`, filling `upper`.
+pub async fn run(cfg: CopySync, upper: UpperObjects, stop: CancellationToken) {
     tokio::join!(
-        run_kind::<ConfigMap>(cfg.clone(), "configmap", config_map_action, stop.clone()),
-        run_kind::<Secret>(cfg, "secret", secret_action, stop),
+        run_kind(
+            cfg.clone(),
+            "configmap",
+            config_map_action,
+            upper.config_maps,
+            stop.clone()
+        ),
+        run_kind(cfg, "secret", secret_action, upper.secrets, stop),
     );
 }
 
 type Action<K> = fn(Option<&K>, &K, &str) -> CopyAction<K>;
 
-async fn run_kind<K>(cfg: CopySync, kind: &'static str, action: Action<K>, stop: CancellationToken)
-where
+async fn run_kind<K>(
+    cfg: CopySync,
+    kind: &'static str,
+    action: Action<K>,
+    upper_cache: CompactCache<K>,
+    stop: CancellationToken,
+) where
     K: Resource<Scope = NamespaceResourceScope, DynamicType = ()>
         + Clone
         + Debug
@@ -78,7 +99,6 @@ where
         + Sync
         + 'static,
 {
-    let upper_cache = CompactCache::<K>::new();
     let lower_cache = CompactCache::<K>::new();
     let watch = |api: Api<K>, config: watcher::Config, cache: CompactCache<K>| {
         crate::backoff::watch(api, config)

@@ -137,6 +137,7 @@ impl VirtualNode {
             tx,
             stop.clone(),
         ));
+        let upper_objects = copies::UpperObjects::default();
         let copies = tokio::spawn(copies::run(
             copies::CopySync {
                 upper: upper.clone(),
@@ -144,12 +145,14 @@ impl VirtualNode {
                 owner: self.pods.translate.owner.clone(),
                 workers: 4,
             },
+            upper_objects.clone(),
             stop.clone(),
         ));
         let node_loop = tokio::spawn(node::run_node(upper, lower, self.node, rx, stop.clone()));
         let pods = tokio::spawn(pods::run_with_store(
             self.pods,
             upper_pods,
+            upper_objects,
             for_pods,
             sync_metrics,
             stop.clone(),

@@ -40,6 +40,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::cache::CompactCache;
 use crate::clients::delete_exact;
+use crate::copies::UpperObjects;
 use crate::events::{EventSink, PodEvent};
 use crate::queue::{Queue, Receiver};
 
@@ -138,6 +139,8 @@ struct Ctx {
     cfg: PodSync,
     upper_pods: CompactCache<Pod>,
     lower_pods: CompactCache<Pod>,
+    /// Upper ConfigMaps and Secrets (the ConfigMap and Secret controller's watches).
+    upper_objects: UpperObjects,
     recorder: EventSink,
     metrics: SyncMetrics,
     /// The grace period of upper pods whose deletion we saw, until their key is reconciled.
@@ -224,6 +227,7 @@ fn ours_only<S: Stream<Item = watcher::Event<Pod>>>(
 pub async fn run_with_store(
     cfg: PodSync,
     upper_pods: CompactCache<Pod>,
+    upper_objects: UpperObjects,
     lower_events: impl Stream<Item = watcher::Event<Pod>> + Send + 'static,
     metrics: SyncMetrics,
     stop: CancellationToken,
@@ -294,6 +298,7 @@ pub async fn run_with_store(
         cfg,
         upper_pods,
         lower_pods,
+        upper_objects,
         recorder,
         metrics,
         gone_grace,
@@ -589,8 +594,10 @@ async fn create_lower_steps(ctx: &Ctx, u: &Pod) -> Result<(), SyncError> {
                 .create(&pp, &lower_service_account(&step.name, &ns, &owner))
                 .await
                 .map(|_| ()),
-            LowerKind::ConfigMap => match Api::<ConfigMap>::namespaced(upper.clone(), &ns)
-                .get_opt(&step.name)
+            LowerKind::ConfigMap => match ctx
+                .upper_objects
+                .config_maps
+                .get_or_fetch(&Api::namespaced(upper.clone(), &ns), &ns, &step.name)
                 .await
             {
                 Ok(Some(cm)) => Api::<ConfigMap>::namespaced(lower.clone(), &ns)
@@ -606,8 +613,10 @@ async fn create_lower_steps(ctx: &Ctx, u: &Pod) -> Result<(), SyncError> {
                 }
                 Err(e) => return Err(err(&format!("reading configmap {ns}/{}", step.name), e)),
             },
-            LowerKind::Secret => match Api::<Secret>::namespaced(upper.clone(), &ns)
-                .get_opt(&step.name)
+            LowerKind::Secret => match ctx
+                .upper_objects
+                .secrets
+                .get_or_fetch(&Api::namespaced(upper.clone(), &ns), &ns, &step.name)
                 .await
             {
                 Ok(Some(s)) => match lower_secret(&s, &owner) {

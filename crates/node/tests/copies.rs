@@ -220,3 +220,68 @@ async fn checklist_75_at_start_copies_without_an_original_are_collected_and_noth
         );
     }
 }
+
+#[tokio::test]
+async fn a_pods_config_maps_and_secrets_are_read_from_the_shared_watch_cache_not_fetched() {
+    let env = clusters().await;
+    let node = common::spawn(&env, common::NodeOptions::new("vk-lower")).await;
+    let (upper, lower) = (&env.clusters[0].client, &env.clusters[1].client);
+    offloaded_with_dependencies(upper, lower).await;
+    // Changing the originals and seeing the copies follow proves the controller's upper
+    // caches hold them (the copies are written from those caches).
+    let merge = |v: serde_json::Value| Patch::Merge(v);
+    Api::<ConfigMap>::namespaced(upper.clone(), "default")
+        .patch(
+            "cfg",
+            &PatchParams::default(),
+            &merge(json!({"data": {"k": "v2"}})),
+        )
+        .await
+        .unwrap();
+    Api::<Secret>::namespaced(upper.clone(), "default")
+        .patch(
+            "sec",
+            &PatchParams::default(),
+            &merge(json!({"stringData": {"k": "s2"}})),
+        )
+        .await
+        .unwrap();
+    let (low_cms, low_secrets): (Api<ConfigMap>, Api<Secret>) = (
+        Api::namespaced(lower.clone(), "default"),
+        Api::namespaced(lower.clone(), "default"),
+    );
+    eventually(10, "both copies updated", || async {
+        let cm = data(&low_cms, "cfg").await? == "v2";
+        let s = low_secrets.get("sec").await.ok()?.data?.get("k")?.0 == b"s2";
+        (cm && s).then_some(())
+    })
+    .await;
+    let gets = |resource: &str| {
+        node.calls
+            .count("upper", tensile_node::clients::Verb::Get, resource)
+    };
+    let before = (gets("configmaps"), gets("secrets"));
+    let pods: Api<Pod> = Api::namespaced(upper.clone(), "default");
+    pods.create(
+        &PostParams::default(),
+        &pod(
+            "second",
+            "vk-lower",
+            json!({"spec": {"volumes": [
+                {"name": "c", "configMap": {"name": "cfg"}},
+                {"name": "s", "secret": {"secretName": "sec"}}
+            ]}}),
+        ),
+    )
+    .await
+    .unwrap();
+    eventually(30, "second Running", || async {
+        (phase(&pods, "second").await? == "Running").then_some(())
+    })
+    .await;
+    assert_eq!(
+        (gets("configmaps"), gets("secrets")),
+        before,
+        "no upper GET for dependencies the watch cache holds"
+    );
+}

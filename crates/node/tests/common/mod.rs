@@ -97,6 +97,8 @@ pub struct Spawned {
     pub stop: CancellationToken,
     pub kubelet: SocketAddr,
     pub metrics: Option<SocketAddr>,
+    /// The API calls its clients made.
+    pub calls: ApiCalls,
 }
 
 /// Starts a virtual node as `opts` say (kubelet API on a free port, authn/authz on, the upper
@@ -173,6 +175,7 @@ pub async fn spawn(env: &TestEnv, opts: NodeOptions) -> Spawned {
         stop,
         kubelet: running.kubelet_addr.unwrap(),
         metrics: running.metrics_addr,
+        calls,
     }
 }
 
