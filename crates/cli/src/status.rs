@@ -254,6 +254,18 @@ fn table(out: &mut String, rows: &[Vec<String>]) {
     }
 }
 
+/// `first` cells, then a node's (or a cluster total's) status, CPU, memory and pods.
+fn node_row(first: Vec<String>, n: &NodeSummary, status: &str) -> Vec<String> {
+    let mut row = first;
+    row.extend([
+        status.to_owned(),
+        use_of(n, "cpu", cores),
+        use_of(n, "memory", gib),
+        pods_cell(&n.pods),
+    ]);
+    row
+}
+
 /// The table as text.
 pub fn render(s: &Snapshot) -> String {
     let mut out = String::new();
@@ -272,26 +284,18 @@ pub fn render(s: &Snapshot) -> String {
         ];
         for (cluster, nodes) in &s.lower {
             let total = cluster_total(nodes);
-            rows.push(vec![
-                cluster.clone(),
-                match nodes.len() {
-                    1 => "(1 node)".to_owned(),
-                    n => format!("({n} nodes)"),
-                },
-                if total.ready { "Ready" } else { "NotReady" }.to_owned(),
-                use_of(&total, "cpu", cores),
-                use_of(&total, "memory", gib),
-                pods_cell(&total.pods),
-            ]);
+            let count = match nodes.len() {
+                1 => "(1 node)".to_owned(),
+                n => format!("({n} nodes)"),
+            };
+            let status = if total.ready { "Ready" } else { "NotReady" };
+            rows.push(node_row(vec![cluster.clone(), count], &total, status));
             for n in nodes {
-                rows.push(vec![
-                    String::new(),
-                    n.name.clone(),
-                    node_state(n).to_owned(),
-                    use_of(n, "cpu", cores),
-                    use_of(n, "memory", gib),
-                    pods_cell(&n.pods),
-                ]);
+                rows.push(node_row(
+                    vec![String::new(), n.name.clone()],
+                    n,
+                    node_state(n),
+                ));
             }
         }
         table(&mut out, &rows);
@@ -311,13 +315,7 @@ pub fn render(s: &Snapshot) -> String {
     let virtual_nodes: Vec<&NodeSummary> =
         s.upper_nodes.iter().filter(|n| n.virtual_node).collect();
     for n in &virtual_nodes {
-        rows.push(vec![
-            n.name.clone(),
-            node_state(n).to_owned(),
-            use_of(n, "cpu", cores),
-            use_of(n, "memory", gib),
-            pods_cell(&n.pods),
-        ]);
+        rows.push(node_row(vec![n.name.clone()], n, node_state(n)));
     }
     if virtual_nodes.is_empty() {
         rows.push(vec!["(none)".to_owned()]);

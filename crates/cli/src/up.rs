@@ -104,6 +104,21 @@ fn say(line: &str) {
     let _ = writeln!(std::io::stderr(), "{line}");
 }
 
+/// A port already taken gets a hint on what to do; other errors stay as they are.
+fn port_hint(e: anyhow::Error) -> anyhow::Error {
+    let taken = e.chain().any(|c| {
+        matches!(
+            c.downcast_ref::<tensile_sim::apiserver::ApiServerError>(),
+            Some(tensile_sim::apiserver::ApiServerError::Bind { .. })
+        )
+    });
+    if taken {
+        e.context("(is another `tensile up` running? choose other ports with --port)")
+    } else {
+        e
+    }
+}
+
 fn progress(what: &str, started: Instant) {
     say(&format!(
         "  {what} ({:.1} s)",
@@ -119,13 +134,12 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
     check_writable(&args.kubeconfig_out)?;
     let kubeconfig_path = std::fs::canonicalize(&args.kubeconfig_out)
         .with_context(|| format!("resolving {}", args.kubeconfig_out.display()))?;
-    let port_hint = "(is another `tensile up` running? choose other ports with --port)";
     say("tensile up: starting");
 
     let listen = SocketAddr::new(args.address, port_of(args.port, 0)?);
     let (upper, _) = crate::sim::start_cluster("upper", listen, true, Vec::new(), 244)
         .await
-        .context(port_hint)?;
+        .map_err(port_hint)?;
     progress(&format!("upper cluster on {}", upper.url()), started);
 
     let mut lowers = Vec::new();
@@ -142,7 +156,7 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
         let (server, kubelet) =
             crate::sim::start_cluster(&name, listen, true, nodes, 243_u8.wrapping_add(i))
                 .await
-                .context(port_hint)?;
+                .map_err(port_hint)?;
         progress(
             &format!("{name} on {} with {} nodes", server.url(), args.nodes.len()),
             started,
