@@ -52,25 +52,29 @@ async fn offloaded_with_dependencies(upper: &kube::Client, lower: &kube::Client)
         )
         .await
         .unwrap();
+    run_pod(
+        upper,
+        "web",
+        json!([
+            {"name": "c", "configMap": {"name": "cfg"}},
+            {"name": "t", "configMap": {"name": "theirs"}},
+            {"name": "s", "secret": {"secretName": "sec"}}
+        ]),
+    )
+    .await;
+}
+
+/// Creates pod `name` with `volumes` on `vk-lower` and waits until it runs.
+async fn run_pod(upper: &kube::Client, name: &str, volumes: serde_json::Value) {
     let pods: Api<Pod> = Api::namespaced(upper.clone(), "default");
     pods.create(
-        &pp,
-        &pod(
-            "web",
-            "vk-lower",
-            json!({"spec": {
-                "volumes": [
-                    {"name": "c", "configMap": {"name": "cfg"}},
-                    {"name": "t", "configMap": {"name": "theirs"}},
-                    {"name": "s", "secret": {"secretName": "sec"}}
-                ]
-            }}),
-        ),
+        &PostParams::default(),
+        &pod(name, "vk-lower", json!({"spec": {"volumes": volumes}})),
     )
     .await
     .unwrap();
-    eventually(30, "web Running", || async {
-        (phase(&pods, "web").await? == "Running").then_some(())
+    eventually(30, &format!("{name} Running"), || async {
+        (phase(&pods, name).await? == "Running").then_some(())
     })
     .await;
 }
@@ -261,23 +265,14 @@ async fn a_pods_config_maps_and_secrets_are_read_from_the_shared_watch_cache_not
             .count("upper", tensile_node::clients::Verb::Get, resource)
     };
     let before = (gets("configmaps"), gets("secrets"));
-    let pods: Api<Pod> = Api::namespaced(upper.clone(), "default");
-    pods.create(
-        &PostParams::default(),
-        &pod(
-            "second",
-            "vk-lower",
-            json!({"spec": {"volumes": [
-                {"name": "c", "configMap": {"name": "cfg"}},
-                {"name": "s", "secret": {"secretName": "sec"}}
-            ]}}),
-        ),
+    run_pod(
+        upper,
+        "second",
+        json!([
+            {"name": "c", "configMap": {"name": "cfg"}},
+            {"name": "s", "secret": {"secretName": "sec"}}
+        ]),
     )
-    .await
-    .unwrap();
-    eventually(30, "second Running", || async {
-        (phase(&pods, "second").await? == "Running").then_some(())
-    })
     .await;
     assert_eq!(
         (gets("configmaps"), gets("secrets")),
