@@ -8,7 +8,10 @@ use std::time::Duration;
 
 use anyhow::{Context as _, bail};
 use prometheus_client::registry::Registry;
-use tensile_core::node::{NodeIdentity, kubelet_port, node_taint, parse_node_label};
+use tensile_core::node::{
+    NodeIdentity, kubelet_port, node_taint, parse_controllers, parse_node_label,
+    parse_service_filter,
+};
 use tensile_core::translate::TranslateConfig;
 use tensile_node::clients::{ApiCalls, KubeconfigSource, build_client, build_client_with_server};
 use tensile_node::node::NodeLoop;
@@ -36,6 +39,12 @@ pub struct VirtualNodeArgs {
     /// Extra controllers (`PVControllers`, `ServiceControllers`).
     #[arg(long, default_value = "PVControllers,ServiceControllers")]
     enable_controllers: String,
+    /// Namespaces whose Services are not mirrored to the lower cluster (comma list).
+    #[arg(long, default_value = tensile_core::keys::NAMESPACE_KUBE_SYSTEM)]
+    service_exclude_namespaces: String,
+    /// Services not mirrored to the lower cluster (comma list of namespace/name).
+    #[arg(long, default_value = "default/kubernetes")]
+    service_exclude: String,
     /// Create ServiceAccounts in the lower cluster for the pods that use them.
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     enable_serviceaccount: bool,
@@ -168,7 +177,6 @@ pub async fn run(args: VirtualNodeArgs) -> anyhow::Result<()> {
         (args.provider_config.is_some(), "--provider-config"),
         (!args.namespace.is_empty(), "--namespace"),
         (!args.enable_node_lease, "--enable-node-lease=false"),
-        (!args.enable_controllers.is_empty(), "--enable-controllers"),
     ] {
         if set {
             tracing::warn!(
@@ -220,6 +228,19 @@ pub(crate) async fn assemble(
     kubelet_listen: Option<SocketAddr>,
 ) -> anyhow::Result<VirtualNode> {
     let metrics_listen = metrics_addr(&args.metrics_addr)?;
+    let controllers = parse_controllers(&args.enable_controllers);
+    for unknown in &controllers.unknown {
+        tracing::warn!("--enable-controllers: unknown controller {unknown:?} ignored");
+    }
+    if controllers.volumes {
+        tracing::warn!(
+            "--enable-controllers: PVControllers is not built yet; PVCs are still copied for offloaded pods"
+        );
+    }
+    let services = controllers
+        .services
+        .then(|| parse_service_filter(&args.service_exclude_namespaces, &args.service_exclude))
+        .transpose()?;
     let mut registry = Registry::default();
     let calls = ApiCalls::new(&mut registry);
     let upper = build_client_with_server(
@@ -331,6 +352,7 @@ pub(crate) async fn assemble(
             registry,
             listen: metrics_listen,
         },
+        services,
     })
 }
 

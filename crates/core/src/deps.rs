@@ -287,7 +287,7 @@ fn pod_volume_mounts(spec: &PodSpec) -> impl Iterator<Item = &VolumeMount> {
 /// Metadata of a lower copy: name, namespace, labels and annotations of the upper object and
 /// nothing else (uid, resourceVersion, ownerReferences, finalizers, timestamps... belong to the
 /// upper object), plus `global: "true"` and our ownership marks.
-fn lower_meta(upper: &ObjectMeta, owner: &str) -> ObjectMeta {
+pub(crate) fn lower_meta(upper: &ObjectMeta, owner: &str) -> ObjectMeta {
     let mut annotations = upper.annotations.clone().unwrap_or_default();
     annotations.insert(
         keys::ANNOTATION_GLOBAL.to_owned(),
@@ -445,11 +445,11 @@ fn secret_type(secret: &Secret) -> &str {
 }
 
 /// An absent map and an empty one are the same to the API server.
-fn non_empty<V>(map: &Option<BTreeMap<String, V>>) -> Option<&BTreeMap<String, V>> {
+pub(crate) fn non_empty<V>(map: &Option<BTreeMap<String, V>>) -> Option<&BTreeMap<String, V>> {
     map.as_ref().filter(|m| !m.is_empty())
 }
 
-fn meta_differs(lower: &ObjectMeta, desired: &ObjectMeta) -> bool {
+pub(crate) fn meta_differs(lower: &ObjectMeta, desired: &ObjectMeta) -> bool {
     if non_empty(&lower.labels) != non_empty(&desired.labels) {
         return true;
     }
@@ -467,6 +467,9 @@ fn meta_differs(lower: &ObjectMeta, desired: &ObjectMeta) -> bool {
 pub enum CopyAction<T> {
     /// Nothing: in step, or not ours (never touched).
     Nothing,
+    /// Create this: the upper object is mirrored and our copy is missing (Services and
+    /// Endpoints; ConfigMap and Secret copies are created by the pod controller, never here).
+    Create(T),
     /// Write this (the lower object's `resourceVersion` set, so a concurrent change conflicts).
     Update(T),
     /// Delete the lower object (with its UID as precondition), then create this: an immutable

@@ -14,6 +14,7 @@
 //! - [`plan`]: creation order of a pod's lower objects and what to do with existing ones.
 //! - [`update`]: which upper pod changes may be applied to the lower pod.
 //! - [`status`]: lower pod -> upper pod status.
+//! - [`services`]: lower copies of upper Services and Endpoints.
 #![forbid(unsafe_code)]
 
 pub mod capacity;
@@ -25,6 +26,7 @@ pub mod node;
 pub mod plan;
 pub mod quantity;
 pub mod resources;
+pub mod services;
 pub mod status;
 pub mod summary;
 pub mod sync;

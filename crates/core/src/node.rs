@@ -55,6 +55,60 @@ pub enum NodeConfigError {
     /// `KUBELET_PORT` is not a port.
     #[error("invalid KUBELET_PORT {0:?}: must be an integer between 1 and 65535")]
     Port(String),
+    /// An entry of `--service-exclude` is not `namespace/name`.
+    #[error("invalid --service-exclude entry {0:?}: expected namespace/name")]
+    ServiceExclude(String),
+}
+
+/// The extra controllers `--enable-controllers` turns on.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ExtraControllers {
+    /// `ServiceControllers`: Services and Endpoints mirrored downstairs.
+    pub services: bool,
+    /// `PVControllers`: PVC binding mirrored upstairs.
+    pub volumes: bool,
+    /// Names that are not controllers (the original only warned about them; so do we).
+    pub unknown: Vec<String>,
+}
+
+/// `--enable-controllers`: a comma list of `PVControllers` and `ServiceControllers`; empty
+/// items are skipped, names are trimmed.
+pub fn parse_controllers(text: &str) -> ExtraControllers {
+    let mut controllers = ExtraControllers::default();
+    for name in text.split(',').map(str::trim).filter(|n| !n.is_empty()) {
+        match name {
+            "ServiceControllers" => controllers.services = true,
+            "PVControllers" => controllers.volumes = true,
+            other => controllers.unknown.push(other.to_owned()),
+        }
+    }
+    controllers
+}
+
+/// The Services kept upstairs: `--service-exclude-namespaces` (comma list of namespaces) and
+/// `--service-exclude` (comma list of `namespace/name`).
+pub fn parse_service_filter(
+    namespaces: &str,
+    services: &str,
+) -> Result<crate::services::ServiceFilter, NodeConfigError> {
+    let list = |text: &str| -> Vec<String> {
+        text.split(',')
+            .map(str::trim)
+            .filter(|n| !n.is_empty())
+            .map(str::to_owned)
+            .collect()
+    };
+    let excluded_services = list(services);
+    if let Some(bad) = excluded_services.iter().find(|s| {
+        s.split_once('/')
+            .is_none_or(|(ns, name)| ns.is_empty() || name.is_empty() || name.contains('/'))
+    }) {
+        return Err(NodeConfigError::ServiceExclude(bad.clone()));
+    }
+    Ok(crate::services::ServiceFilter {
+        excluded_namespaces: list(namespaces),
+        excluded_services,
+    })
 }
 
 /// `VKUBELET_NODE_LABEL=key:value`: applied only when it has exactly two parts; both trimmed.
@@ -328,6 +382,37 @@ pub fn virtual_node(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn enable_controllers_is_a_trimmed_comma_list_with_unknown_names_reported() {
+        assert_eq!(
+            parse_controllers("PVControllers, ServiceControllers,,Foo"),
+            ExtraControllers {
+                services: true,
+                volumes: true,
+                unknown: vec!["Foo".into()],
+            }
+        );
+        assert_eq!(parse_controllers(""), ExtraControllers::default());
+    }
+
+    #[test]
+    fn service_filter_flags_default_to_the_originals_exclusions_and_reject_bad_entries() {
+        assert_eq!(
+            parse_service_filter("kube-system", "default/kubernetes"),
+            Ok(crate::services::ServiceFilter::default())
+        );
+        let filter = parse_service_filter("kube-system, infra", "shop/db,").unwrap();
+        assert!(!filter.mirrors("infra", "x"));
+        assert!(!filter.mirrors("shop", "db"));
+        assert!(filter.mirrors("default", "kubernetes"));
+        for bad in ["db", "/db", "shop/", "a/b/c"] {
+            assert_eq!(
+                parse_service_filter("", bad),
+                Err(NodeConfigError::ServiceExclude(bad.into()))
+            );
+        }
+    }
 
     fn identity() -> NodeIdentity {
         NodeIdentity {

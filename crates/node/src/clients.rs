@@ -123,6 +123,11 @@ impl fmt::Display for KubeconfigSource {
     }
 }
 
+/// Whether the API server refused a creation because the object exists (409 AlreadyExists).
+pub fn already_exists(e: &kube::Error) -> bool {
+    matches!(e, kube::Error::Api(s) if s.code == 409)
+}
+
 /// Deletes `name` only while it is still the object with `uid` (a UID precondition: a namesake
 /// created meanwhile is never touched), with `grace` seconds if given. Already gone is done.
 pub async fn delete_exact<K>(

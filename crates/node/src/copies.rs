@@ -1,16 +1,20 @@
-//! The ConfigMap and Secret controller (always on): our lower copies follow their upper
-//! originals (data, binaryData, labels, type) and go when the originals go; at start, copies
-//! whose original is gone are deleted once both caches have synced. Creating copies is the pod
-//! controller's job. The rules are `tensile_core::deps::{config_map_action, secret_action}`;
-//! this is the thin loop around them: one watch of the upper objects, one of our lower copies
-//! (label selector on our owner mark), a keyed queue, a few workers.
+//! The controllers that keep lower copies of upper objects: ConfigMaps and Secrets (always on:
+//! our copies follow their originals and go when they go; creating them is the pod
+//! controller's job) and, with `ServiceControllers`, Services and Endpoints (every upper Service
+//! outside the filter is mirrored, created, updated and deleted). At start, copies whose
+//! original is gone are deleted once both caches have synced.
+//!
+//! The rules are `tensile_core::deps::{config_map_action, secret_action}` and
+//! `tensile_core::services::{service_action, endpoints_action}`; this is the thin loop around
+//! them, one per kind: one watch of the upper objects, one of our lower copies (label selector
+//! on our owner mark), a keyed queue, a few workers.
 
 use std::fmt::Debug;
 use std::sync::Arc;
 
 use futures::{StreamExt as _, TryStreamExt as _};
 use k8s_openapi::NamespaceResourceScope;
-use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use k8s_openapi::api::core::v1::{ConfigMap, Endpoints, Secret, Service};
 use kube::api::{Api, PostParams};
 use kube::runtime::{WatchStreamExt as _, watcher};
 use kube::{Resource, ResourceExt as _};
@@ -18,13 +22,15 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tensile_core::deps::{CopyAction, config_map_action, secret_action};
 use tensile_core::keys::{LABEL_OWNER, owner_label_value};
+use tensile_core::services::{ServiceFilter, endpoints_action, service_action};
 use tokio_util::sync::CancellationToken;
 
 use crate::cache::{CompactCache, Key};
-use crate::clients::delete_exact;
+use crate::clients::{already_exists, delete_exact};
+use crate::namespaces::LowerNamespaces;
 use crate::queue::Queue;
 
-/// Settings of the ConfigMap and Secret controller.
+/// Settings of the copy controllers.
 #[derive(Clone)]
 pub struct CopySync {
     /// Upper cluster client.
@@ -35,12 +41,15 @@ pub struct CopySync {
     pub owner: String,
     /// Parallel syncs per kind.
     pub workers: usize,
+    /// Mirror Services and Endpoints (`ServiceControllers`), with this filter.
+    pub services: Option<ServiceFilter>,
 }
 
 impl Debug for CopySync {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("CopySync")
             .field("owner", &self.owner)
+            .field("services", &self.services)
             .finish_non_exhaustive()
     }
 }
@@ -67,29 +76,88 @@ pub struct UpperObjects {
     pub secrets: CompactCache<Secret>,
 }
 
-/// Runs both kinds until `stop`, filling `upper`.
-pub async fn run(cfg: CopySync, upper: UpperObjects, stop: CancellationToken) {
+/// What to do given the upper object and our lower copy, either possibly absent.
+type Decide<K> = Arc<dyn Fn(Option<&K>, Option<&K>) -> CopyAction<K> + Send + Sync>;
+
+/// Runs every enabled kind until `stop`, filling `upper`.
+pub async fn run(
+    cfg: CopySync,
+    upper: UpperObjects,
+    namespaces: Arc<LowerNamespaces>,
+    stop: CancellationToken,
+) {
+    let owner = cfg.owner.clone();
+    let config_maps: Decide<ConfigMap> =
+        Arc::new(move |u, l| l.map_or(CopyAction::Nothing, |l| config_map_action(u, l, &owner)));
+    let owner = cfg.owner.clone();
+    let secrets: Decide<Secret> =
+        Arc::new(move |u, l| l.map_or(CopyAction::Nothing, |l| secret_action(u, l, &owner)));
+    let services = cfg.services.clone().map(|filter| {
+        let (owner, endpoints_owner) = (cfg.owner.clone(), cfg.owner.clone());
+        let endpoints_filter = filter.clone();
+        let services: Decide<Service> = Arc::new(move |u, l| service_action(u, l, &owner, &filter));
+        let endpoints: Decide<Endpoints> =
+            Arc::new(move |u, l| endpoints_action(u, l, &endpoints_owner, &endpoints_filter));
+        (services, endpoints)
+    });
+    let mirror_services = async {
+        if let Some((services, endpoints)) = services {
+            tokio::join!(
+                run_kind(
+                    Kind::new(&cfg, "service", CompactCache::new(), &namespaces),
+                    services,
+                    stop.clone()
+                ),
+                run_kind(
+                    Kind::new(&cfg, "endpoints", CompactCache::new(), &namespaces),
+                    endpoints,
+                    stop.clone()
+                ),
+            );
+        }
+    };
     tokio::join!(
         run_kind(
-            cfg.clone(),
-            "configmap",
-            config_map_action,
-            upper.config_maps,
+            Kind::new(&cfg, "configmap", upper.config_maps, &namespaces),
+            config_maps,
             stop.clone()
         ),
-        run_kind(cfg, "secret", secret_action, upper.secrets, stop),
+        run_kind(
+            Kind::new(&cfg, "secret", upper.secrets, &namespaces),
+            secrets,
+            stop.clone()
+        ),
+        mirror_services,
     );
 }
 
-type Action<K> = fn(Option<&K>, &K, &str) -> CopyAction<K>;
-
-async fn run_kind<K>(
+/// One kind's loop: its settings and its upper cache.
+struct Kind<K> {
     cfg: CopySync,
-    kind: &'static str,
-    action: Action<K>,
-    upper_cache: CompactCache<K>,
-    stop: CancellationToken,
-) where
+    name: &'static str,
+    upper: CompactCache<K>,
+    namespaces: Arc<LowerNamespaces>,
+}
+
+impl<K> Kind<K> {
+    /// Kind `name`, whose upper objects fill `upper` (which others may read).
+    fn new(
+        cfg: &CopySync,
+        name: &'static str,
+        upper: CompactCache<K>,
+        namespaces: &Arc<LowerNamespaces>,
+    ) -> Self {
+        Kind {
+            cfg: cfg.clone(),
+            name,
+            upper,
+            namespaces: namespaces.clone(),
+        }
+    }
+}
+
+async fn run_kind<K>(kind: Kind<K>, decide: Decide<K>, stop: CancellationToken)
+where
     K: Resource<Scope = NamespaceResourceScope, DynamicType = ()>
         + Clone
         + Debug
@@ -99,6 +167,7 @@ async fn run_kind<K>(
         + Sync
         + 'static,
 {
+    let cfg = &kind.cfg;
     let lower_cache = CompactCache::<K>::new();
     let watch = |api: Api<K>, config: watcher::Config, cache: CompactCache<K>| {
         crate::backoff::watch(api, config)
@@ -110,7 +179,7 @@ async fn run_kind<K>(
     let upper_events = watch(
         Api::all(cfg.upper.clone()),
         watcher::Config::default(),
-        upper_cache.clone(),
+        kind.upper.clone(),
     );
     let lower_events = watch(
         Api::all(cfg.lower.clone()),
@@ -121,6 +190,7 @@ async fn run_kind<K>(
     {
         let queue = queue.clone();
         let stop = stop.clone();
+        let name = kind.name;
         tokio::spawn(async move {
             let mut merged = futures::stream::select(upper_events, lower_events);
             loop {
@@ -129,7 +199,7 @@ async fn run_kind<K>(
                     next = merged.try_next() => match next {
                         Ok(Some(o)) => queue.add((o.namespace().unwrap_or_default(), o.name_any())),
                         Ok(None) => return,
-                        Err(e) => tracing::warn!(kind, error = %e, "watch error"),
+                        Err(e) => tracing::warn!(kind = name, error = %e, "watch error"),
                     }
                 }
             }
@@ -138,20 +208,21 @@ async fn run_kind<K>(
     // Nothing is decided before both caches are complete: an absent original must mean absent.
     tokio::select! {
         () = stop.cancelled() => return,
-        _ = futures::future::join(upper_cache.wait_until_ready(), lower_cache.wait_until_ready()) => {}
+        _ = futures::future::join(kind.upper.wait_until_ready(), lower_cache.wait_until_ready()) => {}
     }
     // Start-up garbage collection: every copy is checked against its original.
     for key in lower_cache.keys() {
         queue.add(key);
     }
-    let ctx = Arc::new((cfg, upper_cache, lower_cache));
-    let mut workers = Vec::new();
-    for _ in 0..ctx.0.workers.max(1) {
+    let workers = cfg.workers.max(1);
+    let ctx = Arc::new((kind, decide, lower_cache));
+    let mut tasks = Vec::new();
+    for _ in 0..workers {
         let (ctx, queue, rx, stop) = (ctx.clone(), queue.clone(), rx.clone(), stop.clone());
-        workers.push(tokio::spawn(async move {
+        tasks.push(tokio::spawn(async move {
             while let Some((key, _)) = queue.next(&rx, &stop).await {
-                let (cfg, upper, lower) = &*ctx;
-                let result = sync(cfg, kind, action, upper, lower, &key).await;
+                let (kind, decide, lower) = &*ctx;
+                let result = sync(kind, decide, lower, &key).await;
                 if let Err(e) = &result {
                     tracing::warn!(error = %e, "copy sync failed");
                 }
@@ -159,16 +230,14 @@ async fn run_kind<K>(
             }
         }));
     }
-    for w in workers {
-        let _ = w.await;
+    for t in tasks {
+        let _ = t.await;
     }
 }
 
 async fn sync<K>(
-    cfg: &CopySync,
-    kind: &'static str,
-    action: Action<K>,
-    upper: &CompactCache<K>,
+    kind: &Kind<K>,
+    decide: &Decide<K>,
     lower: &CompactCache<K>,
     (ns, name): &Key,
 ) -> Result<(), CopyError>
@@ -179,26 +248,42 @@ where
         + Serialize
         + DeserializeOwned,
 {
-    let Some(copy) = lower.get(ns, name) else {
-        return Ok(());
-    };
-    let api: Api<K> = Api::namespaced(cfg.lower.clone(), ns);
+    let copy = lower.get(ns, name);
+    let api: Api<K> = Api::namespaced(kind.cfg.lower.clone(), ns);
     let err = |what: &'static str| {
         move |source| CopyError {
             what,
-            kind,
+            kind: kind.name,
             namespace: ns.clone(),
             name: name.clone(),
             source,
         }
     };
     let delete = || async {
-        delete_exact(&api, name, copy.meta().uid.clone(), None)
+        let uid = copy.as_ref().and_then(|c| c.meta().uid.clone());
+        delete_exact(&api, name, uid, None)
             .await
             .map_err(err("deleting"))
     };
-    match action(upper.get(ns, name).as_ref(), &copy, &cfg.owner) {
+    let api = &api;
+    let create = |desired: K| async move {
+        kind.namespaces
+            .ensure(ns)
+            .await
+            .map_err(err("creating the namespace of"))?;
+        match api.create(&PostParams::default(), &desired).await {
+            // Ours arrives through the watch; anyone else's is never touched.
+            Err(e) if already_exists(&e) => Ok(()),
+            Err(e) => {
+                kind.namespaces.forget(ns);
+                Err(err("creating")(e))
+            }
+            Ok(_) => Ok(()),
+        }
+    };
+    match decide(kind.upper.get(ns, name).as_ref(), copy.as_ref()) {
         CopyAction::Nothing => Ok(()),
+        CopyAction::Create(desired) => create(desired).await,
         CopyAction::Update(desired) => api
             .replace(name, &PostParams::default(), &desired)
             .await
@@ -206,10 +291,7 @@ where
             .map_err(err("updating")),
         CopyAction::Replace(desired) => {
             delete().await?;
-            api.create(&PostParams::default(), &desired)
-                .await
-                .map(drop)
-                .map_err(err("re-creating"))
+            create(desired).await
         }
         CopyAction::Delete => delete().await,
     }

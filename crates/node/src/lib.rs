@@ -12,6 +12,7 @@ pub mod copies;
 pub mod events;
 pub mod lower_backend;
 pub mod metrics;
+pub mod namespaces;
 pub mod node;
 pub mod pods;
 mod queue;
@@ -78,6 +79,9 @@ pub struct VirtualNode {
     pub kubelet: Option<KubeletApi>,
     /// Metrics (registry and listener).
     pub metrics: Metrics,
+    /// Mirror upper Services and Endpoints to the lower cluster (`ServiceControllers`), with
+    /// this filter.
+    pub services: Option<tensile_core::services::ServiceFilter>,
 }
 
 impl VirtualNode {
@@ -138,14 +142,20 @@ impl VirtualNode {
             stop.clone(),
         ));
         let upper_objects = copies::UpperObjects::default();
+        let namespaces = Arc::new(namespaces::LowerNamespaces::new(
+            lower.clone(),
+            self.pods.translate.owner.clone(),
+        ));
         let copies = tokio::spawn(copies::run(
             copies::CopySync {
                 upper: upper.clone(),
                 lower: lower.clone(),
                 owner: self.pods.translate.owner.clone(),
                 workers: 4,
+                services: self.services.take(),
             },
             upper_objects.clone(),
+            namespaces.clone(),
             stop.clone(),
         ));
         let node_loop = tokio::spawn(node::run_node(upper, lower, self.node, rx, stop.clone()));
@@ -155,6 +165,7 @@ impl VirtualNode {
             upper_objects,
             for_pods,
             sync_metrics,
+            namespaces,
             stop.clone(),
         ));
         let handle = tokio::spawn(async move {

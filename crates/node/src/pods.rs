@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use futures::channel::mpsc::{UnboundedReceiver, unbounded};
 use futures::{Stream, StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::{
-    ConfigMap, Namespace, PersistentVolumeClaim, Pod, PodStatus, Secret, ServiceAccount,
+    ConfigMap, PersistentVolumeClaim, Pod, PodStatus, Secret, ServiceAccount,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
@@ -23,8 +23,7 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 use serde_json::json;
 use tensile_core::deps::{
-    is_owned_by, lower_config_map, lower_namespace, lower_pvc, lower_secret, lower_service_account,
-    pod_dependencies,
+    is_owned_by, lower_config_map, lower_pvc, lower_secret, lower_service_account, pod_dependencies,
 };
 use tensile_core::keys::{
     EVENT_PROVIDER_CREATE_FAILED, EVENT_PROVIDER_CREATE_SUCCESS, EVENT_PROVIDER_DELETE_SUCCESS,
@@ -39,9 +38,10 @@ use tensile_core::update::PodUpdate;
 use tokio_util::sync::CancellationToken;
 
 use crate::cache::CompactCache;
-use crate::clients::delete_exact;
+use crate::clients::{already_exists, delete_exact};
 use crate::copies::UpperObjects;
 use crate::events::{EventSink, PodEvent};
+use crate::namespaces::LowerNamespaces;
 use crate::queue::{Queue, Receiver};
 
 /// Where a pod sync spends its time: the Prometheus histogram `tensile_pod_sync_seconds`
@@ -100,10 +100,6 @@ fn err(context: &str, e: impl std::fmt::Display) -> SyncError {
     SyncError(format!("{context}: {e}"))
 }
 
-fn already_exists(e: &kube::Error) -> bool {
-    matches!(e, kube::Error::Api(s) if s.code == 409)
-}
-
 fn not_found(e: &kube::Error) -> bool {
     matches!(e, kube::Error::Api(s) if s.code == 404)
 }
@@ -145,9 +141,9 @@ struct Ctx {
     metrics: SyncMetrics,
     /// The grace period of upper pods whose deletion we saw, until their key is reconciled.
     gone_grace: Arc<Mutex<HashMap<Key, i64>>>,
-    /// Lower namespaces seen to exist, so a burst of pods in one namespace asks for it once,
-    /// not once per pod. Forgotten on any failed creation (the namespace may have gone).
-    lower_namespaces: Mutex<HashMap<String, Arc<tokio::sync::OnceCell<()>>>>,
+    /// Lower namespaces known to exist (shared with the Service controller). Forgotten on any
+    /// failed creation (the namespace may have gone).
+    namespaces: Arc<LowerNamespaces>,
 }
 
 fn key_of(p: &Pod) -> Option<Key> {
@@ -230,6 +226,7 @@ pub async fn run_with_store(
     upper_objects: UpperObjects,
     lower_events: impl Stream<Item = watcher::Event<Pod>> + Send + 'static,
     metrics: SyncMetrics,
+    namespaces: Arc<LowerNamespaces>,
     stop: CancellationToken,
 ) {
     let lower_pods = CompactCache::<Pod>::new();
@@ -302,7 +299,7 @@ pub async fn run_with_store(
         recorder,
         metrics,
         gone_grace,
-        lower_namespaces: Mutex::default(),
+        namespaces,
     });
     for k in ctx
         .upper_pods
@@ -550,9 +547,8 @@ async fn create_lower(ctx: &Ctx, u: &Pod) -> Result<(), SyncError> {
     let result = create_lower_steps(ctx, u).await;
     if result.is_err()
         && let Some(ns) = &u.metadata.namespace
-        && let Ok(mut known) = ctx.lower_namespaces.lock()
     {
-        known.remove(ns);
+        ctx.namespaces.forget(ns);
     }
     result
 }
@@ -567,28 +563,7 @@ async fn create_lower_steps(ctx: &Ctx, u: &Pod) -> Result<(), SyncError> {
     for step in plan {
         let what = format!("{:?} {}", step.kind, step.name);
         let created = match step.kind {
-            LowerKind::Namespace => {
-                // One creation per namespace at a time: a burst of pods in a new namespace
-                // waits for the first worker's answer instead of each asking.
-                let Ok(once) = ctx
-                    .lower_namespaces
-                    .lock()
-                    .map(|mut m| m.entry(ns.clone()).or_default().clone())
-                else {
-                    return Err(SyncError("namespace cache poisoned".into()));
-                };
-                once.get_or_try_init(|| async {
-                    match Api::<Namespace>::all(lower.clone())
-                        .create(&pp, &lower_namespace(&ns, &owner))
-                        .await
-                    {
-                        Err(e) if !already_exists(&e) => Err(e),
-                        _ => Ok(()),
-                    }
-                })
-                .await
-                .map(|_| ())
-            }
+            LowerKind::Namespace => ctx.namespaces.ensure(&ns).await,
             LowerKind::ServiceAccount if !ctx.cfg.service_accounts => continue,
             LowerKind::ServiceAccount => Api::<ServiceAccount>::namespaced(lower.clone(), &ns)
                 .create(&pp, &lower_service_account(&step.name, &ns, &owner))

@@ -72,6 +72,8 @@ pub struct NodeOptions {
     pub metrics: bool,
     pub heartbeat: Duration,
     pub lease_renew: Duration,
+    /// Mirror Services and Endpoints (`ServiceControllers`, default filter).
+    pub services: bool,
 }
 
 impl NodeOptions {
@@ -83,6 +85,7 @@ impl NodeOptions {
             metrics: false,
             heartbeat: Duration::from_secs(60),
             lease_renew: Duration::from_millis(500),
+            services: false,
         }
     }
 
@@ -168,6 +171,9 @@ pub async fn spawn(env: &TestEnv, opts: NodeOptions) -> Spawned {
             registry,
             listen: opts.metrics.then(|| "127.0.0.1:0".parse().unwrap()),
         },
+        services: opts
+            .services
+            .then(tensile_core::services::ServiceFilter::default),
     };
     let stop = CancellationToken::new();
     let running = vn.start(stop.clone()).await.unwrap();
