@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use futures::StreamExt as _;
+use k8s_openapi::api::core::v1::Event;
 use k8s_openapi::api::core::v1::{Node, Pod};
-use k8s_openapi::api::events::v1::Event;
 use kube::Api;
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::watcher;
@@ -153,18 +153,19 @@ fn recent_events(events: &[std::sync::Arc<Event>]) -> Vec<EventLine> {
             let when = e
                 .series
                 .as_ref()
-                .map(|s| s.last_observed_time.0)
+                .and_then(|s| s.last_observed_time.as_ref().map(|t| t.0))
+                .or(e.last_timestamp.as_ref().map(|t| t.0))
                 .or(e.event_time.as_ref().map(|t| t.0))
-                .or(e.deprecated_last_timestamp.as_ref().map(|t| t.0))
                 .or(e.metadata.creation_timestamp.as_ref().map(|t| t.0))?;
-            let r = e.regarding.as_ref();
+            let r = &e.involved_object;
             let object = format!(
                 "{} {}{}",
-                r.and_then(|r| r.kind.as_deref()).unwrap_or("?"),
-                r.and_then(|r| r.namespace.as_deref())
+                r.kind.as_deref().unwrap_or("?"),
+                r.namespace
+                    .as_deref()
                     .map(|n| format!("{n}/"))
                     .unwrap_or_default(),
-                r.and_then(|r| r.name.as_deref()).unwrap_or("?"),
+                r.name.as_deref().unwrap_or("?"),
             );
             let line = EventLine {
                 time: when.strftime("%H:%M:%S").to_string(),
@@ -172,14 +173,19 @@ fn recent_events(events: &[std::sync::Arc<Event>]) -> Vec<EventLine> {
                 type_: e.type_.clone().unwrap_or_default(),
                 reason: e.reason.clone().unwrap_or_default(),
                 note: e
-                    .note
+                    .message
                     .as_deref()
                     .unwrap_or_default()
                     .lines()
                     .next()
                     .unwrap_or_default()
                     .to_owned(),
-                count: e.series.as_ref().map_or(1, |s| s.count),
+                count: e
+                    .series
+                    .as_ref()
+                    .and_then(|s| s.count)
+                    .or(e.count)
+                    .unwrap_or(1),
             };
             Some((when, line))
         })

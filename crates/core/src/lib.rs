@@ -9,6 +9,7 @@
 //! - [`capacity`]: the live capacity model of a lower cluster, fed by node and pod events.
 //! - [`fit`]: the fit predicates shared by the scheduler extender, descheduler and capacity.
 //! - [`deps`]: which ConfigMaps, Secrets, PVCs and ServiceAccount a pod needs.
+//! - [`events`]: lower events about our pods mirrored onto the upper pods.
 //! - [`translate`]: upper pod -> lower pod, and lower copies of the objects it needs.
 //! - [`node`]: the virtual Node object, its conditions and taints, flag/env parsing.
 //! - [`plan`]: creation order of a pod's lower objects and what to do with existing ones.
@@ -20,6 +21,7 @@
 pub mod capacity;
 pub mod cluster_selector;
 pub mod deps;
+pub mod events;
 pub mod fit;
 pub mod keys;
 pub mod node;

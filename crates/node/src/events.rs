@@ -1,7 +1,8 @@
-//! Events about upper pods (`events.k8s.io/v1`), sent in the background so a reconcile never
-//! waits for one, deduplicated (a repeat within ten minutes raises the first one's series count
-//! instead of creating another), and dropped rather than queued without bound when the upper API
-//! server cannot keep up, as client-go's broadcaster does.
+//! Events about upper pods (core/v1, which `kubectl describe` reads and every API server
+//! serves), sent in the background so a reconcile never waits for one, deduplicated (a repeat
+//! within ten minutes raises the first one's count instead of creating another), and dropped
+//! rather than queued without bound when the upper API server cannot keep up, as client-go's
+//! broadcaster does.
 //!
 //! Not kube's `Recorder`: it scans its whole cache under a write lock on every event, so a
 //! burst of 10,000 pods (10,000 distinct events) serialised every pod sync behind an O(n) scan.
@@ -9,9 +10,8 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::ObjectReference;
-use k8s_openapi::api::events::v1::{Event, EventSeries};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+use k8s_openapi::api::core::v1::{Event, EventSource, ObjectReference};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use serde_json::json;
@@ -96,7 +96,7 @@ async fn send_all(
             ev.note.clone(),
         );
         let api: Api<Event> = Api::namespaced(client.clone(), &namespace);
-        let now = MicroTime(Timestamp::now());
+        let now = Time(Timestamp::now());
         let Ok(permit) = in_flight.clone().acquire_owned().await else {
             return;
         };
@@ -106,13 +106,9 @@ async fn send_all(
         {
             s.count = s.count.saturating_add(1);
             s.last = Instant::now();
-            let series = EventSeries {
-                count: s.count,
-                last_observed_time: now,
-            };
             let name = s.name.clone();
+            let patch = json!({"count": s.count, "lastTimestamp": now});
             tokio::spawn(async move {
-                let patch = json!({"series": series});
                 if let Err(e) = api
                     .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
                     .await
@@ -144,13 +140,18 @@ async fn send_all(
                 namespace: Some(namespace.clone()),
                 ..ObjectMeta::default()
             },
-            action: Some(ev.reason.clone()),
             reason: Some(ev.reason),
-            note: Some(ev.note),
+            message: Some(ev.note),
             type_: Some(if ev.warning { "Warning" } else { "Normal" }.to_owned()),
-            event_time: Some(now),
-            regarding: Some(ev.regarding),
-            reporting_controller: Some(controller.clone()),
+            involved_object: ev.regarding,
+            source: Some(EventSource {
+                component: Some(controller.clone()),
+                host: Some(instance.clone()),
+            }),
+            count: Some(1),
+            first_timestamp: Some(now.clone()),
+            last_timestamp: Some(now),
+            reporting_component: Some(controller.clone()),
             reporting_instance: Some(instance.clone()),
             ..Event::default()
         };

@@ -12,6 +12,7 @@ pub mod copies;
 pub mod events;
 pub mod lower_backend;
 pub mod metrics;
+pub mod mirror_events;
 pub mod namespaces;
 pub mod node;
 pub mod pods;

@@ -289,6 +289,16 @@ pub async fn run_with_store(
         () = stop.cancelled() => return,
         _ = futures::future::join(upper_pods.wait_until_ready(), lower_pods.wait_until_ready()) => {}
     }
+    tokio::spawn(crate::mirror_events::run(
+        crate::mirror_events::EventMirror {
+            upper: cfg.upper.clone(),
+            lower: cfg.lower.clone(),
+            owner: cfg.translate.owner.clone(),
+        },
+        upper_pods.clone(),
+        lower_pods.clone(),
+        stop.clone(),
+    ));
     let recorder = EventSink::start(cfg.upper.clone(), "tensile-kube", &cfg.node);
     let workers = cfg.workers.max(1);
     let ctx = Arc::new(Ctx {

@@ -179,20 +179,20 @@ async fn checklist_34_fix_a_missing_secret_keeps_the_pod_pending_with_the_reason
     // a restartPolicy=Never pod, so a Secret created a second late lost the Job's pod).
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert_eq!(phase(&pods, "once").await.as_deref(), Some("Pending"));
-    let events = Api::<k8s_openapi::api::events::v1::Event>::namespaced(
+    let events = Api::<k8s_openapi::api::core::v1::Event>::namespaced(
         env.clusters[0].client.clone(),
         "default",
     );
     let warned = eventually(30, "a Warning event on the pod", || async {
         let list = events.list(&ListParams::default()).await.ok()?;
         list.items.into_iter().find(|e| {
-            e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("once")
+            e.involved_object.name.as_deref() == Some("once")
                 && e.type_.as_deref() == Some("Warning")
         })
     })
     .await;
     assert!(
-        warned.note.unwrap_or_default().contains("absent"),
+        warned.message.unwrap_or_default().contains("absent"),
         "the event names the Secret"
     );
     stop.cancel();

@@ -145,6 +145,61 @@ async fn a_pod_that_fits_nowhere_is_marked_unschedulable_with_the_schedulers_rea
     })
     .await;
     assert_eq!(message, "0/2 nodes are available: 2 Insufficient cpu.");
+    // Like kube-scheduler, a FailedScheduling warning with the same message, once per change of
+    // reason (the pod is retried on every cluster change, the event is not repeated).
+    let events: Api<k8s_openapi::api::core::v1::Event> =
+        Api::namespaced(env.clusters[0].client.clone(), "default");
+    let failed = eventually(30, "FailedScheduling event", || async {
+        let list = events
+            .list(&ListParams::default().fields("involvedObject.name=huge"))
+            .await
+            .ok()?;
+        list.items
+            .into_iter()
+            .find(|e| e.reason.as_deref() == Some("FailedScheduling"))
+    })
+    .await;
+    assert_eq!(failed.type_.as_deref(), Some("Warning"));
+    assert_eq!(failed.message.as_deref(), Some(message.as_str()));
+    assert_eq!(
+        failed.reporting_component.as_deref(),
+        Some("default-scheduler")
+    );
+    assert!(failed.event_time.is_some());
+    pods.create(
+        &PostParams::default(),
+        &from(
+            json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "small"},
+        "spec": {"containers": [{"name": "c", "image": "i"}]}}),
+        ),
+    )
+    .await
+    .unwrap();
+    let scheduled = eventually(30, "Scheduled event", || async {
+        let list = events
+            .list(&ListParams::default().fields("involvedObject.name=small"))
+            .await
+            .ok()?;
+        list.items
+            .into_iter()
+            .find(|e| e.reason.as_deref() == Some("Scheduled"))
+    })
+    .await;
+    assert!(
+        scheduled
+            .message
+            .unwrap()
+            .starts_with("Successfully assigned default/small to ")
+    );
+    let list = events
+        .list(&ListParams::default().fields("involvedObject.name=huge"))
+        .await
+        .unwrap();
+    assert_eq!(
+        list.items.len(),
+        1,
+        "the retry after the new pod changed nothing"
+    );
 }
 
 #[tokio::test]

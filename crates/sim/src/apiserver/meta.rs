@@ -12,6 +12,13 @@ pub fn now() -> String {
     time_string(Timestamp::now())
 }
 
+/// Now, as Kubernetes writes MicroTime fields (`eventTime`: microseconds, UTC).
+pub fn now_micro() -> String {
+    Timestamp::now()
+        .strftime("%Y-%m-%dT%H:%M:%S.%6fZ")
+        .to_string()
+}
+
 /// A timestamp as Kubernetes writes it.
 pub fn time_string(t: Timestamp) -> String {
     match serde_json::to_value(Time(t)) {

@@ -1,7 +1,9 @@
 //! The scheduler: binds pending pods to nodes where they fit, with `crates/core`'s fit
 //! predicates over a live capacity model (never a re-list), preferring the node with the most
 //! free room; pods that fit nowhere get `PodScheduled=False/Unschedulable` with
-//! kube-scheduler's message and are retried when the cluster changes.
+//! kube-scheduler's message and are retried when the cluster changes. Like kube-scheduler it
+//! records a `Scheduled` event on binding and a `FailedScheduling` warning when the reason a
+//! pod cannot be placed changes.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -17,7 +19,7 @@ use super::super::State;
 use super::super::meta;
 use super::super::resources::ids;
 use super::super::store::{Event, EventType, ObjKey};
-use super::{Reconciler, modify, run_loop};
+use super::{Reconciler, create, modify, run_loop};
 
 pub(super) async fn run(state: Arc<State>, stop: CancellationToken) {
     run_loop(state, stop, Duration::from_secs(5), Scheduler::new()).await;
@@ -92,6 +94,10 @@ impl Scheduler {
             };
             match self.place(state, &pod, &entry.object).await {
                 Ok(node) => {
+                    let message = format!(
+                        "Successfully assigned {}/{} to {node}",
+                        key.namespace, key.name
+                    );
                     let binding = json!({"apiVersion": "v1", "kind": "Binding", "metadata": {"name": key.name},
                         "target": {"apiVersion": "v1", "kind": "Node", "name": node}});
                     if super::super::strategy::bind_pod(state, &key.namespace, &key.name, &binding)
@@ -104,9 +110,21 @@ impl Scheduler {
                         // Reserve now; the binding's own event arrives later.
                         let _ = self.model.apply_pod(&bound);
                         self.pending.remove(&key);
+                        record_event(state, &entry.object, "Normal", "Scheduled", &message).await;
                     }
                 }
-                Err(message) => mark_unschedulable(state, &key, &message),
+                Err(message) => {
+                    if mark_unschedulable(state, &key, &message) {
+                        record_event(
+                            state,
+                            &entry.object,
+                            "Warning",
+                            "FailedScheduling",
+                            &message,
+                        )
+                        .await;
+                    }
+                }
             }
         }
     }
@@ -345,7 +363,9 @@ fn wants_scheduling(pod: &Value) -> bool {
         && !matches!(phase, Some("Succeeded" | "Failed"))
 }
 
-fn mark_unschedulable(state: &State, key: &ObjKey, message: &str) {
+/// Sets `PodScheduled=False/Unschedulable` with `message`; whether it changed anything.
+fn mark_unschedulable(state: &State, key: &ObjKey, message: &str) -> bool {
+    let mut changed = false;
     let _ = modify(state, *ids::PODS, key, |pod| {
         let Some(status) = pod.get_mut("status").and_then(Value::as_object_mut) else {
             return false;
@@ -369,8 +389,51 @@ fn mark_unschedulable(state: &State, key: &ObjKey, message: &str) {
             json!({"type": "PodScheduled", "status": "False", "lastProbeTime": null,
             "lastTransitionTime": meta::now(), "reason": "Unschedulable", "message": message}),
         );
+        changed = true;
         true
     });
+    changed
+}
+
+/// An event about `pod` as kube-scheduler records it (through `events.k8s.io/v1`, read here
+/// through core/v1: eventTime, action and reporting component, no legacy source or count).
+async fn record_event(state: &State, pod: &Value, type_: &str, reason: &str, message: &str) {
+    let field = |name: &str| {
+        pod.pointer(&format!("/metadata/{name}"))
+            .cloned()
+            .unwrap_or(Value::Null)
+    };
+    let (Some(namespace), Some(name)) = (
+        pod.pointer("/metadata/namespace").and_then(Value::as_str),
+        pod.pointer("/metadata/name").and_then(Value::as_str),
+    ) else {
+        return;
+    };
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    let event = json!({
+        "apiVersion": "v1", "kind": "Event",
+        "metadata": {"name": format!("{name}.{nanos:x}"), "namespace": namespace},
+        "involvedObject": {"apiVersion": "v1", "kind": "Pod", "namespace": namespace, "name": name,
+            "uid": field("uid"), "resourceVersion": field("resourceVersion")},
+        "type": type_, "reason": reason, "message": message, "action": "Scheduling",
+        "eventTime": meta::now_micro(),
+        "reportingComponent": "default-scheduler",
+        "reportingInstance": "default-scheduler-sim",
+        "source": {},
+    });
+    if let Err(e) = create(
+        state,
+        *ids::EVENTS,
+        Some(namespace),
+        event,
+        "system:kube-scheduler",
+    )
+    .await
+    {
+        tracing::debug!(pod = %name, error = ?e, "recording a scheduler event");
+    }
 }
 
 impl Reconciler for Scheduler {
