@@ -170,7 +170,10 @@ fn tensile_up_then_the_tour_offloads_a_deployment_with_logs_and_exec_and_stops_o
     assert!(table.contains("4 total: 4 offloaded"), "{table}");
     // Recent events include where each pod really landed: the lower scheduler's `Scheduled`,
     // mirrored onto the upper pod.
-    assert!(table.contains("Scheduled") && table.contains("to lower-"), "{table}");
+    assert!(
+        table.contains("Scheduled") && table.contains("to lower-"),
+        "{table}"
+    );
 
     let interrupted = Command::new("kill")
         .args(["-INT", &up.0.id().to_string()])

@@ -526,6 +526,91 @@ pub fn secret_action(upper: Option<&Secret>, lower: &Secret, owner: &str) -> Cop
     CopyAction::Update(desired)
 }
 
+/// A ConfigMap or Secret as the copy controller handles it: how a copy follows its original,
+/// and how a copy is made.
+pub trait DependencyCopy: Sized {
+    /// [`config_map_action`] or [`secret_action`].
+    fn follow(upper: Option<&Self>, lower: &Self, owner: &str) -> CopyAction<Self>;
+    /// The lower copy of `upper`, if it may be copied at all.
+    fn copy_of(upper: &Self, owner: &str) -> Option<Self>;
+    /// Its metadata.
+    fn meta(&self) -> &ObjectMeta;
+}
+
+impl DependencyCopy for ConfigMap {
+    fn follow(upper: Option<&Self>, lower: &Self, owner: &str) -> CopyAction<Self> {
+        config_map_action(upper, lower, owner)
+    }
+    fn copy_of(upper: &Self, owner: &str) -> Option<Self> {
+        Some(lower_config_map(upper, owner))
+    }
+    fn meta(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+}
+
+impl DependencyCopy for Secret {
+    fn follow(upper: Option<&Self>, lower: &Self, owner: &str) -> CopyAction<Self> {
+        secret_action(upper, lower, owner)
+    }
+    fn copy_of(upper: &Self, owner: &str) -> Option<Self> {
+        lower_secret(upper, owner).ok()
+    }
+    fn meta(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+}
+
+/// [`CopyAction`] for a ConfigMap or Secret `namespace/name` given the upper original, our lower
+/// copy (either may be absent) and whether any of our pods (upper pods bound to the node, or
+/// lower pods of ours still running or terminating) needs it:
+/// - a copy that is not ours: never touched;
+/// - our copy of an original that is gone, or that no pod needs any more: deleted (garbage
+///   collection of copies no pod needs, which the original never did);
+/// - our copy otherwise follows its original ([`config_map_action`], [`secret_action`]);
+/// - a needed copy that is missing (deleted by hand, or lost in a race with a deletion) is
+///   created again, so a lower pod waiting for its volume is not stuck.
+pub fn dependency_action<T: DependencyCopy>(
+    upper: Option<&T>,
+    lower: Option<&T>,
+    owner: &str,
+    needed: bool,
+) -> CopyAction<T> {
+    let upper = upper.filter(|u| u.meta().deletion_timestamp.is_none());
+    match lower {
+        Some(lower) if !is_owned_by(lower.meta(), owner) => CopyAction::Nothing,
+        Some(_) if !needed && upper.is_some() => CopyAction::Delete,
+        Some(lower) => T::follow(upper, lower, owner),
+        None => match upper.filter(|_| needed).and_then(|u| T::copy_of(u, owner)) {
+            Some(copy) => CopyAction::Create(copy),
+            None => CopyAction::Nothing,
+        },
+    }
+}
+
+/// The ConfigMaps, Secrets and PVCs of `pod`'s namespace that its lower copy needs, as
+/// `(kind, name)`; the dependency index of the copy controller counts them per pod.
+pub fn needed_copies(pod: &Pod) -> Vec<(CopyKind, String)> {
+    let deps = pod_dependencies(pod);
+    let named =
+        |kind: CopyKind, map: BTreeMap<String, Need>| map.into_keys().map(move |name| (kind, name));
+    named(CopyKind::ConfigMap, deps.config_maps)
+        .chain(named(CopyKind::Secret, deps.secrets))
+        .chain(named(CopyKind::PersistentVolumeClaim, deps.pvcs))
+        .collect()
+}
+
+/// The kinds of lower copies a pod may need.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum CopyKind {
+    /// A ConfigMap.
+    ConfigMap,
+    /// A Secret.
+    Secret,
+    /// A PersistentVolumeClaim.
+    PersistentVolumeClaim,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1539,5 +1624,73 @@ mod tests {
             secret_action(Some(&secret), &copy, OWNER),
             CopyAction::Replace(_)
         ));
+    }
+
+    #[test]
+    fn copies_no_pod_needs_are_deleted_and_needed_missing_ones_created_again() {
+        let mut upper: ConfigMap =
+            serde_json::from_value(json!({"metadata": upper_meta(), "data": {"k": "v"}})).unwrap();
+        upper.metadata.deletion_timestamp = None;
+        let ours = lower_config_map(&upper, OWNER);
+        assert_eq!(
+            dependency_action(Some(&upper), Some(&ours), OWNER, true),
+            CopyAction::Nothing
+        );
+        assert_eq!(
+            dependency_action(Some(&upper), Some(&ours), OWNER, false),
+            CopyAction::Delete
+        );
+        assert_eq!(
+            dependency_action(None, Some(&ours), OWNER, true),
+            CopyAction::Delete
+        );
+        assert_eq!(
+            dependency_action(Some(&upper), None, OWNER, true),
+            CopyAction::Create(ours.clone())
+        );
+        assert_eq!(
+            dependency_action(Some(&upper), None, OWNER, false),
+            CopyAction::Nothing
+        );
+        assert_eq!(
+            dependency_action::<ConfigMap>(None, None, OWNER, true),
+            CopyAction::Nothing
+        );
+        let mut theirs = ours.clone();
+        theirs.metadata.labels = None;
+        assert_eq!(
+            dependency_action(Some(&upper), Some(&theirs), OWNER, false),
+            CopyAction::Nothing
+        );
+        // A service-account token secret is never created, needed or not.
+        let token: Secret = serde_json::from_value(
+            json!({"metadata": upper_meta(), "type": keys::SECRET_TYPE_SERVICE_ACCOUNT_TOKEN}),
+        )
+        .unwrap();
+        assert_eq!(
+            dependency_action(Some(&token), None, OWNER, true),
+            CopyAction::Nothing
+        );
+    }
+
+    #[test]
+    fn needed_copies_lists_config_maps_secrets_and_claims_by_kind() {
+        let p = pod(json!({
+            "volumes": [
+                {"name": "a", "configMap": {"name": "cm"}},
+                {"name": "b", "secret": {"secretName": "sec"}},
+                {"name": "c", "persistentVolumeClaim": {"claimName": "data"}},
+            ],
+            "containers": [container(json!({"envFrom": [{"configMapRef": {"name": "env"}}]}))],
+        }));
+        assert_eq!(
+            needed_copies(&p),
+            vec![
+                (CopyKind::ConfigMap, "cm".to_owned()),
+                (CopyKind::ConfigMap, "env".to_owned()),
+                (CopyKind::Secret, "sec".to_owned()),
+                (CopyKind::PersistentVolumeClaim, "data".to_owned()),
+            ]
+        );
     }
 }

@@ -1,10 +1,15 @@
-//! The controllers that keep lower copies of upper objects: ConfigMaps and Secrets (always on:
-//! our copies follow their originals and go when they go; creating them is the pod
-//! controller's job) and, with `ServiceControllers`, Services and Endpoints (every upper Service
-//! outside the filter is mirrored, created, updated and deleted). At start, copies whose
-//! original is gone are deleted once both caches have synced.
+//! The controllers that keep lower copies of upper objects:
+//! - ConfigMaps and Secrets (always on): our copies follow their originals, and exist exactly
+//!   while one of our pods needs them (`crate::needs`): a copy no pod needs any more, or whose
+//!   original is gone, is deleted; a needed one that went missing is created again. The pod
+//!   controller creates them first, before the pod that needs them;
+//! - with `ServiceControllers`, Services and Endpoints: every upper Service outside the filter
+//!   is mirrored, created, updated and deleted.
 //!
-//! The rules are `tensile_core::deps::{config_map_action, secret_action}` and
+//! Nothing is decided before the caches involved have synced, so at start copies whose original
+//! is gone (or that nothing needs) are collected, and nothing else.
+//!
+//! The rules are `tensile_core::deps::dependency_action` and
 //! `tensile_core::services::{service_action, endpoints_action}`; this is the thin loop around
 //! them, one per kind: one watch of the upper objects, one of our lower copies (label selector
 //! on our owner mark), a keyed queue, a few workers.
@@ -20,7 +25,7 @@ use kube::runtime::{WatchStreamExt as _, watcher};
 use kube::{Resource, ResourceExt as _};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
-use tensile_core::deps::{CopyAction, config_map_action, secret_action};
+use tensile_core::deps::{CopyAction, CopyKind, DependencyCopy, dependency_action};
 use tensile_core::keys::{LABEL_OWNER, owner_label_value};
 use tensile_core::services::{ServiceFilter, endpoints_action, service_action};
 use tokio_util::sync::CancellationToken;
@@ -28,6 +33,7 @@ use tokio_util::sync::CancellationToken;
 use crate::cache::{CompactCache, Key};
 use crate::clients::{already_exists, delete_exact};
 use crate::namespaces::LowerNamespaces;
+use crate::needs::Needs;
 use crate::queue::Queue;
 
 /// Settings of the copy controllers.
@@ -76,28 +82,58 @@ pub struct UpperObjects {
     pub secrets: CompactCache<Secret>,
 }
 
-/// What to do given the upper object and our lower copy, either possibly absent.
-type Decide<K> = Arc<dyn Fn(Option<&K>, Option<&K>) -> CopyAction<K> + Send + Sync>;
+/// What the copy controllers and the pod controller of one virtual node share.
+#[derive(Clone, Debug)]
+pub struct Shared {
+    /// The upper ConfigMaps and Secrets (filled by the copy controllers).
+    pub upper: UpperObjects,
+    /// Lower namespaces known to exist.
+    pub namespaces: Arc<LowerNamespaces>,
+    /// Which copies our pods need (filled from the pod controller's watches).
+    pub needs: Arc<Needs>,
+}
 
-/// Runs every enabled kind until `stop`, filling `upper`.
-pub async fn run(
-    cfg: CopySync,
-    upper: UpperObjects,
-    namespaces: Arc<LowerNamespaces>,
-    stop: CancellationToken,
-) {
-    let owner = cfg.owner.clone();
-    let config_maps: Decide<ConfigMap> =
-        Arc::new(move |u, l| l.map_or(CopyAction::Nothing, |l| config_map_action(u, l, &owner)));
-    let owner = cfg.owner.clone();
-    let secrets: Decide<Secret> =
-        Arc::new(move |u, l| l.map_or(CopyAction::Nothing, |l| secret_action(u, l, &owner)));
+impl Shared {
+    /// Empty caches for the lower cluster of `lower`, our marks `owner`.
+    pub fn new(lower: kube::Client, owner: String) -> Self {
+        Shared {
+            upper: UpperObjects::default(),
+            namespaces: Arc::new(LowerNamespaces::new(lower, owner)),
+            needs: Arc::default(),
+        }
+    }
+}
+
+/// What to do with `namespace/name` given the upper object and our lower copy, either possibly
+/// absent.
+type Decide<K> = Arc<dyn Fn(&Key, Option<&K>, Option<&K>) -> CopyAction<K> + Send + Sync>;
+
+/// A pod dependency's rule: follow the original, and exist exactly while a pod needs it.
+fn dependency<K: DependencyCopy + 'static>(
+    kind: CopyKind,
+    owner: String,
+    needs: Arc<Needs>,
+) -> Decide<K> {
+    Arc::new(move |(ns, name), u, l| dependency_action(u, l, &owner, needs.needed(kind, ns, name)))
+}
+
+/// Runs every enabled kind until `stop`, filling `shared.upper`.
+pub async fn run(cfg: CopySync, shared: Shared, stop: CancellationToken) {
+    let Shared {
+        upper,
+        namespaces,
+        needs,
+    } = shared;
+    let config_maps =
+        dependency::<ConfigMap>(CopyKind::ConfigMap, cfg.owner.clone(), needs.clone());
+    let secrets = dependency::<Secret>(CopyKind::Secret, cfg.owner.clone(), needs.clone());
     let services = cfg.services.clone().map(|filter| {
         let (owner, endpoints_owner) = (cfg.owner.clone(), cfg.owner.clone());
         let endpoints_filter = filter.clone();
-        let services: Decide<Service> = Arc::new(move |u, l| service_action(u, l, &owner, &filter));
+        let services: Decide<Service> =
+            Arc::new(move |_, u, l| service_action(u, l, &owner, &filter));
         let endpoints: Decide<Endpoints> =
-            Arc::new(move |u, l| endpoints_action(u, l, &endpoints_owner, &endpoints_filter));
+            Arc::new(move |_, u, l| endpoints_action(u, l, &endpoints_owner, &endpoints_filter));
         (services, endpoints)
     });
     let mirror_services = async {
@@ -118,12 +154,14 @@ pub async fn run(
     };
     tokio::join!(
         run_kind(
-            Kind::new(&cfg, "configmap", upper.config_maps, &namespaces),
+            Kind::new(&cfg, "configmap", upper.config_maps, &namespaces)
+                .needed_by_pods(CopyKind::ConfigMap, &needs),
             config_maps,
             stop.clone()
         ),
         run_kind(
-            Kind::new(&cfg, "secret", upper.secrets, &namespaces),
+            Kind::new(&cfg, "secret", upper.secrets, &namespaces)
+                .needed_by_pods(CopyKind::Secret, &needs),
             secrets,
             stop.clone()
         ),
@@ -137,6 +175,8 @@ struct Kind<K> {
     name: &'static str,
     upper: CompactCache<K>,
     namespaces: Arc<LowerNamespaces>,
+    /// For pod dependencies: which ones pods need.
+    needs: Option<(CopyKind, Arc<Needs>)>,
 }
 
 impl<K> Kind<K> {
@@ -152,6 +192,15 @@ impl<K> Kind<K> {
             name,
             upper,
             namespaces: namespaces.clone(),
+            needs: None,
+        }
+    }
+
+    /// Copies of this kind exist exactly while a pod needs them: a change of need is work.
+    fn needed_by_pods(self, kind: CopyKind, needs: &Arc<Needs>) -> Self {
+        Kind {
+            needs: Some((kind, needs.clone())),
+            ..self
         }
     }
 }
@@ -187,6 +236,9 @@ where
         lower_cache.clone(),
     );
     let (queue, rx) = Queue::<Key>::new();
+    if let Some((copy_kind, needs)) = &kind.needs {
+        needs.subscribe(*copy_kind, queue.clone());
+    }
     {
         let queue = queue.clone();
         let stop = stop.clone();
@@ -205,10 +257,16 @@ where
             }
         });
     }
-    // Nothing is decided before both caches are complete: an absent original must mean absent.
+    // Nothing is decided before both caches (and the pods, for what they need) are complete:
+    // an absent original must mean absent, an unneeded copy unneeded.
+    let pods_listed = async {
+        if let Some((_, needs)) = &kind.needs {
+            needs.wait_until_listed().await;
+        }
+    };
     tokio::select! {
         () = stop.cancelled() => return,
-        _ = futures::future::join(kind.upper.wait_until_ready(), lower_cache.wait_until_ready()) => {}
+        _ = futures::future::join3(kind.upper.wait_until_ready(), lower_cache.wait_until_ready(), pods_listed) => {}
     }
     // Start-up garbage collection: every copy is checked against its original.
     for key in lower_cache.keys() {
@@ -239,7 +297,7 @@ async fn sync<K>(
     kind: &Kind<K>,
     decide: &Decide<K>,
     lower: &CompactCache<K>,
-    (ns, name): &Key,
+    key: &Key,
 ) -> Result<(), CopyError>
 where
     K: Resource<Scope = NamespaceResourceScope, DynamicType = ()>
@@ -248,6 +306,7 @@ where
         + Serialize
         + DeserializeOwned,
 {
+    let (ns, name) = key;
     let copy = lower.get(ns, name);
     let api: Api<K> = Api::namespaced(kind.cfg.lower.clone(), ns);
     let err = |what: &'static str| {
@@ -281,7 +340,7 @@ where
             Ok(_) => Ok(()),
         }
     };
-    match decide(kind.upper.get(ns, name).as_ref(), copy.as_ref()) {
+    match decide(key, kind.upper.get(ns, name).as_ref(), copy.as_ref()) {
         CopyAction::Nothing => Ok(()),
         CopyAction::Create(desired) => create(desired).await,
         CopyAction::Update(desired) => api

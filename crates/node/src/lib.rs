@@ -14,6 +14,7 @@ pub mod lower_backend;
 pub mod metrics;
 pub mod mirror_events;
 pub mod namespaces;
+pub mod needs;
 pub mod node;
 pub mod pods;
 mod queue;
@@ -142,11 +143,7 @@ impl VirtualNode {
             tx,
             stop.clone(),
         ));
-        let upper_objects = copies::UpperObjects::default();
-        let namespaces = Arc::new(namespaces::LowerNamespaces::new(
-            lower.clone(),
-            self.pods.translate.owner.clone(),
-        ));
+        let shared = copies::Shared::new(lower.clone(), self.pods.translate.owner.clone());
         let copies = tokio::spawn(copies::run(
             copies::CopySync {
                 upper: upper.clone(),
@@ -155,18 +152,16 @@ impl VirtualNode {
                 workers: 4,
                 services: self.services.take(),
             },
-            upper_objects.clone(),
-            namespaces.clone(),
+            shared.clone(),
             stop.clone(),
         ));
         let node_loop = tokio::spawn(node::run_node(upper, lower, self.node, rx, stop.clone()));
         let pods = tokio::spawn(pods::run_with_store(
             self.pods,
             upper_pods,
-            upper_objects,
+            shared,
             for_pods,
             sync_metrics,
-            namespaces,
             stop.clone(),
         ));
         let handle = tokio::spawn(async move {

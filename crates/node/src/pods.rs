@@ -39,9 +39,10 @@ use tokio_util::sync::CancellationToken;
 
 use crate::cache::CompactCache;
 use crate::clients::{already_exists, delete_exact};
-use crate::copies::UpperObjects;
+use crate::copies::{Shared, UpperObjects};
 use crate::events::{EventSink, PodEvent};
 use crate::namespaces::LowerNamespaces;
+use crate::needs::Side;
 use crate::queue::{Queue, Receiver};
 
 /// Where a pod sync spends its time: the Prometheus histogram `tensile_pod_sync_seconds`
@@ -223,12 +224,17 @@ fn ours_only<S: Stream<Item = watcher::Event<Pod>>>(
 pub async fn run_with_store(
     cfg: PodSync,
     upper_pods: CompactCache<Pod>,
-    upper_objects: UpperObjects,
+    shared: Shared,
     lower_events: impl Stream<Item = watcher::Event<Pod>> + Send + 'static,
     metrics: SyncMetrics,
-    namespaces: Arc<LowerNamespaces>,
     stop: CancellationToken,
 ) {
+    let Shared {
+        upper: upper_objects,
+        namespaces,
+        needs,
+    } = shared;
+    let upper_needs = needs.clone();
     let lower_pods = CompactCache::<Pod>::new();
     let upper_api: Api<Pod> = Api::all(cfg.upper.clone());
     let gone_grace: Arc<Mutex<HashMap<Key, i64>>> = Arc::default();
@@ -249,7 +255,10 @@ pub async fn run_with_store(
     })
     .inspect_ok({
         let cache = upper_pods.clone();
-        move |e| cache.apply(e)
+        move |e| {
+            upper_needs.observe(Side::Upper, e);
+            cache.apply(e);
+        }
     })
     .touched_objects()
     .boxed();
@@ -257,7 +266,10 @@ pub async fn run_with_store(
         .map(Ok::<_, watcher::Error>)
         .inspect_ok({
             let cache = lower_pods.clone();
-            move |e| cache.apply(e)
+            move |e| {
+                needs.observe(Side::Lower, e);
+                cache.apply(e);
+            }
         })
         .touched_objects()
         .boxed();

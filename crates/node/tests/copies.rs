@@ -180,23 +180,39 @@ async fn checklist_74_deleting_upper_originals_deletes_our_copies_only() {
 }
 
 #[tokio::test]
-async fn checklist_75_at_start_copies_without_an_original_are_collected_and_nothing_else() {
+async fn checklist_75_at_start_copies_without_an_original_or_a_pod_needing_them_are_collected_and_nothing_else()
+ {
     let env = clusters().await;
     let (upper, lower) = (&env.clusters[0].client, &env.clusters[1].client);
     let pp = PostParams::default();
     let low_cms: Api<ConfigMap> = Api::namespaced(lower.clone(), "default");
+    let up_cms: Api<ConfigMap> = Api::namespaced(upper.clone(), "default");
     let ours = json!({LABEL_OWNER: owner_label_value("vk-lower")});
     let mut orphan = config_map("orphan", "left", ours.clone());
     orphan.metadata.annotations = Some([(ANNOTATION_GLOBAL.to_owned(), "true".to_owned())].into());
     low_cms.create(&pp, &orphan).await.unwrap();
-    low_cms
-        .create(&pp, &config_map("kept", "kept", ours))
-        .await
-        .unwrap();
-    Api::<ConfigMap>::namespaced(upper.clone(), "default")
-        .create(&pp, &config_map("kept", "kept", json!({})))
-        .await
-        .unwrap();
+    // Both have originals; only `kept` is mounted by a pod of the node.
+    for name in ["kept", "unneeded"] {
+        low_cms
+            .create(&pp, &config_map(name, name, ours.clone()))
+            .await
+            .unwrap();
+        up_cms
+            .create(&pp, &config_map(name, name, json!({})))
+            .await
+            .unwrap();
+    }
+    let pods: Api<Pod> = Api::namespaced(upper.clone(), "default");
+    pods.create(
+        &pp,
+        &pod(
+            "user",
+            "vk-lower",
+            json!({"spec": {"volumes": [{"name": "v", "configMap": {"name": "kept"}}]}}),
+        ),
+    )
+    .await
+    .unwrap();
     low_cms
         .create(&pp, &config_map("stranger", "x", json!({})))
         .await
@@ -208,13 +224,14 @@ async fn checklist_75_at_start_copies_without_an_original_are_collected_and_noth
         .unwrap();
 
     let _node = spawn_node(&env, "vk-lower").await;
-    eventually(10, "the orphan copy collected", || async {
-        low_cms
-            .get_opt("orphan")
-            .await
-            .ok()?
-            .is_none()
-            .then_some(())
+    eventually(10, "the orphan and unneeded copies collected", || async {
+        (low_cms.get_opt("orphan").await.ok()?.is_none()
+            && low_cms.get_opt("unneeded").await.ok()?.is_none())
+        .then_some(())
+    })
+    .await;
+    eventually(30, "user Running", || async {
+        (phase(&pods, "user").await? == "Running").then_some(())
     })
     .await;
     for name in ["kept", "stranger", "other-nodes"] {
@@ -223,6 +240,41 @@ async fn checklist_75_at_start_copies_without_an_original_are_collected_and_noth
             "{name} must stay"
         );
     }
+}
+
+#[tokio::test]
+async fn a_copy_goes_when_its_last_pod_goes_and_comes_back_when_needed_again() {
+    let env = clusters().await;
+    let (upper, lower) = (&env.clusters[0].client, &env.clusters[1].client);
+    let _node = spawn_node(&env, "vk-lower").await;
+    Api::<ConfigMap>::namespaced(upper.clone(), "default")
+        .create(&PostParams::default(), &config_map("cfg", "v1", json!({})))
+        .await
+        .unwrap();
+    let volumes = json!([{"name": "c", "configMap": {"name": "cfg"}}]);
+    run_pod(upper, "a", volumes.clone()).await;
+    run_pod(upper, "b", volumes.clone()).await;
+    let low_cms: Api<ConfigMap> = Api::namespaced(lower.clone(), "default");
+    let pods: Api<Pod> = Api::namespaced(upper.clone(), "default");
+    let low_pods: Api<Pod> = Api::namespaced(lower.clone(), "default");
+    pods.delete("a", &DeleteParams::default()).await.unwrap();
+    eventually(30, "lower pod a gone", || async {
+        low_pods.get_opt("a").await.ok()?.is_none().then_some(())
+    })
+    .await;
+    assert!(
+        low_cms.get_opt("cfg").await.unwrap().is_some(),
+        "b still needs it"
+    );
+    pods.delete("b", &DeleteParams::default()).await.unwrap();
+    eventually(
+        30,
+        "the copy goes with the last pod that needs it",
+        || async { low_cms.get_opt("cfg").await.ok()?.is_none().then_some(()) },
+    )
+    .await;
+    run_pod(upper, "c", volumes).await;
+    assert_eq!(data(&low_cms, "cfg").await.as_deref(), Some("v1"));
 }
 
 #[tokio::test]
