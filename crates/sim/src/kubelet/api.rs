@@ -139,7 +139,7 @@ impl StreamBackend for SimBackend {
         };
         let mut status = ExitStatus::Success;
         for cmd in commands {
-            status = builtin(&cmd, &pod, &container, &mut io).await;
+            status = builtin(&cmd, &pod, &container, &self.shared.client, &mut io).await;
             if status != ExitStatus::Success {
                 break;
             }
@@ -224,8 +224,87 @@ async fn write_err(io: &mut ExecIo, text: &str) {
     }
 }
 
+/// The content of file `path` in `container`, if it lies in a ConfigMap or Secret volume: read
+/// from the API server at the moment (a real kubelet refreshes such volumes within about a
+/// minute, and never for `subPath` mounts; the simulated one is always current).
+async fn volume_file(
+    client: &kube::Client,
+    pod: &Pod,
+    container: &Container,
+    path: &str,
+) -> Result<Vec<u8>, String> {
+    const MISSING: &str = "No such file or directory";
+    let namespace = pod.metadata.namespace.as_deref().unwrap_or("default");
+    let (mount, relative) = container
+        .volume_mounts
+        .iter()
+        .flatten()
+        .filter_map(|m| {
+            let sub = m.sub_path.as_deref().filter(|s| !s.is_empty());
+            match sub {
+                Some(sub) => (path == m.mount_path).then(|| (m, sub.to_owned())),
+                None => path
+                    .strip_prefix(m.mount_path.trim_end_matches('/'))
+                    .and_then(|rest| rest.strip_prefix('/'))
+                    .map(|rest| (m, rest.to_owned())),
+            }
+        })
+        .max_by_key(|(m, _)| m.mount_path.len())
+        .ok_or(MISSING)?;
+    let volume = pod
+        .spec
+        .iter()
+        .flat_map(|s| s.volumes.iter().flatten())
+        .find(|v| v.name == mount.name)
+        .ok_or(MISSING)?;
+    let key_of = |items: Option<&Vec<k8s_openapi::api::core::v1::KeyToPath>>| match items {
+        Some(items) => items
+            .iter()
+            .find(|i| i.path == relative)
+            .map(|i| i.key.clone()),
+        None => Some(relative.clone()),
+    };
+    if let Some(source) = &volume.config_map {
+        let key = key_of(source.items.as_ref()).ok_or(MISSING)?;
+        let cm = kube::Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(
+            client.clone(),
+            namespace,
+        )
+        .get(&source.name)
+        .await
+        .map_err(|_| MISSING)?;
+        if let Some(text) = cm.data.as_ref().and_then(|d| d.get(&key)) {
+            return Ok(text.clone().into_bytes());
+        }
+        return cm
+            .binary_data
+            .and_then(|d| d.get(&key).map(|b| b.0.clone()))
+            .ok_or_else(|| MISSING.to_owned());
+    }
+    if let Some(source) = &volume.secret {
+        let key = key_of(source.items.as_ref()).ok_or(MISSING)?;
+        let name = source.secret_name.as_deref().ok_or(MISSING)?;
+        let secret =
+            kube::Api::<k8s_openapi::api::core::v1::Secret>::namespaced(client.clone(), namespace)
+                .get(name)
+                .await
+                .map_err(|_| MISSING)?;
+        return secret
+            .data
+            .and_then(|d| d.get(&key).map(|b| b.0.clone()))
+            .ok_or_else(|| MISSING.to_owned());
+    }
+    Err(MISSING.to_owned())
+}
+
 /// The built-in commands of simulated containers.
-async fn builtin(cmd: &[String], pod: &Pod, container: &Container, io: &mut ExecIo) -> ExitStatus {
+async fn builtin(
+    cmd: &[String],
+    pod: &Pod,
+    container: &Container,
+    client: &kube::Client,
+    io: &mut ExecIo,
+) -> ExitStatus {
     let args: Vec<&str> = cmd.iter().skip(1).map(String::as_str).collect();
     match cmd.first().map(|c| c.rsplit('/').next().unwrap_or(c)) {
         Some("echo") => {
@@ -240,10 +319,28 @@ async fn builtin(cmd: &[String], pod: &Pod, container: &Container, io: &mut Exec
             write_out(io, &text).await;
             ExitStatus::Success
         }
-        Some("cat") => match copy_stdin(io).await {
+        Some("cat") if args.is_empty() => match copy_stdin(io).await {
             Ok(()) => ExitStatus::Success,
             Err(e) => ExitStatus::Error(e.to_string()),
         },
+        Some("cat") => {
+            let mut status = ExitStatus::Success;
+            for path in args {
+                match volume_file(client, pod, container, path).await {
+                    Ok(bytes) => {
+                        if let Some(out) = io.stdout.as_mut() {
+                            let _ = out.write_all(&bytes).await;
+                            let _ = out.flush().await;
+                        }
+                    }
+                    Err(message) => {
+                        write_err(io, &format!("cat: {path}: {message}\n")).await;
+                        status = ExitStatus::ExitCode(1);
+                    }
+                }
+            }
+            status
+        }
         Some("hostname") => {
             write_out(
                 io,
