@@ -95,7 +95,12 @@ pub struct EventBudget {
     burst: u32,
     refill: Duration,
     buckets: HashMap<String, (u32, Instant)>,
+    /// Calls since full buckets were last forgotten (done every [`PRUNE_EVERY`] calls, so
+    /// the cost per call stays constant however many pods there are).
+    since_prune: u32,
 }
+
+const PRUNE_EVERY: u32 = 1024;
 
 impl EventBudget {
     /// A budget of `burst` events per pod, one more every `refill`.
@@ -104,11 +109,17 @@ impl EventBudget {
             burst,
             refill,
             buckets: HashMap::new(),
+            since_prune: 0,
         }
     }
 
     /// Whether one more event about pod `uid` may be written at `now` (and takes its token).
     pub fn allow(&mut self, uid: &str, now: Instant) -> bool {
+        self.since_prune += 1;
+        if self.since_prune >= PRUNE_EVERY {
+            self.since_prune = 0;
+            self.prune(now);
+        }
         let (burst, refill) = (self.burst, self.refill);
         let (tokens, since) = self.buckets.entry(uid.to_owned()).or_insert((burst, now));
         let earned = if refill.is_zero() {

@@ -206,9 +206,7 @@ impl Ctx {
                 .budget
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner);
-            let now = Instant::now();
-            budget.prune(now);
-            budget.allow(&upper_uid, now)
+            budget.allow(&upper_uid, Instant::now())
         };
         if !allowed {
             tracing::debug!(namespace = %namespace, event = %name, "event not mirrored: the pod's event budget is spent");
