@@ -17,6 +17,7 @@
 
 use std::collections::BTreeMap;
 
+use k8s_openapi::Metadata;
 use k8s_openapi::api::core::v1::{
     EndpointAddress, EndpointSubset, Endpoints, ObjectReference, Service, ServiceSpec,
 };
@@ -166,37 +167,52 @@ pub fn service_action(
     owner: &str,
     filter: &ServiceFilter,
 ) -> CopyAction<Service> {
-    if lower.is_some_and(|l| !is_owned_by(&l.metadata, owner)) {
+    let (upper, lower) = match both_present(upper, lower, owner, filter, lower_service) {
+        Ok(pair) => pair,
+        Err(action) => return action,
+    };
+    let mut desired = lower_service(upper, owner);
+    if !service_needs_update(lower, &desired) {
         return CopyAction::Nothing;
     }
+    let (was, will) = (lower.spec.as_ref(), desired.spec.as_ref());
+    // The cluster IP is immutable: headless cannot become a virtual IP or back, and an
+    // ExternalName Service has none; such a change is a new Service.
+    if is_headless(was) != is_headless(will)
+        || (service_type(was) == "ExternalName") != (service_type(will) == "ExternalName")
+    {
+        return CopyAction::Replace(desired);
+    }
+    if let (Some(spec), Some(lower_spec)) = (desired.spec.as_mut(), lower.spec.as_ref()) {
+        spec.cluster_ip = lower_spec.cluster_ip.clone();
+        spec.cluster_ips = lower_spec.cluster_ips.clone();
+        spec.ip_families = lower_spec.ip_families.clone();
+        spec.ip_family_policy = lower_spec.ip_family_policy.clone();
+    }
+    desired.metadata.resource_version = lower.metadata.resource_version.clone();
+    CopyAction::Update(desired)
+}
+
+/// The steps every mirrored kind shares: a lower object that is not ours is never touched; our
+/// copy of an upper object that is gone, deleting or filtered out is deleted; a missing copy is
+/// created. What is left (`Ok`) is an upper object and our copy, to compare.
+fn both_present<'a, T: Metadata<Ty = ObjectMeta>>(
+    upper: Option<&'a T>,
+    lower: Option<&'a T>,
+    owner: &str,
+    filter: &ServiceFilter,
+    build: fn(&T, &str) -> T,
+) -> Result<(&'a T, &'a T), CopyAction<T>> {
+    if lower.is_some_and(|l| !is_owned_by(l.metadata(), owner)) {
+        return Err(CopyAction::Nothing);
+    }
     let upper = upper
-        .filter(|u| u.metadata.deletion_timestamp.is_none() && filter.mirrors_meta(&u.metadata));
+        .filter(|u| u.metadata().deletion_timestamp.is_none() && filter.mirrors_meta(u.metadata()));
     match (upper, lower) {
-        (None, None) => CopyAction::Nothing,
-        (None, Some(_)) => CopyAction::Delete,
-        (Some(upper), None) => CopyAction::Create(lower_service(upper, owner)),
-        (Some(upper), Some(lower)) => {
-            let mut desired = lower_service(upper, owner);
-            if !service_needs_update(lower, &desired) {
-                return CopyAction::Nothing;
-            }
-            let (was, will) = (lower.spec.as_ref(), desired.spec.as_ref());
-            // The cluster IP is immutable: headless cannot become a virtual IP or back, and an
-            // ExternalName Service has none; such a change is a new Service.
-            if is_headless(was) != is_headless(will)
-                || (service_type(was) == "ExternalName") != (service_type(will) == "ExternalName")
-            {
-                return CopyAction::Replace(desired);
-            }
-            if let (Some(spec), Some(lower_spec)) = (desired.spec.as_mut(), lower.spec.as_ref()) {
-                spec.cluster_ip = lower_spec.cluster_ip.clone();
-                spec.cluster_ips = lower_spec.cluster_ips.clone();
-                spec.ip_families = lower_spec.ip_families.clone();
-                spec.ip_family_policy = lower_spec.ip_family_policy.clone();
-            }
-            desired.metadata.resource_version = lower.metadata.resource_version.clone();
-            CopyAction::Update(desired)
-        }
+        (None, None) => Err(CopyAction::Nothing),
+        (None, Some(_)) => Err(CopyAction::Delete),
+        (Some(upper), None) => Err(CopyAction::Create(build(upper, owner))),
+        (Some(upper), Some(lower)) => Ok((upper, lower)),
     }
 }
 
@@ -267,26 +283,18 @@ pub fn endpoints_action(
     owner: &str,
     filter: &ServiceFilter,
 ) -> CopyAction<Endpoints> {
-    if lower.is_some_and(|l| !is_owned_by(&l.metadata, owner)) {
+    let (upper, lower) = match both_present(upper, lower, owner, filter, lower_endpoints) {
+        Ok(pair) => pair,
+        Err(action) => return action,
+    };
+    let mut desired = lower_endpoints(upper, owner);
+    if normalized_subsets(lower) == normalized_subsets(&desired)
+        && !meta_differs(&lower.metadata, &desired.metadata)
+    {
         return CopyAction::Nothing;
     }
-    let upper = upper
-        .filter(|u| u.metadata.deletion_timestamp.is_none() && filter.mirrors_meta(&u.metadata));
-    match (upper, lower) {
-        (None, None) => CopyAction::Nothing,
-        (None, Some(_)) => CopyAction::Delete,
-        (Some(upper), None) => CopyAction::Create(lower_endpoints(upper, owner)),
-        (Some(upper), Some(lower)) => {
-            let mut desired = lower_endpoints(upper, owner);
-            if normalized_subsets(lower) == normalized_subsets(&desired)
-                && !meta_differs(&lower.metadata, &desired.metadata)
-            {
-                return CopyAction::Nothing;
-            }
-            desired.metadata.resource_version = lower.metadata.resource_version.clone();
-            CopyAction::Update(desired)
-        }
-    }
+    desired.metadata.resource_version = lower.metadata.resource_version.clone();
+    CopyAction::Update(desired)
 }
 
 #[cfg(test)]
