@@ -27,6 +27,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tensile_core::deps::{CopyAction, CopyKind, DependencyCopy, dependency_action};
 use tensile_core::keys::{LABEL_OWNER, owner_label_value};
+use tensile_core::plan::LowerKind;
 use tensile_core::services::{ServiceFilter, endpoints_action, service_action};
 use tokio_util::sync::CancellationToken;
 
@@ -72,21 +73,35 @@ pub struct CopyError {
     source: kube::Error,
 }
 
-/// The upper ConfigMaps and Secrets as this controller's watches see them; the pod controller
-/// reads a pod's dependencies here rather than asking the API server for each.
+/// ConfigMaps and Secrets as this controller's watches see them: every upper one, and our
+/// lower copies. The pod controller reads a pod's dependencies here rather than asking the API
+/// server for each, and creates only the copies that are not there yet.
 #[derive(Clone, Debug, Default)]
-pub struct UpperObjects {
-    /// Every upper ConfigMap.
+pub struct Dependencies {
+    /// ConfigMaps.
     pub config_maps: CompactCache<ConfigMap>,
-    /// Every upper Secret.
+    /// Secrets.
     pub secrets: CompactCache<Secret>,
+}
+
+impl Dependencies {
+    /// Whether the ConfigMap (or Secret, by `kind`) `namespace/name` is in the cache.
+    pub fn contains(&self, kind: LowerKind, namespace: &str, name: &str) -> bool {
+        match kind {
+            LowerKind::ConfigMap => self.config_maps.contains(namespace, name),
+            LowerKind::Secret => self.secrets.contains(namespace, name),
+            _ => false,
+        }
+    }
 }
 
 /// What the copy controllers and the pod controller of one virtual node share.
 #[derive(Clone, Debug)]
 pub struct Shared {
     /// The upper ConfigMaps and Secrets (filled by the copy controllers).
-    pub upper: UpperObjects,
+    pub upper: Dependencies,
+    /// Our lower copies of them (filled by the copy controllers).
+    pub copies: Dependencies,
     /// Lower namespaces known to exist.
     pub namespaces: Arc<LowerNamespaces>,
     /// Which copies our pods need (filled from the pod controller's watches).
@@ -97,7 +112,8 @@ impl Shared {
     /// Empty caches for the lower cluster of `lower`, our marks `owner`.
     pub fn new(lower: kube::Client, owner: String) -> Self {
         Shared {
-            upper: UpperObjects::default(),
+            upper: Dependencies::default(),
+            copies: Dependencies::default(),
             namespaces: Arc::new(LowerNamespaces::new(lower, owner)),
             needs: Arc::default(),
         }
@@ -121,6 +137,7 @@ fn dependency<K: DependencyCopy + 'static>(
 pub async fn run(cfg: CopySync, shared: Shared, stop: CancellationToken) {
     let Shared {
         upper,
+        copies,
         namespaces,
         needs,
     } = shared;
@@ -140,12 +157,12 @@ pub async fn run(cfg: CopySync, shared: Shared, stop: CancellationToken) {
         if let Some((services, endpoints)) = services {
             tokio::join!(
                 run_kind(
-                    Kind::new(&cfg, "service", CompactCache::new(), &namespaces),
+                    Kind::new(&cfg, "service", Default::default(), &namespaces),
                     services,
                     stop.clone()
                 ),
                 run_kind(
-                    Kind::new(&cfg, "endpoints", CompactCache::new(), &namespaces),
+                    Kind::new(&cfg, "endpoints", Default::default(), &namespaces),
                     endpoints,
                     stop.clone()
                 ),
@@ -154,13 +171,18 @@ pub async fn run(cfg: CopySync, shared: Shared, stop: CancellationToken) {
     };
     tokio::join!(
         run_kind(
-            Kind::new(&cfg, "configmap", upper.config_maps, &namespaces)
-                .needed_by_pods(CopyKind::ConfigMap, &needs),
+            Kind::new(
+                &cfg,
+                "configmap",
+                (upper.config_maps, copies.config_maps),
+                &namespaces
+            )
+            .needed_by_pods(CopyKind::ConfigMap, &needs),
             config_maps,
             stop.clone()
         ),
         run_kind(
-            Kind::new(&cfg, "secret", upper.secrets, &namespaces)
+            Kind::new(&cfg, "secret", (upper.secrets, copies.secrets), &namespaces)
                 .needed_by_pods(CopyKind::Secret, &needs),
             secrets,
             stop.clone()
@@ -174,23 +196,26 @@ struct Kind<K> {
     cfg: CopySync,
     name: &'static str,
     upper: CompactCache<K>,
+    /// Our lower copies.
+    lower: CompactCache<K>,
     namespaces: Arc<LowerNamespaces>,
     /// For pod dependencies: which ones pods need.
     needs: Option<(CopyKind, Arc<Needs>)>,
 }
 
 impl<K> Kind<K> {
-    /// Kind `name`, whose upper objects fill `upper` (which others may read).
+    /// Kind `name`, whose upper objects and lower copies fill `caches` (which others may read).
     fn new(
         cfg: &CopySync,
         name: &'static str,
-        upper: CompactCache<K>,
+        (upper, lower): (CompactCache<K>, CompactCache<K>),
         namespaces: &Arc<LowerNamespaces>,
     ) -> Self {
         Kind {
             cfg: cfg.clone(),
             name,
             upper,
+            lower,
             namespaces: namespaces.clone(),
             needs: None,
         }
@@ -217,7 +242,7 @@ where
         + 'static,
 {
     let cfg = &kind.cfg;
-    let lower_cache = CompactCache::<K>::new();
+    let lower_cache = kind.lower.clone();
     let watch = |api: Api<K>, config: watcher::Config, cache: CompactCache<K>| {
         crate::backoff::watch(api, config)
             .inspect_ok(move |e| cache.apply(e))

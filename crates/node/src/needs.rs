@@ -2,7 +2,10 @@
 //! bound to the node (those still to be created included) and our lower pods (those still
 //! terminating included), kept from the pod controller's watch events, never from a LIST. The
 //! copy controller deletes copies whose count is zero and re-creates needed ones that went
-//! missing; a count crossing zero puts the copy's key on its queue.
+//! missing; a count falling to zero puts the copy's key on its queue. A count rising from zero
+//! does not: the pod controller creates a new pod's copies itself, before the pod, and a second
+//! create from here would only race it (a copy that goes missing later is seen by the copy
+//! controller's own lower watch).
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
@@ -132,7 +135,7 @@ impl Needs {
             .await;
     }
 
-    /// Copies of `kind` whose need starts or ends are added to `queue`.
+    /// Copies of `kind` no pod needs any more are added to `queue`.
     pub(crate) fn subscribe(&self, kind: CopyKind, queue: Queue<Key>) {
         self.lock().subscribers.push((kind, queue));
     }
@@ -142,7 +145,7 @@ fn pod_key(pod: &Pod) -> Option<(String, String)> {
     Some((pod.metadata.namespace.clone()?, pod.metadata.name.clone()?))
 }
 
-/// Replaces what `pod` needs with `keys`, telling subscribers about counts crossing zero.
+/// Replaces what `pod` needs with `keys`, telling subscribers about counts falling to zero.
 fn set(inner: &mut Inner, pod: PodKey, keys: Vec<NeedKey>) {
     let old = if keys.is_empty() {
         inner.by_pod.remove(&pod).unwrap_or_default()
@@ -154,11 +157,7 @@ fn set(inner: &mut Inner, pod: PodKey, keys: Vec<NeedKey>) {
     }
     let mut crossed = Vec::new();
     for key in keys {
-        let count = inner.counts.entry(key.clone()).or_insert(0);
-        *count += 1;
-        if *count == 1 {
-            crossed.push(key);
-        }
+        *inner.counts.entry(key).or_insert(0) += 1;
     }
     for key in old {
         if let Some(count) = inner.counts.get_mut(&key) {

@@ -39,7 +39,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::cache::CompactCache;
 use crate::clients::{already_exists, delete_exact};
-use crate::copies::{Shared, UpperObjects};
+use crate::copies::{Dependencies, Shared};
 use crate::events::{EventSink, PodEvent};
 use crate::namespaces::LowerNamespaces;
 use crate::needs::Side;
@@ -137,7 +137,9 @@ struct Ctx {
     upper_pods: CompactCache<Pod>,
     lower_pods: CompactCache<Pod>,
     /// Upper ConfigMaps and Secrets (the ConfigMap and Secret controller's watches).
-    upper_objects: UpperObjects,
+    upper_objects: Dependencies,
+    /// Our lower copies of them (the same controller's watches).
+    copies: Dependencies,
     recorder: EventSink,
     metrics: SyncMetrics,
     /// The grace period of upper pods whose deletion we saw, until their key is reconciled.
@@ -231,6 +233,7 @@ pub async fn run_with_store(
 ) {
     let Shared {
         upper: upper_objects,
+        copies,
         namespaces,
         needs,
     } = shared;
@@ -318,6 +321,7 @@ pub async fn run_with_store(
         upper_pods,
         lower_pods,
         upper_objects,
+        copies,
         recorder,
         metrics,
         gone_grace,
@@ -591,6 +595,13 @@ async fn create_lower_steps(ctx: &Ctx, u: &Pod) -> Result<(), SyncError> {
                 .create(&pp, &lower_service_account(&step.name, &ns, &owner))
                 .await
                 .map(|_| ()),
+            // Our copy is there already (another pod needs it too): the copy controller keeps it
+            // current, so there is nothing to create.
+            LowerKind::ConfigMap | LowerKind::Secret
+                if ctx.copies.contains(step.kind, &ns, &step.name) =>
+            {
+                continue;
+            }
             LowerKind::ConfigMap => match ctx
                 .upper_objects
                 .config_maps

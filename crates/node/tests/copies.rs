@@ -333,6 +333,26 @@ async fn a_pods_config_maps_and_secrets_are_read_from_the_shared_watch_cache_not
         before,
         "no upper GET for dependencies the watch cache holds"
     );
+    // A dependency new downstairs is created once, by the first pod's plan: the second pod finds
+    // our copy in the watch cache, and the copy controller does not race with a create of its own.
+    let creates = || {
+        node.calls
+            .count("lower", tensile_node::clients::Verb::Create, "configmaps")
+    };
+    Api::<ConfigMap>::namespaced(upper.clone(), "default")
+        .create(&PostParams::default(), &config_map("fresh", "f", json!({})))
+        .await
+        .unwrap();
+    let before = creates();
+    for name in ["third", "fourth"] {
+        run_pod(
+            upper,
+            name,
+            json!([{"name": "f", "configMap": {"name": "fresh"}}]),
+        )
+        .await;
+    }
+    assert_eq!(creates() - before, 1, "one create for two pods");
 }
 
 /// What `cat <path>` prints in pod `name`'s container, run through the upper cluster and the
