@@ -11,7 +11,6 @@ use futures::{StreamExt as _, TryStreamExt as _};
 use k8s_openapi::api::core::v1::{Event, Pod};
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::runtime::watcher;
-use tensile_core::deps::is_owned_by;
 use tensile_core::events::{EventAction, EventBudget, event_action, mirrored_event};
 use tensile_core::keys::{LABEL_OWNER, owner_label_value};
 use tokio_util::sync::CancellationToken;
@@ -188,9 +187,9 @@ impl Ctx {
         let (Some(lower_pod), Some(upper_pod)) = (lower_pod, upper_pod) else {
             return self.not_yet_seen(key);
         };
-        if lower_pod.metadata.uid != involved.uid
-            || !is_owned_by(&lower_pod.metadata, &self.cfg.owner)
-        {
+        // The lower pod cache holds ours only; the UID tells whether the event is about this
+        // very pod and not an earlier one of the same name.
+        if lower_pod.metadata.uid != involved.uid {
             return self.finish(key, &event);
         }
         let Some(desired) = mirrored_event(&event, &upper_pod, &self.cfg.owner) else {

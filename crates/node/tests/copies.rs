@@ -68,10 +68,16 @@ async fn offloaded_with_dependencies(upper: &kube::Client, lower: &kube::Client)
 
 /// Creates pod `name` with `volumes` on `vk-lower` and waits until it runs.
 async fn run_pod(upper: &kube::Client, name: &str, volumes: serde_json::Value) {
+    run_pod_spec(upper, name, json!({"volumes": volumes})).await;
+}
+
+/// Creates pod `name` on `vk-lower` with `spec` merged into the default one and waits until
+/// it runs.
+async fn run_pod_spec(upper: &kube::Client, name: &str, spec: serde_json::Value) {
     let pods: Api<Pod> = Api::namespaced(upper.clone(), "default");
     pods.create(
         &PostParams::default(),
-        &pod(name, "vk-lower", json!({"spec": {"volumes": volumes}})),
+        &pod(name, "vk-lower", json!({ "spec": spec })),
     )
     .await
     .unwrap();
@@ -378,22 +384,14 @@ async fn a_config_map_update_reaches_the_lower_copy_and_the_pod_mounting_it_sees
         .await
         .unwrap();
     let pods: Api<Pod> = Api::namespaced(upper.clone(), "default");
-    pods.create(
-        &PostParams::default(),
-        &pod(
-            "reader",
-            "vk-lower",
-            json!({"spec": {
-                "volumes": [{"name": "cfg", "configMap": {"name": "cfg"}}],
-                "containers": [{"name": "c", "image": "nginx", "volumeMounts": [{"name": "cfg", "mountPath": "/etc/cfg"}]}],
-            }}),
-        ),
+    run_pod_spec(
+        upper,
+        "reader",
+        json!({
+            "volumes": [{"name": "cfg", "configMap": {"name": "cfg"}}],
+            "containers": [{"name": "c", "image": "nginx", "volumeMounts": [{"name": "cfg", "mountPath": "/etc/cfg"}]}],
+        }),
     )
-    .await
-    .unwrap();
-    eventually(30, "reader Running", || async {
-        (phase(&pods, "reader").await? == "Running").then_some(())
-    })
     .await;
     assert_eq!(
         cat(&pods, "reader", "/etc/cfg/k").await.as_deref(),
