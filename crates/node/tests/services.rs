@@ -14,6 +14,7 @@ use k8s_openapi::api::core::v1::{Endpoints, Namespace, Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
+use tensile_core::deps::is_owned_by;
 use tensile_core::keys::{
     ANNOTATION_GLOBAL, ANNOTATION_LABEL_SELECTOR, LABEL_OWNER, owner_label_value,
 };
@@ -76,10 +77,6 @@ async fn create_namespace(client: &kube::Client, name: &str) {
         )
         .await
         .unwrap();
-}
-
-fn is_ours(meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta, node: &str) -> bool {
-    meta.labels.as_ref().and_then(|l| l.get(LABEL_OWNER)) == Some(&owner_label_value(node))
 }
 
 fn port_numbers(svc: &Service) -> Vec<i32> {
@@ -175,10 +172,10 @@ async fn checklist_68_69_a_new_upper_service_is_mirrored_selector_less_into_a_ne
         .await
         .unwrap();
     assert!(
-        is_ours(&ns.metadata, "vk-1"),
+        is_owned_by(&ns.metadata, "vk-1"),
         "the lower namespace is created, marked ours"
     );
-    assert!(is_ours(&web.metadata, "vk-1"));
+    assert!(is_owned_by(&web.metadata, "vk-1"));
     let annotations = web.metadata.annotations.clone().unwrap();
     assert_eq!(
         annotations.get(ANNOTATION_GLOBAL).map(String::as_str),
@@ -255,7 +252,7 @@ async fn checklist_68_69_a_new_upper_service_is_mirrored_selector_less_into_a_ne
         .get("kubernetes")
         .await
         .unwrap();
-    assert!(!is_ours(&kubernetes.metadata, "vk-1"));
+    assert!(!is_owned_by(&kubernetes.metadata, "vk-1"));
 }
 
 #[tokio::test]
@@ -309,7 +306,7 @@ async fn a_service_with_3_backends_in_2_lower_clusters_resolves_to_all_3_ips_in_
             .get("web")
             .await
             .unwrap();
-        assert!(is_ours(&ep.metadata, &format!("vk-{i}")));
+        assert!(is_owned_by(&ep.metadata, &format!("vk-{i}")));
         assert_eq!(
             ep.metadata
                 .annotations
@@ -380,7 +377,7 @@ async fn checklist_71_deleting_an_upper_service_removes_only_our_lower_copy() {
     })
     .await;
     let legacy = low_svcs.get("legacy").await.unwrap();
-    assert!(!is_ours(&legacy.metadata, "vk-1"), "never overwritten");
+    assert!(!is_owned_by(&legacy.metadata, "vk-1"), "never overwritten");
     assert_eq!(port_numbers(&legacy), vec![81]);
 
     for name in ["legacy", "web"] {
