@@ -86,6 +86,10 @@ pub enum Unfit {
     },
     /// The node is cordoned and the pod does not tolerate `node.kubernetes.io/unschedulable`.
     Unschedulable,
+    /// A volume the pod's bound claim uses cannot be reached from the node (its node affinity).
+    VolumeNodeAffinityConflict,
+    /// No volume that can be bound to one of the pod's waiting claims is reachable from the node.
+    NoVolumeToBind,
 }
 
 impl fmt::Display for Unfit {
@@ -102,6 +106,12 @@ impl fmt::Display for Unfit {
                 write!(f, "node(s) had untolerated taint {{{key}: {value}}}")
             }
             Self::Unschedulable => f.write_str("node(s) were unschedulable"),
+            Self::VolumeNodeAffinityConflict => {
+                f.write_str("node(s) had volume node affinity conflict")
+            }
+            Self::NoVolumeToBind => {
+                f.write_str("node(s) didn't find available persistent volumes to bind")
+            }
         }
     }
 }
@@ -114,6 +124,7 @@ enum Plugin {
     TaintToleration,
     NodeAffinity,
     NodeResourcesFit,
+    VolumeBinding,
 }
 
 impl Unfit {
@@ -123,6 +134,7 @@ impl Unfit {
             Self::UntoleratedTaint { .. } => Plugin::TaintToleration,
             Self::NodeSelectorMismatch | Self::NodeAffinityMismatch => Plugin::NodeAffinity,
             Self::InsufficientResource { .. } => Plugin::NodeResourcesFit,
+            Self::VolumeNodeAffinityConflict | Self::NoVolumeToBind => Plugin::VolumeBinding,
         }
     }
 }

@@ -284,6 +284,9 @@ pub mod ids {
     id!(SECRETS, "", "secrets");
     id!(SERVICEACCOUNTS, "", "serviceaccounts");
     id!(EVENTS, "", "events");
+    id!(PERSISTENT_VOLUMES, "", "persistentvolumes");
+    id!(PERSISTENT_VOLUME_CLAIMS, "", "persistentvolumeclaims");
+    id!(STORAGE_CLASSES, "storage.k8s.io", "storageclasses");
     id!(DEPLOYMENTS, "apps", "deployments");
     id!(REPLICASETS, "apps", "replicasets");
     id!(ENDPOINTSLICES, "discovery.k8s.io", "endpointslices");

@@ -10,6 +10,7 @@ mod namespace;
 mod nodelifecycle;
 mod replicaset;
 mod scheduler;
+mod volumes;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -41,6 +42,11 @@ pub struct Controllers {
     pub garbage_collector: bool,
     /// Empty and remove terminating namespaces.
     pub namespaces: bool,
+    /// The PV controller: bind claims and volumes, release volumes of deleted claims.
+    pub persistent_volumes: bool,
+    /// The scheduler checks and binds pods' volumes (kube-scheduler's VolumeBinding plugin).
+    /// The upper cluster of tensile-kube runs without it: its claims are bound downstairs.
+    pub volume_binding: bool,
     /// Scheduler extenders called after the built-in filters (kube-scheduler's HTTP extender
     /// protocol); can also be set while running, `ApiServer::set_scheduler_extenders`.
     pub scheduler_extenders: Vec<SchedulerExtender>,
@@ -75,6 +81,8 @@ impl Default for Controllers {
             workloads: true,
             garbage_collector: true,
             namespaces: true,
+            persistent_volumes: true,
+            volume_binding: true,
             scheduler_extenders: Vec::new(),
         }
     }
@@ -90,6 +98,8 @@ impl Controllers {
             workloads: false,
             garbage_collector: false,
             namespaces: false,
+            persistent_volumes: false,
+            volume_binding: false,
             ..Self::default()
         }
     }
@@ -111,6 +121,7 @@ pub(super) fn start(state: &Arc<State>, stop: &CancellationToken) {
     spawn(c.workloads, |s, t| Box::pin(deployment::run(s, t)));
     spawn(c.endpoints, |s, t| Box::pin(endpoints::run(s, t)));
     spawn(c.node_lifecycle, |s, t| Box::pin(nodelifecycle::run(s, t)));
+    spawn(c.persistent_volumes, |s, t| Box::pin(volumes::run(s, t)));
 }
 
 /// The identity controllers act as.

@@ -19,6 +19,7 @@ use super::super::State;
 use super::super::meta;
 use super::super::resources::ids;
 use super::super::store::{Event, EventType, ObjKey};
+use super::volumes::{self, PodVolumes};
 use super::{Reconciler, create, modify, run_loop};
 
 pub(super) async fn run(state: Arc<State>, stop: CancellationToken) {
@@ -130,14 +131,20 @@ impl Scheduler {
     }
 
     /// The nodes that pass the built-in filters, with a 0..=100 score for free room.
-    fn feasible(&self, pod: &Pod) -> Result<Feasible, String> {
+    fn feasible(&self, pod: &Pod, vols: Option<&PodVolumes>) -> Result<Feasible, String> {
         let req = PodRequirements::from_pod(pod).map_err(|e| e.to_string())?;
         let mut failures: Vec<Vec<Unfit>> = Vec::new();
         let mut fits = Vec::new();
         let mut total = 0;
         for node in self.model.nodes() {
             total += 1;
-            match req.check(&node) {
+            let checked = req.check(&node).and_then(|()| {
+                match vols.and_then(|v| volumes::filter(v, &node)) {
+                    Some(unfit) => Err(vec![unfit]),
+                    None => Ok(()),
+                }
+            });
+            match checked {
                 // Free room in millicores plus MiB; each free pod slot counts as 100m and
                 // 200 MiB, the defaults kube-scheduler scores pods without requests with, so
                 // such pods spread over nodes as they do on a real cluster.
@@ -160,11 +167,18 @@ impl Scheduler {
 
     /// The best node: built-in filters, then the extenders' filters and scores.
     async fn place(&self, state: &State, pod: &Pod, pod_json: &Value) -> Result<String, String> {
+        let vols = if state.config.controllers.volume_binding {
+            volumes::prefilter(state, pod_json).map_err(|e| {
+                format!("0/{} nodes are available: {e}.", self.model.nodes().count())
+            })?
+        } else {
+            None
+        };
         let Feasible {
             mut candidates,
             total,
             failures,
-        } = self.feasible(pod)?;
+        } = self.feasible(pod, vols.as_ref())?;
         let extenders = state.scheduler_extenders();
         let mut extender_reasons: BTreeMap<String, usize> = BTreeMap::new();
         for ext in extenders.iter().filter(|e| e.filter_verb.is_some()) {
@@ -227,7 +241,13 @@ impl Scheduler {
             .iter()
             .max_by(|a, b| a.1.cmp(b.1).then_with(|| b.0.cmp(a.0)))
             .map(|(n, _)| n.clone());
-        best.ok_or_else(|| summarize(total, failures.iter().map(Vec::as_slice)))
+        let best = best.ok_or_else(|| summarize(total, failures.iter().map(Vec::as_slice)))?;
+        if let Some(vols) = &vols
+            && let Some(node) = self.model.nodes().find(|n| n.name == best)
+        {
+            volumes::bind_for_node(state, vols, &node).await?;
+        }
+        Ok(best)
     }
 }
 
@@ -456,6 +476,10 @@ impl Reconciler for Scheduler {
         let mut relevant = events.is_none();
         for e in events.into_iter().flatten() {
             if e.res != *ids::NODES && e.res != *ids::PODS {
+                // A claim, volume or class appearing can make a waiting pod schedulable.
+                relevant |= e.res == *ids::PERSISTENT_VOLUME_CLAIMS
+                    || e.res == *ids::PERSISTENT_VOLUMES
+                    || e.res == *ids::STORAGE_CLASSES;
                 continue;
             }
             relevant = true;

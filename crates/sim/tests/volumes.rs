@@ -1,0 +1,301 @@
+//! Persistent volumes in the simulated cluster: the PV controller and the scheduler's volume
+//! binding, through kube-rs, as kube-controller-manager and kube-scheduler behave.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
+
+use std::future::Future;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod};
+use k8s_openapi::api::storage::v1::StorageClass;
+use kube::api::{Api, DeleteParams, PostParams};
+use serde_json::{Value, json};
+use tensile_sim::env::TestEnv;
+
+async fn eventually<T, F, Fut>(secs: u64, what: &str, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(secs);
+    loop {
+        if let Some(v) = check().await {
+            return v;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn from<T: serde::de::DeserializeOwned>(v: Value) -> T {
+    serde_json::from_value(v).unwrap()
+}
+
+async fn class(client: &kube::Client, name: &str, provisioner: &str, mode: &str) {
+    Api::<StorageClass>::all(client.clone())
+        .create(
+            &PostParams::default(),
+            &from(
+                json!({"metadata": {"name": name}, "provisioner": provisioner,
+                "volumeBindingMode": mode, "reclaimPolicy": "Delete"}),
+            ),
+        )
+        .await
+        .unwrap();
+}
+
+/// A static local volume of `size` on `node`.
+async fn local_pv(client: &kube::Client, name: &str, node: &str, size: &str, policy: &str) {
+    Api::<PersistentVolume>::all(client.clone())
+        .create(
+            &PostParams::default(),
+            &from(json!({"metadata": {"name": name}, "spec": {
+                "capacity": {"storage": size}, "accessModes": ["ReadWriteOnce"],
+                "persistentVolumeReclaimPolicy": policy, "storageClassName": "local",
+                "local": {"path": format!("/mnt/{name}")},
+                "nodeAffinity": {"required": {"nodeSelectorTerms": [{"matchExpressions": [
+                    {"key": "kubernetes.io/hostname", "operator": "In", "values": [node]}]}]}}}})),
+        )
+        .await
+        .unwrap();
+}
+
+async fn claim(
+    client: &kube::Client,
+    name: &str,
+    class: &str,
+    size: &str,
+) -> PersistentVolumeClaim {
+    Api::<PersistentVolumeClaim>::namespaced(client.clone(), "default")
+        .create(
+            &PostParams::default(),
+            &from(
+                json!({"metadata": {"name": name}, "spec": {"accessModes": ["ReadWriteOnce"],
+                "storageClassName": class, "resources": {"requests": {"storage": size}}}}),
+            ),
+        )
+        .await
+        .unwrap()
+}
+
+async fn pod_with_claim(client: &kube::Client, name: &str, claim: &str) {
+    Api::<Pod>::namespaced(client.clone(), "default")
+        .create(
+            &PostParams::default(),
+            &from(json!({"metadata": {"name": name}, "spec": {
+                "containers": [{"name": "c", "image": "busybox"}],
+                "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": claim}}]}})),
+        )
+        .await
+        .unwrap();
+}
+
+fn annotation<'a>(
+    m: &'a k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+    k: &str,
+) -> Option<&'a str> {
+    m.annotations.as_ref()?.get(k).map(String::as_str)
+}
+
+async fn bound_claim(client: &kube::Client, name: &str) -> PersistentVolumeClaim {
+    let claims = Api::<PersistentVolumeClaim>::namespaced(client.clone(), "default");
+    eventually(20, "the claim to be Bound", || async {
+        let c = claims.get(name).await.ok()?;
+        (c.status.as_ref()?.phase.as_deref() == Some("Bound")).then_some(c)
+    })
+    .await
+}
+
+#[tokio::test]
+async fn a_wait_for_first_consumer_claim_binds_to_the_local_volume_of_the_node_its_pod_goes_to() {
+    let env = TestEnv::start(1).await.unwrap();
+    let c = &env.clusters[0].client;
+    class(
+        c,
+        "local",
+        "kubernetes.io/no-provisioner",
+        "WaitForFirstConsumer",
+    )
+    .await;
+    // The bigger volume is on node 1, the smaller on node 2: both fit, the smaller is chosen
+    // only where the pod goes, and the pod must go where a volume is.
+    local_pv(c, "pv-big", "c1-node-1", "10Gi", "Retain").await;
+    local_pv(c, "pv-small", "c1-node-2", "2Gi", "Retain").await;
+    let pvc = claim(c, "data", "local", "1Gi").await;
+    // Nobody consumes it yet: it waits.
+    tokio::task::yield_now().await;
+    let pvs = Api::<PersistentVolume>::all(c.clone());
+    assert_eq!(
+        pvs.get("pv-small")
+            .await
+            .unwrap()
+            .status
+            .unwrap()
+            .phase
+            .as_deref(),
+        Some("Available")
+    );
+    pod_with_claim(c, "app", "data").await;
+    let bound = bound_claim(c, "data").await;
+    let volume = bound.spec.as_ref().unwrap().volume_name.clone().unwrap();
+    let pod = Api::<Pod>::namespaced(c.clone(), "default")
+        .get("app")
+        .await
+        .unwrap();
+    let node = pod.spec.unwrap().node_name.unwrap();
+    let expected = if node == "c1-node-1" {
+        "pv-big"
+    } else {
+        "pv-small"
+    };
+    assert_eq!(volume, expected, "the volume is on the pod's node");
+    assert_eq!(
+        annotation(&bound.metadata, "pv.kubernetes.io/bind-completed"),
+        Some("yes")
+    );
+    assert_eq!(
+        annotation(&bound.metadata, "pv.kubernetes.io/bound-by-controller"),
+        Some("yes")
+    );
+    let pv = eventually(10, "the volume to be Bound", || async {
+        let pv = pvs.get(&volume).await.ok()?;
+        (pv.status.as_ref()?.phase.as_deref() == Some("Bound")).then_some(pv)
+    })
+    .await;
+    let claim_ref = pv.spec.unwrap().claim_ref.unwrap();
+    assert_eq!(claim_ref.uid, pvc.metadata.uid);
+    assert_eq!(claim_ref.name.as_deref(), Some("data"));
+    // Retain: deleting the claim leaves the volume Released, with its data.
+    Api::<PersistentVolumeClaim>::namespaced(c.clone(), "default")
+        .delete("data", &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually(10, "the volume to be Released", || async {
+        let pv = pvs.get(&volume).await.ok()?;
+        (pv.status?.phase.as_deref() == Some("Released")).then_some(())
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_pod_whose_claim_has_no_volume_anywhere_is_unschedulable_with_kube_schedulers_reason() {
+    let env = TestEnv::start(1).await.unwrap();
+    let c = &env.clusters[0].client;
+    class(
+        c,
+        "local",
+        "kubernetes.io/no-provisioner",
+        "WaitForFirstConsumer",
+    )
+    .await;
+    local_pv(c, "pv-tiny", "c1-node-1", "100Mi", "Retain").await;
+    claim(c, "data", "local", "1Gi").await;
+    pod_with_claim(c, "app", "data").await;
+    pod_with_claim(c, "orphan", "missing").await;
+    let pods = Api::<Pod>::namespaced(c.clone(), "default");
+    let message = |name: &'static str| {
+        let pods = pods.clone();
+        async move {
+            let p = pods.get(name).await.ok()?;
+            p.status?
+                .conditions?
+                .into_iter()
+                .find(|c| c.type_ == "PodScheduled" && c.status == "False")?
+                .message
+        }
+    };
+    let m = eventually(20, "app to be unschedulable", || message("app")).await;
+    assert_eq!(
+        m,
+        "0/2 nodes are available: 2 node(s) didn't find available persistent volumes to bind."
+    );
+    let m = eventually(20, "orphan to be unschedulable", || message("orphan")).await;
+    assert_eq!(
+        m,
+        "0/2 nodes are available: persistentvolumeclaim \"missing\" not found."
+    );
+}
+
+#[tokio::test]
+async fn a_provisioner_class_gets_a_volume_on_the_pods_node_and_deleting_the_claim_deletes_it() {
+    let env = TestEnv::start(1).await.unwrap();
+    let c = &env.clusters[0].client;
+    class(
+        c,
+        "local-path",
+        "rancher.io/local-path",
+        "WaitForFirstConsumer",
+    )
+    .await;
+    let pvc = claim(c, "data", "local-path", "1Gi").await;
+    pod_with_claim(c, "app", "data").await;
+    let bound = bound_claim(c, "data").await;
+    let pod = Api::<Pod>::namespaced(c.clone(), "default")
+        .get("app")
+        .await
+        .unwrap();
+    let node = pod.spec.unwrap().node_name.unwrap();
+    assert_eq!(
+        annotation(&bound.metadata, "volume.kubernetes.io/selected-node"),
+        Some(node.as_str())
+    );
+    let name = format!("pvc-{}", pvc.metadata.uid.unwrap());
+    assert_eq!(
+        bound.spec.unwrap().volume_name.as_deref(),
+        Some(name.as_str())
+    );
+    let pvs = Api::<PersistentVolume>::all(c.clone());
+    let pv = pvs.get(&name).await.unwrap();
+    let terms = pv
+        .spec
+        .unwrap()
+        .node_affinity
+        .unwrap()
+        .required
+        .unwrap()
+        .node_selector_terms;
+    assert_eq!(
+        terms[0].match_expressions.as_ref().unwrap()[0].values,
+        Some(vec![node])
+    );
+    Api::<Pod>::namespaced(c.clone(), "default")
+        .delete("app", &DeleteParams::default().grace_period(0))
+        .await
+        .unwrap();
+    Api::<PersistentVolumeClaim>::namespaced(c.clone(), "default")
+        .delete("data", &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually(10, "the provisioned volume to be deleted", || async {
+        pvs.get_opt(&name).await.unwrap().is_none().then_some(())
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_pre_bound_volume_and_claim_bind_without_a_pod_and_an_immediate_claim_binds_at_once() {
+    let env = TestEnv::start(1).await.unwrap();
+    let c = &env.clusters[0].client;
+    class(c, "local", "kubernetes.io/no-provisioner", "Immediate").await;
+    local_pv(c, "pv-a", "c1-node-1", "1Gi", "Retain").await;
+    let pvc = claim(c, "first", "local", "1Gi").await;
+    let bound = bound_claim(c, "first").await;
+    assert_eq!(bound.spec.unwrap().volume_name.as_deref(), Some("pv-a"));
+    // A volume made for a claim by name and uid (what the virtual node writes upstairs).
+    let second = claim(c, "second", "other", "1Gi").await;
+    Api::<PersistentVolume>::all(c.clone())
+        .create(
+            &PostParams::default(),
+            &from(json!({"metadata": {"name": "pv-b"}, "spec": {
+                "capacity": {"storage": "1Gi"}, "accessModes": ["ReadWriteOnce"],
+                "storageClassName": "other", "hostPath": {"path": "/tmp/b"},
+                "claimRef": {"namespace": "default", "name": "second", "uid": second.metadata.uid}}})),
+        )
+        .await
+        .unwrap();
+    let bound = bound_claim(c, "second").await;
+    assert_eq!(bound.spec.unwrap().volume_name.as_deref(), Some("pv-b"));
+    assert_ne!(pvc.metadata.uid, second.metadata.uid);
+}
