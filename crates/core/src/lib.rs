@@ -34,3 +34,4 @@ pub mod summary;
 pub mod sync;
 pub mod translate;
 pub mod update;
+pub mod volumes;
