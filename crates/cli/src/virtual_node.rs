@@ -232,11 +232,6 @@ pub(crate) async fn assemble(
     for unknown in &controllers.unknown {
         tracing::warn!("--enable-controllers: unknown controller {unknown:?} ignored");
     }
-    if controllers.volumes {
-        tracing::warn!(
-            "--enable-controllers: PVControllers is not built yet; PVCs are still copied for offloaded pods"
-        );
-    }
     let services = controllers
         .services
         .then(|| parse_service_filter(&args.service_exclude_namespaces, &args.service_exclude))
@@ -353,6 +348,7 @@ pub(crate) async fn assemble(
             listen: metrics_listen,
         },
         services,
+        volumes: controllers.volumes,
     })
 }
 

@@ -4,7 +4,10 @@
 //!   original is gone, is deleted; a needed one that went missing is created again. The pod
 //!   controller creates them first, before the pod that needs them;
 //! - with `ServiceControllers`, Services and Endpoints: every upper Service outside the filter
-//!   is mirrored, created, updated and deleted.
+//!   is mirrored, created, updated and deleted;
+//! - with `PVControllers`, PersistentVolumeClaims: our lower claims follow the deletion and
+//!   expansion of the upper ones (`tensile_core::volumes::claim_action`), and their changes feed
+//!   the volume controller (`crate::volumes`).
 //!
 //! Nothing is decided before the caches involved have synced, so at start copies whose original
 //! is gone (or that nothing needs) are collected, and nothing else.
@@ -19,7 +22,7 @@ use std::sync::Arc;
 
 use futures::{StreamExt as _, TryStreamExt as _};
 use k8s_openapi::NamespaceResourceScope;
-use k8s_openapi::api::core::v1::{ConfigMap, Endpoints, Secret, Service};
+use k8s_openapi::api::core::v1::{ConfigMap, Endpoints, PersistentVolumeClaim, Secret, Service};
 use kube::api::{Api, PostParams};
 use kube::runtime::{WatchStreamExt as _, watcher};
 use kube::{Resource, ResourceExt as _};
@@ -29,6 +32,7 @@ use tensile_core::deps::{CopyAction, CopyKind, DependencyCopy, dependency_action
 use tensile_core::keys::{LABEL_OWNER, owner_label_value};
 use tensile_core::plan::LowerKind;
 use tensile_core::services::{ServiceFilter, endpoints_action, service_action};
+use tensile_core::volumes::claim_action;
 use tokio_util::sync::CancellationToken;
 
 use crate::cache::{CompactCache, Key};
@@ -50,6 +54,8 @@ pub struct CopySync {
     pub workers: usize,
     /// Mirror Services and Endpoints (`ServiceControllers`), with this filter.
     pub services: Option<ServiceFilter>,
+    /// Mirror volumes and claim bindings (`PVControllers`) for the virtual node of this name.
+    pub volumes: Option<String>,
 }
 
 impl Debug for CopySync {
@@ -57,6 +63,7 @@ impl Debug for CopySync {
         f.debug_struct("CopySync")
             .field("owner", &self.owner)
             .field("services", &self.services)
+            .field("volumes", &self.volumes)
             .finish_non_exhaustive()
     }
 }
@@ -169,6 +176,35 @@ pub async fn run(cfg: CopySync, shared: Shared, stop: CancellationToken) {
             );
         }
     };
+    let mirror_volumes = async {
+        if let Some(node_name) = cfg.volumes.clone() {
+            let claims = crate::volumes::Claims::default();
+            let controller = crate::volumes::VolumeController::new(
+                crate::volumes::VolumeSync {
+                    upper: cfg.upper.clone(),
+                    lower: cfg.lower.clone(),
+                    owner: cfg.owner.clone(),
+                    node_name,
+                },
+                claims.clone(),
+            );
+            let events = controller.claim_events();
+            let owner = cfg.owner.clone();
+            let decide: Decide<PersistentVolumeClaim> =
+                Arc::new(move |_, u, l| claim_action(u, l, &owner));
+            let mut kind = Kind::new(
+                &cfg,
+                "persistentvolumeclaim",
+                (claims.upper, claims.lower),
+                &namespaces,
+            );
+            kind.observer = Some(Arc::new(move |upper, pvc| events.claim_changed(upper, pvc)));
+            tokio::join!(
+                run_kind(kind, decide, stop.clone()),
+                controller.run(stop.clone())
+            );
+        }
+    };
     tokio::join!(
         run_kind(
             Kind::new(
@@ -188,6 +224,7 @@ pub async fn run(cfg: CopySync, shared: Shared, stop: CancellationToken) {
             stop.clone()
         ),
         mirror_services,
+        mirror_volumes,
     );
 }
 
@@ -201,7 +238,12 @@ struct Kind<K> {
     namespaces: Arc<LowerNamespaces>,
     /// For pod dependencies: which ones pods need.
     needs: Option<(CopyKind, Arc<Needs>)>,
+    /// Told of every change the watches see (`true`: upper), after the caches took it.
+    observer: Option<Observer<K>>,
 }
+
+/// See [`Kind::observer`].
+type Observer<K> = Arc<dyn Fn(bool, &K) + Send + Sync>;
 
 impl<K> Kind<K> {
     /// Kind `name`, whose upper objects and lower copies fill `caches` (which others may read).
@@ -218,6 +260,7 @@ impl<K> Kind<K> {
             lower,
             namespaces: namespaces.clone(),
             needs: None,
+            observer: None,
         }
     }
 
@@ -254,12 +297,14 @@ where
         Api::all(cfg.upper.clone()),
         watcher::Config::default(),
         kind.upper.clone(),
-    );
+    )
+    .map_ok(|o| (true, o));
     let lower_events = watch(
         Api::all(cfg.lower.clone()),
         watcher::Config::default().labels(&ours),
         lower_cache.clone(),
-    );
+    )
+    .map_ok(|o| (false, o));
     let (queue, rx) = Queue::<Key>::new();
     if let Some((copy_kind, needs)) = &kind.needs {
         needs.subscribe(*copy_kind, queue.clone());
@@ -268,13 +313,19 @@ where
         let queue = queue.clone();
         let stop = stop.clone();
         let name = kind.name;
+        let observer = kind.observer.clone();
         tokio::spawn(async move {
             let mut merged = futures::stream::select(upper_events, lower_events);
             loop {
                 tokio::select! {
                     () = stop.cancelled() => return,
                     next = merged.try_next() => match next {
-                        Ok(Some(o)) => queue.add((o.namespace().unwrap_or_default(), o.name_any())),
+                        Ok(Some((upper, o))) => {
+                            queue.add((o.namespace().unwrap_or_default(), o.name_any()));
+                            if let Some(observe) = &observer {
+                                observe(upper, &o);
+                            }
+                        }
                         Ok(None) => return,
                         Err(e) => tracing::warn!(kind = name, error = %e, "watch error"),
                     }

@@ -18,6 +18,7 @@ pub mod needs;
 pub mod node;
 pub mod pods;
 mod queue;
+pub mod volumes;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -84,6 +85,9 @@ pub struct VirtualNode {
     /// Mirror upper Services and Endpoints to the lower cluster (`ServiceControllers`), with
     /// this filter.
     pub services: Option<tensile_core::services::ServiceFilter>,
+    /// Mirror lower volumes and claim bindings upstairs, and claim deletions downstairs
+    /// (`PVControllers`).
+    pub volumes: bool,
 }
 
 impl VirtualNode {
@@ -151,6 +155,7 @@ impl VirtualNode {
                 owner: self.pods.translate.owner.clone(),
                 workers: 4,
                 services: self.services.take(),
+                volumes: self.volumes.then(|| self.node.identity.name.clone()),
             },
             shared.clone(),
             stop.clone(),

@@ -74,6 +74,8 @@ pub struct NodeOptions {
     pub lease_renew: Duration,
     /// Mirror Services and Endpoints (`ServiceControllers`, default filter).
     pub services: bool,
+    /// Mirror volumes and claim bindings (`PVControllers`).
+    pub volumes: bool,
 }
 
 impl NodeOptions {
@@ -86,6 +88,7 @@ impl NodeOptions {
             heartbeat: Duration::from_secs(60),
             lease_renew: Duration::from_millis(500),
             services: false,
+            volumes: false,
         }
     }
 
@@ -174,6 +177,7 @@ pub async fn spawn(env: &TestEnv, opts: NodeOptions) -> Spawned {
         services: opts
             .services
             .then(tensile_core::services::ServiceFilter::default),
+        volumes: opts.volumes,
     };
     let stop = CancellationToken::new();
     let running = vn.start(stop.clone()).await.unwrap();
