@@ -142,10 +142,13 @@ impl VolumeController {
             (cfg.upper.clone(), upper_volumes.clone()),
             (cfg.lower.clone(), lower_volumes.clone()),
         ] {
-            let events = crate::backoff::watch(Api::<PersistentVolume>::all(client), watcher::Config::default())
-                .inspect_ok(move |e| cache.apply(e))
-                .touched_objects()
-                .boxed();
+            let events = crate::backoff::watch(
+                Api::<PersistentVolume>::all(client),
+                watcher::Config::default(),
+            )
+            .inspect_ok(move |e| cache.apply(e))
+            .touched_objects()
+            .boxed();
             let (queue, stop) = (queue.clone(), stop.clone());
             tokio::spawn(async move {
                 let mut events = events;
@@ -226,15 +229,23 @@ async fn sync(
     let lower_api = Api::<PersistentVolume>::all(cfg.lower.clone());
     let merge = |patch: &Value| Patch::Merge(patch.clone());
     let pp = PatchParams::default();
-    match volume_action(lower.as_ref(), upper.as_ref(), pair, &cfg.node_name, &cfg.owner) {
+    match volume_action(
+        lower.as_ref(),
+        upper.as_ref(),
+        pair,
+        &cfg.node_name,
+        &cfg.owner,
+    ) {
         VolumeAction::Nothing => {}
-        VolumeAction::CreateUpper(pv) => match upper_api.create(&PostParams::default(), &pv).await {
-            // Someone's arrives through the watch, and is then seen for what it is.
-            Err(e) if already_exists(&e) => {}
-            r => {
-                r.map_err(err("creating", "persistentvolume", "upper", name))?;
+        VolumeAction::CreateUpper(pv) => {
+            match upper_api.create(&PostParams::default(), &pv).await {
+                // Someone's arrives through the watch, and is then seen for what it is.
+                Err(e) if already_exists(&e) => {}
+                r => {
+                    r.map_err(err("creating", "persistentvolume", "upper", name))?;
+                }
             }
-        },
+        }
         VolumeAction::PatchUpper(patch) => {
             upper_api
                 .patch(name, &pp, &merge(&patch))
@@ -258,7 +269,10 @@ async fn sync(
                 .map_err(err("deleting", "persistentvolume", "lower", name))?;
         }
         VolumeAction::Conflict => {
-            tracing::warn!(volume = name, "a PersistentVolume of that name that is not ours exists in the upper cluster; the lower volume is not mirrored");
+            tracing::warn!(
+                volume = name,
+                "a PersistentVolume of that name that is not ours exists in the upper cluster; the lower volume is not mirrored"
+            );
         }
     }
     // The upper claim reflects the lower binding once its volume is there.
@@ -272,7 +286,12 @@ async fn sync(
             Api::<PersistentVolumeClaim>::namespaced(cfg.upper.clone(), ns)
                 .patch(n, &pp, &merge(&patch))
                 .await
-                .map_err(err("reflecting the binding on", "persistentvolumeclaim", "upper", n))?;
+                .map_err(err(
+                    "reflecting the binding on",
+                    "persistentvolumeclaim",
+                    "upper",
+                    n,
+                ))?;
         }
     }
     Ok(())
