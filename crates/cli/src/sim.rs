@@ -73,22 +73,28 @@ pub(crate) async fn start_cluster(
     nodes: Vec<SimNode>,
     pod_network_octet: u8,
 ) -> anyhow::Result<(ApiServer, Option<SimKubelet>)> {
-    let config = ApiServerConfig {
+    let mut config = ApiServerConfig {
         name: name.to_owned(),
         listen,
         tls,
         ..ApiServerConfig::default()
     };
+    // A cluster without nodes of its own is an upper cluster: its claims are bound downstairs,
+    // and its scheduler must not wait for volumes it cannot bind (reference 4.3).
+    config.controllers.volume_binding = !nodes.is_empty();
     let server = ApiServer::start(config)
         .await
         .with_context(|| format!("starting the API server of cluster {name} on {listen}"))?;
-    if nodes.is_empty() {
-        return Ok((server, None));
-    }
     let client = server
         .client()
         .await
-        .with_context(|| format!("building a client for the nodes of cluster {name}"))?;
+        .with_context(|| format!("building a client for cluster {name}"))?;
+    default_storage_class(&client)
+        .await
+        .with_context(|| format!("creating the default StorageClass of cluster {name}"))?;
+    if nodes.is_empty() {
+        return Ok((server, None));
+    }
     let config = SimKubeletConfig {
         nodes,
         pod_network_octet,
@@ -99,3 +105,24 @@ pub(crate) async fn start_cluster(
         .with_context(|| format!("registering the simulated nodes of cluster {name}"))?;
     Ok((server, Some(kubelet)))
 }
+
+/// The StorageClass every sandbox cluster has, like kind's `standard`: volumes provisioned on
+/// the pod's node when it is scheduled (`WaitForFirstConsumer`), deleted with their claim.
+async fn default_storage_class(client: &kube::Client) -> Result<(), kube::Error> {
+    let class: k8s_openapi::api::storage::v1::StorageClass =
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": STORAGE_CLASS,
+                "annotations": {"storageclass.kubernetes.io/is-default-class": "true"}},
+            "provisioner": "tensile.io/local-path",
+            "volumeBindingMode": "WaitForFirstConsumer",
+            "reclaimPolicy": "Delete",
+        }))
+        .map_err(kube::Error::SerdeError)?;
+    kube::Api::all(client.clone())
+        .create(&kube::api::PostParams::default(), &class)
+        .await
+        .map(drop)
+}
+
+/// The name of the sandbox's default StorageClass.
+pub(crate) const STORAGE_CLASS: &str = "standard";

@@ -175,6 +175,43 @@ fn tensile_up_then_the_tour_offloads_a_deployment_with_logs_and_exec_and_stops_o
         "{table}"
     );
 
+    // A claim of the default StorageClass, used by an offloaded pod: bound downstairs, and the
+    // binding reflected upstairs on a volume pinned to the virtual node.
+    let manifest = dir.join("claim.yaml");
+    std::fs::write(
+        &manifest,
+        "apiVersion: v1\nkind: PersistentVolumeClaim\nmetadata: {name: data}\n\
+         spec: {accessModes: [ReadWriteOnce], resources: {requests: {storage: 1Gi}}}\n---\n\
+         apiVersion: v1\nkind: Pod\nmetadata: {name: db}\nspec:\n  containers: [{name: db, image: postgres:17}]\n  \
+         volumes: [{name: data, persistentVolumeClaim: {claimName: data}}]\n",
+    )
+    .unwrap();
+    let (ok, _, err) = kubectl(&kc, &["apply", "-f", &manifest.display().to_string()]);
+    assert!(ok, "{err}");
+    until("the claim to be Bound upstairs on a virtual node", || {
+        let (_, out, _) = kubectl(
+            &kc,
+            &[
+                "get",
+                "pvc",
+                "data",
+                "-o",
+                r"jsonpath={.status.phase} {.metadata.annotations.volume\.kubernetes\.io/selected-node}",
+            ],
+        );
+        out.starts_with("Bound vk-lower-")
+    });
+    let (ok, pv, err) = kubectl(
+        &kc,
+        &[
+            "get",
+            "pv",
+            "-o",
+            "jsonpath={.items[0].spec.nodeAffinity.required.nodeSelectorTerms[0].matchExpressions[0].values[0]}",
+        ],
+    );
+    assert!(ok && pv.starts_with("vk-lower-"), "{pv}{err}");
+
     let interrupted = Command::new("kill")
         .args(["-INT", &up.0.id().to_string()])
         .status()

@@ -207,7 +207,10 @@ pub(super) fn prepare_create(
         ("", "namespaces") => prepare_namespace(obj),
         ("", "pods") => prepare_pod(state, obj)?,
         ("", "services") => prepare_service(state, obj)?,
-        ("", "persistentvolumeclaims") => obj["status"] = json!({"phase": "Pending"}),
+        ("", "persistentvolumeclaims") => {
+            default_storage_class(state, obj);
+            obj["status"] = json!({"phase": "Pending"});
+        }
         ("", "secrets") => {
             set_default(obj, "type", json!("Opaque"));
             fold_string_data(obj);
@@ -255,6 +258,31 @@ fn default_deployment(obj: &mut Value) {
     }
     if let Some(t) = spec.pointer_mut("/template/spec") {
         default_pod_spec(t);
+    }
+}
+
+/// The DefaultStorageClass admission plugin: a claim that names no class (the field absent, not
+/// `""`) gets the class annotated as the default, if exactly one is.
+fn default_storage_class(state: &State, obj: &mut Value) {
+    if obj
+        .pointer("/spec/storageClassName")
+        .is_some_and(|c| !c.is_null())
+    {
+        return;
+    }
+    let (defaults, _, _) = state
+        .store
+        .list(*ids::STORAGE_CLASSES, None, None, None, |e| {
+            e.object
+                .pointer("/metadata/annotations/storageclass.kubernetes.io~1is-default-class")
+                .and_then(Value::as_str)
+                == Some("true")
+        });
+    if let [only] = defaults.as_slice()
+        && let Some(name) = meta::name(&only.object)
+        && let Some(spec) = obj.get_mut("spec").and_then(Value::as_object_mut)
+    {
+        spec.insert("storageClassName".into(), json!(name));
     }
 }
 
