@@ -56,12 +56,16 @@ fn storage(requests: Option<&BTreeMap<String, Quantity>>) -> Option<i128> {
 }
 
 /// What to do with our lower claim given its upper original: delete it when the original is
-/// gone, being deleted, or replaced by a new claim of the same name; follow a storage expansion
-/// (never a shrink, which no API server accepts). Claims that are not ours are never touched.
+/// being deleted, replaced by a new claim of the same name, or gone and no pod of ours `needed`
+/// it any more (a claim absent from the upper cache while a pod uses it may only be one the
+/// cache has not caught up with: the pod controller read it a moment ago); follow a storage
+/// expansion (never a shrink, which no API server accepts). Claims that are not ours are never
+/// touched.
 pub fn claim_action(
     upper: Option<&PersistentVolumeClaim>,
     lower: Option<&PersistentVolumeClaim>,
     owner: &str,
+    needed: bool,
 ) -> CopyAction<PersistentVolumeClaim> {
     let Some(lower) = lower.filter(|l| is_owned_by(&l.metadata, owner)) else {
         return CopyAction::Nothing;
@@ -69,9 +73,16 @@ pub fn claim_action(
     if lower.metadata.deletion_timestamp.is_some() {
         return CopyAction::Nothing;
     }
-    let Some(upper) = upper.filter(|u| u.metadata.deletion_timestamp.is_none()) else {
-        return CopyAction::Delete;
+    let Some(upper) = upper else {
+        return if needed {
+            CopyAction::Nothing
+        } else {
+            CopyAction::Delete
+        };
     };
+    if upper.metadata.deletion_timestamp.is_some() {
+        return CopyAction::Delete;
+    }
     if upper.metadata.uid.as_deref() != annotation(&lower.metadata, keys::ANNOTATION_UPPER_UID) {
         return CopyAction::Delete;
     }
@@ -720,24 +731,35 @@ mod tests {
     #[test]
     fn our_lower_claim_follows_deletion_replacement_and_expansion_of_the_upper_one() {
         let (l, u) = (lower_claim(None), upper_claim());
-        assert_eq!(claim_action(Some(&u), Some(&l), OWNER), CopyAction::Nothing);
-        assert_eq!(claim_action(None, Some(&l), OWNER), CopyAction::Delete);
+        assert_eq!(
+            claim_action(Some(&u), Some(&l), OWNER, true),
+            CopyAction::Nothing
+        );
+        assert_eq!(
+            claim_action(None, Some(&l), OWNER, false),
+            CopyAction::Delete
+        );
+        // Gone from the cache while a pod uses it: maybe not seen yet; kept until no pod does.
+        assert_eq!(
+            claim_action(None, Some(&l), OWNER, true),
+            CopyAction::Nothing
+        );
         let mut going = u.clone();
         going.metadata.deletion_timestamp = Some(gone());
         assert_eq!(
-            claim_action(Some(&going), Some(&l), OWNER),
+            claim_action(Some(&going), Some(&l), OWNER, true),
             CopyAction::Delete
         );
         let mut recreated = u.clone();
         recreated.metadata.uid = Some("u-claim-2".into());
         assert_eq!(
-            claim_action(Some(&recreated), Some(&l), OWNER),
+            claim_action(Some(&recreated), Some(&l), OWNER, true),
             CopyAction::Delete
         );
         let mut grown = u.clone();
         grown.spec.as_mut().unwrap().resources =
             Some(from(json!({"requests": {"storage": "5Gi"}})));
-        let CopyAction::Update(copy) = claim_action(Some(&grown), Some(&l), OWNER) else {
+        let CopyAction::Update(copy) = claim_action(Some(&grown), Some(&l), OWNER, true) else {
             panic!("expected an update");
         };
         let requests = copy.spec.unwrap().resources.unwrap().requests.unwrap();
@@ -746,22 +768,25 @@ mod tests {
         shrunk.spec.as_mut().unwrap().resources =
             Some(from(json!({"requests": {"storage": "1Mi"}})));
         assert_eq!(
-            claim_action(Some(&shrunk), Some(&l), OWNER),
+            claim_action(Some(&shrunk), Some(&l), OWNER, true),
             CopyAction::Nothing
         );
         // Not ours, or already going: never touched.
         let mut theirs = l.clone();
         theirs.metadata.labels = None;
         assert_eq!(
-            claim_action(None, Some(&theirs), OWNER),
+            claim_action(None, Some(&theirs), OWNER, false),
             CopyAction::Nothing
         );
         let mut deleting = l.clone();
         deleting.metadata.deletion_timestamp = Some(gone());
         assert_eq!(
-            claim_action(None, Some(&deleting), OWNER),
+            claim_action(None, Some(&deleting), OWNER, false),
             CopyAction::Nothing
         );
-        assert_eq!(claim_action(Some(&u), None, OWNER), CopyAction::Nothing);
+        assert_eq!(
+            claim_action(Some(&u), None, OWNER, true),
+            CopyAction::Nothing
+        );
     }
 }

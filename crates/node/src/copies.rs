@@ -189,15 +189,18 @@ pub async fn run(cfg: CopySync, shared: Shared, stop: CancellationToken) {
                 claims.clone(),
             );
             let events = controller.claim_events();
-            let owner = cfg.owner.clone();
-            let decide: Decide<PersistentVolumeClaim> =
-                Arc::new(move |_, u, l| claim_action(u, l, &owner));
+            let (owner, claim_needs) = (cfg.owner.clone(), needs.clone());
+            let decide: Decide<PersistentVolumeClaim> = Arc::new(move |(ns, name), u, l| {
+                let needed = claim_needs.needed(CopyKind::PersistentVolumeClaim, ns, name);
+                claim_action(u, l, &owner, needed)
+            });
             let mut kind = Kind::new(
                 &cfg,
                 "persistentvolumeclaim",
                 (claims.upper, claims.lower),
                 &namespaces,
-            );
+            )
+            .needed_by_pods(CopyKind::PersistentVolumeClaim, &needs);
             kind.observer = Some(Arc::new(move |upper, pvc| events.claim_changed(upper, pvc)));
             tokio::join!(
                 run_kind(kind, decide, stop.clone()),
