@@ -228,7 +228,7 @@ async fn checklist_78_the_upper_pvc_gets_the_volume_name_binding_annotations_glo
 #[tokio::test]
 async fn checklist_79_deleting_the_upper_pvc_or_pv_deletes_the_lower_one() {
     let f = offloaded_with_claim(Storage::StaticLocal).await;
-    let upper_pv = upper_volume(&f).await;
+    upper_volume(&f).await;
     // Wait for the lower volume to be marked ours: only then is an upper deletion a deletion.
     let lower = f.volumes(false);
     eventually(30, "the lower volume marked", || async {
@@ -274,7 +274,6 @@ async fn checklist_79_deleting_the_upper_pvc_or_pv_deletes_the_lower_one() {
             .then_some(())
     })
     .await;
-    let _ = upper_pv;
 }
 
 #[tokio::test]

@@ -233,9 +233,16 @@ fn bind(state: &State, pv: &str, key: &ObjKey) {
                 .entry("annotations")
                 .or_insert_with(|| json!({}))[ANN_BOUND_BY_CONTROLLER] = json!(YES);
         }
-        v["spec"]["claimRef"] = json!({"kind": "PersistentVolumeClaim", "apiVersion": "v1",
-            "namespace": key.namespace, "name": key.name, "uid": claim_uid,
-            "resourceVersion": claim.rv.to_string()});
+        // Written once, as kube does: a later change of the claim does not touch the volume.
+        let has_uid = v
+            .pointer("/spec/claimRef/uid")
+            .and_then(Value::as_str)
+            .is_some_and(|u| !u.is_empty());
+        if !has_uid {
+            v["spec"]["claimRef"] = json!({"kind": "PersistentVolumeClaim", "apiVersion": "v1",
+                "namespace": key.namespace, "name": key.name, "uid": claim_uid,
+                "resourceVersion": claim.rv.to_string()});
+        }
         v["status"]["phase"] = json!("Bound");
         volume = Some(v.clone());
         true
