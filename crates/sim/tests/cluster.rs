@@ -1,8 +1,11 @@
 //! The simulated cluster as a whole: control loops and simulated nodes, through kube-rs.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
 
-use std::future::Future;
+mod common;
+
 use std::time::Duration;
+
+use common::{eventually, from};
 
 use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
 use k8s_openapi::api::core::v1::{Endpoints, Namespace, Node, Pod, Service};
@@ -11,29 +14,6 @@ use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use serde_json::json;
 use tensile_sim::apiserver::controllers::Controllers;
 use tensile_sim::env::{ClusterSpec, TestEnv};
-
-/// Polls `check` until it returns `Some`, or fails after `secs` seconds.
-async fn eventually<T, F, Fut>(secs: u64, what: &str, mut check: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Option<T>>,
-{
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(secs);
-    loop {
-        if let Some(v) = check().await {
-            return v;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
-fn from<T: serde::de::DeserializeOwned>(v: serde_json::Value) -> T {
-    serde_json::from_value(v).unwrap()
-}
 
 fn deployment(name: &str, replicas: i32, cpu: &str) -> Deployment {
     from(

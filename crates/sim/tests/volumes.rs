@@ -2,36 +2,15 @@
 //! binding, through kube-rs, as kube-controller-manager and kube-scheduler behave.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
 
-use std::future::Future;
-use std::time::Duration;
+mod common;
+
+use common::{eventually, from};
 
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod};
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::api::{Api, DeleteParams, PostParams};
-use serde_json::{Value, json};
+use serde_json::json;
 use tensile_sim::env::TestEnv;
-
-async fn eventually<T, F, Fut>(secs: u64, what: &str, mut check: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Option<T>>,
-{
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(secs);
-    loop {
-        if let Some(v) = check().await {
-            return v;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
-fn from<T: serde::de::DeserializeOwned>(v: Value) -> T {
-    serde_json::from_value(v).unwrap()
-}
 
 async fn class(client: &kube::Client, name: &str, provisioner: &str, mode: &str) {
     Api::<StorageClass>::all(client.clone())
