@@ -327,15 +327,17 @@ fn upper_volume_patch(lower: &PersistentVolume, upper: &PersistentVolume) -> Opt
 }
 
 /// The merge patch that makes upper claim `upper` reflect the binding of our lower copy
-/// `lower`, once the upper volume of that name exists (`upper_volume_exists`; before, the upper
-/// PV controller would mark a claim with bind-completed but no volume Lost). `None` when
-/// nothing is to change, when the lower claim is unbound or not a copy of this upper claim, and
-/// when the upper claim is already bound to another volume (`volumeName` is set once).
+/// `lower`, once our upper mirror of its volume exists (`mirror`, the upper volume of that name
+/// if any; before it is there, the upper PV controller would mark a claim with bind-completed
+/// but no volume Lost). `None` when nothing is to change, when the lower claim is unbound or
+/// not a copy of this upper claim, and when the upper claim is already bound to another volume
+/// (`volumeName` is set once).
 pub fn upper_claim_patch(
     upper: &PersistentVolumeClaim,
     lower: &PersistentVolumeClaim,
-    upper_volume_exists: bool,
+    mirror: Option<&PersistentVolume>,
     node_name: &str,
+    owner: &str,
 ) -> Option<Value> {
     let volume = lower
         .spec
@@ -343,7 +345,12 @@ pub fn upper_claim_patch(
         .volume_name
         .as_deref()
         .filter(|v| !v.is_empty())?;
-    if !upper_volume_exists
+    let mirrored = mirror.is_some_and(|m| {
+        m.metadata.name.as_deref() == Some(volume)
+            && is_owned_by(&m.metadata, owner)
+            && m.metadata.deletion_timestamp.is_none()
+    });
+    if !mirrored
         || upper.metadata.deletion_timestamp.is_some()
         || upper.metadata.uid.as_deref() != annotation(&lower.metadata, keys::ANNOTATION_UPPER_UID)
     {
@@ -700,8 +707,16 @@ mod tests {
     #[test]
     fn the_upper_claim_gets_the_lower_binding_only_once_the_upper_volume_exists() {
         let (l, u) = (lower_claim(Some("pv-7")), upper_claim());
-        assert_eq!(upper_claim_patch(&u, &l, false, "vk-a"), None);
-        let patch = upper_claim_patch(&u, &l, true, "vk-a").unwrap();
+        let mirror = mirror_of(&marked("u-pv"), "u-pv");
+        let mut foreign = mirror.clone();
+        foreign.metadata.labels = None;
+        let mut going = mirror.clone();
+        going.metadata.deletion_timestamp = Some(gone());
+        for absent in [None, Some(&foreign), Some(&going)] {
+            assert_eq!(upper_claim_patch(&u, &l, absent, "vk-a", OWNER), None);
+        }
+        let mirror = Some(&mirror);
+        let patch = upper_claim_patch(&u, &l, mirror, "vk-a", OWNER).unwrap();
         assert_eq!(
             patch,
             json!({"spec": {"volumeName": "pv-7"}, "metadata": {"annotations": {
@@ -714,18 +729,24 @@ mod tests {
         let mut applied = u.clone();
         applied.spec.as_mut().unwrap().volume_name = Some("pv-7".into());
         applied.metadata.annotations = Some(from(patch["metadata"]["annotations"].clone()));
-        assert_eq!(upper_claim_patch(&applied, &l, true, "vk-a"), None);
+        assert_eq!(upper_claim_patch(&applied, &l, mirror, "vk-a", OWNER), None);
         // Unbound downstairs, bound to another volume upstairs, or a different upper claim.
         assert_eq!(
-            upper_claim_patch(&u, &lower_claim(None), true, "vk-a"),
+            upper_claim_patch(&u, &lower_claim(None), mirror, "vk-a", OWNER),
             None
         );
         let mut elsewhere = u.clone();
         elsewhere.spec.as_mut().unwrap().volume_name = Some("pv-other".into());
-        assert_eq!(upper_claim_patch(&elsewhere, &l, true, "vk-a"), None);
+        assert_eq!(
+            upper_claim_patch(&elsewhere, &l, mirror, "vk-a", OWNER),
+            None
+        );
         let mut recreated = u.clone();
         recreated.metadata.uid = Some("u-claim-2".into());
-        assert_eq!(upper_claim_patch(&recreated, &l, true, "vk-a"), None);
+        assert_eq!(
+            upper_claim_patch(&recreated, &l, mirror, "vk-a", OWNER),
+            None
+        );
     }
 
     #[test]

@@ -275,24 +275,20 @@ async fn sync(
             );
         }
     }
-    // The upper claim reflects the lower binding once its volume is there.
+    // The upper claim reflects the lower binding once its volume is mirrored (core checks the
+    // mirror is of the volume the lower claim is bound to).
     if let (Some(lc), Some(uc), Some((ns, n))) = (&lower_claim, &upper_claim, &claim_key)
-        && volume_of(lc).as_deref() == Some(name)
+        && let Some(patch) = upper_claim_patch(uc, lc, upper.as_ref(), &cfg.node_name, &cfg.owner)
     {
-        let volume_there = upper.as_ref().is_some_and(|u| {
-            is_owned_by(&u.metadata, &cfg.owner) && u.metadata.deletion_timestamp.is_none()
-        });
-        if let Some(patch) = upper_claim_patch(uc, lc, volume_there, &cfg.node_name) {
-            Api::<PersistentVolumeClaim>::namespaced(cfg.upper.clone(), ns)
-                .patch(n, &pp, &merge(&patch))
-                .await
-                .map_err(err(
-                    "reflecting the binding on",
-                    "persistentvolumeclaim",
-                    "upper",
-                    n,
-                ))?;
-        }
+        Api::<PersistentVolumeClaim>::namespaced(cfg.upper.clone(), ns)
+            .patch(n, &pp, &merge(&patch))
+            .await
+            .map_err(err(
+                "reflecting the binding on",
+                "persistentvolumeclaim",
+                "upper",
+                n,
+            ))?;
     }
     Ok(())
 }
