@@ -141,6 +141,18 @@ async fn offloaded_with_claim(storage: Storage) -> Fixture {
     }
 }
 
+/// Deletes the upper pod `app` (at once) and the upper claim `data`.
+async fn delete_pod_and_claim(f: &Fixture) {
+    Api::<Pod>::namespaced(f.upper().clone(), "default")
+        .delete("app", &DeleteParams::default().grace_period(0))
+        .await
+        .unwrap();
+    f.claims(true)
+        .delete("data", &DeleteParams::default())
+        .await
+        .unwrap();
+}
+
 /// The upper volume of the lower one, once it exists.
 async fn upper_volume(f: &Fixture) -> PersistentVolume {
     let upper = f.volumes(true);
@@ -236,14 +248,7 @@ async fn checklist_79_deleting_the_upper_pvc_or_pv_deletes_the_lower_one() {
         (annotation(&pv.metadata, ANNOTATION_GLOBAL) == Some("true")).then_some(())
     })
     .await;
-    Api::<Pod>::namespaced(f.upper().clone(), "default")
-        .delete("app", &DeleteParams::default().grace_period(0))
-        .await
-        .unwrap();
-    f.claims(true)
-        .delete("data", &DeleteParams::default())
-        .await
-        .unwrap();
+    delete_pod_and_claim(&f).await;
     let lower_claims = f.claims(false);
     eventually(30, "the lower claim deleted", || async {
         lower_claims
@@ -328,14 +333,7 @@ async fn checklist_75_lower_pvcs_whose_upper_claim_is_gone_are_collected_at_star
         .unwrap();
     // The virtual node stops; the upper pod and claim are deleted while it is down.
     f.node.cancel();
-    Api::<Pod>::namespaced(f.upper().clone(), "default")
-        .delete("app", &DeleteParams::default().grace_period(0))
-        .await
-        .unwrap();
-    f.claims(true)
-        .delete("data", &DeleteParams::default())
-        .await
-        .unwrap();
+    delete_pod_and_claim(&f).await;
     // Still there: nobody was watching.
     assert!(f.claims(false).get_opt("data").await.unwrap().is_some());
     let mut opts = NodeOptions::new("vk-lower");
