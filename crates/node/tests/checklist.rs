@@ -14,7 +14,7 @@ use serde_json::json;
 use tokio::io::AsyncReadExt;
 
 mod common;
-use common::{NodeOptions, clusters, eventually, phase, pod, spawn, start};
+use common::{NodeOptions, clusters, eventually, gone, phase, pod, spawn, start};
 
 fn get(path: &str) -> http::Request<Vec<u8>> {
     http::Request::get(path).body(Vec::new()).unwrap()
@@ -312,15 +312,7 @@ async fn checklist_45_46_an_upper_deletion_passes_its_grace_down_and_finishes_wh
     pods.delete("forced", &DeleteParams::default().grace_period(0))
         .await
         .unwrap();
-    eventually(60, "forced gone downstairs", || async {
-        lower_pods
-            .get_opt("forced")
-            .await
-            .ok()?
-            .is_none()
-            .then_some(())
-    })
-    .await;
+    gone(&lower_pods, "forced", 60, "forced gone downstairs").await;
     let graces = deletion_graces(&seen);
     let first = |name: &str| graces.iter().find(|(n, _)| n == name).map(|(_, g)| *g);
     assert_eq!(first("graceful"), Some(Some(7)), "{graces:?}");
@@ -345,10 +337,7 @@ async fn checklist_47_deleting_an_upper_pod_whose_lower_pod_is_already_gone_fini
         .unwrap();
     pods.delete("web", &DeleteParams::default()).await.unwrap();
     let again = common::spawn_node(&env, "vk-lower").await;
-    eventually(30, "the upper pod finished", || async {
-        pods.get_opt("web").await.ok()?.is_none().then_some(())
-    })
-    .await;
+    gone(&pods, "web", 30, "the upper pod finished").await;
     again.cancel();
 }
 

@@ -7,7 +7,7 @@ mod common;
 
 use std::time::Instant;
 
-use common::{clusters, eventually, phase, pod, spawn_node};
+use common::{clusters, eventually, gone, phase, pod, run_pod_spec, spawn_node};
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};
 use kube::api::{Api, AttachParams, DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::json;
@@ -69,22 +69,6 @@ async fn offloaded_with_dependencies(upper: &kube::Client, lower: &kube::Client)
 /// Creates pod `name` with `volumes` on `vk-lower` and waits until it runs.
 async fn run_pod(upper: &kube::Client, name: &str, volumes: serde_json::Value) {
     run_pod_spec(upper, name, json!({"volumes": volumes})).await;
-}
-
-/// Creates pod `name` on `vk-lower` with `spec` merged into the default one and waits until
-/// it runs.
-async fn run_pod_spec(upper: &kube::Client, name: &str, spec: serde_json::Value) {
-    let pods: Api<Pod> = Api::namespaced(upper.clone(), "default");
-    pods.create(
-        &PostParams::default(),
-        &pod(name, "vk-lower", json!({ "spec": spec })),
-    )
-    .await
-    .unwrap();
-    eventually(30, &format!("{name} Running"), || async {
-        (phase(&pods, name).await? == "Running").then_some(())
-    })
-    .await;
 }
 
 #[tokio::test]
@@ -266,19 +250,17 @@ async fn a_copy_goes_when_its_last_pod_goes_and_comes_back_when_needed_again() {
     let pods: Api<Pod> = Api::namespaced(upper.clone(), "default");
     let low_pods: Api<Pod> = Api::namespaced(lower.clone(), "default");
     pods.delete("a", &DeleteParams::default()).await.unwrap();
-    eventually(30, "lower pod a gone", || async {
-        low_pods.get_opt("a").await.ok()?.is_none().then_some(())
-    })
-    .await;
+    gone(&low_pods, "a", 30, "lower pod a gone").await;
     assert!(
         low_cms.get_opt("cfg").await.unwrap().is_some(),
         "b still needs it"
     );
     pods.delete("b", &DeleteParams::default()).await.unwrap();
-    eventually(
+    gone(
+        &low_cms,
+        "cfg",
         30,
         "the copy goes with the last pod that needs it",
-        || async { low_cms.get_opt("cfg").await.ok()?.is_none().then_some(()) },
     )
     .await;
     run_pod(upper, "c", volumes).await;

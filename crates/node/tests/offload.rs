@@ -10,7 +10,7 @@ use serde_json::json;
 use tensile_sim::env::{ClusterSpec, TestEnv};
 
 mod common;
-use common::{eventually, phase, pod, spawn_node, spawn_node_with, start};
+use common::{eventually, gone, phase, pod, spawn_node, spawn_node_with, start};
 
 #[tokio::test]
 async fn a_deployment_upstairs_runs_in_the_lower_cluster_and_reports_back() {
@@ -717,15 +717,7 @@ async fn a_burst_in_one_namespace_creates_it_once_and_a_deleted_lower_namespace_
         .delete("team-a", &DeleteParams::default())
         .await
         .unwrap();
-    eventually(60, "the lower namespace gone", || async {
-        lower_ns
-            .get_opt("team-a")
-            .await
-            .ok()?
-            .is_none()
-            .then_some(())
-    })
-    .await;
+    gone(&lower_ns, "team-a", 60, "the lower namespace gone").await;
     upper_pods
         .create(&PostParams::default(), &pod("after", "vk-lower", json!({})))
         .await

@@ -9,7 +9,7 @@ mod common;
 
 use std::collections::BTreeSet;
 
-use common::{NodeOptions, eventually, pod, spawn};
+use common::{NodeOptions, eventually, gone, pod, spawn};
 use k8s_openapi::api::core::v1::{Endpoints, Namespace, Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
@@ -386,10 +386,7 @@ async fn checklist_71_deleting_an_upper_service_removes_only_our_lower_copy() {
             .await
             .unwrap();
     }
-    eventually(20, "our copy deleted", || async {
-        low_svcs.get_opt("web").await.ok()?.is_none().then_some(())
-    })
-    .await;
+    gone(&low_svcs, "web", 20, "our copy deleted").await;
     let after = low_svcs.get("legacy").await.unwrap();
     assert_eq!(
         after.metadata.uid, legacy.metadata.uid,

@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::{NodeOptions, clusters, eventually, phase, pod, spawn};
+use common::{NodeOptions, clusters, eventually, gone, run_pod_spec, spawn};
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod};
 use k8s_openapi::api::storage::v1::StorageClass;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -113,20 +113,11 @@ async fn offloaded_with_claim(storage: Storage) -> Fixture {
         )
         .await
         .unwrap();
-    let pods: Api<Pod> = Api::namespaced(upper.clone(), "default");
-    pods.create(
-        &PostParams::default(),
-        &pod(
-            "app",
-            "vk-lower",
-            json!({"spec": {"volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "data"}}]}}),
-        ),
+    run_pod_spec(
+        upper,
+        "app",
+        json!({"volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "data"}}]}),
     )
-    .await
-    .unwrap();
-    eventually(30, "app Running", || async {
-        (phase(&pods, "app").await? == "Running").then_some(())
-    })
     .await;
     let lower_claims: Api<PersistentVolumeClaim> = Api::namespaced(lower.clone(), "default");
     let volume = eventually(30, "the lower claim to be bound", || async {
@@ -250,15 +241,7 @@ async fn checklist_79_deleting_the_upper_pvc_or_pv_deletes_the_lower_one() {
     .await;
     delete_pod_and_claim(&f).await;
     let lower_claims = f.claims(false);
-    eventually(30, "the lower claim deleted", || async {
-        lower_claims
-            .get_opt("data")
-            .await
-            .unwrap()
-            .is_none()
-            .then_some(())
-    })
-    .await;
+    gone(&lower_claims, "data", 30, "the lower claim deleted").await;
     // Retain: the lower volume stays, Released, and so does its mirror.
     eventually(30, "the lower volume Released", || async {
         let pv = lower.get("pv-local").await.ok()?;
@@ -270,15 +253,7 @@ async fn checklist_79_deleting_the_upper_pvc_or_pv_deletes_the_lower_one() {
         .delete("pv-local", &DeleteParams::default())
         .await
         .unwrap();
-    eventually(30, "the lower volume deleted", || async {
-        lower
-            .get_opt("pv-local")
-            .await
-            .unwrap()
-            .is_none()
-            .then_some(())
-    })
-    .await;
+    gone(&lower, "pv-local", 30, "the lower volume deleted").await;
 }
 
 #[tokio::test]
@@ -340,14 +315,12 @@ async fn checklist_75_lower_pvcs_whose_upper_claim_is_gone_are_collected_at_star
     opts.volumes = true;
     let _node = spawn(&f.env, opts).await;
     let lower_claims = f.claims(false);
-    eventually(30, "our orphaned lower claim collected", || async {
-        lower_claims
-            .get_opt("data")
-            .await
-            .unwrap()
-            .is_none()
-            .then_some(())
-    })
+    gone(
+        &lower_claims,
+        "data",
+        30,
+        "our orphaned lower claim collected",
+    )
     .await;
     assert!(lower_claims.get_opt("theirs").await.unwrap().is_some());
 }

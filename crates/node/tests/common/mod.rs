@@ -2,7 +2,6 @@
 //! and waiting on conditions with deadlines.
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
 
-use std::future::Future;
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -18,24 +17,7 @@ use tensile_node::{KubeletApi, Metrics, VirtualNode};
 use tensile_sim::env::{ClusterSpec, TestEnv};
 use tokio_util::sync::CancellationToken;
 
-/// Polls `check` every 100 ms until it returns `Some`, failing after `secs`.
-pub async fn eventually<T, F, Fut>(secs: u64, what: &str, mut check: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Option<T>>,
-{
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(secs);
-    loop {
-        if let Some(v) = check().await {
-            return v;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
+pub use tensile_sim::env::eventually;
 
 /// An upper cluster and a lower cluster of two nodes (8 CPUs), with virtual node `vk-lower`.
 pub async fn start() -> (TestEnv, CancellationToken) {
@@ -195,6 +177,33 @@ pub fn pod(name: &str, node: &str, extra: serde_json::Value) -> Pod {
         "spec": {"nodeName": node, "containers": [{"name": "c", "image": "nginx:1.27"}]}});
     json_patch::merge(&mut p, &extra);
     serde_json::from_value(p).unwrap()
+}
+
+/// Creates pod `name` on `vk-lower` with `spec` merged into the default one and waits until
+/// it runs.
+pub async fn run_pod_spec(upper: &kube::Client, name: &str, spec: serde_json::Value) {
+    let pods: Api<Pod> = Api::namespaced(upper.clone(), "default");
+    pods.create(
+        &kube::api::PostParams::default(),
+        &pod(name, "vk-lower", json!({ "spec": spec })),
+    )
+    .await
+    .unwrap();
+    eventually(30, &format!("{name} Running"), || async {
+        (phase(&pods, name).await? == "Running").then_some(())
+    })
+    .await;
+}
+
+/// Waits until `name` is gone from `api` (failing after `secs`).
+pub async fn gone<K>(api: &Api<K>, name: &str, secs: u64, what: &str)
+where
+    K: kube::Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned,
+{
+    eventually(secs, what, || async {
+        api.get_opt(name).await.ok()?.is_none().then_some(())
+    })
+    .await;
 }
 
 /// The pod's phase, if it exists and has one.

@@ -257,6 +257,26 @@ impl Drop for TestEnv {
     }
 }
 
+/// Polls `check` every 50 ms until it returns `Some`, and panics naming `what` after `secs`
+/// seconds: how tests wait on a condition, with a deadline and never a bare sleep.
+#[allow(clippy::panic)] // a test's failure
+pub async fn eventually<T, F, Fut>(secs: u64, what: &str, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(secs);
+    loop {
+        if let Some(v) = check().await {
+            return v;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            panic!("timed out waiting for {what}");
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}
+
 /// The local port `kubectl port-forward ... :PORT` chose, read from its stdout ("Forwarding
 /// from 127.0.0.1:N -> PORT"). The rest of its output is drained in the background: kubectl
 /// keeps writing "Handling connection" lines and dies of a closed pipe otherwise.
