@@ -80,23 +80,27 @@ pub struct CopyError {
     source: kube::Error,
 }
 
-/// ConfigMaps and Secrets as this controller's watches see them: every upper one, and our
-/// lower copies. The pod controller reads a pod's dependencies here rather than asking the API
-/// server for each, and creates only the copies that are not there yet.
+/// ConfigMaps, Secrets and (with `PVControllers`) claims as this controller's watches see them:
+/// every upper one, and our lower copies. The pod controller reads a pod's dependencies here
+/// rather than asking the API server for each, and creates only the copies that are not there
+/// yet.
 #[derive(Clone, Debug, Default)]
 pub struct Dependencies {
     /// ConfigMaps.
     pub config_maps: CompactCache<ConfigMap>,
     /// Secrets.
     pub secrets: CompactCache<Secret>,
+    /// PersistentVolumeClaims (filled only with `PVControllers`).
+    pub claims: CompactCache<PersistentVolumeClaim>,
 }
 
 impl Dependencies {
-    /// Whether the ConfigMap (or Secret, by `kind`) `namespace/name` is in the cache.
+    /// Whether the ConfigMap, Secret or claim (by `kind`) `namespace/name` is in the cache.
     pub fn contains(&self, kind: LowerKind, namespace: &str, name: &str) -> bool {
         match kind {
             LowerKind::ConfigMap => self.config_maps.contains(namespace, name),
             LowerKind::Secret => self.secrets.contains(namespace, name),
+            LowerKind::PersistentVolumeClaim => self.claims.contains(namespace, name),
             _ => false,
         }
     }
@@ -178,7 +182,10 @@ pub async fn run(cfg: CopySync, shared: Shared, stop: CancellationToken) {
     };
     let mirror_volumes = async {
         if let Some(node_name) = cfg.volumes.clone() {
-            let claims = crate::volumes::Claims::default();
+            let claims = crate::volumes::Claims {
+                upper: upper.claims.clone(),
+                lower: copies.claims.clone(),
+            };
             let controller = crate::volumes::VolumeController::new(
                 crate::volumes::VolumeSync {
                     upper: cfg.upper.clone(),

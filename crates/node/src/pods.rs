@@ -597,7 +597,7 @@ async fn create_lower_steps(ctx: &Ctx, u: &Pod) -> Result<(), SyncError> {
                 .map(|_| ()),
             // Our copy is there already (another pod needs it too): the copy controller keeps it
             // current, so there is nothing to create.
-            LowerKind::ConfigMap | LowerKind::Secret
+            LowerKind::ConfigMap | LowerKind::Secret | LowerKind::PersistentVolumeClaim
                 if ctx.copies.contains(step.kind, &ns, &step.name) =>
             {
                 continue;
@@ -645,8 +645,10 @@ async fn create_lower_steps(ctx: &Ctx, u: &Pod) -> Result<(), SyncError> {
                 Err(e) => return Err(err(&format!("reading secret {ns}/{}", step.name), e)),
             },
             LowerKind::PersistentVolumeClaim => {
-                match Api::<PersistentVolumeClaim>::namespaced(upper.clone(), &ns)
-                    .get_opt(&step.name)
+                match ctx
+                    .upper_objects
+                    .claims
+                    .get_or_fetch(&Api::namespaced(upper.clone(), &ns), &ns, &step.name)
                     .await
                 {
                     Ok(Some(pvc)) => Api::<PersistentVolumeClaim>::namespaced(lower.clone(), &ns)

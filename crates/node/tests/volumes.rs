@@ -36,6 +36,8 @@ enum Storage {
 struct Fixture {
     env: TestEnv,
     node: CancellationToken,
+    /// The API calls of the virtual node's clients.
+    calls: tensile_node::clients::ApiCalls,
     /// The upper claim as created.
     claim: PersistentVolumeClaim,
     /// The name of the volume the lower cluster bound.
@@ -79,7 +81,8 @@ async fn offloaded_with_claim(storage: Storage) -> Fixture {
     let env = clusters().await;
     let mut opts = NodeOptions::new("vk-lower");
     opts.volumes = true;
-    let node = spawn(&env, opts).await.stop;
+    let spawned = spawn(&env, opts).await;
+    let (node, calls) = (spawned.stop, spawned.calls);
     let (upper, lower) = (&env.clusters[0].client, &env.clusters[1].client);
     let provisioner = match storage {
         Storage::StaticLocal => "kubernetes.io/no-provisioner",
@@ -127,6 +130,7 @@ async fn offloaded_with_claim(storage: Storage) -> Fixture {
     Fixture {
         env,
         node,
+        calls,
         claim,
         volume,
     }
@@ -323,4 +327,30 @@ async fn checklist_75_lower_pvcs_whose_upper_claim_is_gone_are_collected_at_star
     )
     .await;
     assert!(lower_claims.get_opt("theirs").await.unwrap().is_some());
+}
+
+#[tokio::test]
+async fn a_claim_two_pods_use_is_read_from_the_watch_cache_and_copied_once() {
+    let f = offloaded_with_claim(Storage::StaticLocal).await;
+    upper_volume(&f).await;
+    let count = |cluster: &str, verb, resource: &str| f.calls.count(cluster, verb, resource);
+    use tensile_node::clients::Verb;
+    let before = (
+        count("upper", Verb::Get, "persistentvolumeclaims"),
+        count("lower", Verb::Create, "persistentvolumeclaims"),
+    );
+    run_pod_spec(
+        f.upper(),
+        "second",
+        json!({"volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "data"}}]}),
+    )
+    .await;
+    assert_eq!(
+        (
+            count("upper", Verb::Get, "persistentvolumeclaims"),
+            count("lower", Verb::Create, "persistentvolumeclaims"),
+        ),
+        before,
+        "no upper GET and no second lower create for a claim both watch caches hold"
+    );
 }
