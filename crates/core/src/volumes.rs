@@ -48,7 +48,8 @@ fn annotation<'a>(meta: &'a ObjectMeta, key: &str) -> Option<&'a str> {
     meta.annotations.as_ref()?.get(key).map(String::as_str)
 }
 
-fn storage(requests: Option<&BTreeMap<String, Quantity>>) -> Option<i128> {
+/// The `storage` entry of a requests or capacity map, in nano-units.
+pub fn storage_request(requests: Option<&BTreeMap<String, Quantity>>) -> Option<i128> {
     requests?
         .get("storage")
         .and_then(|q| from_quantity(q).ok())
@@ -94,7 +95,10 @@ pub fn claim_action(
             .cloned()
     };
     let (wanted, has) = (requests(upper), requests(lower));
-    match (storage(wanted.as_ref()), storage(has.as_ref())) {
+    match (
+        storage_request(wanted.as_ref()),
+        storage_request(has.as_ref()),
+    ) {
         (Some(w), Some(h)) if w > h => {
             let mut grown = lower.clone();
             if let Some(r) = grown.spec.as_mut().and_then(|s| s.resources.as_mut()) {

@@ -278,3 +278,33 @@ async fn a_pre_bound_volume_and_claim_bind_without_a_pod_and_an_immediate_claim_
     assert_eq!(bound.spec.unwrap().volume_name.as_deref(), Some("pv-b"));
     assert_ne!(pvc.metadata.uid, second.metadata.uid);
 }
+
+#[tokio::test]
+async fn a_claims_label_selector_limits_which_volume_it_binds() {
+    let env = TestEnv::start(1).await.unwrap();
+    let c = &env.clusters[0].client;
+    class(c, "local", "kubernetes.io/no-provisioner", "Immediate").await;
+    // The unlabelled volume is the smaller one, so only the selector can rule it out.
+    local_pv(c, "pv-plain", "c1-node-1", "1Gi", "Retain").await;
+    local_pv(c, "pv-fast", "c1-node-1", "5Gi", "Retain").await;
+    Api::<PersistentVolume>::all(c.clone())
+        .patch(
+            "pv-fast",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(json!({"metadata": {"labels": {"tier": "fast"}}})),
+        )
+        .await
+        .unwrap();
+    Api::<PersistentVolumeClaim>::namespaced(c.clone(), "default")
+        .create(
+            &PostParams::default(),
+            &from(json!({"metadata": {"name": "picky"}, "spec": {
+                "accessModes": ["ReadWriteOnce"], "storageClassName": "local",
+                "selector": {"matchExpressions": [{"key": "tier", "operator": "In", "values": ["fast"]}]},
+                "resources": {"requests": {"storage": "1Gi"}}}})),
+        )
+        .await
+        .unwrap();
+    let bound = bound_claim(c, "picky").await;
+    assert_eq!(bound.spec.unwrap().volume_name.as_deref(), Some("pv-fast"));
+}

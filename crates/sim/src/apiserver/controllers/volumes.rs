@@ -23,13 +23,14 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::{NodeSelectorTerm, PersistentVolume, PersistentVolumeClaim};
 use serde_json::{Value, json};
 use tensile_core::fit::{NodeView, Unfit, node_selector_term_matches};
-use tensile_core::quantity::from_quantity;
+use tensile_core::volumes::storage_request;
 use tokio_util::sync::CancellationToken;
 
 use super::super::State;
 use super::super::meta;
 use super::super::resources::ids;
 use super::super::rest::DeleteOptions;
+use super::super::selectors::LabelSelector;
 use super::super::store::{Event, ObjKey};
 use super::{Reconciler, create, delete, modify, run_loop};
 
@@ -308,9 +309,7 @@ fn binding_mode(state: &State, pvc: &PersistentVolumeClaim) -> BindingMode {
 fn storage_of(
     map: Option<&BTreeMap<String, k8s_openapi::apimachinery::pkg::api::resource::Quantity>>,
 ) -> i128 {
-    map.and_then(|m| m.get("storage"))
-        .and_then(|q| from_quantity(q).ok())
-        .map_or(0, |q| q.nanos)
+    storage_request(map).unwrap_or(0)
 }
 
 /// Whether volume `pv` can serve claim `pvc` (on node `node`, when given): Available and not
@@ -330,22 +329,12 @@ fn satisfies(
     let class = |c: Option<&String>| c.cloned().unwrap_or_default();
     let mode = |m: Option<&String>| m.cloned().unwrap_or_else(|| "Filesystem".into());
     let modes = spec.access_modes.clone().unwrap_or_default();
+    // The API server's own label-selector matching (an invalid selector matches nothing).
     let selector_ok = want.selector.as_ref().is_none_or(|sel| {
-        let labels = pv.metadata.labels.clone().unwrap_or_default();
-        sel.match_labels
-            .iter()
-            .flatten()
-            .all(|(k, v)| labels.get(k) == Some(v))
-            && sel.match_expressions.iter().flatten().all(|e| {
-                let values = e.values.clone().unwrap_or_default();
-                match e.operator.as_str() {
-                    "In" => labels.get(&e.key).is_some_and(|v| values.contains(v)),
-                    "NotIn" => labels.get(&e.key).is_none_or(|v| !values.contains(v)),
-                    "Exists" => labels.contains_key(&e.key),
-                    "DoesNotExist" => !labels.contains_key(&e.key),
-                    _ => false,
-                }
-            })
+        serde_json::to_value(sel)
+            .ok()
+            .and_then(|v| LabelSelector::from_label_selector(&v).ok())
+            .is_some_and(|s| s.matches(&pv.metadata.labels.clone().unwrap_or_default()))
     });
     available
         && free
