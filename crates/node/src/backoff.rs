@@ -51,6 +51,27 @@ where
         .modify(|o| o.meta_mut().managed_fields = None)
 }
 
+/// Hands every item of a watch stream to `on_item` until the stream ends or `stop`; errors
+/// are logged as `what` (the watcher retries by itself, with backoff).
+pub async fn drain<T, E: std::fmt::Display>(
+    mut stream: impl futures::Stream<Item = Result<T, E>> + Unpin,
+    stop: &tokio_util::sync::CancellationToken,
+    what: &str,
+    mut on_item: impl FnMut(T),
+) {
+    use futures::TryStreamExt as _;
+    loop {
+        tokio::select! {
+            () = stop.cancelled() => return,
+            next = stream.try_next() => match next {
+                Ok(Some(item)) => on_item(item),
+                Ok(None) => return,
+                Err(e) => tracing::warn!(watch = what, error = %e, "watch error"),
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

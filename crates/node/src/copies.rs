@@ -325,22 +325,14 @@ where
         let name = kind.name;
         let observer = kind.observer.clone();
         tokio::spawn(async move {
-            let mut merged = futures::stream::select(upper_events, lower_events);
-            loop {
-                tokio::select! {
-                    () = stop.cancelled() => return,
-                    next = merged.try_next() => match next {
-                        Ok(Some((upper, o))) => {
-                            queue.add((o.namespace().unwrap_or_default(), o.name_any()));
-                            if let Some(observe) = &observer {
-                                observe(upper, &o);
-                            }
-                        }
-                        Ok(None) => return,
-                        Err(e) => tracing::warn!(kind = name, error = %e, "watch error"),
-                    }
+            let merged = futures::stream::select(upper_events, lower_events);
+            crate::backoff::drain(merged, &stop, name, |(upper, o)| {
+                queue.add((o.namespace().unwrap_or_default(), o.name_any()));
+                if let Some(observe) = &observer {
+                    observe(upper, &o);
                 }
-            }
+            })
+            .await;
         });
     }
     // Nothing is decided before both caches (and the pods, for what they need) are complete:

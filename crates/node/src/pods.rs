@@ -281,21 +281,13 @@ pub async fn run_with_store(
         let queue = queue.clone();
         let stop = stop.clone();
         async move {
-            let mut merged = futures::stream::select(upper_stream, lower_stream);
-            loop {
-                tokio::select! {
-                    () = stop.cancelled() => return,
-                    next = merged.try_next() => match next {
-                        Ok(Some(p)) => {
-                            if let Some(k) = key_of(&p) {
-                                queue.add(k);
-                            }
-                        }
-                        Ok(None) => return,
-                        Err(e) => tracing::warn!(error = %e, "pod watch error"),
-                    }
+            let merged = futures::stream::select(upper_stream, lower_stream);
+            crate::backoff::drain(merged, &stop, "pods", |p| {
+                if let Some(k) = key_of(&p) {
+                    queue.add(k);
                 }
-            }
+            })
+            .await;
         }
     };
     tokio::spawn(feed);

@@ -151,17 +151,10 @@ impl VolumeController {
             .boxed();
             let (queue, stop) = (queue.clone(), stop.clone());
             tokio::spawn(async move {
-                let mut events = events;
-                loop {
-                    tokio::select! {
-                        () = stop.cancelled() => return,
-                        next = events.try_next() => match next {
-                            Ok(Some(pv)) => queue.add(pv.name_any()),
-                            Ok(None) => return,
-                            Err(e) => tracing::warn!(kind = "persistentvolume", error = %e, "watch error"),
-                        }
-                    }
-                }
+                crate::backoff::drain(events, &stop, "persistentvolumes", |pv| {
+                    queue.add(pv.name_any());
+                })
+                .await;
             });
         }
         // Nothing is decided before every cache is complete: an absent volume must mean absent.
