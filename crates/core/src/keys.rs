@@ -138,6 +138,12 @@ pub const ANNOTATION_UPPER_UID: &str = "tensile-kube.io/upper-uid";
 /// removed upstairs is removed downstairs without touching keys written by the lower cluster.
 pub const ANNOTATION_SYNCED_ANNOTATIONS: &str = "tensile-kube.io/synced-annotations";
 
+/// Our annotation on upper pods: the virtual nodes the pod's required node affinity excludes
+/// because the pod (or another pod of its owner) could not be placed in their lower clusters;
+/// comma-separated, sorted. It tells the webhook which `kubernetes.io/hostname NotIn`
+/// expression is ours, so it stays in the upper pod instead of moving into `clusterSelector`.
+pub const ANNOTATION_EXCLUDED_NODES: &str = "tensile-kube.io/excluded-nodes";
+
 /// Our condition on upper pods: True once the lower pod exists, False with a reason when it was
 /// lost. It is the durable record that a pod was offloaded, so that after a restart a missing
 /// lower pod is recognised as lost rather than created again.

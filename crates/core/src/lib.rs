@@ -23,6 +23,7 @@ pub mod cluster_selector;
 pub mod deps;
 pub mod events;
 pub mod fit;
+pub mod inject;
 pub mod keys;
 pub mod node;
 pub mod plan;
