@@ -1,0 +1,438 @@
+//! The descheduler's rules (reference section 7) as functions of values: when a pod on a
+//! virtual node counts as stuck, which pods may be moved and how, and the replacement pod.
+//!
+//! A pod is moved one of two ways:
+//! - through its controller (ReplicaSet, StatefulSet, Job, ...): the pod is marked
+//!   `unschedulable-node=<node>` and deleted; the controller creates its replacement, and the
+//!   webhook, which saw the mark, keeps the replacement off that node. Re-creating such a pod
+//!   ourselves would race its controller (a ReplicaSet deletes the surplus pod, often ours; a
+//!   StatefulSet re-creates the same name first), so the controller does it.
+//! - re-created by the descheduler: only pods without a controller that opt in with
+//!   `descheduler.alpha.kubernetes.io/evict`; nobody else would ever re-create them.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
+
+use crate::inject::{excluded_nodes, exclude_nodes};
+use crate::keys::{
+    ANNOTATION_CONFIG_MIRROR, ANNOTATION_CONFIG_SOURCE, ANNOTATION_DESCHEDULE_COUNT,
+    ANNOTATION_DESCHEDULER_EVICT, LABEL_CREATE_BY_DESCHEDULER, VALUE_TRUE,
+};
+
+/// Priority from which a pod is critical (`system-cluster-critical` and above).
+pub const CRITICAL_PRIORITY: i32 = 2_000_000_000;
+
+/// When pods count as stuck and which may move.
+#[derive(Clone, Debug)]
+pub struct Policy {
+    /// How long a pod may be Unschedulable in its lower cluster before it moves.
+    pub unschedulable_for: SignedDuration,
+    /// The original's `PodLifeTime` rule: a pod Pending longer than this moves (off when
+    /// `None`).
+    pub max_pending_age: Option<SignedDuration>,
+    /// Pods with `emptyDir` or `hostPath` volumes may move (their data is lost).
+    pub evict_local_storage: bool,
+    /// Moves of one pod (or workload) after which the descheduler gives up.
+    pub max_attempts: u32,
+}
+
+impl Default for Policy {
+    fn default() -> Self {
+        Self {
+            unschedulable_for: SignedDuration::from_secs(30),
+            max_pending_age: None,
+            evict_local_storage: false,
+            max_attempts: 3,
+        }
+    }
+}
+
+/// Why a pod is due to move.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Trigger {
+    /// The lower scheduler cannot place it (its `PodScheduled` reason), with its message.
+    Unschedulable {
+        /// `Unschedulable` or `SchedulerError`.
+        reason: String,
+        /// The lower scheduler's message.
+        message: String,
+    },
+    /// Pending longer than the policy's maximum age.
+    TooOld,
+}
+
+impl std::fmt::Display for Trigger {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Unschedulable { reason, message } => write!(f, "{reason}: {message}"),
+            Self::TooOld => f.write_str("Pending longer than the maximum pod life time"),
+        }
+    }
+}
+
+/// When the pod, bound to a virtual node, becomes due to move and why; `None` when no rule
+/// applies (running, finished, being deleted, not bound).
+pub fn due(pod: &Pod, policy: &Policy) -> Option<(Timestamp, Trigger)> {
+    let spec = pod.spec.as_ref()?;
+    if spec.node_name.as_deref().is_none_or(str::is_empty)
+        || pod.metadata.deletion_timestamp.is_some()
+    {
+        return None;
+    }
+    let status = pod.status.as_ref();
+    if !matches!(status.and_then(|s| s.phase.as_deref()), None | Some("Pending")) {
+        return None;
+    }
+    let created = pod.metadata.creation_timestamp.as_ref().map(|t| t.0);
+    let unschedulable = status
+        .and_then(|s| s.conditions.as_ref())
+        .into_iter()
+        .flatten()
+        .find(|c| {
+            c.type_ == "PodScheduled"
+                && c.status != "True"
+                && matches!(
+                    c.reason.as_deref(),
+                    Some("Unschedulable" | "SchedulerError")
+                )
+        })
+        .map(|c| {
+            let since = c
+                .last_transition_time
+                .as_ref()
+                .map(|t| t.0)
+                .or(created)
+                .unwrap_or(Timestamp::UNIX_EPOCH);
+            (
+                since.saturating_add(policy.unschedulable_for).unwrap_or(since),
+                Trigger::Unschedulable {
+                    reason: c.reason.clone().unwrap_or_default(),
+                    message: c.message.clone().unwrap_or_default(),
+                },
+            )
+        });
+    let too_old = policy
+        .max_pending_age
+        .zip(created)
+        .map(|(age, created)| {
+            (
+                created.saturating_add(age).unwrap_or(created),
+                Trigger::TooOld,
+            )
+        });
+    match (unschedulable, too_old) {
+        (Some(a), Some(b)) => Some(if b.0 < a.0 { b } else { a }),
+        (a, b) => a.or(b),
+    }
+}
+
+/// How a pod moves.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Handling {
+    /// Its controller (this UID) re-creates it after the deletion.
+    ThroughOwner(String),
+    /// The descheduler re-creates it under the same name.
+    Recreate,
+}
+
+/// Why a pod never moves.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Keep {
+    /// Nobody would re-create it, and it did not opt in.
+    NoController,
+    /// A DaemonSet pod belongs on its node.
+    DaemonSet,
+    /// A static or mirror pod.
+    Static,
+    /// Priority at or above `system-cluster-critical`.
+    Critical,
+    /// `emptyDir` or `hostPath` data would be lost.
+    LocalStorage,
+}
+
+impl std::fmt::Display for Keep {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::NoController => {
+                "it has no controller to re-create it (annotate it descheduler.alpha.kubernetes.io/evict to let the descheduler re-create it)"
+            }
+            Self::DaemonSet => "it belongs to a DaemonSet",
+            Self::Static => "it is a static or mirror pod",
+            Self::Critical => "it is a critical pod",
+            Self::LocalStorage => "it has emptyDir or hostPath volumes",
+        })
+    }
+}
+
+/// Whether and how the pod may move (descheduler v0.18's evictability, which the original
+/// used, with the owner decision above).
+pub fn handling(pod: &Pod, policy: &Policy) -> Result<Handling, Keep> {
+    let annotations = pod.metadata.annotations.as_ref();
+    let has = |k: &str| annotations.is_some_and(|a| a.contains_key(k));
+    let forced = has(ANNOTATION_DESCHEDULER_EVICT);
+    let refs = pod.metadata.owner_references.as_deref().unwrap_or_default();
+    if refs.iter().any(|r| r.kind == "DaemonSet") {
+        return Err(Keep::DaemonSet);
+    }
+    let controller = refs.iter().find(|r| r.controller == Some(true));
+    if !forced {
+        if has(ANNOTATION_CONFIG_MIRROR)
+            || annotations
+                .and_then(|a| a.get(ANNOTATION_CONFIG_SOURCE))
+                .is_some_and(|s| s != "api")
+        {
+            return Err(Keep::Static);
+        }
+        let spec = pod.spec.as_ref();
+        if spec
+            .and_then(|s| s.priority)
+            .is_some_and(|p| p >= CRITICAL_PRIORITY)
+        {
+            return Err(Keep::Critical);
+        }
+        let local = spec
+            .and_then(|s| s.volumes.as_ref())
+            .into_iter()
+            .flatten()
+            .any(|v| v.empty_dir.is_some() || v.host_path.is_some());
+        if local && !policy.evict_local_storage {
+            return Err(Keep::LocalStorage);
+        }
+    }
+    match controller {
+        Some(c) if !c.uid.is_empty() => Ok(Handling::ThroughOwner(c.uid.clone())),
+        _ if forced => Ok(Handling::Recreate),
+        _ => Err(Keep::NoController),
+    }
+}
+
+/// How many times the pod (or, for a controller's pod, its workload within the webhook's
+/// window) was moved: the larger of its deschedule count and its excluded nodes.
+pub fn attempts(pod: &Pod) -> u32 {
+    let count = pod
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(ANNOTATION_DESCHEDULE_COUNT))
+        .and_then(|c| c.trim().parse::<u32>().ok())
+        .unwrap_or(0);
+    let excluded = u32::try_from(excluded_nodes(pod).len()).unwrap_or(u32::MAX);
+    count.max(excluded)
+}
+
+/// The pod the descheduler creates for `pod`, which failed on `node`: same name, spec and
+/// annotations (fix: the original kept only the count from the second time on), no node, no
+/// status, labelled `create-by-descheduler=true`, kept off `node` and the nodes it already
+/// failed on, its count one higher.
+pub fn replacement(pod: &Pod, node: &str) -> Pod {
+    let mut new = Pod {
+        metadata: pod.metadata.clone(),
+        spec: pod.spec.clone(),
+        status: None,
+    };
+    let meta = &mut new.metadata;
+    meta.uid = None;
+    meta.resource_version = None;
+    meta.creation_timestamp = None;
+    meta.deletion_timestamp = None;
+    meta.deletion_grace_period_seconds = None;
+    meta.generation = None;
+    meta.managed_fields = None;
+    meta.self_link = None;
+    meta.labels
+        .get_or_insert_with(BTreeMap::new)
+        .insert(LABEL_CREATE_BY_DESCHEDULER.to_owned(), VALUE_TRUE.to_owned());
+    if let Some(spec) = new.spec.as_mut() {
+        spec.node_name = None;
+    }
+    let count = attempts(pod).saturating_add(1);
+    exclude_nodes(&mut new, &[node.to_owned()]);
+    new.metadata
+        .annotations
+        .get_or_insert_with(BTreeMap::new)
+        .insert(ANNOTATION_DESCHEDULE_COUNT.to_owned(), count.to_string());
+    new
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::keys::{ANNOTATION_CLUSTER_SELECTOR, ANNOTATION_EXCLUDED_NODES, LABEL_HOSTNAME};
+    use pretty_assertions::assert_eq;
+    use serde_json::json;
+
+    fn stuck(extra: serde_json::Value) -> Pod {
+        let mut v = json!({
+            "metadata": {"name": "web-1", "namespace": "shop", "uid": "u1", "resourceVersion": "7",
+                "creationTimestamp": "2026-11-22T10:00:00Z",
+                "labels": {"app": "web", "virtual-pod": "true"},
+                "annotations": {"clusterSelector": "{\"nodeSelector\":{\"disk\":\"ssd\"}}"},
+                "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "web",
+                    "uid": "rs-uid", "controller": true}]},
+            "spec": {"nodeName": "vk-a", "containers": [{"name": "c", "image": "nginx"}]},
+            "status": {"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "False",
+                "reason": "Unschedulable", "message": "0/3 nodes are available: 3 Insufficient cpu.",
+                "lastTransitionTime": "2026-11-22T10:00:05Z"}]}
+        });
+        json_merge(&mut v, extra);
+        serde_json::from_value(v).unwrap()
+    }
+
+    fn json_merge(a: &mut serde_json::Value, b: serde_json::Value) {
+        match (a, b) {
+            (serde_json::Value::Object(a), serde_json::Value::Object(b)) => {
+                for (k, v) in b {
+                    json_merge(a.entry(k).or_insert(serde_json::Value::Null), v);
+                }
+            }
+            (a, b) => *a = b,
+        }
+    }
+
+    fn at(s: &str) -> Timestamp {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn checklist_90_unschedulable_in_the_lower_cluster_is_due_after_the_threshold() {
+        let (when, why) = due(&stuck(json!({})), &Policy::default()).unwrap();
+        assert_eq!(when, at("2026-11-22T10:00:35Z"));
+        assert!(matches!(why, Trigger::Unschedulable { ref reason, .. } if reason == "Unschedulable"));
+        let error = stuck(json!({"status": {"conditions": [{"type": "PodScheduled", "status": "False",
+            "reason": "SchedulerError", "lastTransitionTime": "2026-11-22T10:00:05Z"}]}}));
+        assert!(due(&error, &Policy::default()).is_some());
+    }
+
+    #[test]
+    fn running_unbound_deleting_or_scheduled_pods_are_never_due() {
+        let p = Policy::default();
+        assert_eq!(due(&stuck(json!({"status": {"phase": "Running"}})), &p), None);
+        assert_eq!(due(&stuck(json!({"spec": {"nodeName": ""}})), &p), None);
+        assert_eq!(
+            due(
+                &stuck(json!({"metadata": {"deletionTimestamp": "2026-11-22T10:01:00Z"}})),
+                &p
+            ),
+            None
+        );
+        let scheduled = stuck(json!({"status": {"conditions": [{"type": "PodScheduled", "status": "True"}]}}));
+        assert_eq!(due(&scheduled, &p), None);
+    }
+
+    #[test]
+    fn checklist_95_pending_older_than_the_maximum_age_is_due() {
+        let scheduled = stuck(json!({"status": {"conditions": [{"type": "PodScheduled", "status": "True"}]}}));
+        let policy = Policy {
+            max_pending_age: Some(SignedDuration::from_secs(180)),
+            ..Policy::default()
+        };
+        assert_eq!(
+            due(&scheduled, &policy),
+            Some((at("2026-11-22T10:03:00Z"), Trigger::TooOld))
+        );
+        // Whichever rule fires first.
+        assert_eq!(due(&stuck(json!({})), &policy).unwrap().0, at("2026-11-22T10:00:35Z"));
+    }
+
+    #[test]
+    fn checklist_94_who_may_move() {
+        let p = Policy::default();
+        assert_eq!(
+            handling(&stuck(json!({})), &p),
+            Ok(Handling::ThroughOwner("rs-uid".into()))
+        );
+        let bare = stuck(json!({"metadata": {"ownerReferences": null}}));
+        assert_eq!(handling(&bare, &p), Err(Keep::NoController));
+        let ds = stuck(json!({"metadata": {"ownerReferences": [{"apiVersion": "apps/v1",
+            "kind": "DaemonSet", "name": "d", "uid": "d", "controller": true}]}}));
+        assert_eq!(handling(&ds, &p), Err(Keep::DaemonSet));
+        let mirror =
+            stuck(json!({"metadata": {"annotations": {"kubernetes.io/config.mirror": "x"}}}));
+        assert_eq!(handling(&mirror, &p), Err(Keep::Static));
+        let critical = stuck(json!({"spec": {"priority": 2_000_000_000}}));
+        assert_eq!(handling(&critical, &p), Err(Keep::Critical));
+        let local = stuck(json!({"spec": {"volumes": [{"name": "v", "emptyDir": {}}]}}));
+        assert_eq!(handling(&local, &p), Err(Keep::LocalStorage));
+        let allowed = Policy {
+            evict_local_storage: true,
+            ..Policy::default()
+        };
+        assert!(handling(&local, &allowed).is_ok());
+        // The annotation opts in, and makes a bare pod ours to re-create.
+        let forced = stuck(json!({"metadata": {"ownerReferences": null,
+            "annotations": {"descheduler.alpha.kubernetes.io/evict": "true"}},
+            "spec": {"volumes": [{"name": "v", "hostPath": {"path": "/x"}}]}}));
+        assert_eq!(handling(&forced, &p), Ok(Handling::Recreate));
+    }
+
+    #[test]
+    fn checklist_91_93_the_replacement_keeps_everything_but_node_and_status() {
+        let old = stuck(json!({"metadata": {"annotations": {"sigs.k8s.io/deschedule-count": "1",
+            "team": "a"}}}));
+        let new = replacement(&old, "vk-a");
+        let meta = &new.metadata;
+        assert_eq!(meta.name.as_deref(), Some("web-1"));
+        assert_eq!(meta.uid, None);
+        assert_eq!(meta.resource_version, None);
+        assert_eq!(meta.labels.as_ref().unwrap()["create-by-descheduler"], "true");
+        let ann = meta.annotations.as_ref().unwrap();
+        assert_eq!(ann[ANNOTATION_DESCHEDULE_COUNT], "2");
+        assert_eq!(ann["team"], "a", "fix: annotations survive a second deschedule");
+        assert_eq!(
+            ann[ANNOTATION_CLUSTER_SELECTOR],
+            old.metadata.annotations.as_ref().unwrap()[ANNOTATION_CLUSTER_SELECTOR]
+        );
+        assert_eq!(ann[ANNOTATION_EXCLUDED_NODES], "vk-a");
+        assert_eq!(new.status, None);
+        let spec = new.spec.as_ref().unwrap();
+        assert_eq!(spec.node_name, None);
+        let term = &spec
+            .affinity
+            .as_ref()
+            .unwrap()
+            .node_affinity
+            .as_ref()
+            .unwrap()
+            .required_during_scheduling_ignored_during_execution
+            .as_ref()
+            .unwrap()
+            .node_selector_terms[0];
+        let r = &term.match_expressions.as_ref().unwrap()[0];
+        assert_eq!(
+            (r.key.as_str(), r.operator.as_str(), r.values.as_deref().unwrap()),
+            (LABEL_HOSTNAME, "NotIn", &["vk-a".to_owned()][..])
+        );
+    }
+
+    #[test]
+    fn checklist_99_a_second_move_excludes_both_nodes_even_with_user_terms() {
+        let old = stuck(json!({"spec": {"affinity": {"nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+                {"matchExpressions": [{"key": "clusterID", "operator": "In", "values": ["c1", "c2", "c3"]}]}]}}}}}));
+        let first = replacement(&old, "vk-a");
+        let mut moved = first.clone();
+        moved.spec.as_mut().unwrap().node_name = Some("vk-b".into());
+        let second = replacement(&moved, "vk-b");
+        assert_eq!(attempts(&second), 2);
+        let terms = &second
+            .spec
+            .as_ref()
+            .unwrap()
+            .affinity
+            .as_ref()
+            .unwrap()
+            .node_affinity
+            .as_ref()
+            .unwrap()
+            .required_during_scheduling_ignored_during_execution
+            .as_ref()
+            .unwrap()
+            .node_selector_terms;
+        assert_eq!(terms.len(), 1);
+        let exprs = terms[0].match_expressions.as_ref().unwrap();
+        assert_eq!(exprs[0].key, "clusterID", "the user's term is kept");
+        assert_eq!(exprs[1].values.as_deref().unwrap(), ["vk-a", "vk-b"]);
+    }
+}
