@@ -1,5 +1,7 @@
 //! Where pods go across lower clusters: the mutating webhook, the descheduler and the
-//! scheduler extender.
-//!
-//! Built in issue 7 on top of `tensile-core`'s codec and fit predicates.
+//! scheduler extender. The rules themselves are pure functions in `tensile-core`
+//! (`inject`, `deschedule`, `extender`); this crate serves and drives them.
 #![forbid(unsafe_code)]
+
+pub mod serve;
+pub mod webhook;

@@ -1,0 +1,313 @@
+//! The HTTPS server the webhook and the scheduler extender share: TLS with a given certificate
+//! or one issued by a CA generated at start (its certificate is what a
+//! `MutatingWebhookConfiguration`'s `caBundle` or an extender's `tlsConfig.caData` needs),
+//! optional required client certificates, `/healthz`, and JSON POST handlers. Bodies are
+//! bounded, slow handshakes time out, and a handler error is an HTTP error with a reason; none
+//! of them stops the server.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderValue, Method, Request, Response, StatusCode, header};
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use rcgen::{
+    BasicConstraints, CertificateParams, CertifiedIssuer, DistinguishedName, DnType,
+    ExtendedKeyUsagePurpose, IsCa, KeyPair, KeyUsagePurpose,
+};
+use rustls::RootCertStore;
+use rustls::server::WebPkiClientVerifier;
+use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+use tokio::net::TcpListener;
+use tokio_rustls::TlsAcceptor;
+use tokio_util::sync::CancellationToken;
+
+/// Largest request body accepted: an AdmissionReview carries one object (etcd's limit is
+/// 1.5 MiB) and its old version; extender arguments carry a pod and node names or nodes.
+const MAX_BODY: usize = 16 << 20;
+
+/// Errors starting a server.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    /// The listen address could not be bound.
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        /// Address asked for.
+        addr: SocketAddr,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The certificate, key or client CA could not be used.
+    #[error("TLS: {0}")]
+    Tls(String),
+}
+
+fn tls_error(what: &str, e: impl std::fmt::Display) -> ServeError {
+    ServeError::Tls(format!("{what}: {e}"))
+}
+
+/// A serving certificate and key (PEM), and the CA that clients verify it with.
+#[derive(Clone)]
+pub struct ServingCert {
+    /// Certificate chain.
+    pub cert_pem: String,
+    /// Private key.
+    pub key_pem: String,
+    /// What clients trust: the generated CA, or the given certificate itself when unknown.
+    pub ca_pem: String,
+}
+
+impl std::fmt::Debug for ServingCert {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServingCert").finish_non_exhaustive()
+    }
+}
+
+impl ServingCert {
+    /// A fresh CA and a certificate it issues for `sans` (DNS names or IP addresses).
+    pub fn generate(common_name: &str, sans: &[String]) -> Result<Self, ServeError> {
+        let mut ca_params = CertificateParams::new(Vec::<String>::new())
+            .map_err(|e| tls_error("generating a CA", e))?;
+        let mut dn = DistinguishedName::new();
+        dn.push(DnType::CommonName, format!("{common_name}-ca"));
+        ca_params.distinguished_name = dn;
+        ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        ca_params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+        let ca_key = KeyPair::generate().map_err(|e| tls_error("generating a CA key", e))?;
+        let ca = CertifiedIssuer::self_signed(ca_params, ca_key)
+            .map_err(|e| tls_error("signing the CA", e))?;
+        let mut params = CertificateParams::new(sans.to_vec())
+            .map_err(|e| tls_error("serving certificate names", e))?;
+        let mut dn = DistinguishedName::new();
+        dn.push(DnType::CommonName, common_name);
+        params.distinguished_name = dn;
+        params.key_usages = vec![
+            KeyUsagePurpose::DigitalSignature,
+            KeyUsagePurpose::KeyEncipherment,
+        ];
+        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+        params.use_authority_key_identifier_extension = true;
+        let key = KeyPair::generate().map_err(|e| tls_error("generating a key", e))?;
+        let cert = params
+            .signed_by(&key, &ca)
+            .map_err(|e| tls_error("signing the serving certificate", e))?;
+        Ok(Self {
+            cert_pem: cert.pem(),
+            key_pem: key.serialize_pem(),
+            ca_pem: ca.pem(),
+        })
+    }
+
+    /// Reads a certificate and key from files; the certificate is also what clients trust.
+    pub fn from_files(cert: &std::path::Path, key: &std::path::Path) -> Result<Self, ServeError> {
+        let read = |p: &std::path::Path| {
+            std::fs::read_to_string(p).map_err(|e| tls_error(&format!("reading {}", p.display()), e))
+        };
+        let cert_pem = read(cert)?;
+        Ok(Self {
+            key_pem: read(key)?,
+            ca_pem: cert_pem.clone(),
+            cert_pem,
+        })
+    }
+}
+
+/// Builds the rustls configuration: `client_ca` set means client certificates are required and
+/// verified against it.
+pub fn tls_config(
+    cert: &ServingCert,
+    client_ca: Option<&str>,
+) -> Result<Arc<rustls::ServerConfig>, ServeError> {
+    let chain = CertificateDer::pem_slice_iter(cert.cert_pem.as_bytes())
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| tls_error("serving certificate", e))?;
+    if chain.is_empty() {
+        return Err(ServeError::Tls(
+            "serving certificate: no certificate in the PEM".into(),
+        ));
+    }
+    let key = PrivateKeyDer::from_pem_slice(cert.key_pem.as_bytes())
+        .map_err(|e| tls_error("serving key", e))?;
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| tls_error("TLS versions", e))?;
+    let builder = match client_ca {
+        Some(ca) => {
+            let mut roots = RootCertStore::empty();
+            for c in CertificateDer::pem_slice_iter(ca.as_bytes()) {
+                roots
+                    .add(c.map_err(|e| tls_error("client CA", e))?)
+                    .map_err(|e| tls_error("client CA", e))?;
+            }
+            let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
+                .build()
+                .map_err(|e| tls_error("client CA", e))?;
+            builder.with_client_cert_verifier(verifier)
+        }
+        None => builder.with_no_client_auth(),
+    };
+    let mut config = builder
+        .with_single_cert(chain, key)
+        .map_err(|e| tls_error("serving certificate and key", e))?;
+    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    Ok(Arc::new(config))
+}
+
+/// What a handler answers: a status and a JSON body.
+#[derive(Debug)]
+pub struct Reply {
+    /// HTTP status.
+    pub status: StatusCode,
+    /// JSON body.
+    pub body: Vec<u8>,
+}
+
+impl Reply {
+    /// 200 with `value` as JSON.
+    pub fn json(value: &impl serde::Serialize) -> Self {
+        match serde_json::to_vec(value) {
+            Ok(body) => Self {
+                status: StatusCode::OK,
+                body,
+            },
+            Err(e) => Self::error(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                &format!("encoding the answer: {e}"),
+            ),
+        }
+    }
+
+    /// An error with a plain-text reason.
+    pub fn error(status: StatusCode, reason: &str) -> Self {
+        Self {
+            status,
+            body: reason.as_bytes().to_vec(),
+        }
+    }
+}
+
+/// A JSON POST handler: `(path, body)` to a reply.
+pub trait Handler: Send + Sync + 'static {
+    /// Answers one POST.
+    fn handle(&self, path: &str, body: Bytes) -> Pin<Box<dyn Future<Output = Reply> + Send + '_>>;
+}
+
+/// A running server; stops when dropped.
+#[derive(Debug)]
+pub struct Server {
+    addr: SocketAddr,
+    stop: CancellationToken,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+impl Server {
+    /// Binds `listen` and serves `handler` over TLS until dropped or `stop` is cancelled.
+    pub async fn start(
+        listen: SocketAddr,
+        tls: Arc<rustls::ServerConfig>,
+        handler: Arc<dyn Handler>,
+    ) -> Result<Self, ServeError> {
+        let listener = TcpListener::bind(listen)
+            .await
+            .map_err(|source| ServeError::Bind {
+                addr: listen,
+                source,
+            })?;
+        let addr = listener.local_addr().map_err(|source| ServeError::Bind {
+            addr: listen,
+            source,
+        })?;
+        let acceptor = TlsAcceptor::from(tls);
+        let stop = CancellationToken::new();
+        let token = stop.clone();
+        tokio::spawn(async move {
+            loop {
+                let accepted = tokio::select! {
+                    () = token.cancelled() => return,
+                    a = listener.accept() => a,
+                };
+                let Ok((tcp, _)) = accepted else { continue };
+                let _ = tcp.set_nodelay(true);
+                let (acceptor, handler, token) = (acceptor.clone(), handler.clone(), token.clone());
+                tokio::spawn(async move {
+                    let Ok(Ok(tls)) =
+                        tokio::time::timeout(Duration::from_secs(10), acceptor.accept(tcp)).await
+                    else {
+                        return;
+                    };
+                    let svc = service_fn(move |req| {
+                        let handler = handler.clone();
+                        async move { Ok::<_, Infallible>(respond(handler.as_ref(), req).await) }
+                    });
+                    let builder =
+                        hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+                    let conn = builder.serve_connection(TokioIo::new(tls), svc);
+                    tokio::select! {
+                        _ = conn => {}
+                        () = token.cancelled() => {}
+                    }
+                });
+            }
+        });
+        Ok(Self { addr, stop })
+    }
+
+    /// The bound address.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+}
+
+fn response(status: StatusCode, content_type: &'static str, body: Vec<u8>) -> Response<Full<Bytes>> {
+    let mut r = Response::new(Full::new(Bytes::from(body)));
+    *r.status_mut() = status;
+    r.headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+    r
+}
+
+async fn respond(handler: &dyn Handler, req: Request<Incoming>) -> Response<Full<Bytes>> {
+    let path = req.uri().path().to_owned();
+    if path == "/healthz" || path == "/readyz" || path == "/livez" {
+        return response(StatusCode::OK, "text/plain; charset=utf-8", b"ok".to_vec());
+    }
+    if req.method() != Method::POST {
+        return response(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "text/plain; charset=utf-8",
+            format!("{} {path}: only POST is served here", req.method()).into_bytes(),
+        );
+    }
+    let body = match Limited::new(req.into_body(), MAX_BODY).collect().await {
+        Ok(b) => b.to_bytes(),
+        Err(e) => {
+            return response(
+                StatusCode::BAD_REQUEST,
+                "text/plain; charset=utf-8",
+                format!("reading the request body: {e}").into_bytes(),
+            );
+        }
+    };
+    let reply = handler.handle(&path, body).await;
+    let content_type = if reply.status.is_success() {
+        "application/json"
+    } else {
+        "text/plain; charset=utf-8"
+    };
+    response(reply.status, content_type, reply.body)
+}
