@@ -360,13 +360,13 @@ async fn extender() -> String {
                             &req.into_body().collect().await.unwrap().to_bytes(),
                         )
                         .unwrap();
-                        let names: Vec<String> = args["nodenames"]
+                        let names: Vec<String> = args["NodeNames"]
                             .as_array()
                             .unwrap()
                             .iter()
                             .map(|n| n.as_str().unwrap().to_owned())
                             .collect();
-                        let reject_all = args["pod"]["metadata"]["labels"]["reject"] == "all";
+                        let reject_all = args["Pod"]["metadata"]["labels"]["reject"] == "all";
                         let out = if path.ends_with("/filter") {
                             let (kept, failed): (Vec<String>, Vec<String>) = names
                                 .into_iter()
@@ -410,6 +410,7 @@ async fn the_scheduler_calls_extenders_to_filter_and_prioritize() {
             url_prefix: extender().await,
             filter_verb: Some("filter".into()),
             prioritize_verb: Some("prioritize".into()),
+            bind_verb: None,
             weight: 5,
             node_cache_capable: true,
             ignorable: false,

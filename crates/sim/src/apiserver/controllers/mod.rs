@@ -61,6 +61,11 @@ pub struct SchedulerExtender {
     pub filter_verb: Option<String>,
     /// Verb of the prioritize call, if it scores.
     pub prioritize_verb: Option<String>,
+    /// Verb of the bind call, if it binds: the scheduler then asks it to bind instead of
+    /// binding itself; an error answer leaves the pod pending (`PodScheduled=False`, reason
+    /// `SchedulerError`, a `FailedScheduling` event with the extender's message) and it is
+    /// retried later, as kube-scheduler does.
+    pub bind_verb: Option<String>,
     /// Weight of its scores.
     pub weight: i64,
     /// Send node names only (the extender keeps its own node cache).

@@ -12,6 +12,7 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use serde_json::{Value, json};
 use tensile_core::capacity::CapacityModel;
+use tensile_core::extender::spread_score;
 use tensile_core::fit::{PodRequirements, Unfit, summarize};
 use tokio_util::sync::CancellationToken;
 
@@ -99,11 +100,24 @@ impl Scheduler {
                         "Successfully assigned {}/{} to {node}",
                         key.namespace, key.name
                     );
-                    let binding = json!({"apiVersion": "v1", "kind": "Binding", "metadata": {"name": key.name},
-                        "target": {"apiVersion": "v1", "kind": "Node", "name": node}});
-                    if super::super::strategy::bind_pod(state, &key.namespace, &key.name, &binding)
-                        .is_ok()
-                    {
+                    let bound = match bind(state, &key, &entry.object, &node).await {
+                        Ok(()) => true,
+                        Err(Some(error)) => {
+                            if mark_not_scheduled(state, &key, "SchedulerError", &error) {
+                                record_event(
+                                    state,
+                                    &entry.object,
+                                    "Warning",
+                                    "FailedScheduling",
+                                    &error,
+                                )
+                                .await;
+                            }
+                            false
+                        }
+                        Err(None) => false,
+                    };
+                    if bound {
                         let mut bound = pod;
                         if let Some(spec) = bound.spec.as_mut() {
                             spec.node_name = Some(node);
@@ -115,7 +129,7 @@ impl Scheduler {
                     }
                 }
                 Err(message) => {
-                    if mark_unschedulable(state, &key, &message) {
+                    if mark_not_scheduled(state, &key, "Unschedulable", &message) {
                         record_event(
                             state,
                             &entry.object,
@@ -148,12 +162,7 @@ impl Scheduler {
                 // Free room in millicores plus MiB; each free pod slot counts as 100m and
                 // 200 MiB, the defaults kube-scheduler scores pods without requests with, so
                 // such pods spread over nodes as they do on a real cluster.
-                Ok(()) => fits.push((
-                    node.name.to_owned(),
-                    node.free.get("cpu") / 1_000_000
-                        + node.free.get("memory") / (1 << 20)
-                        + node.free.get("pods") / 1_000_000_000 * 300,
-                )),
+                Ok(()) => fits.push((node.name.to_owned(), spread_score(node.free))),
                 Err(unfit) => failures.push(unfit),
             }
         }
@@ -251,6 +260,8 @@ impl Scheduler {
     }
 }
 
+/// kube-scheduler's `ExtenderArgs`, as Go's `json.Marshal` writes it: the struct has no JSON
+/// tags, so the keys are the Go field names and the list not sent is `null`.
 fn extender_args(
     state: &State,
     ext: &super::SchedulerExtender,
@@ -258,7 +269,7 @@ fn extender_args(
     names: &[String],
 ) -> Value {
     if ext.node_cache_capable {
-        json!({"pod": pod, "nodenames": names})
+        json!({"Pod": pod, "Nodes": null, "NodeNames": names})
     } else {
         let nodes: Vec<Value> = names
             .iter()
@@ -269,7 +280,7 @@ fn extender_args(
                     .map(|e| (*e.object).clone())
             })
             .collect();
-        json!({"pod": pod, "nodes": {"items": nodes}})
+        json!({"Pod": pod, "Nodes": {"metadata": {}, "items": nodes}, "NodeNames": null})
     }
 }
 
@@ -303,20 +314,23 @@ async fn filter(
 ) -> Result<(BTreeSet<String>, BTreeMap<String, String>), String> {
     let verb = ext.filter_verb.as_deref().unwrap_or("filter");
     let result = call_extender(ext, verb, &extender_args(state, ext, pod, names)).await?;
-    if let Some(err) = result
-        .get("error")
+    if let Some(err) = field(&result, "error")
         .and_then(Value::as_str)
         .filter(|e| !e.is_empty())
     {
         return Err(err.to_owned());
     }
-    let kept: BTreeSet<String> = match result.get("nodenames").and_then(Value::as_array) {
+    // As kube-scheduler reads it: names when it sent names and got some, else the nodes.
+    let names_back = field(&result, "nodeNames")
+        .and_then(Value::as_array)
+        .filter(|_| ext.node_cache_capable);
+    let kept: BTreeSet<String> = match names_back {
         Some(list) => list
             .iter()
             .filter_map(|n| n.as_str().map(str::to_owned))
             .collect(),
-        None => result
-            .pointer("/nodes/items")
+        None => field(&result, "nodes")
+            .and_then(|n| field(n, "items"))
             .and_then(Value::as_array)
             .into_iter()
             .flatten()
@@ -329,8 +343,7 @@ async fn filter(
     };
     let mut failed = BTreeMap::new();
     for key in ["failedNodes", "failedAndUnresolvableNodes"] {
-        for (n, r) in result
-            .get(key)
+        for (n, r) in field(&result, key)
             .and_then(Value::as_object)
             .into_iter()
             .flatten()
@@ -355,11 +368,57 @@ async fn prioritize(
         .flatten()
         .filter_map(|h| {
             Some((
-                h.get("host")?.as_str()?.to_owned(),
-                h.get("score")?.as_i64()?,
+                field(h, "host")?.as_str()?.to_owned(),
+                field(h, "score")?.as_i64()?,
             ))
         })
         .collect())
+}
+
+/// A member of a JSON object, its key matched case-insensitively: Go's decoder reads extender
+/// answers so (`nodeNames`, `NodeNames` and `nodenames` are one field).
+fn field<'v>(value: &'v Value, name: &str) -> Option<&'v Value> {
+    value
+        .as_object()?
+        .iter()
+        .find(|(k, _)| k.eq_ignore_ascii_case(name))
+        .map(|(_, v)| v)
+}
+
+/// Binds a pod to `node`: through the first extender with a bind verb, or directly. `Err(Some)`
+/// is a failure to report on the pod (the extender's error); `Err(None)` a failed direct write,
+/// retried quietly.
+async fn bind(state: &State, key: &ObjKey, pod: &Value, node: &str) -> Result<(), Option<String>> {
+    for ext in state.scheduler_extenders() {
+        let Some(verb) = ext.bind_verb.as_deref() else {
+            continue;
+        };
+        // kube-scheduler's ExtenderBindingArgs, Go field names as keys.
+        let args = json!({"PodName": key.name, "PodNamespace": key.namespace,
+            "PodUID": pod.pointer("/metadata/uid").cloned().unwrap_or(Value::Null), "Node": node});
+        let outcome = match call_extender(&ext, verb, &args).await {
+            Ok(result) => match field(&result, "error")
+                .and_then(Value::as_str)
+                .filter(|e| !e.is_empty())
+            {
+                Some(error) => Err(error.to_owned()),
+                None => Ok(()),
+            },
+            Err(e) => Err(e),
+        };
+        match outcome {
+            Err(e) if ext.ignorable => {
+                tracing::warn!(extender = %ext.url_prefix, error = %e, "ignorable scheduler extender failed to bind");
+            }
+            Ok(()) => return Ok(()),
+            Err(e) => return Err(Some(e)),
+        }
+    }
+    let binding = json!({"apiVersion": "v1", "kind": "Binding", "metadata": {"name": key.name},
+        "target": {"apiVersion": "v1", "kind": "Node", "name": node}});
+    super::super::strategy::bind_pod(state, &key.namespace, &key.name, &binding)
+        .map(drop)
+        .map_err(|_| None)
 }
 
 fn wants_scheduling(pod: &Value) -> bool {
@@ -383,8 +442,9 @@ fn wants_scheduling(pod: &Value) -> bool {
         && !matches!(phase, Some("Succeeded" | "Failed"))
 }
 
-/// Sets `PodScheduled=False/Unschedulable` with `message`; whether it changed anything.
-fn mark_unschedulable(state: &State, key: &ObjKey, message: &str) -> bool {
+/// Sets `PodScheduled=False` with `reason` (`Unschedulable`, `SchedulerError`) and `message`;
+/// whether it changed anything.
+fn mark_not_scheduled(state: &State, key: &ObjKey, reason: &str, message: &str) -> bool {
     let mut changed = false;
     let _ = modify(state, *ids::PODS, key, |pod| {
         let Some(status) = pod.get_mut("status").and_then(Value::as_object_mut) else {
@@ -399,6 +459,7 @@ fn mark_unschedulable(state: &State, key: &ObjKey, message: &str) -> bool {
             .find(|c| c.get("type").and_then(Value::as_str) == Some("PodScheduled"));
         let same = current.is_some_and(|c| {
             c.get("status").and_then(Value::as_str) == Some("False")
+                && c.get("reason").and_then(Value::as_str) == Some(reason)
                 && c.get("message").and_then(Value::as_str) == Some(message)
         });
         if same {
@@ -407,7 +468,7 @@ fn mark_unschedulable(state: &State, key: &ObjKey, message: &str) -> bool {
         list.retain(|c| c.get("type").and_then(Value::as_str) != Some("PodScheduled"));
         list.push(
             json!({"type": "PodScheduled", "status": "False", "lastProbeTime": null,
-            "lastTransitionTime": meta::now(), "reason": "Unschedulable", "message": message}),
+            "lastTransitionTime": meta::now(), "reason": reason, "message": message}),
         );
         changed = true;
         true
