@@ -4,17 +4,17 @@
 
 use std::fmt::Write as _;
 use std::io::Write as _;
-use std::net::{IpAddr, SocketAddr};
+use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
 use tensile_core::quantity::parse_quantity;
-use tensile_node::clients::KubeconfigSource;
+use tensile_placement::descheduler::DeschedulerConfig;
 use tensile_sim::apiserver::kubeconfig;
 use tensile_sim::kubelet::SimNode;
-use tokio_util::sync::CancellationToken;
 
+use crate::sandbox::{Sandbox, SandboxSpec};
 use crate::status::{ClusterCaches, show};
 
 /// Flags of `tensile up`.
@@ -58,15 +58,6 @@ fn parse_node_size(text: &str) -> Result<NodeSize, String> {
         cpu: cpu.to_owned(),
         memory: memory.to_owned(),
     })
-}
-
-/// The port of cluster `index` (0 is the upper one).
-fn port_of(base: u16, index: u8) -> anyhow::Result<u16> {
-    if base == 0 {
-        return Ok(0);
-    }
-    base.checked_add(u16::from(index))
-        .with_context(|| format!("--port {base} leaves no room for {index} lower clusters"))
 }
 
 /// Fails early, before anything starts, when the kubeconfig cannot be written there.
@@ -136,33 +127,27 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
         .with_context(|| format!("resolving {}", args.kubeconfig_out.display()))?;
     say("tensile up: starting");
 
-    let listen = SocketAddr::new(args.address, port_of(args.port, 0)?);
-    let (upper, _) = crate::sim::start_cluster("upper", listen, true, Vec::new(), 244)
+    let spec = SandboxSpec {
+        address: args.address,
+        port: args.port,
+        lowers: (1..=args.lower_clusters)
+            .map(|i| {
+                args.nodes
+                    .iter()
+                    .enumerate()
+                    .map(|(j, s)| {
+                        SimNode::new(format!("lower-{i}-node-{}", j + 1), &s.cpu, &s.memory)
+                    })
+                    .collect()
+            })
+            .collect(),
+        webhook: true,
+        descheduler: Some(DeschedulerConfig::default()),
+    };
+    let sandbox = Sandbox::start(spec, &|line| progress(line, started))
         .await
         .map_err(port_hint)?;
-    progress(&format!("upper cluster on {}", upper.url()), started);
-
-    let mut lowers = Vec::new();
-    for i in 1..=args.lower_clusters {
-        let name = format!("lower-{i}");
-        let nodes: Vec<SimNode> = args
-            .nodes
-            .iter()
-            .enumerate()
-            .map(|(j, s)| SimNode::new(format!("{name}-node-{}", j + 1), &s.cpu, &s.memory))
-            .collect();
-        let listen = SocketAddr::new(args.address, port_of(args.port, i)?);
-        // Distinct pod networks, so an IP says which cluster a pod runs in.
-        let (server, kubelet) =
-            crate::sim::start_cluster(&name, listen, true, nodes, 243_u8.wrapping_add(i))
-                .await
-                .map_err(port_hint)?;
-        progress(
-            &format!("{name} on {} with {} nodes", server.url(), args.nodes.len()),
-            started,
-        );
-        lowers.push((name, server, kubelet));
-    }
+    let (upper, lowers, virtual_nodes) = (&sandbox.upper, &sandbox.lowers, &sandbox.virtual_nodes);
 
     let mut entries = vec![upper.kubeconfig_entry("upper")];
     entries.extend(lowers.iter().map(|(n, s, _)| s.kubeconfig_entry(n)));
@@ -171,71 +156,19 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
         &format!("kubeconfig written to {}", kubeconfig_path.display()),
         started,
     );
-
-    let stop = CancellationToken::new();
-    let upper_text = upper.kubeconfig("upper");
-    let mut handles = Vec::new();
-    let mut virtual_nodes = Vec::new();
-    for (name, server, _) in &lowers {
-        let node_name = format!("vk-{name}");
-        let vn_args = crate::virtual_node::parse_args([
-            "--nodename",
-            &node_name,
-            // No taint until the webhook that adds its toleration runs here (issue 7).
-            "--disable-taint",
-            "--kube-api-qps",
-            "200",
-            "--kube-api-burst",
-            "400",
-        ])
-        .context("virtual node flags")?;
-        let address = args.address.to_string();
-        let env = move |key: &str| (key == "VKUBELET_POD_IP").then(|| address.clone());
-        let vn = crate::virtual_node::assemble(
-            &vn_args,
-            KubeconfigSource::Text(upper_text.clone()),
-            KubeconfigSource::Text(server.kubeconfig(name)),
-            &env,
-            Some(SocketAddr::new(args.address, 0)),
-        )
-        .await
-        .with_context(|| format!("virtual node {node_name}"))?;
-        let running = vn
-            .start(stop.clone())
-            .await
-            .with_context(|| format!("starting virtual node {node_name}"))?;
-        handles.push(running.handle);
-        virtual_nodes.push(node_name);
-    }
+    let stop = sandbox.stop_token().clone();
 
     let upper_client = upper.client().await.context("upper cluster client")?;
     let upper_caches = ClusterCaches::start(&upper_client, true, &stop);
     let mut lower_caches = Vec::new();
-    for (name, server, _) in &lowers {
+    for (name, server, _) in lowers {
         let client = server
             .client()
             .await
             .with_context(|| format!("{name} client"))?;
         lower_caches.push((name.clone(), ClusterCaches::start(&client, false, &stop)));
     }
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let ready = crate::status::snapshot(&upper_caches, &[])
-            .upper_nodes
-            .iter()
-            .filter(|n| n.virtual_node && n.ready)
-            .count();
-        if ready == virtual_nodes.len() {
-            break;
-        }
-        if Instant::now() > deadline {
-            bail!(
-                "the virtual nodes were not Ready within 30 s ({ready} of {})",
-                virtual_nodes.len()
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    sandbox.wait_ready(Duration::from_secs(30)).await?;
     progress(
         &format!("virtual nodes {} Ready", virtual_nodes.join(", ")),
         started,
@@ -258,17 +191,7 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
         r = tokio::signal::ctrl_c() => r.context("waiting for Ctrl-C")?,
     }
     say("tensile up: stopping");
-    stop.cancel();
-    for h in handles {
-        let _ = tokio::time::timeout(Duration::from_secs(5), h).await;
-    }
-    for (_, server, kubelet) in &lowers {
-        if let Some(k) = kubelet {
-            k.stop();
-        }
-        server.stop();
-    }
-    upper.stop();
+    sandbox.stop().await;
     say("tensile up: stopped");
     Ok(())
 }
@@ -320,13 +243,5 @@ mod tests {
                 .unwrap_err()
                 .contains("invalid memory")
         );
-    }
-
-    #[test]
-    fn lower_clusters_take_the_ports_after_the_upper_one() {
-        assert_eq!(port_of(7443, 0).unwrap(), 7443);
-        assert_eq!(port_of(7443, 2).unwrap(), 7445);
-        assert_eq!(port_of(0, 2).unwrap(), 0);
-        assert!(port_of(65535, 1).is_err());
     }
 }

@@ -209,9 +209,7 @@ pub async fn run(args: VirtualNodeArgs) -> anyhow::Result<()> {
         .await
         .context("starting the virtual node")?;
     tracing::info!(node = %args.nodename, ?listen, metrics = ?running.metrics_addr, "virtual node running");
-    tokio::signal::ctrl_c()
-        .await
-        .context("waiting for a signal")?;
+    crate::shutdown_signal().await?;
     stop.cancel();
     let _ = tokio::time::timeout(Duration::from_secs(10), running.handle).await;
     Ok(())

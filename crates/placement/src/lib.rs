@@ -3,5 +3,7 @@
 //! (`inject`, `deschedule`, `extender`); this crate serves and drives them.
 #![forbid(unsafe_code)]
 
+pub mod descheduler;
+pub mod extender;
 pub mod serve;
 pub mod webhook;
