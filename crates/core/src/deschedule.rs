@@ -15,7 +15,7 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 
-use crate::inject::{excluded_nodes, exclude_nodes};
+use crate::inject::{exclude_nodes, excluded_nodes};
 use crate::keys::{
     ANNOTATION_CONFIG_MIRROR, ANNOTATION_CONFIG_SOURCE, ANNOTATION_DESCHEDULE_COUNT,
     ANNOTATION_DESCHEDULER_EVICT, LABEL_CREATE_BY_DESCHEDULER, VALUE_TRUE,
@@ -82,7 +82,10 @@ pub fn due(pod: &Pod, policy: &Policy) -> Option<(Timestamp, Trigger)> {
         return None;
     }
     let status = pod.status.as_ref();
-    if !matches!(status.and_then(|s| s.phase.as_deref()), None | Some("Pending")) {
+    if !matches!(
+        status.and_then(|s| s.phase.as_deref()),
+        None | Some("Pending")
+    ) {
         return None;
     }
     let created = pod.metadata.creation_timestamp.as_ref().map(|t| t.0);
@@ -106,22 +109,21 @@ pub fn due(pod: &Pod, policy: &Policy) -> Option<(Timestamp, Trigger)> {
                 .or(created)
                 .unwrap_or(Timestamp::UNIX_EPOCH);
             (
-                since.saturating_add(policy.unschedulable_for).unwrap_or(since),
+                since
+                    .saturating_add(policy.unschedulable_for)
+                    .unwrap_or(since),
                 Trigger::Unschedulable {
                     reason: c.reason.clone().unwrap_or_default(),
                     message: c.message.clone().unwrap_or_default(),
                 },
             )
         });
-    let too_old = policy
-        .max_pending_age
-        .zip(created)
-        .map(|(age, created)| {
-            (
-                created.saturating_add(age).unwrap_or(created),
-                Trigger::TooOld,
-            )
-        });
+    let too_old = policy.max_pending_age.zip(created).map(|(age, created)| {
+        (
+            created.saturating_add(age).unwrap_or(created),
+            Trigger::TooOld,
+        )
+    });
     match (unschedulable, too_old) {
         (Some(a), Some(b)) => Some(if b.0 < a.0 { b } else { a }),
         (a, b) => a.or(b),
@@ -241,9 +243,10 @@ pub fn replacement(pod: &Pod, node: &str) -> Pod {
     meta.generation = None;
     meta.managed_fields = None;
     meta.self_link = None;
-    meta.labels
-        .get_or_insert_with(BTreeMap::new)
-        .insert(LABEL_CREATE_BY_DESCHEDULER.to_owned(), VALUE_TRUE.to_owned());
+    meta.labels.get_or_insert_with(BTreeMap::new).insert(
+        LABEL_CREATE_BY_DESCHEDULER.to_owned(),
+        VALUE_TRUE.to_owned(),
+    );
     if let Some(spec) = new.spec.as_mut() {
         spec.node_name = None;
     }
@@ -299,16 +302,23 @@ mod tests {
     fn checklist_90_unschedulable_in_the_lower_cluster_is_due_after_the_threshold() {
         let (when, why) = due(&stuck(json!({})), &Policy::default()).unwrap();
         assert_eq!(when, at("2026-11-22T10:00:35Z"));
-        assert!(matches!(why, Trigger::Unschedulable { ref reason, .. } if reason == "Unschedulable"));
-        let error = stuck(json!({"status": {"conditions": [{"type": "PodScheduled", "status": "False",
-            "reason": "SchedulerError", "lastTransitionTime": "2026-11-22T10:00:05Z"}]}}));
+        assert!(
+            matches!(why, Trigger::Unschedulable { ref reason, .. } if reason == "Unschedulable")
+        );
+        let error = stuck(
+            json!({"status": {"conditions": [{"type": "PodScheduled", "status": "False",
+            "reason": "SchedulerError", "lastTransitionTime": "2026-11-22T10:00:05Z"}]}}),
+        );
         assert!(due(&error, &Policy::default()).is_some());
     }
 
     #[test]
     fn running_unbound_deleting_or_scheduled_pods_are_never_due() {
         let p = Policy::default();
-        assert_eq!(due(&stuck(json!({"status": {"phase": "Running"}})), &p), None);
+        assert_eq!(
+            due(&stuck(json!({"status": {"phase": "Running"}})), &p),
+            None
+        );
         assert_eq!(due(&stuck(json!({"spec": {"nodeName": ""}})), &p), None);
         assert_eq!(
             due(
@@ -317,13 +327,15 @@ mod tests {
             ),
             None
         );
-        let scheduled = stuck(json!({"status": {"conditions": [{"type": "PodScheduled", "status": "True"}]}}));
+        let scheduled =
+            stuck(json!({"status": {"conditions": [{"type": "PodScheduled", "status": "True"}]}}));
         assert_eq!(due(&scheduled, &p), None);
     }
 
     #[test]
     fn checklist_95_pending_older_than_the_maximum_age_is_due() {
-        let scheduled = stuck(json!({"status": {"conditions": [{"type": "PodScheduled", "status": "True"}]}}));
+        let scheduled =
+            stuck(json!({"status": {"conditions": [{"type": "PodScheduled", "status": "True"}]}}));
         let policy = Policy {
             max_pending_age: Some(SignedDuration::from_secs(180)),
             ..Policy::default()
@@ -333,7 +345,10 @@ mod tests {
             Some((at("2026-11-22T10:03:00Z"), Trigger::TooOld))
         );
         // Whichever rule fires first.
-        assert_eq!(due(&stuck(json!({})), &policy).unwrap().0, at("2026-11-22T10:00:35Z"));
+        assert_eq!(
+            due(&stuck(json!({})), &policy).unwrap().0,
+            at("2026-11-22T10:00:35Z")
+        );
     }
 
     #[test]
@@ -345,8 +360,10 @@ mod tests {
         );
         let bare = stuck(json!({"metadata": {"ownerReferences": null}}));
         assert_eq!(handling(&bare, &p), Err(Keep::NoController));
-        let ds = stuck(json!({"metadata": {"ownerReferences": [{"apiVersion": "apps/v1",
-            "kind": "DaemonSet", "name": "d", "uid": "d", "controller": true}]}}));
+        let ds = stuck(
+            json!({"metadata": {"ownerReferences": [{"apiVersion": "apps/v1",
+            "kind": "DaemonSet", "name": "d", "uid": "d", "controller": true}]}}),
+        );
         assert_eq!(handling(&ds, &p), Err(Keep::DaemonSet));
         let mirror =
             stuck(json!({"metadata": {"annotations": {"kubernetes.io/config.mirror": "x"}}}));
@@ -369,17 +386,25 @@ mod tests {
 
     #[test]
     fn checklist_91_93_the_replacement_keeps_everything_but_node_and_status() {
-        let old = stuck(json!({"metadata": {"annotations": {"sigs.k8s.io/deschedule-count": "1",
-            "team": "a"}}}));
+        let old = stuck(
+            json!({"metadata": {"annotations": {"sigs.k8s.io/deschedule-count": "1",
+            "team": "a"}}}),
+        );
         let new = replacement(&old, "vk-a");
         let meta = &new.metadata;
         assert_eq!(meta.name.as_deref(), Some("web-1"));
         assert_eq!(meta.uid, None);
         assert_eq!(meta.resource_version, None);
-        assert_eq!(meta.labels.as_ref().unwrap()["create-by-descheduler"], "true");
+        assert_eq!(
+            meta.labels.as_ref().unwrap()["create-by-descheduler"],
+            "true"
+        );
         let ann = meta.annotations.as_ref().unwrap();
         assert_eq!(ann[ANNOTATION_DESCHEDULE_COUNT], "2");
-        assert_eq!(ann["team"], "a", "fix: annotations survive a second deschedule");
+        assert_eq!(
+            ann["team"], "a",
+            "fix: annotations survive a second deschedule"
+        );
         assert_eq!(
             ann[ANNOTATION_CLUSTER_SELECTOR],
             old.metadata.annotations.as_ref().unwrap()[ANNOTATION_CLUSTER_SELECTOR]
@@ -401,7 +426,11 @@ mod tests {
             .node_selector_terms[0];
         let r = &term.match_expressions.as_ref().unwrap()[0];
         assert_eq!(
-            (r.key.as_str(), r.operator.as_str(), r.values.as_deref().unwrap()),
+            (
+                r.key.as_str(),
+                r.operator.as_str(),
+                r.values.as_deref().unwrap()
+            ),
             (LABEL_HOSTNAME, "NotIn", &["vk-a".to_owned()][..])
         );
     }

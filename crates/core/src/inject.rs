@@ -137,9 +137,8 @@ pub fn inject(pod: &mut Pod, ignore_keys: &BTreeSet<String>) -> Result<(), Clust
         }
     }
 
-    let keep_expression = |r: &NodeSelectorRequirement| {
-        ignore_keys.contains(&r.key) || is_our_exclusion(r, &ours)
-    };
+    let keep_expression =
+        |r: &NodeSelectorRequirement| ignore_keys.contains(&r.key) || is_our_exclusion(r, &ours);
     let mut moved_terms = Vec::new();
     if let Some(node_affinity) = spec
         .affinity
@@ -218,7 +217,10 @@ fn affinity_of(terms: Vec<NodeSelectorTerm>) -> Option<Affinity> {
 fn required_terms(affinity: Option<&Affinity>) -> Vec<NodeSelectorTerm> {
     affinity
         .and_then(|a| a.node_affinity.as_ref())
-        .and_then(|n| n.required_during_scheduling_ignored_during_execution.as_ref())
+        .and_then(|n| {
+            n.required_during_scheduling_ignored_during_execution
+                .as_ref()
+        })
         .map(|r| r.node_selector_terms.clone())
         .unwrap_or_default()
 }
@@ -262,7 +264,8 @@ fn extend(
 }
 
 fn and_terms(a: &NodeSelectorTerm, b: &NodeSelectorTerm) -> NodeSelectorTerm {
-    let join = |x: &Option<Vec<NodeSelectorRequirement>>, y: &Option<Vec<NodeSelectorRequirement>>| {
+    let join = |x: &Option<Vec<NodeSelectorRequirement>>,
+                y: &Option<Vec<NodeSelectorRequirement>>| {
         let v: Vec<_> = x.iter().chain(y.iter()).flatten().cloned().collect();
         (!v.is_empty()).then_some(v)
     };
@@ -348,7 +351,9 @@ pub fn exclude_nodes(pod: &mut Pod, nodes: &[String]) {
             node_selector_terms: Vec::new(),
         });
     if required.node_selector_terms.is_empty() {
-        required.node_selector_terms.push(NodeSelectorTerm::default());
+        required
+            .node_selector_terms
+            .push(NodeSelectorTerm::default());
     }
     for term in &mut required.node_selector_terms {
         let expressions = term.match_expressions.get_or_insert_with(Vec::new);
@@ -475,7 +480,10 @@ mod tests {
             .unwrap()
             .node_selector_terms;
         assert_eq!(kept.len(), 1, "the second term was emptied and dropped");
-        assert_eq!(kept[0].match_expressions.as_ref().unwrap()[0].key, "clusterID");
+        assert_eq!(
+            kept[0].match_expressions.as_ref().unwrap()[0].key,
+            "clusterID"
+        );
         assert_eq!(
             na.preferred_during_scheduling_ignored_during_execution
                 .as_ref()
@@ -648,8 +656,10 @@ mod tests {
 
     #[test]
     fn a_malformed_annotation_is_an_error_not_overwritten() {
-        let p = pod(json!({"metadata": {"name": "p", "annotations": {"clusterSelector": "{"}},
-            "spec": {"nodeSelector": {"disk": "ssd"}}}));
+        let p = pod(
+            json!({"metadata": {"name": "p", "annotations": {"clusterSelector": "{"}},
+            "spec": {"nodeSelector": {"disk": "ssd"}}}),
+        );
         assert!(inject(&mut p.clone(), &keys()).is_err());
     }
 

@@ -21,7 +21,9 @@
 pub mod capacity;
 pub mod cluster_selector;
 pub mod deps;
+pub mod deschedule;
 pub mod events;
+pub mod extender;
 pub mod fit;
 pub mod inject;
 pub mod keys;

@@ -110,7 +110,8 @@ impl ServingCert {
     /// Reads a certificate and key from files; the certificate is also what clients trust.
     pub fn from_files(cert: &std::path::Path, key: &std::path::Path) -> Result<Self, ServeError> {
         let read = |p: &std::path::Path| {
-            std::fs::read_to_string(p).map_err(|e| tls_error(&format!("reading {}", p.display()), e))
+            std::fs::read_to_string(p)
+                .map_err(|e| tls_error(&format!("reading {}", p.display()), e))
         };
         let cert_pem = read(cert)?;
         Ok(Self {
@@ -273,7 +274,11 @@ impl Server {
     }
 }
 
-fn response(status: StatusCode, content_type: &'static str, body: Vec<u8>) -> Response<Full<Bytes>> {
+fn response(
+    status: StatusCode,
+    content_type: &'static str,
+    body: Vec<u8>,
+) -> Response<Full<Bytes>> {
     let mut r = Response::new(Full::new(Bytes::from(body)));
     *r.status_mut() = status;
     r.headers_mut()

@@ -150,12 +150,17 @@ impl Webhook {
             .get("apiVersion")
             .and_then(Value::as_str)
             .unwrap_or_default();
-        if !matches!(api_version, "admission.k8s.io/v1" | "admission.k8s.io/v1beta1")
-            || review.get("kind").and_then(Value::as_str) != Some("AdmissionReview")
+        if !matches!(
+            api_version,
+            "admission.k8s.io/v1" | "admission.k8s.io/v1beta1"
+        ) || review.get("kind").and_then(Value::as_str) != Some("AdmissionReview")
         {
             return Err(format!(
                 "expected an AdmissionReview of admission.k8s.io/v1, got kind {:?} of {api_version:?}",
-                review.get("kind").and_then(Value::as_str).unwrap_or_default()
+                review
+                    .get("kind")
+                    .and_then(Value::as_str)
+                    .unwrap_or_default()
             ));
         }
         let request = review
@@ -274,7 +279,11 @@ impl Handler for Webhook {
             match self.review(&body) {
                 Ok(answer) => Reply::json(&answer),
                 Err(reason) => {
-                    tracing::warn!(path, reason, "refused a request that is not an AdmissionReview");
+                    tracing::warn!(
+                        path,
+                        reason,
+                        "refused a request that is not an AdmissionReview"
+                    );
                     Reply::error(StatusCode::BAD_REQUEST, &reason)
                 }
             }

@@ -46,8 +46,7 @@ fn answer(webhook: &Webhook, body: &[u8], object: &Value) -> (Value, Value) {
     let mut patched = object.clone();
     if let Some(patch) = response.get("patch").and_then(Value::as_str) {
         assert_eq!(response["patchType"], "JSONPatch");
-        let patch: json_patch::Patch =
-            serde_json::from_slice(&B64.decode(patch).unwrap()).unwrap();
+        let patch: json_patch::Patch = serde_json::from_slice(&B64.decode(patch).unwrap()).unwrap();
         json_patch::patch(&mut patched, &patch).unwrap();
     }
     (response, patched)
@@ -104,9 +103,11 @@ fn checklist_82_86_pods_left_alone_get_no_patch() {
         assert_eq!(response.get("patch"), None, "{pod}");
         assert_eq!(patched, pod);
     }
-    let mut in_kube_system: Value =
-        serde_json::from_slice(&review("CREATE", virtual_pod(json!({"nodeSelector": {"a": "b"}}))))
-            .unwrap();
+    let mut in_kube_system: Value = serde_json::from_slice(&review(
+        "CREATE",
+        virtual_pod(json!({"nodeSelector": {"a": "b"}})),
+    ))
+    .unwrap();
     in_kube_system["request"]["namespace"] = json!("kube-system");
     let reply = webhook
         .review(&serde_json::to_vec(&in_kube_system).unwrap())
@@ -267,9 +268,16 @@ async fn checklist_89_healthz_and_required_client_certificates() {
         .await
         .unwrap();
     assert_eq!((status, body.as_slice()), (200, &b"ok"[..]));
-    let (status, body) = https(server.addr(), &cert.ca_pem, None, "POST", "/mutate", b"{".to_vec())
-        .await
-        .unwrap();
+    let (status, body) = https(
+        server.addr(),
+        &cert.ca_pem,
+        None,
+        "POST",
+        "/mutate",
+        b"{".to_vec(),
+    )
+    .await
+    .unwrap();
     assert_eq!(status, 400);
     assert!(String::from_utf8_lossy(&body).contains("not JSON"));
 
@@ -282,7 +290,9 @@ async fn checklist_89_healthz_and_required_client_certificates() {
         let ca = cert.ca_pem.clone();
         let addr = server.addr();
         async move {
-            let id = identity.as_ref().map(|i| (i.cert_pem.as_str(), i.key_pem.as_str()));
+            let id = identity
+                .as_ref()
+                .map(|i| (i.cert_pem.as_str(), i.key_pem.as_str()));
             https(addr, &ca, id, "GET", "/healthz", vec![]).await
         }
     };
@@ -323,9 +333,11 @@ async fn the_sim_api_server_calls_the_shipped_configuration_on_pod_create() {
         .unwrap();
     let webhook =
         Arc::new(Webhook::with_claims(WebhookConfig::default(), client.clone(), &stop).await);
-    let cert =
-        ServingCert::generate("tensile-webhook", &["tensile-webhook.kube-system.svc".into()])
-            .unwrap();
+    let cert = ServingCert::generate(
+        "tensile-webhook",
+        &["tensile-webhook.kube-system.svc".into()],
+    )
+    .unwrap();
     let server = Server::start(
         "127.0.0.1:0".parse().unwrap(),
         tls_config(&cert, None).unwrap(),
