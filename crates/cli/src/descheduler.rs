@@ -102,7 +102,7 @@ pub fn config(args: &DeschedulerArgs) -> anyhow::Result<DeschedulerConfig> {
     if !args.node_selector.trim().is_empty() {
         selector = format!("{selector},{}", args.node_selector.trim());
     }
-    if !(args.moves_per_second > 0.0) {
+    if args.moves_per_second.is_nan() || args.moves_per_second <= 0.0 {
         bail!("--moves-per-second must be positive");
     }
     Ok(DeschedulerConfig {

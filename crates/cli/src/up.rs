@@ -174,7 +174,7 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
         started,
     );
 
-    let header = header(&upper, &lowers, &virtual_nodes, &kubeconfig_path, started);
+    let header = header(upper, lowers, virtual_nodes, &kubeconfig_path, started);
     let mut out = std::io::stdout().lock();
     writeln!(out, "{header}")?;
     out.flush()?;
