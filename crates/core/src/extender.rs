@@ -113,14 +113,11 @@ pub fn spread_score(free: &ResourceVector) -> i128 {
 
 /// Of `(name, raw score)` candidates, the one a scheduler picks when it normalizes the scores
 /// to 0..=100 against the largest: the highest normalized score, the first name among equals.
-pub fn pick_most_free<'n>(candidates: impl IntoIterator<Item = (&'n str, i128)>) -> Option<&'n str> {
+pub fn pick_most_free<'n>(
+    candidates: impl IntoIterator<Item = (&'n str, i128)>,
+) -> Option<&'n str> {
     let candidates: Vec<(&str, i128)> = candidates.into_iter().collect();
-    let max = candidates
-        .iter()
-        .map(|(_, s)| *s)
-        .max()
-        .unwrap_or(0)
-        .max(1);
+    let max = candidates.iter().map(|(_, s)| *s).max().unwrap_or(0).max(1);
     candidates
         .iter()
         .map(|(n, s)| (*n, s * 100 / max))
@@ -128,54 +125,59 @@ pub fn pick_most_free<'n>(candidates: impl IntoIterator<Item = (&'n str, i128)>)
         .map(|(n, _)| n)
 }
 
-/// A simulated copy of a lower cluster's free room: the model's counted nodes, with what
-/// simulated placements took from them.
-#[derive(Debug)]
-pub struct Room<'m> {
-    model: &'m CapacityModel,
+/// A simulated copy of a lower cluster's free room: what simulated placements took from the
+/// counted nodes of a [`CapacityModel`]. It holds only the nodes something was placed on, so it
+/// is cheap to keep and to extend while the model does not change (see
+/// [`LowerCluster::generation`]).
+#[derive(Debug, Clone, Default)]
+pub struct Room {
     /// Free room of the nodes something was placed on.
-    taken: BTreeMap<&'m str, ResourceVector>,
+    taken: BTreeMap<String, ResourceVector>,
+    /// How many demands were placed.
+    placed: usize,
 }
 
-impl<'m> Room<'m> {
-    /// The free room of the model's counted nodes, nothing placed yet.
-    pub fn new(model: &'m CapacityModel) -> Self {
-        Self {
-            model,
-            taken: BTreeMap::new(),
-        }
+impl Room {
+    /// Nothing placed yet.
+    pub fn new() -> Self {
+        Self::default()
     }
 
-    /// The counted nodes with their simulated free room.
-    pub fn nodes(&self) -> impl Iterator<Item = NodeView<'_>> + '_ {
-        self.model.nodes().map(|view| match self.taken.get(view.name) {
+    /// The model's counted nodes with their simulated free room.
+    pub fn nodes<'a>(
+        &'a self,
+        model: &'a CapacityModel,
+    ) -> impl Iterator<Item = NodeView<'a>> + 'a {
+        model.nodes().map(|view| match self.taken.get(view.name) {
             Some(free) => NodeView { free, ..view },
             None => view,
         })
     }
 
+    /// How many demands were placed.
+    pub fn placed(&self) -> usize {
+        self.placed
+    }
+
     /// Places `demand` where the lower scheduler would (see [`spread_score`]) and takes its
-    /// usage from that node; `None`, and nothing taken, when it fits nowhere.
-    pub fn place(&mut self, demand: &Demand) -> Option<&'m str> {
+    /// usage from that node, which it returns; `None`, and nothing taken, when it fits nowhere.
+    pub fn place(&mut self, model: &CapacityModel, demand: &Demand) -> Option<String> {
         let requirements = demand.requirements();
-        let chosen = {
+        let (chosen, free) = {
             let fitting: Vec<(&str, i128)> = self
-                .nodes()
+                .nodes(model)
                 .filter(|view| requirements.check(view).is_ok())
                 .map(|view| (view.name, spread_score(view.free)))
                 .collect();
-            pick_most_free(fitting)?.to_owned()
+            let chosen = pick_most_free(fitting)?.to_owned();
+            let free = self
+                .nodes(model)
+                .find(|v| v.name == chosen)
+                .map(|v| v.free.clone())?;
+            (chosen, free)
         };
-        // The name borrowed from the model, so the entry outlives this call.
-        let view = self.model.nodes().find(|v| v.name == chosen)?;
-        let name: &'m str = view.name;
-        let mut free = self
-            .taken
-            .get(name)
-            .cloned()
-            .unwrap_or_else(|| view.free.clone());
         let usage = demand.usage();
-        free = free
+        let free = free
             .iter()
             .map(|(resource, amount)| {
                 (
@@ -184,8 +186,9 @@ impl<'m> Room<'m> {
                 )
             })
             .collect();
-        self.taken.insert(name, free);
-        Some(name)
+        self.taken.insert(chosen.clone(), free);
+        self.placed += 1;
+        Some(chosen)
     }
 }
 
@@ -266,6 +269,11 @@ pub struct LowerCluster {
     /// Lower pods carrying [`ANNOTATION_UPPER_UID`], by pod and by UID.
     uid_of: HashMap<PodKey, String>,
     by_uid: HashMap<String, PodKey>,
+    /// A hash of what the rules read of each node and pod, to tell a change that matters from
+    /// a heartbeat or a status update.
+    node_marks: HashMap<String, u64>,
+    pod_marks: HashMap<PodKey, u64>,
+    generation: u64,
 }
 
 impl Default for LowerCluster {
@@ -282,6 +290,33 @@ impl LowerCluster {
             pending: BTreeMap::new(),
             uid_of: HashMap::new(),
             by_uid: HashMap::new(),
+            node_marks: HashMap::new(),
+            pod_marks: HashMap::new(),
+            generation: 0,
+        }
+    }
+
+    /// Changes whenever something the rules read changes (a node's labels, taints,
+    /// schedulability, readiness or allocatable; a pod's spec, binding, phase being terminal,
+    /// deletion or upper UID), and only then: a [`Room`] computed at one generation stays valid
+    /// while it holds.
+    pub fn generation(&self) -> u64 {
+        self.generation
+    }
+
+    /// Records the mark of an object; bumps the generation when it differs.
+    fn mark<K: std::hash::Hash + Eq>(
+        marks: &mut HashMap<K, u64>,
+        generation: &mut u64,
+        key: K,
+        mark: Option<u64>,
+    ) {
+        let changed = match mark {
+            Some(m) => marks.insert(key, m) != Some(m),
+            None => marks.remove(&key).is_some(),
+        };
+        if changed {
+            *generation += 1;
         }
     }
 
@@ -292,12 +327,33 @@ impl LowerCluster {
 
     /// Applies an added or changed lower node.
     pub fn apply_node(&mut self, node: &Node) -> Result<(), CapacityError> {
-        self.model.apply_node(node)
+        let result = self.model.apply_node(node);
+        if let Some(name) = node.metadata.name.clone() {
+            let status = node.status.as_ref();
+            let ready = status
+                .and_then(|s| s.conditions.as_ref())
+                .and_then(|c| c.iter().find(|c| c.type_ == "Ready"))
+                .map(|c| c.status.as_str());
+            let mark = hash_json(&(
+                &node.metadata.labels,
+                &node.spec,
+                status.map(|s| (&s.allocatable, &s.capacity)),
+                ready,
+            ));
+            Self::mark(&mut self.node_marks, &mut self.generation, name, Some(mark));
+        }
+        result
     }
 
     /// Applies a lower node deletion.
     pub fn remove_node(&mut self, name: &str) {
         self.model.remove_node(name);
+        Self::mark(
+            &mut self.node_marks,
+            &mut self.generation,
+            name.to_owned(),
+            None,
+        );
     }
 
     /// Applies an added or changed lower pod. A bound, non-terminal pod takes room on its node;
@@ -313,15 +369,29 @@ impl LowerCluster {
         if result == Err(CapacityError::MissingName { kind: "pod" }) {
             return (None, result);
         }
+        let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
+        let terminal = matches!(phase, Some("Succeeded" | "Failed"));
+        let mark = hash_json(&(
+            &pod.spec,
+            terminal,
+            pod.metadata.deletion_timestamp.is_some(),
+            pod.metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(ANNOTATION_UPPER_UID)),
+        ));
+        Self::mark(
+            &mut self.pod_marks,
+            &mut self.generation,
+            key.clone(),
+            Some(mark),
+        );
         let unbound = pod
             .spec
             .as_ref()
             .and_then(|s| s.node_name.as_deref())
             .is_none_or(str::is_empty);
-        let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
-        let waiting = unbound
-            && !matches!(phase, Some("Succeeded" | "Failed"))
-            && pod.metadata.deletion_timestamp.is_none();
+        let waiting = unbound && !terminal && pod.metadata.deletion_timestamp.is_none();
         match waiting.then(|| Demand::of_lower_pod(pod).ok()).flatten() {
             Some(demand) => {
                 self.pending.insert(key.clone(), demand);
@@ -351,6 +421,7 @@ impl LowerCluster {
         self.model.remove_pod(namespace, name);
         self.pending.remove(&key);
         self.forget_uid(&key);
+        Self::mark(&mut self.pod_marks, &mut self.generation, key, None);
     }
 
     fn forget_uid(&mut self, key: &PodKey) {
@@ -371,6 +442,21 @@ impl LowerCluster {
         self.pending.len()
     }
 
+    /// The free room after the pending lower pods took theirs, each placed where the lower
+    /// scheduler would put it (those that fit nowhere are skipped).
+    pub fn room(&self) -> Room {
+        let mut room = Room::new();
+        for pending in self.pending.values() {
+            room.place(&self.model, pending);
+        }
+        room
+    }
+
+    /// Places `demand` in `room` (a room of this cluster, see [`Self::room`]).
+    pub fn place(&self, room: &mut Room, demand: &Demand) -> Option<String> {
+        room.place(&self.model, demand)
+    }
+
     /// Whether cluster `id` can take the pod with `demand` on a single node, after the pending
     /// lower pods and then the `reserved` demands took their room (see the module docs).
     pub fn evaluate<'d>(
@@ -379,19 +465,21 @@ impl LowerCluster {
         reserved: impl IntoIterator<Item = &'d Demand>,
         demand: &Demand,
     ) -> Verdict {
-        let mut room = Room::new(&self.model);
-        let mut counted = 0usize;
-        for promised in self.pending.values() {
-            counted += usize::from(room.place(promised).is_some());
-        }
+        let mut room = self.room();
         for promised in reserved {
-            counted += usize::from(room.place(promised).is_some());
+            room.place(&self.model, promised);
         }
+        self.judge(id, &room, demand)
+    }
+
+    /// Whether cluster `id` can take the pod with `demand` on a single node of `room` (a room
+    /// of this cluster at its current generation, with what is promised already placed).
+    pub fn judge(&self, id: &str, room: &Room, demand: &Demand) -> Verdict {
         let requirements = demand.requirements();
         let mut total = 0usize;
         let mut unfit: Vec<Vec<Unfit>> = Vec::new();
         let mut best: Option<(f64, &str)> = None;
-        for view in room.nodes() {
+        for view in room.nodes(&self.model) {
             total += 1;
             match requirements.check(&view) {
                 Ok(()) => {
@@ -425,6 +513,7 @@ impl LowerCluster {
             "lower cluster {id}: {}",
             summarize(total, unfit.iter().map(Vec::as_slice))
         );
+        let counted = room.placed();
         if counted > 0 && !unresolvable {
             reason.push_str(&format!(
                 " ({counted} pod(s) not yet on a lower node counted first)"
@@ -435,6 +524,16 @@ impl LowerCluster {
             unresolvable,
         }
     }
+}
+
+/// A hash of a value's JSON: what changed, cheaply told apart.
+fn hash_json(value: &impl serde::Serialize) -> u64 {
+    use std::hash::{Hash as _, Hasher as _};
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    serde_json::to_string(value)
+        .unwrap_or_default()
+        .hash(&mut hasher);
+    hasher.finish()
 }
 
 /// Which cluster, if any, the extender judges an upper node by (checklist 100-101): a virtual
@@ -549,6 +648,18 @@ impl Reservations {
         list.into_iter().map(|(_, d)| d).collect()
     }
 
+    /// The reservations of `cluster` in reservation order, with their upper pod UIDs.
+    pub fn entries(&self, cluster: &str) -> Vec<(&str, &Demand)> {
+        let mut list: Vec<(u64, &str, &Demand)> = self
+            .by_uid
+            .iter()
+            .filter(|(_, r)| r.cluster == cluster)
+            .map(|(uid, r)| (r.seq, uid.as_str(), &r.demand))
+            .collect();
+        list.sort_by_key(|(seq, _, _)| *seq);
+        list.into_iter().map(|(_, uid, d)| (uid, d)).collect()
+    }
+
     /// Whether `uid` holds a reservation.
     pub fn contains(&self, uid: &str) -> bool {
         self.by_uid.contains_key(uid)
@@ -556,7 +667,10 @@ impl Reservations {
 
     /// How many reservations `cluster` holds.
     pub fn count(&self, cluster: &str) -> usize {
-        self.by_uid.values().filter(|r| r.cluster == cluster).count()
+        self.by_uid
+            .values()
+            .filter(|r| r.cluster == cluster)
+            .count()
     }
 
     /// How many reservations there are.
@@ -677,9 +791,17 @@ mod tests {
         c.apply_node(&node("plain", "8", "8Gi", json!({}))).unwrap();
         // The upper pod's own selector (for the upper scheduler) is not what the lower pod
         // carries: without an annotation it has none, and the untainted node takes it.
-        let plain = pod("p", "1", "0", json!({"spec": {"nodeSelector": {"accel": "tpu"}}}));
+        let plain = pod(
+            "p",
+            "1",
+            "0",
+            json!({"spec": {"nodeSelector": {"accel": "tpu"}}}),
+        );
         let v = c.evaluate("c1", [], &Demand::of_upper_pod(&plain).unwrap());
-        assert!(matches!(&v, Verdict::Fits { node, .. } if node == "plain"), "{v:?}");
+        assert!(
+            matches!(&v, Verdict::Fits { node, .. } if node == "plain"),
+            "{v:?}"
+        );
         // Restored from clusterSelector: selector and toleration lead to the GPU node.
         let selector = json!({"nodeSelector": {"accel": "gpu"},
             "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "gpu", "effect": "NoSchedule"}]});
@@ -690,7 +812,10 @@ mod tests {
             json!({"metadata": {"annotations": {"clusterSelector": selector.to_string()}}}),
         );
         let v = c.evaluate("c1", [], &Demand::of_upper_pod(&gpu).unwrap());
-        assert!(matches!(&v, Verdict::Fits { node, .. } if node == "gpu"), "{v:?}");
+        assert!(
+            matches!(&v, Verdict::Fits { node, .. } if node == "gpu"),
+            "{v:?}"
+        );
         // A selector no node matches: every node fails a constraint, unresolvable.
         let none = pod(
             "n",
@@ -788,15 +913,24 @@ mod tests {
         r.reserve("u2", "c1", upper("3"), later);
         r.reserve("other", "c2", upper("3"), later);
         assert_eq!(r.count("c1"), 2);
-        assert!(!c.evaluate("c1", r.of_cluster("c1", None), &upper("2")).fits());
+        assert!(
+            !c.evaluate("c1", r.of_cluster("c1", None), &upper("2"))
+                .fits()
+        );
         assert!(
             c.evaluate("c1", r.of_cluster("c1", Some("u2")), &upper("3"))
                 .fits(),
             "u2 itself is judged without its own reservation"
         );
-        assert!(c.evaluate("c1", r.of_cluster("c1", None), &upper("1")).fits());
+        assert!(
+            c.evaluate("c1", r.of_cluster("c1", None), &upper("1"))
+                .fits()
+        );
         assert!(r.release("u1").is_some());
-        assert!(c.evaluate("c1", r.of_cluster("c1", None), &upper("2")).fits());
+        assert!(
+            c.evaluate("c1", r.of_cluster("c1", None), &upper("2"))
+                .fits()
+        );
     }
 
     #[test]
@@ -806,8 +940,11 @@ mod tests {
         r.reserve("a", "c1", upper("1"), now + Duration::from_secs(1));
         r.reserve("b", "c1", upper("2"), now + Duration::from_secs(5));
         r.reserve("c", "c1", upper("3"), now + Duration::from_secs(5));
-        let order: Vec<&ResourceVector> =
-            r.of_cluster("c1", None).iter().map(|d| d.requests()).collect();
+        let order: Vec<&ResourceVector> = r
+            .of_cluster("c1", None)
+            .iter()
+            .map(|d| d.requests())
+            .collect();
         assert_eq!(order.len(), 3);
         assert_eq!(order[0], upper("1").requests());
         assert_eq!(order[2], upper("3").requests());
@@ -843,9 +980,8 @@ mod tests {
         let tight = cluster(&[("n1", "2")]);
         let loose = cluster(&[("n1", "16")]);
         let mut cpu_only = pod("p", "2", "0", json!({}));
-        cpu_only.spec.as_mut().unwrap().containers[0].resources = Some(
-            serde_json::from_value(json!({"requests": {"cpu": "2"}})).unwrap(),
-        );
+        cpu_only.spec.as_mut().unwrap().containers[0].resources =
+            Some(serde_json::from_value(json!({"requests": {"cpu": "2"}})).unwrap());
         let d = Demand::of_upper_pod(&cpu_only).unwrap();
         assert_eq!(
             tight.evaluate("a", [], &d),
@@ -863,12 +999,78 @@ mod tests {
         );
         // Within a cluster, the best-fitting node is the tightest one.
         let both = cluster(&[("roomy", "16"), ("snug", "2")]);
-        assert!(matches!(both.evaluate("c", [], &d), Verdict::Fits { node, score: 10 } if node == "snug"));
+        assert!(
+            matches!(both.evaluate("c", [], &d), Verdict::Fits { node, score: 10 } if node == "snug")
+        );
         // A pod that requests nothing is judged by its pod slot.
-        let empty = Demand::of_upper_pod(&serde_json::from_value(json!({
+        let empty = Demand::of_upper_pod(
+            &serde_json::from_value(json!({
             "metadata": {"name": "e", "namespace": "ns"},
-            "spec": {"containers": [{"name": "c", "image": "i"}]}})).unwrap()).unwrap();
-        assert_eq!(tightness(empty.requests(), &[("pods".to_owned(), 2 * POD_SLOT)].into_iter().collect()), 0.5);
+            "spec": {"containers": [{"name": "c", "image": "i"}]}}))
+            .unwrap(),
+        )
+        .unwrap();
+        assert_eq!(
+            tightness(
+                empty.requests(),
+                &[("pods".to_owned(), 2 * POD_SLOT)].into_iter().collect()
+            ),
+            0.5
+        );
+    }
+
+    #[test]
+    fn the_generation_moves_only_with_what_the_rules_read() {
+        let mut c = cluster(&[("n1", "4")]);
+        let g = c.generation();
+        // A heartbeat: only the condition's times change.
+        let mut n = node("n1", "4", "8Gi", json!({}));
+        n.status.as_mut().unwrap().conditions.as_mut().unwrap()[0].last_heartbeat_time =
+            Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+            ));
+        c.apply_node(&n).unwrap();
+        assert_eq!(c.generation(), g);
+        c.apply_node(&node("n1", "8", "8Gi", json!({}))).unwrap();
+        assert_eq!(c.generation(), g + 1);
+        // A pod: created, then a status update, then bound.
+        let p = pod("p", "1", "0", json!({}));
+        c.apply_pod(&p).1.unwrap();
+        let g = c.generation();
+        let mut running = p.clone();
+        running.status.as_mut().unwrap().pod_ip = Some("10.0.0.1".into());
+        c.apply_pod(&running).1.unwrap();
+        assert_eq!(c.generation(), g);
+        c.apply_pod(&bound("p", "n1", "1")).1.unwrap();
+        assert_eq!(c.generation(), g + 1);
+        c.remove_pod("ns", "p");
+        assert_eq!(c.generation(), g + 2);
+        c.remove_pod("ns", "p");
+        assert_eq!(
+            c.generation(),
+            g + 2,
+            "removing an unknown pod changes nothing"
+        );
+    }
+
+    #[test]
+    fn a_room_extended_one_reservation_at_a_time_judges_as_a_fresh_one() {
+        let mut c = cluster(&[("n1", "4"), ("n2", "2")]);
+        c.apply_pod(&pod("waiting", "1", "0", json!({}))).1.unwrap();
+        let reserved: Vec<Demand> = ["1", "2", "1"].into_iter().map(upper).collect();
+        let mut room = c.room();
+        assert_eq!(room.placed(), 1);
+        for d in &reserved {
+            c.place(&mut room, d);
+        }
+        for cpu in ["1", "2", "3"] {
+            assert_eq!(
+                c.judge("c1", &room, &upper(cpu)),
+                c.evaluate("c1", &reserved, &upper(cpu)),
+                "{cpu}"
+            );
+        }
+        assert_eq!(room.placed(), 4);
     }
 
     #[test]
@@ -889,13 +1091,22 @@ mod tests {
                 .collect()
         };
         assert_eq!(
-            cluster_of(Some(&labels(&[("type", "virtual-kubelet"), ("clusterID", "c1")]))),
+            cluster_of(Some(&labels(&[
+                ("type", "virtual-kubelet"),
+                ("clusterID", "c1")
+            ]))),
             Some("c1")
         );
-        assert_eq!(cluster_of(Some(&labels(&[("type", "virtual-kubelet")]))), None);
+        assert_eq!(
+            cluster_of(Some(&labels(&[("type", "virtual-kubelet")]))),
+            None
+        );
         assert_eq!(cluster_of(Some(&labels(&[("clusterID", "c1")]))), None);
         assert_eq!(
-            cluster_of(Some(&labels(&[("type", "virtual-kubelet"), ("clusterID", "")]))),
+            cluster_of(Some(&labels(&[
+                ("type", "virtual-kubelet"),
+                ("clusterID", "")
+            ]))),
             None
         );
         assert_eq!(cluster_of(None), None);
@@ -907,10 +1118,26 @@ mod tests {
             parse_cluster_flag("c1=/etc/c1.kubeconfig"),
             Ok(("c1".into(), "/etc/c1.kubeconfig".into()))
         );
-        assert!(parse_cluster_flag("c1").unwrap_err().contains("expected ID=KUBECONFIG"));
-        assert!(parse_cluster_flag("=x").unwrap_err().contains("not a label value"));
-        assert!(parse_cluster_flag("a b=x").unwrap_err().contains("not a label value"));
-        assert!(parse_cluster_flag("c1=").unwrap_err().contains("path is empty"));
+        assert!(
+            parse_cluster_flag("c1")
+                .unwrap_err()
+                .contains("expected ID=KUBECONFIG")
+        );
+        assert!(
+            parse_cluster_flag("=x")
+                .unwrap_err()
+                .contains("not a label value")
+        );
+        assert!(
+            parse_cluster_flag("a b=x")
+                .unwrap_err()
+                .contains("not a label value")
+        );
+        assert!(
+            parse_cluster_flag("c1=")
+                .unwrap_err()
+                .contains("path is empty")
+        );
     }
 
     #[test]

@@ -1,0 +1,260 @@
+//! `tensile scheduler`: the kube-scheduler extender (see `tensile_placement::extender` and
+//! `docs/scheduler-extender.md`). Users keep their kube-scheduler and point its `extenders:` at
+//! this server.
+
+use std::collections::BTreeSet;
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context as _, bail};
+use clap::Args;
+use tensile_node::clients::{ApiCalls, KubeconfigSource, build_client};
+use tensile_placement::extender::{self, ExtenderConfig, LowerClusterClient};
+use tensile_placement::serve::ServingCert;
+use tokio_util::sync::CancellationToken;
+
+/// Flags of `tensile scheduler`.
+#[derive(Debug, Args)]
+pub struct SchedulerArgs {
+    /// Kubeconfig of the upper cluster (default: in-cluster configuration).
+    #[arg(long)]
+    pub kubeconfig: Option<PathBuf>,
+    /// A lower cluster, as ID=KUBECONFIG: the `clusterID` label value of its virtual node and
+    /// the path of its kubeconfig. Repeat for each lower cluster.
+    #[arg(long = "cluster", value_name = "ID=KUBECONFIG", required = true, value_parser = parse_cluster)]
+    pub clusters: Vec<(String, PathBuf)>,
+    /// Listen address.
+    #[arg(long, default_value = "0.0.0.0")]
+    pub address: IpAddr,
+    /// Listen port.
+    #[arg(long, default_value_t = 10262)]
+    pub port: u16,
+    /// Serving certificate (PEM). Without it and --tls-private-key-file, a CA and a
+    /// certificate for the Service name are generated at start (see --write-ca).
+    #[arg(long)]
+    pub tls_cert_file: Option<PathBuf>,
+    /// Serving key (PEM).
+    #[arg(long)]
+    pub tls_private_key_file: Option<PathBuf>,
+    /// More names or addresses for a generated certificate (repeatable), e.g. the Service's
+    /// ClusterIP when kube-scheduler cannot resolve cluster DNS names.
+    #[arg(long = "tls-san", value_name = "NAME")]
+    pub tls_san: Vec<String>,
+    /// Write the generated CA (what kube-scheduler's `tlsConfig.caData` needs) to this file.
+    #[arg(long)]
+    pub write_ca: Option<PathBuf>,
+    /// How long room stays reserved for a pod bound to a virtual node whose lower pod has not
+    /// appeared (Go duration: 90s, 2m, 1h30m).
+    #[arg(long, default_value = "2m", value_parser = parse_duration)]
+    pub reservation_ttl: Duration,
+    /// QPS of every client (kube-scheduler's own default).
+    #[arg(long, default_value_t = 50.0)]
+    pub kube_api_qps: f32,
+    /// Burst of every client.
+    #[arg(long, default_value_t = 100)]
+    pub kube_api_burst: u32,
+}
+
+/// `ID=KUBECONFIG`.
+fn parse_cluster(value: &str) -> Result<(String, PathBuf), String> {
+    tensile_core::extender::parse_cluster_flag(value).map(|(id, path)| (id, PathBuf::from(path)))
+}
+
+/// A Go duration (`90s`, `2m`, `1h30m`), positive.
+fn parse_duration(text: &str) -> Result<Duration, String> {
+    let d: k8s_openapi::jiff::SignedDuration = text
+        .trim()
+        .parse()
+        .map_err(|e| format!("invalid duration {text:?}: {e}"))?;
+    match Duration::try_from(d) {
+        Ok(d) if !d.is_zero() => Ok(d),
+        _ => Err(format!("invalid duration {text:?}: must be positive")),
+    }
+}
+
+/// Names a generated certificate is valid for: the shipped Service's names, loopback, the
+/// listen address when specific, and `extra`.
+fn generated_sans(address: IpAddr, extra: &[String]) -> Vec<String> {
+    let mut sans: Vec<String> = [
+        "tensile-scheduler",
+        "tensile-scheduler.kube-system",
+        "tensile-scheduler.kube-system.svc",
+        "tensile-scheduler.kube-system.svc.cluster.local",
+        "localhost",
+        "127.0.0.1",
+    ]
+    .into_iter()
+    .map(str::to_owned)
+    .collect();
+    if !address.is_unspecified() && !address.is_loopback() {
+        sans.push(address.to_string());
+    }
+    for san in extra {
+        if !sans.contains(san) {
+            sans.push(san.clone());
+        }
+    }
+    sans
+}
+
+/// The extender's configuration from its flags (clients built, certificate loaded).
+async fn config(args: &SchedulerArgs) -> anyhow::Result<ExtenderConfig> {
+    let mut seen = BTreeSet::new();
+    for (id, _) in &args.clusters {
+        if !seen.insert(id) {
+            bail!("--cluster {id} is given twice");
+        }
+    }
+    let cert = match (&args.tls_cert_file, &args.tls_private_key_file) {
+        (Some(c), Some(k)) => ServingCert::from_files(c, k)?,
+        (None, None) => ServingCert::generate(
+            "tensile-scheduler",
+            &generated_sans(args.address, &args.tls_san),
+        )?,
+        _ => bail!("--tls-cert-file and --tls-private-key-file go together"),
+    };
+    if let Some(path) = &args.write_ca {
+        std::fs::write(path, &cert.ca_pem)
+            .with_context(|| format!("writing the CA to {}", path.display()))?;
+        tracing::info!(path = %path.display(), "CA of the serving certificate written");
+    }
+    let mut registry = prometheus_client::registry::Registry::default();
+    let calls = ApiCalls::new(&mut registry);
+    let upper_source = match &args.kubeconfig {
+        Some(p) => KubeconfigSource::Path(p.clone()),
+        None => KubeconfigSource::InCluster,
+    };
+    let upper = build_client(
+        upper_source.clone(),
+        args.kube_api_qps,
+        args.kube_api_burst,
+        "upper",
+        &calls,
+    )
+    .await
+    .with_context(|| format!("upper cluster client from {upper_source}"))?;
+    let mut clusters = Vec::new();
+    for (id, path) in &args.clusters {
+        let client = build_client(
+            KubeconfigSource::Path(path.clone()),
+            args.kube_api_qps,
+            args.kube_api_burst,
+            "lower",
+            &calls,
+        )
+        .await
+        .with_context(|| format!("lower cluster {id}"))?;
+        clusters.push(LowerClusterClient {
+            id: id.clone(),
+            client,
+        });
+    }
+    Ok(ExtenderConfig {
+        upper,
+        clusters,
+        reservation_ttl: args.reservation_ttl,
+        listen: SocketAddr::new(args.address, args.port),
+        cert,
+    })
+}
+
+pub async fn run(args: SchedulerArgs) -> anyhow::Result<()> {
+    let config = config(&args).await?;
+    let stop = CancellationToken::new();
+    let running = extender::start(config, stop.clone())
+        .await
+        .context("starting the scheduler extender")?;
+    tracing::info!(addr = %running.addr, clusters = args.clusters.len(), "scheduler extender running");
+    crate::shutdown_signal().await?;
+    stop.cancel();
+    let _ = tokio::time::timeout(Duration::from_secs(10), running.handle).await;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Debug, Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: SchedulerArgs,
+    }
+
+    fn parse(args: &[&str]) -> Result<SchedulerArgs, String> {
+        Cli::try_parse_from(std::iter::once("scheduler").chain(args.iter().copied()))
+            .map(|c| c.args)
+            .map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn flags_and_defaults() {
+        let a = parse(&["--cluster", "c1=/a", "--cluster", "c2=/b"]).unwrap();
+        assert_eq!(
+            a.clusters,
+            [
+                ("c1".into(), PathBuf::from("/a")),
+                ("c2".into(), PathBuf::from("/b"))
+            ]
+        );
+        assert_eq!(a.port, 10262);
+        assert_eq!(a.address.to_string(), "0.0.0.0");
+        assert_eq!(a.reservation_ttl, Duration::from_secs(120));
+        let a = parse(&["--cluster", "c1=/a", "--reservation-ttl", "1m30s"]).unwrap();
+        assert_eq!(a.reservation_ttl, Duration::from_secs(90));
+    }
+
+    #[test]
+    fn bad_flags_are_clear_errors() {
+        assert!(
+            parse(&[])
+                .unwrap_err()
+                .contains("--cluster <ID=KUBECONFIG>")
+        );
+        assert!(
+            parse(&["--cluster", "c1"])
+                .unwrap_err()
+                .contains("expected ID=KUBECONFIG")
+        );
+        assert!(
+            parse(&["--cluster", "c1=/a", "--reservation-ttl", "soon"])
+                .unwrap_err()
+                .contains("invalid duration \"soon\"")
+        );
+        assert!(
+            parse(&["--cluster", "c1=/a", "--reservation-ttl", "0s"])
+                .unwrap_err()
+                .contains("must be positive")
+        );
+    }
+
+    #[tokio::test]
+    async fn an_unreadable_kubeconfig_or_half_a_certificate_stops_the_start() {
+        let dir =
+            std::env::temp_dir().join(format!("tensile-scheduler-cli-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let missing = dir.join("missing.kubeconfig");
+        let upper = format!("--kubeconfig={}", missing.display());
+        let a = parse(&[upper.as_str(), "--cluster", "c1=/nowhere"]).unwrap();
+        let err = format!("{:#}", config(&a).await.unwrap_err());
+        assert!(
+            err.starts_with("upper cluster client from kubeconfig ")
+                && err.contains("cannot read kubeconfig"),
+            "{err}"
+        );
+        let a = parse(&["--cluster", "c1=/a", "--tls-cert-file", "/x"]).unwrap();
+        let err = config(&a).await.unwrap_err().to_string();
+        assert_eq!(
+            err,
+            "--tls-cert-file and --tls-private-key-file go together"
+        );
+        let a = parse(&["--cluster", "c1=/a", "--cluster", "c1=/b"]).unwrap();
+        assert_eq!(
+            config(&a).await.unwrap_err().to_string(),
+            "--cluster c1 is given twice"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

@@ -1,0 +1,982 @@
+//! `tensile scheduler`: a kube-scheduler extender (HTTP `filter`, `prioritize` and `bind`) that
+//! knows the lower clusters' real nodes, so the upper scheduler only sends a pod to a virtual node
+//! whose lower cluster has a single node where it fits (checklist 100-101).
+//!
+//! - The rules are [`tensile_core::extender`]'s; this module keeps their inputs live and serves
+//!   them. Per lower cluster, one watch of nodes and one of pods feed a
+//!   [`LowerCluster`] (never a LIST poll); a cluster whose two watches have not listed yet fails
+//!   its virtual nodes with a reason instead of guessing.
+//! - Upper nodes are classified by their labels: from the request (`nodeCacheCapable: false`,
+//!   full nodes) or from one watch of upper nodes (names only).
+//! - `/bind` is where room is promised: under the lock it re-checks the fit, counting every
+//!   reservation, then reserves and POSTs the Binding. A reservation lasts until the lower pod
+//!   (annotation `tensile-kube.io/upper-uid`) is seen, or its TTL lapses. So a burst of pods
+//!   cannot over-commit a lower cluster, even while the upper scheduler's filter calls run ahead
+//!   of its bindings.
+//!
+//! Wire format: kube-scheduler's `k8s.io/kube-scheduler/extender/v1` types. They have no JSON
+//! tags, so kube-scheduler sends Go field names (`Pod`, `Nodes`, `NodeNames`, `PodName`, ...)
+//! and decodes answers case-insensitively; older senders used lowercase tags (`pod`,
+//! `nodenames`). Requests are read with keys matched case-insensitively, as Go does; answers use
+//! the historical tag names (`nodes`, `nodenames`, `failedNodes`, `failedAndUnresolvableNodes`,
+//! `error`, `host`, `score`).
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::StatusCode;
+use k8s_openapi::api::core::v1::{Binding, Node, ObjectReference, Pod};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::api::{Api, PostParams};
+use kube::runtime::watcher;
+use serde_json::{Value, json};
+use tensile_core::extender::{Demand, LowerCluster, Reservations, Room, Verdict, cluster_of};
+use tokio_util::sync::CancellationToken;
+
+use crate::serve::{Handler, Reply, ServeError, Server, ServingCert, tls_config};
+
+/// kube-scheduler's own default for the TTL of an assumed pod is 15 minutes for a binding that
+/// never comes back; a lower pod normally appears within a second of the upper binding, so two
+/// minutes is ample and keeps a lost reservation from blocking room for long.
+pub const DEFAULT_RESERVATION_TTL: Duration = Duration::from_secs(120);
+
+/// One lower cluster: the `clusterID` label value of its virtual node(s) and a client.
+#[derive(Clone)]
+pub struct LowerClusterClient {
+    /// The `clusterID` label value.
+    pub id: String,
+    /// A client of the lower cluster (list and watch of nodes and pods).
+    pub client: kube::Client,
+}
+
+impl std::fmt::Debug for LowerClusterClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LowerClusterClient")
+            .field("id", &self.id)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What the extender needs.
+pub struct ExtenderConfig {
+    /// Upper cluster client: watches nodes, GETs a pod it has not seen, POSTs bindings.
+    pub upper: kube::Client,
+    /// The lower clusters.
+    pub clusters: Vec<LowerClusterClient>,
+    /// How long a reservation lasts when no lower pod shows up.
+    pub reservation_ttl: Duration,
+    /// Where to serve HTTPS.
+    pub listen: SocketAddr,
+    /// Serving certificate.
+    pub cert: ServingCert,
+}
+
+impl std::fmt::Debug for ExtenderConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ExtenderConfig")
+            .field("clusters", &self.clusters)
+            .field("reservation_ttl", &self.reservation_ttl)
+            .field("listen", &self.listen)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A running extender.
+#[derive(Debug)]
+pub struct Running {
+    /// The bound address.
+    pub addr: SocketAddr,
+    /// The CA clients verify it with (an extender's `tlsConfig.caData`).
+    pub ca_pem: String,
+    /// A handle on its state.
+    pub extender: Extender,
+    /// Ends when it has stopped.
+    pub handle: tokio::task::JoinHandle<()>,
+}
+
+/// Starts the watches and the HTTPS server; runs until `stop`.
+pub async fn start(cfg: ExtenderConfig, stop: CancellationToken) -> Result<Running, ServeError> {
+    let tls = tls_config(&cfg.cert, None)?;
+    let extender = Extender::new(
+        cfg.upper.clone(),
+        cfg.clusters.iter().map(|c| c.id.clone()),
+        cfg.reservation_ttl,
+    );
+    let server = Server::start(cfg.listen, tls, Arc::new(extender.clone())).await?;
+    let addr = server.addr();
+    let mut tasks = Vec::new();
+    for cluster in cfg.clusters {
+        tasks.push(tokio::spawn(watch_lower_nodes(
+            extender.clone(),
+            cluster.clone(),
+            stop.clone(),
+        )));
+        tasks.push(tokio::spawn(watch_lower_pods(
+            extender.clone(),
+            cluster,
+            stop.clone(),
+        )));
+    }
+    tasks.push(tokio::spawn(watch_upper_nodes(
+        extender.clone(),
+        cfg.upper,
+        stop.clone(),
+    )));
+    let handle = tokio::spawn(async move {
+        stop.cancelled().await;
+        for task in tasks {
+            let _ = task.await;
+        }
+        drop(server);
+    });
+    tracing::info!(%addr, "scheduler extender serving");
+    Ok(Running {
+        addr,
+        ca_pem: cfg.cert.ca_pem,
+        extender,
+        handle,
+    })
+}
+
+/// The extender's state and request handler; cheap to clone, clones share everything.
+#[derive(Clone)]
+pub struct Extender {
+    shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for Extender {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Extender").finish_non_exhaustive()
+    }
+}
+
+struct Shared {
+    upper: kube::Client,
+    ttl: Duration,
+    state: Mutex<State>,
+}
+
+/// Keys of watched objects: namespace (empty for nodes) and name.
+type Key = (String, String);
+
+/// The keys a watch has delivered, to drop on a re-list what it no longer lists.
+#[derive(Default)]
+struct Listed {
+    known: HashSet<Key>,
+    relist: Option<HashSet<Key>>,
+    synced: bool,
+}
+
+impl Listed {
+    /// Records an event; returns the keys a completed re-list dropped.
+    fn record<K: kube::Resource>(&mut self, event: &watcher::Event<K>) -> Vec<Key> {
+        let key = |o: &K| {
+            let m = o.meta();
+            (
+                m.namespace.clone().unwrap_or_default(),
+                m.name.clone().unwrap_or_default(),
+            )
+        };
+        match event {
+            watcher::Event::Init => self.relist = Some(HashSet::new()),
+            watcher::Event::InitApply(o) => {
+                let k = key(o);
+                if let Some(r) = self.relist.as_mut() {
+                    r.insert(k.clone());
+                }
+                self.known.insert(k);
+            }
+            watcher::Event::InitDone => {
+                self.synced = true;
+                if let Some(listed) = self.relist.take() {
+                    let gone: Vec<Key> = self.known.difference(&listed).cloned().collect();
+                    self.known = listed;
+                    return gone;
+                }
+            }
+            watcher::Event::Apply(o) => {
+                self.known.insert(key(o));
+            }
+            watcher::Event::Delete(o) => {
+                self.known.remove(&key(o));
+            }
+        }
+        Vec::new()
+    }
+}
+
+struct ClusterState {
+    lower: LowerCluster,
+    nodes: Listed,
+    pods: Listed,
+    /// The room after the pending lower pods and the first reservations, kept while the
+    /// cluster's generation holds: during a burst each call places only the new reservations.
+    room: Option<RoomCache>,
+}
+
+struct RoomCache {
+    generation: u64,
+    /// UIDs of the reservations placed, in order.
+    reserved: Vec<String>,
+    room: Room,
+}
+
+impl ClusterState {
+    fn synced(&self) -> bool {
+        self.nodes.synced && self.pods.synced
+    }
+}
+
+struct State {
+    clusters: BTreeMap<String, ClusterState>,
+    reservations: Reservations,
+    /// Upper nodes from the watch: name -> the cluster id it is judged by (None: passes).
+    upper_nodes: HashMap<String, Option<String>>,
+    upper_listed: Listed,
+    /// Upper nodes seen in filter/prioritize requests (full nodes), for `/bind`.
+    learned_nodes: HashMap<String, Option<String>>,
+    /// Demands of upper pods seen in filter/prioritize, by UID, for `/bind`.
+    recent: HashMap<String, (Demand, Instant)>,
+}
+
+impl State {
+    fn expire(&mut self, now: Instant) {
+        for (uid, cluster) in self.reservations.expire(now) {
+            tracing::debug!(%uid, %cluster, "reservation lapsed without a lower pod");
+        }
+    }
+}
+
+/// How an upper node is judged.
+enum Judged {
+    /// Not a virtual node, no clusterID, or an unknown cluster: passes unchanged.
+    Pass,
+    /// Its lower cluster decides.
+    Cluster(String),
+    /// Cannot tell yet: fails with this reason.
+    Unknown(String),
+}
+
+impl Extender {
+    /// An extender for the given cluster ids, nothing synced yet.
+    pub fn new(
+        upper: kube::Client,
+        clusters: impl IntoIterator<Item = String>,
+        ttl: Duration,
+    ) -> Self {
+        let clusters = clusters
+            .into_iter()
+            .map(|id| {
+                (
+                    id,
+                    ClusterState {
+                        lower: LowerCluster::new(),
+                        nodes: Listed::default(),
+                        pods: Listed::default(),
+                        room: None,
+                    },
+                )
+            })
+            .collect();
+        Self {
+            shared: Arc::new(Shared {
+                upper,
+                ttl,
+                state: Mutex::new(State {
+                    clusters,
+                    reservations: Reservations::new(),
+                    upper_nodes: HashMap::new(),
+                    upper_listed: Listed::default(),
+                    learned_nodes: HashMap::new(),
+                    recent: HashMap::new(),
+                }),
+            }),
+        }
+    }
+
+    fn state(&self) -> MutexGuard<'_, State> {
+        // A panic while holding the lock leaves consistent-enough bookkeeping; keep serving.
+        self.shared
+            .state
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Whether every lower cluster's watches (and the upper node watch) have listed.
+    pub fn synced(&self) -> bool {
+        let state = self.state();
+        state.upper_listed.synced && state.clusters.values().all(ClusterState::synced)
+    }
+
+    /// Whether the upper node watch has seen the node `name`.
+    pub fn knows_upper_node(&self, name: &str) -> bool {
+        self.state().upper_nodes.contains_key(name)
+    }
+
+    /// How many reservations `cluster` holds now.
+    pub fn reservations(&self, cluster: &str) -> usize {
+        let mut state = self.state();
+        state.expire(Instant::now());
+        state.reservations.count(cluster)
+    }
+
+    fn judge(
+        state: &State,
+        name: &str,
+        labels: Option<Option<&BTreeMap<String, String>>>,
+    ) -> Judged {
+        let id = match labels {
+            Some(labels) => cluster_of(labels).map(str::to_owned),
+            None => match state
+                .upper_nodes
+                .get(name)
+                .or_else(|| state.learned_nodes.get(name))
+            {
+                Some(id) => id.clone(),
+                None => {
+                    return Judged::Unknown(format!(
+                        "upper node {name} is not known to the tensile extender yet{}",
+                        if state.upper_listed.synced {
+                            ""
+                        } else {
+                            " (its node watch has not listed)"
+                        }
+                    ));
+                }
+            },
+        };
+        match id {
+            Some(id) if state.clusters.contains_key(&id) => Judged::Cluster(id),
+            _ => Judged::Pass,
+        }
+    }
+
+    /// The verdict of cluster `id` for a pod (`uid` leaves out its own reservation).
+    fn verdict(
+        state: &mut State,
+        id: &str,
+        uid: Option<&str>,
+        demand: &Result<Demand, String>,
+    ) -> Verdict {
+        let State {
+            clusters,
+            reservations,
+            ..
+        } = state;
+        let Some(ClusterState {
+            lower,
+            nodes,
+            pods,
+            room,
+        }) = clusters.get_mut(id)
+        else {
+            return Verdict::Fits {
+                node: String::new(),
+                score: 0,
+            };
+        };
+        if !(nodes.synced && pods.synced) {
+            return Verdict::Fails {
+                reason: format!(
+                    "lower cluster {id}: not synced yet (its nodes and pods are still being \
+                     listed); the pod is retried"
+                ),
+                unresolvable: false,
+            };
+        }
+        let demand = match demand {
+            Err(e) => {
+                return Verdict::Fails {
+                    reason: format!("lower cluster {id}: {e}"),
+                    unresolvable: true,
+                };
+            }
+            Ok(d) => d,
+        };
+        let entries: Vec<(&str, &Demand)> = reservations
+            .entries(id)
+            .into_iter()
+            .filter(|(u, _)| Some(*u) != uid)
+            .collect();
+        let generation = lower.generation();
+        let reusable = room.as_ref().is_some_and(|c| {
+            c.generation == generation
+                && c.reserved.len() <= entries.len()
+                && c.reserved.iter().zip(&entries).all(|(a, (b, _))| a == b)
+        });
+        let cache = match room {
+            Some(c) if reusable => c,
+            _ => room.insert(RoomCache {
+                generation,
+                reserved: Vec::new(),
+                room: lower.room(),
+            }),
+        };
+        for (reserved, d) in &entries[cache.reserved.len()..] {
+            lower.place(&mut cache.room, d);
+            cache.reserved.push((*reserved).to_owned());
+        }
+        lower.judge(id, &cache.room, demand)
+    }
+
+    async fn filter_or_prioritize(&self, verb: Verb, body: &[u8]) -> Reply {
+        let args = match ExtenderArgs::parse(body) {
+            Ok(a) => a,
+            Err(e) => return Reply::error(StatusCode::BAD_REQUEST, &e),
+        };
+        let pod_name = args.pod_name();
+        let uid = args.pod.metadata.uid.clone().filter(|u| !u.is_empty());
+        let demand = Demand::of_upper_pod(&args.pod).map_err(|e| e.to_string());
+        let now = Instant::now();
+        let mut state = self.state();
+        state.expire(now);
+        if let (Some(uid), Ok(d)) = (&uid, &demand) {
+            remember(&mut state, uid, d.clone(), now, self.shared.ttl);
+        }
+        let mut verdicts: BTreeMap<String, Verdict> = BTreeMap::new();
+        let mut kept = Vec::new();
+        let mut failed = serde_json::Map::new();
+        let mut unresolvable = serde_json::Map::new();
+        let mut scores = Vec::new();
+        for node in &args.nodes {
+            if let Some(labels) = &node.labels {
+                let id = cluster_of(labels.as_ref()).map(str::to_owned);
+                state.learned_nodes.insert(node.name.clone(), id);
+            }
+            let judged = Self::judge(&state, &node.name, node.labels.as_ref().map(Option::as_ref));
+            let verdict = match &judged {
+                Judged::Pass => None,
+                Judged::Unknown(reason) => Some(Verdict::Fails {
+                    reason: reason.clone(),
+                    unresolvable: false,
+                }),
+                Judged::Cluster(id) => Some(match verdicts.get(id) {
+                    Some(v) => v.clone(),
+                    None => {
+                        let v = Self::verdict(&mut state, id, uid.as_deref(), &demand);
+                        verdicts.insert(id.clone(), v.clone());
+                        v
+                    }
+                }),
+            };
+            tracing::debug!(pod = %pod_name, node = %node.name, ?verb, ?verdict, "extender decision");
+            match (verb, verdict) {
+                (Verb::Filter, None | Some(Verdict::Fits { .. })) => kept.push(node),
+                (
+                    Verb::Filter,
+                    Some(Verdict::Fails {
+                        reason,
+                        unresolvable: u,
+                    }),
+                ) => {
+                    let target = if u { &mut unresolvable } else { &mut failed };
+                    target.insert(node.name.clone(), Value::String(reason));
+                }
+                (Verb::Prioritize, Some(Verdict::Fits { score, .. })) => {
+                    scores.push(json!({"host": node.name, "score": score}));
+                }
+                (Verb::Prioritize, _) => scores.push(json!({"host": node.name, "score": 0})),
+            }
+        }
+        drop(state);
+        match verb {
+            Verb::Prioritize => Reply::json(&Value::Array(scores)),
+            Verb::Filter => {
+                let (nodes, names) = if args.names_only {
+                    let names: Vec<&str> = kept.iter().map(|n| n.name.as_str()).collect();
+                    (Value::Null, json!(names))
+                } else {
+                    let items: Vec<&Value> =
+                        kept.iter().filter_map(|n| n.object.as_ref()).collect();
+                    (json!({"metadata": {}, "items": items}), Value::Null)
+                };
+                Reply::json(&json!({
+                    "nodes": nodes,
+                    "nodenames": names,
+                    "failedNodes": failed,
+                    "failedAndUnresolvableNodes": unresolvable,
+                    "error": "",
+                }))
+            }
+        }
+    }
+
+    async fn bind(&self, body: &[u8]) -> Reply {
+        let args = match BindingArgs::parse(body) {
+            Ok(a) => a,
+            Err(e) => return Reply::error(StatusCode::BAD_REQUEST, &e),
+        };
+        let answer = |error: String| {
+            if !error.is_empty() {
+                tracing::debug!(pod = %format!("{}/{}", args.namespace, args.name), node = %args.node, %error, "extender refused to bind");
+            }
+            Reply::json(&json!({"error": error}))
+        };
+        match self.bind_pod(&args).await {
+            Ok(()) => answer(String::new()),
+            Err(e) => answer(e),
+        }
+    }
+
+    async fn bind_pod(&self, args: &BindingArgs) -> Result<(), String> {
+        let pods: Api<Pod> = Api::namespaced(self.shared.upper.clone(), &args.namespace);
+        let key = format!("{}/{}", args.namespace, args.name);
+        let (judged, known) = {
+            let state = self.state();
+            let judged = Self::judge(&state, &args.node, None);
+            let known = args
+                .uid
+                .as_ref()
+                .and_then(|uid| state.recent.get(uid))
+                .map(|(d, _)| d.clone());
+            (judged, known)
+        };
+        let cluster = match judged {
+            Judged::Pass => None,
+            Judged::Unknown(reason) => return Err(reason),
+            Judged::Cluster(id) => Some(id),
+        };
+        let mut uid = args.uid.clone();
+        if let Some(id) = &cluster {
+            // The pod's demand: from its filter call, or read once from the upper cluster.
+            let demand = match known {
+                Some(d) => d,
+                None => {
+                    let pod = pods
+                        .get(&args.name)
+                        .await
+                        .map_err(|e| format!("reading pod {key}: {e}"))?;
+                    let actual = pod.metadata.uid.clone().unwrap_or_default();
+                    if let Some(expected) = &uid
+                        && *expected != actual
+                    {
+                        return Err(format!(
+                            "pod {key} has UID {actual}, not {expected}: it was replaced"
+                        ));
+                    }
+                    uid = Some(actual);
+                    Demand::of_upper_pod(&pod).map_err(|e| e.to_string())?
+                }
+            };
+            let uid = uid.clone().unwrap_or_default();
+            let now = Instant::now();
+            let mut state = self.state();
+            state.expire(now);
+            let exists = state
+                .clusters
+                .get(id)
+                .is_some_and(|c| c.lower.has_upper_uid(&uid));
+            if !exists {
+                match Self::verdict(&mut state, id, Some(&uid), &Ok(demand.clone())) {
+                    Verdict::Fails { reason, .. } => return Err(reason),
+                    Verdict::Fits { node, .. } => {
+                        tracing::debug!(pod = %key, cluster = %id, lower_node = %node, "reserving room");
+                        state
+                            .reservations
+                            .reserve(&uid, id, demand, now + self.shared.ttl);
+                    }
+                }
+            }
+        }
+        let binding = Binding {
+            metadata: ObjectMeta {
+                name: Some(args.name.clone()),
+                namespace: Some(args.namespace.clone()),
+                uid: uid.clone(),
+                ..ObjectMeta::default()
+            },
+            target: ObjectReference {
+                api_version: Some("v1".to_owned()),
+                kind: Some("Node".to_owned()),
+                name: Some(args.node.clone()),
+                ..ObjectReference::default()
+            },
+        };
+        let posted: Result<Value, kube::Error> = pods
+            .create_subresource("binding", &args.name, &PostParams::default(), &binding)
+            .await;
+        if let Err(e) = posted {
+            if let Some(uid) = &uid
+                && cluster.is_some()
+            {
+                self.state().reservations.release(uid);
+            }
+            return Err(format!("binding pod {key} to node {}: {e}", args.node));
+        }
+        tracing::debug!(pod = %key, node = %args.node, "bound");
+        Ok(())
+    }
+
+    fn on_lower_node(&self, id: &str, event: &watcher::Event<Node>) {
+        let mut state = self.state();
+        let Some(cluster) = state.clusters.get_mut(id) else {
+            return;
+        };
+        for (_, name) in cluster.nodes.record(event) {
+            cluster.lower.remove_node(&name);
+        }
+        match event {
+            watcher::Event::Apply(n) | watcher::Event::InitApply(n) => {
+                if let Err(e) = cluster.lower.apply_node(n) {
+                    tracing::debug!(cluster = %id, error = %e, "lower node partly read");
+                }
+            }
+            watcher::Event::Delete(n) => {
+                cluster
+                    .lower
+                    .remove_node(n.metadata.name.as_deref().unwrap_or_default());
+            }
+            watcher::Event::Init | watcher::Event::InitDone => {}
+        }
+    }
+
+    fn on_lower_pod(&self, id: &str, event: &watcher::Event<Pod>) {
+        let mut guard = self.state();
+        let state = &mut *guard;
+        let Some(cluster) = state.clusters.get_mut(id) else {
+            return;
+        };
+        for (namespace, name) in cluster.pods.record(event) {
+            cluster.lower.remove_pod(&namespace, &name);
+        }
+        match event {
+            watcher::Event::Apply(p) | watcher::Event::InitApply(p) => {
+                let (uid, result) = cluster.lower.apply_pod(p);
+                if let Err(e) = result {
+                    tracing::debug!(cluster = %id, error = %e, "lower pod partly read");
+                }
+                if let Some(uid) = uid
+                    && state.reservations.release(&uid).is_some()
+                {
+                    tracing::debug!(cluster = %id, %uid, "reservation released: its lower pod exists");
+                }
+            }
+            watcher::Event::Delete(p) => cluster.lower.remove_pod(
+                p.metadata.namespace.as_deref().unwrap_or_default(),
+                p.metadata.name.as_deref().unwrap_or_default(),
+            ),
+            watcher::Event::Init | watcher::Event::InitDone => {}
+        }
+    }
+
+    fn on_upper_node(&self, event: &watcher::Event<Node>) {
+        let mut guard = self.state();
+        let state = &mut *guard;
+        for (_, name) in state.upper_listed.record(event) {
+            state.upper_nodes.remove(&name);
+        }
+        match event {
+            watcher::Event::Apply(n) | watcher::Event::InitApply(n) => {
+                let id = cluster_of(n.metadata.labels.as_ref()).map(str::to_owned);
+                state
+                    .upper_nodes
+                    .insert(n.metadata.name.clone().unwrap_or_default(), id);
+            }
+            watcher::Event::Delete(n) => {
+                state
+                    .upper_nodes
+                    .remove(n.metadata.name.as_deref().unwrap_or_default());
+            }
+            watcher::Event::Init | watcher::Event::InitDone => {}
+        }
+    }
+}
+
+/// Keeps a pod's demand for its `/bind`, forgetting those older than the reservation TTL.
+fn remember(state: &mut State, uid: &str, demand: Demand, now: Instant, ttl: Duration) {
+    if state.recent.len() >= 1024 {
+        state
+            .recent
+            .retain(|_, (_, seen)| now.saturating_duration_since(*seen) < ttl);
+    }
+    state.recent.insert(uid.to_owned(), (demand, now));
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Verb {
+    Filter,
+    Prioritize,
+}
+
+impl Handler for Extender {
+    fn handle(&self, path: &str, body: Bytes) -> Pin<Box<dyn Future<Output = Reply> + Send + '_>> {
+        let verb = path
+            .trim_end_matches('/')
+            .rsplit('/')
+            .next()
+            .unwrap_or_default()
+            .to_owned();
+        Box::pin(async move {
+            match verb.as_str() {
+                "filter" => self.filter_or_prioritize(Verb::Filter, &body).await,
+                "prioritize" => self.filter_or_prioritize(Verb::Prioritize, &body).await,
+                "bind" => self.bind(&body).await,
+                _ => Reply::error(
+                    StatusCode::NOT_FOUND,
+                    &format!("{verb:?}: the extender serves filter, prioritize and bind"),
+                ),
+            }
+        })
+    }
+}
+
+async fn watch_lower_nodes(ext: Extender, cluster: LowerClusterClient, stop: CancellationToken) {
+    let stream = tensile_node::backoff::watch(
+        Api::<Node>::all(cluster.client.clone()),
+        watcher::Config::default(),
+    );
+    let what = format!("lower nodes of {}", cluster.id);
+    tensile_node::backoff::drain(Box::pin(stream), &stop, &what, |e| {
+        ext.on_lower_node(&cluster.id, &e);
+    })
+    .await;
+}
+
+async fn watch_lower_pods(ext: Extender, cluster: LowerClusterClient, stop: CancellationToken) {
+    let stream = tensile_node::backoff::watch(
+        Api::<Pod>::all(cluster.client.clone()),
+        watcher::Config::default(),
+    );
+    let what = format!("lower pods of {}", cluster.id);
+    tensile_node::backoff::drain(Box::pin(stream), &stop, &what, |e| {
+        ext.on_lower_pod(&cluster.id, &e);
+    })
+    .await;
+}
+
+async fn watch_upper_nodes(ext: Extender, upper: kube::Client, stop: CancellationToken) {
+    let stream = tensile_node::backoff::watch(Api::<Node>::all(upper), watcher::Config::default());
+    tensile_node::backoff::drain(Box::pin(stream), &stop, "upper nodes", |e| {
+        ext.on_upper_node(&e);
+    })
+    .await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Wire types
+
+/// A member of a JSON object, its key matched case-insensitively as Go's decoder does.
+fn field<'v>(value: &'v Value, name: &str) -> Option<&'v Value> {
+    value
+        .as_object()?
+        .iter()
+        .find(|(k, _)| k.eq_ignore_ascii_case(name))
+        .map(|(_, v)| v)
+        .filter(|v| !v.is_null())
+}
+
+/// A candidate node of `ExtenderArgs`.
+struct CandidateNode {
+    name: String,
+    /// Its labels when the full node was sent (`Some(None)`: a node without labels); `None`
+    /// when only its name was.
+    labels: Option<Option<BTreeMap<String, String>>>,
+    /// The node as sent, echoed back when it passes.
+    object: Option<Value>,
+}
+
+/// `ExtenderArgs {Pod, Nodes, NodeNames}`.
+struct ExtenderArgs {
+    pod: Pod,
+    nodes: Vec<CandidateNode>,
+    names_only: bool,
+}
+
+impl ExtenderArgs {
+    fn parse(body: &[u8]) -> Result<Self, String> {
+        let args: Value = serde_json::from_slice(body)
+            .map_err(|e| format!("malformed ExtenderArgs: not JSON: {e}"))?;
+        if !args.is_object() {
+            return Err("malformed ExtenderArgs: expected a JSON object".into());
+        }
+        let pod = field(&args, "pod").ok_or("malformed ExtenderArgs: no Pod")?;
+        let pod: Pod = serde_json::from_value(pod.clone())
+            .map_err(|e| format!("malformed ExtenderArgs: Pod: {e}"))?;
+        if let Some(nodes) = field(&args, "nodes") {
+            let items = field(nodes, "items")
+                .map(|i| {
+                    i.as_array()
+                        .ok_or("malformed ExtenderArgs: Nodes.items is not a list")
+                })
+                .transpose()?
+                .cloned()
+                .unwrap_or_default();
+            let nodes = items
+                .into_iter()
+                .map(|n| {
+                    let meta = n.get("metadata");
+                    let name = meta
+                        .and_then(|m| m.get("name"))
+                        .and_then(Value::as_str)
+                        .filter(|s| !s.is_empty())
+                        .ok_or("malformed ExtenderArgs: a node of Nodes.items has no name")?
+                        .to_owned();
+                    let labels = match meta.and_then(|m| m.get("labels")).filter(|l| !l.is_null()) {
+                        Some(l) => Some(serde_json::from_value(l.clone()).map_err(|e| {
+                            format!("malformed ExtenderArgs: labels of node {name}: {e}")
+                        })?),
+                        None => None,
+                    };
+                    Ok(CandidateNode {
+                        name,
+                        labels: Some(labels),
+                        object: Some(n),
+                    })
+                })
+                .collect::<Result<Vec<_>, String>>()?;
+            return Ok(Self {
+                pod,
+                nodes,
+                names_only: false,
+            });
+        }
+        if let Some(names) = field(&args, "nodeNames") {
+            let names = names
+                .as_array()
+                .ok_or("malformed ExtenderArgs: NodeNames is not a list")?
+                .iter()
+                .map(|n| {
+                    n.as_str()
+                        .map(|name| CandidateNode {
+                            name: name.to_owned(),
+                            labels: None,
+                            object: None,
+                        })
+                        .ok_or("malformed ExtenderArgs: NodeNames holds a non-string")
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            return Ok(Self {
+                pod,
+                nodes: names,
+                names_only: true,
+            });
+        }
+        Err("malformed ExtenderArgs: neither Nodes nor NodeNames is set".into())
+    }
+
+    fn pod_name(&self) -> String {
+        format!(
+            "{}/{}",
+            self.pod.metadata.namespace.as_deref().unwrap_or_default(),
+            self.pod.metadata.name.as_deref().unwrap_or_default()
+        )
+    }
+}
+
+/// `ExtenderBindingArgs {PodName, PodNamespace, PodUID, Node}`.
+struct BindingArgs {
+    name: String,
+    namespace: String,
+    uid: Option<String>,
+    node: String,
+}
+
+impl BindingArgs {
+    fn parse(body: &[u8]) -> Result<Self, String> {
+        let args: Value = serde_json::from_slice(body)
+            .map_err(|e| format!("malformed ExtenderBindingArgs: not JSON: {e}"))?;
+        if !args.is_object() {
+            return Err("malformed ExtenderBindingArgs: expected a JSON object".into());
+        }
+        let text = |key: &str| -> Result<Option<String>, String> {
+            match field(&args, key) {
+                None => Ok(None),
+                Some(Value::String(s)) => Ok(Some(s.clone()).filter(|s| !s.is_empty())),
+                Some(_) => Err(format!(
+                    "malformed ExtenderBindingArgs: {key} is not a string"
+                )),
+            }
+        };
+        let required = |key: &str| {
+            text(key)?.ok_or_else(|| format!("malformed ExtenderBindingArgs: {key} is required"))
+        };
+        Ok(Self {
+            name: required("PodName")?,
+            namespace: text("PodNamespace")?.unwrap_or_else(|| "default".to_owned()),
+            uid: text("PodUID")?,
+            node: required("Node")?,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn args_are_read_with_go_or_tag_casing() {
+        let go = br#"{"Pod": {"metadata": {"name": "p", "namespace": "ns"}}, "Nodes": null, "NodeNames": ["a", "b"]}"#;
+        let a = ExtenderArgs::parse(go).unwrap();
+        assert!(a.names_only);
+        assert_eq!(a.nodes.len(), 2);
+        let tags = br#"{"pod": {"metadata": {"name": "p"}}, "nodes": {"items": [{"metadata": {"name": "vk", "labels": {"type": "virtual-kubelet"}}}]}}"#;
+        let a = ExtenderArgs::parse(tags).unwrap();
+        assert!(!a.names_only);
+        assert_eq!(a.nodes[0].name, "vk");
+        assert!(matches!(&a.nodes[0].labels, Some(Some(l)) if l.len() == 1));
+    }
+
+    #[test]
+    fn malformed_args_say_what_is_wrong() {
+        for (body, expected) in [
+            (&b"{"[..], "not JSON"),
+            (b"[]", "expected a JSON object"),
+            (b"{}", "no Pod"),
+            (br#"{"Pod": {"spec": 3}, "NodeNames": []}"#, "Pod:"),
+            (br#"{"Pod": {}}"#, "neither Nodes nor NodeNames"),
+            (br#"{"Pod": {}, "NodeNames": [1]}"#, "non-string"),
+            (br#"{"Pod": {}, "Nodes": {"items": [{}]}}"#, "has no name"),
+        ] {
+            let err = ExtenderArgs::parse(body).err().unwrap();
+            assert!(
+                err.contains(expected),
+                "{err} for {:?}",
+                String::from_utf8_lossy(body)
+            );
+        }
+        let err = BindingArgs::parse(br#"{"PodName": "p"}"#).err().unwrap();
+        assert_eq!(err, "malformed ExtenderBindingArgs: Node is required");
+        let b = BindingArgs::parse(
+            br#"{"podName": "p", "podNamespace": "ns", "podUID": "u", "node": "vk"}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            (
+                b.name.as_str(),
+                b.namespace.as_str(),
+                b.uid.as_deref(),
+                b.node.as_str()
+            ),
+            ("p", "ns", Some("u"), "vk")
+        );
+    }
+
+    #[test]
+    fn a_relist_drops_what_it_no_longer_lists() {
+        let node = |name: &str| -> Node {
+            serde_json::from_value(json!({"metadata": {"name": name}})).unwrap()
+        };
+        let mut l = Listed::default();
+        for e in [
+            watcher::Event::Init,
+            watcher::Event::InitApply(node("a")),
+            watcher::Event::InitApply(node("b")),
+        ] {
+            assert!(l.record(&e).is_empty());
+        }
+        assert!(!l.synced);
+        assert!(l.record(&watcher::Event::<Node>::InitDone).is_empty());
+        assert!(l.synced);
+        l.record(&watcher::Event::<Node>::Init);
+        l.record(&watcher::Event::InitApply(node("b")));
+        assert_eq!(
+            l.record(&watcher::Event::<Node>::InitDone),
+            vec![(String::new(), "a".to_owned())]
+        );
+    }
+}

@@ -1,0 +1,775 @@
+//! The scheduler extender on simulated clusters: an upper cluster whose "virtual nodes" are plain
+//! Node objects labelled `type=virtual-kubelet` and `clusterID`, lower clusters of small nodes,
+//! and the extender between them — called directly with kube-scheduler's wire format, and by the
+//! upper cluster's scheduler (filter, prioritize and bind).
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::{CertificateDer, ServerName};
+use serde_json::{Value, json};
+use tensile_placement::extender::{self, ExtenderConfig, LowerClusterClient, Running};
+use tensile_placement::serve::ServingCert;
+use tensile_sim::apiserver::controllers::SchedulerExtender;
+use tensile_sim::env::{ClusterSpec, TestEnv, eventually};
+use tensile_sim::kubelet::{SimKubeletConfig, SimNode};
+use tokio_util::sync::CancellationToken;
+
+/// Lower clusters by id, each with nodes of the given cpu counts (8Gi each).
+type Lowers<'a> = &'a [(&'a str, &'a [&'a str])];
+
+struct Setup {
+    env: TestEnv,
+    ext: Running,
+    _stop: tokio_util::sync::DropGuard,
+}
+
+impl Setup {
+    fn upper(&self) -> kube::Client {
+        self.env.clusters[0].client.clone()
+    }
+
+    /// The client of lower cluster `id`.
+    fn lower(&self, id: &str) -> kube::Client {
+        self.env
+            .clusters
+            .iter()
+            .find(|c| c.name == id)
+            .unwrap()
+            .client
+            .clone()
+    }
+
+    /// Lets the upper cluster's scheduler use the extender, once the extender has seen the
+    /// upper nodes (when it is sent node names only, it reads their labels from its watch).
+    async fn wire(&self, node_cache_capable: bool) {
+        let nodes: Api<Node> = Api::all(self.upper());
+        let ext = self.ext.extender.clone();
+        for node in nodes.list(&ListParams::default()).await.unwrap().items {
+            let name = node.metadata.name.unwrap();
+            eventually(30, &format!("the extender knows {name}"), || async {
+                ext.knows_upper_node(&name).then_some(())
+            })
+            .await;
+        }
+        self.env.clusters[0]
+            .server()
+            .expect("a simulated upper cluster")
+            .set_scheduler_extenders(vec![SchedulerExtender {
+                url_prefix: format!("https://{}", self.ext.addr),
+                filter_verb: Some("filter".into()),
+                prioritize_verb: Some("prioritize".into()),
+                bind_verb: Some("bind".into()),
+                weight: 5,
+                node_cache_capable,
+                ignorable: false,
+                ca_pem: Some(self.ext.ca_pem.clone()),
+            }]);
+    }
+
+    /// POSTs `body` to the extender; status and body.
+    async fn post(&self, path: &str, body: &[u8]) -> (u16, Value) {
+        let (status, bytes) = post(self.ext.addr, &self.ext.ca_pem, path, body.to_vec()).await;
+        let value = serde_json::from_slice(&bytes)
+            .unwrap_or(Value::String(String::from_utf8_lossy(&bytes).into()));
+        (status, value)
+    }
+}
+
+/// An upper cluster (no nodes of its own), the lower clusters, and the extender, synced.
+async fn setup(lowers: Lowers<'_>, ttl: Duration) -> Setup {
+    let mut specs = vec![ClusterSpec::new("upper", 0)];
+    for (id, cpus) in lowers {
+        let mut spec = ClusterSpec::new(*id, 0);
+        spec.kubelet = Some(SimKubeletConfig {
+            nodes: cpus
+                .iter()
+                .enumerate()
+                .map(|(i, cpu)| SimNode::new(format!("{id}-node-{}", i + 1), cpu, "8Gi"))
+                .collect(),
+            kubelet_api: false,
+            ..SimKubeletConfig::default()
+        });
+        specs.push(spec);
+    }
+    let env = TestEnv::start_with(specs).await.unwrap();
+    let stop = CancellationToken::new();
+    let ext = extender::start(
+        ExtenderConfig {
+            upper: env.clusters[0].client.clone(),
+            clusters: env.clusters[1..]
+                .iter()
+                .map(|c| LowerClusterClient {
+                    id: c.name.clone(),
+                    client: c.client.clone(),
+                })
+                .collect(),
+            reservation_ttl: ttl,
+            listen: "127.0.0.1:0".parse().unwrap(),
+            cert: ServingCert::generate("tensile-scheduler", &["127.0.0.1".to_owned()]).unwrap(),
+        },
+        stop.clone(),
+    )
+    .await
+    .unwrap();
+    let setup = Setup {
+        env,
+        ext,
+        _stop: stop.drop_guard(),
+    };
+    // The lower nodes registered, then the extender listed them.
+    for (id, cpus) in lowers {
+        let nodes: Api<Node> = Api::all(setup.lower(id));
+        eventually(30, "lower nodes registered", || async {
+            (nodes.list(&ListParams::default()).await.ok()?.items.len() == cpus.len()).then_some(())
+        })
+        .await;
+    }
+    let ext = setup.ext.extender.clone();
+    eventually(30, "the extender synced", || async {
+        ext.synced().then_some(())
+    })
+    .await;
+    setup
+}
+
+/// Creates an upper node: a fake virtual node when `labels` say so, with room for anything.
+async fn upper_node(upper: &kube::Client, name: &str, labels: Value) -> Node {
+    let node: Node = serde_json::from_value(json!({
+        "apiVersion": "v1", "kind": "Node",
+        "metadata": {"name": name, "labels": labels},
+        "status": {
+            "capacity": {"cpu": "1000", "memory": "4Ti", "pods": "1000"},
+            "allocatable": {"cpu": "1000", "memory": "4Ti", "pods": "1000"},
+            "conditions": [{"type": "Ready", "status": "True"}]
+        }
+    }))
+    .unwrap();
+    Api::<Node>::all(upper.clone())
+        .create(&PostParams::default(), &node)
+        .await
+        .unwrap()
+}
+
+fn virtual_labels(cluster: &str) -> Value {
+    json!({"type": "virtual-kubelet", "clusterID": cluster})
+}
+
+/// A pod requesting `cpu` (and 64Mi), merged with `extra`.
+fn pod(name: &str, cpu: &str, extra: Value) -> Pod {
+    let mut p = json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {"containers": [{"name": "c", "image": "i",
+            "resources": {"requests": {"cpu": cpu, "memory": "64Mi"}}}]}});
+    json_patch::merge(&mut p, &extra);
+    serde_json::from_value(p).unwrap()
+}
+
+/// kube-scheduler's `ExtenderArgs` as Go marshals it (field names as keys), with full nodes.
+fn args_with_nodes(pod: &Pod, nodes: &[Node]) -> Vec<u8> {
+    serde_json::to_vec(
+        &json!({"Pod": pod, "Nodes": {"metadata": {}, "items": nodes}, "NodeNames": null}),
+    )
+    .unwrap()
+}
+
+/// Names of the nodes a filter answer kept (full-node form).
+fn kept(answer: &Value) -> Vec<String> {
+    answer["nodes"]["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n["metadata"]["name"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+fn failed(answer: &Value) -> BTreeMap<String, String> {
+    let mut all = BTreeMap::new();
+    for key in ["failedNodes", "failedAndUnresolvableNodes"] {
+        for (n, r) in answer[key].as_object().unwrap() {
+            all.insert(n.clone(), r.as_str().unwrap().to_owned());
+        }
+    }
+    all
+}
+
+/// The node a pod is bound to, once it is.
+async fn bound_to(pods: &Api<Pod>, name: &str) -> String {
+    eventually(30, &format!("{name} bound"), || async {
+        pods.get(name).await.ok()?.spec?.node_name
+    })
+    .await
+}
+
+/// The `PodScheduled=False` message of a pod, once it has one.
+async fn not_scheduled(pods: &Api<Pod>, name: &str) -> String {
+    eventually(30, &format!("{name} not scheduled"), || async {
+        let c = pods
+            .get(name)
+            .await
+            .ok()?
+            .status?
+            .conditions?
+            .into_iter()
+            .find(|c| c.type_ == "PodScheduled" && c.status == "False")?;
+        c.message
+    })
+    .await
+}
+
+#[tokio::test]
+async fn checklist_100_a_virtual_node_passes_only_if_one_lower_node_fits_the_pod() {
+    // c1: 4 cores in total but 2 per node; c2: one node of 8.
+    let s = setup(
+        &[("c1", &["2", "2"]), ("c2", &["8"])],
+        extender::DEFAULT_RESERVATION_TTL,
+    )
+    .await;
+    let upper = s.upper();
+    let small = upper_node(&upper, "vk-c1", virtual_labels("c1")).await;
+    let big = upper_node(&upper, "vk-c2", virtual_labels("c2")).await;
+
+    let (status, answer) = s
+        .post(
+            "/filter",
+            &args_with_nodes(&pod("web", "3", json!({})), &[small.clone(), big.clone()]),
+        )
+        .await;
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(kept(&answer), ["vk-c2"]);
+    assert_eq!(
+        answer["failedNodes"]["vk-c1"],
+        "lower cluster c1: 0/2 nodes are available: 2 Insufficient cpu."
+    );
+    assert_eq!(answer["error"], "");
+
+    // The constraints the lower pod will carry come from clusterSelector: the one node of c2
+    // has no such label, c1's nodes neither.
+    let selective = pod(
+        "picky",
+        "1",
+        json!({"metadata": {"annotations": {"clusterSelector": "{\"nodeSelector\":{\"disk\":\"ssd\"}}"}}}),
+    );
+    let (_, answer) = s
+        .post("/filter", &args_with_nodes(&selective, &[small, big]))
+        .await;
+    assert!(kept(&answer).is_empty());
+    assert_eq!(
+        answer["failedAndUnresolvableNodes"]["vk-c2"],
+        "lower cluster c2: 0/1 nodes are available: 1 node(s) didn't match Pod's node \
+         affinity/selector."
+    );
+
+    // The same through the upper scheduler (full nodes): the 3-core pod goes to vk-c2 although
+    // the scheduler alone would pick vk-c1 (equal nodes, first name); a 16-core pod goes nowhere.
+    s.wire(false).await;
+    let pods: Api<Pod> = Api::namespaced(upper.clone(), "default");
+    pods.create(&PostParams::default(), &pod("web", "3", json!({})))
+        .await
+        .unwrap();
+    assert_eq!(bound_to(&pods, "web").await, "vk-c2");
+    pods.create(&PostParams::default(), &pod("huge", "16", json!({})))
+        .await
+        .unwrap();
+    let message = not_scheduled(&pods, "huge").await;
+    assert!(
+        message.starts_with("0/2 nodes are available: ")
+            && message.contains("1 lower cluster c1: 0/2 nodes are available: 2 Insufficient cpu.")
+            && message.contains("1 lower cluster c2: 0/1 nodes are available: 1 Insufficient cpu."),
+        "{message}"
+    );
+}
+
+#[tokio::test]
+async fn checklist_101_other_nodes_pass_unchanged() {
+    let s = setup(&[("c1", &["1"])], extender::DEFAULT_RESERVATION_TTL).await;
+    let upper = s.upper();
+    let nodes = vec![
+        upper_node(
+            &upper,
+            "worker",
+            json!({"kubernetes.io/hostname": "worker"}),
+        )
+        .await,
+        upper_node(&upper, "vk-no-id", json!({"type": "virtual-kubelet"})).await,
+        upper_node(&upper, "vk-unknown", virtual_labels("elsewhere")).await,
+        upper_node(&upper, "not-virtual", json!({"clusterID": "c1"})).await,
+        upper_node(&upper, "vk-c1", virtual_labels("c1")).await,
+    ];
+    let too_big = pod("big", "64", json!({}));
+    let (status, answer) = s.post("/filter", &args_with_nodes(&too_big, &nodes)).await;
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(
+        kept(&answer),
+        ["worker", "vk-no-id", "vk-unknown", "not-virtual"]
+    );
+    assert_eq!(failed(&answer).keys().collect::<Vec<_>>(), ["vk-c1"]);
+    // Kept nodes come back as they were sent.
+    assert_eq!(
+        answer["nodes"]["items"][0],
+        serde_json::to_value(&nodes[0]).unwrap()
+    );
+
+    // Names only (nodeCacheCapable): the extender reads the labels from its upper node watch.
+    let names = json!({"Pod": too_big, "Nodes": null,
+        "NodeNames": ["worker", "vk-no-id", "vk-unknown", "not-virtual", "vk-c1", "ghost"]});
+    let body = serde_json::to_vec(&names).unwrap();
+    let answer = eventually(30, "upper nodes watched", || async {
+        let (_, answer) = s.post("/filter", &body).await;
+        (answer["nodenames"].as_array()?.len() == 4).then_some(answer)
+    })
+    .await;
+    assert_eq!(
+        answer["nodenames"],
+        json!(["worker", "vk-no-id", "vk-unknown", "not-virtual"])
+    );
+    assert_eq!(answer["nodes"], Value::Null);
+    assert_eq!(
+        answer["failedNodes"]["ghost"],
+        "upper node ghost is not known to the tensile extender yet"
+    );
+    assert!(
+        answer["failedNodes"]["vk-c1"]
+            .as_str()
+            .unwrap()
+            .starts_with("lower cluster c1: ")
+    );
+}
+
+#[tokio::test]
+async fn the_tightest_fitting_cluster_scores_highest() {
+    // A node of 2 cores in "tight", one of 8 in "roomy".
+    let s = setup(
+        &[("tight", &["2"]), ("roomy", &["8"])],
+        extender::DEFAULT_RESERVATION_TTL,
+    )
+    .await;
+    let upper = s.upper();
+    // The scheduler alone would take vk-a-roomy among equals (first name).
+    let roomy = upper_node(&upper, "vk-a-roomy", virtual_labels("roomy")).await;
+    let tight = upper_node(&upper, "vk-b-tight", virtual_labels("tight")).await;
+    let cpu_only = |name: &str| {
+        let mut p = pod(name, "1", json!({}));
+        p.spec.as_mut().unwrap().containers[0].resources =
+            Some(serde_json::from_value(json!({"requests": {"cpu": "1"}})).unwrap());
+        p
+    };
+    let (status, scores) = s
+        .post(
+            "/prioritize",
+            &args_with_nodes(&cpu_only("p"), &[roomy, tight]),
+        )
+        .await;
+    assert_eq!(status, 200, "{scores}");
+    assert_eq!(
+        scores,
+        json!([{"host": "vk-a-roomy", "score": 1}, {"host": "vk-b-tight", "score": 5}]),
+        "1 of 8 free cores vs 1 of 2"
+    );
+    s.wire(true).await;
+    let pods: Api<Pod> = Api::namespaced(upper, "default");
+    pods.create(&PostParams::default(), &cpu_only("first"))
+        .await
+        .unwrap();
+    assert_eq!(bound_to(&pods, "first").await, "vk-b-tight");
+    // Its reservation now fills "tight" to the last core: the next one fills it exactly.
+    assert_eq!(s.ext.extender.reservations("tight"), 1);
+    let (_, scores) = s
+        .post(
+            "/prioritize",
+            &serde_json::to_vec(
+                &json!({"Pod": cpu_only("second"), "NodeNames": ["vk-a-roomy", "vk-b-tight"]}),
+            )
+            .unwrap(),
+        )
+        .await;
+    assert_eq!(scores[1], json!({"host": "vk-b-tight", "score": 10}));
+}
+
+#[tokio::test]
+async fn malformed_requests_get_400_with_a_reason() {
+    let s = setup(&[("c1", &["1"])], extender::DEFAULT_RESERVATION_TTL).await;
+    for (path, body, reason) in [
+        (
+            "/filter",
+            &b"{\"Pod\": "[..],
+            "malformed ExtenderArgs: not JSON",
+        ),
+        (
+            "/prioritize",
+            b"[1, 2]",
+            "malformed ExtenderArgs: expected a JSON object",
+        ),
+        (
+            "/filter",
+            br#"{"Pod": {"metadata": 7}, "NodeNames": []}"#,
+            "malformed ExtenderArgs: Pod:",
+        ),
+        (
+            "/filter",
+            br#"{"Pod": {}, "Nodes": null, "NodeNames": null}"#,
+            "malformed ExtenderArgs: neither Nodes nor NodeNames",
+        ),
+        (
+            "/bind",
+            br#"{"PodName": 3, "Node": "vk"}"#,
+            "malformed ExtenderBindingArgs: PodName is not a string",
+        ),
+        ("/bind", b"", "malformed ExtenderBindingArgs: not JSON"),
+    ] {
+        let (status, answer) = s.post(path, body).await;
+        assert_eq!(status, 400, "{path} {answer}");
+        assert!(
+            answer.as_str().unwrap().starts_with(reason),
+            "{path}: {answer}"
+        );
+    }
+    let (status, answer) = s.post("/preempt", b"{}").await;
+    assert_eq!(status, 404, "{answer}");
+}
+
+/// Creates the lower pod of an upper pod in its lower cluster, as the virtual node would.
+async fn lower_copy(lower: &kube::Client, upper_pod: &Pod) {
+    let uid = upper_pod.metadata.uid.clone().unwrap();
+    let name = upper_pod.metadata.name.clone().unwrap();
+    let cpu = upper_pod.spec.as_ref().unwrap().containers[0]
+        .resources
+        .as_ref()
+        .unwrap()
+        .requests
+        .as_ref()
+        .unwrap()["cpu"]
+        .0
+        .clone();
+    let copy = pod(
+        &name,
+        &cpu,
+        json!({"metadata": {"annotations": {"tensile-kube.io/upper-uid": uid}}}),
+    );
+    Api::<Pod>::namespaced(lower.clone(), "default")
+        .create(&PostParams::default(), &copy)
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn bind_rechecks_the_fit_and_reserves_until_the_lower_pod_exists() {
+    let s = setup(&[("c1", &["4"])], extender::DEFAULT_RESERVATION_TTL).await;
+    let upper = s.upper();
+    upper_node(&upper, "vk-c1", virtual_labels("c1")).await;
+    let pods: Api<Pod> = Api::namespaced(upper.clone(), "default");
+    // Not for the upper scheduler: the test binds them through the extender.
+    let manual = json!({"spec": {"schedulerName": "manual"}});
+    let a = pods
+        .create(&PostParams::default(), &pod("a", "3", manual.clone()))
+        .await
+        .unwrap();
+    let b = pods
+        .create(&PostParams::default(), &pod("b", "3", manual))
+        .await
+        .unwrap();
+    let bind = |p: &Pod| {
+        serde_json::to_vec(
+            &json!({"PodName": p.metadata.name, "PodNamespace": "default",
+            "PodUID": p.metadata.uid, "Node": "vk-c1"}),
+        )
+        .unwrap()
+    };
+    // No filter call came first: the extender reads the pod itself.
+    let (status, answer) = s.post("/bind", &bind(&a)).await;
+    assert_eq!((status, &answer), (200, &json!({"error": ""})));
+    assert_eq!(bound_to(&pods, "a").await, "vk-c1");
+    assert_eq!(s.ext.extender.reservations("c1"), 1);
+
+    let refused = "lower cluster c1: 0/1 nodes are available: 1 Insufficient cpu.";
+    let (_, answer) = s.post("/bind", &bind(&b)).await;
+    assert_eq!(
+        answer["error"],
+        format!("{refused} (1 pod(s) not yet on a lower node counted first)")
+    );
+    assert_eq!(pods.get("b").await.unwrap().spec.unwrap().node_name, None);
+
+    // The lower pod appears: the reservation goes, the lower pod itself counts.
+    lower_copy(&s.lower("c1"), &pods.get("a").await.unwrap()).await;
+    let ext = s.ext.extender.clone();
+    eventually(30, "reservation released", || async {
+        (ext.reservations("c1") == 0).then_some(())
+    })
+    .await;
+    let lower_pods: Api<Pod> = Api::namespaced(s.lower("c1"), "default");
+    bound_to(&lower_pods, "a").await;
+    let (_, answer) = s.post("/bind", &bind(&b)).await;
+    assert_eq!(answer["error"], refused);
+
+    // Room freed downstairs: b binds.
+    lower_pods
+        .delete("a", &DeleteParams::default().grace_period(0))
+        .await
+        .unwrap();
+    eventually(30, "b bound once the lower pod is gone", || async {
+        let (_, answer) = s.post("/bind", &bind(&b)).await;
+        (answer["error"] == "").then_some(())
+    })
+    .await;
+    assert_eq!(bound_to(&pods, "b").await, "vk-c1");
+
+    // A pod that was replaced under the same name is refused.
+    let (_, answer) = s
+        .post(
+            "/bind",
+            &serde_json::to_vec(&json!({"PodName": "a", "PodNamespace": "default", "PodUID": "stale", "Node": "vk-c1"}))
+                .unwrap(),
+        )
+        .await;
+    assert!(
+        answer["error"]
+            .as_str()
+            .unwrap()
+            .contains("it was replaced"),
+        "{answer}"
+    );
+}
+
+#[tokio::test]
+async fn a_reservation_lapses_after_its_ttl() {
+    let s = setup(&[("c1", &["4"])], Duration::from_secs(1)).await;
+    let upper = s.upper();
+    upper_node(&upper, "vk-c1", virtual_labels("c1")).await;
+    let pods: Api<Pod> = Api::namespaced(upper.clone(), "default");
+    let manual = json!({"spec": {"schedulerName": "manual"}});
+    let mut bodies = Vec::new();
+    for name in ["a", "b"] {
+        let p = pods
+            .create(&PostParams::default(), &pod(name, "3", manual.clone()))
+            .await
+            .unwrap();
+        bodies.push(
+            serde_json::to_vec(&json!({"PodName": name, "PodNamespace": "default",
+                "PodUID": p.metadata.uid, "Node": "vk-c1"}))
+            .unwrap(),
+        );
+    }
+    assert_eq!(s.post("/bind", &bodies[0]).await.1["error"], "");
+    assert_ne!(s.post("/bind", &bodies[1]).await.1["error"], "");
+    // No lower pod ever shows up for a: after a second its room is given back.
+    eventually(10, "b bound after the TTL", || async {
+        (s.post("/bind", &bodies[1]).await.1["error"] == "").then_some(())
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_lower_cluster_not_listed_yet_fails_its_virtual_node_with_a_reason() {
+    let s = setup(&[("c1", &["4"])], extender::DEFAULT_RESERVATION_TTL).await;
+    let upper = s.upper();
+    let vk = upper_node(&upper, "vk-c1", virtual_labels("c1")).await;
+    // A second extender started while c1 is unreachable cannot list it.
+    let c1 = s.env.clusters[1].server().unwrap();
+    c1.set_available(false);
+    let stop = CancellationToken::new();
+    let _guard = stop.clone().drop_guard();
+    let blind = extender::start(
+        ExtenderConfig {
+            upper: upper.clone(),
+            clusters: vec![LowerClusterClient {
+                id: "c1".into(),
+                client: s.lower("c1"),
+            }],
+            reservation_ttl: extender::DEFAULT_RESERVATION_TTL,
+            listen: "127.0.0.1:0".parse().unwrap(),
+            cert: ServingCert::generate("tensile-scheduler", &["127.0.0.1".to_owned()]).unwrap(),
+        },
+        stop,
+    )
+    .await
+    .unwrap();
+    let body = args_with_nodes(&pod("p", "1", json!({})), &[vk]);
+    let (status, answer) = post(blind.addr, &blind.ca_pem, "/filter", body.clone()).await;
+    assert_eq!(status, 200);
+    let answer: Value = serde_json::from_slice(&answer).unwrap();
+    assert_eq!(
+        answer["failedNodes"]["vk-c1"],
+        "lower cluster c1: not synced yet (its nodes and pods are still being listed); the pod \
+         is retried"
+    );
+    c1.set_available(true);
+    eventually(30, "c1 listed", || async {
+        let (_, answer) = post(blind.addr, &blind.ca_pem, "/filter", body.clone()).await;
+        let answer: Value = serde_json::from_slice(&answer).ok()?;
+        (answer["nodes"]["items"].as_array()?.len() == 1).then_some(())
+    })
+    .await;
+}
+
+/// The burst: 30 one-core pods at once on two virtual nodes whose lower clusters hold 4 each
+/// (two nodes of 2 cores; one node of 4 cores). The upper scheduler, with the extender, binds
+/// exactly 8 while no lower pod exists yet; without reservations it would bind all 30, since
+/// the lower clusters still look empty.
+#[tokio::test]
+async fn a_burst_never_over_commits_a_lower_cluster() {
+    let s = setup(
+        &[("c1", &["2", "2"]), ("c2", &["4"])],
+        Duration::from_secs(600),
+    )
+    .await;
+    let upper = s.upper();
+    upper_node(&upper, "vk-1", virtual_labels("c1")).await;
+    upper_node(&upper, "vk-2", virtual_labels("c2")).await;
+    s.wire(true).await;
+    let pods: Api<Pod> = Api::namespaced(upper.clone(), "default");
+    let creates = (0..30).map(|i| {
+        let pods = pods.clone();
+        async move {
+            pods.create(
+                &PostParams::default(),
+                &pod(&format!("burst-{i:02}"), "1", json!({})),
+            )
+            .await
+            .unwrap()
+        }
+    });
+    futures::future::join_all(creates).await;
+
+    let placement = || async {
+        let mut bound: BTreeMap<String, Vec<Pod>> = BTreeMap::new();
+        let mut waiting = Vec::new();
+        for p in pods.list(&ListParams::default()).await.unwrap().items {
+            match p.spec.as_ref().and_then(|s| s.node_name.clone()) {
+                Some(node) => bound.entry(node).or_default().push(p),
+                None => waiting.push(p),
+            }
+        }
+        (bound, waiting)
+    };
+    // Every pod was judged: bound, or refused with the extender's reasons.
+    let (bound, _) = eventually(30, "the burst judged", || async {
+        let (bound, waiting) = placement().await;
+        let judged = waiting.iter().all(|p| {
+            p.status
+                .as_ref()
+                .and_then(|s| s.conditions.as_ref())
+                .is_some_and(|c| {
+                    c.iter()
+                        .any(|c| c.type_ == "PodScheduled" && c.status == "False")
+                })
+        });
+        (judged && waiting.len() + bound.values().map(Vec::len).sum::<usize>() == 30)
+            .then_some((bound, waiting))
+    })
+    .await;
+    let count =
+        |bound: &BTreeMap<String, Vec<Pod>>, node: &str| bound.get(node).map_or(0, Vec::len);
+    assert_eq!(
+        (count(&bound, "vk-1"), count(&bound, "vk-2")),
+        (4, 4),
+        "{:?}",
+        bound.keys()
+    );
+    assert_eq!(s.ext.extender.reservations("c1"), 4);
+    assert_eq!(s.ext.extender.reservations("c2"), 4);
+
+    // The virtual nodes create the lower pods: reservations go, the lower pods count instead,
+    // and every one of them finds a lower node.
+    for (node, cluster) in [("vk-1", "c1"), ("vk-2", "c2")] {
+        for p in &bound[node] {
+            lower_copy(&s.lower(cluster), p).await;
+        }
+    }
+    let ext = s.ext.extender.clone();
+    eventually(30, "reservations released", || async {
+        (ext.reservations("c1") + ext.reservations("c2") == 0).then_some(())
+    })
+    .await;
+    for cluster in ["c1", "c2"] {
+        let lower: Api<Pod> = Api::namespaced(s.lower(cluster), "default");
+        eventually(
+            30,
+            &format!("every lower pod of {cluster} on a node"),
+            || async {
+                let items = lower.list(&ListParams::default()).await.ok()?.items;
+                (items.len() == 4
+                    && items
+                        .iter()
+                        .all(|p| p.spec.as_ref().and_then(|s| s.node_name.as_ref()).is_some()))
+                .then_some(())
+            },
+        )
+        .await;
+    }
+    // A retry after the release (its reason no longer counts pods not yet on a lower node)
+    // still binds nothing more.
+    eventually(30, "a retry after the release", || async {
+        let (_, waiting) = placement().await;
+        waiting
+            .iter()
+            .any(|p| {
+                p.status
+                    .as_ref()
+                    .and_then(|s| s.conditions.as_ref())
+                    .is_some_and(|c| {
+                        c.iter().any(|c| {
+                            c.type_ == "PodScheduled"
+                                && c.message.as_deref().is_some_and(|m| {
+                                    m.contains("lower cluster c1")
+                                        && !m.contains("not yet on a lower node")
+                                })
+                        })
+                    })
+            })
+            .then_some(())
+    })
+    .await;
+    let (bound, waiting) = placement().await;
+    assert_eq!(
+        (count(&bound, "vk-1"), count(&bound, "vk-2"), waiting.len()),
+        (4, 4, 22)
+    );
+}
+
+/// POSTs to the extender over TLS, trusting `ca_pem`.
+async fn post(addr: SocketAddr, ca_pem: &str, path: &str, body: Vec<u8>) -> (u16, Vec<u8>) {
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in CertificateDer::pem_slice_iter(ca_pem.as_bytes()) {
+        roots.add(cert.unwrap()).unwrap();
+    }
+    let config = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let tls = tokio_rustls::TlsConnector::from(Arc::new(config))
+        .connect(ServerName::try_from("127.0.0.1").unwrap(), tcp)
+        .await
+        .unwrap();
+    let (mut sender, conn) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tls))
+            .await
+            .unwrap();
+    tokio::spawn(conn);
+    let request = http::Request::post(path)
+        .header("host", addr.to_string())
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from(body)))
+        .unwrap();
+    let response = sender.send_request(request).await.unwrap();
+    let status = response.status().as_u16();
+    let body = response
+        .into_body()
+        .collect()
+        .await
+        .unwrap()
+        .to_bytes()
+        .to_vec();
+    (status, body)
+}
