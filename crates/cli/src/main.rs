@@ -2,10 +2,14 @@
 #![forbid(unsafe_code)]
 
 mod bench;
+mod descheduler;
+mod sandbox;
+mod scheduler;
 mod sim;
 mod status;
 mod up;
 mod virtual_node;
+mod webhook;
 
 use clap::{Parser, Subcommand};
 
@@ -30,6 +34,32 @@ enum Command {
     Bench(bench::BenchArgs),
     /// Register a lower cluster as one node of the upper cluster and run its pods there.
     VirtualNode(Box<virtual_node::VirtualNodeArgs>),
+    /// The mutating admission webhook: moves a virtual pod's scheduling constraints into its
+    /// `clusterSelector` annotation.
+    Webhook(Box<webhook::WebhookArgs>),
+    /// Moves pods that their virtual node's lower cluster cannot place.
+    Descheduler(Box<descheduler::DeschedulerArgs>),
+    /// The kube-scheduler extender: filters and scores virtual nodes by their lower clusters'
+    /// real nodes and reserves room when it binds.
+    Scheduler(Box<scheduler::SchedulerArgs>),
+}
+
+/// Resolves on SIGINT or SIGTERM (what Kubernetes sends a container it stops).
+pub(crate) async fn shutdown_signal() -> anyhow::Result<()> {
+    use anyhow::Context as _;
+    #[cfg(unix)]
+    {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .context("installing the SIGTERM handler")?;
+        tokio::select! {
+            r = tokio::signal::ctrl_c() => r.context("waiting for SIGINT"),
+            _ = term.recv() => Ok(()),
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        tokio::signal::ctrl_c().await.context("waiting for Ctrl-C")
+    }
 }
 
 fn main() -> anyhow::Result<()> {
@@ -51,6 +81,9 @@ fn main() -> anyhow::Result<()> {
             Command::Sim(args) => sim::run(args).await,
             Command::Bench(args) => bench::run(args).await,
             Command::VirtualNode(args) => virtual_node::run(*args).await,
+            Command::Webhook(args) => webhook::run(*args).await,
+            Command::Descheduler(args) => descheduler::run(*args).await,
+            Command::Scheduler(args) => scheduler::run(*args).await,
         }
     })
 }
