@@ -1,7 +1,7 @@
 //! The sandbox in one process: an upper cluster, lower clusters with simulated nodes, a virtual
 //! node per lower cluster (labelled `clusterID=<lower cluster>`), and the placement components
 //! wired in: the webhook registered in the upper cluster from the shipped configuration, the
-//! descheduler. `tensile up`, the benchmarks and the end-to-end tests all start it here.
+//! descheduler, the scheduler extender called by the upper scheduler. `tensile up`, the benchmarks and the end-to-end tests all start it here.
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
@@ -14,9 +14,11 @@ use kube::api::{Api, PostParams};
 use serde_json::{Value, json};
 use tensile_node::clients::KubeconfigSource;
 use tensile_placement::descheduler::DeschedulerConfig;
+use tensile_placement::extender::{DEFAULT_RESERVATION_TTL, ExtenderConfig, LowerClusterClient};
 use tensile_placement::serve::{Server, ServingCert, tls_config};
 use tensile_placement::webhook::{Webhook, WebhookConfig};
 use tensile_sim::apiserver::ApiServer;
+use tensile_sim::apiserver::controllers::SchedulerExtender;
 use tensile_sim::kubelet::{SimKubelet, SimNode};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -38,6 +40,9 @@ pub struct SandboxSpec {
     pub webhook: bool,
     /// Run the descheduler with this configuration.
     pub descheduler: Option<DeschedulerConfig>,
+    /// Run the scheduler extender and have the upper scheduler call it (filter, prioritize,
+    /// bind).
+    pub extender: bool,
 }
 
 /// A running sandbox; [`Sandbox::stop`] shuts it down.
@@ -138,6 +143,42 @@ impl Sandbox {
         } else {
             None
         };
+        if spec.extender {
+            let mut clusters = Vec::new();
+            for (name, server, _) in &lowers {
+                clusters.push(LowerClusterClient {
+                    id: name.clone(),
+                    client: server
+                        .client()
+                        .await
+                        .with_context(|| format!("{name} client"))?,
+                });
+            }
+            let running = tensile_placement::extender::start(
+                ExtenderConfig {
+                    upper: client.clone(),
+                    clusters,
+                    reservation_ttl: DEFAULT_RESERVATION_TTL,
+                    listen: SocketAddr::new(spec.address, 0),
+                    cert: ServingCert::generate("tensile-scheduler", &[spec.address.to_string()])?,
+                },
+                stop.clone(),
+            )
+            .await
+            .context("starting the scheduler extender")?;
+            upper.set_scheduler_extenders(vec![SchedulerExtender {
+                url_prefix: format!("https://{}", running.addr),
+                filter_verb: Some("filter".into()),
+                prioritize_verb: Some("prioritize".into()),
+                bind_verb: Some("bind".into()),
+                weight: 5,
+                node_cache_capable: false,
+                ignorable: false,
+                ca_pem: Some(running.ca_pem.clone()),
+            }]);
+            progress(&format!("scheduler extender on {}", running.addr));
+            handles.push(running.handle);
+        }
         if let Some(config) = spec.descheduler {
             let (client, stop) = (client.clone(), stop.clone());
             handles.push(tokio::spawn(async move {
@@ -282,6 +323,7 @@ mod tests {
                 ],
                 webhook: true,
                 descheduler: Some(descheduler),
+                extender: false,
             },
             &|_| {},
         )

@@ -143,6 +143,7 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
             .collect(),
         webhook: true,
         descheduler: Some(DeschedulerConfig::default()),
+        extender: true,
     };
     let sandbox = Sandbox::start(spec, &|line| progress(line, started))
         .await
