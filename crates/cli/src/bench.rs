@@ -32,6 +32,9 @@ pub struct BenchArgs {
 enum Bench {
     /// Pods created at once upstairs, bound to one virtual node, run in the lower cluster.
     Offload(OffloadArgs),
+    /// Three lower clusters with fragmented free room and a burst of mixed-size pods, with and
+    /// without the descheduler and the scheduler extender.
+    Fragmentation(crate::fragmentation::FragmentationArgs),
 }
 
 #[derive(Debug, clap::Args)]
@@ -57,6 +60,7 @@ struct OffloadArgs {
 pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     match args.what {
         Bench::Offload(a) => offload(a).await,
+        Bench::Fragmentation(a) => crate::fragmentation::run(a).await,
     }
 }
 

@@ -3,6 +3,7 @@
 
 mod bench;
 mod descheduler;
+mod fragmentation;
 mod sandbox;
 mod scheduler;
 mod sim;
