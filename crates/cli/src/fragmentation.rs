@@ -44,13 +44,14 @@ fn cluster(prefix: &str, count: usize, cpu: &str) -> Vec<SimNode> {
         .collect()
 }
 
-/// The three clusters: 120, 180 and 180 CPU in sum, in nodes of 2, 3 and 6 CPU. Upstairs the
-/// first looks as good as any; a 2.5-CPU pod fits none of its nodes.
+/// The three clusters: 180, 120 and 180 CPU in sum, in nodes of 2, 3 and 6 CPU. Upstairs the
+/// first looks at least as roomy as any other (and wins ties by name), yet a 2.5-CPU pod fits
+/// none of its nodes: the upper scheduler, which sees sums, sends big pods there.
 fn clusters(scale: usize) -> Vec<Vec<SimNode>> {
     let n = |base: usize| (base * scale).div_ceil(500).max(1);
     vec![
-        cluster("a", n(60), "2"),
-        cluster("b", n(60), "3"),
+        cluster("a", n(90), "2"),
+        cluster("b", n(40), "3"),
         cluster("c", n(30), "6"),
     ]
 }
