@@ -170,30 +170,30 @@ async fn run_mode(mode: &str, args: &FragmentationArgs) -> anyhow::Result<Outcom
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     watch.abort();
-    let seen = seen
-        .lock()
-        .map_err(|_| anyhow::anyhow!("observer poisoned"))?;
-    let last_running = (seen.running.len() >= total)
-        .then(|| {
-            seen.running
+    let outcome = {
+        let seen = seen
+            .lock()
+            .map_err(|_| anyhow::anyhow!("observer poisoned"))?;
+        let last_running = (seen.running.len() >= total)
+            .then(|| {
+                seen.running
+                    .values()
+                    .max()
+                    .map(|l| l.duration_since(started))
+            })
+            .flatten();
+        Outcome {
+            mode: mode.to_owned(),
+            running_in_window: seen
+                .running
                 .values()
-                .max()
-                .map(|l| l.duration_since(started))
-        })
-        .flatten();
-    let running_in_window = seen
-        .running
-        .values()
-        .filter(|t| t.duration_since(started) <= window)
-        .count();
-    let outcome = Outcome {
-        mode: mode.to_owned(),
-        running_in_window,
-        last_running,
-        stranded: seen.stranded.len(),
-        total,
+                .filter(|t| t.duration_since(started) <= window)
+                .count(),
+            last_running,
+            stranded: seen.stranded.len(),
+            total,
+        }
     };
-    drop(seen);
     sandbox.stop().await;
     Ok(outcome)
 }
