@@ -203,6 +203,58 @@ fn decode<K: DeserializeOwned>(v: &[u8]) -> Option<K> {
     }
 }
 
+/// The keys a watch has delivered, for a consumer that keeps its own state (a capacity model)
+/// rather than a [`CompactCache`]: a re-list applies its objects as they arrive, and when it is
+/// complete [`ListedKeys::record`] returns the keys it no longer listed, which the consumer
+/// must drop (they were deleted while the watch was down).
+#[derive(Debug, Default)]
+pub struct ListedKeys {
+    known: std::collections::HashSet<Key>,
+    relist: Option<std::collections::HashSet<Key>>,
+    synced: bool,
+}
+
+impl ListedKeys {
+    /// Records an event; returns the keys a completed re-list dropped.
+    pub fn record<K: kube::Resource>(&mut self, event: &watcher::Event<K>) -> Vec<Key> {
+        match event {
+            watcher::Event::Init => self.relist = Some(std::collections::HashSet::new()),
+            watcher::Event::InitApply(o) => {
+                if let Some(k) = key_of(o) {
+                    if let Some(r) = self.relist.as_mut() {
+                        r.insert(k.clone());
+                    }
+                    self.known.insert(k);
+                }
+            }
+            watcher::Event::InitDone => {
+                self.synced = true;
+                if let Some(listed) = self.relist.take() {
+                    let gone: Vec<Key> = self.known.difference(&listed).cloned().collect();
+                    self.known = listed;
+                    return gone;
+                }
+            }
+            watcher::Event::Apply(o) => {
+                if let Some(k) = key_of(o) {
+                    self.known.insert(k);
+                }
+            }
+            watcher::Event::Delete(o) => {
+                if let Some(k) = key_of(o) {
+                    self.known.remove(&k);
+                }
+            }
+        }
+        Vec::new()
+    }
+
+    /// Whether a first list has completed.
+    pub fn synced(&self) -> bool {
+        self.synced
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
@@ -307,6 +359,33 @@ mod tests {
         assert!(
             compact * 3 < typed,
             "{compact} bytes of JSON vs {typed} typed"
+        );
+    }
+
+    #[test]
+    fn a_relist_drops_what_it_no_longer_lists() {
+        let node = |name: &str| -> k8s_openapi::api::core::v1::Node {
+            serde_json::from_value(serde_json::json!({"metadata": {"name": name}})).unwrap()
+        };
+        let mut l = ListedKeys::default();
+        for e in [
+            watcher::Event::Init,
+            watcher::Event::InitApply(node("a")),
+            watcher::Event::InitApply(node("b")),
+        ] {
+            assert!(l.record(&e).is_empty());
+        }
+        assert!(!l.synced());
+        assert!(
+            l.record(&watcher::Event::<k8s_openapi::api::core::v1::Node>::InitDone)
+                .is_empty()
+        );
+        assert!(l.synced());
+        l.record(&watcher::Event::<k8s_openapi::api::core::v1::Node>::Init);
+        l.record(&watcher::Event::InitApply(node("b")));
+        assert_eq!(
+            l.record(&watcher::Event::<k8s_openapi::api::core::v1::Node>::InitDone),
+            vec![(String::new(), "a".to_owned())]
         );
     }
 }

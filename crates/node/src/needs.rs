@@ -16,7 +16,7 @@ use tensile_core::deps::{CopyKind, needed_copies};
 use tensile_core::translate::offload_decision;
 use tokio::sync::watch;
 
-use crate::cache::Key;
+use crate::cache::{Key, ListedKeys};
 use crate::queue::Queue;
 
 /// Which cluster a pod was seen in.
@@ -35,8 +35,8 @@ type PodKey = (Side, String, String);
 struct Inner {
     counts: HashMap<NeedKey, usize>,
     by_pod: HashMap<PodKey, Vec<NeedKey>>,
-    /// Pods seen in a (re)list in progress, per side: the others are gone once it is done.
-    relisting: HashMap<Side, HashSet<(String, String)>>,
+    /// The pods each side's watch has listed: a completed re-list names the vanished ones.
+    listed_keys: HashMap<Side, ListedKeys>,
     subscribers: Vec<(CopyKind, Queue<Key>)>,
 }
 
@@ -72,17 +72,16 @@ impl Needs {
     /// Takes one pod watch event of `side`.
     pub fn observe(&self, side: Side, event: &watcher::Event<Pod>) {
         let mut inner = self.lock();
+        let gone = inner.listed_keys.entry(side).or_default().record(event);
+        for (ns, name) in gone {
+            set(&mut inner, (side, ns, name), Vec::new());
+        }
         match event {
-            watcher::Event::Init => {
-                inner.relisting.insert(side, HashSet::new());
-            }
+            watcher::Event::Init => {}
             watcher::Event::InitApply(pod) | watcher::Event::Apply(pod) => {
                 let Some((ns, name)) = pod_key(pod) else {
                     return;
                 };
-                if let Some(seen) = inner.relisting.get_mut(&side) {
-                    seen.insert((ns.clone(), name.clone()));
-                }
                 // Pods that are not offloaded never get lower copies.
                 let keys = if side == Side::Lower || offload_decision(pod).is_ok() {
                     needed_copies(pod)
@@ -100,18 +99,6 @@ impl Needs {
                 }
             }
             watcher::Event::InitDone => {
-                let seen = inner.relisting.remove(&side).unwrap_or_default();
-                let gone: Vec<PodKey> = inner
-                    .by_pod
-                    .keys()
-                    .filter(|(s, ns, name)| {
-                        *s == side && !seen.contains(&(ns.clone(), name.clone()))
-                    })
-                    .cloned()
-                    .collect();
-                for pod in gone {
-                    set(&mut inner, pod, Vec::new());
-                }
                 drop(inner);
                 self.listed.send_modify(|listed| {
                     listed.insert(side);

@@ -18,6 +18,8 @@ use tensile_core::resources::ResourceVector;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
+use crate::cache::ListedKeys;
+
 /// Settings of the node loop.
 #[derive(Clone, Debug)]
 pub struct NodeLoop {
@@ -54,6 +56,7 @@ pub async fn track_capacity(
     let pods = pods.map(|e| Ok(Either::Pod(Box::new(e))));
     let mut events = futures::stream::select(nodes.boxed(), pods.boxed());
     let mut model = CapacityModel::new(owner);
+    let (mut listed_nodes, mut listed_pods) = (ListedKeys::default(), ListedKeys::default());
     loop {
         let next = tokio::select! {
             () = stop.cancelled() => return,
@@ -63,23 +66,8 @@ pub async fn track_capacity(
         // The watcher retries by itself, with the backoff of every watch of ours.
         let Ok(event) = event else { continue };
         match event {
-            Either::Node(e) => apply(
-                &mut model,
-                *e,
-                |m, n: &Node| drop(m.apply_node(n)),
-                |m, n: &Node| m.remove_node(n.metadata.name.as_deref().unwrap_or_default()),
-            ),
-            Either::Pod(e) => apply(
-                &mut model,
-                *e,
-                |m, p: &Pod| drop(m.apply_pod(p)),
-                |m, p: &Pod| {
-                    m.remove_pod(
-                        p.metadata.namespace.as_deref().unwrap_or_default(),
-                        p.metadata.name.as_deref().unwrap_or_default(),
-                    )
-                },
-            ),
+            Either::Node(e) => apply_node_event(&mut model, &mut listed_nodes, &e),
+            Either::Pod(e) => apply_pod_event(&mut model, &mut listed_pods, &e),
         }
         let now = (model.total(), model.largest_fit());
         tx.send_if_modified(|cur| {
@@ -98,15 +86,32 @@ enum Either {
     Pod(Box<watcher::Event<Pod>>),
 }
 
-fn apply<K>(
-    model: &mut CapacityModel,
-    e: watcher::Event<K>,
-    put: impl Fn(&mut CapacityModel, &K),
-    del: impl Fn(&mut CapacityModel, &K),
-) {
+/// Applies a lower node event to the model; a completed re-list also drops the nodes it no
+/// longer lists (deleted while the watch was down).
+fn apply_node_event(model: &mut CapacityModel, listed: &mut ListedKeys, e: &watcher::Event<Node>) {
+    for (_, name) in listed.record(e) {
+        model.remove_node(&name);
+    }
     match e {
-        watcher::Event::Apply(o) | watcher::Event::InitApply(o) => put(model, &o),
-        watcher::Event::Delete(o) => del(model, &o),
+        watcher::Event::Apply(n) | watcher::Event::InitApply(n) => drop(model.apply_node(n)),
+        watcher::Event::Delete(n) => {
+            model.remove_node(n.metadata.name.as_deref().unwrap_or_default())
+        }
+        watcher::Event::Init | watcher::Event::InitDone => {}
+    }
+}
+
+/// Applies a lower pod event to the model, as [`apply_node_event`] does for nodes.
+fn apply_pod_event(model: &mut CapacityModel, listed: &mut ListedKeys, e: &watcher::Event<Pod>) {
+    for (namespace, name) in listed.record(e) {
+        model.remove_pod(&namespace, &name);
+    }
+    match e {
+        watcher::Event::Apply(p) | watcher::Event::InitApply(p) => drop(model.apply_pod(p)),
+        watcher::Event::Delete(p) => model.remove_pod(
+            p.metadata.namespace.as_deref().unwrap_or_default(),
+            p.metadata.name.as_deref().unwrap_or_default(),
+        ),
         watcher::Event::Init | watcher::Event::InitDone => {}
     }
 }
@@ -253,5 +258,58 @@ async fn renew_lease(leases: &Api<Lease>, name: &str, node_uid: Option<&str>) {
         {
             tracing::warn!(node = %name, error = %e, "creating the node lease");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn a_relist_drops_lower_nodes_and_pods_deleted_while_the_watch_was_down() {
+        let node = |name: &str| -> Node {
+            serde_json::from_value(json!({"metadata": {"name": name},
+                "status": {"allocatable": {"cpu": "4", "memory": "8Gi", "pods": "110"},
+                    "conditions": [{"type": "Ready", "status": "True"}]}}))
+            .unwrap()
+        };
+        let pod = |name: &str, on: &str| -> Pod {
+            serde_json::from_value(json!({"metadata": {"name": name, "namespace": "ns"},
+                "spec": {"nodeName": on, "containers": [{"name": "c",
+                    "resources": {"requests": {"cpu": "1"}}}]},
+                "status": {"phase": "Running"}}))
+            .unwrap()
+        };
+        let mut model = CapacityModel::new(String::new());
+        let (mut nodes, mut pods) = (ListedKeys::default(), ListedKeys::default());
+        for e in [
+            watcher::Event::Init,
+            watcher::Event::InitApply(node("a")),
+            watcher::Event::InitApply(node("b")),
+            watcher::Event::InitDone,
+        ] {
+            apply_node_event(&mut model, &mut nodes, &e);
+        }
+        for e in [
+            watcher::Event::Init,
+            watcher::Event::InitApply(pod("p", "a")),
+            watcher::Event::InitDone,
+        ] {
+            apply_pod_event(&mut model, &mut pods, &e);
+        }
+        assert_eq!((model.counted_nodes(), model.bound_pods()), (2, 1));
+        // The watch restarts; node a and pod p were deleted meanwhile.
+        for e in [
+            watcher::Event::Init,
+            watcher::Event::InitApply(node("b")),
+            watcher::Event::InitDone,
+        ] {
+            apply_node_event(&mut model, &mut nodes, &e);
+        }
+        for e in [watcher::Event::Init, watcher::Event::InitDone] {
+            apply_pod_event(&mut model, &mut pods, &e);
+        }
+        assert_eq!((model.counted_nodes(), model.bound_pods()), (1, 0));
     }
 }

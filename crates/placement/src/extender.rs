@@ -21,7 +21,7 @@
 //! the historical tag names (`nodes`, `nodenames`, `failedNodes`, `failedAndUnresolvableNodes`,
 //! `error`, `host`, `score`).
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
@@ -36,6 +36,7 @@ use kube::api::{Api, PostParams};
 use kube::runtime::watcher;
 use serde_json::{Value, json};
 use tensile_core::extender::{Demand, LowerCluster, Reservations, Room, Verdict, cluster_of};
+use tensile_node::cache::ListedKeys;
 use tokio_util::sync::CancellationToken;
 
 use crate::serve::{Handler, Reply, ServeError, Server, ServingCert, tls_config};
@@ -161,59 +162,10 @@ struct Shared {
     state: Mutex<State>,
 }
 
-/// Keys of watched objects: namespace (empty for nodes) and name.
-type Key = (String, String);
-
-/// The keys a watch has delivered, to drop on a re-list what it no longer lists.
-#[derive(Default)]
-struct Listed {
-    known: HashSet<Key>,
-    relist: Option<HashSet<Key>>,
-    synced: bool,
-}
-
-impl Listed {
-    /// Records an event; returns the keys a completed re-list dropped.
-    fn record<K: kube::Resource>(&mut self, event: &watcher::Event<K>) -> Vec<Key> {
-        let key = |o: &K| {
-            let m = o.meta();
-            (
-                m.namespace.clone().unwrap_or_default(),
-                m.name.clone().unwrap_or_default(),
-            )
-        };
-        match event {
-            watcher::Event::Init => self.relist = Some(HashSet::new()),
-            watcher::Event::InitApply(o) => {
-                let k = key(o);
-                if let Some(r) = self.relist.as_mut() {
-                    r.insert(k.clone());
-                }
-                self.known.insert(k);
-            }
-            watcher::Event::InitDone => {
-                self.synced = true;
-                if let Some(listed) = self.relist.take() {
-                    let gone: Vec<Key> = self.known.difference(&listed).cloned().collect();
-                    self.known = listed;
-                    return gone;
-                }
-            }
-            watcher::Event::Apply(o) => {
-                self.known.insert(key(o));
-            }
-            watcher::Event::Delete(o) => {
-                self.known.remove(&key(o));
-            }
-        }
-        Vec::new()
-    }
-}
-
 struct ClusterState {
     lower: LowerCluster,
-    nodes: Listed,
-    pods: Listed,
+    nodes: ListedKeys,
+    pods: ListedKeys,
     /// The room after the pending lower pods and the first reservations, kept while the
     /// cluster's generation holds: during a burst each call places only the new reservations.
     room: Option<RoomCache>,
@@ -228,7 +180,7 @@ struct RoomCache {
 
 impl ClusterState {
     fn synced(&self) -> bool {
-        self.nodes.synced && self.pods.synced
+        self.nodes.synced() && self.pods.synced()
     }
 }
 
@@ -237,7 +189,7 @@ struct State {
     reservations: Reservations,
     /// Upper nodes from the watch: name -> the cluster id it is judged by (None: passes).
     upper_nodes: HashMap<String, Option<String>>,
-    upper_listed: Listed,
+    upper_listed: ListedKeys,
     /// Upper nodes seen in filter/prioritize requests (full nodes), for `/bind`.
     learned_nodes: HashMap<String, Option<String>>,
     /// Demands of upper pods seen in filter/prioritize, by UID, for `/bind`.
@@ -276,8 +228,8 @@ impl Extender {
                     id,
                     ClusterState {
                         lower: LowerCluster::new(),
-                        nodes: Listed::default(),
-                        pods: Listed::default(),
+                        nodes: ListedKeys::default(),
+                        pods: ListedKeys::default(),
                         room: None,
                     },
                 )
@@ -291,7 +243,7 @@ impl Extender {
                     clusters,
                     reservations: Reservations::new(),
                     upper_nodes: HashMap::new(),
-                    upper_listed: Listed::default(),
+                    upper_listed: ListedKeys::default(),
                     learned_nodes: HashMap::new(),
                     recent: HashMap::new(),
                 }),
@@ -310,7 +262,7 @@ impl Extender {
     /// Whether every lower cluster's watches (and the upper node watch) have listed.
     pub fn synced(&self) -> bool {
         let state = self.state();
-        state.upper_listed.synced && state.clusters.values().all(ClusterState::synced)
+        state.upper_listed.synced() && state.clusters.values().all(ClusterState::synced)
     }
 
     /// Whether the upper node watch has seen the node `name`.
@@ -341,7 +293,7 @@ impl Extender {
                 None => {
                     return Judged::Unknown(format!(
                         "upper node {name} is not known to the tensile extender yet{}",
-                        if state.upper_listed.synced {
+                        if state.upper_listed.synced() {
                             ""
                         } else {
                             " (its node watch has not listed)"
@@ -380,7 +332,7 @@ impl Extender {
                 score: 0,
             };
         };
-        if !(nodes.synced && pods.synced) {
+        if !(nodes.synced() && pods.synced()) {
             return Verdict::Fails {
                 reason: format!(
                     "lower cluster {id}: not synced yet (its nodes and pods are still being \
@@ -953,30 +905,6 @@ mod tests {
                 b.node.as_str()
             ),
             ("p", "ns", Some("u"), "vk")
-        );
-    }
-
-    #[test]
-    fn a_relist_drops_what_it_no_longer_lists() {
-        let node = |name: &str| -> Node {
-            serde_json::from_value(json!({"metadata": {"name": name}})).unwrap()
-        };
-        let mut l = Listed::default();
-        for e in [
-            watcher::Event::Init,
-            watcher::Event::InitApply(node("a")),
-            watcher::Event::InitApply(node("b")),
-        ] {
-            assert!(l.record(&e).is_empty());
-        }
-        assert!(!l.synced);
-        assert!(l.record(&watcher::Event::<Node>::InitDone).is_empty());
-        assert!(l.synced);
-        l.record(&watcher::Event::<Node>::Init);
-        l.record(&watcher::Event::InitApply(node("b")));
-        assert_eq!(
-            l.record(&watcher::Event::<Node>::InitDone),
-            vec![(String::new(), "a".to_owned())]
         );
     }
 }
