@@ -168,6 +168,19 @@ impl std::fmt::Display for Keep {
     }
 }
 
+/// The UID of the pod's controller (the ownerReference with `controller: true`): the identity
+/// the descheduler moves a pod through and the webhook keeps exclusions under (the original
+/// used the first owner in one and the last in the other).
+pub fn controller_uid(pod: &Pod) -> Option<&str> {
+    pod.metadata
+        .owner_references
+        .as_deref()?
+        .iter()
+        .find(|r| r.controller == Some(true))
+        .map(|r| r.uid.as_str())
+        .filter(|u| !u.is_empty())
+}
+
 /// Whether and how the pod may move (descheduler v0.18's evictability, which the original
 /// used, with the owner decision above).
 pub fn handling(pod: &Pod, policy: &Policy) -> Result<Handling, Keep> {
@@ -178,7 +191,6 @@ pub fn handling(pod: &Pod, policy: &Policy) -> Result<Handling, Keep> {
     if refs.iter().any(|r| r.kind == "DaemonSet") {
         return Err(Keep::DaemonSet);
     }
-    let controller = refs.iter().find(|r| r.controller == Some(true));
     if !forced {
         if has(ANNOTATION_CONFIG_MIRROR)
             || annotations
@@ -203,10 +215,10 @@ pub fn handling(pod: &Pod, policy: &Policy) -> Result<Handling, Keep> {
             return Err(Keep::LocalStorage);
         }
     }
-    match controller {
-        Some(c) if !c.uid.is_empty() => Ok(Handling::ThroughOwner(c.uid.clone())),
-        _ if forced => Ok(Handling::Recreate),
-        _ => Err(Keep::NoController),
+    match controller_uid(pod) {
+        Some(uid) => Ok(Handling::ThroughOwner(uid.to_owned())),
+        None if forced => Ok(Handling::Recreate),
+        None => Err(Keep::NoController),
     }
 }
 

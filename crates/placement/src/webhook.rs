@@ -219,7 +219,7 @@ impl Webhook {
             tracing::debug!(pod = ?pod.metadata.name, namespace, reason = %why, "not mutated");
             return Ok(Decision::Allow);
         }
-        let owner = owner_uid(&pod);
+        let owner = tensile_core::deschedule::controller_uid(&pod);
         if operation == "UPDATE" {
             // The descheduler marks a pod it is about to delete; its owner's replacement must
             // not go back to that node.
@@ -260,16 +260,6 @@ impl Webhook {
 enum Decision {
     Allow,
     Patch(json_patch::Patch),
-}
-
-/// The UID of the pod's controller, or of its first owner (the original used the first).
-fn owner_uid(pod: &Pod) -> Option<&str> {
-    let refs = pod.metadata.owner_references.as_deref()?;
-    refs.iter()
-        .find(|r| r.controller == Some(true))
-        .or_else(|| refs.first())
-        .map(|r| r.uid.as_str())
-        .filter(|u| !u.is_empty())
 }
 
 impl Handler for Webhook {
