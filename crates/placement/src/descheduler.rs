@@ -167,9 +167,15 @@ pub async fn run(
             let events = node_events
                 .inspect_ok(move |e| nodes.apply(e))
                 .touched_objects();
+            let mut seen = HashSet::new();
             tensile_node::backoff::drain(Box::pin(events), &stop, "nodes", |node: Node| {
-                // A node that becomes virtual (or is seen late) re-arms the pods on it.
+                // A node that becomes virtual after its pods' timers fired re-arms them. Only
+                // a first sighting does: status updates of known nodes change nothing here,
+                // and the pods would all be decoded for each.
                 let name = node.metadata.name.unwrap_or_default();
+                if !seen.insert(name.clone()) {
+                    return;
+                }
                 for pod in pods.state() {
                     if pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(&name) {
                         let _ = tx.send(key_of(&pod));
