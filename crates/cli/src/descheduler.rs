@@ -10,16 +10,15 @@ use k8s_openapi::jiff::SignedDuration;
 use serde_json::Value;
 use tensile_core::deschedule::Policy;
 use tensile_core::keys::{LABEL_NODE_TYPE, VALUE_NODE_TYPE_VIRTUAL};
-use tensile_node::clients::{ApiCalls, build_client};
 use tensile_placement::descheduler::{DeschedulerConfig, run as run_descheduler};
 use tokio_util::sync::CancellationToken;
 
-use crate::webhook::{parse_duration, upper_source};
+use crate::common::{client, parse_duration, upper_source};
 
 /// Flags of `tensile descheduler`.
 #[derive(Debug, Args)]
 pub struct DeschedulerArgs {
-    /// Upper-cluster kubeconfig. Default: in-cluster when run in a pod, else ~/.kube/config.
+    /// Upper-cluster kubeconfig. Default: ~/.kube/config if it exists, else in-cluster.
     #[arg(long)]
     pub kubeconfig: Option<PathBuf>,
     /// How long a pod may be Unschedulable in its lower cluster before it moves.
@@ -128,14 +127,7 @@ pub async fn run(args: DeschedulerArgs) -> anyhow::Result<()> {
         );
     }
     let config = config(&args)?;
-    let Some(source) = upper_source(args.kubeconfig.as_ref()) else {
-        bail!("no upper cluster: give --kubeconfig (or run in a pod, or create ~/.kube/config)");
-    };
-    let mut registry = prometheus_client::registry::Registry::default();
-    let calls = ApiCalls::new(&mut registry);
-    let client = build_client(source.clone(), 100.0, 200, "upper", &calls)
-        .await
-        .with_context(|| format!("upper cluster from {source}"))?;
+    let client = client(upper_source(args.kubeconfig.as_ref()), 100.0, 200, "upper").await?;
     let stop = CancellationToken::new();
     let task = tokio::spawn(run_descheduler(config, client, stop.clone()));
     crate::shutdown_signal().await?;
@@ -168,13 +160,5 @@ strategies:
             policy_max_age("kind: DeschedulerPolicy\nstrategies: {}").unwrap(),
             None
         );
-    }
-
-    #[test]
-    fn go_durations() {
-        assert_eq!(parse_duration("10s"), Ok(Duration::from_secs(10)));
-        assert_eq!(parse_duration("3m"), Ok(Duration::from_secs(180)));
-        assert_eq!(parse_duration("1h30m"), Ok(Duration::from_secs(5400)));
-        assert!(parse_duration("soon").is_err());
     }
 }

@@ -2,6 +2,7 @@
 #![forbid(unsafe_code)]
 
 mod bench;
+mod common;
 mod descheduler;
 mod fragmentation;
 mod sandbox;

@@ -9,9 +9,8 @@ use std::time::Duration;
 
 use anyhow::{Context as _, bail};
 use clap::Args;
-use tensile_node::clients::{ApiCalls, KubeconfigSource, build_client};
+use tensile_node::clients::KubeconfigSource;
 use tensile_placement::extender::{self, ExtenderConfig, LowerClusterClient};
-use tensile_placement::serve::ServingCert;
 use tokio_util::sync::CancellationToken;
 
 /// Flags of `tensile scheduler`.
@@ -46,7 +45,7 @@ pub struct SchedulerArgs {
     pub write_ca: Option<PathBuf>,
     /// How long room stays reserved for a pod bound to a virtual node whose lower pod has not
     /// appeared (Go duration: 90s, 2m, 1h30m).
-    #[arg(long, default_value = "2m", value_parser = parse_duration)]
+    #[arg(long, default_value = "2m", value_parser = crate::common::parse_duration)]
     pub reservation_ttl: Duration,
     /// QPS of every client (kube-scheduler's own default).
     #[arg(long, default_value_t = 50.0)]
@@ -59,18 +58,6 @@ pub struct SchedulerArgs {
 /// `ID=KUBECONFIG`.
 fn parse_cluster(value: &str) -> Result<(String, PathBuf), String> {
     tensile_core::extender::parse_cluster_flag(value).map(|(id, path)| (id, PathBuf::from(path)))
-}
-
-/// A Go duration (`90s`, `2m`, `1h30m`), positive.
-fn parse_duration(text: &str) -> Result<Duration, String> {
-    let d: k8s_openapi::jiff::SignedDuration = text
-        .trim()
-        .parse()
-        .map_err(|e| format!("invalid duration {text:?}: {e}"))?;
-    match Duration::try_from(d) {
-        Ok(d) if !d.is_zero() => Ok(d),
-        _ => Err(format!("invalid duration {text:?}: must be positive")),
-    }
 }
 
 /// Names a generated certificate is valid for: the shipped Service's names, loopback, the
@@ -106,42 +93,32 @@ async fn config(args: &SchedulerArgs) -> anyhow::Result<ExtenderConfig> {
             bail!("--cluster {id} is given twice");
         }
     }
-    let cert = match (&args.tls_cert_file, &args.tls_private_key_file) {
-        (Some(c), Some(k)) => ServingCert::from_files(c, k)?,
-        (None, None) => ServingCert::generate(
-            "tensile-scheduler",
-            &generated_sans(args.address, &args.tls_san),
-        )?,
-        _ => bail!("--tls-cert-file and --tls-private-key-file go together"),
-    };
+    let cert = crate::common::serving_cert(
+        args.tls_cert_file.as_ref(),
+        args.tls_private_key_file.as_ref(),
+        ("--tls-cert-file", "--tls-private-key-file"),
+        "tensile-scheduler",
+        &generated_sans(args.address, &args.tls_san),
+    )?;
     if let Some(path) = &args.write_ca {
         std::fs::write(path, &cert.ca_pem)
             .with_context(|| format!("writing the CA to {}", path.display()))?;
         tracing::info!(path = %path.display(), "CA of the serving certificate written");
     }
-    let mut registry = prometheus_client::registry::Registry::default();
-    let calls = ApiCalls::new(&mut registry);
-    let upper_source = match &args.kubeconfig {
-        Some(p) => KubeconfigSource::Path(p.clone()),
-        None => KubeconfigSource::InCluster,
-    };
-    let upper = build_client(
-        upper_source.clone(),
+    let upper = crate::common::client(
+        crate::common::upper_source(args.kubeconfig.as_ref()),
         args.kube_api_qps,
         args.kube_api_burst,
         "upper",
-        &calls,
     )
-    .await
-    .with_context(|| format!("upper cluster client from {upper_source}"))?;
+    .await?;
     let mut clusters = Vec::new();
     for (id, path) in &args.clusters {
-        let client = build_client(
+        let client = crate::common::client(
             KubeconfigSource::Path(path.clone()),
             args.kube_api_qps,
             args.kube_api_burst,
             "lower",
-            &calls,
         )
         .await
         .with_context(|| format!("lower cluster {id}"))?;

@@ -187,13 +187,7 @@ pub async fn run(args: VirtualNodeArgs) -> anyhow::Result<()> {
     let Some(lower_path) = args.client_kubeconfig.clone() else {
         bail!("--client-kubeconfig is required: the kubeconfig of the lower cluster");
     };
-    let upper_source = match &args.kubeconfig {
-        Some(p) => KubeconfigSource::Path(p.clone()),
-        None => match std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".kube/config")) {
-            Some(p) if p.exists() => KubeconfigSource::Path(p),
-            _ => KubeconfigSource::InCluster,
-        },
-    };
+    let upper_source = crate::common::upper_source(args.kubeconfig.as_ref());
     let vn = assemble(
         &args,
         upper_source,

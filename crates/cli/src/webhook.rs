@@ -12,8 +12,7 @@ use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use kube::Api;
 use kube::api::PostParams;
 use tensile_core::inject::{DEFAULT_IGNORE_SELECTOR_KEYS, parse_ignore_keys};
-use tensile_node::clients::{ApiCalls, KubeconfigSource, build_client};
-use tensile_placement::serve::{Server, ServingCert, tls_config};
+use tensile_placement::serve::{Server, tls_config};
 use tensile_placement::webhook::{Webhook, WebhookConfig};
 use tokio_util::sync::CancellationToken;
 
@@ -40,7 +39,7 @@ pub struct WebhookArgs {
     #[arg(long = "tls-san", default_values_t = ["tensile-webhook.kube-system.svc".to_owned(), "localhost".to_owned(), "127.0.0.1".to_owned()])]
     pub tls_san: Vec<String>,
     /// Upper-cluster kubeconfig, to read claims (pins pods to their volume's node) and to
-    /// write the caBundle. Default: in-cluster when run in a pod, else ~/.kube/config.
+    /// write the caBundle. Default: ~/.kube/config if it exists, else in-cluster.
     #[arg(long)]
     pub kubeconfig: Option<PathBuf>,
     /// Accepted for compatibility; unused.
@@ -54,7 +53,7 @@ pub struct WebhookArgs {
     pub ignore_selector_keys: String,
     /// How long a workload stays off a virtual node the descheduler marked one of its pods
     /// unschedulable on (Go duration).
-    #[arg(long, default_value = "3m", value_parser = parse_duration)]
+    #[arg(long, default_value = "3m", value_parser = crate::common::parse_duration)]
     pub exclusion_window: Duration,
     /// Write the CA of the serving certificate into this MutatingWebhookConfiguration's
     /// webhooks at start (needs get and update on it).
@@ -71,41 +70,19 @@ pub struct WebhookArgs {
     pub vmodule: Option<String>,
 }
 
-/// A Go duration (`10s`, `3m`, `1h30m`).
-pub fn parse_duration(text: &str) -> Result<Duration, String> {
-    let d: k8s_openapi::jiff::SignedDuration = text
-        .trim()
-        .parse()
-        .map_err(|e| format!("invalid duration {text:?}: {e}"))?;
-    Duration::try_from(d).map_err(|_| format!("invalid duration {text:?}: negative"))
-}
-
-/// The upper cluster as the webhook and descheduler find it: the given kubeconfig (which
-/// must load), else in-cluster inside a pod, else ~/.kube/config, else none.
-pub fn upper_source(path: Option<&PathBuf>) -> Option<KubeconfigSource> {
-    if let Some(p) = path {
-        return Some(KubeconfigSource::Path(p.clone()));
-    }
-    if std::env::var_os("KUBERNETES_SERVICE_HOST").is_some() {
-        return Some(KubeconfigSource::InCluster);
-    }
-    std::env::var_os("HOME")
-        .map(|h| PathBuf::from(h).join(".kube/config"))
-        .filter(|p| p.exists())
-        .map(KubeconfigSource::Path)
-}
-
-/// Starts the webhook from its flags; `client` is the upper cluster, if any.
+/// Starts the webhook from its flags; `client` is the upper cluster.
 pub async fn start(
     args: &WebhookArgs,
-    client: Option<kube::Client>,
+    client: kube::Client,
     stop: &CancellationToken,
 ) -> anyhow::Result<Server> {
-    let cert = match (&args.tlscert, &args.tlskey) {
-        (Some(c), Some(k)) => ServingCert::from_files(c, k)?,
-        (None, None) => ServingCert::generate("tensile-webhook", &args.tls_san)?,
-        _ => bail!("--tlscert and --tlskey go together"),
-    };
+    let cert = crate::common::serving_cert(
+        args.tlscert.as_ref(),
+        args.tlskey.as_ref(),
+        ("--tlscert", "--tlskey"),
+        "tensile-webhook",
+        &args.tls_san,
+    )?;
     let client_ca = args
         .ca
         .as_ref()
@@ -118,17 +95,11 @@ pub async fn start(
         ignore_keys: parse_ignore_keys(&args.ignore_selector_keys),
         exclusion_window: args.exclusion_window,
     };
-    let webhook = match &client {
-        Some(c) => Webhook::with_claims(config, c.clone(), stop).await,
-        None => {
-            tracing::warn!("no upper cluster: pods are not pinned to the node of their volumes");
-            Webhook::new(config)
-        }
-    };
+    let webhook = Webhook::with_claims(config, client.clone(), stop).await;
     let listen = SocketAddr::new(args.address, args.port);
     let server = Server::start(listen, tls, Arc::new(webhook)).await?;
-    if let (Some(name), Some(c)) = (&args.webhook_configuration, &client) {
-        write_ca_bundle(c, name, &cert.ca_pem)
+    if let Some(name) = &args.webhook_configuration {
+        write_ca_bundle(&client, name, &cert.ca_pem)
             .await
             .with_context(|| {
                 format!("writing the caBundle of MutatingWebhookConfiguration {name}")
@@ -165,18 +136,13 @@ pub async fn run(args: WebhookArgs) -> anyhow::Result<()> {
     if args.master.is_some() || args.incluster.is_some() {
         tracing::warn!("--master and --incluster are accepted for compatibility and unused");
     }
-    let client = match upper_source(args.kubeconfig.as_ref()) {
-        Some(source) => {
-            let mut registry = prometheus_client::registry::Registry::default();
-            let calls = ApiCalls::new(&mut registry);
-            Some(
-                build_client(source.clone(), 50.0, 100, "upper", &calls)
-                    .await
-                    .with_context(|| format!("upper cluster from {source}"))?,
-            )
-        }
-        None => None,
-    };
+    let client = crate::common::client(
+        crate::common::upper_source(args.kubeconfig.as_ref()),
+        50.0,
+        100,
+        "upper",
+    )
+    .await?;
     let stop = CancellationToken::new();
     let _server = start(&args, client, &stop).await?;
     crate::shutdown_signal().await?;
