@@ -43,6 +43,7 @@ pub mod remotecommand;
 pub mod server;
 pub mod spdy;
 pub mod stats;
+pub mod tls;
 pub mod upgrade;
 mod websocket;
 

@@ -18,12 +18,8 @@ use hyper::body::{Frame, Incoming};
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use k8s_openapi::api::core::v1::Pod;
-use rustls::RootCertStore;
-use rustls::server::WebPkiClientVerifier;
-use rustls_pki_types::pem::PemObject;
-use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+use rustls_pki_types::CertificateDer;
 use tokio::net::TcpListener;
-use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 
 use crate::auth::{Auth, User, attributes};
@@ -146,41 +142,26 @@ fn json(value: &impl serde::Serialize) -> Response<Body> {
 }
 
 fn tls_config(config: &KubeletServerConfig) -> Result<Arc<rustls::ServerConfig>, ServerError> {
-    let tls = |e: &dyn std::fmt::Display| ServerError::Tls(e.to_string());
     let (cert, key) = match &config.cert {
         ServingCert::Pem { cert, key } => (cert.clone(), key.clone()),
         ServingCert::SelfSigned { sans } => {
-            let c = rcgen::generate_simple_self_signed(sans.clone()).map_err(|e| tls(&e))?;
+            let c = rcgen::generate_simple_self_signed(sans.clone())
+                .map_err(|e| ServerError::Tls(e.to_string()))?;
             (c.cert.pem(), c.signing_key.serialize_pem())
         }
     };
-    let chain = CertificateDer::pem_slice_iter(cert.as_bytes())
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| tls(&e))?;
-    let key = PrivateKeyDer::from_pem_slice(key.as_bytes()).map_err(|e| tls(&e))?;
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
-        .with_safe_default_protocol_versions()
-        .map_err(|e| tls(&e))?;
-    let builder = match &config.client_ca_pem {
-        Some(ca) => {
-            let mut roots = RootCertStore::empty();
-            for c in CertificateDer::pem_slice_iter(ca.as_bytes()) {
-                roots.add(c.map_err(|e| tls(&e))?).map_err(|e| tls(&e))?;
-            }
-            // Requested, not required: bearer-token clients have no certificate.
-            let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
-                .allow_unauthenticated()
-                .build()
-                .map_err(|e| tls(&e))?;
-            builder.with_client_cert_verifier(verifier)
-        }
-        None => builder.with_no_client_auth(),
-    };
-    let mut server = builder.with_single_cert(chain, key).map_err(|e| tls(&e))?;
-    // Streams upgrade the connection, which HTTP/2 cannot.
-    server.alpn_protocols = vec![b"http/1.1".to_vec()];
-    Ok(Arc::new(server))
+    // Client certificates are asked for, not required: bearer-token clients have none. Streams
+    // upgrade the connection, which HTTP/2 cannot.
+    crate::tls::server_config(
+        &cert,
+        &key,
+        config
+            .client_ca_pem
+            .as_deref()
+            .map(|ca| (ca, crate::tls::ClientCerts::Optional)),
+        &[b"http/1.1"],
+    )
+    .map_err(ServerError::Tls)
 }
 
 /// The user of a verified client certificate: CN, and the O values as groups.
@@ -211,7 +192,7 @@ impl KubeletServer {
                 config.listen
             );
         }
-        let acceptor = TlsAcceptor::from(tls_config(&config)?);
+        let tls = tls_config(&config)?;
         let listener =
             TcpListener::bind(config.listen)
                 .await
@@ -228,49 +209,23 @@ impl KubeletServer {
             auth: config.auth,
             streaming: config.streaming,
         });
-        let token = stop.clone();
-        tokio::spawn(async move {
-            loop {
-                let accepted = tokio::select! {
-                    () = token.cancelled() => return,
-                    a = listener.accept() => a,
-                };
-                let Ok((tcp, _)) = accepted else { continue };
-                let _ = tcp.set_nodelay(true);
-                let (acceptor, ctx, backend, token) = (
-                    acceptor.clone(),
-                    ctx.clone(),
-                    backend.clone(),
-                    token.clone(),
-                );
-                tokio::spawn(async move {
-                    // A handshake that never completes must not hold a task forever.
-                    let Ok(Ok(tls)) = tokio::time::timeout(
-                        std::time::Duration::from_secs(10),
-                        acceptor.accept(tcp),
-                    )
-                    .await
-                    else {
-                        return;
-                    };
-                    let user = tls
-                        .get_ref()
-                        .1
-                        .peer_certificates()
-                        .and_then(|c| c.first())
-                        .and_then(cert_user);
-                    let svc = service_fn(move |req| {
-                        let (ctx, backend, user) = (ctx.clone(), backend.clone(), user.clone());
-                        async move { Ok::<_, Infallible>(handle(&ctx, backend, user, req).await) }
-                    });
-                    let builder =
-                        hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
-                    let conn = builder.serve_connection_with_upgrades(TokioIo::new(tls), svc);
-                    tokio::select! {
-                        _ = conn => {}
-                        () = token.cancelled() => {}
-                    }
+        crate::tls::accept_loop(listener, tls, stop.clone(), move |tls| {
+            let (ctx, backend) = (ctx.clone(), backend.clone());
+            async move {
+                let user = tls
+                    .get_ref()
+                    .1
+                    .peer_certificates()
+                    .and_then(|c| c.first())
+                    .and_then(cert_user);
+                let svc = service_fn(move |req| {
+                    let (ctx, backend, user) = (ctx.clone(), backend.clone(), user.clone());
+                    async move { Ok::<_, Infallible>(handle(&ctx, backend, user, req).await) }
                 });
+                let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+                let _ = builder
+                    .serve_connection_with_upgrades(TokioIo::new(tls), svc)
+                    .await;
             }
         });
         Ok(Self { addr, stop })

@@ -1,16 +1,16 @@
 //! The HTTPS server the webhook and the scheduler extender share: TLS with a given certificate
 //! or one issued by a CA generated at start (its certificate is what a
 //! `MutatingWebhookConfiguration`'s `caBundle` or an extender's `tlsConfig.caData` needs),
-//! optional required client certificates, `/healthz`, and JSON POST handlers. Bodies are
-//! bounded, slow handshakes time out, and a handler error is an HTTP error with a reason; none
-//! of them stops the server.
+//! optional required client certificates, `/healthz`, and JSON POST handlers. TLS and the
+//! accept loop (which bounds handshakes) are `tensile_kubelet::tls`, shared with the kubelet
+//! API. Bodies are bounded, and a handler error is an HTTP error with a reason; none of them
+//! stops the server.
 
 use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::time::Duration;
 
 use bytes::Bytes;
 use http::{HeaderValue, Method, Request, Response, StatusCode, header};
@@ -22,12 +22,7 @@ use rcgen::{
     BasicConstraints, CertificateParams, CertifiedIssuer, DistinguishedName, DnType,
     ExtendedKeyUsagePurpose, IsCa, KeyPair, KeyUsagePurpose,
 };
-use rustls::RootCertStore;
-use rustls::server::WebPkiClientVerifier;
-use rustls_pki_types::pem::PemObject;
-use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use tokio::net::TcpListener;
-use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 
 /// Largest request body accepted: an AdmissionReview carries one object (etcd's limit is
@@ -128,40 +123,13 @@ pub fn tls_config(
     cert: &ServingCert,
     client_ca: Option<&str>,
 ) -> Result<Arc<rustls::ServerConfig>, ServeError> {
-    let chain = CertificateDer::pem_slice_iter(cert.cert_pem.as_bytes())
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| tls_error("serving certificate", e))?;
-    if chain.is_empty() {
-        return Err(ServeError::Tls(
-            "serving certificate: no certificate in the PEM".into(),
-        ));
-    }
-    let key = PrivateKeyDer::from_pem_slice(cert.key_pem.as_bytes())
-        .map_err(|e| tls_error("serving key", e))?;
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
-        .with_safe_default_protocol_versions()
-        .map_err(|e| tls_error("TLS versions", e))?;
-    let builder = match client_ca {
-        Some(ca) => {
-            let mut roots = RootCertStore::empty();
-            for c in CertificateDer::pem_slice_iter(ca.as_bytes()) {
-                roots
-                    .add(c.map_err(|e| tls_error("client CA", e))?)
-                    .map_err(|e| tls_error("client CA", e))?;
-            }
-            let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
-                .build()
-                .map_err(|e| tls_error("client CA", e))?;
-            builder.with_client_cert_verifier(verifier)
-        }
-        None => builder.with_no_client_auth(),
-    };
-    let mut config = builder
-        .with_single_cert(chain, key)
-        .map_err(|e| tls_error("serving certificate and key", e))?;
-    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
-    Ok(Arc::new(config))
+    tensile_kubelet::tls::server_config(
+        &cert.cert_pem,
+        &cert.key_pem,
+        client_ca.map(|ca| (ca, tensile_kubelet::tls::ClientCerts::Required)),
+        &[b"h2", b"http/1.1"],
+    )
+    .map_err(ServeError::Tls)
 }
 
 /// What a handler answers: a status and a JSON body.
@@ -233,36 +201,16 @@ impl Server {
             addr: listen,
             source,
         })?;
-        let acceptor = TlsAcceptor::from(tls);
         let stop = CancellationToken::new();
-        let token = stop.clone();
-        tokio::spawn(async move {
-            loop {
-                let accepted = tokio::select! {
-                    () = token.cancelled() => return,
-                    a = listener.accept() => a,
-                };
-                let Ok((tcp, _)) = accepted else { continue };
-                let _ = tcp.set_nodelay(true);
-                let (acceptor, handler, token) = (acceptor.clone(), handler.clone(), token.clone());
-                tokio::spawn(async move {
-                    let Ok(Ok(tls)) =
-                        tokio::time::timeout(Duration::from_secs(10), acceptor.accept(tcp)).await
-                    else {
-                        return;
-                    };
-                    let svc = service_fn(move |req| {
-                        let handler = handler.clone();
-                        async move { Ok::<_, Infallible>(respond(handler.as_ref(), req).await) }
-                    });
-                    let builder =
-                        hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
-                    let conn = builder.serve_connection(TokioIo::new(tls), svc);
-                    tokio::select! {
-                        _ = conn => {}
-                        () = token.cancelled() => {}
-                    }
+        tensile_kubelet::tls::accept_loop(listener, tls, stop.clone(), move |tls| {
+            let handler = handler.clone();
+            async move {
+                let svc = service_fn(move |req| {
+                    let handler = handler.clone();
+                    async move { Ok::<_, Infallible>(respond(handler.as_ref(), req).await) }
                 });
+                let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+                let _ = builder.serve_connection(TokioIo::new(tls), svc).await;
             }
         });
         Ok(Self { addr, stop })
