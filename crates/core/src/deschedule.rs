@@ -274,6 +274,7 @@ pub fn replacement(pod: &Pod, node: &str) -> Pod {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::inject::required_terms;
     use crate::keys::{ANNOTATION_CLUSTER_SELECTOR, ANNOTATION_EXCLUDED_NODES, LABEL_HOSTNAME};
     use pretty_assertions::assert_eq;
     use serde_json::json;
@@ -425,17 +426,7 @@ mod tests {
         assert_eq!(new.status, None);
         let spec = new.spec.as_ref().unwrap();
         assert_eq!(spec.node_name, None);
-        let term = &spec
-            .affinity
-            .as_ref()
-            .unwrap()
-            .node_affinity
-            .as_ref()
-            .unwrap()
-            .required_during_scheduling_ignored_during_execution
-            .as_ref()
-            .unwrap()
-            .node_selector_terms[0];
+        let term = &required_terms(spec.affinity.as_ref())[0];
         let r = &term.match_expressions.as_ref().unwrap()[0];
         assert_eq!(
             (
@@ -457,20 +448,7 @@ mod tests {
         moved.spec.as_mut().unwrap().node_name = Some("vk-b".into());
         let second = replacement(&moved, "vk-b");
         assert_eq!(attempts(&second), 2);
-        let terms = &second
-            .spec
-            .as_ref()
-            .unwrap()
-            .affinity
-            .as_ref()
-            .unwrap()
-            .node_affinity
-            .as_ref()
-            .unwrap()
-            .required_during_scheduling_ignored_during_execution
-            .as_ref()
-            .unwrap()
-            .node_selector_terms;
+        let terms = &required_terms(second.spec.as_ref().unwrap().affinity.as_ref());
         assert_eq!(terms.len(), 1);
         let exprs = terms[0].match_expressions.as_ref().unwrap();
         assert_eq!(exprs[0].key, "clusterID", "the user's term is kept");

@@ -214,7 +214,8 @@ fn affinity_of(terms: Vec<NodeSelectorTerm>) -> Option<Affinity> {
     })
 }
 
-fn required_terms(affinity: Option<&Affinity>) -> Vec<NodeSelectorTerm> {
+/// The required node-affinity terms of `affinity` (none when it has none).
+pub fn required_terms(affinity: Option<&Affinity>) -> Vec<NodeSelectorTerm> {
     affinity
         .and_then(|a| a.node_affinity.as_ref())
         .and_then(|n| {
@@ -514,16 +515,7 @@ mod tests {
                 {"matchExpressions": [{"key": "a", "operator": "Exists"}, {"key": "b", "operator": "Exists"}],
                  "matchFields": [{"key": "clusterID", "operator": "In", "values": ["x"]},
                                  {"key": "metadata.name", "operator": "In", "values": ["n"]}]}]}}}})));
-        let terms = p
-            .spec
-            .unwrap()
-            .affinity
-            .unwrap()
-            .node_affinity
-            .unwrap()
-            .required_during_scheduling_ignored_during_execution
-            .unwrap()
-            .node_selector_terms;
+        let terms = required_terms(p.spec.unwrap().affinity.as_ref());
         assert_eq!(terms.len(), 1);
         assert_eq!(terms[0].match_expressions, None);
         assert_eq!(terms[0].match_fields.as_ref().unwrap()[0].key, "clusterID");
