@@ -14,7 +14,7 @@ use tensile_sim::apiserver::{ApiServer, ApiServerConfig};
 /// The API server on its own runtime, so kubectl can be run from the test thread while it
 /// serves.
 struct Cluster {
-    _server: ApiServer,
+    server: ApiServer,
     _runtime: tokio::runtime::Runtime,
     dir: PathBuf,
 }
@@ -34,7 +34,7 @@ impl Cluster {
         std::fs::create_dir_all(&dir).unwrap();
         std::fs::write(dir.join("kubeconfig"), server.kubeconfig("sim")).unwrap();
         Self {
-            _server: server,
+            server,
             _runtime: runtime,
             dir,
         }
@@ -42,9 +42,14 @@ impl Cluster {
 
     /// Runs kubectl; it ends by itself (`--request-timeout` bounds every request).
     fn run(&self, args: &[&str]) -> Output {
+        self.run_with(&self.dir.join("kubeconfig"), args)
+    }
+
+    /// Runs kubectl with another kubeconfig.
+    fn run_with(&self, kubeconfig: &Path, args: &[&str]) -> Output {
         Command::new(kubectl())
             .arg("--kubeconfig")
-            .arg(self.dir.join("kubeconfig"))
+            .arg(kubeconfig)
             .arg("--cache-dir")
             .arg(self.dir.join("cache"))
             .arg("--request-timeout=20s")
@@ -266,15 +271,13 @@ fn decoded_bodies_equal_what_kubectl_would_send_as_json() {
             dry.splice(at..at, ["--dry-run=client", "-o", "json"]);
             serde_json::from_str(&c.ok(&dry)).unwrap()
         };
-        // The server does not serve rbac or cronjobs: kubectl is refused after the body was
-        // sent and logged.
+        // The server does not serve cronjobs: kubectl is refused after the body was sent and
+        // logged.
         let mut logged = vec!["-v=9"];
         logged.extend_from_slice(&args);
         let out = c.run(&logged);
         let stderr = String::from_utf8_lossy(&out.stderr);
-        let served = !["create role", "create cronjob"]
-            .iter()
-            .any(|p| command.starts_with(p));
+        let served = !command.starts_with("create cronjob");
         assert!(
             out.status.success() || !served,
             "kubectl {} failed:\n{stderr}",
@@ -440,4 +443,140 @@ fn kubectl_get_watch_prints_changes_as_they_happen() {
     let seen = reader.join().unwrap();
     assert!(seen.contains("first") && seen.contains("second"), "{seen}");
     assert!(seen.starts_with("NAME"), "{seen}");
+}
+
+/// RBAC objects apply like any other (server-side dry run first, which stores nothing), and a
+/// ServiceAccount token from `kubectl create token` then gets exactly what they grant.
+#[test]
+fn kubectl_applies_rbac_and_its_identities_are_held_to_it() {
+    let c = Cluster::start();
+    let manifest = c.dir.join("rbac.yaml");
+    std::fs::write(
+        &manifest,
+        "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: shop\n---\n\
+         apiVersion: v1\nkind: ServiceAccount\nmetadata:\n  name: vn\n  namespace: kube-system\n---\n\
+         apiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRole\nmetadata:\n  name: tensile:reader\n\
+         rules:\n  - apiGroups: [\"\"]\n    resources: [\"nodes\"]\n    verbs: [\"get\", \"list\", \"watch\"]\n---\n\
+         apiVersion: rbac.authorization.k8s.io/v1\nkind: ClusterRoleBinding\nmetadata:\n  name: tensile:reader\n\
+         roleRef:\n  apiGroup: rbac.authorization.k8s.io\n  kind: ClusterRole\n  name: tensile:reader\n\
+         subjects:\n  - kind: ServiceAccount\n    name: vn\n    namespace: kube-system\n---\n\
+         apiVersion: rbac.authorization.k8s.io/v1\nkind: Role\nmetadata:\n  name: pods\n  namespace: shop\n\
+         rules:\n  - apiGroups: [\"\"]\n    resources: [\"pods\"]\n    verbs: [\"get\", \"list\"]\n---\n\
+         apiVersion: rbac.authorization.k8s.io/v1\nkind: RoleBinding\nmetadata:\n  name: pods\n  namespace: shop\n\
+         roleRef:\n  apiGroup: rbac.authorization.k8s.io\n  kind: Role\n  name: pods\n\
+         subjects:\n  - kind: ServiceAccount\n    name: vn\n    namespace: kube-system\n",
+    )
+    .unwrap();
+    let m = manifest.to_str().unwrap();
+
+    // Server-side dry run: validated and admitted, nothing stored. (The namespace does not
+    // exist yet either, so only cluster-scoped objects and kube-system's can be checked.)
+    let out = c.run(&["apply", "--dry-run=server", "-f", m]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    for object in [
+        "clusterrole.rbac.authorization.k8s.io/tensile:reader created (server dry run)",
+        "clusterrolebinding.rbac.authorization.k8s.io/tensile:reader created (server dry run)",
+    ] {
+        assert!(
+            stdout.contains(object),
+            "{stdout}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let out = c.run(&["get", "clusterrole", "tensile:reader"]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("NotFound"));
+
+    let out = c.ok(&["apply", "-f", m]);
+    for object in [
+        "clusterrole.rbac.authorization.k8s.io/tensile:reader created",
+        "clusterrolebinding.rbac.authorization.k8s.io/tensile:reader created",
+        "role.rbac.authorization.k8s.io/pods created",
+        "rolebinding.rbac.authorization.k8s.io/pods created",
+    ] {
+        assert!(out.contains(object), "{out}");
+    }
+    // Applying again changes nothing; a dry run of the same is unchanged too.
+    let again = c.ok(&["apply", "-f", m]);
+    assert!(
+        again.contains("rolebinding.rbac.authorization.k8s.io/pods unchanged"),
+        "{again}"
+    );
+    let dry = c.ok(&["apply", "--dry-run=server", "-f", m]);
+    assert!(
+        dry.contains("role.rbac.authorization.k8s.io/pods unchanged (server dry run)"),
+        "{dry}"
+    );
+    let table = c.ok(&["-n", "shop", "get", "rolebindings", "-o", "wide"]);
+    let header: Vec<&str> = table.lines().next().unwrap().split_whitespace().collect();
+    assert_eq!(
+        header,
+        ["NAME", "ROLE", "AGE", "USERS", "GROUPS", "SERVICEACCOUNTS"]
+    );
+    assert!(table.contains("Role/pods"), "{table}");
+    assert!(table.contains("kube-system/vn"), "{table}");
+    let roles = c.ok(&["get", "clusterroles"]);
+    assert!(
+        roles.lines().next().unwrap().contains("CREATED AT"),
+        "{roles}"
+    );
+    assert!(roles.contains("tensile:reader"), "{roles}");
+
+    // The ServiceAccount's own kubeconfig.
+    let token = c.ok(&["-n", "kube-system", "create", "token", "vn"]);
+    let kubeconfig = c.dir.join("vn.kubeconfig");
+    std::fs::write(
+        &kubeconfig,
+        c.server.kubeconfig_with_token("vn", token.trim()),
+    )
+    .unwrap();
+    let vn = |args: &[&str]| c.run_with(&kubeconfig, args);
+    let out = vn(&["-n", "shop", "get", "pods"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = vn(&["get", "nodes"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        c.server.forbidden().is_empty(),
+        "{:?}",
+        c.server.forbidden()
+    );
+    let out = vn(&["-n", "default", "get", "pods"]);
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(
+            "pods is forbidden: User \"system:serviceaccount:kube-system:vn\" cannot list resource \"pods\" in API group \"\" in the namespace \"default\""
+        ),
+        "{stderr}"
+    );
+    let out = vn(&[
+        "-n",
+        "shop",
+        "create",
+        "configmap",
+        "x",
+        "--from-literal=a=b",
+        "--dry-run=server",
+    ]);
+    assert!(!out.status.success());
+    let denied: Vec<String> = c
+        .server
+        .forbidden()
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    assert_eq!(
+        denied,
+        [
+            "User \"system:serviceaccount:kube-system:vn\" cannot list resource \"pods\" in API group \"\" in the namespace \"default\"",
+            "User \"system:serviceaccount:kube-system:vn\" cannot create resource \"configmaps\" in API group \"\" in the namespace \"shop\"",
+        ]
+    );
 }

@@ -112,6 +112,33 @@ impl ApiError {
         Self::new(403, "Forbidden", message)
     }
 
+    /// The authorizer refused a request: `resource "name" is forbidden: <why>` (`forbidden:
+    /// <why>` for a non-resource path), with the details the real server gives (`kind` is the
+    /// resource).
+    pub fn forbidden_request(group: &str, resource: &str, name: &str, why: &str) -> Self {
+        let message = match (resource, name) {
+            ("", _) => format!("forbidden: {why}"),
+            (_, "") => format!("{} is forbidden: {why}", qualified(group, resource)),
+            _ => format!(
+                "{} {name:?} is forbidden: {why}",
+                qualified(group, resource)
+            ),
+        };
+        let mut e = Self::new(403, "Forbidden", message);
+        let mut d = serde_json::Map::new();
+        if !name.is_empty() {
+            d.insert("name".into(), json!(name));
+        }
+        if !group.is_empty() {
+            d.insert("group".into(), json!(group));
+        }
+        if !resource.is_empty() {
+            d.insert("kind".into(), json!(resource));
+        }
+        e.details = Some(Value::Object(d));
+        e
+    }
+
     /// The verb is not served on this resource.
     pub fn method_not_allowed(message: impl Into<String>) -> Self {
         Self::new(405, "MethodNotAllowed", message)

@@ -1,4 +1,5 @@
-//! Connections: TLS, HTTP/1.1 with upgrades, authentication, and dispatch by route.
+//! Connections: TLS, HTTP/1.1 with upgrades, authentication, authorization (RBAC), and dispatch
+//! by route.
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -16,6 +17,7 @@ use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 
 use super::errors::ApiError;
+use super::rbac::{self, Action, Denial};
 use super::request::{Route, route};
 use super::{State, UserInfo, discovery, rest};
 use crate::certs::client_identity;
@@ -137,6 +139,9 @@ async fn handle(
             "the server is currently unable to handle the request",
         ));
     }
+    if let Some(refused) = authorize(&state, &req, &user) {
+        return refused;
+    }
     let path = req.uri().path().to_owned();
     match route(&path) {
         Route::Version => value_response(200, &discovery::version(&state)),
@@ -156,4 +161,35 @@ async fn handle(
         Route::Resource(r) => rest::dispatch(state, req, r, user).await,
         Route::NotFound => error_response(&ApiError::no_route()),
     }
+}
+
+/// Authorizes a request before anything else looks at it, as the real server's filter chain
+/// does (so a refused request gets 403 whether or not what it names exists). `system:masters`
+/// passes without a policy lookup. A refusal is recorded and answered with the real Status.
+fn authorize(state: &State, req: &Request<Incoming>, user: &UserInfo) -> Option<Response<Body>> {
+    if rbac::is_privileged(&user.groups) {
+        return None;
+    }
+    let path = req.uri().path();
+    let action = rbac::request_attributes(req.method().as_str(), path, req.uri().query());
+    let decision = state.authorize(user, &action);
+    if decision.allowed {
+        return None;
+    }
+    let mut why = rbac::forbidden_message(&user.username, &action);
+    if !decision.reason.is_empty() {
+        why = format!("{why}: {}", decision.reason);
+    }
+    let err = match &action {
+        Action::Resource(r) => ApiError::forbidden_request(&r.group, &r.resource, &r.name, &why),
+        Action::NonResource { .. } => ApiError::forbidden_request("", "", "", &why),
+    };
+    state.record_denial(Denial::new(
+        &user.username,
+        &user.groups,
+        &action,
+        path,
+        &decision.reason,
+    ));
+    Some(error_response(&err))
 }

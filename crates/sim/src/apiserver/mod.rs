@@ -16,6 +16,8 @@ pub mod patch;
 mod proto_schema;
 pub mod protobuf;
 mod proxy;
+pub mod rbac;
+mod rbac_strategy;
 pub mod request;
 pub mod resources;
 mod rest;
@@ -101,6 +103,19 @@ pub struct UserInfo {
     pub groups: Vec<String>,
 }
 
+/// The identity of a ServiceAccount's tokens.
+pub fn service_account_user(namespace: &str, name: &str, uid: String) -> UserInfo {
+    UserInfo {
+        username: rbac::service_account_username(namespace, name),
+        uid,
+        groups: vec![
+            "system:serviceaccounts".into(),
+            format!("system:serviceaccounts:{namespace}"),
+            "system:authenticated".into(),
+        ],
+    }
+}
+
 /// Shared state of a running API server.
 #[derive(Debug)]
 pub struct State {
@@ -120,6 +135,10 @@ pub struct State {
     extenders: Mutex<Vec<controllers::SchedulerExtender>>,
     /// False during a simulated outage: every request gets 503 and watches end.
     available: tokio::sync::watch::Sender<bool>,
+    /// The RBAC policy, with the store's last change of RBAC objects it was built at.
+    policy: Mutex<Option<(u64, Arc<rbac::Policy>)>>,
+    /// Every request the authorizer refused, oldest first.
+    denials: Mutex<Vec<rbac::Denial>>,
 }
 
 impl State {
@@ -142,6 +161,73 @@ impl State {
     /// The scheduler extenders in use.
     pub fn scheduler_extenders(&self) -> Vec<controllers::SchedulerExtender> {
         self.extenders.lock().map(|e| e.clone()).unwrap_or_default()
+    }
+
+    /// The RBAC policy of the stored roles and bindings, rebuilt only after one of them
+    /// changed.
+    pub fn rbac_policy(&self) -> Arc<rbac::Policy> {
+        let ids = [
+            *resources::ids::ROLES,
+            *resources::ids::CLUSTER_ROLES,
+            *resources::ids::ROLE_BINDINGS,
+            *resources::ids::CLUSTER_ROLE_BINDINGS,
+        ];
+        let changed = ids
+            .iter()
+            .map(|id| self.store.changed_at(*id))
+            .max()
+            .unwrap_or(0);
+        if let Ok(cache) = self.policy.lock()
+            && let Some((at, policy)) = cache.as_ref()
+            && *at == changed
+        {
+            return policy.clone();
+        }
+        // Built from a moment at or after `changed`: a write in between only makes the next
+        // call rebuild again.
+        fn objects<T: serde::de::DeserializeOwned>(state: &State, id: resources::ResId) -> Vec<T> {
+            let (entries, _, _) = state.store.list(id, None, None, None, |_| true);
+            entries
+                .iter()
+                .filter_map(|e| serde_json::from_value((*e.object).clone()).ok())
+                .collect()
+        }
+        let policy = Arc::new(rbac::Policy::new(
+            objects(self, ids[0]),
+            objects(self, ids[1]),
+            objects(self, ids[2]),
+            objects(self, ids[3]),
+        ));
+        if let Ok(mut cache) = self.policy.lock() {
+            *cache = Some((changed, policy.clone()));
+        }
+        policy
+    }
+
+    /// Decides a request of a user: `system:masters` without looking at any policy, everyone
+    /// else by RBAC.
+    pub fn authorize(&self, user: &UserInfo, action: &rbac::Action) -> rbac::Decision {
+        if rbac::is_privileged(&user.groups) {
+            return rbac::Decision {
+                allowed: true,
+                reason: String::new(),
+            };
+        }
+        self.rbac_policy()
+            .authorize(&user.username, &user.groups, action)
+    }
+
+    /// Records a refused request.
+    pub(crate) fn record_denial(&self, denial: rbac::Denial) {
+        tracing::debug!(%denial, "forbidden");
+        if let Ok(mut d) = self.denials.lock() {
+            d.push(denial);
+        }
+    }
+
+    /// Every request refused so far, oldest first.
+    pub fn denials(&self) -> Vec<rbac::Denial> {
+        self.denials.lock().map(|d| d.clone()).unwrap_or_default()
     }
 
     /// Issues a new bearer token for a user (TokenRequest, test users).
@@ -221,6 +307,8 @@ impl ApiServer {
             metrics: metrics::MetricsCache::default(),
             extenders: Mutex::new(extenders),
             available: tokio::sync::watch::Sender::new(true),
+            policy: Mutex::new(None),
+            denials: Mutex::new(Vec::new()),
         });
         let admin_token = state.issue_token(UserInfo {
             username: "kubernetes-admin".into(),
@@ -271,6 +359,63 @@ impl ApiServer {
     /// A bearer token of a cluster administrator (`system:masters`).
     pub fn admin_token(&self) -> &str {
         &self.admin_token
+    }
+
+    /// Issues a bearer token for any user; RBAC decides what it may do (unless its groups
+    /// include `system:masters`). `system:authenticated` is added to the groups if missing.
+    pub fn issue_token(&self, mut user: UserInfo) -> String {
+        if !user.groups.iter().any(|g| g == "system:authenticated") {
+            user.groups.push("system:authenticated".into());
+        }
+        self.state.issue_token(user)
+    }
+
+    /// Issues a bearer token of a ServiceAccount, as a TokenRequest (`kubectl create token`)
+    /// would: user `system:serviceaccount:<namespace>:<name>`, groups
+    /// `system:serviceaccounts`, `system:serviceaccounts:<namespace>`, `system:authenticated`.
+    /// The ServiceAccount need not exist (its uid is used when it does).
+    pub fn service_account_token(&self, namespace: &str, name: &str) -> String {
+        let uid = self
+            .state
+            .store
+            .get(
+                *resources::ids::SERVICEACCOUNTS,
+                &store::ObjKey::new(namespace, name),
+            )
+            .and_then(|e| meta::meta_str(&e.object, "uid").map(str::to_owned))
+            .unwrap_or_default();
+        self.state
+            .issue_token(service_account_user(namespace, name, uid))
+    }
+
+    /// A kubeconfig (context `context`) whose only user authenticates with `token`.
+    pub fn kubeconfig_with_token(&self, context: &str, token: &str) -> String {
+        kubeconfig(&[KubeconfigEntry {
+            context: context.to_owned(),
+            server: self.url().to_owned(),
+            ca_pem: self.state.ca.cert_pem().to_owned(),
+            client: None,
+            token: Some(token.to_owned()),
+        }])
+    }
+
+    /// A kube client authenticated with a bearer token (see [`ApiServer::issue_token`],
+    /// [`ApiServer::service_account_token`]).
+    pub async fn client_with_token(&self, token: &str) -> Result<kube::Client, kube::Error> {
+        client_from_kubeconfig(&self.kubeconfig_with_token("token", token)).await
+    }
+
+    /// Every request the RBAC authorizer refused since the server started, oldest first. A
+    /// scenario run under least-privilege identities asserts this is empty.
+    pub fn forbidden(&self) -> Vec<rbac::Denial> {
+        self.state.denials()
+    }
+
+    /// Forgets the refused requests recorded so far.
+    pub fn clear_forbidden(&self) {
+        if let Ok(mut d) = self.state.denials.lock() {
+            d.clear();
+        }
     }
 
     /// A kubeconfig for this cluster: context `context` (current), user with the admin

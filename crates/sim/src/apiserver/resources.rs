@@ -10,7 +10,7 @@ use k8s_openapi::api::{
     admissionregistration::v1 as admreg, apps::v1 as apps, authentication::v1 as authn,
     authorization::v1 as authz, batch::v1 as batch, coordination::v1 as coordination,
     core::v1 as core, discovery::v1 as discovery, events::v1 as events, policy::v1 as policy,
-    scheduling::v1 as scheduling, storage::v1 as storage,
+    rbac::v1 as rbac, scheduling::v1 as scheduling, storage::v1 as storage,
 };
 
 /// One served resource.
@@ -199,6 +199,14 @@ pub static RESOURCES: &[ResourceType] = &[
         authn::TokenReview, namespaced: false, create_only: true),
     row!("authorization.k8s.io", "v1", "subjectaccessreviews", "subjectaccessreview",
         "SubjectAccessReview", authz::SubjectAccessReview, namespaced: false, create_only: true),
+    row!("rbac.authorization.k8s.io", "v1", "clusterrolebindings", "clusterrolebinding",
+        "ClusterRoleBinding", rbac::ClusterRoleBinding, namespaced: false),
+    row!("rbac.authorization.k8s.io", "v1", "clusterroles", "clusterrole", "ClusterRole",
+        rbac::ClusterRole, namespaced: false),
+    row!("rbac.authorization.k8s.io", "v1", "rolebindings", "rolebinding", "RoleBinding",
+        rbac::RoleBinding, namespaced: true),
+    row!("rbac.authorization.k8s.io", "v1", "roles", "role", "Role", rbac::Role,
+        namespaced: true),
     ResourceType {
         group: "metrics.k8s.io",
         version: "v1beta1",
@@ -295,6 +303,14 @@ pub mod ids {
         MUTATING_WEBHOOKS,
         "admissionregistration.k8s.io",
         "mutatingwebhookconfigurations"
+    );
+    id!(ROLES, "rbac.authorization.k8s.io", "roles");
+    id!(ROLE_BINDINGS, "rbac.authorization.k8s.io", "rolebindings");
+    id!(CLUSTER_ROLES, "rbac.authorization.k8s.io", "clusterroles");
+    id!(
+        CLUSTER_ROLE_BINDINGS,
+        "rbac.authorization.k8s.io",
+        "clusterrolebindings"
     );
     id!(POD_METRICS, "metrics.k8s.io", "pods");
     id!(NODE_METRICS, "metrics.k8s.io", "nodes");

@@ -114,6 +114,8 @@ pub enum StoreError {
 struct Inner {
     rv: u64,
     objects: Vec<BTreeMap<ObjKey, Entry>>,
+    /// Per resource, the resourceVersion of its last change (0: never changed).
+    changed_at: Vec<u64>,
     log: VecDeque<Arc<Event>>,
     /// Every event with rv > floor is in the log.
     floor: u64,
@@ -141,6 +143,7 @@ impl Store {
             inner: Mutex::new(Inner {
                 rv: 1,
                 objects: (0..resources).map(|_| BTreeMap::new()).collect(),
+                changed_at: vec![0; resources],
                 log: VecDeque::with_capacity(capacity.min(1 << 16)),
                 floor: 1,
                 capacity: capacity.max(1),
@@ -160,6 +163,13 @@ impl Store {
     /// The newest resourceVersion.
     pub fn current_rv(&self) -> u64 {
         self.lock().rv
+    }
+
+    /// The resourceVersion of the last change (create, update or removal) of any object of a
+    /// resource, 0 if there was none: a cheap way to tell whether a cache built from a
+    /// resource's objects is still current.
+    pub fn changed_at(&self, res: ResId) -> u64 {
+        self.lock().changed_at.get(res).copied().unwrap_or(0)
     }
 
     /// One object.
@@ -318,6 +328,9 @@ impl Inner {
         prev: Option<Entry>,
     ) -> Entry {
         let rv = self.next_rv();
+        if let Some(at) = self.changed_at.get_mut(res) {
+            *at = rv;
+        }
         if let Some(meta) = object.get_mut("metadata").and_then(Value::as_object_mut) {
             meta.insert("resourceVersion".into(), Value::String(rv.to_string()));
         }

@@ -114,6 +114,11 @@ pub(super) fn bootstrap(state: &State) {
     let _ = state
         .store
         .create(*ids::SERVICES, ObjKey::new("default", "kubernetes"), svc);
+    for (res, mut obj) in super::rbac_strategy::bootstrap_policy() {
+        init_meta(&mut obj);
+        let name = meta::name(&obj).unwrap_or_default().to_owned();
+        let _ = state.store.create(res, ObjKey::new("", name), obj);
+    }
 }
 
 fn init_meta(obj: &mut Value) {
@@ -122,8 +127,24 @@ fn init_meta(obj: &mut Value) {
     m.insert("creationTimestamp".into(), json!(meta::now()));
 }
 
-/// Names: DNS labels for namespaces and services, DNS subdomains for the rest.
+/// Names: DNS labels for namespaces and services, path segments for roles and bindings, DNS
+/// subdomains for the rest.
 pub(super) fn validate_name(rt: &ResourceType, name: &str) -> Result<(), ApiError> {
+    if super::rbac_strategy::is_rbac(rt) {
+        // Roles and bindings only need names that are path segments (`system:discovery`).
+        return match super::rbac_strategy::invalid_name(name) {
+            Some(why) => Err(ApiError::invalid(
+                rt.group,
+                rt.kind,
+                name,
+                &[(
+                    "metadata.name".into(),
+                    format!("Invalid value: {name:?}: {why}"),
+                )],
+            )),
+            None => Ok(()),
+        };
+    }
     let label_only = matches!(rt.plural, "namespaces" | "services");
     let ok = if label_only {
         is_dns_label(name)
@@ -203,6 +224,7 @@ pub(super) fn prepare_create(
     obj: &mut Value,
     _user: &UserInfo,
 ) -> Result<(), ApiError> {
+    super::rbac_strategy::set_defaults(rt, obj);
     match (rt.group, rt.plural) {
         ("", "namespaces") => prepare_namespace(obj),
         ("", "pods") => prepare_pod(state, obj)?,
@@ -735,6 +757,10 @@ pub(super) fn validate(
             return Err(ApiError::invalid(rt.group, rt.kind, name, &causes));
         }
     }
+    let causes = super::rbac_strategy::validate(rt, obj, old);
+    if !causes.is_empty() {
+        return Err(ApiError::invalid(rt.group, rt.kind, name, &causes));
+    }
     if rt.plural == "deployments" && obj.pointer("/spec/selector").is_none() {
         return Err(ApiError::invalid(
             rt.group,
@@ -867,6 +893,9 @@ fn fold_string_data(obj: &mut Value) {
 }
 
 pub(super) fn prepare_update(rt: &ResourceType, new: &mut Value, old: &Value, sub: Subresource) {
+    if sub == Subresource::Main {
+        super::rbac_strategy::set_defaults(rt, new);
+    }
     if rt.group.is_empty() && rt.plural == "secrets" && sub != Subresource::Status {
         fold_string_data(new);
     }
@@ -1077,7 +1106,7 @@ pub(super) async fn create_only(
     rt: &ResourceType,
     namespace: Option<&str>,
     body: Value,
-    user: &UserInfo,
+    _user: &UserInfo,
 ) -> Result<(u16, Value), ApiError> {
     match rt.plural {
         "bindings" => {
@@ -1100,22 +1129,10 @@ pub(super) async fn create_only(
             Ok((201, out))
         }
         "subjectaccessreviews" => {
-            // Every authenticated user is allowed (documented simplification); the review
-            // still has to name a user.
-            let named = body
-                .pointer("/spec/user")
-                .and_then(Value::as_str)
-                .is_some_and(|u| !u.is_empty())
-                || body
-                    .pointer("/spec/groups")
-                    .and_then(Value::as_array)
-                    .is_some_and(|g| !g.is_empty());
+            // Decided like a request of that user would be.
+            let status = super::rbac_strategy::review_status(state, &body);
             let mut out = body;
-            out["status"] = if named {
-                json!({"allowed": true, "reason": format!("allowed by the sim API server (asked by {})", user.username)})
-            } else {
-                json!({"allowed": false, "reason": "no user or group in the review"})
-            };
+            out["status"] = status;
             Ok((201, out))
         }
         _ => Err(ApiError::method_not_allowed(format!(
@@ -1258,15 +1275,7 @@ fn token_request(state: &State, ns: &str, sa: &str, body: Value) -> Result<(u16,
     let uid = meta::meta_str(&account.object, "uid")
         .unwrap_or_default()
         .to_owned();
-    let token = state.issue_token(UserInfo {
-        username: format!("system:serviceaccount:{ns}:{sa}"),
-        uid,
-        groups: vec![
-            "system:serviceaccounts".into(),
-            format!("system:serviceaccounts:{ns}"),
-            "system:authenticated".into(),
-        ],
-    });
+    let token = state.issue_token(super::service_account_user(ns, sa, uid));
     let seconds = body
         .pointer("/spec/expirationSeconds")
         .and_then(Value::as_i64)

@@ -100,6 +100,16 @@ fn columns(rt: &ResourceType) -> Vec<Column> {
         ("coordination.k8s.io", "leases") => {
             vec![col("Holder", "string", 0), col("Age", "string", 0)]
         }
+        ("rbac.authorization.k8s.io", "roles" | "clusterroles") => {
+            vec![col("Created At", "date", 0)]
+        }
+        ("rbac.authorization.k8s.io", "rolebindings" | "clusterrolebindings") => vec![
+            col("Role", "string", 0),
+            col("Age", "string", 0),
+            col("Users", "string", 1),
+            col("Groups", "string", 1),
+            col("ServiceAccounts", "string", 1),
+        ],
         ("", "events") => {
             return vec![
                 col("Last Seen", "string", 0),
@@ -312,6 +322,38 @@ fn cells(rt: &ResourceType, obj: &Value, now: Timestamp) -> Vec<Value> {
         ]),
         ("coordination.k8s.io", "leases") => {
             c.extend([json!(s(obj.pointer("/spec/holderIdentity"))), json!(age)])
+        }
+        ("rbac.authorization.k8s.io", "roles" | "clusterroles") => {
+            c.push(json!(s(obj.pointer("/metadata/creationTimestamp"))));
+        }
+        ("rbac.authorization.k8s.io", "rolebindings" | "clusterrolebindings") => {
+            let subjects = arr("/subjects");
+            let of_kind = |kind: &str| {
+                let names: Vec<String> = subjects
+                    .iter()
+                    .filter(|x| x.get("kind").and_then(Value::as_str) == Some(kind))
+                    .map(|x| {
+                        let name = s(x.get("name"));
+                        if kind == "ServiceAccount" {
+                            format!("{}/{name}", s(x.get("namespace")))
+                        } else {
+                            name
+                        }
+                    })
+                    .collect();
+                names.join(", ")
+            };
+            c.extend([
+                json!(format!(
+                    "{}/{}",
+                    s(obj.pointer("/roleRef/kind")),
+                    s(obj.pointer("/roleRef/name"))
+                )),
+                json!(age),
+                json!(of_kind("User")),
+                json!(of_kind("Group")),
+                json!(of_kind("ServiceAccount")),
+            ]);
         }
         ("", "events") => {
             let last = [
