@@ -293,6 +293,30 @@ pub fn node_health(
     (conditions, taints)
 }
 
+/// The node's taints once this process has had its say: every taint someone else put there
+/// (`kubectl taint`, the node lifecycle controller's not-ready and unreachable NoExecute taints)
+/// kept as it is, and the taints this process manages (the configured one, the
+/// lower-unreachable one) replaced by `ours`. A taint of ours that did not change keeps its
+/// `timeAdded`. `None` when there are no taints at all.
+pub fn merged_taints(
+    current: Option<&[Taint]>,
+    id: &NodeIdentity,
+    ours: Option<&[Taint]>,
+) -> Option<Vec<Taint>> {
+    let managed = |t: &Taint| {
+        t.key == TAINT_LOWER_UNREACHABLE || id.taint.as_ref().is_some_and(|c| c.key == t.key)
+    };
+    let current = current.unwrap_or_default();
+    let mut taints: Vec<Taint> = current.iter().filter(|t| !managed(t)).cloned().collect();
+    for t in ours.unwrap_or_default() {
+        let kept = current.iter().find(|c| {
+            c.key == t.key && c.value == t.value && c.effect == t.effect && t.time_added.is_none()
+        });
+        taints.push(kept.unwrap_or(t).clone());
+    }
+    (!taints.is_empty()).then_some(taints)
+}
+
 /// The whole Node object the virtual node registers and keeps patching.
 pub fn virtual_node(
     id: &NodeIdentity,
@@ -516,6 +540,51 @@ mod tests {
         assert_eq!(kubelet_port(None).unwrap(), 10250);
         assert!(kubelet_port(Some("ten")).is_err());
         assert_eq!(s.node_info.unwrap().kubelet_version, "v1.33.4");
+    }
+
+    #[test]
+    fn taints_of_others_survive_and_ours_are_replaced() {
+        let other = |key: &str, effect: &str| Taint {
+            key: key.into(),
+            value: None,
+            effect: effect.into(),
+            time_added: None,
+        };
+        let id = identity();
+        let configured = id.taint.clone().unwrap();
+        let unreachable = Taint {
+            key: TAINT_LOWER_UNREACHABLE.into(),
+            value: None,
+            effect: EFFECT_NO_SCHEDULE.into(),
+            time_added: Some(now()),
+        };
+        let not_ready = Taint {
+            time_added: Some(now()),
+            ..other(crate::keys::TAINT_NOT_READY, "NoExecute")
+        };
+        let current = vec![
+            other("dedicated", "NoSchedule"),
+            configured.clone(),
+            unreachable.clone(),
+            not_ready.clone(),
+        ];
+        // The lower cluster is back: our unreachable taint goes, everyone else's stays.
+        let ours = vec![configured.clone()];
+        assert_eq!(
+            merged_taints(Some(&current), &id, Some(&ours)),
+            Some(vec![other("dedicated", "NoSchedule"), not_ready.clone(), configured.clone()])
+        );
+        // Nothing of ours, nothing of theirs: no taints.
+        assert_eq!(merged_taints(None, &id, None), None);
+        // Ours with a timeAdded of its own (the unreachable one) replaces the old one.
+        let later = Taint {
+            time_added: Some(Time(now().0 + k8s_openapi::jiff::SignedDuration::from_secs(5))),
+            ..unreachable.clone()
+        };
+        let merged = merged_taints(Some(&current), &id, Some(&[configured.clone(), later.clone()]))
+            .unwrap();
+        assert!(merged.contains(&later) && !merged.contains(&unreachable), "{merged:?}");
+        assert!(merged.contains(&not_ready), "{merged:?}");
     }
 
     #[test]

@@ -13,7 +13,7 @@ use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::runtime::watcher;
 use serde_json::json;
 use tensile_core::capacity::CapacityModel;
-use tensile_core::node::{LowerHealth, NodeIdentity, node_health, virtual_node};
+use tensile_core::node::{LowerHealth, NodeIdentity, merged_taints, node_health, virtual_node};
 use tensile_core::resources::ResourceVector;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
@@ -174,7 +174,19 @@ pub async fn run_node(
             .unwrap_or_default();
         let now = Time(Timestamp::now());
         let (conditions, taints) = node_health(&health, cfg.not_ready_after, &now, &previous);
-        let desired = virtual_node(&cfg.identity, &total, &largest, conditions, taints);
+        let mut desired = virtual_node(&cfg.identity, &total, &largest, conditions, taints);
+        // Our taints only: others' (kubectl taint, the lifecycle controller's) are kept.
+        let current_taints = current
+            .as_ref()
+            .and_then(|n| n.spec.as_ref())
+            .and_then(|s| s.taints.clone());
+        if let Some(spec) = desired.spec.as_mut() {
+            spec.taints = merged_taints(
+                current_taints.as_deref(),
+                &cfg.identity,
+                spec.taints.as_deref(),
+            );
+        }
         let node_uid = match &current {
             None => match nodes.create(&PostParams::default(), &desired).await {
                 Ok(n) => n.metadata.uid,
@@ -190,8 +202,16 @@ pub async fn run_node(
             "labels": desired.metadata.labels, "annotations": desired.metadata.annotations, "taints": desired.spec.as_ref().map(|s| &s.taints)});
         let due = last_status.elapsed() >= cfg.heartbeat;
         if current.is_some() && (due || published.as_ref() != Some(&fingerprint)) {
-            let meta = json!({"metadata": {"labels": desired.metadata.labels, "annotations": desired.metadata.annotations},
-                "spec": {"taints": desired.spec.as_ref().and_then(|s| s.taints.clone())}});
+            let taints = desired.spec.as_ref().and_then(|s| s.taints.clone());
+            let mut meta = json!({"metadata": {"labels": desired.metadata.labels, "annotations": desired.metadata.annotations}});
+            if taints != current_taints {
+                // A list is replaced whole by a merge patch: written only against the version
+                // it was computed from, so a taint added meanwhile is not lost (a conflict
+                // retries at the next tick).
+                meta["spec"] = json!({"taints": taints});
+                meta["metadata"]["resourceVersion"] =
+                    json!(current.as_ref().and_then(|n| n.metadata.resource_version.clone()));
+            }
             let status = json!({"status": desired.status});
             let ok = nodes
                 .patch(&name, &PatchParams::default(), &Patch::Merge(meta))

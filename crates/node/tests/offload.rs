@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Node, Pod};
-use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 use tensile_sim::env::{ClusterSpec, TestEnv};
 
@@ -145,8 +145,8 @@ async fn dependencies_go_first_updates_follow_and_kube_system_is_not_offloaded()
     upper_pods
         .patch(
             "web",
-            &kube::api::PatchParams::default(),
-            &kube::api::Patch::Strategic(
+            &PatchParams::default(),
+            &Patch::Strategic(
                 json!({"spec": {"containers": [{"name": "c", "image": "nginx:1.28"}]}}),
             ),
         )
@@ -377,6 +377,36 @@ async fn checklist_19_fix_a_60_s_lower_cluster_outage_keeps_pods_and_the_lease_a
             .map(|t| t.0)
     };
 
+    // An operator's taint (what `kubectl taint` writes: the whole list, ours included) must
+    // outlive every taint change the node makes on its own.
+    let mut taints = nodes
+        .get("vk-lower")
+        .await
+        .unwrap()
+        .spec
+        .and_then(|s| s.taints)
+        .unwrap_or_default();
+    taints.push(k8s_openapi::api::core::v1::Taint {
+        key: "dedicated".into(),
+        value: Some("ops".into()),
+        effect: "NoSchedule".into(),
+        time_added: None,
+    });
+    nodes
+        .patch(
+            "vk-lower",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"taints": taints}})),
+        )
+        .await
+        .unwrap();
+    let operators = |n: &Node| {
+        n.spec
+            .as_ref()
+            .and_then(|s| s.taints.as_ref())
+            .is_some_and(|t| t.iter().any(|t| t.key == "dedicated"))
+    };
+
     env.clusters[1].server().unwrap().set_available(false);
     let outage = tokio::time::Instant::now();
     eventually(30, "node says the lower cluster is unreachable", || async {
@@ -422,6 +452,10 @@ async fn checklist_19_fix_a_60_s_lower_cluster_outage_keeps_pods_and_the_lease_a
         .then_some(())
     })
     .await;
+    assert!(
+        operators(&nodes.get("vk-lower").await.unwrap()),
+        "the operator's taint survived the node's own taint changes"
+    );
     upper_pods
         .create(&PostParams::default(), &pod("after", "vk-lower", json!({})))
         .await
