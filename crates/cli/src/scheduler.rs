@@ -16,7 +16,7 @@ use tokio_util::sync::CancellationToken;
 /// Flags of `tensile scheduler`.
 #[derive(Debug, Args)]
 pub struct SchedulerArgs {
-    /// Kubeconfig of the upper cluster (default: in-cluster configuration).
+    /// Kubeconfig of the upper cluster (default: ~/.kube/config if it exists, else in-cluster).
     #[arg(long)]
     pub kubeconfig: Option<PathBuf>,
     /// A lower cluster, as ID=KUBECONFIG: the `clusterID` label value of its virtual node and

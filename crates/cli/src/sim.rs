@@ -23,7 +23,7 @@ pub struct SimArgs {
     /// Serve plain HTTP instead of HTTPS.
     #[arg(long)]
     insecure_http: bool,
-    /// Write the kubeconfig here (it is also printed).
+    /// Write the kubeconfig here (without it, the kubeconfig is printed).
     #[arg(long)]
     kubeconfig_out: Option<PathBuf>,
 }

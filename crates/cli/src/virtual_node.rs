@@ -46,9 +46,9 @@ pub struct VirtualNodeArgs {
     #[arg(long, default_value = "default/kubernetes")]
     service_exclude: String,
     /// Create ServiceAccounts in the lower cluster for the pods that use them.
-    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
     enable_serviceaccount: bool,
-    /// Log level (trace, debug, info, warn, error).
+    /// Accepted for compatibility; the log level is set with RUST_LOG.
     #[arg(long, default_value = "info")]
     log_level: String,
     /// Kubeconfig of the upper cluster.
@@ -86,7 +86,7 @@ pub struct VirtualNodeArgs {
     #[arg(long, default_value_t = 50)]
     pod_sync_workers: usize,
     /// Always true: the lease is how the upper cluster knows the node is alive.
-    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
     enable_node_lease: bool,
     /// Ignored: we never re-list.
     #[arg(long, default_value = "1m")]
@@ -118,7 +118,7 @@ pub struct VirtualNodeArgs {
     /// Ignored: caches use the kubelet's TTLs.
     #[arg(long)]
     authorization_webhook_cache_unauthorized_ttl: Option<String>,
-    /// klog verbosity (mapped to the log level).
+    /// Accepted for compatibility; the log level is set with RUST_LOG.
     #[arg(long = "klog.v")]
     klog_v: Option<u8>,
     /// Accepted for compatibility.
@@ -177,6 +177,21 @@ pub async fn run(args: VirtualNodeArgs) -> anyhow::Result<()> {
         (args.provider_config.is_some(), "--provider-config"),
         (!args.namespace.is_empty(), "--namespace"),
         (!args.enable_node_lease, "--enable-node-lease=false"),
+        (args.log_level != "info", "--log-level (use RUST_LOG)"),
+        (args.klog_v.is_some(), "--klog.v (use RUST_LOG)"),
+        (args.full_resync_period != "1m", "--full-resync-period"),
+        (args.cluster_domain != "cluster.local", "--cluster-domain"),
+        (args.startup_timeout != "0", "--startup-timeout"),
+        (
+            !args.authentication_token_webhook,
+            "--authentication-token-webhook=false",
+        ),
+        (
+            args.authentication_token_webhook_cache_ttl.is_some()
+                || args.authorization_webhook_cache_authorized_ttl.is_some()
+                || args.authorization_webhook_cache_unauthorized_ttl.is_some(),
+            "--authentication-token-webhook-cache-ttl and --authorization-webhook-cache-*-ttl",
+        ),
     ] {
         if set {
             tracing::warn!(

@@ -572,18 +572,31 @@ mod tests {
         let ours = vec![configured.clone()];
         assert_eq!(
             merged_taints(Some(&current), &id, Some(&ours)),
-            Some(vec![other("dedicated", "NoSchedule"), not_ready.clone(), configured.clone()])
+            Some(vec![
+                other("dedicated", "NoSchedule"),
+                not_ready.clone(),
+                configured.clone()
+            ])
         );
         // Nothing of ours, nothing of theirs: no taints.
         assert_eq!(merged_taints(None, &id, None), None);
         // Ours with a timeAdded of its own (the unreachable one) replaces the old one.
         let later = Taint {
-            time_added: Some(Time(now().0 + k8s_openapi::jiff::SignedDuration::from_secs(5))),
+            time_added: Some(Time(
+                now().0 + k8s_openapi::jiff::SignedDuration::from_secs(5),
+            )),
             ..unreachable.clone()
         };
-        let merged = merged_taints(Some(&current), &id, Some(&[configured.clone(), later.clone()]))
-            .unwrap();
-        assert!(merged.contains(&later) && !merged.contains(&unreachable), "{merged:?}");
+        let merged = merged_taints(
+            Some(&current),
+            &id,
+            Some(&[configured.clone(), later.clone()]),
+        )
+        .unwrap();
+        assert!(
+            merged.contains(&later) && !merged.contains(&unreachable),
+            "{merged:?}"
+        );
         assert!(merged.contains(&not_ready), "{merged:?}");
     }
 

@@ -209,8 +209,11 @@ pub async fn run_node(
                 // it was computed from, so a taint added meanwhile is not lost (a conflict
                 // retries at the next tick).
                 meta["spec"] = json!({"taints": taints});
-                meta["metadata"]["resourceVersion"] =
-                    json!(current.as_ref().and_then(|n| n.metadata.resource_version.clone()));
+                meta["metadata"]["resourceVersion"] = json!(
+                    current
+                        .as_ref()
+                        .and_then(|n| n.metadata.resource_version.clone())
+                );
             }
             let status = json!({"status": desired.status});
             let ok = nodes
