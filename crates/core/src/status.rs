@@ -28,6 +28,15 @@ pub fn is_terminal(pod: &Pod) -> bool {
     )
 }
 
+/// Whether writing `status` upstairs may wait a moment for a newer one. A pod still Pending
+/// downstairs (just scheduled, its containers being created) usually gets its next status
+/// right away, and only the last one needs writing: under a burst that saves one upper write
+/// per pod. Running and finished pods, the ones users and controllers wait for, are written at
+/// once.
+pub fn may_coalesce(status: &PodStatus) -> bool {
+    status.phase.as_deref() == Some("Pending")
+}
+
 /// The status the upper pod should have given its lower pod, or `None` when it already has it
 /// (no write) or is terminal.
 ///
@@ -544,5 +553,17 @@ mod tests {
         let s = upper_status(&upper, &lower, &now()).unwrap();
         assert_eq!(s.phase.as_deref(), Some("Pending"));
         assert!(was_offloaded(&pod(json!({"status": s}))));
+    }
+    #[test]
+    fn only_pending_statuses_may_wait_for_a_newer_one() {
+        let with = |phase: &str| PodStatus {
+            phase: Some(phase.into()),
+            ..PodStatus::default()
+        };
+        assert!(may_coalesce(&with("Pending")));
+        for phase in ["Running", "Succeeded", "Failed", "Unknown"] {
+            assert!(!may_coalesce(&with(phase)), "{phase}");
+        }
+        assert!(!may_coalesce(&PodStatus::default()));
     }
 }

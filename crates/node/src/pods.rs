@@ -31,7 +31,7 @@ use tensile_core::keys::{
     REASON_PROVIDER_FAILED,
 };
 use tensile_core::plan::{Existing, LowerKind, on_existing, pod_creation_plan};
-use tensile_core::status::not_offloaded_conditions;
+use tensile_core::status::{may_coalesce, not_offloaded_conditions};
 use tensile_core::sync::{PodStep, pod_step};
 use tensile_core::translate::{TranslateConfig, lower_pod};
 use tensile_core::update::PodUpdate;
@@ -43,7 +43,7 @@ use crate::copies::{Dependencies, Shared};
 use crate::events::{EventSink, PodEvent};
 use crate::namespaces::LowerNamespaces;
 use crate::needs::Side;
-use crate::queue::{Queue, Receiver};
+use crate::queue::{Hold, Holds, Queue, Receiver};
 
 /// Where a pod sync spends its time: the Prometheus histogram `tensile_pod_sync_seconds`
 /// with `stage` `queue_wait` (a changed pod waiting for a worker), `reconcile` (one whole
@@ -147,7 +147,14 @@ struct Ctx {
     /// Lower namespaces known to exist (shared with the Service controller). Forgotten on any
     /// failed creation (the namespace may have gone).
     namespaces: Arc<LowerNamespaces>,
+    /// Pods whose Pending status is held back (see [`STATUS_COALESCE`]).
+    held_statuses: Holds<Key>,
+    queue: Queue<Key>,
 }
+
+/// How long a Pending status may wait upstairs for a newer one (`may_coalesce`): short next
+/// to a container start, long next to the lower cluster's own scheduling of a burst.
+const STATUS_COALESCE: std::time::Duration = std::time::Duration::from_secs(1);
 
 fn key_of(p: &Pod) -> Option<Key> {
     Some((p.metadata.namespace.clone()?, p.metadata.name.clone()?))
@@ -318,6 +325,8 @@ pub async fn run_with_store(
         metrics,
         gone_grace,
         namespaces,
+        held_statuses: Holds::new(STATUS_COALESCE),
+        queue: queue.clone(),
     });
     for k in ctx
         .upper_pods
@@ -355,6 +364,27 @@ async fn worker(ctx: Arc<Ctx>, queue: Queue<Key>, rx: Receiver<Key>, stop: Cance
 }
 
 impl Ctx {
+    /// Whether to hold a Pending status back for now ([`Holds`]); when newly held, the key
+    /// comes back once the window is over.
+    fn hold_status(&self, key: &Key) -> bool {
+        match self.held_statuses.hold(key, std::time::Instant::now()) {
+            Hold::Newly => {
+                let (queue, key) = (self.queue.clone(), key.clone());
+                tokio::spawn(async move {
+                    tokio::time::sleep(STATUS_COALESCE).await;
+                    queue.add(key);
+                });
+                true
+            }
+            Hold::Still => true,
+            Hold::Over => false,
+        }
+    }
+
+    fn release_status(&self, key: &Key) {
+        self.held_statuses.release(key);
+    }
+
     fn upper_api(&self, ns: &str) -> Api<Pod> {
         Api::namespaced(self.cfg.upper.clone(), ns)
     }
@@ -413,6 +443,9 @@ async fn reconcile(ctx: &Ctx, key: &Key) -> Result<(), SyncError> {
         &now,
     )
     .map_err(|e| SyncError(e.to_string()))?;
+    if !matches!(&step, PodStep::Sync { status: Some(s), .. } if may_coalesce(s)) {
+        ctx.release_status(key);
+    }
     // Each step that needs a pod has it: `pod_step` only returns them when it is there.
     let (Some(u), l) = (upper.as_ref(), lower.as_ref()) else {
         return match (step, lower.as_ref()) {
@@ -490,7 +523,10 @@ async fn reconcile(ctx: &Ctx, key: &Key) -> Result<(), SyncError> {
             "a pod {ns}/{name} that is not ours exists in lower cluster {}",
             ctx.cfg.lower_name
         ))),
-        PodStep::Sync { update, status } => sync_existing(ctx, u, &update, status).await,
+        PodStep::Sync { update, status } => {
+            let status = status.filter(|s| !(may_coalesce(s) && ctx.hold_status(key)));
+            sync_existing(ctx, u, &update, status).await
+        }
     }
 }
 

@@ -137,3 +137,105 @@ impl<K: Clone + Eq + Hash + Send + 'static> Queue<K> {
         }
     }
 }
+
+/// Keys held back for a window: the first sighting holds a key, later ones within the window
+/// keep holding it, the first one after lets it through (and forgets it). What a key's holder
+/// does meanwhile (come back when the window is over) is up to the caller.
+pub struct Holds<K> {
+    window: Duration,
+    since: Mutex<HashMap<K, Instant>>,
+}
+
+/// What [`Holds::hold`] decided.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Hold {
+    /// Held from now on: come back after the window.
+    Newly,
+    /// Still within its window.
+    Still,
+    /// The window is over: go ahead.
+    Over,
+}
+
+impl<K> std::fmt::Debug for Holds<K> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Holds")
+            .field("window", &self.window)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<K: Clone + Eq + Hash> Holds<K> {
+    /// Holds of `window` each.
+    pub fn new(window: Duration) -> Self {
+        Self {
+            window,
+            since: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Whether `key`, seen at `now`, is held.
+    pub fn hold(&self, key: &K, now: Instant) -> Hold {
+        let Ok(mut since) = self.since.lock() else {
+            return Hold::Over;
+        };
+        match since.get(key) {
+            None => {
+                since.insert(key.clone(), now);
+                Hold::Newly
+            }
+            // A margin, so that the caller coming back after the window never finds it open.
+            Some(t)
+                if now.saturating_duration_since(*t) + Duration::from_millis(5) < self.window =>
+            {
+                Hold::Still
+            }
+            Some(_) => {
+                since.remove(key);
+                Hold::Over
+            }
+        }
+    }
+
+    /// Forgets `key` (its business was done another way).
+    pub fn release(&self, key: &K) {
+        if let Ok(mut since) = self.since.lock() {
+            since.remove(key);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_key_is_held_for_its_window_then_let_through_once() {
+        let holds = Holds::new(Duration::from_millis(200));
+        let t0 = Instant::now();
+        assert_eq!(holds.hold(&"a", t0), Hold::Newly);
+        assert_eq!(
+            holds.hold(&"a", t0 + Duration::from_millis(100)),
+            Hold::Still
+        );
+        assert_eq!(
+            holds.hold(&"b", t0 + Duration::from_millis(100)),
+            Hold::Newly
+        );
+        assert_eq!(
+            holds.hold(&"a", t0 + Duration::from_millis(200)),
+            Hold::Over
+        );
+        // Let through and forgotten: the next sighting opens a new window.
+        assert_eq!(
+            holds.hold(&"a", t0 + Duration::from_millis(210)),
+            Hold::Newly
+        );
+        // Released: forgotten at once.
+        holds.release(&"b");
+        assert_eq!(
+            holds.hold(&"b", t0 + Duration::from_millis(110)),
+            Hold::Newly
+        );
+    }
+}
