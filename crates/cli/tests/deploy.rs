@@ -535,9 +535,8 @@ spec:
         annotations.contains("clusterSelector"),
         "the webhook did not mutate the pod: {annotations}"
     );
-    let (ok, out, err) = kubectl(&upper, &["logs", "deploy/app"]);
+    let (ok, _, err) = kubectl(&upper, &["logs", "deploy/app"]);
     assert!(ok, "logs: {err}");
-    let _ = out;
     let (ok, out, err) = kubectl(&upper, &["exec", "deploy/app", "--", "hostname"]);
     assert!(ok && !out.is_empty(), "exec: {err}");
     until("kubectl top pods", || {
