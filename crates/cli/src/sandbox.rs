@@ -27,6 +27,24 @@ use tokio_util::sync::CancellationToken;
 const WEBHOOK_CONFIGURATION: &str =
     include_str!("../../../deploy/webhook/mutating-webhook-configuration.yaml");
 
+/// The shipped KubeSchedulerConfiguration snippet, which the upper scheduler follows but for
+/// where to call and which CA to trust.
+const SCHEDULER_CONFIGURATION: &str =
+    include_str!("../../../deploy/scheduler/kube-scheduler-config.yaml");
+
+/// The shipped extender entries, pointed at `url_prefix` with `ca_pem` trusted.
+fn shipped_extenders(url_prefix: &str, ca_pem: &str) -> anyhow::Result<Vec<SchedulerExtender>> {
+    let config: Value = serde_saphyr::from_str(SCHEDULER_CONFIGURATION)
+        .context("the shipped kube-scheduler configuration")?;
+    let mut extenders = SchedulerExtender::from_scheduler_config(&config)
+        .map_err(|e| anyhow::anyhow!("the shipped kube-scheduler configuration: {e}"))?;
+    for e in &mut extenders {
+        e.url_prefix = url_prefix.to_owned();
+        e.ca_pem = Some(ca_pem.to_owned());
+    }
+    Ok(extenders)
+}
+
 /// What to start.
 #[derive(Debug, Clone)]
 pub struct SandboxSpec {
@@ -166,16 +184,10 @@ impl Sandbox {
             )
             .await
             .context("starting the scheduler extender")?;
-            upper.set_scheduler_extenders(vec![SchedulerExtender {
-                url_prefix: format!("https://{}", running.addr),
-                filter_verb: Some("filter".into()),
-                prioritize_verb: Some("prioritize".into()),
-                bind_verb: Some("bind".into()),
-                weight: 5,
-                node_cache_capable: false,
-                ignorable: false,
-                ca_pem: Some(running.ca_pem.clone()),
-            }]);
+            upper.set_scheduler_extenders(shipped_extenders(
+                &format!("https://{}", running.addr),
+                &running.ca_pem,
+            )?);
             progress(&format!("scheduler extender on {}", running.addr));
             handles.push(running.handle);
         }

@@ -256,6 +256,13 @@ fn diagnose(env: &TestEnv, dir: &Path) -> String {
     out + &logs(dir)
 }
 
+/// [`until`], with [`diagnose`] in the failure.
+fn until_or_diagnose(env: &TestEnv, dir: &Path, what: &str, f: impl FnMut() -> bool) {
+    if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| until(what, f))).is_err() {
+        panic!("timed out waiting for {what}:\n{}", diagnose(env, dir));
+    }
+}
+
 fn logs(dir: &Path) -> String {
     let mut out = String::new();
     for entry in std::fs::read_dir(dir).unwrap().flatten() {
@@ -424,21 +431,22 @@ fn every_request_of_every_component_is_granted_by_the_shipped_rbac() {
     until("the extender to listen", || {
         std::net::TcpStream::connect(("127.0.0.1", scheduler_port)).is_ok()
     });
+    // The upper scheduler follows the shipped KubeSchedulerConfiguration, pointed here.
+    let shipped: Value = serde_saphyr::from_str(
+        &std::fs::read_to_string(deploy_dir("scheduler/kube-scheduler-config.yaml")).unwrap(),
+    )
+    .unwrap();
+    let mut extenders =
+        tensile_sim::apiserver::controllers::SchedulerExtender::from_scheduler_config(&shipped)
+            .unwrap();
+    for e in &mut extenders {
+        e.url_prefix = format!("https://127.0.0.1:{scheduler_port}");
+        e.ca_pem = Some(std::fs::read_to_string(&ca_file).unwrap());
+    }
     env.clusters[0]
         .server()
         .unwrap()
-        .set_scheduler_extenders(vec![
-            tensile_sim::apiserver::controllers::SchedulerExtender {
-                url_prefix: format!("https://127.0.0.1:{scheduler_port}"),
-                filter_verb: Some("filter".into()),
-                prioritize_verb: Some("prioritize".into()),
-                bind_verb: Some("bind".into()),
-                weight: 5,
-                node_cache_capable: false,
-                ignorable: false,
-                ca_pem: Some(std::fs::read_to_string(&ca_file).unwrap()),
-            },
-        ]);
+        .set_scheduler_extenders(extenders);
 
     running.push(spawn(
         &dir,
@@ -523,9 +531,7 @@ spec:
             "{.items[*].status.phase}",
         ) == "Running"
     };
-    if std::panic::catch_unwind(|| until("the app pod to run", running_app)).is_err() {
-        panic!("the app pod did not run:\n{}", diagnose(&env, &dir));
-    }
+    until_or_diagnose(&env, &dir, "the app pod to run", running_app);
     let annotations = jsonpath(
         &upper,
         &["pods", "-l", "app=app"],
@@ -581,9 +587,7 @@ spec:
         out.split_whitespace()
             .any(|p| p.starts_with("big") && p.ends_with("=vk-lower-2"))
     };
-    if std::panic::catch_unwind(|| until("the big pod to move to vk-lower-2", moved)).is_err() {
-        panic!("the big pod did not move:\n{}", diagnose(&env, &dir));
-    }
+    until_or_diagnose(&env, &dir, "the big pod to move to vk-lower-2", moved);
 
     let (ok, _, err) = kubectl(&upper, &["delete", "deployment", "app", "--wait=false"]);
     assert!(ok, "{err}");

@@ -76,6 +76,62 @@ pub struct SchedulerExtender {
     pub ca_pem: Option<String>,
 }
 
+impl SchedulerExtender {
+    /// The `extenders` of a KubeSchedulerConfiguration (as JSON), read as kube-scheduler
+    /// reads them: `urlPrefix`, the three verbs, `weight`, `nodeCacheCapable`, `ignorable`,
+    /// and `tlsConfig.caData` (base64 of PEM). An entry without `urlPrefix` is an error.
+    pub fn from_scheduler_config(config: &serde_json::Value) -> Result<Vec<Self>, String> {
+        use base64::Engine as _;
+        let text = |e: &serde_json::Value, key: &str| {
+            e.get(key)
+                .and_then(serde_json::Value::as_str)
+                .map(str::to_owned)
+        };
+        let flag = |e: &serde_json::Value, key: &str| {
+            e.get(key)
+                .and_then(serde_json::Value::as_bool)
+                .unwrap_or(false)
+        };
+        let entries = config
+            .get("extenders")
+            .and_then(serde_json::Value::as_array)
+            .map(Vec::as_slice)
+            .unwrap_or_default();
+        entries
+            .iter()
+            .enumerate()
+            .map(|(i, e)| {
+                let ca_pem = match e.pointer("/tlsConfig/caData").and_then(|v| v.as_str()) {
+                    None => None,
+                    Some(data) => Some(
+                        base64::engine::general_purpose::STANDARD
+                            .decode(data)
+                            .ok()
+                            .and_then(|b| String::from_utf8(b).ok())
+                            .ok_or_else(|| {
+                                format!("extenders[{i}].tlsConfig.caData is not base64 of PEM")
+                            })?,
+                    ),
+                };
+                Ok(Self {
+                    url_prefix: text(e, "urlPrefix")
+                        .ok_or_else(|| format!("extenders[{i}] has no urlPrefix"))?,
+                    filter_verb: text(e, "filterVerb"),
+                    prioritize_verb: text(e, "prioritizeVerb"),
+                    bind_verb: text(e, "bindVerb"),
+                    weight: e
+                        .get("weight")
+                        .and_then(serde_json::Value::as_i64)
+                        .unwrap_or(1),
+                    node_cache_capable: flag(e, "nodeCacheCapable"),
+                    ignorable: flag(e, "ignorable"),
+                    ca_pem,
+                })
+            })
+            .collect()
+    }
+}
+
 impl Default for Controllers {
     fn default() -> Self {
         Self {
@@ -266,4 +322,37 @@ fn controller_of(obj: &Value) -> Option<(&str, &str, &str)> {
                 )
             })
         })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::SchedulerExtender;
+    use serde_json::json;
+
+    #[test]
+    fn extenders_are_read_as_kube_scheduler_reads_them() {
+        let config = json!({"extenders": [
+            {"urlPrefix": "https://x:1", "filterVerb": "filter", "bindVerb": "bind",
+             "weight": 5, "ignorable": true, "tlsConfig": {"caData": "UEVN"}},
+            {"urlPrefix": "http://y"}
+        ]});
+        let got = SchedulerExtender::from_scheduler_config(&config).unwrap();
+        assert_eq!(
+            got[0],
+            SchedulerExtender {
+                url_prefix: "https://x:1".into(),
+                filter_verb: Some("filter".into()),
+                prioritize_verb: None,
+                bind_verb: Some("bind".into()),
+                weight: 5,
+                node_cache_capable: false,
+                ignorable: true,
+                ca_pem: Some("PEM".into()),
+            }
+        );
+        assert_eq!(got[1].weight, 1);
+        assert!(SchedulerExtender::from_scheduler_config(&json!({"extenders": [{}]})).is_err());
+        let bad_ca = json!({"extenders": [{"urlPrefix": "u", "tlsConfig": {"caData": "%%"}}]});
+        assert!(SchedulerExtender::from_scheduler_config(&bad_ca).is_err());
+    }
 }
