@@ -77,6 +77,9 @@ pub(crate) async fn start_cluster(
         name: name.to_owned(),
         listen,
         tls,
+        // Its simulated nodes live on loopback addresses (no root needed to run it), so the
+        // stats the virtual node reads through nodes/proxy must be let through.
+        proxy_to_loopback: true,
         ..ApiServerConfig::default()
     };
     // A cluster without nodes of its own is an upper cluster: its claims are bound downstairs,

@@ -252,7 +252,7 @@ async fn checklist_38_a_lower_creation_failure_is_reported_on_the_upper_pod_and_
         .await
         .unwrap();
     running(&pods, "first").await;
-    env.clusters[1].server().unwrap().set_available(false);
+    env.clusters[1].set_available(false);
     pods.create(&PostParams::default(), &pod("web", "vk-lower", json!({})))
         .await
         .unwrap();
@@ -262,7 +262,7 @@ async fn checklist_38_a_lower_creation_failure_is_reported_on_the_upper_pod_and_
     .await;
     assert_eq!(reason, "ProviderFailed");
     assert!(message.contains("lower cluster"), "{message}");
-    env.clusters[1].server().unwrap().set_available(true);
+    env.clusters[1].set_available(true);
     running(&pods, "web").await;
     stop.cancel();
 }

@@ -407,7 +407,7 @@ async fn checklist_19_fix_a_60_s_lower_cluster_outage_keeps_pods_and_the_lease_a
             .is_some_and(|t| t.iter().any(|t| t.key == "dedicated"))
     };
 
-    env.clusters[1].server().unwrap().set_available(false);
+    env.clusters[1].set_available(false);
     let outage = tokio::time::Instant::now();
     eventually(30, "node says the lower cluster is unreachable", || async {
         let n = nodes.get("vk-lower").await.ok()?;
@@ -444,7 +444,7 @@ async fn checklist_19_fix_a_60_s_lower_cluster_outage_keeps_pods_and_the_lease_a
         "the lease is renewed during the outage ({renewals} renewals seen in 60 s)"
     );
 
-    env.clusters[1].server().unwrap().set_available(true);
+    env.clusters[1].set_available(true);
     eventually(60, "node recovered", || async {
         let n = nodes.get("vk-lower").await.ok()?;
         (condition(&n, "tensile-kube.io/LowerClusterReachable").as_deref() == Some("True")

@@ -572,7 +572,7 @@ async fn a_lower_cluster_not_listed_yet_fails_its_virtual_node_with_a_reason() {
     let upper = s.upper();
     let vk = upper_node(&upper, "vk-c1", virtual_labels("c1")).await;
     // A second extender started while c1 is unreachable cannot list it.
-    let c1 = s.env.clusters[1].server().unwrap();
+    let c1 = &s.env.clusters[1];
     c1.set_available(false);
     let stop = CancellationToken::new();
     let _guard = stop.clone().drop_guard();

@@ -111,13 +111,15 @@ pub async fn spawn(env: &TestEnv, opts: NodeOptions) -> Spawned {
     };
     let version = lower.apiserver_version().await.unwrap().git_version;
     let name = opts.name.as_str();
+    // Not loopback: API servers refuse nodes/proxy to loopback kubelets.
+    let address = tensile_sim::env::testhost::address().unwrap().to_string();
     let vn = VirtualNode {
         node: NodeLoop {
             identity: NodeIdentity {
                 name: name.into(),
                 extra_label: Some(("clusterID".into(), "lower".into())),
                 taint: None,
-                internal_ip: "127.0.0.1".into(),
+                internal_ip: address.clone(),
                 external_ip: None,
                 kubelet_port: 10250,
                 lower_version: version,
@@ -137,17 +139,12 @@ pub async fn spawn(env: &TestEnv, opts: NodeOptions) -> Spawned {
             service_accounts: opts.service_accounts,
         },
         kubelet: Some(KubeletApi {
-            listen: "127.0.0.1:0".parse().unwrap(),
+            listen: format!("{address}:0").parse().unwrap(),
             cert: tensile_kubelet::ServingCert::SelfSigned {
-                sans: vec!["127.0.0.1".into()],
+                sans: vec![address.clone()],
             },
             client_ca_pem: Some(
-                env.clusters[0]
-                    .server()
-                    .unwrap()
-                    .state()
-                    .ca
-                    .cert_pem()
+                env.clusters[0].ca_pem()
                     .to_owned(),
             ),
             auth_disabled: false,

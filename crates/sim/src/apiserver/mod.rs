@@ -58,6 +58,9 @@ pub struct ApiServerConfig {
     pub git_version: String,
     /// Which built-in control loops run.
     pub controllers: controllers::Controllers,
+    /// Let `nodes/proxy` reach kubelets on loopback addresses, which a real API server refuses
+    /// (`400 address not allowed`). Only for a sandbox whose nodes all live on loopback.
+    pub proxy_to_loopback: bool,
 }
 
 impl Default for ApiServerConfig {
@@ -71,6 +74,7 @@ impl Default for ApiServerConfig {
             max_body_bytes: 3 * 1024 * 1024,
             git_version: "v1.33.4-sim".to_owned(),
             controllers: controllers::Controllers::default(),
+            proxy_to_loopback: false,
         }
     }
 }

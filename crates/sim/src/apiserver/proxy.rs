@@ -285,7 +285,53 @@ pub(super) async fn node_proxy(
         .map(|q| format!("?{q}"))
         .unwrap_or_default();
     let path = format!("/{rest}{query}");
+    if !state.config.proxy_to_loopback
+        && let Err(e) = proxyable(&state, node).await
+    {
+        return error_response(&e);
+    }
     forward(&state, req, node, &path).await
+}
+
+/// Whether `nodes/proxy` may reach the node's kubelet: like the real API server, only when every
+/// address its kubelet host resolves to is global unicast (no loopback, link-local, multicast or
+/// unspecified address), so the proxy cannot be turned on the API server's own host.
+async fn proxyable(state: &State, node: &str) -> Result<(), ApiError> {
+    let (host, _) = kubelet_endpoint(state, node)?;
+    let ips: Vec<std::net::IpAddr> = match host.parse() {
+        Ok(ip) => vec![ip],
+        Err(_) => tokio::net::lookup_host((host.as_str(), 0))
+            .await
+            .map_err(|e| ApiError::bad_request(e.to_string()))?
+            .map(|a| a.ip())
+            .collect(),
+    };
+    if ips.is_empty() {
+        return Err(ApiError::bad_request("no addresses for hostname"));
+    }
+    if ips.iter().any(|ip| !global_unicast(*ip)) {
+        return Err(ApiError::bad_request("address not allowed"));
+    }
+    Ok(())
+}
+
+/// Go's `net.IP.IsGlobalUnicast`, which the real API server's check uses.
+fn global_unicast(ip: std::net::IpAddr) -> bool {
+    match ip {
+        std::net::IpAddr::V4(v4) => {
+            !(v4.is_loopback()
+                || v4.is_link_local()
+                || v4.is_multicast()
+                || v4.is_unspecified()
+                || v4.is_broadcast())
+        }
+        std::net::IpAddr::V6(v6) => {
+            !(v6.is_loopback()
+                || v6.is_unicast_link_local()
+                || v6.is_multicast()
+                || v6.is_unspecified())
+        }
+    }
 }
 
 /// Sends `req` to the node's kubelet at `path`; splices upgraded connections, streams bodies.

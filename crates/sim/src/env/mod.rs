@@ -3,7 +3,9 @@
 //! `TENSILE_K8S_BIN` set, real control planes from binaries instead (see [`real`]); the
 //! simulated nodes are the same either way, and tests cannot tell the difference.
 
+pub mod faults;
 pub mod real;
+pub mod testhost;
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -40,6 +42,19 @@ pub enum TestEnvError {
         /// Why.
         #[source]
         source: SimKubeletError,
+    },
+    /// No non-loopback address for the simulated kubelets.
+    #[error(transparent)]
+    TestHost(#[from] testhost::TestHostError),
+    /// The simulated nodes of a real cluster did not become schedulable.
+    #[error("nodes of cluster {cluster} not schedulable after {seconds} s: {detail}")]
+    NodesNotReady {
+        /// Which cluster.
+        cluster: String,
+        /// How long they were given.
+        seconds: u64,
+        /// What was last seen.
+        detail: String,
     },
     /// A real control plane did not start.
     #[error("real control plane of {cluster}: {source}")]
@@ -103,6 +118,7 @@ pub struct TestCluster {
     pub kubeconfig: PathBuf,
     backend: Backend,
     kubelet: Option<SimKubelet>,
+    faults: faults::FaultProxy,
 }
 
 /// What serves a cluster's API.
@@ -110,9 +126,7 @@ pub struct TestCluster {
 enum Backend {
     Sim(ApiServer),
     /// Kept for its lifetime: dropping it stops the control plane.
-    Real {
-        _control_plane: real::RealCluster,
-    },
+    Real(real::RealCluster),
 }
 
 impl std::fmt::Debug for TestCluster {
@@ -129,13 +143,35 @@ impl TestCluster {
     pub fn server(&self) -> Option<&ApiServer> {
         match &self.backend {
             Backend::Sim(s) => Some(s),
-            Backend::Real { .. } => None,
+            Backend::Real(_) => None,
         }
     }
 
     /// Whether this cluster runs real control-plane binaries.
     pub fn is_real(&self) -> bool {
-        matches!(self.backend, Backend::Real { .. })
+        matches!(self.backend, Backend::Real(_))
+    }
+
+    /// The cluster CA certificate (PEM): what signs its API server's serving certificate and
+    /// the client certificate it presents to kubelets, whichever backend serves it.
+    pub fn ca_pem(&self) -> &str {
+        match &self.backend {
+            Backend::Sim(s) => s.state().ca.cert_pem(),
+            Backend::Real(r) => &r.ca_pem,
+        }
+    }
+
+    /// `false` begins an outage of the cluster as its clients see it: every connection through
+    /// [`TestCluster::kubeconfig`] and [`TestCluster::client`] is closed and new ones are closed
+    /// at once, while the cluster itself (controllers, nodes) keeps running. `true` ends it.
+    pub fn set_available(&self, available: bool) {
+        self.faults.set_available(available);
+    }
+
+    /// Closes every client connection once, as an API server restart does (watches end and
+    /// are re-established by their clients).
+    pub fn reset_connections(&self) {
+        self.faults.reset_connections();
     }
 
     /// Stops the simulated nodes (their leases expire; nothing looks after their pods).
@@ -183,10 +219,11 @@ impl TestEnv {
             dir,
         };
         let bins = real::bin_dir();
-        for spec in specs {
+        let address = testhost::address()?;
+        for mut spec in specs {
             let cluster = spec.name.clone();
             let kubeconfig = env.dir.join(format!("{cluster}.kubeconfig"));
-            let (backend, text) = match &bins {
+            let (backend, mut entry, upstream) = match &bins {
                 None => {
                     let server =
                         ApiServer::start(spec.apiserver.clone())
@@ -195,8 +232,9 @@ impl TestEnv {
                                 cluster: cluster.clone(),
                                 source,
                             })?;
-                    let text = server.kubeconfig(&cluster);
-                    (Backend::Sim(server), text)
+                    let entry = server.kubeconfig_entry(&cluster);
+                    let addr = server.addr();
+                    (Backend::Sim(server), entry, addr)
                 }
                 Some(bin) => {
                     let real = real::start(bin, &env.dir, &cluster)
@@ -205,41 +243,55 @@ impl TestEnv {
                             cluster: cluster.clone(),
                             source,
                         })?;
-                    let text = real.kubeconfig.clone();
-                    (
-                        Backend::Real {
-                            _control_plane: real,
-                        },
-                        text,
-                    )
+                    let (entry, addr) = (real.entry.clone(), real.api_addr);
+                    (Backend::Real(real), entry, addr)
                 }
             };
+            let client_error = |source| TestEnvError::Client {
+                cluster: cluster.clone(),
+                source,
+            };
+            // The cluster's own parts talk to it directly; everyone else through the proxy.
+            let direct = crate::apiserver::client_from_kubeconfig(&kubeconfig_text(&entry))
+                .await
+                .map_err(client_error)?;
+            let faults = faults::FaultProxy::start(upstream)
+                .await
+                .map_err(|source| TestEnvError::Kubeconfig {
+                    path: kubeconfig.clone(),
+                    source,
+                })?;
+            entry.server = format!("https://{}", faults.addr());
+            let text = kubeconfig_text(&entry);
             std::fs::write(&kubeconfig, &text).map_err(|source| TestEnvError::Kubeconfig {
                 path: kubeconfig.clone(),
                 source,
             })?;
             let client = crate::apiserver::client_from_kubeconfig(&text)
                 .await
-                .map_err(|source| TestEnvError::Client {
-                    cluster: cluster.clone(),
-                    source,
-                })?;
-            let kubelet =
-                match spec.kubelet {
-                    Some(k) => Some(SimKubelet::start(client.clone(), k).await.map_err(
-                        |source| TestEnvError::Nodes {
+                .map_err(client_error)?;
+            let kubelet = match spec.kubelet.take() {
+                Some(mut k) => {
+                    k.address = Some(address);
+                    let names: Vec<String> = k.nodes.iter().map(|n| n.name.clone()).collect();
+                    let kubelet = SimKubelet::start(direct.clone(), k).await.map_err(|source| {
+                        TestEnvError::Nodes {
                             cluster: cluster.clone(),
                             source,
-                        },
-                    )?),
-                    None => None,
-                };
+                        }
+                    })?;
+                    schedulable(&direct, &cluster, &names).await?;
+                    Some(kubelet)
+                }
+                None => None,
+            };
             env.clusters.push(TestCluster {
                 name: cluster,
                 client,
                 kubeconfig,
                 backend,
                 kubelet,
+                faults,
             });
         }
         Ok(env)
@@ -253,7 +305,74 @@ impl TestEnv {
 
 impl Drop for TestEnv {
     fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.dir);
+        // A failing test keeps the files (a real cluster's logs live here too).
+        if !std::thread::panicking() {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+}
+
+fn kubeconfig_text(entry: &crate::apiserver::KubeconfigEntry) -> String {
+    crate::apiserver::kubeconfig(std::slice::from_ref(entry))
+}
+
+/// The taints the node lifecycle controller keeps on a node until it has seen it Ready.
+const UNTRUSTED_NODE_TAINTS: [&str; 3] = [
+    "node.kubernetes.io/not-ready",
+    "node.kubernetes.io/unreachable",
+    "node.kubernetes.io/network-unavailable",
+];
+
+/// Waits until every node in `names` is Ready and carries none of the taints Kubernetes puts on
+/// nodes it does not trust yet (`node.kubernetes.io/not-ready` and friends, which a real node
+/// lifecycle controller removes only once it has seen the node Ready).
+async fn schedulable(
+    client: &kube::Client,
+    cluster: &str,
+    names: &[String],
+) -> Result<(), TestEnvError> {
+    use k8s_openapi::api::core::v1::Node;
+    let seconds = 90;
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(seconds);
+    let nodes: kube::Api<Node> = kube::Api::all(client.clone());
+    loop {
+        let mut waiting = Vec::new();
+        for name in names {
+            match nodes.get_opt(name).await {
+                Ok(Some(n)) => {
+                    let taints: Vec<String> = n
+                        .spec
+                        .and_then(|s| s.taints)
+                        .unwrap_or_default()
+                        .into_iter()
+                        .filter(|t| UNTRUSTED_NODE_TAINTS.contains(&t.key.as_str()))
+                        .map(|t| t.key)
+                        .collect();
+                    let ready = n
+                        .status
+                        .and_then(|s| s.conditions)
+                        .unwrap_or_default()
+                        .iter()
+                        .any(|c| c.type_ == "Ready" && c.status == "True");
+                    if !ready || !taints.is_empty() {
+                        waiting.push(format!("{name} (ready: {ready}, taints: {taints:?})"));
+                    }
+                }
+                Ok(None) => waiting.push(format!("{name} (not registered)")),
+                Err(e) => waiting.push(format!("{name} ({e})")),
+            }
+        }
+        if waiting.is_empty() {
+            return Ok(());
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return Err(TestEnvError::NodesNotReady {
+                cluster: cluster.to_owned(),
+                seconds,
+                detail: waiting.join(", "),
+            });
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
     }
 }
 

@@ -7,10 +7,8 @@
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
+use std::process::{Child, Command, Stdio};
 use std::time::Duration;
-
-use tokio::process::{Child, Command};
 
 use crate::apiserver::{KubeconfigEntry, kubeconfig};
 use crate::certs::{Ca, CertError};
@@ -69,14 +67,35 @@ pub enum RealError {
 pub struct RealCluster {
     /// Kubeconfig text (admin, client certificate).
     pub kubeconfig: String,
+    /// The same as one kubeconfig entry (administrator, client certificate).
+    pub entry: KubeconfigEntry,
+    /// Where its API server listens.
+    pub api_addr: std::net::SocketAddr,
+    /// The cluster CA certificate (PEM).
+    pub ca_pem: String,
+    /// The folder holding its files and logs.
+    pub dir: PathBuf,
+    // std's processes, not tokio's: a cluster may be dropped outside any runtime (a `#[test]`
+    // that owns its runtime drops the env after it), and tokio's need its reactor to die.
     children: Vec<Child>,
-    dir: PathBuf,
 }
 
 impl Drop for RealCluster {
     fn drop(&mut self) {
         for c in &mut self.children {
-            let _ = c.start_kill();
+            let _ = c.kill();
+        }
+        for c in &mut self.children {
+            let _ = c.wait();
+        }
+        // A failing test keeps the control plane's logs for whoever reads its output.
+        if std::thread::panicking() {
+            tracing::warn!(dir = %self.dir.display(), "test failed: control-plane logs kept");
+            #[allow(clippy::print_stderr)] // the one place a failed test's reader will look
+            {
+                eprintln!("control-plane logs kept in {}", self.dir.display());
+            }
+            return;
         }
         let _ = std::fs::remove_dir_all(&self.dir);
     }
@@ -130,7 +149,6 @@ fn spawn(
         .stdin(Stdio::null())
         .stdout(out)
         .stderr(err)
-        .kill_on_drop(true)
         .spawn()
         .map_err(|source| RealError::Spawn { binary, source })
 }
@@ -187,18 +205,28 @@ pub async fn start(bin: &Path, parent: &Path, cluster: &str) -> Result<RealClust
     let sa_pub = f("sa.pub", &sa.public_key_pem())?;
     let (etcd_port, peer_port, api_port) = (free_port()?, free_port()?, free_port()?);
     let server = format!("https://127.0.0.1:{api_port}");
-    let config = kubeconfig(&[KubeconfigEntry {
+    let entry = KubeconfigEntry {
         context: cluster.to_owned(),
         server: server.clone(),
         ca_pem: ca.cert_pem().to_owned(),
         client: Some(admin),
         token: None,
-    }]);
+    };
+    let config = kubeconfig(std::slice::from_ref(&entry));
     let kubeconfig_file = f("admin.kubeconfig", &config)?;
     let s = |p: &Path| p.display().to_string();
     let etcd_url = format!("http://127.0.0.1:{etcd_port}");
     let peer_url = format!("http://127.0.0.1:{peer_port}");
-    let mut children = Vec::new();
+    // Made before the first process starts, so a failure part-way kills what did start.
+    let mut cluster_handle = RealCluster {
+        kubeconfig: config.clone(),
+        entry,
+        api_addr: std::net::SocketAddr::from(([127, 0, 0, 1], api_port)),
+        ca_pem: ca.cert_pem().to_owned(),
+        children: Vec::new(),
+        dir: dir.clone(),
+    };
+    let children = &mut cluster_handle.children;
     children.push(spawn(
         bin,
         "etcd",
@@ -233,6 +261,9 @@ pub async fn start(bin: &Path, parent: &Path, cluster: &str) -> Result<RealClust
             "--service-cluster-ip-range=10.96.0.0/16".into(),
             "--authorization-mode=Node,RBAC".into(),
             "--allow-privileged=true".into(),
+            // Simulated nodes have no resolvable host name: reach kubelets by address first,
+            // as kubeadm clusters are usually set up.
+            "--kubelet-preferred-address-types=InternalIP,ExternalIP,Hostname".into(),
         ],
         &dir.join("kube-apiserver.log"),
     )?);
@@ -263,11 +294,6 @@ pub async fn start(bin: &Path, parent: &Path, cluster: &str) -> Result<RealClust
         ],
         &dir.join("kube-scheduler.log"),
     )?);
-    let cluster_handle = RealCluster {
-        kubeconfig: config.clone(),
-        children,
-        dir: dir.clone(),
-    };
     wait_ready(&config, cluster, &dir).await?;
     Ok(cluster_handle)
 }

@@ -78,6 +78,10 @@ pub struct SimKubeletConfig {
     pub kubelet_version: String,
     /// Serve the kubelet API on each node (logs, exec, attach, port-forward, stats).
     pub kubelet_api: bool,
+    /// The address every node listens on and reports as its InternalIP (ports differ). None:
+    /// each node gets its own loopback address, which API servers refuse to `nodes/proxy` to
+    /// unless told otherwise (see `env::testhost`).
+    pub address: Option<Ipv4Addr>,
 }
 
 impl Default for SimKubeletConfig {
@@ -89,6 +93,7 @@ impl Default for SimKubeletConfig {
             pod_network_octet: 244,
             kubelet_version: "v1.33.4-sim".to_owned(),
             kubelet_api: true,
+            address: None,
         }
     }
 }
@@ -200,7 +205,10 @@ impl SimKubelet {
     }
 }
 
-fn node_ip(index: usize) -> String {
+fn node_ip(config: &SimKubeletConfig, index: usize) -> String {
+    if let Some(ip) = config.address {
+        return ip.to_string();
+    }
     // 127.0.0.0/8 is all loopback: each node gets its own address, all reachable here.
     Ipv4Addr::new(127, 0, 10 + (index / 250) as u8, (index % 250) as u8 + 1).to_string()
 }
@@ -221,7 +229,7 @@ async fn serve_kubelet_api(
     index: usize,
     client_ca: Option<String>,
 ) -> Result<tensile_kubelet::KubeletServer, String> {
-    let ip = node_ip(index);
+    let ip = node_ip(&shared.config, index);
     let listen: std::net::SocketAddr = format!("{ip}:0").parse().map_err(|e| format!("{e}"))?;
     let config = tensile_kubelet::KubeletServerConfig {
         listen,
@@ -276,7 +284,7 @@ async fn register(
     let status = json!({"status": {
         "capacity": n.resources, "allocatable": n.resources,
         "conditions": conditions(&now),
-        "addresses": [{"type": "InternalIP", "address": node_ip(index)}, {"type": "Hostname", "address": n.name}],
+        "addresses": [{"type": "InternalIP", "address": node_ip(config, index)}, {"type": "Hostname", "address": n.name}],
         "daemonEndpoints": {"kubeletEndpoint": {"Port": kubelet_port}},
         "nodeInfo": {"machineID": format!("sim-{index}"), "systemUUID": format!("sim-{index}"), "bootID": format!("sim-{index}"),
             "kernelVersion": "6.1.0-sim", "osImage": "tensile-sim", "containerRuntimeVersion": "sim://1.0",
@@ -462,7 +470,7 @@ async fn handle(shared: &Arc<Shared>, stop: &CancellationToken, pod: Pod) {
         .lock()
         .await
         .insert(uid.clone(), token.clone());
-    tokio::spawn(run_pod(api, pod, node_ip(index), ip, token));
+    tokio::spawn(run_pod(api, pod, node_ip(&shared.config, index), ip, token));
 }
 
 /// What a container does.
