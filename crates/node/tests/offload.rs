@@ -27,9 +27,10 @@ async fn a_deployment_upstairs_runs_in_the_lower_cluster_and_reports_back() {
         node.metadata.labels.as_ref().unwrap()["type"],
         "virtual-kubelet"
     );
+    // The virtual node reports the lower cluster's version as its kubelet's.
     assert_eq!(
         node.status.unwrap().node_info.unwrap().kubelet_version,
-        "v1.33.4-sim"
+        lower.apiserver_version().await.unwrap().git_version
     );
 
     let deployments: Api<Deployment> = Api::namespaced(upper.clone(), "default");
@@ -188,31 +189,41 @@ async fn dependencies_go_first_updates_follow_and_kube_system_is_not_offloaded()
 }
 
 #[tokio::test]
-async fn a_lower_pod_removed_without_grace_fails_the_upper_pod() {
+async fn a_lower_pod_removed_without_grace_is_deleted_upstairs_and_one_lost_unseen_fails_the_upper_pod()
+ {
     let (env, stop) = start().await;
     let (upper, lower) = (&env.clusters[0].client, &env.clusters[1].client);
     let upper_pods: Api<Pod> = Api::namespaced(upper.clone(), "default");
-    upper_pods
-        .create(&PostParams::default(), &pod("web", "vk-lower", json!({})))
-        .await
-        .unwrap();
-    eventually(30, "running", || async {
-        (phase(&upper_pods, "web").await? == "Running").then_some(())
-    })
-    .await;
     let lower_pods: Api<Pod> = Api::namespaced(lower.clone(), "default");
-    lower_pods
-        .delete(
-            "web",
-            &DeleteParams {
-                grace_period_seconds: Some(0),
-                ..Default::default()
-            },
-        )
-        .await
-        .unwrap();
+    let graceless = DeleteParams {
+        grace_period_seconds: Some(0),
+        ..Default::default()
+    };
+    for name in ["seen", "unseen"] {
+        upper_pods
+            .create(&PostParams::default(), &pod(name, "vk-lower", json!({})))
+            .await
+            .unwrap();
+        eventually(30, &format!("{name} running"), || async {
+            (phase(&upper_pods, name).await? == "Running").then_some(())
+        })
+        .await;
+    }
+
+    // Removed without grace while the node watches: the API server still marks the pod
+    // deleted (deletionTimestamp, grace 0) before removing it, so the node carries the
+    // deletion upstairs as it does any lower deletion, and the pod's controller replaces it.
+    lower_pods.delete("seen", &graceless).await.unwrap();
+    gone(&upper_pods, "seen", 30, "the upper pod deleted").await;
+
+    // Removed while the node is down: after its restart it finds the upper pod offloaded and
+    // the lower pod gone, and fails the upper pod instead of leaving it Running (checklist 54).
+    stop.cancel();
+    lower_pods.delete("unseen", &graceless).await.unwrap();
+    gone(&lower_pods, "unseen", 30, "the lower pod removed").await;
+    let stop = spawn_node(&env, "vk-lower").await;
     let p = eventually(30, "upper pod failed", || async {
-        let p = upper_pods.get("web").await.ok()?;
+        let p = upper_pods.get("unseen").await.ok()?;
         (p.status.as_ref()?.phase.as_deref() == Some("Failed")).then_some(p)
     })
     .await;

@@ -61,8 +61,6 @@ impl Setup {
             .await;
         }
         self.env.clusters[0]
-            .server()
-            .expect("a simulated upper cluster")
             .set_scheduler_extenders(vec![SchedulerExtender {
                 url_prefix: format!("https://{}", self.ext.addr),
                 filter_verb: Some("filter".into()),
@@ -72,7 +70,9 @@ impl Setup {
                 node_cache_capable,
                 ignorable: false,
                 ca_pem: Some(self.ext.ca_pem.clone()),
-            }]);
+            }])
+            .await
+            .unwrap();
     }
 
     /// POSTs `body` to the extender; status and body.

@@ -124,7 +124,11 @@ async fn a_pod_that_fits_nowhere_is_marked_unschedulable_with_the_schedulers_rea
             .then(|| c.message.unwrap_or_default())
     })
     .await;
-    assert_eq!(message, "0/2 nodes are available: 2 Insufficient cpu.");
+    // kube-scheduler may go on about preemption after the filters' verdict.
+    assert!(
+        message.starts_with("0/2 nodes are available: 2 Insufficient cpu."),
+        "{message}"
+    );
     // Like kube-scheduler, a FailedScheduling warning with the same message, once per change of
     // reason (the pod is retried on every cluster change, the event is not repeated).
     let events: Api<k8s_openapi::api::core::v1::Event> =
@@ -332,13 +336,22 @@ async fn a_node_whose_lease_expires_goes_unknown_and_is_tainted_unreachable() {
         (ready.status == "Unknown").then_some(n)
     })
     .await;
-    let taints = node.spec.unwrap().taints.unwrap();
-    let effects: Vec<&str> = taints
-        .iter()
-        .filter(|t| t.key == "node.kubernetes.io/unreachable")
-        .map(|t| t.effect.as_str())
-        .collect();
-    assert_eq!(effects, ["NoSchedule", "NoExecute"]);
+    drop(node);
+    let taints = eventually(30, "the unreachable NoSchedule taint", || async {
+        let n = nodes.get("c1-node-1").await.ok()?;
+        let effects: Vec<String> = n
+            .spec?
+            .taints?
+            .into_iter()
+            .filter(|t| t.key == "node.kubernetes.io/unreachable")
+            .map(|t| t.effect)
+            .collect();
+        effects.iter().any(|e| e == "NoSchedule").then_some(effects)
+    })
+    .await;
+    // Its only node gone, the cluster is fully disrupted: Kubernetes assumes the fault is its
+    // own and puts no NoExecute taint on (it would evict every pod).
+    assert_eq!(taints, ["NoSchedule"]);
 }
 
 /// A scheduler extender on loopback: filters out `*-node-1`, and every node for pods labelled
@@ -404,18 +417,18 @@ async fn the_scheduler_calls_extenders_to_filter_and_prioritize() {
         .await
         .unwrap();
     let c = &env.clusters[0];
-    c.server()
-        .unwrap()
-        .set_scheduler_extenders(vec![SchedulerExtender {
-            url_prefix: extender().await,
-            filter_verb: Some("filter".into()),
-            prioritize_verb: Some("prioritize".into()),
-            bind_verb: None,
-            weight: 5,
-            node_cache_capable: true,
-            ignorable: false,
-            ca_pem: None,
-        }]);
+    c.set_scheduler_extenders(vec![SchedulerExtender {
+        url_prefix: extender().await,
+        filter_verb: Some("filter".into()),
+        prioritize_verb: Some("prioritize".into()),
+        bind_verb: None,
+        weight: 5,
+        node_cache_capable: true,
+        ignorable: false,
+        ca_pem: None,
+    }])
+    .await
+    .unwrap();
     let pods: Api<Pod> = Api::namespaced(c.client.clone(), "default");
     for (name, labels) in [
         ("chosen", json!({})),
@@ -441,5 +454,9 @@ async fn the_scheduler_calls_extenders_to_filter_and_prioritize() {
         (c.reason.as_deref() == Some("Unschedulable")).then(|| c.message.unwrap_or_default())
     })
     .await;
-    assert_eq!(message, "0/3 nodes are available: 3 node(s) are too busy.");
+    // kube-scheduler goes on about preemption after this; the filter's verdict comes first.
+    assert!(
+        message.starts_with("0/3 nodes are available: 3 node(s) are too busy."),
+        "{message}"
+    );
 }

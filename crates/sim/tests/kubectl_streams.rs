@@ -68,8 +68,10 @@ impl Env {
         let deadline = Instant::now() + Duration::from_secs(60);
         while !f() {
             assert!(Instant::now() < deadline, "timed out waiting for {what}");
-            self.runtime
-                .block_on(tokio::time::sleep(Duration::from_millis(200)));
+            // The sleep is made inside the runtime: a tokio timer needs one to exist.
+            self.runtime.block_on(async {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            });
         }
     }
 }

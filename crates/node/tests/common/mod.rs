@@ -92,6 +92,13 @@ pub struct Spawned {
 /// Starts a virtual node as `opts` say (kubelet API on a free port, authn/authz on, the upper
 /// cluster's CA for client certificates).
 pub async fn spawn(env: &TestEnv, opts: NodeOptions) -> Spawned {
+    // The node's warnings (or what TENSILE_TEST_LOG asks for) go with a failed test's output.
+    let filter = tracing_subscriber::EnvFilter::try_from_env("TENSILE_TEST_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    let _ = tracing_subscriber::fmt()
+        .with_test_writer()
+        .with_env_filter(filter)
+        .try_init();
     // Clients as the binary builds them (rate limits, counting, no hidden retries).
     let mut registry = prometheus_client::registry::Registry::default();
     let calls = ApiCalls::new(&mut registry);
@@ -143,10 +150,7 @@ pub async fn spawn(env: &TestEnv, opts: NodeOptions) -> Spawned {
             cert: tensile_kubelet::ServingCert::SelfSigned {
                 sans: vec![address.clone()],
             },
-            client_ca_pem: Some(
-                env.clusters[0].ca_pem()
-                    .to_owned(),
-            ),
+            client_ca_pem: Some(env.clusters[0].ca_pem().to_owned()),
             auth_disabled: false,
         }),
         metrics: Metrics {

@@ -775,7 +775,13 @@ pub(super) fn delete_object(
             Some(marked) => state
                 .store
                 .replace(res, k.clone(), marked, Some(current.rv)),
-            None => state.store.remove(res, k, Some(current.rv)),
+            None => match strategy::graceless_pod_mark(rt, &current.object) {
+                Some(marked) => state
+                    .store
+                    .replace(res, k.clone(), marked, Some(current.rv))
+                    .and_then(|entry| state.store.remove(res, k, Some(entry.rv))),
+                None => state.store.remove(res, k, Some(current.rv)),
+            },
         };
         match written {
             Ok(entry) => {

@@ -1063,6 +1063,29 @@ pub(super) fn deletion(rt: &ResourceType, obj: &Value, opts: &DeleteOptions) -> 
     Some(marked)
 }
 
+/// A pod deleted without grace is first written with `deletionTimestamp` and
+/// `deletionGracePeriodSeconds: 0`, then removed, as kube-apiserver's graceful pod strategy does
+/// (watchers see MODIFIED, then DELETED). None for other kinds, and for a pod already marked
+/// so (the real server then removes it at once).
+pub(super) fn graceless_pod_mark(rt: &ResourceType, obj: &Value) -> Option<Value> {
+    if !(rt.plural == "pods" && rt.group.is_empty()) {
+        return None;
+    }
+    if obj
+        .pointer("/metadata/deletionGracePeriodSeconds")
+        .and_then(Value::as_i64)
+        == Some(0)
+    {
+        return None;
+    }
+    let mut marked = obj.clone();
+    let m = meta_mut(&mut marked);
+    m.entry("deletionTimestamp")
+        .or_insert_with(|| json!(meta::time_string(Timestamp::now())));
+    m.insert("deletionGracePeriodSeconds".into(), json!(0));
+    Some(marked)
+}
+
 /// Side effects of a create.
 pub(super) fn after_create(state: &State, res: ResId, entry: &Entry) {
     if res == *ids::NAMESPACES {

@@ -4,6 +4,7 @@
 //! simulated nodes are the same either way, and tests cannot tell the difference.
 
 pub mod faults;
+mod provisioner;
 pub mod real;
 pub mod testhost;
 
@@ -119,6 +120,8 @@ pub struct TestCluster {
     backend: Backend,
     kubelet: Option<SimKubelet>,
     faults: faults::FaultProxy,
+    /// Stops the harness's volume provisioner of a real cluster when dropped.
+    _provisioner: Option<tokio_util::sync::DropGuard>,
 }
 
 /// What serves a cluster's API.
@@ -174,6 +177,26 @@ impl TestCluster {
         self.faults.reset_connections();
     }
 
+    /// Makes the cluster's scheduler call these extenders: the simulated scheduler takes them
+    /// at once; a real kube-scheduler is restarted with a KubeSchedulerConfiguration listing
+    /// them and waited for.
+    pub async fn set_scheduler_extenders(
+        &self,
+        extenders: Vec<crate::apiserver::controllers::SchedulerExtender>,
+    ) -> Result<(), real::RealError> {
+        match &self.backend {
+            Backend::Sim(s) => {
+                s.set_scheduler_extenders(extenders);
+                Ok(())
+            }
+            Backend::Real(r) => {
+                let entries: Vec<serde_json::Value> =
+                    extenders.iter().map(|e| e.to_scheduler_config()).collect();
+                r.restart_scheduler(&entries).await
+            }
+        }
+    }
+
     /// Stops the simulated nodes (their leases expire; nothing looks after their pods).
     pub fn stop_nodes(&mut self) {
         if let Some(k) = self.kubelet.take() {
@@ -188,6 +211,7 @@ pub struct TestEnv {
     /// The clusters, in the order asked for.
     pub clusters: Vec<TestCluster>,
     dir: PathBuf,
+    keep_files: bool,
 }
 
 static ENVS: AtomicUsize = AtomicUsize::new(0);
@@ -217,7 +241,24 @@ impl TestEnv {
         let mut env = Self {
             clusters: Vec::new(),
             dir,
+            keep_files: false,
         };
+        match env.add_clusters(specs).await {
+            Ok(()) => Ok(env),
+            Err(e) => {
+                // What failed to start is looked into through its logs.
+                env.keep_files = true;
+                #[allow(clippy::print_stderr)] // where the reader of a failed test looks
+                {
+                    eprintln!("test environment files kept in {}", env.dir.display());
+                }
+                Err(e)
+            }
+        }
+    }
+
+    async fn add_clusters(&mut self, specs: Vec<ClusterSpec>) -> Result<(), TestEnvError> {
+        let env = self;
         let bins = real::bin_dir();
         let address = testhost::address()?;
         for mut spec in specs {
@@ -237,7 +278,14 @@ impl TestEnv {
                     (Backend::Sim(server), entry, addr)
                 }
                 Some(bin) => {
-                    let real = real::start(bin, &env.dir, &cluster)
+                    let default_grace =
+                        crate::apiserver::controllers::Controllers::default().node_grace;
+                    let node_grace = spec.apiserver.controllers.node_grace;
+                    let options = real::RealOptions {
+                        // A grace the test chose is given to the real controller too.
+                        node_grace: (node_grace != default_grace).then_some(node_grace),
+                    };
+                    let real = real::start_with(bin, &env.dir, &cluster, &options)
                         .await
                         .map_err(|source| TestEnvError::Real {
                             cluster: cluster.clone(),
@@ -274,17 +322,25 @@ impl TestEnv {
                 Some(mut k) => {
                     k.address = Some(address);
                     let names: Vec<String> = k.nodes.iter().map(|n| n.name.clone()).collect();
-                    let kubelet = SimKubelet::start(direct.clone(), k).await.map_err(|source| {
-                        TestEnvError::Nodes {
+                    let kubelet = SimKubelet::start(direct.clone(), k)
+                        .await
+                        .map_err(|source| TestEnvError::Nodes {
                             cluster: cluster.clone(),
                             source,
-                        }
-                    })?;
+                        })?;
                     schedulable(&direct, &cluster, &names).await?;
                     Some(kubelet)
                 }
                 None => None,
             };
+            // A real cluster with nodes gets the provisioner an ordinary cluster has (the
+            // simulator provisions by itself).
+            let provisioner =
+                (matches!(backend, Backend::Real(_)) && kubelet.is_some()).then(|| {
+                    let stop = tokio_util::sync::CancellationToken::new();
+                    provisioner::start(direct.clone(), stop.clone());
+                    stop.drop_guard()
+                });
             env.clusters.push(TestCluster {
                 name: cluster,
                 client,
@@ -292,9 +348,10 @@ impl TestEnv {
                 backend,
                 kubelet,
                 faults,
+                _provisioner: provisioner,
             });
         }
-        Ok(env)
+        Ok(())
     }
 
     /// The folder holding the kubeconfigs.
@@ -306,7 +363,7 @@ impl TestEnv {
 impl Drop for TestEnv {
     fn drop(&mut self) {
         // A failing test keeps the files (a real cluster's logs live here too).
-        if !std::thread::panicking() {
+        if !std::thread::panicking() && !self.keep_files {
             let _ = std::fs::remove_dir_all(&self.dir);
         }
     }

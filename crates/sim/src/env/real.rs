@@ -77,19 +77,26 @@ pub struct RealCluster {
     pub dir: PathBuf,
     // std's processes, not tokio's: a cluster may be dropped outside any runtime (a `#[test]`
     // that owns its runtime drops the env after it), and tokio's need its reactor to die.
-    children: Vec<Child>,
+    children: std::sync::Mutex<Vec<Child>>,
+    scheduler: Option<SchedulerRun>,
+    /// Set when it failed to start: its logs say why.
+    keep_files: bool,
 }
 
 impl Drop for RealCluster {
     fn drop(&mut self) {
-        for c in &mut self.children {
+        let children = match self.children.get_mut() {
+            Ok(c) => c,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        for c in children.iter_mut() {
             let _ = c.kill();
         }
-        for c in &mut self.children {
+        for c in children.iter_mut() {
             let _ = c.wait();
         }
         // A failing test keeps the control plane's logs for whoever reads its output.
-        if std::thread::panicking() {
+        if std::thread::panicking() || self.keep_files {
             tracing::warn!(dir = %self.dir.display(), "test failed: control-plane logs kept");
             #[allow(clippy::print_stderr)] // the one place a failed test's reader will look
             {
@@ -153,9 +160,27 @@ fn spawn(
         .map_err(|source| RealError::Spawn { binary, source })
 }
 
+/// How a real control plane differs from kubeadm's defaults.
+#[derive(Clone, Debug, Default)]
+pub struct RealOptions {
+    /// kube-controller-manager's `--node-monitor-grace-period` (how long a node may go
+    /// without renewing its lease before it is marked Unknown); its default when unset.
+    pub node_grace: Option<Duration>,
+}
+
 /// Starts etcd, kube-apiserver, kube-controller-manager and kube-scheduler for `cluster` in a
-/// fresh folder under `parent`.
+/// fresh folder under `parent`, as kubeadm would configure them.
 pub async fn start(bin: &Path, parent: &Path, cluster: &str) -> Result<RealCluster, RealError> {
+    start_with(bin, parent, cluster, &RealOptions::default()).await
+}
+
+/// [`start`], with `options`.
+pub async fn start_with(
+    bin: &Path,
+    parent: &Path,
+    cluster: &str,
+    options: &RealOptions,
+) -> Result<RealCluster, RealError> {
     for binary in [
         "etcd",
         "kube-apiserver",
@@ -189,6 +214,9 @@ pub async fn start(bin: &Path, parent: &Path, cluster: &str) -> Result<RealClust
     let admin = ca.issue_client("kubernetes-admin", Some("system:masters"))?;
     let kubelet_client =
         ca.issue_client("kube-apiserver-kubelet-client", Some("system:masters"))?;
+    // What the aggregator presents to extension API servers (metrics-server), as kubeadm's
+    // front-proxy-client; signed by the cluster CA here rather than a second CA.
+    let front_proxy = ca.issue_client("front-proxy-client", None)?;
     let sa = rcgen::KeyPair::generate().map_err(|e| CertError::Generate {
         what: "service account key".into(),
         source: e,
@@ -201,6 +229,8 @@ pub async fn start(bin: &Path, parent: &Path, cluster: &str) -> Result<RealClust
     let tls_key = f("apiserver.key", &serving.key_pem)?;
     let kc_crt = f("kubelet-client.crt", &kubelet_client.cert_pem)?;
     let kc_key = f("kubelet-client.key", &kubelet_client.key_pem)?;
+    let fp_crt = f("front-proxy-client.crt", &front_proxy.cert_pem)?;
+    let fp_key = f("front-proxy-client.key", &front_proxy.key_pem)?;
     let sa_key = f("sa.key", &sa.serialize_pem())?;
     let sa_pub = f("sa.pub", &sa.public_key_pem())?;
     let (etcd_port, peer_port, api_port) = (free_port()?, free_port()?, free_port()?);
@@ -223,10 +253,15 @@ pub async fn start(bin: &Path, parent: &Path, cluster: &str) -> Result<RealClust
         entry,
         api_addr: std::net::SocketAddr::from(([127, 0, 0, 1], api_port)),
         ca_pem: ca.cert_pem().to_owned(),
-        children: Vec::new(),
+        children: std::sync::Mutex::new(Vec::new()),
+        scheduler: None,
+        keep_files: false,
         dir: dir.clone(),
     };
-    let children = &mut cluster_handle.children;
+    let children = match cluster_handle.children.get_mut() {
+        Ok(c) => c,
+        Err(poisoned) => poisoned.into_inner(),
+    };
     children.push(spawn(
         bin,
         "etcd",
@@ -264,6 +299,16 @@ pub async fn start(bin: &Path, parent: &Path, cluster: &str) -> Result<RealClust
             // Simulated nodes have no resolvable host name: reach kubelets by address first,
             // as kubeadm clusters are usually set up.
             "--kubelet-preferred-address-types=InternalIP,ExternalIP,Hostname".into(),
+            // The aggregation layer, for metrics-server; routed to its endpoint directly, as
+            // there is no kube-proxy to reach a ClusterIP.
+            format!("--requestheader-client-ca-file={}", s(&ca_crt)),
+            "--requestheader-allowed-names=front-proxy-client".into(),
+            "--requestheader-username-headers=X-Remote-User".into(),
+            "--requestheader-group-headers=X-Remote-Group".into(),
+            "--requestheader-extra-headers-prefix=X-Remote-Extra-".into(),
+            format!("--proxy-client-cert-file={}", s(&fp_crt)),
+            format!("--proxy-client-key-file={}", s(&fp_key)),
+            "--enable-aggregator-routing=true".into(),
         ],
         &dir.join("kube-apiserver.log"),
     )?);
@@ -280,22 +325,256 @@ pub async fn start(bin: &Path, parent: &Path, cluster: &str) -> Result<RealClust
             "--use-service-account-credentials=false".into(),
             "--bind-address=127.0.0.1".into(),
             "--secure-port=0".into(),
-        ],
+        ]
+        .into_iter()
+        .chain(options.node_grace.iter().flat_map(|grace| {
+            // The lifecycle controller looks at nodes every monitor period: keep it well
+            // under the grace period so the grace is what decides.
+            let period = (*grace / 4).max(Duration::from_millis(500));
+            [
+                format!("--node-monitor-grace-period={}ms", grace.as_millis()),
+                format!("--node-monitor-period={}ms", period.as_millis()),
+            ]
+        }))
+        .collect::<Vec<_>>(),
         &dir.join("kube-controller-manager.log"),
     )?);
-    children.push(spawn(
+    let (scheduler, _) = start_scheduler(bin, &dir, &kubeconfig_file, &[])?;
+    children.push(scheduler);
+    cluster_handle.scheduler = Some(SchedulerRun {
+        bin: bin.to_owned(),
+        kubeconfig: kubeconfig_file.clone(),
+        index: children.len() - 1,
+    });
+
+    if let Err(e) = wait_ready(&config, cluster, &dir).await {
+        cluster_handle.keep_files = true;
+        return Err(e);
+    }
+    if bin.join("metrics-server").is_file() {
+        let child = start_metrics_server(bin, &dir, &kubeconfig_file, &config).await?;
+        if let Ok(mut c) = cluster_handle.children.lock() {
+            c.push(child);
+        }
+    }
+    Ok(cluster_handle)
+}
+
+/// Starts metrics-server as a process on the test-host address and registers it the way its
+/// manifests do (a Service, here without selector and with an Endpoints object naming the
+/// process, and the `v1beta1.metrics.k8s.io` APIService), so `kubectl top` and the metrics API
+/// work as on an ordinary cluster. It scrapes kubelets at their InternalIP and node status
+/// port with the administrator's client certificate.
+async fn start_metrics_server(
+    bin: &Path,
+    dir: &Path,
+    kubeconfig: &Path,
+    config: &str,
+) -> Result<Child, RealError> {
+    let address = super::testhost::address().map_err(|e| RealError::Io {
+        path: dir.to_owned(),
+        source: std::io::Error::other(e.to_string()),
+    })?;
+    let port = {
+        let l = TcpListener::bind((address, 0)).map_err(|source| RealError::Io {
+            path: format!("{address}:0").into(),
+            source,
+        })?;
+        l.local_addr()
+            .map(|a| a.port())
+            .map_err(|source| RealError::Io {
+                path: format!("{address}:0").into(),
+                source,
+            })?
+    };
+    let certs = dir.join("metrics-server");
+    let kc = kubeconfig.display().to_string();
+    let child = spawn(
+        bin,
+        "metrics-server",
+        &[
+            format!("--kubeconfig={kc}"),
+            format!("--authentication-kubeconfig={kc}"),
+            format!("--authorization-kubeconfig={kc}"),
+            format!("--bind-address={address}"),
+            format!("--secure-port={port}"),
+            format!("--cert-dir={}", certs.display()),
+            "--kubelet-insecure-tls".into(),
+            "--kubelet-preferred-address-types=InternalIP".into(),
+            "--kubelet-use-node-status-port".into(),
+            "--metric-resolution=10s".into(),
+            // Must be shorter than the resolution.
+            "--kubelet-request-timeout=5s".into(),
+        ],
+        &dir.join("metrics-server.log"),
+    )?;
+    let objects = [
+        serde_json::json!({"apiVersion": "v1", "kind": "Service",
+            "metadata": {"name": "metrics-server", "namespace": "kube-system"},
+            "spec": {"ports": [{"name": "https", "port": 443, "targetPort": port}]}}),
+        serde_json::json!({"apiVersion": "v1", "kind": "Endpoints",
+            "metadata": {"name": "metrics-server", "namespace": "kube-system"},
+            "subsets": [{"addresses": [{"ip": address.to_string()}],
+                "ports": [{"name": "https", "port": port}]}]}),
+        serde_json::json!({"apiVersion": "apiregistration.k8s.io/v1", "kind": "APIService",
+            "metadata": {"name": "v1beta1.metrics.k8s.io"},
+            "spec": {"group": "metrics.k8s.io", "version": "v1beta1",
+                "service": {"name": "metrics-server", "namespace": "kube-system", "port": 443},
+                "insecureSkipTLSVerify": true, "groupPriorityMinimum": 100, "versionPriority": 100}}),
+    ];
+    let fail = |what: &str, e: &dyn std::fmt::Display| RealError::Io {
+        path: dir.to_owned(),
+        source: std::io::Error::other(format!("registering metrics-server ({what}): {e}")),
+    };
+    let register = async {
+        let client = crate::apiserver::client_from_kubeconfig(config)
+            .await
+            .map_err(|e| fail("client", &e))?;
+        for object in objects {
+            let mut obj: kube::api::DynamicObject =
+                serde_json::from_value(object).map_err(|e| fail("object", &e))?;
+            let gvk = obj
+                .types
+                .as_ref()
+                .map(kube::core::GroupVersionKind::try_from)
+                .transpose()
+                .map_err(|e| fail("kind", &e))?
+                .ok_or_else(|| fail("kind", &"missing"))?;
+            let (resource, _) = kube::discovery::pinned_kind(&client, &gvk)
+                .await
+                .map_err(|e| fail(&gvk.kind, &e))?;
+            let api: kube::Api<kube::api::DynamicObject> = match obj.metadata.namespace.take() {
+                Some(ns) => kube::Api::namespaced_with(client.clone(), &ns, &resource),
+                None => kube::Api::all_with(client.clone(), &resource),
+            };
+            api.create(&kube::api::PostParams::default(), &obj)
+                .await
+                .map_err(|e| fail(&gvk.kind, &e))?;
+        }
+        Ok(())
+    };
+    let mut child = child;
+    if let Err(e) = register.await {
+        let _ = child.kill();
+        let _ = child.wait();
+        return Err(e);
+    }
+    // A flag it refuses ends it at once: say so here rather than with empty metrics later.
+    if let Ok(Some(status)) = child.try_wait() {
+        return Err(RealError::Io {
+            path: dir.join("metrics-server.log"),
+            source: std::io::Error::other(format!("metrics-server exited: {status}")),
+        });
+    }
+    Ok(child)
+}
+
+/// How the cluster's kube-scheduler was started, to start it again with another
+/// configuration.
+#[derive(Debug)]
+struct SchedulerRun {
+    bin: PathBuf,
+    kubeconfig: PathBuf,
+    /// Its place in `RealCluster::children`.
+    index: usize,
+}
+
+/// Starts kube-scheduler with a KubeSchedulerConfiguration of `extenders` (JSON, as in the
+/// file's `extenders:`), serving /readyz on a free port so a restart can be waited for.
+fn start_scheduler(
+    bin: &Path,
+    dir: &Path,
+    kubeconfig: &Path,
+    extenders: &[serde_json::Value],
+) -> Result<(Child, u16), RealError> {
+    let config = serde_json::json!({
+        "apiVersion": "kubescheduler.config.k8s.io/v1",
+        "kind": "KubeSchedulerConfiguration",
+        "clientConnection": {"kubeconfig": kubeconfig.display().to_string()},
+        "leaderElection": {"leaderElect": false},
+        "extenders": extenders,
+    });
+    // JSON is YAML: kube-scheduler reads it as it is.
+    let file = write(dir, "kube-scheduler-config.yaml", &config.to_string())?;
+    let port = free_port()?;
+    let child = spawn(
         bin,
         "kube-scheduler",
         &[
-            format!("--kubeconfig={}", s(&kubeconfig_file)),
-            "--leader-elect=false".into(),
+            format!("--config={}", file.display()),
             "--bind-address=127.0.0.1".into(),
-            "--secure-port=0".into(),
+            format!("--secure-port={port}"),
         ],
         &dir.join("kube-scheduler.log"),
-    )?);
-    wait_ready(&config, cluster, &dir).await?;
-    Ok(cluster_handle)
+    )?;
+    Ok((child, port))
+}
+
+impl RealCluster {
+    /// Restarts the cluster's kube-scheduler with these `extenders` (entries of a
+    /// KubeSchedulerConfiguration, as JSON) and waits until it has written its configuration
+    /// to the log (it schedules from then on).
+    pub async fn restart_scheduler(
+        &self,
+        extenders: &[serde_json::Value],
+    ) -> Result<(), RealError> {
+        let Some(run) = &self.scheduler else {
+            return Err(RealError::NotReady {
+                cluster: self.entry.context.clone(),
+                seconds: 0,
+                logs: self.dir.display().to_string(),
+            });
+        };
+        let log = self.dir.join("kube-scheduler.log");
+        let port = {
+            let mut children = self.children.lock().map_err(|_| RealError::Io {
+                path: log.clone(),
+                source: std::io::Error::other("a previous restart panicked"),
+            })?;
+            if let Some(old) = children.get_mut(run.index) {
+                let _ = old.kill();
+                let _ = old.wait();
+            }
+            let (new, port) = start_scheduler(&run.bin, &self.dir, &run.kubeconfig, extenders)?;
+            if let Some(slot) = children.get_mut(run.index) {
+                *slot = new;
+            }
+            port
+        };
+        wait_scheduling(port, &self.entry.context, &self.dir).await
+    }
+}
+
+/// Waits until kube-scheduler answers /readyz (its informers synced: it schedules from then
+/// on). Its serving certificate is self-signed, and /readyz needs no credentials.
+async fn wait_scheduling(port: u16, cluster: &str, dir: &Path) -> Result<(), RealError> {
+    let seconds = 60;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(seconds);
+    let client = format!("https://127.0.0.1:{port}")
+        .parse::<http::Uri>()
+        .ok()
+        .map(|uri| {
+            let mut config = kube::Config::new(uri);
+            config.accept_invalid_certs = true;
+            config
+        })
+        .and_then(|c| kube::Client::try_from(c).ok());
+    loop {
+        if let Some(client) = &client
+            && let Ok(req) = http::Request::get("/readyz").body(Vec::new())
+            && client.request_text(req).await.is_ok()
+        {
+            return Ok(());
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return Err(RealError::NotReady {
+                cluster: cluster.to_owned(),
+                seconds,
+                logs: dir.display().to_string(),
+            });
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 async fn wait_ready(config: &str, cluster: &str, dir: &Path) -> Result<(), RealError> {

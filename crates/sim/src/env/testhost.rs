@@ -83,7 +83,9 @@ fn make_pair() -> Result<(), TestHostError> {
     let peer = format!("{PEER}/30");
     let host = format!("{ADDRESS}/30");
     // Each step tolerates what an earlier, interrupted run left behind.
-    let has_netns = ip(&["netns", "list"])?.lines().any(|l| l.split_whitespace().next() == Some(NETNS));
+    let has_netns = ip(&["netns", "list"])?
+        .lines()
+        .any(|l| l.split_whitespace().next() == Some(NETNS));
     if !has_netns {
         ip(&["netns", "add", NETNS])?;
     }

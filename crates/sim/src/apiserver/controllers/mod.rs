@@ -12,6 +12,8 @@ mod replicaset;
 mod scheduler;
 mod volumes;
 
+pub use volumes::NO_PROVISIONER;
+
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -77,6 +79,33 @@ pub struct SchedulerExtender {
 }
 
 impl SchedulerExtender {
+    /// This extender as an entry of a KubeSchedulerConfiguration's `extenders` (JSON), the
+    /// inverse of [`SchedulerExtender::from_scheduler_config`].
+    pub fn to_scheduler_config(&self) -> serde_json::Value {
+        use base64::Engine as _;
+        let mut e = serde_json::json!({
+            "urlPrefix": self.url_prefix,
+            "weight": self.weight,
+            "nodeCacheCapable": self.node_cache_capable,
+            "ignorable": self.ignorable,
+        });
+        for (key, verb) in [
+            ("filterVerb", &self.filter_verb),
+            ("prioritizeVerb", &self.prioritize_verb),
+            ("bindVerb", &self.bind_verb),
+        ] {
+            if let Some(v) = verb {
+                e[key] = v.clone().into();
+            }
+        }
+        if let Some(ca) = &self.ca_pem {
+            e["tlsConfig"] = serde_json::json!({
+                "caData": base64::engine::general_purpose::STANDARD.encode(ca),
+            });
+        }
+        e
+    }
+
     /// The `extenders` of a KubeSchedulerConfiguration (as JSON), read as kube-scheduler
     /// reads them: `urlPrefix`, the three verbs, `weight`, `nodeCacheCapable`, `ignorable`,
     /// and `tlsConfig.caData` (base64 of PEM). An entry without `urlPrefix` is an error.
@@ -354,5 +383,25 @@ mod tests {
         assert!(SchedulerExtender::from_scheduler_config(&json!({"extenders": [{}]})).is_err());
         let bad_ca = json!({"extenders": [{"urlPrefix": "u", "tlsConfig": {"caData": "%%"}}]});
         assert!(SchedulerExtender::from_scheduler_config(&bad_ca).is_err());
+    }
+
+    #[test]
+    fn extenders_written_for_kube_scheduler_read_back_the_same() {
+        let config = json!({"extenders": [
+            {"urlPrefix": "https://x:1", "filterVerb": "filter", "prioritizeVerb": "p",
+             "bindVerb": "bind", "weight": 5, "nodeCacheCapable": true,
+             "tlsConfig": {"caData": "UEVN"}},
+            {"urlPrefix": "http://y", "ignorable": true}
+        ]});
+        let read = SchedulerExtender::from_scheduler_config(&config).unwrap();
+        let written: Vec<_> = read
+            .iter()
+            .map(SchedulerExtender::to_scheduler_config)
+            .collect();
+        assert_eq!(written[0]["tlsConfig"]["caData"], "UEVN");
+        assert!(written[1].get("filterVerb").is_none());
+        let again =
+            SchedulerExtender::from_scheduler_config(&json!({ "extenders": written })).unwrap();
+        assert_eq!(again, read);
     }
 }

@@ -1,6 +1,10 @@
 //! Node lifecycle: a node whose lease (`kube-node-lease/<node>`) has not been renewed within
-//! the grace period is marked Unknown and tainted unreachable; once its kubelet reports Ready
-//! again, the taints go. (Taint-based eviction of pods is not simulated.)
+//! the grace period is marked Unknown and tainted unreachable (`NoSchedule`); once its kubelet
+//! reports Ready again, the taints go. As in kube-controller-manager, the `NoExecute` taint
+//! that evicts pods is only put on while some node is still Ready: when every node is
+//! unreachable (a fully disrupted zone; zones are not simulated, the cluster is one), the
+//! controller assumes its own connectivity is at fault and takes `NoExecute` taints off.
+//! (Eviction rate limits and the eviction of pods are not simulated.)
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -77,7 +81,54 @@ impl NodeLifecycle {
                 });
             }
         }
+        self.no_execute(state, now);
     }
+
+    /// Puts `NoExecute` on unreachable nodes while some node is Ready, takes it off when none
+    /// is (full disruption).
+    fn no_execute(&self, state: &State, now: Timestamp) {
+        let (nodes, _, _) = state.store.list(*ids::NODES, None, None, None, |_| true);
+        let some_ready = nodes
+            .iter()
+            .any(|n| ready_status(&n.object) == Some("True"));
+        for node in &nodes {
+            if ready_status(&node.object) != Some("Unknown") {
+                continue;
+            }
+            let tainted = has_taint(&node.object, "NoExecute");
+            if tainted == some_ready {
+                continue;
+            }
+            let name = meta::name(&node.object).unwrap_or_default().to_owned();
+            let _ = modify(state, *ids::NODES, &ObjKey::new("", &name), |n| {
+                let Some(taints) = n.pointer_mut("/spec/taints").and_then(Value::as_array_mut)
+                else {
+                    return false;
+                };
+                if some_ready {
+                    taints.push(json!({"key": UNREACHABLE, "effect": "NoExecute",
+                        "timeAdded": meta::time_string(now)}));
+                } else {
+                    taints.retain(|t| {
+                        !(t.get("key").and_then(Value::as_str) == Some(UNREACHABLE)
+                            && t.get("effect").and_then(Value::as_str) == Some("NoExecute"))
+                    });
+                }
+                true
+            });
+        }
+    }
+}
+
+fn has_taint(node: &Value, effect: &str) -> bool {
+    node.pointer("/spec/taints")
+        .and_then(Value::as_array)
+        .is_some_and(|t| {
+            t.iter().any(|t| {
+                t.get("key").and_then(Value::as_str) == Some(UNREACHABLE)
+                    && t.get("effect").and_then(Value::as_str) == Some(effect)
+            })
+        })
 }
 
 fn mark_unknown(node: &mut Value, now: Timestamp) -> bool {
@@ -100,14 +151,12 @@ fn mark_unknown(node: &mut Value, now: Timestamp) -> bool {
         .as_object_mut()
         .map(|s| s.entry("taints").or_insert_with(|| json!([])));
     if let Some(Value::Array(taints)) = taints {
-        for effect in ["NoSchedule", "NoExecute"] {
-            let present = taints.iter().any(|t| {
-                t.get("key").and_then(Value::as_str) == Some(UNREACHABLE)
-                    && t.get("effect").and_then(Value::as_str) == Some(effect)
-            });
-            if !present {
-                taints.push(json!({"key": UNREACHABLE, "effect": effect, "timeAdded": stamp}));
-            }
+        let present = taints.iter().any(|t| {
+            t.get("key").and_then(Value::as_str) == Some(UNREACHABLE)
+                && t.get("effect").and_then(Value::as_str) == Some("NoSchedule")
+        });
+        if !present {
+            taints.push(json!({"key": UNREACHABLE, "effect": "NoSchedule", "timeAdded": stamp}));
         }
     }
     true
