@@ -12,7 +12,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use k8s_openapi::api::core::v1::{Node, Pod};
-use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, ServerName};
 use serde_json::{Value, json};
@@ -705,8 +705,17 @@ async fn a_burst_never_over_commits_a_lower_cluster() {
         .await;
     }
     // A retry after the release (its reason no longer counts pods not yet on a lower node)
-    // still binds nothing more.
+    // still binds nothing more. kube-scheduler retries pods an extender refused when the
+    // cluster changes, so the test changes a virtual node's labels until one has happened.
+    let nodes: Api<Node> = Api::all(upper.clone());
+    let touches = std::sync::atomic::AtomicU32::new(0);
     eventually(30, "a retry after the release", || async {
+        let touch = touches.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let label = json!({"metadata": {"labels": {"test.tensile.io/touch": touch.to_string()}}});
+        nodes
+            .patch("vk-1", &PatchParams::default(), &Patch::Merge(&label))
+            .await
+            .ok()?;
         let (_, waiting) = placement().await;
         waiting
             .iter()

@@ -12,8 +12,20 @@ use kube::api::{
 use kube::core::Status;
 use serde_json::json;
 use tensile_sim::apiserver::{ApiServer, ApiServerConfig};
+use tensile_sim::env::{ClusterSpec, TestEnv};
 
-async fn server() -> (ApiServer, kube::Client) {
+/// A cluster without nodes: simulated, or real with TENSILE_K8S_BIN.
+async fn cluster() -> (TestEnv, kube::Client) {
+    let env = TestEnv::start_with(vec![ClusterSpec::new("c1", 0)])
+        .await
+        .unwrap();
+    let client = env.clusters[0].client.clone();
+    (env, client)
+}
+
+/// The simulator itself, for what only it offers (an administrator token, a tiny watch
+/// history).
+async fn simulator() -> (ApiServer, kube::Client) {
     let server = ApiServer::start(ApiServerConfig::default()).await.unwrap();
     let client = server.client().await.unwrap();
     (server, client)
@@ -40,7 +52,7 @@ fn api_error(e: kube::Error) -> Status {
 
 #[tokio::test]
 async fn discovery_and_default_namespaces() {
-    let (_s, client) = server().await;
+    let (_env, client) = cluster().await;
     let version = client.apiserver_version().await.unwrap();
     assert_eq!(version.major, "1");
     let namespaces: Api<Namespace> = Api::all(client.clone());
@@ -61,7 +73,7 @@ async fn discovery_and_default_namespaces() {
 
 #[tokio::test]
 async fn pod_create_applies_admission_defaults() {
-    let (_s, client) = server().await;
+    let (_env, client) = cluster().await;
     let pods: Api<Pod> = Api::namespaced(client, "default");
     let p = pods
         .create(&PostParams::default(), &pod("web"))
@@ -106,7 +118,7 @@ async fn pod_create_applies_admission_defaults() {
 
 #[tokio::test]
 async fn errors_carry_the_real_reasons_and_codes() {
-    let (_s, client) = server().await;
+    let (_env, client) = cluster().await;
     let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
     let e = api_error(pods.get("nope").await.unwrap_err());
     assert_eq!(
@@ -141,7 +153,7 @@ async fn errors_carry_the_real_reasons_and_codes() {
 
 #[tokio::test]
 async fn optimistic_concurrency_and_no_op_updates() {
-    let (_s, client) = server().await;
+    let (_env, client) = cluster().await;
     let pods: Api<Pod> = Api::namespaced(client, "default");
     let p = pods
         .create(&PostParams::default(), &pod("web"))
@@ -180,7 +192,7 @@ async fn optimistic_concurrency_and_no_op_updates() {
 
 #[tokio::test]
 async fn pod_spec_is_immutable_except_images() {
-    let (_s, client) = server().await;
+    let (_env, client) = cluster().await;
     let pods: Api<Pod> = Api::namespaced(client, "default");
     pods.create(&PostParams::default(), &pod("web"))
         .await
@@ -213,7 +225,7 @@ async fn pod_spec_is_immutable_except_images() {
 
 #[tokio::test]
 async fn list_selectors_and_pagination() {
-    let (_s, client) = server().await;
+    let (_env, client) = cluster().await;
     let pods: Api<Pod> = Api::namespaced(client, "default");
     for i in 0..5 {
         let mut p = pod(&format!("p{i}"));
@@ -256,7 +268,7 @@ async fn list_selectors_and_pagination() {
 
 #[tokio::test]
 async fn watch_sees_a_pod_bound_to_a_node_through_a_field_selector() {
-    let (_s, client) = server().await;
+    let (_env, client) = cluster().await;
     let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
     let created = pods
         .create(&PostParams::default(), &pod("web"))
@@ -308,11 +320,19 @@ async fn watch_sees_a_pod_bound_to_a_node_through_a_field_selector() {
     )
     .await
     .unwrap();
-    let ev = tokio::time::timeout(Duration::from_secs(10), stream.try_next())
-        .await
-        .unwrap()
-        .unwrap()
-        .unwrap();
+    // As kube-apiserver does: the shortened grace (0) is written first, then the pod removed.
+    let mut next = async || {
+        tokio::time::timeout(Duration::from_secs(10), stream.try_next())
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap()
+    };
+    match next().await {
+        WatchEvent::Modified(p) => assert_eq!(p.metadata.deletion_grace_period_seconds, Some(0)),
+        other => panic!("expected MODIFIED with grace 0, got {other:?}"),
+    }
+    let ev = next().await;
     assert!(matches!(ev, WatchEvent::Deleted(_)), "{ev:?}");
     assert_eq!(api_error(pods.get("web").await.unwrap_err()).code, 404);
 }
@@ -355,7 +375,7 @@ async fn watch_from_a_too_old_resource_version_is_expired() {
 #[tokio::test]
 async fn kube_runtime_reflector_tracks_the_server() {
     use kube::runtime::{WatchStreamExt, reflector, watcher};
-    let (_s, client) = server().await;
+    let (_env, client) = cluster().await;
     let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
     let (store, writer) = reflector::store();
     let stream = watcher(pods.clone(), watcher::Config::default())
@@ -382,7 +402,7 @@ async fn kube_runtime_reflector_tracks_the_server() {
 
 #[tokio::test]
 async fn anonymous_requests_are_refused_and_tokens_work() {
-    let (s, _client) = server().await;
+    let (s, _client) = simulator().await;
     let mut config = kube::Config::new(s.url().parse().unwrap());
     config.accept_invalid_certs = true;
     let anonymous = kube::Client::try_from(config.clone()).unwrap();
@@ -419,7 +439,7 @@ async fn raw(
 
 #[tokio::test]
 async fn bad_input_gets_the_right_status_and_the_server_keeps_serving() {
-    let (_s, client) = server().await;
+    let (_env, client) = cluster().await;
     let e = raw(
         &client,
         "POST",
@@ -552,7 +572,7 @@ async fn bad_input_gets_the_right_status_and_the_server_keeps_serving() {
 
 #[tokio::test]
 async fn patches_merge_json_and_strategic() {
-    let (_s, client) = server().await;
+    let (_env, client) = cluster().await;
     let pods: Api<Pod> = Api::namespaced(client, "default");
     pods.create(&PostParams::default(), &pod("web"))
         .await
@@ -626,7 +646,7 @@ async fn patches_merge_json_and_strategic() {
 
 #[tokio::test]
 async fn server_side_apply_creates_then_merges() {
-    let (_s, client) = server().await;
+    let (_env, client) = cluster().await;
     let cms: Api<k8s_openapi::api::core::v1::ConfigMap> = Api::namespaced(client, "default");
     let pp = PatchParams::apply("fidelity").force();
     let cm = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "applied"}, "data": {"a": "1"}});
@@ -637,19 +657,29 @@ async fn server_side_apply_creates_then_merges() {
         .patch("applied", &pp, &Patch::Apply(&more))
         .await
         .unwrap();
+    // The manager applied `a` before and leaves it out now: it is removed (field ownership).
     let data = merged.data.unwrap();
     assert_eq!(
         (
             data.get("a").map(String::as_str),
             data.get("b").map(String::as_str)
         ),
-        (Some("1"), Some("2"))
+        (None, Some("2"))
     );
+    let managers: Vec<String> = merged
+        .metadata
+        .managed_fields
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|m| m.operation.as_deref() == Some("Apply"))
+        .filter_map(|m| m.manager)
+        .collect();
+    assert_eq!(managers, ["fidelity"]);
 }
 
 #[tokio::test]
 async fn send_initial_events_ends_with_a_bookmark() {
-    let (_s, client) = server().await;
+    let (_env, client) = cluster().await;
     let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
     pods.create(&PostParams::default(), &pod("a"))
         .await
@@ -683,7 +713,7 @@ async fn send_initial_events_ends_with_a_bookmark() {
 
 #[tokio::test]
 async fn secret_string_data_is_folded_into_data_and_never_stored() {
-    let (_server, client) = server().await;
+    let (_env, client) = cluster().await;
     let secrets: Api<k8s_openapi::api::core::v1::Secret> = Api::namespaced(client, "default");
     let created = secrets
         .create(

@@ -5,6 +5,7 @@
 //! real `kubectl`. What it simplifies is listed in `docs/sim.md`.
 
 mod admission;
+mod apply;
 mod client;
 pub mod controllers;
 pub mod discovery;

@@ -8,7 +8,7 @@ use base64::Engine as _;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD as B64URL;
 use bytes::Bytes;
 use http::{Method, Request, Response, header};
-use http_body_util::{BodyExt, Limited};
+use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use serde_json::{Value, json};
 
@@ -205,23 +205,33 @@ fn content_type(req: &Request<Incoming>) -> String {
         .to_owned()
 }
 
-/// The request body, within the size limit.
+/// The request body, within the size limit. A body over the limit is still read and dropped,
+/// up to a bound, so the client, still sending, gets the 413 rather than a reset connection.
 pub(super) async fn read_bytes(state: &State, req: Request<Incoming>) -> Result<Bytes> {
     let limit = state.config.max_body_bytes;
-    match Limited::new(req.into_body(), limit).collect().await {
-        Ok(collected) => Ok(collected.to_bytes()),
-        Err(e)
-            if e.downcast_ref::<http_body_util::LengthLimitError>()
-                .is_some() =>
-        {
-            Err(ApiError::too_large(format!(
-                "the request body is larger than the {limit} byte limit"
-            )))
+    let drain_limit = limit.saturating_mul(4);
+    let mut body = req.into_body();
+    let mut collected = bytes::BytesMut::new();
+    let mut seen = 0usize;
+    while let Some(frame) = body.frame().await {
+        let frame =
+            frame.map_err(|e| ApiError::bad_request(format!("reading the request body: {e}")))?;
+        let Ok(data) = frame.into_data() else {
+            continue;
+        };
+        seen = seen.saturating_add(data.len());
+        if seen <= limit {
+            collected.extend_from_slice(&data);
+        } else if seen > drain_limit {
+            break;
         }
-        Err(e) => Err(ApiError::bad_request(format!(
-            "reading the request body: {e}"
-        ))),
     }
+    if seen > limit {
+        return Err(ApiError::too_large(format!(
+            "the request body is larger than the {limit} byte limit"
+        )));
+    }
+    Ok(collected.freeze())
 }
 
 /// Decodes a JSON or YAML body into an object.
@@ -426,7 +436,20 @@ pub(super) async fn create(
     q: &Query,
     user: &UserInfo,
 ) -> Result<Value> {
+    create_as(state, r, body, q, user, None).await
+}
+
+/// [`create`]; `apply_manager` names the field manager when a server-side apply creates it.
+async fn create_as(
+    state: &State,
+    r: &ResourceRoute,
+    body: Value,
+    q: &Query,
+    user: &UserInfo,
+    apply_manager: Option<&str>,
+) -> Result<Value> {
     let rt = resources::get(r.res);
+    let applied = apply_manager.map(|m| (m.to_owned(), body.clone()));
     let mut obj = body;
     check_identity(rt, &mut obj, r.namespace.as_deref(), None)?;
     let mut obj = normalize(rt, obj)?;
@@ -463,6 +486,9 @@ pub(super) async fn create(
         }
         m.insert("uid".into(), json!(meta::new_uid()));
         m.insert("creationTimestamp".into(), json!(meta::now()));
+    }
+    if let Some((manager, config)) = &applied {
+        super::apply::record(&mut obj, manager, config, &meta::now());
     }
     strategy::prepare_create(state, rt, &mut obj, user)?;
     let mut obj = strategy::admit(state, rt, obj, None, user).await?;
@@ -626,12 +652,32 @@ async fn patch(
             .map_err(|e| ApiError::bad_request(format!("error decoding the patch as JSON: {e}")))?,
     };
     let k = key(rt, r.namespace.as_deref(), name);
-    if kind == strategy::PatchKind::Apply
+    let apply_manager = match kind {
+        strategy::PatchKind::Apply => Some(
+            q.get("fieldManager")
+                .filter(|m| !m.is_empty())
+                .ok_or_else(|| {
+                    ApiError::invalid(
+                        "meta.k8s.io",
+                        "PatchOptions",
+                        "",
+                        &[(
+                            "fieldManager".into(),
+                            "Required value: is required for apply patch".into(),
+                        )],
+                    )
+                })?,
+        ),
+        _ => None,
+    };
+    if let Some(manager) = apply_manager
         && state.store.get(r.res, &k).is_none()
         && sub == Subresource::Main
     {
         // Server-side apply creates what does not exist yet.
-        return create(state, r, patch_doc, q, user).await.map(|v| (201, v));
+        return create_as(state, r, patch_doc, q, user, Some(manager))
+            .await
+            .map(|v| (201, v));
     }
     let precondition = patch_doc
         .get("metadata")
@@ -640,7 +686,13 @@ async fn patch(
         .and_then(|v| v.parse::<u64>().ok());
     let value = write_loop(state, r, name, q, user, sub, precondition, |current| {
         let mut patched = current.clone();
+        if let Some(manager) = apply_manager {
+            super::apply::remove_dropped_fields(&mut patched, manager, &patch_doc);
+        }
         strategy::apply_patch(rt, kind, &mut patched, &patch_doc)?;
+        if let Some(manager) = apply_manager {
+            super::apply::record(&mut patched, manager, &patch_doc, &meta::now());
+        }
         let mut patched = normalize(rt, patched)?;
         if meta::name(&patched) != Some(name)
             || meta::namespace(&patched) != meta::namespace(current)

@@ -129,7 +129,7 @@ pub struct TestCluster {
 enum Backend {
     Sim(ApiServer),
     /// Kept for its lifetime: dropping it stops the control plane.
-    Real(real::RealCluster),
+    Real(Box<real::RealCluster>),
 }
 
 impl std::fmt::Debug for TestCluster {
@@ -292,7 +292,7 @@ impl TestEnv {
                             source,
                         })?;
                     let (entry, addr) = (real.entry.clone(), real.api_addr);
-                    (Backend::Real(real), entry, addr)
+                    (Backend::Real(Box::new(real)), entry, addr)
                 }
             };
             let client_error = |source| TestEnvError::Client {
