@@ -18,7 +18,6 @@ use rustls_pki_types::{CertificateDer, ServerName};
 use serde_json::{Value, json};
 use tensile_placement::extender::{self, ExtenderConfig, LowerClusterClient, Running};
 use tensile_placement::serve::ServingCert;
-use tensile_sim::apiserver::controllers::SchedulerExtender;
 use tensile_sim::env::{ClusterSpec, TestEnv, eventually};
 use tensile_sim::kubelet::{SimKubeletConfig, SimNode};
 use tokio_util::sync::CancellationToken;
@@ -60,17 +59,24 @@ impl Setup {
             })
             .await;
         }
+        // The upper kube-scheduler runs with the shipped KubeSchedulerConfiguration, pointed
+        // at this extender: its address, its CA (the test's certificate names 127.0.0.1, so
+        // the shipped serverName goes), and how much of the nodes it is sent.
+        use base64::Engine as _;
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../deploy/scheduler/kube-scheduler-config.yaml"
+        );
+        let mut config: Value =
+            serde_saphyr::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+        let entry = &mut config["extenders"][0];
+        entry["urlPrefix"] = format!("https://{}", self.ext.addr).into();
+        entry["nodeCacheCapable"] = node_cache_capable.into();
+        entry["tlsConfig"] = json!({
+            "caData": base64::engine::general_purpose::STANDARD.encode(&self.ext.ca_pem),
+        });
         self.env.clusters[0]
-            .set_scheduler_extenders(vec![SchedulerExtender {
-                url_prefix: format!("https://{}", self.ext.addr),
-                filter_verb: Some("filter".into()),
-                prioritize_verb: Some("prioritize".into()),
-                bind_verb: Some("bind".into()),
-                weight: 5,
-                node_cache_capable,
-                ignorable: false,
-                ca_pem: Some(self.ext.ca_pem.clone()),
-            }])
+            .set_scheduler_config(&config)
             .await
             .unwrap();
     }

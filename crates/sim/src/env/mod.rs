@@ -77,6 +77,17 @@ pub enum TestEnvError {
     },
 }
 
+/// A scheduler configuration was not taken.
+#[derive(Debug, thiserror::Error)]
+pub enum SchedulerConfigError {
+    /// The simulator cannot read it.
+    #[error("scheduler configuration: {0}")]
+    Invalid(String),
+    /// The real kube-scheduler did not come back with it.
+    #[error(transparent)]
+    Real(#[from] real::RealError),
+}
+
 /// Shape of one cluster.
 #[derive(Clone, Debug)]
 pub struct ClusterSpec {
@@ -183,17 +194,35 @@ impl TestCluster {
     pub async fn set_scheduler_extenders(
         &self,
         extenders: Vec<crate::apiserver::controllers::SchedulerExtender>,
-    ) -> Result<(), real::RealError> {
+    ) -> Result<(), SchedulerConfigError> {
+        let entries: Vec<serde_json::Value> = extenders
+            .iter()
+            .map(crate::apiserver::controllers::SchedulerExtender::to_scheduler_config)
+            .collect();
+        self.set_scheduler_config(&serde_json::json!({ "extenders": entries }))
+            .await
+    }
+
+    /// Runs the cluster's scheduler with a KubeSchedulerConfiguration (as JSON, e.g. a file of
+    /// `deploy/` read as YAML): a real kube-scheduler is restarted with it as it is (the
+    /// harness sets only its client connection and leader election); the simulated scheduler
+    /// takes its `extenders`, read as kube-scheduler reads them.
+    pub async fn set_scheduler_config(
+        &self,
+        config: &serde_json::Value,
+    ) -> Result<(), SchedulerConfigError> {
         match &self.backend {
             Backend::Sim(s) => {
+                let extenders =
+                    crate::apiserver::controllers::SchedulerExtender::from_scheduler_config(config)
+                        .map_err(SchedulerConfigError::Invalid)?;
                 s.set_scheduler_extenders(extenders);
                 Ok(())
             }
-            Backend::Real(r) => {
-                let entries: Vec<serde_json::Value> =
-                    extenders.iter().map(|e| e.to_scheduler_config()).collect();
-                r.restart_scheduler(&entries).await
-            }
+            Backend::Real(r) => r
+                .restart_scheduler(config)
+                .await
+                .map_err(SchedulerConfigError::Real),
         }
     }
 

@@ -339,7 +339,7 @@ pub async fn start_with(
         .collect::<Vec<_>>(),
         &dir.join("kube-controller-manager.log"),
     )?);
-    let (scheduler, _) = start_scheduler(bin, &dir, &kubeconfig_file, &[])?;
+    let (scheduler, _) = start_scheduler(bin, &dir, &kubeconfig_file, &serde_json::json!({}))?;
     children.push(scheduler);
     cluster_handle.scheduler = Some(SchedulerRun {
         bin: bin.to_owned(),
@@ -479,21 +479,24 @@ struct SchedulerRun {
     index: usize,
 }
 
-/// Starts kube-scheduler with a KubeSchedulerConfiguration of `extenders` (JSON, as in the
-/// file's `extenders:`), serving /readyz on a free port so a restart can be waited for.
+/// Starts kube-scheduler with `config`, a KubeSchedulerConfiguration (JSON) whose client
+/// connection and leader election the harness sets, serving /readyz on a free port so a
+/// restart can be waited for.
 fn start_scheduler(
     bin: &Path,
     dir: &Path,
     kubeconfig: &Path,
-    extenders: &[serde_json::Value],
+    config: &serde_json::Value,
 ) -> Result<(Child, u16), RealError> {
-    let config = serde_json::json!({
-        "apiVersion": "kubescheduler.config.k8s.io/v1",
-        "kind": "KubeSchedulerConfiguration",
-        "clientConnection": {"kubeconfig": kubeconfig.display().to_string()},
-        "leaderElection": {"leaderElect": false},
-        "extenders": extenders,
-    });
+    let mut config = config.clone();
+    if !config.is_object() {
+        config = serde_json::json!({});
+    }
+    config["apiVersion"] = "kubescheduler.config.k8s.io/v1".into();
+    config["kind"] = "KubeSchedulerConfiguration".into();
+    config["clientConnection"] =
+        serde_json::json!({"kubeconfig": kubeconfig.display().to_string()});
+    config["leaderElection"] = serde_json::json!({"leaderElect": false});
     // JSON is YAML: kube-scheduler reads it as it is.
     let file = write(dir, "kube-scheduler-config.yaml", &config.to_string())?;
     let port = free_port()?;
@@ -511,13 +514,10 @@ fn start_scheduler(
 }
 
 impl RealCluster {
-    /// Restarts the cluster's kube-scheduler with these `extenders` (entries of a
-    /// KubeSchedulerConfiguration, as JSON) and waits until it has written its configuration
-    /// to the log (it schedules from then on).
-    pub async fn restart_scheduler(
-        &self,
-        extenders: &[serde_json::Value],
-    ) -> Result<(), RealError> {
+    /// Restarts the cluster's kube-scheduler with `config` (a KubeSchedulerConfiguration as
+    /// JSON; its client connection and leader election are the harness's) and waits until it
+    /// answers /readyz (it schedules from then on).
+    pub async fn restart_scheduler(&self, config: &serde_json::Value) -> Result<(), RealError> {
         let Some(run) = &self.scheduler else {
             return Err(RealError::NotReady {
                 cluster: self.entry.context.clone(),
@@ -535,7 +535,7 @@ impl RealCluster {
                 let _ = old.kill();
                 let _ = old.wait();
             }
-            let (new, port) = start_scheduler(&run.bin, &self.dir, &run.kubeconfig, extenders)?;
+            let (new, port) = start_scheduler(&run.bin, &self.dir, &run.kubeconfig, config)?;
             if let Some(slot) = children.get_mut(run.index) {
                 *slot = new;
             }
