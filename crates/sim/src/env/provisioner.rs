@@ -15,10 +15,9 @@ use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::api::{Api, DeleteParams, PostParams};
 use kube::runtime::watcher;
-use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
-use crate::apiserver::controllers::NO_PROVISIONER;
+use crate::apiserver::controllers::{NO_PROVISIONER, provisioned_volume};
 
 const ANN_SELECTED_NODE: &str = "volume.kubernetes.io/selected-node";
 const ANN_STORAGE_PROVISIONER: &str = "volume.kubernetes.io/storage-provisioner";
@@ -30,48 +29,40 @@ pub fn start(client: kube::Client, stop: CancellationToken) {
     let claims: Api<PersistentVolumeClaim> = Api::all(client.clone());
     let volumes: Api<PersistentVolume> = Api::all(client.clone());
     let classes: Api<StorageClass> = Api::all(client);
-    let on_claims = {
-        let (volumes, stop) = (volumes.clone(), stop.clone());
+    let made = volumes.clone();
+    tokio::spawn(each_applied(claims, stop.clone(), move |claim| {
+        let (volumes, classes) = (made.clone(), classes.clone());
         async move {
-            let mut events = std::pin::pin!(watcher::watcher(claims, watcher::Config::default()));
-            loop {
-                let event = tokio::select! {
-                    () = stop.cancelled() => return,
-                    e = events.next() => e,
-                };
-                match event {
-                    Some(Ok(watcher::Event::Apply(c) | watcher::Event::InitApply(c))) => {
-                        if let Err(e) = provision(&volumes, &classes, &c).await {
-                            tracing::warn!(error = %e, "test provisioner");
-                        }
-                    }
-                    Some(_) => {}
-                    None => return,
-                }
+            if let Err(e) = provision(&volumes, &classes, &claim).await {
+                tracing::warn!(error = %e, "test provisioner");
             }
         }
-    };
-    let on_volumes = async move {
-        let mut events = std::pin::pin!(watcher::watcher(
-            volumes.clone(),
-            watcher::Config::default()
-        ));
-        loop {
-            let event = tokio::select! {
-                () = stop.cancelled() => return,
-                e = events.next() => e,
-            };
-            match event {
-                Some(Ok(watcher::Event::Apply(v) | watcher::Event::InitApply(v))) => {
-                    reclaim(&volumes, &v).await;
-                }
-                Some(_) => {}
-                None => return,
-            }
+    }));
+    tokio::spawn(each_applied(volumes.clone(), stop, move |volume| {
+        let volumes = volumes.clone();
+        async move { reclaim(&volumes, &volume).await }
+    }));
+}
+
+/// Calls `f` with every object of `api` as it is listed, created or changed, until `stop`.
+async fn each_applied<K, F, Fut>(api: Api<K>, stop: CancellationToken, f: F)
+where
+    K: kube::Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + 'static,
+    F: Fn(K) -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    let mut events = std::pin::pin!(watcher::watcher(api, watcher::Config::default()));
+    loop {
+        let event = tokio::select! {
+            () = stop.cancelled() => return,
+            e = events.next() => e,
+        };
+        match event {
+            Some(Ok(watcher::Event::Apply(o) | watcher::Event::InitApply(o))) => f(o).await,
+            Some(_) => {}
+            None => return,
         }
-    };
-    tokio::spawn(on_claims);
-    tokio::spawn(on_volumes);
+    }
 }
 
 async fn provision(
@@ -79,9 +70,9 @@ async fn provision(
     classes: &Api<StorageClass>,
     claim: &PersistentVolumeClaim,
 ) -> Result<(), kube::Error> {
-    let spec = claim.spec.clone().unwrap_or_default();
+    let spec = claim.spec.as_ref();
     let pending = claim.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Pending");
-    if spec.volume_name.is_some() || !pending {
+    if spec.and_then(|s| s.volume_name.as_ref()).is_some() || !pending {
         return Ok(());
     }
     let annotations = claim.metadata.annotations.clone().unwrap_or_default();
@@ -97,31 +88,16 @@ async fn provision(
     if provisioner == NO_PROVISIONER {
         return Ok(());
     }
-    let class = match &spec.storage_class_name {
+    let class = match spec.and_then(|s| s.storage_class_name.as_ref()) {
         Some(name) => classes.get_opt(name).await?,
         None => None,
     };
     let policy = class
         .and_then(|c| c.reclaim_policy)
         .unwrap_or_else(|| "Delete".into());
-    let uid = claim.metadata.uid.clone().unwrap_or_default();
-    let name = format!("pvc-{uid}");
-    let pv: PersistentVolume = serde_json::from_value(json!({
-        "metadata": {"name": name, "annotations": {ANN_PROVISIONED_BY: provisioner}},
-        "spec": {
-            "capacity": spec.resources.as_ref().and_then(|r| r.requests.clone()).unwrap_or_default(),
-            "accessModes": spec.access_modes.clone().unwrap_or_default(),
-            "persistentVolumeReclaimPolicy": policy,
-            "storageClassName": spec.storage_class_name.clone().unwrap_or_default(),
-            "volumeMode": spec.volume_mode.clone().unwrap_or_else(|| "Filesystem".into()),
-            "local": {"path": format!("/var/lib/tensile-test/volumes/{name}")},
-            "nodeAffinity": {"required": {"nodeSelectorTerms": [{"matchExpressions": [
-                {"key": "kubernetes.io/hostname", "operator": "In", "values": [node]}]}]}},
-            "claimRef": {"kind": "PersistentVolumeClaim", "apiVersion": "v1",
-                "namespace": claim.metadata.namespace, "name": claim.metadata.name, "uid": uid},
-        },
-    }))
-    .map_err(kube::Error::SerdeError)?;
+    let pv: PersistentVolume =
+        serde_json::from_value(provisioned_volume(claim, provisioner, node, &policy))
+            .map_err(kube::Error::SerdeError)?;
     match volumes.create(&PostParams::default(), &pv).await {
         Ok(_) => Ok(()),
         Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),

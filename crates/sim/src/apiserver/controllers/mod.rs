@@ -12,7 +12,7 @@ mod replicaset;
 mod scheduler;
 mod volumes;
 
-pub use volumes::NO_PROVISIONER;
+pub use volumes::{NO_PROVISIONER, provisioned_volume};
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -512,6 +512,35 @@ pub(super) async fn bind_for_node(
     Ok(())
 }
 
+/// The local volume a provisioner makes on `node` for `pvc` (named `pvc-<claim uid>`,
+/// pre-bound to the claim, marked with the provisioner's name).
+pub fn provisioned_volume(
+    pvc: &PersistentVolumeClaim,
+    provisioner: &str,
+    node: &str,
+    reclaim_policy: &str,
+) -> Value {
+    let spec = pvc.spec.clone().unwrap_or_default();
+    let uid = pvc.metadata.uid.clone().unwrap_or_default();
+    let name = format!("pvc-{uid}");
+    json!({
+        "apiVersion": "v1", "kind": "PersistentVolume",
+        "metadata": {"name": name, "annotations": {ANN_PROVISIONED_BY: provisioner}},
+        "spec": {
+            "capacity": spec.resources.as_ref().and_then(|r| r.requests.as_ref()).map(|r| json!(r)).unwrap_or(json!({})),
+            "accessModes": spec.access_modes.clone().unwrap_or_default(),
+            "persistentVolumeReclaimPolicy": reclaim_policy,
+            "storageClassName": spec.storage_class_name.clone().unwrap_or_default(),
+            "volumeMode": spec.volume_mode.clone().unwrap_or_else(|| "Filesystem".into()),
+            "local": {"path": format!("/var/lib/tensile-sim/volumes/{name}")},
+            "nodeAffinity": {"required": {"nodeSelectorTerms": [{"matchExpressions": [
+                {"key": "kubernetes.io/hostname", "operator": "In", "values": [node]}]}]}},
+            "claimRef": {"kind": "PersistentVolumeClaim", "apiVersion": "v1",
+                "namespace": pvc.metadata.namespace, "name": pvc.metadata.name, "uid": uid},
+        },
+    })
+}
+
 /// Creates a local volume on `node` for the claim, as a provisioner would, and binds it.
 async fn provision(
     state: &State,
@@ -528,7 +557,6 @@ async fn provision(
         annotations[ANN_STORAGE_PROVISIONER] = json!(provisioner);
         true
     });
-    let spec = pvc.spec.clone().unwrap_or_default();
     let uid = pvc.metadata.uid.clone().unwrap_or_default();
     let name = format!("pvc-{uid}");
     let policy = storage_class(state, pvc)
@@ -538,22 +566,7 @@ async fn provision(
                 .map(str::to_owned)
         })
         .unwrap_or_else(|| "Delete".into());
-    let pv = json!({
-        "apiVersion": "v1", "kind": "PersistentVolume",
-        "metadata": {"name": name, "annotations": {ANN_PROVISIONED_BY: provisioner}},
-        "spec": {
-            "capacity": spec.resources.as_ref().and_then(|r| r.requests.as_ref()).map(|r| json!(r)).unwrap_or(json!({})),
-            "accessModes": spec.access_modes.clone().unwrap_or_default(),
-            "persistentVolumeReclaimPolicy": policy,
-            "storageClassName": spec.storage_class_name.clone().unwrap_or_default(),
-            "volumeMode": spec.volume_mode.clone().unwrap_or_else(|| "Filesystem".into()),
-            "local": {"path": format!("/var/lib/tensile-sim/volumes/{name}")},
-            "nodeAffinity": {"required": {"nodeSelectorTerms": [{"matchExpressions": [
-                {"key": "kubernetes.io/hostname", "operator": "In", "values": [node]}]}]}},
-            "claimRef": {"kind": "PersistentVolumeClaim", "apiVersion": "v1",
-                "namespace": key.namespace, "name": key.name, "uid": uid},
-        },
-    });
+    let pv = provisioned_volume(pvc, provisioner, node, &policy);
     match create(
         state,
         *ids::PERSISTENT_VOLUMES,
