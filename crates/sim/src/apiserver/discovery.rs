@@ -24,8 +24,15 @@ pub fn version(state: &State) -> Value {
             )
         })
         .unwrap_or_default();
+    // Kubernetes 1.31+ reports the version it emulates and the oldest it stays compatible with
+    // (one minor back); the simulator emulates what it claims to be.
+    let min_compat_minor = minor
+        .parse::<u32>()
+        .map(|m| m.saturating_sub(1).to_string())
+        .unwrap_or_default();
     json!({
-        "major": major, "minor": minor, "gitVersion": v, "gitCommit": "0000000000000000000000000000000000000000",
+        "major": major, "minor": minor, "emulationMajor": major, "emulationMinor": minor,
+        "minCompatibilityMajor": major, "minCompatibilityMinor": min_compat_minor, "gitVersion": v, "gitCommit": "0000000000000000000000000000000000000000",
         "gitTreeState": "clean", "buildDate": "2026-11-01T00:00:00Z", "goVersion": "go1.24 (tensile-sim)",
         "compiler": "rustc", "platform": "linux/amd64"
     })
@@ -136,10 +143,15 @@ pub fn resource_list(group: &str, version: &str) -> Response<Body> {
         resources.push(entry);
         for (sub, kind) in r.subresources {
             let kind = if kind.is_empty() { r.kind } else { kind };
-            resources.push(json!({
+            let mut entry = json!({
                 "name": format!("{}/{sub}", r.plural), "singularName": "", "namespaced": r.namespaced,
                 "kind": kind, "verbs": subresource_verbs(sub),
-            }));
+            });
+            if let Some((g, v)) = subresource_group_version(kind) {
+                entry["group"] = json!(g);
+                entry["version"] = json!(v);
+            }
+            resources.push(entry);
         }
     }
     if resources.is_empty() {
@@ -150,10 +162,23 @@ pub fn resource_list(group: &str, version: &str) -> Response<Body> {
     } else {
         format!("{group}/{version}")
     };
-    value_response(
-        200,
-        &json!({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": gv, "resources": resources}),
-    )
+    let mut list = json!({"kind": "APIResourceList", "groupVersion": gv, "resources": resources});
+    // The real server writes the list's apiVersion for groups only, not for the core `/api/v1`.
+    if !group.is_empty() {
+        list["apiVersion"] = json!("v1");
+    }
+    value_response(200, &list)
+}
+
+/// The group and version of a subresource's kind when they are not its resource's own
+/// (`deployments/scale` is an `autoscaling/v1` Scale).
+fn subresource_group_version(kind: &str) -> Option<(&'static str, &'static str)> {
+    match kind {
+        "Scale" => Some(("autoscaling", "v1")),
+        "Eviction" => Some(("policy", "v1")),
+        "TokenRequest" => Some(("authentication.k8s.io", "v1")),
+        _ => None,
+    }
 }
 
 fn subresource_verbs(sub: &str) -> &'static [&'static str] {
@@ -179,8 +204,12 @@ fn aggregated_group(group: &str, versions: &[&str]) -> Value {
                         .subresources
                         .iter()
                         .map(|(s, k)| {
-                            json!({"subresource": s,
-                            "responseKind": kind(if k.is_empty() { r.kind } else { k }),
+                            let k = if k.is_empty() { r.kind } else { k };
+                            let response_kind = match subresource_group_version(k) {
+                                Some((g, v)) => json!({"group": g, "version": v, "kind": k}),
+                                None => kind(k),
+                            };
+                            json!({"subresource": s, "responseKind": response_kind,
                             "verbs": subresource_verbs(s)})
                         })
                         .collect();

@@ -28,7 +28,10 @@ impl ApiError {
     }
 
     fn with_details(mut self, group: &str, kind: &str, name: &str) -> Self {
-        let mut d = json!({"name": name, "kind": kind});
+        let mut d = json!({"kind": kind});
+        if !name.is_empty() {
+            d["name"] = json!(name);
+        }
         if !group.is_empty() {
             d["group"] = json!(group);
         }
@@ -74,7 +77,7 @@ impl ApiError {
         let text: Vec<String> = causes.iter().map(|(f, m)| format!("{f}: {m}")).collect();
         let causes: Vec<Value> = causes
             .iter()
-            .map(|(f, m)| json!({"reason": "FieldValueInvalid", "message": m, "field": f}))
+            .map(|(f, m)| json!({"reason": cause_reason(m), "message": m, "field": f}))
             .collect();
         let mut e = Self::new(
             422,
@@ -90,6 +93,15 @@ impl ApiError {
             d["causes"] = Value::Array(causes);
         }
         e
+    }
+
+    /// A 422 without details, as the real server answers a failed JSON patch.
+    pub fn generic_invalid() -> Self {
+        Self::new(
+            422,
+            "Invalid",
+            "the server rejected our request due to an error in our request",
+        )
     }
 
     /// A request the server cannot decode or accept.
@@ -199,6 +211,23 @@ impl ApiError {
         }
         s
     }
+}
+
+/// A field error's `reason`, from the words its message starts with (apimachinery's
+/// `field.ErrorType` strings).
+fn cause_reason(message: &str) -> &'static str {
+    [
+        ("Required value", "FieldValueRequired"),
+        ("Unsupported value", "FieldValueNotSupported"),
+        ("Forbidden", "FieldValueForbidden"),
+        ("Duplicate value", "FieldValueDuplicate"),
+        ("Too long", "FieldValueTooLong"),
+        ("Too many", "FieldValueTooMany"),
+        ("Not found", "FieldValueNotFound"),
+    ]
+    .iter()
+    .find(|(prefix, _)| message.starts_with(prefix))
+    .map_or("FieldValueInvalid", |(_, reason)| reason)
 }
 
 fn qualified(group: &str, plural: &str) -> String {

@@ -144,9 +144,31 @@ pub(super) async fn pod_stream(
     q: &Query,
 ) -> Response<Body> {
     match pod_target(&state, &req, ns, name, sub, q) {
-        Ok((node, path)) => forward(&state, req, &node, &path).await,
+        // Like the real API server: the log of a pod no scheduler placed yet is empty.
+        Ok(None) => empty_response(StatusCode::NO_CONTENT),
+        // The real API server refuses a stream that is not an upgrade itself, before dialing.
+        Ok(Some(_)) if sub != "log" && !is_upgrade_request(&req) => {
+            error_response(&ApiError::bad_request("Upgrade request required"))
+        }
+        Ok(Some((node, path))) => forward(&state, req, &node, &path).await,
         Err(e) => error_response(&e),
     }
+}
+
+/// Go's `httpstream.IsUpgradeRequest`: a `Connection` header naming `upgrade`.
+fn is_upgrade_request<B>(req: &Request<B>) -> bool {
+    req.headers()
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|t| t.trim().eq_ignore_ascii_case("upgrade"))
+}
+
+fn empty_response(status: StatusCode) -> Response<Body> {
+    let mut res = Response::new(super::http::full(Bytes::new()));
+    *res.status_mut() = status;
+    res
 }
 
 fn pod_target(
@@ -156,7 +178,7 @@ fn pod_target(
     name: &str,
     sub: &str,
     q: &Query,
-) -> Result<(String, String), ApiError> {
+) -> Result<Option<(String, String)>, ApiError> {
     let pod = state
         .store
         .get(*ids::PODS, &ObjKey::new(ns, name))
@@ -166,8 +188,11 @@ fn pod_target(
         .pointer("/spec/nodeName")
         .and_then(Value::as_str)
         .filter(|n| !n.is_empty())
-        .ok_or_else(|| ApiError::bad_request(format!("pod {name} does not have a host assigned")))?
-        .to_owned();
+        .map(str::to_owned);
+    let host_assigned = || {
+        node.clone()
+            .ok_or_else(|| ApiError::bad_request(format!("pod {name} does not have a host assigned")))
+    };
     let containers: Vec<String> = [
         "/spec/containers",
         "/spec/initContainers",
@@ -224,7 +249,11 @@ fn pod_target(
                     params.append_pair(k, v);
                 }
             }
-            format!("/containerLogs/{ns}/{name}/{}", container()?)
+            let container = container()?;
+            if node.is_none() {
+                return Ok(None);
+            }
+            format!("/containerLogs/{ns}/{name}/{container}")
         }
         "exec" | "attach" => {
             for (api, kubelet) in [
@@ -261,15 +290,16 @@ fn pod_target(
             )));
         }
     };
+    let node = host_assigned()?;
     let query = params.finish();
-    Ok((
+    Ok(Some((
         node,
         if query.is_empty() {
             path
         } else {
             format!("{path}?{query}")
         },
-    ))
+    )))
 }
 
 /// `nodes/{name}/proxy/{path}`: the kubelet's own API (stats, metrics, pods).

@@ -186,8 +186,22 @@ impl Store {
         namespace: Option<&str>,
         start_after: Option<&ObjKey>,
         limit: Option<usize>,
-        mut filter: impl FnMut(&Entry) -> bool,
+        filter: impl FnMut(&Entry) -> bool,
     ) -> (Vec<Entry>, u64, Option<ObjKey>) {
+        let (items, rv, more) = self.list_page(res, namespace, start_after, limit, filter);
+        (items, rv, more.map(|(k, _)| k))
+    }
+
+    /// [`Store::list`], and with the last key of a cut page how many matching objects follow
+    /// it (a list's `remainingItemCount`).
+    pub fn list_page(
+        &self,
+        res: ResId,
+        namespace: Option<&str>,
+        start_after: Option<&ObjKey>,
+        limit: Option<usize>,
+        mut filter: impl FnMut(&Entry) -> bool,
+    ) -> (Vec<Entry>, u64, Option<(ObjKey, usize)>) {
         let inner = self.lock();
         let Some(table) = inner.objects.get(res) else {
             return (Vec::new(), inner.rv, None);
@@ -199,6 +213,7 @@ impl Store {
         };
         let mut out = Vec::new();
         let mut last = None;
+        let mut remaining = 0;
         for (key, entry) in table.range((lower, Bound::Unbounded)) {
             if let Some(ns) = namespace
                 && key.namespace != ns
@@ -209,12 +224,14 @@ impl Store {
                 continue;
             }
             if limit.is_some_and(|l| out.len() >= l) {
-                return (out, inner.rv, last);
+                remaining += 1;
+                continue;
             }
             out.push(entry.clone());
             last = Some(key.clone());
         }
-        (out, inner.rv, None)
+        let more = (remaining > 0).then_some(last).flatten();
+        (out, inner.rv, more.map(|k| (k, remaining)))
     }
 
     /// Stores a new object. The object's `metadata.resourceVersion` is set here.

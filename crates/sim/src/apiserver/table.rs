@@ -493,7 +493,8 @@ pub fn human_duration(now: Timestamp, then: Timestamp) -> String {
     }
 }
 
-/// The Table of a list of objects. `include`: `None`, `Metadata` or `Object` (default).
+/// The Table of a list of objects. `include`: `None`, `Metadata` (the default, as on a real
+/// server) or `Object`.
 pub fn table(
     rt: &ResourceType,
     items: &[Value],
@@ -512,8 +513,8 @@ pub fn table(
         .map(|o| {
             let object = match include {
                 Some("None") => Value::Null,
-                Some("Metadata") => json!({"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": o.get("metadata")}),
-                _ => o.clone(),
+                Some("Object") => o.clone(),
+                _ => json!({"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": o.get("metadata")}),
             };
             json!({"cells": cells(rt, o, now), "object": object})
         })

@@ -35,6 +35,11 @@ pub(super) struct Filter {
 }
 
 impl Filter {
+    /// Whether a name, label or field selector narrows the objects (beyond the namespace).
+    pub(super) fn selects(&self) -> bool {
+        self.name.is_some() || self.labels.is_some() || self.fields.is_some()
+    }
+
     pub(super) fn from_query(
         rt: &ResourceType,
         namespace: Option<&str>,

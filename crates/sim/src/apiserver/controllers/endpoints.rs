@@ -129,6 +129,17 @@ async fn reconcile(state: &State, key: &ObjKey) {
             e
         })
         .collect();
+    // A slice's port always has a name, "" when the Service's has none.
+    let slice_ports: Vec<Value> = ep_ports
+        .iter()
+        .map(|p| {
+            let mut p = p.clone();
+            if p.get("name").is_none() {
+                p["name"] = json!("");
+            }
+            p
+        })
+        .collect();
     let mut subsets = Vec::new();
     if !ready.is_empty() || !not_ready.is_empty() {
         let mut subset = json!({"ports": ep_ports});
@@ -140,16 +151,20 @@ async fn reconcile(state: &State, key: &ObjKey) {
         }
         subsets.push(subset);
     }
-    let labels = svc
+    // The Service's labels, and the controller's mark, as kube-controller-manager writes them.
+    let mut labels = svc
         .object
         .pointer("/metadata/labels")
         .cloned()
+        .filter(Value::is_object)
         .unwrap_or_else(|| json!({}));
+    labels[ENDPOINTS_MANAGED_BY] = json!("endpoint-controller");
     let desired = json!({"apiVersion": "v1", "kind": "Endpoints", "metadata": {"name": key.name, "namespace": key.namespace, "labels": labels}, "subsets": subsets});
     upsert_endpoints(state, key, desired).await;
-    let slice_ports: Vec<Value> = ep_ports.clone();
     upsert_slice(state, key, SLICE_CONTROLLER, slice_endpoints, slice_ports).await;
 }
+
+const ENDPOINTS_MANAGED_BY: &str = "endpoints.kubernetes.io/managed-by";
 
 async fn upsert_endpoints(state: &State, key: &ObjKey, desired: Value) {
     if state.store.get(*ids::ENDPOINTS, key).is_none() {
@@ -165,11 +180,16 @@ async fn upsert_endpoints(state: &State, key: &ObjKey, desired: Value) {
     }
     let _ = modify(state, *ids::ENDPOINTS, key, |o| {
         let subsets = desired.get("subsets").cloned().unwrap_or_else(|| json!([]));
-        let same = o.get("subsets").cloned().unwrap_or_else(|| json!([])) == subsets;
+        let labels = desired.pointer("/metadata/labels").cloned();
+        let same = o.get("subsets").cloned().unwrap_or_else(|| json!([])) == subsets
+            && o.pointer("/metadata/labels").cloned() == labels;
         if same {
             return false;
         }
         o["subsets"] = subsets;
+        if let Some(l) = labels {
+            o["metadata"]["labels"] = l;
+        }
         true
     });
 }
@@ -210,12 +230,28 @@ async fn upsert_slice(
     ports: Vec<Value>,
 ) {
     let existing = slices(state, key, Some(controller));
+    // The slices belong to their Service (garbage collected with it) and carry its labels.
+    let svc = state.store.get(*ids::SERVICES, key);
+    let mut labels = svc
+        .as_ref()
+        .and_then(|s| s.object.pointer("/metadata/labels").cloned())
+        .filter(Value::is_object)
+        .unwrap_or_else(|| json!({}));
+    labels[SERVICE_NAME] = json!(key.name);
+    labels[MANAGED_BY] = json!(controller);
+    let owners = svc.as_ref().map(|s| {
+        json!([{"apiVersion": "v1", "kind": "Service", "name": key.name,
+            "uid": meta::meta_str(&s.object, "uid"), "controller": true, "blockOwnerDeletion": true}])
+    });
     match existing.first() {
         None => {
-            let slice = json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+            let mut slice = json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
                 "metadata": {"generateName": format!("{}-", key.name), "namespace": key.namespace,
-                    "labels": {SERVICE_NAME: key.name, MANAGED_BY: controller}},
+                    "labels": labels},
                 "addressType": "IPv4", "endpoints": endpoints, "ports": ports});
+            if let Some(o) = owners {
+                slice["metadata"]["ownerReferences"] = o;
+            }
             let _ = create(
                 state,
                 *ids::ENDPOINTSLICES,
@@ -229,11 +265,13 @@ async fn upsert_slice(
             let _ = modify(state, *ids::ENDPOINTSLICES, k, |o| {
                 if o.get("endpoints") == Some(&json!(endpoints))
                     && o.get("ports") == Some(&json!(ports))
+                    && o.pointer("/metadata/labels") == Some(&labels)
                 {
                     return false;
                 }
                 o["endpoints"] = json!(endpoints);
                 o["ports"] = json!(ports);
+                o["metadata"]["labels"] = labels.clone();
                 true
             });
         }

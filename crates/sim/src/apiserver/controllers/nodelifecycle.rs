@@ -20,6 +20,7 @@ use super::super::store::{Event, ObjKey};
 use super::{Reconciler, modify, run_loop};
 
 const UNREACHABLE: &str = "node.kubernetes.io/unreachable";
+use super::super::strategy::NOT_READY_TAINT;
 
 pub(super) async fn run(state: Arc<State>, stop: CancellationToken) {
     let grace = state.config.controllers.node_grace;
@@ -56,6 +57,15 @@ impl NodeLifecycle {
         for node in nodes {
             let name = meta::name(&node.object).unwrap_or_default().to_owned();
             let key = ObjKey::new("", &name);
+            // kube-controller-manager's NoSchedule tainting pass: `not-ready` while the kubelet
+            // reports Ready False (or has not reported yet), gone once it reports True.
+            let ready = ready_status(&node.object);
+            let want_not_ready = ready.is_none_or(|r| r == "False");
+            if has_not_ready_taint(&node.object) != want_not_ready {
+                let _ = modify(state, *ids::NODES, &key, |n| {
+                    set_not_ready_taint(n, want_not_ready)
+                });
+            }
             let lease = state
                 .store
                 .get(*ids::LEASES, &ObjKey::new("kube-node-lease", &name));
@@ -118,6 +128,42 @@ impl NodeLifecycle {
             });
         }
     }
+}
+
+fn has_not_ready_taint(node: &Value) -> bool {
+    node.pointer("/spec/taints")
+        .and_then(Value::as_array)
+        .is_some_and(|t| {
+            t.iter().any(|t| {
+                t.get("key").and_then(Value::as_str) == Some(NOT_READY_TAINT)
+                    && t.get("effect").and_then(Value::as_str) == Some("NoSchedule")
+            })
+        })
+}
+
+fn set_not_ready_taint(node: &mut Value, on: bool) -> bool {
+    if has_not_ready_taint(node) == on {
+        return false;
+    }
+    if !node.get("spec").is_some_and(Value::is_object) {
+        node["spec"] = json!({});
+    }
+    let taints = node["spec"]
+        .as_object_mut()
+        .map(|s| s.entry("taints").or_insert_with(|| json!([])));
+    let Some(Value::Array(taints)) = taints else {
+        return false;
+    };
+    if on {
+        taints.push(json!({"key": NOT_READY_TAINT, "effect": "NoSchedule",
+            "timeAdded": meta::time_string(Timestamp::now())}));
+    } else {
+        taints.retain(|t| {
+            !(t.get("key").and_then(Value::as_str) == Some(NOT_READY_TAINT)
+                && t.get("effect").and_then(Value::as_str) == Some("NoSchedule"))
+        });
+    }
+    true
 }
 
 fn has_taint(node: &Value, effect: &str) -> bool {
