@@ -327,3 +327,90 @@ async fn bound_node(c: &kube::Client, name: &str) -> String {
     })
     .await
 }
+
+fn finalizers(m: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) -> Vec<String> {
+    m.finalizers.clone().unwrap_or_default()
+}
+
+#[tokio::test]
+async fn a_claim_used_by_a_pod_and_its_bound_volume_are_kept_after_delete_until_the_pod_goes() {
+    let env = TestEnv::start(1).await.unwrap();
+    let c = &env.clusters[0].client;
+    class(c, "local", "kubernetes.io/no-provisioner", "Immediate").await;
+    local_pv(c, "pv-held", "c1-node-1", "1Gi", "Retain").await;
+    let pvs = Api::<PersistentVolume>::all(c.clone());
+    let claims = Api::<PersistentVolumeClaim>::namespaced(c.clone(), "default");
+    let pods = Api::<Pod>::namespaced(c.clone(), "default");
+    // The StorageObjectInUseProtection admission plugin and the API server's defaults.
+    let pv = pvs.get("pv-held").await.unwrap();
+    assert_eq!(finalizers(&pv.metadata), ["kubernetes.io/pv-protection"]);
+    let spec = pv.spec.unwrap();
+    assert_eq!(spec.volume_mode.as_deref(), Some("Filesystem"));
+    assert!(pv.status.unwrap().last_phase_transition_time.is_some());
+    let pvc = claim(c, "held", "local", "1Gi").await;
+    assert_eq!(finalizers(&pvc.metadata), ["kubernetes.io/pvc-protection"]);
+    assert_eq!(pvc.spec.unwrap().volume_mode.as_deref(), Some("Filesystem"));
+    bound_claim(c, "held").await;
+    pod_with_claim(c, "app", "held").await;
+    bound_node(c, "app").await;
+
+    // Deleting either only marks it: the pod uses the claim, the claim is bound to the volume.
+    let marked = claims
+        .delete("held", &DeleteParams::default())
+        .await
+        .unwrap()
+        .left()
+        .expect("the claim is kept");
+    assert!(marked.metadata.deletion_timestamp.is_some());
+    assert_eq!(marked.metadata.deletion_grace_period_seconds, Some(0));
+    let marked = pvs
+        .delete("pv-held", &DeleteParams::default())
+        .await
+        .unwrap()
+        .left()
+        .expect("the volume is kept");
+    assert!(marked.metadata.deletion_timestamp.is_some());
+    // Give the protection controllers time to (wrongly) let go.
+    tokio::time::sleep(std::time::Duration::from_secs(3)).await;
+    let held = claims.get("held").await.unwrap();
+    assert_eq!(finalizers(&held.metadata), ["kubernetes.io/pvc-protection"]);
+    let held = pvs.get("pv-held").await.unwrap();
+    assert_eq!(finalizers(&held.metadata), ["kubernetes.io/pv-protection"]);
+    assert_eq!(held.status.unwrap().phase.as_deref(), Some("Bound"));
+
+    // The pod goes, then the claim; the volume is released, then goes too.
+    pods.delete("app", &DeleteParams::default().grace_period(0))
+        .await
+        .unwrap();
+    eventually(30, "the claim gone", || async {
+        claims.get_opt("held").await.ok()?.is_none().then_some(())
+    })
+    .await;
+    eventually(30, "the volume gone", || async {
+        pvs.get_opt("pv-held").await.ok()?.is_none().then_some(())
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_claim_without_access_modes_is_refused() {
+    let env = TestEnv::start(1).await.unwrap();
+    let c = &env.clusters[0].client;
+    let err = Api::<PersistentVolumeClaim>::namespaced(c.clone(), "default")
+        .create(
+            &PostParams::default(),
+            &from(json!({"metadata": {"name": "bad"}, "spec": {
+                "resources": {"requests": {"storage": "1Gi"}}}})),
+        )
+        .await
+        .unwrap_err();
+    let kube::Error::Api(status) = err else {
+        panic!("not an API error: {err}");
+    };
+    assert_eq!(status.code, 422);
+    assert_eq!(status.reason, "Invalid");
+    assert_eq!(
+        status.message,
+        "PersistentVolumeClaim \"bad\" is invalid: spec.accessModes: Required value: at least 1 access mode is required"
+    );
+}

@@ -26,6 +26,7 @@ pub mod selectors;
 pub mod store;
 mod strategy;
 pub mod table;
+mod volume_strategy;
 mod watch;
 
 use std::collections::HashMap;

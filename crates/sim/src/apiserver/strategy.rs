@@ -231,13 +231,13 @@ pub(super) fn prepare_create(
         ("", "services") => prepare_service(state, obj)?,
         ("", "persistentvolumeclaims") => {
             default_storage_class(state, obj);
-            obj["status"] = json!({"phase": "Pending"});
+            super::volume_strategy::prepare_create(rt, obj);
         }
         ("", "secrets") => {
             set_default(obj, "type", json!("Opaque"));
             fold_string_data(obj);
         }
-        ("", "persistentvolumes") => obj["status"] = json!({"phase": "Available"}),
+        ("", "persistentvolumes") => super::volume_strategy::prepare_create(rt, obj),
         ("apps", "deployments") => {
             default_deployment(obj);
             obj["status"] = json!({});
@@ -757,7 +757,8 @@ pub(super) fn validate(
             return Err(ApiError::invalid(rt.group, rt.kind, name, &causes));
         }
     }
-    let causes = super::rbac_strategy::validate(rt, obj, old);
+    let mut causes = super::rbac_strategy::validate(rt, obj, old);
+    causes.extend(super::volume_strategy::validate(rt, obj));
     if !causes.is_empty() {
         return Err(ApiError::invalid(rt.group, rt.kind, name, &causes));
     }
@@ -895,6 +896,7 @@ fn fold_string_data(obj: &mut Value) {
 pub(super) fn prepare_update(rt: &ResourceType, new: &mut Value, old: &Value, sub: Subresource) {
     if sub == Subresource::Main {
         super::rbac_strategy::set_defaults(rt, new);
+        super::volume_strategy::set_defaults(rt, new);
     }
     if rt.group.is_empty() && rt.plural == "secrets" && sub != Subresource::Status {
         fold_string_data(new);
@@ -914,6 +916,7 @@ pub(super) fn prepare_update(rt: &ResourceType, new: &mut Value, old: &Value, su
         if let Some(rv) = rv {
             meta_mut(new).insert("resourceVersion".into(), json!(rv));
         }
+        super::volume_strategy::prepare_status_update(rt, new, old);
         return;
     }
     let old_meta = old

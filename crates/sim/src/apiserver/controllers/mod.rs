@@ -8,6 +8,7 @@ mod endpoints;
 mod gc;
 mod namespace;
 mod nodelifecycle;
+mod protection;
 mod replicaset;
 mod scheduler;
 mod volumes;
@@ -44,7 +45,8 @@ pub struct Controllers {
     pub garbage_collector: bool,
     /// Empty and remove terminating namespaces.
     pub namespaces: bool,
-    /// The PV controller: bind claims and volumes, release volumes of deleted claims.
+    /// The PV controller: bind claims and volumes, release volumes of deleted claims; and the
+    /// pvc-protection and pv-protection controllers (finalizers of claims and volumes in use).
     pub persistent_volumes: bool,
     /// The scheduler checks and binds pods' volumes (kube-scheduler's VolumeBinding plugin).
     /// The upper cluster of tensile-kube runs without it: its claims are bound downstairs.
@@ -212,6 +214,7 @@ pub(super) fn start(state: &Arc<State>, stop: &CancellationToken) {
     spawn(c.endpoints, |s, t| Box::pin(endpoints::run(s, t)));
     spawn(c.node_lifecycle, |s, t| Box::pin(nodelifecycle::run(s, t)));
     spawn(c.persistent_volumes, |s, t| Box::pin(volumes::run(s, t)));
+    spawn(c.persistent_volumes, |s, t| Box::pin(protection::run(s, t)));
 }
 
 /// The identity controllers act as.

@@ -32,6 +32,7 @@ use super::super::resources::ids;
 use super::super::rest::DeleteOptions;
 use super::super::selectors::LabelSelector;
 use super::super::store::{Event, ObjKey};
+use super::super::volume_strategy::set_volume_phase;
 use super::{Reconciler, create, delete, modify, run_loop};
 
 /// The provisioner name of classes whose volumes are created by hand (static local volumes).
@@ -105,6 +106,7 @@ fn refers_to(pv: &PersistentVolume, pvc: &PersistentVolumeClaim) -> bool {
 
 /// One pass of the PV controller over every claim and volume.
 fn sync_all(state: &State) {
+    make_available(state);
     let claims: Vec<PersistentVolumeClaim> = all(state, *ids::PERSISTENT_VOLUME_CLAIMS);
     let volumes: Vec<PersistentVolume> = all(state, *ids::PERSISTENT_VOLUMES);
     let by_name: BTreeMap<&str, &PersistentVolume> = volumes
@@ -176,10 +178,8 @@ fn sync_all(state: &State) {
             continue;
         }
         let phase = pv.status.as_ref().and_then(|s| s.phase.as_deref());
-        if matches!(phase, Some("Released" | "Failed")) || pv.metadata.deletion_timestamp.is_some()
-        {
-            continue;
-        }
+        // A volume deleted while Bound is still released (pv-protection waits for that).
+        let deleting = pv.metadata.deletion_timestamp.is_some();
         let key = ObjKey::new("", pv.metadata.name.clone().unwrap_or_default());
         let policy = pv
             .spec
@@ -193,19 +193,52 @@ fn sync_all(state: &State) {
             .is_some_and(|p| provisioners.iter().any(|c| c == p));
         let phase = match (policy, deleter_here) {
             ("Delete", true) => {
-                let _ = delete(
-                    state,
-                    *ids::PERSISTENT_VOLUMES,
-                    &key,
-                    &DeleteOptions::default(),
-                );
+                // Released first, as kube's controller reclaims only released volumes (and
+                // pv-protection holds a deleted volume while it is Bound).
+                let _ = modify(state, *ids::PERSISTENT_VOLUMES, &key, |v| {
+                    set_volume_phase(v, "Released");
+                    true
+                });
+                if !deleting {
+                    let _ = delete(
+                        state,
+                        *ids::PERSISTENT_VOLUMES,
+                        &key,
+                        &DeleteOptions::default(),
+                    );
+                }
                 continue;
             }
+            _ if matches!(phase, Some("Released" | "Failed")) => continue,
             ("Delete", false) if annotation(&pv.metadata, ANN_PROVISIONED_BY).is_none() => "Failed",
             _ => "Released",
         };
         let _ = modify(state, *ids::PERSISTENT_VOLUMES, &key, |v| {
-            v["status"]["phase"] = json!(phase);
+            set_volume_phase(v, phase);
+            true
+        });
+    }
+}
+
+/// A new volume is created Pending; the controller makes it Available when no claim is bound
+/// to it yet (no `claimRef`, or one without a uid: pre-bound, waiting for its claim).
+fn make_available(state: &State) {
+    let (pending, _, _) = state
+        .store
+        .list(*ids::PERSISTENT_VOLUMES, None, None, None, |e| {
+            let o = &e.object;
+            !meta::deleting(o)
+                && o.pointer("/status/phase")
+                    .and_then(Value::as_str)
+                    .is_none_or(|p| p.is_empty() || p == "Pending")
+                && o.pointer("/spec/claimRef/uid")
+                    .and_then(Value::as_str)
+                    .is_none_or(str::is_empty)
+        });
+    for pv in pending {
+        let key = ObjKey::new("", meta::name(&pv.object).unwrap_or_default());
+        let _ = modify(state, *ids::PERSISTENT_VOLUMES, &key, |v| {
+            set_volume_phase(v, "Available");
             true
         });
     }
@@ -244,7 +277,7 @@ fn bind(state: &State, pv: &str, key: &ObjKey) {
                 "namespace": key.namespace, "name": key.name, "uid": claim_uid,
                 "resourceVersion": claim.rv.to_string()});
         }
-        v["status"]["phase"] = json!("Bound");
+        set_volume_phase(v, "Bound");
         volume = Some(v.clone());
         true
     });
