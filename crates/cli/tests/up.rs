@@ -212,6 +212,34 @@ fn tensile_up_then_the_tour_offloads_a_deployment_with_logs_and_exec_and_stops_o
     );
     assert!(ok && pv.starts_with("vk-lower-"), "{pv}{err}");
 
+    // Scaling through the `scale` subresource: the Deployment's pods go, downstairs too.
+    let (ok, scaled, err) = kubectl(&kc, &["scale", "deployment", "web", "--replicas=0"]);
+    assert!(
+        ok && scaled.contains("deployment.apps/web scaled"),
+        "{scaled}{err}"
+    );
+    until(
+        "the Deployment's pods to be gone, upstairs and downstairs",
+        || {
+            ["upper", "lower-1", "lower-2"].iter().all(|ctx| {
+                let (ok, pods, _) = kubectl(
+                    &kc,
+                    &[
+                        "--context",
+                        ctx,
+                        "get",
+                        "pods",
+                        "-n",
+                        "default",
+                        "-o",
+                        "jsonpath={range .items[*]}{.metadata.name}{\"\\n\"}{end}",
+                    ],
+                );
+                ok && !pods.lines().any(|p| p.starts_with("web-"))
+            })
+        },
+    );
+
     let interrupted = Command::new("kill")
         .args(["-INT", &up.0.id().to_string()])
         .status()

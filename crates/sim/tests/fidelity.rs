@@ -5,6 +5,8 @@
 use std::time::Duration;
 
 use futures::{StreamExt, TryStreamExt};
+use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet, StatefulSet};
+use k8s_openapi::api::autoscaling::v1::{Scale, ScaleSpec};
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use kube::api::{
     Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, WatchEvent, WatchParams,
@@ -12,7 +14,7 @@ use kube::api::{
 use kube::core::Status;
 use serde_json::json;
 use tensile_sim::apiserver::{ApiServer, ApiServerConfig};
-use tensile_sim::env::{ClusterSpec, TestEnv};
+use tensile_sim::env::{ClusterSpec, TestEnv, eventually};
 
 /// A cluster without nodes: simulated, or real with TENSILE_K8S_BIN.
 async fn cluster() -> (TestEnv, kube::Client) {
@@ -741,4 +743,355 @@ async fn secret_string_data_is_folded_into_data_and_never_stored() {
         .unwrap();
     assert!(patched.string_data.is_none());
     assert_eq!(patched.data.unwrap()["a"].0, b"one");
+}
+
+/// A Deployment whose pods no scheduler takes (so they stay Pending on both backends).
+fn deployment(name: &str, app: &str, replicas: i32) -> Deployment {
+    serde_json::from_value(json!({
+        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name},
+        "spec": {"replicas": replicas, "selector": {"matchLabels": {"app": app}},
+            "template": {"metadata": {"labels": {"app": app}},
+                "spec": {"schedulerName": "fidelity-no-scheduler",
+                    "containers": [{"name": "c", "image": "nginx:1.27",
+                        "resources": {"limits": {"cpu": "100m"}}}]}}}
+    }))
+    .unwrap()
+}
+
+#[tokio::test]
+async fn scale_subresource_reads_and_writes_the_replicas() {
+    let (_env, client) = cluster().await;
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), "default");
+    let d = deployments
+        .create(&PostParams::default(), &deployment("web", "web-s", 2))
+        .await
+        .unwrap();
+    let scale = deployments.get_scale("web").await.unwrap();
+    assert_eq!(scale.metadata.name.as_deref(), Some("web"));
+    assert_eq!(scale.metadata.namespace.as_deref(), Some("default"));
+    assert_eq!(scale.metadata.uid, d.metadata.uid);
+    assert_eq!(
+        scale.metadata.creation_timestamp,
+        d.metadata.creation_timestamp
+    );
+    assert!(scale.metadata.resource_version.is_some());
+    assert_eq!(scale.spec.unwrap().replicas, Some(2));
+    assert_eq!(scale.status.unwrap().selector.as_deref(), Some("app=web-s"));
+
+    let replicas = |s: Scale| s.spec.and_then(|s| s.replicas);
+    let pp = PatchParams::default();
+    let merged = deployments
+        .patch_scale("web", &pp, &Patch::Merge(json!({"spec": {"replicas": 3}})))
+        .await
+        .unwrap();
+    assert_eq!(replicas(merged), Some(3));
+    let d = deployments.get("web").await.unwrap();
+    assert_eq!(d.spec.as_ref().unwrap().replicas, Some(3));
+    assert_eq!(d.metadata.generation, Some(2), "a scale is a spec change");
+    let json_patched = deployments
+        .patch_scale(
+            "web",
+            &pp,
+            &Patch::<()>::Json(
+                serde_json::from_value(
+                    json!([{"op": "replace", "path": "/spec/replicas", "value": 4}]),
+                )
+                .unwrap(),
+            ),
+        )
+        .await
+        .unwrap();
+    assert_eq!(replicas(json_patched), Some(4));
+    let strategic = deployments
+        .patch_scale(
+            "web",
+            &pp,
+            &Patch::Strategic(json!({"spec": {"replicas": 1}})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(replicas(strategic), Some(1));
+
+    // PUT: the current Scale with another count (the controller writes the Deployment's
+    // status meanwhile, so a lost race is retried with a fresh read).
+    let put = eventually(30, "a PUT of the scale", || {
+        let deployments = deployments.clone();
+        async move {
+            let mut s = deployments.get_scale("web").await.ok()?;
+            s.spec = Some(ScaleSpec { replicas: Some(2) });
+            deployments
+                .replace_scale("web", &PostParams::default(), &s)
+                .await
+                .ok()
+        }
+    })
+    .await;
+    assert_eq!(put.spec.as_ref().and_then(|s| s.replicas), Some(2));
+    // A stale resourceVersion is a conflict, and nothing changes.
+    let mut stale = put.clone();
+    stale.metadata.resource_version = d.metadata.resource_version.clone();
+    stale.spec = Some(ScaleSpec { replicas: Some(5) });
+    let e = deployments
+        .replace_scale("web", &PostParams::default(), &stale)
+        .await
+        .unwrap_err();
+    assert_eq!((api_error(e).code, "Conflict"), (409, "Conflict"));
+    let e = deployments
+        .patch_scale("web", &pp, &Patch::Merge(json!({"spec": {"replicas": -1}})))
+        .await
+        .unwrap_err();
+    let e = api_error(e);
+    assert_eq!((e.code, e.reason.as_str()), (422, "Invalid"));
+    let d = deployments.get("web").await.unwrap();
+    assert_eq!(d.spec.unwrap().replicas, Some(2));
+
+    // A missing parent, and the methods a scale does not take.
+    let e = api_error(deployments.get_scale("missing").await.unwrap_err());
+    assert_eq!(
+        (e.code, e.message.as_str()),
+        (404, "deployments.apps \"missing\" not found")
+    );
+    let e = deployments
+        .patch_scale(
+            "missing",
+            &pp,
+            &Patch::Merge(json!({"spec": {"replicas": 1}})),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(api_error(e).code, 404);
+    let e = raw(
+        &client,
+        "DELETE",
+        "/apis/apps/v1/namespaces/default/deployments/web/scale",
+        "application/json",
+        Vec::new(),
+    )
+    .await
+    .unwrap_err();
+    assert_eq!((e.code, e.reason.as_str()), (405, "MethodNotAllowed"));
+
+    // The controller follows: the ReplicaSet is scaled to the Deployment's count.
+    let replicasets: Api<ReplicaSet> = Api::namespaced(client, "default");
+    eventually(30, "the ReplicaSet scaled to 2", || {
+        let replicasets = replicasets.clone();
+        async move {
+            let list = replicasets
+                .list(&ListParams::default().labels("app=web-s"))
+                .await
+                .ok()?;
+            // Each scaling is a spec change of the ReplicaSet, which its controller observes.
+            list.items
+                .iter()
+                .any(|rs| {
+                    rs.spec.as_ref().and_then(|s| s.replicas) == Some(2)
+                        && rs.metadata.generation > Some(1)
+                        && rs.status.as_ref().and_then(|s| s.observed_generation)
+                            == rs.metadata.generation
+                })
+                .then_some(())
+        }
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn replicasets_and_statefulsets_have_a_scale_too() {
+    let (_env, client) = cluster().await;
+    let replicasets: Api<ReplicaSet> = Api::namespaced(client.clone(), "default");
+    let template = json!({"metadata": {"labels": {"app": "rs-s"}},
+        "spec": {"schedulerName": "fidelity-no-scheduler",
+            "containers": [{"name": "c", "image": "nginx:1.27"}]}});
+    replicasets
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": "rs"},
+                "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "rs-s"}},
+                    "template": template}}))
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+    let s = replicasets
+        .patch_scale(
+            "rs",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"replicas": 0}})),
+        )
+        .await
+        .unwrap();
+    // Zero is left out, as Go's omitempty leaves it out.
+    assert_eq!(s.spec.and_then(|s| s.replicas), None);
+    assert_eq!(s.status.unwrap().selector.as_deref(), Some("app=rs-s"));
+    let rs = replicasets.get("rs").await.unwrap();
+    assert_eq!(rs.spec.unwrap().replicas, Some(0));
+
+    let statefulsets: Api<StatefulSet> = Api::namespaced(client, "default");
+    statefulsets
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": "db"},
+                "spec": {"replicas": 0, "serviceName": "db",
+                    "selector": {"matchLabels": {"app": "db-s"}},
+                    "template": {"metadata": {"labels": {"app": "db-s"}},
+                        "spec": {"schedulerName": "fidelity-no-scheduler",
+                            "containers": [{"name": "c", "image": "nginx:1.27"}]}}}}))
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+    let s = statefulsets.get_scale("db").await.unwrap();
+    assert_eq!(s.spec.and_then(|s| s.replicas), None);
+    assert_eq!(s.status.unwrap().selector.as_deref(), Some("app=db-s"));
+    let e = statefulsets.get_scale("nope").await.unwrap_err();
+    assert_eq!(api_error(e).message, "statefulsets.apps \"nope\" not found");
+}
+
+#[tokio::test]
+async fn deployments_record_revisions_and_leave_zero_counts_out() {
+    let (_env, client) = cluster().await;
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), "default");
+    let replicasets: Api<ReplicaSet> = Api::namespaced(client.clone(), "default");
+    let pods: Api<Pod> = Api::namespaced(client, "default");
+    let created = deployments
+        .create(&PostParams::default(), &deployment("rev", "rev-s", 1))
+        .await
+        .unwrap();
+    // Pod defaults (SetDefaults_Pod) are not pod template defaults.
+    let template = created.spec.unwrap().template.spec.unwrap();
+    assert_eq!(template.enable_service_links, None);
+    assert_eq!(
+        template.containers[0].resources.as_ref().unwrap().requests,
+        None
+    );
+
+    let revision = |annotations: Option<&std::collections::BTreeMap<String, String>>| {
+        annotations
+            .and_then(|a| a.get("deployment.kubernetes.io/revision"))
+            .cloned()
+    };
+    let d = eventually(
+        30,
+        "the Deployment at revision 1, its pod unavailable",
+        || {
+            let deployments = deployments.clone();
+            async move {
+                let d = deployments.get("rev").await.ok()?;
+                let status = d.status.as_ref()?;
+                (revision(d.metadata.annotations.as_ref()).as_deref() == Some("1")
+                    && status.unavailable_replicas == Some(1)
+                    && status.replicas == Some(1))
+                .then_some(d)
+            }
+        },
+    )
+    .await;
+    let status = d.status.unwrap();
+    assert_eq!(status.observed_generation, Some(1));
+    assert_eq!(status.updated_replicas, Some(1));
+    assert_eq!(
+        (status.ready_replicas, status.available_replicas),
+        (None, None),
+        "zero counts are left out"
+    );
+
+    let rs = eventually(30, "the ReplicaSet's status", || {
+        let replicasets = replicasets.clone();
+        async move {
+            let list = replicasets
+                .list(&ListParams::default().labels("app=rev-s"))
+                .await
+                .ok()?;
+            let [rs] = list.items.as_slice() else {
+                return None;
+            };
+            (rs.status.as_ref()?.observed_generation == Some(1)).then(|| rs.clone())
+        }
+    })
+    .await;
+    let annotations = rs.metadata.annotations.clone().unwrap_or_default();
+    assert_eq!(
+        annotations
+            .get("deployment.kubernetes.io/revision")
+            .map(String::as_str),
+        Some("1")
+    );
+    assert_eq!(
+        annotations
+            .get("deployment.kubernetes.io/desired-replicas")
+            .map(String::as_str),
+        Some("1")
+    );
+    let rs_status = rs.status.unwrap();
+    assert_eq!(rs_status.replicas, 1);
+    assert_eq!(
+        (rs_status.ready_replicas, rs_status.available_replicas),
+        (None, None)
+    );
+    let rs_template = rs.spec.unwrap().template.unwrap().spec.unwrap();
+    assert_eq!(rs_template.enable_service_links, None);
+    let pod = eventually(30, "the Deployment's pod", || {
+        let pods = pods.clone();
+        async move {
+            pods.list(&ListParams::default().labels("app=rev-s"))
+                .await
+                .ok()?
+                .items
+                .into_iter()
+                .next()
+        }
+    })
+    .await;
+    let pod_spec = pod.spec.unwrap();
+    assert_eq!(pod_spec.enable_service_links, Some(true));
+    let requests = pod_spec.containers[0]
+        .resources
+        .as_ref()
+        .and_then(|r| r.requests.clone())
+        .unwrap_or_default();
+    assert_eq!(requests.get("cpu").map(|q| q.0.as_str()), Some("100m"));
+
+    // A new template is revision 2; going back to the first makes its ReplicaSet revision 3,
+    // remembering 1.
+    let image = |image: &str| {
+        Patch::Strategic(json!({"spec": {"template": {"spec": {"containers": [
+            {"name": "c", "image": image}]}}}}))
+    };
+    let pp = PatchParams::default();
+    deployments
+        .patch("rev", &pp, &image("nginx:1.28"))
+        .await
+        .unwrap();
+    let at_revision = |want: &'static str| {
+        let deployments = deployments.clone();
+        move || {
+            let deployments = deployments.clone();
+            async move {
+                let d = deployments.get("rev").await.ok()?;
+                (revision(d.metadata.annotations.as_ref()).as_deref() == Some(want)).then_some(())
+            }
+        }
+    };
+    eventually(30, "the Deployment at revision 2", at_revision("2")).await;
+    deployments
+        .patch("rev", &pp, &image("nginx:1.27"))
+        .await
+        .unwrap();
+    eventually(30, "the Deployment at revision 3", at_revision("3")).await;
+    let first = replicasets
+        .get(rs.metadata.name.as_deref().unwrap())
+        .await
+        .unwrap();
+    let annotations = first.metadata.annotations.unwrap_or_default();
+    assert_eq!(
+        (
+            annotations
+                .get("deployment.kubernetes.io/revision")
+                .map(String::as_str),
+            annotations
+                .get("deployment.kubernetes.io/revision-history")
+                .map(String::as_str)
+        ),
+        (Some("3"), Some("1"))
+    );
 }

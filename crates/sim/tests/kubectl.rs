@@ -580,3 +580,54 @@ fn kubectl_applies_rbac_and_its_identities_are_held_to_it() {
         ]
     );
 }
+
+#[test]
+fn kubectl_scale_goes_through_the_scale_subresource() {
+    let c = Cluster::start();
+    c.ok(&[
+        "create",
+        "deployment",
+        "web",
+        "--image=nginx:1.27",
+        "--replicas=2",
+    ]);
+    // A PATCH of deployments/web/scale.
+    let out = c.ok(&["scale", "deployment", "web", "--replicas=0"]);
+    assert!(out.contains("deployment.apps/web scaled"), "{out}");
+    let replicas = || {
+        c.ok(&[
+            "get",
+            "deployment",
+            "web",
+            "-o",
+            "jsonpath={.spec.replicas}",
+        ])
+    };
+    assert_eq!(replicas(), "0");
+    // With a precondition kubectl reads the Scale first, then PUTs it back.
+    let out = c.ok(&[
+        "scale",
+        "deployment",
+        "web",
+        "--current-replicas=0",
+        "--replicas=3",
+    ]);
+    assert!(out.contains("deployment.apps/web scaled"), "{out}");
+    assert_eq!(replicas(), "3");
+    let out = c.run(&[
+        "scale",
+        "deployment",
+        "web",
+        "--current-replicas=1",
+        "--replicas=2",
+    ]);
+    assert!(!out.status.success());
+    assert_eq!(replicas(), "3");
+    // The Scale itself, printed by the server.
+    let table = c.ok(&["get", "deployment", "web", "--subresource=scale"]);
+    let mut lines = table.lines();
+    let header: Vec<&str> = lines.next().unwrap().split_whitespace().collect();
+    assert_eq!(header, ["NAME", "DESIRED", "AVAILABLE", "AGE"], "{table}");
+    let row: Vec<&str> = lines.next().unwrap().split_whitespace().collect();
+    assert_eq!(row[..2], ["web", "3"], "{table}");
+}

@@ -22,6 +22,7 @@ mod rbac_strategy;
 pub mod request;
 pub mod resources;
 mod rest;
+mod scale;
 pub mod selectors;
 pub mod store;
 mod strategy;

@@ -175,6 +175,9 @@ pub(super) async fn dispatch(
             Ok(opts) => delete(&state, &r, n, &q, opts),
             Err(e) => Err(e),
         },
+        (_, Some(n), Some("scale")) => {
+            return super::scale::serve(&state, req, &r, n, &q).await;
+        }
         (_, Some(n), Some(s)) => {
             return strategy::subresource(state, req, &r, n, s, &q, &user).await;
         }

@@ -316,22 +316,18 @@ fn set_default(map: &mut Value, key: &str, value: Value) {
     }
 }
 
-/// `SetDefaults_PodSpec` and `SetDefaults_Container`, the parts clients see.
+/// `SetDefaults_PodSpec` and `SetDefaults_Container`, the parts clients see (of pods and of
+/// pod templates alike; [`default_pod_only`] has the rest).
 fn default_pod_spec(spec: &mut Value) {
     set_default(spec, "restartPolicy", json!("Always"));
     set_default(spec, "dnsPolicy", json!("ClusterFirst"));
     set_default(spec, "terminationGracePeriodSeconds", json!(30));
     set_default(spec, "securityContext", json!({}));
     set_default(spec, "schedulerName", json!("default-scheduler"));
-    set_default(spec, "enableServiceLinks", json!(true));
-    let host_network = spec
-        .get("hostNetwork")
-        .and_then(Value::as_bool)
-        .unwrap_or(false);
     for list in ["containers", "initContainers"] {
         if let Some(cs) = spec.get_mut(list).and_then(Value::as_array_mut) {
             for c in cs {
-                default_container(c, host_network);
+                default_container(c);
             }
         }
     }
@@ -346,7 +342,56 @@ fn default_pod_spec(spec: &mut Value) {
     }
 }
 
-fn default_container(c: &mut Value, host_network: bool) {
+/// `SetDefaults_Pod`: what Pods get and pod templates (of Deployments, Jobs, ...) do not:
+/// `enableServiceLinks`, requests from limits, and host ports on the host network.
+fn default_pod_only(spec: &mut Value) {
+    set_default(spec, "enableServiceLinks", json!(true));
+    let host_network = spec
+        .get("hostNetwork")
+        .and_then(Value::as_bool)
+        .unwrap_or(false);
+    for list in ["containers", "initContainers"] {
+        for c in spec
+            .get_mut(list)
+            .and_then(Value::as_array_mut)
+            .into_iter()
+            .flatten()
+        {
+            if host_network {
+                for p in c
+                    .get_mut("ports")
+                    .and_then(Value::as_array_mut)
+                    .into_iter()
+                    .flatten()
+                {
+                    if let Some(port) = p.get("containerPort").cloned() {
+                        set_default(p, "hostPort", port);
+                    }
+                }
+            }
+            let Some(res) = c.get_mut("resources") else {
+                continue;
+            };
+            let limits = res
+                .get("limits")
+                .and_then(Value::as_object)
+                .cloned()
+                .unwrap_or_default();
+            if !limits.is_empty() {
+                let requests = res
+                    .as_object_mut()
+                    .map(|r| r.entry("requests").or_insert_with(|| json!({})));
+                if let Some(Value::Object(requests)) = requests {
+                    for (k, v) in limits {
+                        requests.entry(k).or_insert(v);
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn default_container(c: &mut Value) {
     let image = c
         .get("image")
         .and_then(Value::as_str)
@@ -366,26 +411,6 @@ fn default_container(c: &mut Value, host_network: bool) {
     if let Some(ports) = c.get_mut("ports").and_then(Value::as_array_mut) {
         for p in ports {
             set_default(p, "protocol", json!("TCP"));
-            if host_network && let Some(port) = p.get("containerPort").cloned() {
-                set_default(p, "hostPort", port);
-            }
-        }
-    }
-    if let Some(res) = c.get_mut("resources") {
-        let limits = res
-            .get("limits")
-            .and_then(Value::as_object)
-            .cloned()
-            .unwrap_or_default();
-        if !limits.is_empty() {
-            let requests = res
-                .as_object_mut()
-                .map(|r| r.entry("requests").or_insert_with(|| json!({})));
-            if let Some(Value::Object(requests)) = requests {
-                for (k, v) in limits {
-                    requests.entry(k).or_insert(v);
-                }
-            }
         }
     }
     for probe in ["livenessProbe", "readinessProbe", "startupProbe"] {
@@ -417,6 +442,7 @@ fn prepare_pod(state: &State, obj: &mut Value) -> Result<(), ApiError> {
     }
     let spec = &mut obj["spec"];
     default_pod_spec(spec);
+    default_pod_only(spec);
     // ServiceAccount admission.
     let sa_name = spec
         .get("serviceAccountName")

@@ -6,7 +6,7 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use serde_json::{Value, json};
+use serde_json::{Map, Value, json};
 use tokio_util::sync::CancellationToken;
 
 use super::super::State;
@@ -20,6 +20,21 @@ pub(super) async fn run(state: Arc<State>, stop: CancellationToken) {
 }
 
 struct Deployments;
+
+const REVISION: &str = "deployment.kubernetes.io/revision";
+const REVISION_HISTORY: &str = "deployment.kubernetes.io/revision-history";
+const DESIRED_REPLICAS: &str = "deployment.kubernetes.io/desired-replicas";
+/// What the real controller never copies from a Deployment to its ReplicaSets.
+const NOT_COPIED: &[&str] = &[
+    "kubectl.kubernetes.io/last-applied-configuration",
+    REVISION,
+    REVISION_HISTORY,
+    DESIRED_REPLICAS,
+    "deployment.kubernetes.io/max-replicas",
+    "deprecated.deployment.rollback.to",
+];
+/// Upstream's `maxRevHistoryLengthInChars`.
+const MAX_REVISION_HISTORY_CHARS: usize = 2000;
 
 /// A stable, short hash of the pod template, in the alphabet the real controller uses.
 fn template_hash(template: &Value) -> String {
@@ -70,8 +85,23 @@ async fn reconcile(state: &State, key: &ObjKey) {
             .and_then(Value::as_str)
             == Some(hash.as_str())
     };
-    let revision = owned.len() + 1;
-    if !owned.iter().any(|e| is_current(&e.object)) {
+    // The current ReplicaSet's revision is one above every older one's (sync.go,
+    // getNewReplicaSet): a template rolled back to gets a new number.
+    let new_revision = owned
+        .iter()
+        .filter(|e| !is_current(&e.object))
+        .filter_map(|e| revision(&e.object))
+        .max()
+        .unwrap_or(0)
+        + 1;
+    let copied = copied_annotations(&d);
+    if let Some(rs) = owned.iter().find(|e| is_current(&e.object)) {
+        let rs_key = ObjKey::new(&key.namespace, meta::name(&rs.object).unwrap_or_default());
+        let _ = modify(state, *ids::REPLICASETS, &rs_key, |o| {
+            sync_annotations(o, &copied, new_revision);
+            true
+        });
+    } else {
         let mut labels = template
             .pointer("/metadata/labels")
             .cloned()
@@ -84,13 +114,13 @@ async fn reconcile(state: &State, key: &ObjKey) {
         selector["matchLabels"]["pod-template-hash"] = json!(hash);
         let mut rs_template = template.clone();
         rs_template["metadata"]["labels"] = labels.clone();
-        let rs = json!({"apiVersion": "apps/v1", "kind": "ReplicaSet",
+        let mut rs = json!({"apiVersion": "apps/v1", "kind": "ReplicaSet",
             "metadata": {"name": format!("{}-{hash}", key.name), "namespace": key.namespace, "labels": labels,
-                "annotations": {"deployment.kubernetes.io/revision": revision.to_string(),
-                    "deployment.kubernetes.io/desired-replicas": replicas.to_string()},
+                "annotations": {DESIRED_REPLICAS: replicas.to_string()},
                 "ownerReferences": [{"apiVersion": "apps/v1", "kind": "Deployment", "name": key.name, "uid": uid,
                     "controller": true, "blockOwnerDeletion": true}]},
             "spec": {"replicas": replicas, "selector": selector, "template": rs_template}});
+        sync_annotations(&mut rs, &copied, new_revision);
         let _ = create(
             state,
             *ids::REPLICASETS,
@@ -106,7 +136,8 @@ async fn reconcile(state: &State, key: &ObjKey) {
             .list(*ids::REPLICASETS, Some(&key.namespace), None, None, |e| {
                 controller_of(&e.object).is_some_and(|(_, _, u)| u == uid)
             });
-    let (mut total, mut updated, mut ready, mut available) = (0, 0, 0, 0);
+    let (mut total, mut updated, mut ready, mut available, mut desired) = (0, 0, 0, 0, 0);
+    let mut current_revision = None;
     for rs in &owned {
         let rs_key = ObjKey::new(&key.namespace, meta::name(&rs.object).unwrap_or_default());
         let target = if is_current(&rs.object) { replicas } else { 0 };
@@ -115,25 +146,51 @@ async fn reconcile(state: &State, key: &ObjKey) {
                 return false;
             }
             o["spec"]["replicas"] = json!(target);
+            // A spec change: the API server would raise the generation of this update.
+            let generation = o
+                .pointer("/metadata/generation")
+                .and_then(Value::as_i64)
+                .unwrap_or(0);
+            o["metadata"]["generation"] = json!(generation + 1);
+            // Scaling a ReplicaSet records the Deployment's size on it (scaleReplicaSet).
+            o["metadata"]["annotations"][DESIRED_REPLICAS] = json!(replicas.to_string());
             true
         });
         let get = |p: &str| rs.object.pointer(p).and_then(Value::as_i64).unwrap_or(0);
         total += get("/status/replicas");
         ready += get("/status/readyReplicas");
         available += get("/status/availableReplicas");
+        desired += target;
         if is_current(&rs.object) {
             updated = get("/status/replicas");
+            current_revision = annotation(&rs.object, REVISION).map(str::to_owned);
         }
     }
     let generation = d
         .pointer("/metadata/generation")
-        .cloned()
-        .unwrap_or(json!(1));
+        .and_then(Value::as_i64)
+        .unwrap_or(1);
     let now = meta::now();
     let done = available >= replicas && updated == replicas && total == replicas;
     let _ = modify(state, *ids::DEPLOYMENTS, key, |o| {
-        let mut status = json!({"observedGeneration": generation, "replicas": total, "updatedReplicas": updated,
-            "readyReplicas": ready, "availableReplicas": available, "unavailableReplicas": (replicas - available).max(0)});
+        // The Deployment shows its current ReplicaSet's revision.
+        if let Some(rev) = &current_revision {
+            o["metadata"]["annotations"][REVISION] = json!(rev);
+        }
+        // Zero counts are left out, as Go's `omitempty` leaves them out of the real status.
+        let mut status = json!({});
+        for (field, n) in [
+            ("observedGeneration", generation),
+            ("replicas", total),
+            ("updatedReplicas", updated),
+            ("readyReplicas", ready),
+            ("availableReplicas", available),
+            ("unavailableReplicas", (desired - available).max(0)),
+        ] {
+            if n != 0 {
+                status[field] = json!(n);
+            }
+        }
         let condition = |t: &str, ok: bool, reason: &str, message: &str| {
             let previous = o
                 .pointer("/status/conditions")
@@ -150,7 +207,7 @@ async fn reconcile(state: &State, key: &ObjKey) {
                 .unwrap_or_else(|| json!(now));
             json!({"type": t, "status": status, "reason": reason, "message": message, "lastTransitionTime": since, "lastUpdateTime": since})
         };
-        let available_ok = available >= replicas;
+        let available_ok = available >= min_available(&d, replicas);
         status["conditions"] = json!([
             condition(
                 "Available",
@@ -185,12 +242,118 @@ async fn reconcile(state: &State, key: &ObjKey) {
                 )
             ),
         ]);
-        if o.get("status") == Some(&status) {
-            return false;
-        }
         o["status"] = status;
         true
     });
+}
+
+/// The revision of a ReplicaSet (`deployment.kubernetes.io/revision`, 0 when absent, `None`
+/// when not a number: the real controller skips those).
+fn revision(rs: &Value) -> Option<i64> {
+    match annotation(rs, REVISION) {
+        None => Some(0),
+        Some(v) => v.parse().ok(),
+    }
+}
+
+fn annotation<'a>(obj: &'a Value, key: &str) -> Option<&'a str> {
+    obj.get("metadata")?.get("annotations")?.get(key)?.as_str()
+}
+
+/// The Deployment's annotations its current ReplicaSet gets, all but the controller's own
+/// and kubectl's applied configuration (`annotationsToSkip` upstream).
+fn copied_annotations(d: &Value) -> Map<String, Value> {
+    let mut copied = d
+        .pointer("/metadata/annotations")
+        .and_then(Value::as_object)
+        .cloned()
+        .unwrap_or_default();
+    copied.retain(|k, _| !NOT_COPIED.contains(&k.as_str()));
+    copied
+}
+
+/// Brings the current ReplicaSet's annotations up to date (`SetNewReplicaSetAnnotations`):
+/// the Deployment's copied over, the revision raised to `new_revision` when lower, and a
+/// replaced revision remembered in the revision history (a rollback), within its length limit.
+fn sync_annotations(rs: &mut Value, copied: &Map<String, Value>, new_revision: i64) {
+    let meta = meta::meta_mut(rs);
+    if !meta.get("annotations").is_some_and(Value::is_object) {
+        meta.insert("annotations".into(), json!({}));
+    }
+    let Some(annotations) = meta.get_mut("annotations").and_then(Value::as_object_mut) else {
+        return;
+    };
+    for (k, v) in copied {
+        annotations.insert(k.clone(), v.clone());
+    }
+    let old = annotations
+        .get(REVISION)
+        .and_then(Value::as_str)
+        .map(str::to_owned);
+    let old_number = match old.as_deref().map(str::parse::<i64>) {
+        None => 0,
+        Some(Ok(n)) => n,
+        // Left alone, as the real controller leaves a revision it cannot read.
+        Some(Err(_)) => return,
+    };
+    if old_number >= new_revision {
+        return;
+    }
+    annotations.insert(REVISION.into(), json!(new_revision.to_string()));
+    let Some(old) = old else { return };
+    let history = annotations
+        .get(REVISION_HISTORY)
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_owned();
+    if history.is_empty() {
+        annotations.insert(REVISION_HISTORY.into(), json!(old));
+        return;
+    }
+    let kept: Vec<&str> = history.split(',').collect();
+    let mut total = history.len() + old.len() + 1;
+    let mut start = 0;
+    while total > MAX_REVISION_HISTORY_CHARS && start < kept.len() {
+        total -= kept[start].len() + 1;
+        start += 1;
+    }
+    if total <= MAX_REVISION_HISTORY_CHARS {
+        let mut kept = kept[start..].to_vec();
+        kept.push(&old);
+        annotations.insert(REVISION_HISTORY.into(), json!(kept.join(",")));
+    }
+}
+
+/// The lowest number of available pods for the Deployment to be Available: its replicas less
+/// the rolling update's `maxUnavailable` (upstream `MaxUnavailable`, `ResolveFenceposts`:
+/// a percentage rounds down, `maxSurge` rounds up, and both zero means one may be unavailable).
+fn min_available(d: &Value, replicas: i64) -> i64 {
+    let rolling = d.pointer("/spec/strategy/type").and_then(Value::as_str) != Some("Recreate");
+    if !rolling || replicas == 0 {
+        return replicas;
+    }
+    let scaled = |field: &str, round_up: bool| {
+        let v = d.pointer(&format!("/spec/strategy/rollingUpdate/{field}"));
+        match v {
+            Some(Value::Number(n)) => n.as_i64().unwrap_or(0),
+            Some(Value::String(s)) => match s.strip_suffix('%').map(str::parse::<i64>) {
+                Some(Ok(p)) => {
+                    let (q, r) = (p * replicas / 100, p * replicas % 100);
+                    if round_up && r > 0 { q + 1 } else { q }
+                }
+                _ => s.parse().unwrap_or(0),
+            },
+            // The defaults, 25% each.
+            _ if round_up => (25 * replicas + 99) / 100,
+            _ => 25 * replicas / 100,
+        }
+    };
+    let surge = scaled("maxSurge", true);
+    let mut unavailable = scaled("maxUnavailable", false);
+    if surge == 0 && unavailable == 0 {
+        unavailable = 1;
+    }
+    replicas - unavailable.clamp(0, replicas)
 }
 
 impl Reconciler for Deployments {

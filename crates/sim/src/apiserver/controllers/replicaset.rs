@@ -120,11 +120,23 @@ async fn reconcile(state: &State, key: &ObjKey) {
     let ready = active.iter().filter(|p| is_ready(p)).count();
     let observed = rs
         .pointer("/metadata/generation")
-        .cloned()
-        .unwrap_or(json!(1));
+        .and_then(Value::as_i64)
+        .unwrap_or(1);
     let _ = modify(state, *ids::REPLICASETS, key, |o| {
-        o["status"] = json!({"replicas": active.len(), "fullyLabeledReplicas": active.len(), "readyReplicas": ready,
-            "availableReplicas": ready, "observedGeneration": observed});
+        // `replicas` is always written; the other counts are `omitempty` in Go, so a zero
+        // is left out as the real controller leaves it out.
+        let mut status = json!({"replicas": active.len()});
+        for (field, n) in [
+            ("fullyLabeledReplicas", active.len() as i64),
+            ("readyReplicas", ready as i64),
+            ("availableReplicas", ready as i64),
+            ("observedGeneration", observed),
+        ] {
+            if n != 0 {
+                status[field] = json!(n);
+            }
+        }
+        o["status"] = status;
         true
     });
 }
