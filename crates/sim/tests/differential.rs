@@ -86,6 +86,22 @@ const KNOWN_DIFFERENCES: &[(&str, &str, &str)] = &[
         "a timestamp for kube-proxy's latency metrics, and there is no kube-proxy",
     ),
     (
+        "event: get * as *",
+        "*",
+        "Kubernetes keeps core and events.k8s.io Events in one storage, served in both versions; \
+         the simulator stores them apart (the project and kubectl write and read core Events)",
+    ),
+    (
+        "event: list events.k8s.io",
+        "*",
+        "one storage for both Event versions (above); its field selectors are the core ones",
+    ),
+    (
+        "event: list core by reason",
+        "only-real items[].*",
+        "the events.k8s.io Event shows in the core list on one storage (above)",
+    ),
+    (
         "replicaset: list",
         "only-real *[\"deployment.kubernetes.io/max-replicas\"]",
         "surge bookkeeping of rolling updates, which the simulator does not do (docs/sim.md)",

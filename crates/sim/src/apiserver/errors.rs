@@ -82,10 +82,14 @@ impl ApiError {
         let mut e = Self::new(
             422,
             "Invalid",
+            // Several causes are listed in brackets, as apimachinery's aggregate prints them.
             format!(
                 "{kind}{} \"{name}\" is invalid: {}",
                 group_suffix(group),
-                text.join(", ")
+                match text.as_slice() {
+                    [one] => one.clone(),
+                    many => format!("[{}]", many.join(", ")),
+                }
             ),
         )
         .with_details(group, kind, name);

@@ -190,8 +190,9 @@ fn pod_target(
         .filter(|n| !n.is_empty())
         .map(str::to_owned);
     let host_assigned = || {
-        node.clone()
-            .ok_or_else(|| ApiError::bad_request(format!("pod {name} does not have a host assigned")))
+        node.clone().ok_or_else(|| {
+            ApiError::bad_request(format!("pod {name} does not have a host assigned"))
+        })
     };
     let containers: Vec<String> = [
         "/spec/containers",

@@ -12,11 +12,11 @@ use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use serde_json::{Value, json};
 
-use super::errors::ApiError;
+use super::errors::{self, ApiError};
 use super::http::{Body, error_response, value_response};
 use super::meta::{self, meta_mut};
 use super::request::ResourceRoute;
-use super::resources::{self, ResId, ResourceType};
+use super::resources::{self, ResId, ResourceType, ids};
 use super::store::{Entry, ObjKey, StoreError};
 use super::strategy::{self, Subresource};
 use super::{State, UserInfo, table, watch};
@@ -331,21 +331,28 @@ fn list(state: &State, r: &ResourceRoute, q: &Query, as_table: bool) -> Result<(
         .get("limit")
         .and_then(|l| l.parse::<usize>().ok())
         .filter(|l| *l > 0);
-    let (items, rv, more) = state.store.list(
+    let (items, rv, more) = state.store.list_page(
         r.res,
         filter.namespace.as_deref(),
         start.as_ref(),
         limit,
         |e| filter.matches(rt, &e.object),
     );
-    let list = list_value(rt, items.iter().map(entry_value).collect(), rv, more);
+    let remaining = more.as_ref().map(|(_, n)| *n);
+    let items: Vec<Value> = items.iter().map(entry_value).collect();
+    let mut list = list_value(rt, items.clone(), rv, more.map(|(k, _)| k));
     if as_table {
-        let items = list["items"].as_array().cloned().unwrap_or_default();
         let token = list.pointer("/metadata/continue");
         return Ok((
             200,
             table::table(rt, &items, rv, q.get("includeObject"), true, token),
         ));
+    }
+    // Like etcd's storage, the count is known only when nothing but the namespace selects.
+    if let Some(n) = remaining
+        && !filter.selects()
+    {
+        list["metadata"]["remainingItemCount"] = json!(n);
     }
     Ok((200, list))
 }
@@ -365,6 +372,17 @@ pub(super) fn list_value(
         .unwrap_or_default();
         metadata["continue"] = json!(B64URL.encode(token));
     }
+    // The items of a list carry no kind and apiVersion of their own, as the real server's.
+    let items: Vec<Value> = items
+        .into_iter()
+        .map(|mut item| {
+            if let Some(map) = item.as_object_mut() {
+                map.remove("kind");
+                map.remove("apiVersion");
+            }
+            item
+        })
+        .collect();
     json!({"kind": format!("{}List", rt.kind), "apiVersion": rt.api_version(), "metadata": metadata, "items": items})
 }
 
@@ -536,6 +554,19 @@ async fn update(
             v.parse::<u64>()
                 .map_err(|_| ApiError::bad_request(format!("invalid resourceVersion {v:?}")))?,
         ),
+        // Leases' strategy refuses an update without a resourceVersion (the real server's
+        // AllowUnconditionalUpdate is false for them): a lease is only taken knowingly.
+        None if rt.group == "coordination.k8s.io" && rt.plural == "leases" => {
+            return Err(ApiError::invalid(
+                rt.group,
+                rt.plural,
+                name,
+                &[(
+                    "metadata.resourceVersion".into(),
+                    "Invalid value: 0: must be specified for an update".into(),
+                )],
+            ));
+        }
         None => None,
     };
     write_loop(state, r, name, q, user, sub, precondition, |_current| {
@@ -776,7 +807,24 @@ fn delete(
 ) -> Result<(u16, Value)> {
     let opts = DeleteOptions::from(q, body)?;
     let rt = resources::get(r.res);
-    delete_object(state, r.res, &key(rt, r.namespace.as_deref(), name), &opts).map(|v| (200, v))
+    let k = key(rt, r.namespace.as_deref(), name);
+    let deleted = delete_object(state, r.res, &k, &opts)?;
+    // An object removed at once is answered with a Status, except by the storages that return
+    // the deleted object (pods and services); one that stays (finalizers, grace) is returned.
+    let uid = meta::meta_str(&deleted, "uid").unwrap_or_default();
+    let removed = !opts.dry_run
+        && state
+            .store
+            .get(r.res, &k)
+            .is_none_or(|e| meta::meta_str(&e.object, "uid") != Some(uid));
+    if removed && r.res != *ids::PODS && r.res != *ids::SERVICES {
+        let mut details = json!({"name": name, "kind": rt.plural, "uid": uid});
+        if !rt.group.is_empty() {
+            details["group"] = json!(rt.group);
+        }
+        return Ok((200, errors::success_status(details)));
+    }
+    Ok((200, deleted))
 }
 
 /// Deletes one object: immediately, or by marking it (finalizers, graceful pod deletion,

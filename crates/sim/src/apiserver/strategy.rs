@@ -78,6 +78,9 @@ pub(super) fn apply_patch(
             let code = e.http_status();
             let name = meta::name(target).unwrap_or_default().to_owned();
             Err(match code {
+                // The real server answers a failed JSON patch operation with a generic 422 and
+                // drops the operation's error (apimachinery's NewGenericServerResponse).
+                422 if kind == PatchKind::Json => ApiError::generic_invalid(),
                 422 => {
                     ApiError::invalid(rt.group, rt.kind, &name, &[(String::new(), e.to_string())])
                 }
@@ -238,6 +241,11 @@ pub(super) fn prepare_create(
             fold_string_data(obj);
         }
         ("", "persistentvolumes") => super::volume_strategy::prepare_create(rt, obj),
+        ("", "endpoints" | "events") => set_decode_defaults(rt, obj),
+        ("", "nodes") => {
+            set_decode_defaults(rt, obj);
+            taint_new_node_not_ready(obj);
+        }
         ("apps", "deployments") => {
             default_deployment(obj);
             obj["status"] = json!({});
@@ -654,6 +662,7 @@ fn prepare_service(state: &State, obj: &mut Value) -> Result<(), ApiError> {
         set_default(spec, "ipFamilyPolicy", json!("SingleStack"));
     }
     if matches!(svc_type.as_str(), "NodePort" | "LoadBalancer") {
+        set_default(&mut obj["spec"], "externalTrafficPolicy", json!("Cluster"));
         let mut used = used_node_ports(state);
         if let Some(ports) = obj["spec"].get_mut("ports").and_then(Value::as_array_mut) {
             for p in ports {
@@ -785,6 +794,12 @@ pub(super) fn validate(
     }
     let mut causes = super::rbac_strategy::validate(rt, obj, old);
     causes.extend(super::volume_strategy::validate(rt, obj));
+    if rt.group.is_empty() && rt.plural == "services" {
+        causes.extend(service_causes(obj, old));
+    }
+    if rt.group.is_empty() && rt.plural == "events" {
+        causes.extend(event_causes(obj));
+    }
     if !causes.is_empty() {
         return Err(ApiError::invalid(rt.group, rt.kind, name, &causes));
     }
@@ -797,6 +812,94 @@ pub(super) fn validate(
         ));
     }
     Ok(())
+}
+
+/// What `ValidateService` (and its update rule) says of the fields the simulator keeps: port
+/// numbers in range, and cluster IPs that never change once set.
+fn service_causes(obj: &Value, old: Option<&Value>) -> Vec<(String, String)> {
+    let mut causes = Vec::new();
+    let in_range = |n: i64| (1..=65535).contains(&n);
+    for (i, p) in obj
+        .pointer("/spec/ports")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .enumerate()
+    {
+        for field in ["port", "targetPort", "nodePort"] {
+            // A named targetPort is a string; nodePort 0 means "allocate one".
+            let Some(n) = p.get(field).and_then(Value::as_i64) else {
+                continue;
+            };
+            if !(in_range(n) || (field == "nodePort" && n == 0)) {
+                causes.push((
+                    format!("spec.ports[{i}].{field}"),
+                    format!("Invalid value: {n}: must be between 1 and 65535, inclusive"),
+                ));
+            }
+        }
+    }
+    if let Some(old) = old {
+        let ips = |v: &Value| {
+            v.pointer("/spec/clusterIPs")
+                .cloned()
+                .unwrap_or(Value::Null)
+        };
+        let old_ips = ips(old);
+        if old_ips.as_array().is_some_and(|a| !a.is_empty()) && ips(obj).get(0) != old_ips.get(0) {
+            causes.push((
+                "spec.clusterIPs[0]".into(),
+                format!("Invalid value: {}: may not change once set", ips(obj)),
+            ));
+        }
+    }
+    causes
+}
+
+/// `legacyValidateEvent` for core Events: the namespace of the event and of the object it is
+/// about agree; an event with an `eventTime` (written by a new-style recorder) names its
+/// reporter, action and a Normal or Warning type.
+fn event_causes(obj: &Value) -> Vec<(String, String)> {
+    let mut causes = Vec::new();
+    let ns = meta::namespace(obj).unwrap_or_default();
+    let involved_ns = obj
+        .pointer("/involvedObject/namespace")
+        .and_then(Value::as_str)
+        .unwrap_or_default();
+    let mismatch = |causes: &mut Vec<(String, String)>| {
+        causes.push((
+            "involvedObject.namespace".into(),
+            format!("Invalid value: {involved_ns:?}: does not match event.namespace"),
+        ));
+    };
+    let new_style = obj.get("eventTime").is_some_and(|t| !t.is_null());
+    if !new_style {
+        if involved_ns.is_empty() {
+            if !ns.is_empty() && ns != "default" {
+                mismatch(&mut causes);
+            }
+        } else if involved_ns != ns {
+            mismatch(&mut causes);
+        }
+        return causes;
+    }
+    if involved_ns.is_empty() && ns != "default" && ns != "kube-system" {
+        mismatch(&mut causes);
+    }
+    let empty = |k: &str| obj.get(k).and_then(Value::as_str).is_none_or(str::is_empty);
+    for field in ["reportingComponent", "reportingInstance", "action"] {
+        if empty(field) {
+            causes.push((field.into(), "Required value".into()));
+        }
+    }
+    let t = obj.get("type").and_then(Value::as_str).unwrap_or_default();
+    if t != "Normal" && t != "Warning" {
+        causes.push((
+            "type".into(),
+            format!("Invalid value: \"\": has invalid value: {t}"),
+        ));
+    }
+    causes
 }
 
 /// The pod update rule of `ValidatePodUpdate`: only images, `activeDeadlineSeconds` (set or
@@ -895,9 +998,23 @@ fn strip_nulls(v: &mut Value) {
     }
 }
 
-/// Resources whose objects carry `metadata.generation`.
+/// Resources whose objects carry `metadata.generation`: workloads, and since Kubernetes 1.34
+/// (pod generation tracking) pods; EndpointSlices always have.
 pub(super) fn has_generation(rt: &ResourceType) -> bool {
     matches!(rt.group, "apps" | "batch" | "policy")
+        || (rt.group.is_empty() && rt.plural == "pods")
+        || (rt.group == "discovery.k8s.io" && rt.plural == "endpointslices")
+}
+
+/// What an update must change for the generation to move: the spec, or for an EndpointSlice
+/// (which has none) its endpoints, ports or address type.
+fn generation_moves(rt: &ResourceType, new: &Value, old: &Value) -> bool {
+    if rt.plural == "endpointslices" {
+        return ["endpoints", "ports", "addressType"]
+            .iter()
+            .any(|k| new.get(*k) != old.get(*k));
+    }
+    new.get("spec") != old.get("spec")
 }
 
 /// What an update keeps from the stored object.
@@ -919,10 +1036,83 @@ fn fold_string_data(obj: &mut Value) {
     }
 }
 
+/// Defaults the real server applies whenever it decodes these objects (create and update):
+/// Endpoints ports are TCP unless said; a core Event always has its (possibly empty) reporter.
+fn set_decode_defaults(rt: &ResourceType, obj: &mut Value) {
+    match (rt.group, rt.plural) {
+        ("", "endpoints") => {
+            for subset in obj
+                .get_mut("subsets")
+                .and_then(Value::as_array_mut)
+                .into_iter()
+                .flatten()
+            {
+                for p in subset
+                    .get_mut("ports")
+                    .and_then(Value::as_array_mut)
+                    .into_iter()
+                    .flatten()
+                {
+                    set_default(p, "protocol", json!("TCP"));
+                }
+            }
+        }
+        ("", "events") => {
+            set_default(obj, "reportingComponent", json!(""));
+            set_default(obj, "reportingInstance", json!(""));
+        }
+        // The v1 conversion keeps the single and the list form of a node's pod CIDR in step.
+        ("", "nodes") => {
+            let Some(spec) = obj.get_mut("spec").filter(|s| s.is_object()) else {
+                return;
+            };
+            let single = spec
+                .get("podCIDR")
+                .and_then(Value::as_str)
+                .filter(|c| !c.is_empty())
+                .map(str::to_owned);
+            let first = spec
+                .pointer("/podCIDRs/0")
+                .and_then(Value::as_str)
+                .map(str::to_owned);
+            match (single, first) {
+                (Some(c), None) => spec["podCIDRs"] = json!([c]),
+                (None, Some(c)) => spec["podCIDR"] = json!(c),
+                _ => {}
+            }
+        }
+        _ => {}
+    }
+}
+
+/// The TaintNodesByCondition admission plugin: a node is created `not-ready` (NoSchedule)
+/// until the node lifecycle controller sees its kubelet report Ready.
+fn taint_new_node_not_ready(obj: &mut Value) {
+    if !obj.get("spec").is_some_and(Value::is_object) {
+        obj["spec"] = json!({});
+    }
+    let taints = obj["spec"]
+        .as_object_mut()
+        .map(|s| s.entry("taints").or_insert_with(|| json!([])));
+    if let Some(Value::Array(taints)) = taints {
+        let present = taints.iter().any(|t| {
+            t.get("key").and_then(Value::as_str) == Some(NOT_READY_TAINT)
+                && t.get("effect").and_then(Value::as_str) == Some("NoSchedule")
+        });
+        if !present {
+            taints.push(json!({"key": NOT_READY_TAINT, "effect": "NoSchedule"}));
+        }
+    }
+}
+
+/// The taint of a node whose kubelet is not (yet) Ready.
+pub(super) const NOT_READY_TAINT: &str = "node.kubernetes.io/not-ready";
+
 pub(super) fn prepare_update(rt: &ResourceType, new: &mut Value, old: &Value, sub: Subresource) {
     if sub == Subresource::Main {
         super::rbac_strategy::set_defaults(rt, new);
         super::volume_strategy::set_defaults(rt, new);
+        set_decode_defaults(rt, new);
     }
     if rt.group.is_empty() && rt.plural == "secrets" && sub != Subresource::Status {
         fold_string_data(new);
@@ -950,7 +1140,7 @@ pub(super) fn prepare_update(rt: &ResourceType, new: &mut Value, old: &Value, su
         .and_then(Value::as_object)
         .cloned()
         .unwrap_or_default();
-    let spec_changed = new.get("spec") != old.get("spec");
+    let spec_changed = generation_moves(rt, new, old);
     let m = meta_mut(new);
     for k in [
         "uid",
