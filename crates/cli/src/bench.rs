@@ -45,12 +45,13 @@ struct OffloadArgs {
     /// Concurrent creations upstairs.
     #[arg(long, default_value_t = 32)]
     concurrency: usize,
-    /// Pod-sync workers of the virtual node.
-    #[arg(long, default_value_t = 50)]
-    workers: usize,
+    /// Pod-sync workers of the virtual node (default: its own default, as the README runs it).
+    #[arg(long)]
+    workers: Option<usize>,
     /// Client QPS of the virtual node, both clusters (its token buckets; the burst is twice).
-    #[arg(long, default_value_t = 500)]
-    qps: u32,
+    /// Default: none given, so the node runs with the flags the README shows.
+    #[arg(long)]
+    qps: Option<u32>,
     /// Run the virtual node under this program, e.g. `heaptrack` to profile its memory (the
     /// reported RSS is then the wrapper's process).
     #[arg(long)]
@@ -65,6 +66,64 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
 }
 
 type Times = Arc<Mutex<HashMap<String, Instant>>>;
+
+#[derive(Clone, Copy, Debug)]
+enum Side {
+    Upper,
+    Lower,
+}
+
+/// When each pod was first seen in each state, by the benchmark's own watches.
+#[derive(Clone, Default)]
+struct Seen {
+    acked: Times,
+    upper_bound: Times,
+    upper_running: Times,
+    upper_gone: Times,
+    lower_created: Times,
+    lower_running: Times,
+    lower_gone: Times,
+}
+
+impl Seen {
+    fn record(&self, times: &Times, name: String, now: Instant) {
+        if let Ok(mut t) = times.lock() {
+            t.entry(name).or_insert(now);
+        }
+    }
+
+    fn count(&self, times: &Times) -> usize {
+        times.lock().map_or(0, |t| t.len())
+    }
+
+    fn gone(&self, side: Side) -> Times {
+        match side {
+            Side::Upper => self.upper_gone.clone(),
+            Side::Lower => self.lower_gone.clone(),
+        }
+    }
+
+    fn applied(&self, side: Side, p: &Pod, now: Instant) {
+        let name = p.metadata.name.clone().unwrap_or_default();
+        let running = p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running");
+        match side {
+            Side::Upper => {
+                if p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some("vk") {
+                    self.record(&self.upper_bound, name.clone(), now);
+                }
+                if running {
+                    self.record(&self.upper_running, name, now);
+                }
+            }
+            Side::Lower => {
+                self.record(&self.lower_created, name.clone(), now);
+                if running {
+                    self.record(&self.lower_running, name, now);
+                }
+            }
+        }
+    }
+}
 
 fn pct(v: &mut [Duration], p: f64) -> Duration {
     v.sort();
@@ -233,21 +292,32 @@ async fn offload(args: OffloadArgs) -> anyhow::Result<()> {
         }
         None => tokio::process::Command::new(exe),
     };
-    let mut child = command
-        .args(["virtual-node", "--nodename", "vk", "--disable-taint"])
+    // The README's command line; what the benchmark adds only says where to listen.
+    command
+        .args(["virtual-node", "--nodename", "vk"])
         .arg("--kubeconfig")
         .arg(&env.clusters[0].kubeconfig)
         .arg("--client-kubeconfig")
         .arg(&env.clusters[1].kubeconfig)
-        .args(["--metrics-addr", &metrics_addr])
-        .args(["--kube-api-qps", &args.qps.to_string()])
-        .args([
-            "--kube-api-burst",
-            &(args.qps.saturating_mul(2)).to_string(),
-        ])
-        .args(["--client-qps", &args.qps.to_string()])
-        .args(["--client-burst", &(args.qps.saturating_mul(2)).to_string()])
-        .args(["--pod-sync-workers", &args.workers.to_string()])
+        .args(["--metrics-addr", &metrics_addr]);
+    let mut tuned = Vec::new();
+    if let Some(qps) = args.qps {
+        let (qps, burst) = (qps.to_string(), qps.saturating_mul(2).to_string());
+        for (flag, value) in [
+            ("--kube-api-qps", &qps),
+            ("--kube-api-burst", &burst),
+            ("--client-qps", &qps),
+            ("--client-burst", &burst),
+        ] {
+            tuned.push(format!("{flag} {value}"));
+            command.args([flag, value.as_str()]);
+        }
+    }
+    if let Some(workers) = args.workers {
+        tuned.push(format!("--pod-sync-workers {workers}"));
+        command.args(["--pod-sync-workers", &workers.to_string()]);
+    }
+    let mut child = command
         .args(["--kubelet-address", "127.0.0.1"])
         .env("KUBELET_PORT", free_port()?.to_string())
         .env("VKUBELET_POD_IP", "127.0.0.1")
@@ -277,35 +347,32 @@ async fn offload(args: OffloadArgs) -> anyhow::Result<()> {
     let before = parse_metrics(&http_get(&metrics_addr, "/metrics").await?);
     let idle_rss = memory_mib(pid).0;
 
-    let (acked, lower_created, lower_running, upper_running): (Times, Times, Times, Times) =
-        Default::default();
-    let observe = |client: kube::Client, created: Option<Times>, running: Times| {
+    let seen = Seen::default();
+    let observe = |client: kube::Client, side: Side, seen: Seen| {
         tokio::spawn(async move {
             let api: Api<Pod> = Api::namespaced(client, "default");
             let mut s = watcher(api, watcher::Config::default())
                 .default_backoff()
-                .applied_objects()
                 .boxed();
-            while let Some(Ok(p)) = s.next().await {
+            while let Some(Ok(event)) = s.next().await {
                 let now = Instant::now();
-                let name = p.metadata.name.clone().unwrap_or_default();
-                if let Some(Ok(mut c)) = created.as_ref().map(|c| c.lock()) {
-                    c.entry(name.clone()).or_insert(now);
-                }
-                if p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
-                    && let Ok(mut r) = running.lock()
-                {
-                    r.entry(name).or_insert(now);
+                match event {
+                    watcher::Event::Apply(p) | watcher::Event::InitApply(p) => {
+                        seen.applied(side, &p, now);
+                    }
+                    watcher::Event::Delete(p) => {
+                        let name = p.metadata.name.clone().unwrap_or_default();
+                        seen.record(&seen.gone(side), name, now);
+                    }
+                    watcher::Event::Init | watcher::Event::InitDone => {}
                 }
             }
         })
     };
-    let w1 = observe(
-        lower.clone(),
-        Some(lower_created.clone()),
-        lower_running.clone(),
-    );
-    let w2 = observe(upper.clone(), None, upper_running.clone());
+    let w1 = observe(lower.clone(), Side::Lower, seen.clone());
+    let w2 = observe(upper.clone(), Side::Upper, seen.clone());
+    let acked = seen.acked.clone();
+    let upper_running = seen.upper_running.clone();
     let creator: Api<Pod> = Api::namespaced(upper.clone(), "default");
     let (node_cpu_before, all_cpu_before) = (cpu_seconds(pid), cpu_seconds(std::process::id()));
     let start = Instant::now();
@@ -315,9 +382,13 @@ async fn offload(args: OffloadArgs) -> anyhow::Result<()> {
             let acked = acked.clone();
             async move {
                 let name = format!("p-{i}");
+                // Placed by the upper scheduler, as a user's pod is: the virtual node is the
+                // only node upstairs, and the pods tolerate its taint.
                 let pod: Pod = serde_json::from_value(
                     json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
-                    "spec": {"nodeName": "vk", "containers": [{"name": "c", "image": "nginx:1.27",
+                    "spec": {"tolerations": [{"key": tensile_core::keys::TAINT_VIRTUAL_KUBELET,
+                        "operator": "Exists"}],
+                        "containers": [{"name": "c", "image": "nginx:1.27",
                         "resources": {"requests": {"cpu": "10m"}}}]}}),
                 )?;
                 api.create(&PostParams::default(), &pod).await?;
@@ -348,19 +419,49 @@ async fn offload(args: OffloadArgs) -> anyhow::Result<()> {
     peak_rss = peak_rss.max(rss);
     // Memory once the burst is over and the node only holds its caches.
     tokio::time::sleep(Duration::from_secs(5)).await;
-    let (settled_rss, hwm) = memory_mib(pid);
+    let (settled_rss, _) = memory_mib(pid);
+
+    // Then every upper pod is deleted, as `kubectl delete` does (graceful), and the node takes
+    // the lower pods down and lets the upper ones go.
+    let delete_start = Instant::now();
+    let delete_failures = futures::stream::iter(0..n)
+        .map(|i| {
+            let api = creator.clone();
+            async move {
+                api.delete(&format!("p-{i}"), &kube::api::DeleteParams::default())
+                    .await
+                    .map(|_| ())
+            }
+        })
+        .buffer_unordered(args.concurrency.max(1))
+        .filter(|r| futures::future::ready(r.is_err()))
+        .count()
+        .await;
+    if delete_failures > 0 {
+        bail!("{delete_failures} pod deletions failed upstairs");
+    }
+    let last_delete_acked = delete_start.elapsed();
+    let deadline = Instant::now() + Duration::from_secs(600);
+    while seen.count(&seen.upper_gone) < n && Instant::now() < deadline {
+        peak_rss = peak_rss.max(memory_mib(pid).0);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let all_gone = delete_start.elapsed();
+    let upper_gone = seen.count(&seen.upper_gone);
+    let after_delete = parse_metrics(&http_get(&metrics_addr, "/metrics").await?);
+    let (_, hwm) = memory_mib(pid);
     w1.abort();
     w2.abort();
     let _ = child.kill().await;
 
     let snapshot = |t: &Times| t.lock().map(|m| m.clone()).unwrap_or_default();
-    let (a, lc, lr, ur) = (
-        snapshot(&acked),
-        snapshot(&lower_created),
-        snapshot(&lower_running),
+    let (bound, lc, lr, ur) = (
+        snapshot(&seen.upper_bound),
+        snapshot(&seen.lower_created),
+        snapshot(&seen.lower_running),
         snapshot(&upper_running),
     );
-    let mut down: Vec<Duration> = a
+    let mut down: Vec<Duration> = bound
         .iter()
         .filter_map(|(k, t)| lc.get(k).map(|c| c.saturating_duration_since(*t)))
         .collect();
@@ -370,16 +471,28 @@ async fn offload(args: OffloadArgs) -> anyhow::Result<()> {
         .collect();
 
     println!(
-        "offload benchmark: {n} pods created at once ({} concurrent creates) upstairs, bound to one virtual node",
+        "offload benchmark on {}: {n} pods created at once ({} concurrent creates) upstairs, placed by the upper scheduler on one virtual node",
+        if tensile_sim::env::real::bin_dir().is_some() {
+            "real control planes (TENSILE_K8S_BIN)"
+        } else {
+            "simulated clusters"
+        },
         args.concurrency
     );
     println!(
-        "  (its own process, {} pod-sync workers); {lower_nodes} simulated lower nodes; the two clusters share this process",
-        args.workers
+        "  (its own process, flags: {}); {lower_nodes} simulated lower nodes",
+        if tuned.is_empty() {
+            "the README's, defaults".to_owned()
+        } else {
+            format!("TUNED {}", tuned.join(" "))
+        }
     );
-    println!("all {} upper pods Running after {total:.2?}", ur.len());
     println!(
-        "seen from outside: upper pod created -> lower pod created  p50 {:.1?}  p99 {:.1?}",
+        "all {} upper pods Running after {total:.2?} (from the first create)",
+        ur.len()
+    );
+    println!(
+        "seen from outside: upper pod bound -> lower pod created  p50 {:.1?}  p99 {:.1?}",
         pct(&mut down, 0.5),
         pct(&mut down, 0.99)
     );
@@ -387,6 +500,10 @@ async fn offload(args: OffloadArgs) -> anyhow::Result<()> {
         "seen from outside: lower pod Running -> upper pod Running  p50 {:.1?}  p99 {:.1?}",
         pct(&mut up, 0.5),
         pct(&mut up, 0.99)
+    );
+    println!(
+        "delete: {upper_gone} upper pods gone {all_gone:.2?} after the first delete, {:.2?} after the last one was acknowledged",
+        all_gone.saturating_sub(last_delete_acked)
     );
     let stage = |s: &str, q: f64| {
         histogram_quantile(&after, "tensile_pod_sync_seconds", s, q)
@@ -419,6 +536,11 @@ async fn offload(args: OffloadArgs) -> anyhow::Result<()> {
             .collect()
     };
     let (c0, c1) = (calls(&before), calls(&after));
+    let lists_with_delete: f64 = calls(&after_delete)
+        .iter()
+        .filter(|(k, _)| k.1 == "list")
+        .map(|(k, v)| v - c0.get(k).copied().unwrap_or(0.0))
+        .sum();
     println!("API calls of the node during the burst (cluster, verb, resource):");
     let mut writes: BTreeMap<String, f64> = BTreeMap::new();
     // Events (ours and the mirrored lower ones) are reported apart: they are not the pod's.
@@ -448,7 +570,7 @@ async fn offload(args: OffloadArgs) -> anyhow::Result<()> {
     let per_pod =
         |sums: &BTreeMap<String, f64>, c: &str| sums.get(c).copied().unwrap_or(0.0) / n as f64;
     println!(
-        "writes per pod: upper {:.2}, lower {:.2} (events apart: upper {:.2}); LIST requests after start-up: {lists}",
+        "writes per pod: upper {:.2}, lower {:.2} (events apart: upper {:.2}); LIST requests after start-up: {lists} in the burst, {lists_with_delete} with the deletion",
         per_pod(&writes, "upper"),
         per_pod(&writes, "lower"),
         per_pod(&event_writes, "upper"),
@@ -461,7 +583,7 @@ async fn offload(args: OffloadArgs) -> anyhow::Result<()> {
         std::thread::available_parallelism().map_or(0, std::num::NonZero::get)
     );
     println!(
-        "virtual node memory (RSS): {idle_rss:.1} MiB before, {peak_rss:.1} MiB peak during the burst (VmHWM {hwm:.1} MiB), {settled_rss:.1} MiB 5 s after"
+        "virtual node memory (RSS): {idle_rss:.1} MiB before, {peak_rss:.1} MiB peak during the burst and deletion (VmHWM {hwm:.1} MiB), {settled_rss:.1} MiB 5 s after the burst"
     );
     Ok(())
 }

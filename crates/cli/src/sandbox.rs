@@ -122,10 +122,6 @@ impl Sandbox {
                 // Virtual pods tolerate not-ready and unreachable (the webhook adds that), not
                 // the provider taint: the original's manifest disables it too.
                 "--disable-taint",
-                "--kube-api-qps",
-                "200",
-                "--kube-api-burst",
-                "400",
             ])
             .context("virtual node flags")?;
             let address = spec.address.to_string();

@@ -27,11 +27,11 @@ pub struct VirtualNodeArgs {
     /// fall-back to another cluster).
     #[arg(long)]
     client_kubeconfig: Option<PathBuf>,
-    /// QPS of the lower-cluster client.
-    #[arg(long, default_value_t = 500.0)]
+    /// QPS of the lower-cluster client (0: no client-side limit).
+    #[arg(long, default_value_t = tensile_node::clients::DEFAULT_QPS)]
     client_qps: f32,
-    /// Burst of the lower-cluster client.
-    #[arg(long, default_value_t = 1000)]
+    /// Burst of the lower-cluster client (0: twice the QPS).
+    #[arg(long, default_value_t = tensile_node::clients::DEFAULT_BURST)]
     client_burst: u32,
     /// Pod labels removed from lower pods (recorded in `tripped-labels`).
     #[arg(long, default_value = tensile_core::keys::DEFAULT_IGNORE_LABELS)]
@@ -94,11 +94,11 @@ pub struct VirtualNodeArgs {
     /// Ignored (kept for compatibility).
     #[arg(long, default_value = "0")]
     startup_timeout: String,
-    /// QPS of the upper client (0: client-go's 5).
-    #[arg(long, default_value_t = 0.0)]
+    /// QPS of the upper client (0: no client-side limit; the original's 0 meant client-go's 5).
+    #[arg(long, default_value_t = tensile_node::clients::DEFAULT_QPS)]
     kube_api_qps: f32,
-    /// Burst of the upper client (0: client-go's 10).
-    #[arg(long, default_value_t = 0)]
+    /// Burst of the upper client (0: twice the QPS).
+    #[arg(long, default_value_t = tensile_node::clients::DEFAULT_BURST)]
     kube_api_burst: u32,
     /// CA of client certificates on the kubelet port (default: the upper cluster's CA).
     #[arg(long, env = "APISERVER_CA_CERT_LOCATION")]
@@ -246,7 +246,7 @@ pub(crate) async fn assemble(
     let mut registry = Registry::default();
     let calls = ApiCalls::new(&mut registry);
     let upper = build_client_with_server(
-        upper_source,
+        upper_source.clone(),
         env("MASTER_URI").as_deref(),
         args.kube_api_qps,
         args.kube_api_burst,
@@ -255,6 +255,17 @@ pub(crate) async fn assemble(
     )
     .await
     .context("upper cluster client")?;
+    // The same limits again, in a bucket of its own: events never wait for pods or delay them.
+    let upper_events = build_client_with_server(
+        upper_source,
+        env("MASTER_URI").as_deref(),
+        args.kube_api_qps,
+        args.kube_api_burst,
+        "upper",
+        &calls,
+    )
+    .await
+    .context("upper cluster client for events")?;
     let lower = build_client(
         lower_source,
         args.client_qps,
@@ -333,6 +344,7 @@ pub(crate) async fn assemble(
             heartbeat: Duration::from_secs(60),
         },
         pods: PodSync {
+            upper_events,
             upper,
             lower,
             node: args.nodename.clone(),

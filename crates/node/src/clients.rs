@@ -32,10 +32,12 @@ use prometheus_client::registry::Registry;
 use tokio::time::{Instant, Sleep, sleep_until};
 use tower::{Layer, Service};
 
-/// client-go's default QPS (`rest.DefaultQPS`), used when the configured QPS is 0 or less.
-pub const DEFAULT_QPS: f32 = 5.0;
-/// client-go's default burst (`rest.DefaultBurst`), used when the configured burst is 0.
-pub const DEFAULT_BURST: u32 = 10;
+/// The default QPS of the virtual node's clients, upper and lower. Not client-go's 5 (a 2015
+/// default from before API Priority and Fairness): the API servers queue and shed load
+/// themselves, and at 5 a burst of pods drained at about four status writes a second.
+pub const DEFAULT_QPS: f32 = 500.0;
+/// The default burst that goes with [`DEFAULT_QPS`].
+pub const DEFAULT_BURST: u32 = 1000;
 
 /// The longest wait between two tokens (a QPS below 1/day is treated as 1/day).
 const MAX_INTERVAL: Duration = Duration::from_secs(24 * 60 * 60);
@@ -244,7 +246,7 @@ pub fn client_from_config(
 
 /// Builds a rate-limited, counted client for `cluster` (`upper` or `lower`).
 ///
-/// `qps <= 0` means client-go's default of 5 QPS; `burst == 0` means its default burst of 10.
+/// `qps <= 0` means no client-side limit; `burst == 0` means twice the QPS.
 pub async fn build_client(
     source: KubeconfigSource,
     qps: f32,
@@ -276,15 +278,21 @@ pub async fn build_client_with_server(
 // ---------------------------------------------------------------------------------------------
 // Token bucket
 
-/// The QPS and burst actually used for a configured pair, as client-go resolves them: a QPS of 0
-/// or less (or NaN) is 5, a burst of 0 is 10.
+/// The QPS and burst actually used for a configured pair: a QPS of 0 or less (or NaN) means no
+/// client-side limit (infinite QPS; API Priority and Fairness on the server is the limit); a
+/// burst of 0 is twice the QPS (at least 1).
 pub fn effective_limits(qps: f32, burst: u32) -> (f64, u32) {
-    let qps = if qps > 0.0 {
-        f64::from(qps)
+    if qps.is_nan() || qps <= 0.0 {
+        return (f64::INFINITY, burst.max(1));
+    }
+    let qps = f64::from(qps);
+    let burst = if burst == 0 {
+        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+        let twice = (qps * 2.0).ceil().min(f64::from(u32::MAX)) as u32;
+        twice.max(1)
     } else {
-        f64::from(DEFAULT_QPS)
+        burst
     };
-    let burst = if burst == 0 { DEFAULT_BURST } else { burst };
     (qps, burst)
 }
 
@@ -1042,15 +1050,20 @@ mod tests {
     }
 
     #[test]
-    fn limits_default_like_client_go() {
-        assert_eq!(effective_limits(0.0, 0), (5.0, 10));
-        assert_eq!(effective_limits(-1.0, 0), (5.0, 10));
-        assert_eq!(effective_limits(f32::NAN, 0), (5.0, 10));
+    fn zero_means_no_client_side_limit_not_five_qps() {
+        assert_eq!(effective_limits(0.0, 0), (f64::INFINITY, 1));
+        assert_eq!(effective_limits(-1.0, 0), (f64::INFINITY, 1));
+        assert_eq!(effective_limits(f32::NAN, 0), (f64::INFINITY, 1));
         assert_eq!(effective_limits(500.0, 1000), (500.0, 1000));
-        assert_eq!(effective_limits(0.0, 100), (5.0, 100));
-        assert_eq!(effective_limits(20.0, 0), (20.0, 10));
-        let layer = RateLimitLayer::new(0.0, 0);
-        assert_eq!((layer.qps(), layer.burst()), (5.0, 10));
+        assert_eq!(effective_limits(0.0, 100), (f64::INFINITY, 100));
+        assert_eq!(effective_limits(20.0, 0), (20.0, 40));
+        assert_eq!(effective_limits(0.2, 0), (f64::from(0.2_f32), 1));
+        let layer = RateLimitLayer::new(DEFAULT_QPS, DEFAULT_BURST);
+        assert_eq!((layer.qps(), layer.burst()), (500.0, 1000));
+        // An unlimited bucket never makes a request wait.
+        let t0 = Instant::now();
+        let mut bucket = TokenBucket::new(effective_limits(0.0, 0).0, 1, t0);
+        assert!((0..10_000).all(|_| bucket.try_acquire(t0).is_ok()));
     }
 
     fn ms(n: u64) -> Duration {

@@ -109,6 +109,9 @@ fn not_found(e: &kube::Error) -> bool {
 pub struct PodSync {
     /// Upper cluster.
     pub upper: kube::Client,
+    /// Upper cluster, for events only: a client with its own rate limit, so that an event
+    /// (best effort) never takes a token a pod's status write needs.
+    pub upper_events: kube::Client,
     /// Lower cluster.
     pub lower: kube::Client,
     /// Virtual node name.
@@ -305,7 +308,7 @@ pub async fn run_with_store(
     }
     tokio::spawn(crate::mirror_events::run(
         crate::mirror_events::EventMirror {
-            upper: cfg.upper.clone(),
+            upper: cfg.upper_events.clone(),
             lower: cfg.lower.clone(),
             owner: cfg.translate.owner.clone(),
         },
@@ -313,7 +316,7 @@ pub async fn run_with_store(
         lower_pods.clone(),
         stop.clone(),
     ));
-    let recorder = EventSink::start(cfg.upper.clone(), "tensile-kube", &cfg.node);
+    let recorder = EventSink::start(cfg.upper_events.clone(), "tensile-kube", &cfg.node);
     let workers = cfg.workers.max(1);
     let ctx = Arc::new(Ctx {
         cfg,

@@ -137,6 +137,7 @@ pub async fn spawn(env: &TestEnv, opts: NodeOptions) -> Spawned {
             heartbeat: opts.heartbeat,
         },
         pods: PodSync {
+            upper_events: upper.clone(),
             upper,
             lower,
             node: name.into(),
