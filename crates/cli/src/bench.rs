@@ -215,23 +215,34 @@ fn parse_metrics(text: &str) -> Samples {
     out
 }
 
-/// A quantile of a Prometheus histogram (linear within the bucket, as `histogram_quantile`).
-fn histogram_quantile(samples: &Samples, name: &str, stage: &str, q: f64) -> Option<f64> {
-    let mut buckets: Vec<(f64, f64)> = samples
-        .iter()
-        .filter(|((n, l), _)| {
-            n == &format!("{name}_bucket") && l.get("stage").map(String::as_str) == Some(stage)
-        })
-        .filter_map(|((_, l), v)| {
-            let le = l.get("le")?;
-            let le = if le == "+Inf" {
-                f64::INFINITY
-            } else {
-                le.parse().ok()?
-            };
-            Some((le, *v))
-        })
-        .collect();
+/// A quantile of a Prometheus histogram (linear within the bucket, as `histogram_quantile`),
+/// over the series whose labels include `labels` (their buckets summed).
+fn histogram_quantile(
+    samples: &Samples,
+    name: &str,
+    labels: &[(&str, &str)],
+    q: f64,
+) -> Option<f64> {
+    let mut by_le: BTreeMap<String, (f64, f64)> = BTreeMap::new();
+    for ((n, l), v) in samples {
+        if n != &format!("{name}_bucket")
+            || !labels
+                .iter()
+                .all(|(k, want)| l.get(*k).map(String::as_str) == Some(*want))
+        {
+            continue;
+        }
+        let Some(le) = l.get("le") else { continue };
+        let bound = if le == "+Inf" {
+            f64::INFINITY
+        } else if let Ok(b) = le.parse() {
+            b
+        } else {
+            continue;
+        };
+        by_le.entry(le.clone()).or_insert((bound, 0.0)).1 += *v;
+    }
+    let mut buckets: Vec<(f64, f64)> = by_le.into_values().collect();
     buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
     let total = buckets.last()?.1;
     if total <= 0.0 {
@@ -261,6 +272,39 @@ fn free_port() -> anyhow::Result<u16> {
     Ok(std::net::TcpListener::bind("127.0.0.1:0")?
         .local_addr()?
         .port())
+}
+
+/// What changed in counters between two scrapes.
+fn delta(after: &Samples, before: &Samples) -> Samples {
+    after
+        .iter()
+        .map(|(k, v)| (k.clone(), v - before.get(k).copied().unwrap_or(0.0)))
+        .collect()
+}
+
+/// The API server's own `/metrics` (a real kube-apiserver's; the simulator serves none).
+async fn apiserver_metrics(client: &kube::Client) -> Option<Samples> {
+    let req = http::Request::get("/metrics").body(Vec::new()).ok()?;
+    let text = client.request_text(req).await.ok()?;
+    Some(parse_metrics(&text))
+}
+
+/// p50/p99 of an API server's own request latency for a verb and resource between two scrapes,
+/// to tell its time from ours.
+fn server_latency(
+    before: Option<&Samples>,
+    after: Option<&Samples>,
+    labels: &[(&str, &str)],
+) -> Option<String> {
+    let d = delta(after?, before?);
+    let name = "apiserver_request_duration_seconds";
+    let p50 = histogram_quantile(&d, name, labels, 0.5)?;
+    let p99 = histogram_quantile(&d, name, labels, 0.99)?;
+    Some(format!(
+        "p50 {:.1}ms  p99 {:.1}ms",
+        p50 * 1000.0,
+        p99 * 1000.0
+    ))
 }
 
 async fn offload(args: OffloadArgs) -> anyhow::Result<()> {
@@ -374,6 +418,10 @@ async fn offload(args: OffloadArgs) -> anyhow::Result<()> {
     let acked = seen.acked.clone();
     let upper_running = seen.upper_running.clone();
     let creator: Api<Pod> = Api::namespaced(upper.clone(), "default");
+    let (upper_server_before, lower_server_before) = (
+        apiserver_metrics(&upper).await,
+        apiserver_metrics(&lower).await,
+    );
     let (node_cpu_before, all_cpu_before) = (cpu_seconds(pid), cpu_seconds(std::process::id()));
     let start = Instant::now();
     let failures = futures::stream::iter(0..n)
@@ -415,6 +463,10 @@ async fn offload(args: OffloadArgs) -> anyhow::Result<()> {
     let node_cpu = cpu_seconds(pid) - node_cpu_before;
     let all_cpu = cpu_seconds(std::process::id()) - all_cpu_before;
     let after = parse_metrics(&http_get(&metrics_addr, "/metrics").await?);
+    let (upper_server_after, lower_server_after) = (
+        apiserver_metrics(&upper).await,
+        apiserver_metrics(&lower).await,
+    );
     let (rss, _) = memory_mib(pid);
     peak_rss = peak_rss.max(rss);
     // Memory once the burst is over and the node only holds its caches.
@@ -506,7 +558,7 @@ async fn offload(args: OffloadArgs) -> anyhow::Result<()> {
         all_gone.saturating_sub(last_delete_acked)
     );
     let stage = |s: &str, q: f64| {
-        histogram_quantile(&after, "tensile_pod_sync_seconds", s, q)
+        histogram_quantile(&after, "tensile_pod_sync_seconds", &[("stage", s)], q)
             .map_or_else(|| "-".to_owned(), |v| format!("{:.1}ms", v * 1000.0))
     };
     for (s, what) in [
@@ -525,6 +577,28 @@ async fn offload(args: OffloadArgs) -> anyhow::Result<()> {
             stage(s, 0.5),
             stage(s, 0.99)
         );
+    }
+    for (what, before, after, labels) in [
+        (
+            "upper API server, pod status patches",
+            &upper_server_before,
+            &upper_server_after,
+            &[
+                ("verb", "PATCH"),
+                ("resource", "pods"),
+                ("subresource", "status"),
+            ][..],
+        ),
+        (
+            "lower API server, pod creates",
+            &lower_server_before,
+            &lower_server_after,
+            &[("verb", "POST"), ("resource", "pods")][..],
+        ),
+    ] {
+        if let Some(l) = server_latency(before.as_ref(), after.as_ref(), labels) {
+            println!("the API servers' own latency: {what:38} {l}");
+        }
     }
     let calls = |m: &Samples| -> BTreeMap<(String, String, String), f64> {
         m.iter()
