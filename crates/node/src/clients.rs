@@ -518,10 +518,10 @@ pub struct RequestKind {
 /// path and query.
 pub fn classify(method: &Method, path: &str, query: Option<&str>) -> RequestKind {
     let parts: Vec<&str> = path.split('/').filter(|part| !part.is_empty()).collect();
-    let rest: &[&str] = match parts.as_slice() {
-        ["api", _version, rest @ ..] => rest,
-        ["apis", _group, _version, rest @ ..] => rest,
-        _ => &[],
+    let (group, rest): (&str, &[&str]) = match parts.as_slice() {
+        ["api", _version, rest @ ..] => ("", rest),
+        ["apis", group, _version, rest @ ..] => (group, rest),
+        _ => ("", &[]),
     };
     let (special, rest) = match rest {
         ["watch", tail @ ..] => (Some(Verb::Watch), tail),
@@ -552,11 +552,19 @@ pub fn classify(method: &Method, path: &str, query: Option<&str>) -> RequestKind
         _ => rest,
     };
     // As in the API server, the legacy proxy verb has no subresource.
+    // Named groups qualify the plural as kubectl does (`pods.metrics.k8s.io`, not `pods`).
+    let qualified = |resource: &str| {
+        if group.is_empty() {
+            resource.to_owned()
+        } else {
+            format!("{resource}.{group}")
+        }
+    };
     let resource = match rest {
         [resource, _name, subresource, ..] if special != Some(Verb::Proxy) => {
-            format!("{resource}/{subresource}")
+            format!("{}/{subresource}", qualified(resource))
         }
-        [resource, ..] => (*resource).to_owned(),
+        [resource, ..] => qualified(resource),
         [] => String::new(),
     };
     let named = rest.len() > 1;
@@ -932,55 +940,55 @@ mod tests {
                 "GET",
                 "/apis/apps/v1/namespaces/d/deployments",
                 List,
-                "deployments",
+                "deployments.apps",
             ),
             (
                 "GET",
                 "/apis/apps/v1/deployments?watch=true",
                 Watch,
-                "deployments",
+                "deployments.apps",
             ),
             (
                 "PATCH",
                 "/apis/apps/v1/namespaces/d/deployments/x/scale",
                 Patch,
-                "deployments/scale",
+                "deployments.apps/scale",
             ),
             (
                 "PUT",
                 "/apis/coordination.k8s.io/v1/namespaces/kube-node-lease/leases/n",
                 Update,
-                "leases",
+                "leases.coordination.k8s.io",
             ),
             (
                 "POST",
                 "/apis/events.k8s.io/v1/namespaces/d/events",
                 Create,
-                "events",
+                "events.events.k8s.io",
             ),
             (
                 "GET",
                 "/apis/storage.k8s.io/v1/storageclasses/standard",
                 Get,
-                "storageclasses",
+                "storageclasses.storage.k8s.io",
             ),
             (
                 "POST",
                 "/apis/authentication.k8s.io/v1/tokenreviews",
                 Create,
-                "tokenreviews",
+                "tokenreviews.authentication.k8s.io",
             ),
             (
                 "GET",
                 "/apis/metrics.k8s.io/v1beta1/namespaces/d/pods",
                 List,
-                "pods",
+                "pods.metrics.k8s.io",
             ),
             (
                 "DELETE",
                 "/apis/apps/v1/namespaces/d/replicasets",
                 DeleteCollection,
-                "replicasets",
+                "replicasets.apps",
             ),
             // legacy prefixes
             ("GET", "/api/v1/watch/namespaces/d/pods", Watch, "pods"),
@@ -989,7 +997,7 @@ mod tests {
                 "GET",
                 "/apis/apps/v1/watch/deployments",
                 Watch,
-                "deployments",
+                "deployments.apps",
             ),
             ("GET", "/api/v1/proxy/nodes/n/stats", Proxy, "nodes"),
             // a named GET stays a get even with watch set (the API server only turns lists into
