@@ -175,6 +175,11 @@ where
         self.len() == 0
     }
 
+    /// Whether the first list is complete.
+    pub fn is_ready(&self) -> bool {
+        *self.inner.ready.borrow()
+    }
+
     /// Waits until the first list is complete.
     pub async fn wait_until_ready(&self) {
         let mut ready = self.inner.ready.subscribe();

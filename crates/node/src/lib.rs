@@ -95,14 +95,18 @@ impl VirtualNode {
     /// the node loop and the pod controller; runs until `stop`.
     pub async fn start(mut self, stop: CancellationToken) -> Result<Running, StartError> {
         let upper_pods = cache::CompactCache::<k8s_openapi::api::core::v1::Pod>::new();
+        let lower_pods = cache::CompactCache::<k8s_openapi::api::core::v1::Pod>::new();
         let reader = upper_pods.clone();
+        let lower_reader = lower_pods.clone();
         let backend = Arc::new(
             lower_backend::LowerBackend::new(
                 self.pods.lower.clone(),
                 self.pods.translate.owner.clone(),
                 move || reader.state(),
             )
-            .with_node_name(self.node.identity.name.clone()),
+            .with_node_name(self.node.identity.name.clone())
+            // Stats read our lower pods from the pod controller's watch, not a LIST per scrape.
+            .with_lower_pods(move || lower_reader.is_ready().then(|| lower_reader.state())),
         );
         let mut registry = std::mem::take(&mut self.metrics.registry);
         let sync_metrics = pods::SyncMetrics::new(&mut registry);
@@ -164,6 +168,7 @@ impl VirtualNode {
         let pods = tokio::spawn(pods::run_with_store(
             self.pods,
             upper_pods,
+            lower_pods,
             shared,
             for_pods,
             sync_metrics,

@@ -58,6 +58,8 @@ const PORT_FORWARD_GRACE: Duration = Duration::from_secs(30);
 /// The upper pods bound to the virtual node (`/pods`), e.g. a snapshot of the upper pod
 /// reflector's store.
 type UpperPods = dyn Fn() -> Vec<Pod> + Send + Sync;
+/// Our lower pods from a watch cache, `None` until it has listed once.
+type LowerPods = dyn Fn() -> Option<Vec<Pod>> + Send + Sync;
 
 /// The virtual node's kubelet backend: forwards logs, exec, attach and port-forward to our pods
 /// of the lower cluster, and builds `/stats/summary` from the lower cluster's metrics API.
@@ -68,6 +70,7 @@ pub struct LowerBackend {
     node_name: String,
     started: String,
     upper_pods: Arc<UpperPods>,
+    lower_pods: Option<Arc<LowerPods>>,
     cpu: Mutex<CpuIntegrator>,
 }
 
@@ -98,6 +101,7 @@ impl LowerBackend {
             owner,
             started: rfc3339(Timestamp::now()),
             upper_pods: Arc::new(upper_pods),
+            lower_pods: None,
             cpu: Mutex::new(CpuIntegrator::default()),
         }
     }
@@ -106,6 +110,16 @@ impl LowerBackend {
     #[must_use]
     pub fn with_node_name(mut self, node_name: impl Into<String>) -> Self {
         self.node_name = node_name.into();
+        self
+    }
+
+    /// Reads our lower pods from a watch cache (`None` while it has not listed once) instead of
+    /// listing them at every stats request.
+    pub fn with_lower_pods(
+        mut self,
+        lower_pods: impl Fn() -> Option<Vec<Pod>> + Send + Sync + 'static,
+    ) -> Self {
+        self.lower_pods = Some(Arc::new(lower_pods));
         self
     }
 
@@ -568,16 +582,25 @@ impl KubeletBackend for LowerBackend {
                 )));
             }
         };
-        let pods_api: Api<Pod> = Api::all(self.lower.clone());
-        let lower_pods = pods_api.list(&params).await.map_err(|e| {
-            BackendError::new(format!(
-                "listing pods ({selector}) in the lower cluster: {}",
-                api_error(&e)
-            ))
-        })?;
+        let cached = self.lower_pods.as_ref().and_then(|pods| pods());
+        let lower_pods = match cached {
+            Some(pods) => pods,
+            None => {
+                let pods_api: Api<Pod> = Api::all(self.lower.clone());
+                pods_api
+                    .list(&params)
+                    .await
+                    .map_err(|e| {
+                        BackendError::new(format!(
+                            "listing pods ({selector}) in the lower cluster: {}",
+                            api_error(&e)
+                        ))
+                    })?
+                    .items
+            }
+        };
         let key = |ns: &str, name: &str| format!("{ns}/{name}");
         let lower: HashMap<String, &Pod> = lower_pods
-            .items
             .iter()
             .map(|p| {
                 (

@@ -232,10 +232,12 @@ fn ours_only<S: Stream<Item = watcher::Event<Pod>>>(
 }
 
 /// Runs until `stop`: fills the given upper pod store (shared with the kubelet API's `/pods`)
-/// and reads lower pods from `lower_events` (see [`lower_pod_events`]).
+/// and lower pod store (ours only, shared with its stats) from `lower_events` (see
+/// [`lower_pod_events`]).
 pub async fn run_with_store(
     cfg: PodSync,
     upper_pods: CompactCache<Pod>,
+    lower_pods: CompactCache<Pod>,
     shared: Shared,
     lower_events: impl Stream<Item = watcher::Event<Pod>> + Send + 'static,
     metrics: SyncMetrics,
@@ -248,7 +250,6 @@ pub async fn run_with_store(
         needs,
     } = shared;
     let upper_needs = needs.clone();
-    let lower_pods = CompactCache::<Pod>::new();
     let upper_api: Api<Pod> = Api::all(cfg.upper.clone());
     let gone_grace: Arc<Mutex<HashMap<Key, i64>>> = Arc::default();
     let record_gone = gone_grace.clone();

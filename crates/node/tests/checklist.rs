@@ -724,9 +724,21 @@ async fn checklist_65_66_67_stats_summary_on_both_ports_and_the_other_paths() {
                 .await
         }
     };
+    let lower_pod_lists = || {
+        node.calls
+            .count("lower", tensile_node::clients::Verb::List, "pods")
+    };
+    let lists_before = lower_pod_lists();
     let second: serde_json::Value =
         serde_json::from_str(&plain("/stats/summary").await.unwrap()).unwrap();
     assert_eq!(second["node"]["nodeName"], summary["node"]["nodeName"]);
+    // Stats come from the pod controller's watch cache: a scrape (metrics-server's, every
+    // 10-60 s) LISTs only the metrics API, never the lower pods.
+    assert_eq!(
+        lower_pod_lists(),
+        lists_before,
+        "stats listed the lower pods"
+    );
     assert_eq!(
         second["pods"].as_array().unwrap().len(),
         pods.len(),
