@@ -245,27 +245,22 @@ pub(crate) async fn assemble(
         .transpose()?;
     let mut registry = Registry::default();
     let calls = ApiCalls::new(&mut registry);
-    let upper = build_client_with_server(
-        upper_source.clone(),
-        env("MASTER_URI").as_deref(),
-        args.kube_api_qps,
-        args.kube_api_burst,
-        "upper",
-        &calls,
-    )
-    .await
-    .context("upper cluster client")?;
+    let master_uri = env("MASTER_URI");
+    let upper_client = || {
+        build_client_with_server(
+            upper_source.clone(),
+            master_uri.as_deref(),
+            args.kube_api_qps,
+            args.kube_api_burst,
+            "upper",
+            &calls,
+        )
+    };
+    let upper = upper_client().await.context("upper cluster client")?;
     // The same limits again, in a bucket of its own: events never wait for pods or delay them.
-    let upper_events = build_client_with_server(
-        upper_source,
-        env("MASTER_URI").as_deref(),
-        args.kube_api_qps,
-        args.kube_api_burst,
-        "upper",
-        &calls,
-    )
-    .await
-    .context("upper cluster client for events")?;
+    let upper_events = upper_client()
+        .await
+        .context("upper cluster client for events")?;
     let lower = build_client(
         lower_source,
         args.client_qps,

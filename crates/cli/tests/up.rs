@@ -115,19 +115,7 @@ fn tensile_up_then_the_tour_offloads_a_deployment_with_logs_and_exec_and_stops_o
     upstairs.sort();
     let mut downstairs = Vec::new();
     for ctx in ["lower-1", "lower-2"] {
-        let (ok, pods, err) = kubectl(
-            &kc,
-            &[
-                "--context",
-                ctx,
-                "get",
-                "pods",
-                "-n",
-                "default",
-                "-o",
-                "jsonpath={range .items[*]}{.metadata.name}{\"\\n\"}{end}",
-            ],
-        );
+        let (ok, pods, err) = pod_names(&kc, ctx);
         assert!(ok, "{err}");
         downstairs.extend(pods.lines().map(str::to_owned));
     }
@@ -222,19 +210,7 @@ fn tensile_up_then_the_tour_offloads_a_deployment_with_logs_and_exec_and_stops_o
         "the Deployment's pods to be gone, upstairs and downstairs",
         || {
             ["upper", "lower-1", "lower-2"].iter().all(|ctx| {
-                let (ok, pods, _) = kubectl(
-                    &kc,
-                    &[
-                        "--context",
-                        ctx,
-                        "get",
-                        "pods",
-                        "-n",
-                        "default",
-                        "-o",
-                        "jsonpath={range .items[*]}{.metadata.name}{\"\\n\"}{end}",
-                    ],
-                );
+                let (ok, pods, _) = pod_names(&kc, ctx);
                 ok && !pods.lines().any(|p| p.starts_with("web-"))
             })
         },
@@ -291,4 +267,21 @@ fn a_taken_port_or_an_unwritable_kubeconfig_is_a_clear_error() {
     assert!(err.contains("cannot write the kubeconfig to"), "{err}");
     assert!(!err.contains("upper cluster on"), "nothing starts: {err}");
     let _ = std::fs::remove_dir_all(dir);
+}
+
+/// `kubectl get pods` of the default namespace in a context: the names, a line each.
+fn pod_names(kc: &std::path::Path, context: &str) -> (bool, String, String) {
+    kubectl(
+        kc,
+        &[
+            "--context",
+            context,
+            "get",
+            "pods",
+            "-n",
+            "default",
+            "-o",
+            "jsonpath={range .items[*]}{.metadata.name}{\"\\n\"}{end}",
+        ],
+    )
 }

@@ -1088,21 +1088,34 @@ fn set_decode_defaults(rt: &ResourceType, obj: &mut Value) {
 /// The TaintNodesByCondition admission plugin: a node is created `not-ready` (NoSchedule)
 /// until the node lifecycle controller sees its kubelet report Ready.
 fn taint_new_node_not_ready(obj: &mut Value) {
-    if !obj.get("spec").is_some_and(Value::is_object) {
-        obj["spec"] = json!({});
+    if let Some(taints) = node_taints_mut(obj)
+        && !has_taint(taints, NOT_READY_TAINT, "NoSchedule")
+    {
+        taints.push(json!({"key": NOT_READY_TAINT, "effect": "NoSchedule"}));
     }
-    let taints = obj["spec"]
-        .as_object_mut()
-        .map(|s| s.entry("taints").or_insert_with(|| json!([])));
-    if let Some(Value::Array(taints)) = taints {
-        let present = taints.iter().any(|t| {
-            t.get("key").and_then(Value::as_str) == Some(NOT_READY_TAINT)
-                && t.get("effect").and_then(Value::as_str) == Some("NoSchedule")
-        });
-        if !present {
-            taints.push(json!({"key": NOT_READY_TAINT, "effect": "NoSchedule"}));
-        }
+}
+
+/// A node's `spec.taints`, made (empty) where missing.
+pub(super) fn node_taints_mut(node: &mut Value) -> Option<&mut Vec<Value>> {
+    if !node.get("spec").is_some_and(Value::is_object) {
+        node["spec"] = json!({});
     }
+    match node["spec"]
+        .as_object_mut()?
+        .entry("taints")
+        .or_insert_with(|| json!([]))
+    {
+        Value::Array(taints) => Some(taints),
+        _ => None,
+    }
+}
+
+/// Whether `taints` has one of `key` with `effect`.
+pub(super) fn has_taint(taints: &[Value], key: &str, effect: &str) -> bool {
+    taints.iter().any(|t| {
+        t.get("key").and_then(Value::as_str) == Some(key)
+            && t.get("effect").and_then(Value::as_str) == Some(effect)
+    })
 }
 
 /// The taint of a node whose kubelet is not (yet) Ready.

@@ -20,7 +20,7 @@ use super::super::store::{Event, ObjKey};
 use super::{Reconciler, modify, run_loop};
 
 const UNREACHABLE: &str = "node.kubernetes.io/unreachable";
-use super::super::strategy::NOT_READY_TAINT;
+use super::super::strategy::{NOT_READY_TAINT, has_taint, node_taints_mut};
 
 pub(super) async fn run(state: Arc<State>, stop: CancellationToken) {
     let grace = state.config.controllers.node_grace;
@@ -105,7 +105,7 @@ impl NodeLifecycle {
             if ready_status(&node.object) != Some("Unknown") {
                 continue;
             }
-            let tainted = has_taint(&node.object, "NoExecute");
+            let tainted = has_unreachable(&node.object, "NoExecute");
             if tainted == some_ready {
                 continue;
             }
@@ -133,48 +133,29 @@ impl NodeLifecycle {
 fn has_not_ready_taint(node: &Value) -> bool {
     node.pointer("/spec/taints")
         .and_then(Value::as_array)
-        .is_some_and(|t| {
-            t.iter().any(|t| {
-                t.get("key").and_then(Value::as_str) == Some(NOT_READY_TAINT)
-                    && t.get("effect").and_then(Value::as_str) == Some("NoSchedule")
-            })
-        })
+        .is_some_and(|t| has_taint(t, NOT_READY_TAINT, "NoSchedule"))
 }
 
 fn set_not_ready_taint(node: &mut Value, on: bool) -> bool {
     if has_not_ready_taint(node) == on {
         return false;
     }
-    if !node.get("spec").is_some_and(Value::is_object) {
-        node["spec"] = json!({});
-    }
-    let taints = node["spec"]
-        .as_object_mut()
-        .map(|s| s.entry("taints").or_insert_with(|| json!([])));
-    let Some(Value::Array(taints)) = taints else {
+    let Some(taints) = node_taints_mut(node) else {
         return false;
     };
     if on {
         taints.push(json!({"key": NOT_READY_TAINT, "effect": "NoSchedule",
             "timeAdded": meta::time_string(Timestamp::now())}));
     } else {
-        taints.retain(|t| {
-            !(t.get("key").and_then(Value::as_str) == Some(NOT_READY_TAINT)
-                && t.get("effect").and_then(Value::as_str) == Some("NoSchedule"))
-        });
+        taints.retain(|t| !has_taint(std::slice::from_ref(t), NOT_READY_TAINT, "NoSchedule"));
     }
     true
 }
 
-fn has_taint(node: &Value, effect: &str) -> bool {
+fn has_unreachable(node: &Value, effect: &str) -> bool {
     node.pointer("/spec/taints")
         .and_then(Value::as_array)
-        .is_some_and(|t| {
-            t.iter().any(|t| {
-                t.get("key").and_then(Value::as_str) == Some(UNREACHABLE)
-                    && t.get("effect").and_then(Value::as_str) == Some(effect)
-            })
-        })
+        .is_some_and(|t| has_taint(t, UNREACHABLE, effect))
 }
 
 fn mark_unknown(node: &mut Value, now: Timestamp) -> bool {
@@ -190,20 +171,10 @@ fn mark_unknown(node: &mut Value, now: Timestamp) -> bool {
             c["lastTransitionTime"] = json!(stamp);
         }
     }
-    if !node.get("spec").is_some_and(Value::is_object) {
-        node["spec"] = json!({});
-    }
-    let taints = node["spec"]
-        .as_object_mut()
-        .map(|s| s.entry("taints").or_insert_with(|| json!([])));
-    if let Some(Value::Array(taints)) = taints {
-        let present = taints.iter().any(|t| {
-            t.get("key").and_then(Value::as_str) == Some(UNREACHABLE)
-                && t.get("effect").and_then(Value::as_str) == Some("NoSchedule")
-        });
-        if !present {
-            taints.push(json!({"key": UNREACHABLE, "effect": "NoSchedule", "timeAdded": stamp}));
-        }
+    if let Some(taints) = node_taints_mut(node)
+        && !has_taint(taints, UNREACHABLE, "NoSchedule")
+    {
+        taints.push(json!({"key": UNREACHABLE, "effect": "NoSchedule", "timeAdded": stamp}));
     }
     true
 }
