@@ -7,7 +7,8 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use futures::channel::mpsc::{UnboundedReceiver, unbounded};
+use futures::SinkExt as _;
+use futures::channel::mpsc::{Receiver as EventReceiver, channel};
 use futures::{Stream, StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::{
     ConfigMap, PersistentVolumeClaim, Pod, PodStatus, Secret, ServiceAccount,
@@ -163,16 +164,22 @@ fn key_of(p: &Pod) -> Option<Key> {
     Some((p.metadata.namespace.clone()?, p.metadata.name.clone()?))
 }
 
+/// How many lower pod events may wait for a consumer of [`lower_pod_events`]. Bounded: with
+/// unbounded channels a consumer starved of CPU in a 10,000-pod burst on real control planes let
+/// typed pods pile up to 800 MiB; bounded, a slow consumer slows the watch instead (the API
+/// server keeps the events, and a dropped watch resumes from its resourceVersion).
+const LOWER_EVENT_BUFFER: usize = 256;
+
 /// One watch of every lower pod, fanned out to `CONSUMERS` streams (the capacity model needs
 /// all of them, the pod controller ours; one watch serves both instead of two that deliver
 /// our pods twice). The watcher retries with backoff by itself; it ends at `stop`.
 pub fn lower_pod_events<const CONSUMERS: usize>(
     lower: kube::Client,
     stop: CancellationToken,
-) -> [UnboundedReceiver<watcher::Event<Pod>>; CONSUMERS] {
+) -> [EventReceiver<watcher::Event<Pod>>; CONSUMERS] {
     let mut senders = Vec::with_capacity(CONSUMERS);
     let receivers = std::array::from_fn(|_| {
-        let (tx, rx) = unbounded();
+        let (tx, rx) = channel(LOWER_EVENT_BUFFER);
         senders.push(tx);
         rx
     });
@@ -188,11 +195,11 @@ pub fn lower_pod_events<const CONSUMERS: usize>(
                 Some(Ok(event)) => {
                     // A consumer that has stopped no longer needs events. The last one gets the
                     // event itself: one pod copy fewer per event.
-                    if let Some((last, others)) = senders.split_last() {
+                    if let Some((last, others)) = senders.split_last_mut() {
                         for tx in others {
-                            let _ = tx.unbounded_send(event.clone());
+                            let _ = tx.send(event.clone()).await;
                         }
-                        let _ = last.unbounded_send(event);
+                        let _ = last.send(event).await;
                     }
                 }
                 Some(Err(e)) => tracing::warn!(error = %e, "lower pod watch error"),
