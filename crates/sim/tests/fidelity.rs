@@ -871,9 +871,11 @@ async fn scale_subresource_reads_and_writes_the_replicas() {
     .unwrap_err();
     assert_eq!((e.code, e.reason.as_str()), (405, "MethodNotAllowed"));
 
-    // The controller follows: the ReplicaSet is scaled to the Deployment's count.
+    // The controller follows: the ReplicaSet is scaled to the Deployment's count. (A real
+    // kube-controller-manager sharing two cores with other tests' control planes once took
+    // over 30 s to get there.)
     let replicasets: Api<ReplicaSet> = Api::namespaced(client, "default");
-    eventually(30, "the ReplicaSet scaled to 2", || {
+    eventually(90, "the ReplicaSet scaled to 2", || {
         let replicasets = replicasets.clone();
         async move {
             let list = replicasets

@@ -808,15 +808,11 @@ fn delete(
     let opts = DeleteOptions::from(q, body)?;
     let rt = resources::get(r.res);
     let k = key(rt, r.namespace.as_deref(), name);
-    let deleted = delete_object(state, r.res, &k, &opts)?;
+    let (deleted, removed) = delete_or_mark(state, r.res, &k, &opts)?;
     // An object removed at once is answered with a Status, except by the storages that return
-    // the deleted object (pods and services); one that stays (finalizers, grace) is returned.
+    // the deleted object (pods and services); one that stays (finalizers, grace) is returned,
+    // as this delete wrote it, whatever a controller does with it next.
     let uid = meta::meta_str(&deleted, "uid").unwrap_or_default();
-    let removed = !opts.dry_run
-        && state
-            .store
-            .get(r.res, &k)
-            .is_none_or(|e| meta::meta_str(&e.object, "uid") != Some(uid));
     if removed && r.res != *ids::PODS && r.res != *ids::SERVICES {
         let mut details = json!({"name": name, "kind": rt.plural, "uid": uid});
         if !rt.group.is_empty() {
@@ -835,6 +831,17 @@ pub(super) fn delete_object(
     k: &ObjKey,
     opts: &DeleteOptions,
 ) -> Result<Value> {
+    delete_or_mark(state, res, k, opts).map(|(v, _)| v)
+}
+
+/// [`delete_object`], and whether the object was removed (rather than marked, or left as it
+/// was by a dry run).
+fn delete_or_mark(
+    state: &State,
+    res: ResId,
+    k: &ObjKey,
+    opts: &DeleteOptions,
+) -> Result<(Value, bool)> {
     let rt = resources::get(res);
     for _ in 0..RETRIES {
         let current = state
@@ -869,11 +876,12 @@ pub(super) fn delete_object(
         }
         let plan = strategy::deletion(rt, &current.object, opts);
         if opts.dry_run {
-            return Ok(plan.unwrap_or_else(|| entry_value(&current)));
+            return Ok((plan.unwrap_or_else(|| entry_value(&current)), false));
         }
+        let removed = plan.is_none();
         let written = match plan {
             Some(marked) if same_object(&marked, &current.object) => {
-                return Ok(entry_value(&current));
+                return Ok((entry_value(&current), false));
             }
             Some(marked) => state
                 .store
@@ -889,7 +897,7 @@ pub(super) fn delete_object(
         match written {
             Ok(entry) => {
                 strategy::after_delete(state, res, &entry);
-                return Ok(entry_value(&entry));
+                return Ok((entry_value(&entry), removed));
             }
             Err(StoreError::Conflict) => continue,
             Err(StoreError::NotFound) => {
