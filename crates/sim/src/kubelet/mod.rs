@@ -168,7 +168,7 @@ impl SimKubelet {
         let mut servers = Vec::new();
         let mut ports = Vec::new();
         if config.kubelet_api {
-            let client_ca = tensile_kubelet::auth::cluster_client_ca(&client).await;
+            let client_ca = wait_for_client_ca(&client).await;
             for (i, n) in config.nodes.iter().enumerate() {
                 let server = serve_kubelet_api(&shared, &client, n, i, client_ca.clone())
                     .await
@@ -606,5 +606,29 @@ async fn run_pod(
         } else {
             ended[i] = Some(code);
         }
+    }
+}
+
+/// How long a kubelet waits for its cluster's CA before serving without it.
+const CLIENT_CA_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// The cluster CA from `kube-system/kube-root-ca.crt`, waited for: on a real control plane
+/// kube-controller-manager publishes it a moment after start, and a kubelet that started
+/// without it refused the API server's client certificate (401 on logs and exec) for good.
+async fn wait_for_client_ca(client: &kube::Client) -> Option<String> {
+    let deadline = tokio::time::Instant::now() + CLIENT_CA_WAIT;
+    loop {
+        if let Some(ca) = tensile_kubelet::auth::cluster_client_ca(client).await {
+            return Some(ca);
+        }
+        if tokio::time::Instant::now() >= deadline {
+            tracing::error!(
+                "kube-system/kube-root-ca.crt did not appear within {} s: the kubelet API \
+                 will refuse the API server's client certificate",
+                CLIENT_CA_WAIT.as_secs()
+            );
+            return None;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
     }
 }
