@@ -627,27 +627,44 @@ async fn write_loop(
                 strategy::after_update(state, r.res, &entry);
                 return Ok(entry_value(&entry));
             }
-            Err(StoreError::Conflict) if precondition.is_none() => continue,
-            Err(StoreError::Conflict) => {
-                return Err(ApiError::conflict(
-                    rt.group,
-                    rt.plural,
-                    name,
-                    &StoreError::Conflict.to_string(),
-                ));
-            }
-            Err(StoreError::NotFound) => {
-                return Err(ApiError::not_found(rt.group, rt.plural, name));
-            }
-            Err(e) => return Err(ApiError::internal(e.to_string())),
+            Err(e) => match write_error(rt, name, e, precondition.is_some()) {
+                Some(err) => return Err(err),
+                None => continue,
+            },
         }
     }
-    Err(ApiError::conflict(
+    Err(too_many_writes(rt, name))
+}
+
+/// What a failed write of an update answers; `None`: try again (a concurrent write won and the
+/// client gave no resourceVersion to hold it to).
+pub(super) fn write_error(
+    rt: &ResourceType,
+    name: &str,
+    e: StoreError,
+    precondition: bool,
+) -> Option<ApiError> {
+    match e {
+        StoreError::Conflict if !precondition => None,
+        StoreError::Conflict => Some(ApiError::conflict(
+            rt.group,
+            rt.plural,
+            name,
+            &StoreError::Conflict.to_string(),
+        )),
+        StoreError::NotFound => Some(ApiError::not_found(rt.group, rt.plural, name)),
+        e => Some(ApiError::internal(e.to_string())),
+    }
+}
+
+/// The answer when concurrent writers kept winning.
+pub(super) fn too_many_writes(rt: &ResourceType, name: &str) -> ApiError {
+    ApiError::conflict(
         rt.group,
         rt.plural,
         name,
         "too many concurrent writes, try again",
-    ))
+    )
 }
 
 /// Equal but for the resourceVersion: such a write is skipped, as the real server does.

@@ -223,20 +223,13 @@ fn update(
                 strategy::after_update(state, r.res, &entry);
                 return scale_of(&entry.object);
             }
-            Err(StoreError::Conflict) if precondition.is_none() => continue,
-            Err(StoreError::Conflict) => return Err(conflict(rt, name)),
-            Err(StoreError::NotFound) => {
-                return Err(ApiError::not_found(rt.group, rt.plural, name));
-            }
-            Err(e) => return Err(ApiError::internal(e.to_string())),
+            Err(e) => match rest::write_error(rt, name, e, precondition.is_some()) {
+                Some(err) => return Err(err),
+                None => continue,
+            },
         }
     }
-    Err(ApiError::conflict(
-        rt.group,
-        rt.plural,
-        name,
-        "too many concurrent writes, try again",
-    ))
+    Err(rest::too_many_writes(rt, name))
 }
 
 fn conflict(rt: &ResourceType, name: &str) -> ApiError {
