@@ -97,7 +97,6 @@ impl VirtualNode {
         let upper_pods = cache::CompactCache::<k8s_openapi::api::core::v1::Pod>::new();
         let lower_pods = cache::CompactCache::<k8s_openapi::api::core::v1::Pod>::new();
         let reader = upper_pods.clone();
-        let lower_reader = lower_pods.clone();
         let backend = Arc::new(
             lower_backend::LowerBackend::new(
                 self.pods.lower.clone(),
@@ -106,7 +105,7 @@ impl VirtualNode {
             )
             .with_node_name(self.node.identity.name.clone())
             // Stats read our lower pods from the pod controller's watch, not a LIST per scrape.
-            .with_lower_pods(move || lower_reader.is_ready().then(|| lower_reader.state())),
+            .with_lower_pods(lower_pods.clone()),
         );
         let mut registry = std::mem::take(&mut self.metrics.registry);
         let sync_metrics = pods::SyncMetrics::new(&mut registry);

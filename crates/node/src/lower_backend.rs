@@ -58,8 +58,6 @@ const PORT_FORWARD_GRACE: Duration = Duration::from_secs(30);
 /// The upper pods bound to the virtual node (`/pods`), e.g. a snapshot of the upper pod
 /// reflector's store.
 type UpperPods = dyn Fn() -> Vec<Pod> + Send + Sync;
-/// Our lower pods from a watch cache, `None` until it has listed once.
-type LowerPods = dyn Fn() -> Option<Vec<Pod>> + Send + Sync;
 
 /// The virtual node's kubelet backend: forwards logs, exec, attach and port-forward to our pods
 /// of the lower cluster, and builds `/stats/summary` from the lower cluster's metrics API.
@@ -70,7 +68,8 @@ pub struct LowerBackend {
     node_name: String,
     started: String,
     upper_pods: Arc<UpperPods>,
-    lower_pods: Option<Arc<LowerPods>>,
+    /// Our lower pods, from the pod controller's watch (stats read it once it has listed).
+    lower_pods: Option<crate::cache::CompactCache<Pod>>,
     cpu: Mutex<CpuIntegrator>,
 }
 
@@ -115,11 +114,8 @@ impl LowerBackend {
 
     /// Reads our lower pods from a watch cache (`None` while it has not listed once) instead of
     /// listing them at every stats request.
-    pub fn with_lower_pods(
-        mut self,
-        lower_pods: impl Fn() -> Option<Vec<Pod>> + Send + Sync + 'static,
-    ) -> Self {
-        self.lower_pods = Some(Arc::new(lower_pods));
+    pub fn with_lower_pods(mut self, lower_pods: crate::cache::CompactCache<Pod>) -> Self {
+        self.lower_pods = Some(lower_pods);
         self
     }
 
@@ -582,9 +578,19 @@ impl KubeletBackend for LowerBackend {
                 )));
             }
         };
-        let cached = self.lower_pods.as_ref().and_then(|pods| pods());
-        let lower_pods = match cached {
-            Some(pods) => pods,
+        let key = |ns: &str, name: &str| format!("{ns}/{name}");
+        // From the cache only the pods that have metrics are decoded; before it has listed
+        // once, one LIST.
+        let lower_pods = match self.lower_pods.as_ref().filter(|c| c.is_ready()) {
+            Some(cache) => metrics
+                .iter()
+                .filter_map(|m| {
+                    cache.get(
+                        m.metadata.namespace.as_deref().unwrap_or_default(),
+                        m.metadata.name.as_deref()?,
+                    )
+                })
+                .collect::<Vec<Pod>>(),
             None => {
                 let pods_api: Api<Pod> = Api::all(self.lower.clone());
                 pods_api
@@ -599,7 +605,6 @@ impl KubeletBackend for LowerBackend {
                     .items
             }
         };
-        let key = |ns: &str, name: &str| format!("{ns}/{name}");
         let lower: HashMap<String, &Pod> = lower_pods
             .iter()
             .map(|p| {

@@ -340,14 +340,15 @@ fn list(state: &State, r: &ResourceRoute, q: &Query, as_table: bool) -> Result<(
     );
     let remaining = more.as_ref().map(|(_, n)| *n);
     let items: Vec<Value> = items.iter().map(entry_value).collect();
-    let mut list = list_value(rt, items.clone(), rv, more.map(|(k, _)| k));
+    let more = more.map(|(k, _)| k);
     if as_table {
-        let token = list.pointer("/metadata/continue");
+        let token = more.map(|k| json!(continue_token(k)));
         return Ok((
             200,
-            table::table(rt, &items, rv, q.get("includeObject"), true, token),
+            table::table(rt, &items, rv, q.get("includeObject"), true, token.as_ref()),
         ));
     }
+    let mut list = list_value(rt, items, rv, more);
     // Like etcd's storage, the count is known only when nothing but the namespace selects.
     if let Some(n) = remaining
         && !filter.selects()
@@ -355,6 +356,16 @@ fn list(state: &State, r: &ResourceRoute, q: &Query, as_table: bool) -> Result<(
         list["metadata"]["remainingItemCount"] = json!(n);
     }
     Ok((200, list))
+}
+
+/// The `continue` token of a page that ended at `k`.
+fn continue_token(k: ObjKey) -> String {
+    let token = serde_json::to_vec(&Continue {
+        ns: k.namespace,
+        name: k.name,
+    })
+    .unwrap_or_default();
+    B64URL.encode(token)
 }
 
 pub(super) fn list_value(
@@ -365,12 +376,7 @@ pub(super) fn list_value(
 ) -> Value {
     let mut metadata = json!({"resourceVersion": rv.to_string()});
     if let Some(k) = more {
-        let token = serde_json::to_vec(&Continue {
-            ns: k.namespace,
-            name: k.name,
-        })
-        .unwrap_or_default();
-        metadata["continue"] = json!(B64URL.encode(token));
+        metadata["continue"] = json!(continue_token(k));
     }
     // The items of a list carry no kind and apiVersion of their own, as the real server's.
     let items: Vec<Value> = items
@@ -704,21 +710,7 @@ async fn patch(
     };
     let k = key(rt, r.namespace.as_deref(), name);
     let apply_manager = match kind {
-        strategy::PatchKind::Apply => Some(
-            q.get("fieldManager")
-                .filter(|m| !m.is_empty())
-                .ok_or_else(|| {
-                    ApiError::invalid(
-                        "meta.k8s.io",
-                        "PatchOptions",
-                        "",
-                        &[(
-                            "fieldManager".into(),
-                            "Required value: is required for apply patch".into(),
-                        )],
-                    )
-                })?,
-        ),
+        strategy::PatchKind::Apply => Some(apply_field_manager(q)?),
         _ => None,
     };
     if let Some(manager) = apply_manager
@@ -959,4 +951,21 @@ fn delete_collection(
         }
     }
     Ok((200, list_value(rt, deleted, rv, None)))
+}
+
+/// The `fieldManager` an apply patch must name (422 as the real server answers without one).
+pub(super) fn apply_field_manager(q: &Query) -> Result<&str> {
+    q.get("fieldManager")
+        .filter(|m| !m.is_empty())
+        .ok_or_else(|| {
+            ApiError::invalid(
+                "meta.k8s.io",
+                "PatchOptions",
+                "",
+                &[(
+                    "fieldManager".into(),
+                    "Required value: is required for apply patch".into(),
+                )],
+            )
+        })
 }

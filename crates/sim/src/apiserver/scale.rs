@@ -134,17 +134,7 @@ fn parse_patch(content_type: &str, body: &[u8], q: &Query) -> Result<Change, Api
     let kind = PatchKind::from_mime(mime).ok_or_else(|| ApiError::unsupported_media_type(mime))?;
     let doc = match kind {
         PatchKind::Apply => {
-            if q.get("fieldManager").is_none_or(str::is_empty) {
-                return Err(ApiError::invalid(
-                    "meta.k8s.io",
-                    "PatchOptions",
-                    "",
-                    &[(
-                        "fieldManager".into(),
-                        "Required value: is required for apply patch".into(),
-                    )],
-                ));
-            }
+            rest::apply_field_manager(q)?;
             rest::decode("application/apply-patch+yaml", body)?
         }
         _ => serde_json::from_slice(body)
