@@ -282,7 +282,13 @@ pub struct CpuIntegrator {
 
 impl CpuIntegrator {
     /// Records `nano_cores` for `key` at `at_millis`; returns the running total.
+    ///
+    /// The total advances in whole seconds: the stats API's timestamps have whole-second
+    /// precision, and a consumer such as metrics-server divides the counter's growth by the
+    /// growth of that timestamp, so a counter that also counted the milliseconds would read
+    /// up to a tenth too high or low over a 10 s scrape.
     pub fn sample(&mut self, key: &str, nano_cores: u64, at_millis: i64) -> u64 {
+        let at_millis = at_millis.div_euclid(1000) * 1000;
         let entry = self.last.entry(key.to_owned()).or_insert((at_millis, 0));
         let elapsed_ms = u128::try_from(at_millis.saturating_sub(entry.0)).unwrap_or(0);
         entry.1 = entry
@@ -386,6 +392,12 @@ mod tests {
             1_000_000_000,
             "no time, no usage"
         );
+        assert_eq!(
+            i.sample("a", 1_000_000_000, 4_900),
+            2_000_000_000,
+            "counted to the whole second the timestamp shows"
+        );
+        assert_eq!(i.sample("a", 1_000_000_000, 5_100), 3_000_000_000);
         i.retain(|k| k != "a");
         assert_eq!(i.sample("a", 1, 10_000), 0, "forgotten");
     }
