@@ -36,7 +36,7 @@ pub async fn run(args: SimArgs) -> anyhow::Result<()> {
         start_cluster(&args.name, args.listen, !args.insecure_http, nodes, 244).await?;
     let kubeconfig = server.kubeconfig(&args.name);
     if let Some(path) = &args.kubeconfig_out {
-        std::fs::write(path, &kubeconfig)
+        tensile_sim::secret_file::write_secret(path, &kubeconfig)
             .with_context(|| format!("writing the kubeconfig to {}", path.display()))?;
     }
     let mut out = std::io::stdout().lock();

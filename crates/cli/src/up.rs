@@ -60,34 +60,27 @@ fn parse_node_size(text: &str) -> Result<NodeSize, String> {
     })
 }
 
-/// Fails early, before anything starts, when the kubeconfig cannot be written there.
-fn check_writable(path: &Path) -> anyhow::Result<()> {
-    std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .open(path)
-        .map(drop)
-        .with_context(|| {
-            format!(
-                "cannot write the kubeconfig to {} (choose another path with --kubeconfig-out)",
-                path.display()
-            )
-        })
-}
-
-fn write_private(path: &Path, text: &str) -> anyhow::Result<()> {
-    use std::os::unix::fs::OpenOptionsExt as _;
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        // It holds administrator credentials.
-        .mode(0o600)
-        .open(path)
-        .with_context(|| format!("writing the kubeconfig to {}", path.display()))?;
-    f.write_all(text.as_bytes())
-        .with_context(|| format!("writing the kubeconfig to {}", path.display()))
+/// The absolute path the kubeconfig will be written to, failing early, before anything starts,
+/// when it cannot be written there. Nothing is created yet: a failed start leaves no empty file.
+fn kubeconfig_target(path: &Path) -> anyhow::Result<PathBuf> {
+    let resolved = (|| {
+        let name = path.file_name().ok_or_else(|| {
+            std::io::Error::new(std::io::ErrorKind::InvalidInput, "not the path of a file")
+        })?;
+        let dir = match path.parent() {
+            Some(d) if !d.as_os_str().is_empty() => d,
+            _ => Path::new("."),
+        };
+        let target = std::fs::canonicalize(dir)?.join(name);
+        tensile_sim::secret_file::check_secret_writable(&target)?;
+        Ok::<_, std::io::Error>(target)
+    })();
+    resolved.with_context(|| {
+        format!(
+            "cannot write the kubeconfig to {} (choose another path with --kubeconfig-out)",
+            path.display()
+        )
+    })
 }
 
 /// A line of progress on stderr (stdout is for the summary and the table).
@@ -122,9 +115,7 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
     if args.nodes.is_empty() {
         bail!("--nodes needs at least one CPU:MEMORY");
     }
-    check_writable(&args.kubeconfig_out)?;
-    let kubeconfig_path = std::fs::canonicalize(&args.kubeconfig_out)
-        .with_context(|| format!("resolving {}", args.kubeconfig_out.display()))?;
+    let kubeconfig_path = kubeconfig_target(&args.kubeconfig_out)?;
     say("tensile up: starting");
 
     let spec = SandboxSpec {
@@ -152,7 +143,9 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
 
     let mut entries = vec![upper.kubeconfig_entry("upper")];
     entries.extend(lowers.iter().map(|(n, s, _)| s.kubeconfig_entry(n)));
-    write_private(&kubeconfig_path, &kubeconfig(&entries))?;
+    // It holds administrator credentials.
+    tensile_sim::secret_file::write_secret(&kubeconfig_path, kubeconfig(&entries))
+        .with_context(|| format!("writing the kubeconfig to {}", kubeconfig_path.display()))?;
     progress(
         &format!("kubeconfig written to {}", kubeconfig_path.display()),
         started,

@@ -5,6 +5,7 @@
 mod common;
 
 use std::io::{BufRead as _, BufReader};
+use std::os::unix::fs::PermissionsExt as _;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
@@ -52,13 +53,61 @@ fn text(out: &Arc<Mutex<String>>) -> String {
     out.lock().unwrap().clone()
 }
 
+fn mode(path: &Path) -> u32 {
+    std::fs::metadata(path).unwrap().permissions().mode() & 0o777
+}
+
+#[test]
+fn tensile_sim_writes_its_kubeconfig_owner_only_even_over_a_world_readable_file() {
+    let dir = temp_dir("sim-kubeconfig");
+    let kc = dir.join("kubeconfig");
+    std::fs::write(&kc, "old").unwrap();
+    std::fs::set_permissions(&kc, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_tensile"))
+        .args(["sim", "--nodes", "0", "--kubeconfig-out"])
+        .arg(&kc)
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let _sim = Killed(child);
+    let out = Arc::new(Mutex::new(String::new()));
+    let o = out.clone();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            o.lock().unwrap().push_str(&line);
+        }
+    });
+    // The line saying where it went comes after the write.
+    until("tensile sim to write its kubeconfig", || {
+        text(&out).contains("kubeconfig written to")
+    });
+    assert_eq!(mode(&kc), 0o600);
+    assert!(
+        std::fs::read_to_string(&kc)
+            .unwrap()
+            .contains("client-key-data")
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 #[test]
 fn tensile_up_then_the_tour_offloads_a_deployment_with_logs_and_exec_and_stops_on_ctrl_c() {
     let dir = temp_dir("up-tour");
     let kc = dir.join("kubeconfig");
+    // A kubeconfig from an earlier run, world-readable: replaced by one only its owner reads.
+    std::fs::write(&kc, "old").unwrap();
+    std::fs::set_permissions(&kc, std::fs::Permissions::from_mode(0o644)).unwrap();
     let started = Instant::now();
     let (mut up, out) = start_up(&["--port", "0", "--no-table"], &kc);
     until("tensile up to be ready", || text(&out).contains("ready in"));
+    assert_eq!(
+        mode(&kc),
+        0o600,
+        "the kubeconfig holds administrator credentials"
+    );
     eprintln!("ready after {:?}", started.elapsed());
     let shown = text(&out);
     assert!(shown.contains("kubectl create deployment"), "{shown}");
@@ -256,6 +305,10 @@ fn a_taken_port_or_an_unwritable_kubeconfig_is_a_clear_error() {
         "{err}"
     );
     assert!(err.contains("--port"), "{err}");
+    assert!(
+        !dir.join("kubeconfig").exists(),
+        "a failed start leaves no kubeconfig behind"
+    );
 
     let out = Command::new(env!("CARGO_BIN_EXE_tensile"))
         .args(["up", "--port", "0", "--kubeconfig-out"])

@@ -6,3 +6,4 @@ pub mod apiserver;
 pub mod certs;
 pub mod env;
 pub mod kubelet;
+pub mod secret_file;

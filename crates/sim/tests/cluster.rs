@@ -29,6 +29,11 @@ fn deployment(name: &str, replicas: i32, cpu: &str) -> Deployment {
 async fn a_deployment_runs_on_simulated_nodes_and_its_service_gets_endpoints() {
     let env = TestEnv::start(1).await.unwrap();
     let c = &env.clusters[0];
+    // Its kubeconfig holds administrator credentials: owner-only.
+    let mode = std::os::unix::fs::PermissionsExt::mode(
+        &std::fs::metadata(&c.kubeconfig).unwrap().permissions(),
+    );
+    assert_eq!(mode & 0o777, 0o600, "{}", c.kubeconfig.display());
     let deployments: Api<Deployment> = Api::namespaced(c.client.clone(), "default");
     let pods: Api<Pod> = Api::namespaced(c.client.clone(), "default");
     deployments

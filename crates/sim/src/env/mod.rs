@@ -340,9 +340,11 @@ impl TestEnv {
                 })?;
             entry.server = format!("https://{}", faults.addr());
             let text = kubeconfig_text(&entry);
-            std::fs::write(&kubeconfig, &text).map_err(|source| TestEnvError::Kubeconfig {
-                path: kubeconfig.clone(),
-                source,
+            crate::secret_file::write_secret(&kubeconfig, &text).map_err(|source| {
+                TestEnvError::Kubeconfig {
+                    path: kubeconfig.clone(),
+                    source,
+                }
             })?;
             let client = crate::apiserver::client_from_kubeconfig(&text)
                 .await

@@ -128,9 +128,11 @@ fn free_port() -> Result<u16, RealError> {
         })
 }
 
+/// A control-plane file. Owner-only, whatever it holds: most are keys or kubeconfigs, and only
+/// this user's processes read them.
 fn write(dir: &Path, name: &str, text: &str) -> Result<PathBuf, RealError> {
     let path = dir.join(name);
-    std::fs::write(&path, text).map_err(|source| RealError::Io {
+    crate::secret_file::write_secret(&path, text).map_err(|source| RealError::Io {
         path: path.clone(),
         source,
     })?;
