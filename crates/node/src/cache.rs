@@ -118,6 +118,12 @@ where
 
     /// The object `namespace/name`, decoded.
     pub fn get(&self, namespace: &str, name: &str) -> Option<K> {
+        self.get_as(namespace, name)
+    }
+
+    /// The part of the object `namespace/name` that `T` names (serde skips the rest), for a
+    /// reader that needs a few fields of many objects.
+    pub fn get_as<T: DeserializeOwned>(&self, namespace: &str, name: &str) -> Option<T> {
         let objects = self.inner.objects.read().ok()?;
         let key = (namespace.to_owned(), name.to_owned());
         objects.get(&key).and_then(|v| decode(v))
