@@ -13,6 +13,9 @@ mod up;
 mod virtual_node;
 mod webhook;
 
+use std::io::{IsTerminal, Write as _};
+use std::process::ExitCode;
+
 use clap::{Parser, Subcommand};
 
 /// Run one Kubernetes cluster on top of many.
@@ -64,7 +67,7 @@ pub(crate) async fn shutdown_signal() -> anyhow::Result<()> {
     }
 }
 
-fn main() -> anyhow::Result<()> {
+fn main() -> ExitCode {
     let cli = Cli::parse();
     tracing_subscriber::fmt()
         .with_env_filter(
@@ -72,12 +75,49 @@ fn main() -> anyhow::Result<()> {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
         .with_writer(std::io::stderr)
+        .with_ansi(colour(&std::io::stderr()))
         .init();
+    match run(cli.command) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            // Returning the error from main would print its Debug form instead, which carries a
+            // backtrace whenever RUST_BACKTRACE is set.
+            let _ = writeln!(std::io::stderr(), "error: {}", one_line(&e));
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// The error and its causes on one line, `a: b: c`, as anyhow's `{:#}`, but a cause is left out
+/// when the message before already ends with it: many errors (kube's among them) repeat their
+/// source in their own message.
+fn one_line(e: &anyhow::Error) -> String {
+    let mut line = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if line.ends_with(&text) {
+            continue;
+        }
+        if !line.is_empty() {
+            line.push_str(": ");
+        }
+        line.push_str(&text);
+    }
+    line
+}
+
+/// Colour only for a person at a terminal: files and pipes get plain text, and `NO_COLOR`
+/// (set and not empty, as no-color.org says) turns it off.
+fn colour(stream: &impl IsTerminal) -> bool {
+    stream.is_terminal() && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty())
+}
+
+fn run(command: Command) -> anyhow::Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
     runtime.block_on(async {
-        match cli.command {
+        match command {
             Command::Up(args) => up::run(args).await,
             Command::Status(args) => status::run(args).await,
             Command::Sim(args) => sim::run(args).await,
@@ -88,4 +128,22 @@ fn main() -> anyhow::Result<()> {
             Command::Scheduler(args) => scheduler::run(*args).await,
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_error_is_one_line_with_each_cause_once() {
+        let io = std::io::Error::new(std::io::ErrorKind::NotFound, "no such file");
+        let e = anyhow::Error::new(io)
+            .context("cannot read kubeconfig k: no such file")
+            .context("upper cluster client");
+        assert_eq!(
+            one_line(&e),
+            "upper cluster client: cannot read kubeconfig k: no such file"
+        );
+        assert_eq!(one_line(&anyhow::anyhow!("a").context("b")), "b: a");
+    }
 }
