@@ -144,6 +144,14 @@ pub const ANNOTATION_SYNCED_ANNOTATIONS: &str = "tensile-kube.io/synced-annotati
 /// expression is ours, so it stays in the upper pod instead of moving into `clusterSelector`.
 pub const ANNOTATION_EXCLUDED_NODES: &str = "tensile-kube.io/excluded-nodes";
 
+/// Our annotation on upper pods (opt-in, set by the user): the scheduler of the lower pod. The
+/// upper pod's `schedulerName` names a scheduler of the upper cluster, which the lower cluster
+/// usually does not run (its pod would stay Pending with no condition for ever), so lower pods
+/// get [`DEFAULT_SCHEDULER`] unless this names another.
+pub const ANNOTATION_LOWER_SCHEDULER_NAME: &str = "tensile-kube.io/lower-scheduler-name";
+/// The scheduler every cluster runs, and the API server's default `schedulerName`.
+pub const DEFAULT_SCHEDULER: &str = "default-scheduler";
+
 /// Our condition on upper pods: True once the lower pod exists, False with a reason when it was
 /// lost. It is the durable record that a pod was offloaded, so that after a restart a missing
 /// lower pod is recognised as lost rather than created again.

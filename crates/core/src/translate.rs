@@ -14,7 +14,12 @@
 //!   (`priority` and `preemptionPolicy` from the PriorityClass, `overhead` from the
 //!   RuntimeClass): the class names are kept, the computed values are left to the lower side;
 //! - ephemeral containers, which a create may not carry (they are added through the
-//!   `ephemeralcontainers` subresource, see [`crate::update`]).
+//!   `ephemeralcontainers` subresource, see [`crate::update`]);
+//! - `schedulerName`: the upper pod's names a scheduler of the upper cluster (a custom one
+//!   placed it on the virtual node); the lower pod is scheduled by the lower cluster's
+//!   `default-scheduler`, or by the one the pod names in `tensile-kube.io/lower-scheduler-name`.
+//!   Copied verbatim (as the original did), a pod of a custom scheduler would wait downstairs
+//!   for ever, with no Unschedulable condition for the descheduler to act on.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -24,9 +29,9 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use crate::cluster_selector::{ClusterSelector, ClusterSelectorError};
 use crate::deps::is_service_account_token_volume;
 use crate::keys::{
-    ANNOTATION_CONFIG_MIRROR, ANNOTATION_SYNCED_ANNOTATIONS, ANNOTATION_TRIPPED_LABELS,
-    ANNOTATION_UPPER_UID, LABEL_OWNER, LABEL_VIRTUAL_POD, NAMESPACE_KUBE_SYSTEM, VALUE_TRUE,
-    owner_label_value,
+    ANNOTATION_CONFIG_MIRROR, ANNOTATION_LOWER_SCHEDULER_NAME, ANNOTATION_SYNCED_ANNOTATIONS,
+    ANNOTATION_TRIPPED_LABELS, ANNOTATION_UPPER_UID, DEFAULT_SCHEDULER, LABEL_OWNER,
+    LABEL_VIRTUAL_POD, NAMESPACE_KUBE_SYSTEM, VALUE_TRUE, owner_label_value,
 };
 
 /// What the translation needs to know about the virtual node doing it.
@@ -158,11 +163,26 @@ pub fn lower_pod(upper: &Pod, cfg: &TranslateConfig) -> Result<Pod, TranslateErr
         annotations: Some(lower_annotations(upper, &tripped)),
         ..ObjectMeta::default()
     };
+    let mut spec = lower_spec(spec, selector.as_ref());
+    spec.scheduler_name = Some(lower_scheduler_name(upper).to_owned());
     Ok(Pod {
         metadata,
-        spec: Some(lower_spec(spec, selector.as_ref())),
+        spec: Some(spec),
         status: None,
     })
+}
+
+/// The scheduler of the lower pod: the one named by [`ANNOTATION_LOWER_SCHEDULER_NAME`] (blank
+/// counts as unset), else the lower cluster's default. Never the upper pod's `schedulerName`.
+pub fn lower_scheduler_name(upper: &Pod) -> &str {
+    upper
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(ANNOTATION_LOWER_SCHEDULER_NAME))
+        .map(|s| s.trim())
+        .filter(|s| !s.is_empty())
+        .unwrap_or(DEFAULT_SCHEDULER)
 }
 
 /// Lower labels: the upper ones minus the ignore-labels, plus `virtual-pod=true` and our owner
@@ -734,12 +754,51 @@ pub(crate) mod tests {
         let (u, l) = (spec(&p), spec(&lower));
         assert_eq!(l.containers[0].image, u.containers[0].image);
         assert_eq!(l.service_account_name, u.service_account_name);
-        assert_eq!(l.scheduler_name, u.scheduler_name);
+        assert_eq!(l.scheduler_name.as_deref(), Some("default-scheduler"));
         let ann = lower.metadata.annotations.as_ref().unwrap();
         assert_eq!(ann.get("team").map(String::as_str), Some("a"));
         assert_eq!(
             ann.get(ANNOTATION_SYNCED_ANNOTATIONS).map(String::as_str),
             Some("team")
+        );
+    }
+
+    #[test]
+    fn the_lower_pod_is_scheduled_by_the_lower_default_scheduler() {
+        // Placed upstairs by a custom scheduler the lower cluster does not run.
+        let mut p = bound_pod();
+        p.spec.as_mut().unwrap().scheduler_name = Some("my-scheduler".into());
+        let lower = lower_pod(&p, &cfg()).unwrap();
+        assert_eq!(
+            spec(&lower).scheduler_name.as_deref(),
+            Some("default-scheduler")
+        );
+        // No schedulerName at all (a pod not yet defaulted) gets the default too.
+        p.spec.as_mut().unwrap().scheduler_name = None;
+        let lower = lower_pod(&p, &cfg()).unwrap();
+        assert_eq!(
+            spec(&lower).scheduler_name.as_deref(),
+            Some("default-scheduler")
+        );
+    }
+
+    #[test]
+    fn the_pod_may_name_its_lower_scheduler() {
+        let mut p = annotate(bound_pod(), ANNOTATION_LOWER_SCHEDULER_NAME, " volcano ");
+        p.spec.as_mut().unwrap().scheduler_name = Some("my-scheduler".into());
+        let lower = lower_pod(&p, &cfg()).unwrap();
+        assert_eq!(spec(&lower).scheduler_name.as_deref(), Some("volcano"));
+        let ann = lower.metadata.annotations.as_ref().unwrap();
+        assert_eq!(
+            ann[ANNOTATION_LOWER_SCHEDULER_NAME], " volcano ",
+            "copied like any other"
+        );
+        // Blank is unset.
+        let blank = annotate(bound_pod(), ANNOTATION_LOWER_SCHEDULER_NAME, " ");
+        let lower = lower_pod(&blank, &cfg()).unwrap();
+        assert_eq!(
+            spec(&lower).scheduler_name.as_deref(),
+            Some("default-scheduler")
         );
     }
 

@@ -46,4 +46,6 @@ snapshots! {
     pod_with_ephemeral_debug_container => "10-ephemeral-debug-container",
     pod_with_sidecar_projected_volume_and_pull_secrets => "11-sidecar-projected-and-image-pull-secrets",
     pod_with_storage_plugin_secret_refs_and_csi => "12-storage-plugin-secret-refs-and-csi",
+    pod_of_a_custom_upper_scheduler => "13-custom-scheduler",
+    pod_naming_its_lower_scheduler => "14-custom-scheduler-lower-scheduler-annotation",
 }

@@ -777,3 +777,68 @@ async fn a_burst_in_one_namespace_creates_it_once_and_a_deleted_lower_namespace_
     .await;
     stop.cancel();
 }
+
+/// A pod placed upstairs by a scheduler the lower cluster does not run (issue 19, item 5) is
+/// scheduled downstairs by the lower cluster's default scheduler; a pod may name another.
+#[tokio::test]
+async fn a_pod_of_a_custom_upper_scheduler_runs_through_the_lower_default_scheduler() {
+    let (env, stop) = start().await;
+    let (upper, lower) = (&env.clusters[0].client, &env.clusters[1].client);
+    let upper_pods: Api<Pod> = Api::namespaced(upper.clone(), "default");
+    let lower_pods: Api<Pod> = Api::namespaced(lower.clone(), "default");
+    // Nothing upstairs runs "my-scheduler", so the pod is bound here as that scheduler would.
+    upper_pods
+        .create(
+            &PostParams::default(),
+            &pod(
+                "custom",
+                "vk-lower",
+                json!({"spec": {"schedulerName": "my-scheduler"}}),
+            ),
+        )
+        .await
+        .unwrap();
+    eventually(60, "custom Running upstairs", || async {
+        (phase(&upper_pods, "custom").await? == "Running").then_some(())
+    })
+    .await;
+    let below = lower_pods.get("custom").await.unwrap();
+    let spec = below.spec.unwrap();
+    assert_eq!(spec.scheduler_name.as_deref(), Some("default-scheduler"));
+    assert!(
+        spec.node_name
+            .as_deref()
+            .is_some_and(|n| n.starts_with("lower-node-")),
+        "{:?}",
+        spec.node_name
+    );
+    let upper_spec = upper_pods.get("custom").await.unwrap().spec.unwrap();
+    assert_eq!(upper_spec.scheduler_name.as_deref(), Some("my-scheduler"));
+
+    // The opt-in annotation names the lower scheduler (none runs by that name here: the lower
+    // pod waits for it, as any pod of that scheduler would in that cluster).
+    upper_pods
+        .create(
+            &PostParams::default(),
+            &pod(
+                "named",
+                "vk-lower",
+                json!({"metadata": {"annotations": {
+                    "tensile-kube.io/lower-scheduler-name": "lower-batch-scheduler"}},
+                    "spec": {"schedulerName": "my-scheduler"}}),
+            ),
+        )
+        .await
+        .unwrap();
+    let below = eventually(60, "named created downstairs", || async {
+        lower_pods.get_opt("named").await.ok()?
+    })
+    .await;
+    let spec = below.spec.unwrap();
+    assert_eq!(
+        spec.scheduler_name.as_deref(),
+        Some("lower-batch-scheduler")
+    );
+    assert_eq!(spec.node_name, None);
+    stop.cancel();
+}
