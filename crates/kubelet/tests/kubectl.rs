@@ -212,8 +212,24 @@ async fn attach_over_spdy_and_websocket() {
 
 /// Starts `kubectl port-forward` and returns the child and the local port it listens on.
 async fn port_forward(front: &Front, dir: &std::path::Path, env: &[(&str, &str)]) -> (Child, u16) {
+    port_forward_to(front, dir, env, 8080).await
+}
+
+/// Starts `kubectl port-forward` to `remote` and returns the child and the local port.
+async fn port_forward_to(
+    front: &Front,
+    dir: &std::path::Path,
+    env: &[(&str, &str)],
+    remote: u16,
+) -> (Child, u16) {
     let mut cmd = kubectl(front, dir, env);
-    cmd.args(["port-forward", "--address=127.0.0.1", "pod/pod1", ":8080"]);
+    let target = remote.to_string();
+    cmd.args([
+        "port-forward",
+        "--address=127.0.0.1",
+        "pod/pod1",
+        &format!(":{target}"),
+    ]);
     let mut child = cmd.spawn().expect("kubectl is on PATH");
     let stdout = child.stdout.take().unwrap();
     let mut lines = BufReader::new(stdout).lines();
@@ -222,7 +238,7 @@ async fn port_forward(front: &Front, dir: &std::path::Path, env: &[(&str, &str)]
             // "Forwarding from 127.0.0.1:PORT -> 8080"
             if let Some(rest) = line.strip_prefix("Forwarding from 127.0.0.1:")
                 && let Some((port, target)) = rest.split_once(" -> ")
-                && target.trim() == "8080"
+                && target.trim() == remote.to_string()
             {
                 return port.parse::<u16>().unwrap();
             }
@@ -307,6 +323,33 @@ async fn port_forward_over_spdy() {
 async fn port_forward_over_websocket_tunnel() {
     let env = &[("KUBECTL_PORT_FORWARD_WEBSOCKETS", "true")];
     port_forward_parallel(env, "WebSocket", "SPDY/3.1+portforward.k8s.io").await;
+}
+
+/// `echo hello | nc -q1 localhost PORT`: the client writes, half-closes, and still reads the
+/// reply of a server that answers only once its input ended (port 7070), over both transports.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn port_forward_replies_after_the_client_half_closes() {
+    for ws in ["false", "true"] {
+        let front = Front::start().await;
+        let dir = tmp();
+        let env = [("KUBECTL_PORT_FORWARD_WEBSOCKETS", ws)];
+        let (mut child, port) = port_forward_to(&front, &dir.0, &env, 7070).await;
+        for round in 0..3 {
+            let mut conn = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+            conn.write_all(b"hello\n").await.unwrap();
+            conn.shutdown().await.unwrap();
+            let mut got = Vec::new();
+            within(30, "the reply", conn.read_to_end(&mut got))
+                .await
+                .unwrap();
+            assert_eq!(
+                String::from_utf8_lossy(&got),
+                "got 6 bytes: hello\n",
+                "KUBECTL_PORT_FORWARD_WEBSOCKETS={ws}, round {round}"
+            );
+        }
+        child.kill().await.unwrap();
+    }
 }
 
 /// A backend failure on one forwarded connection reaches the user; kubectl (1.32) then gives

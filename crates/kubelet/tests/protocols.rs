@@ -18,7 +18,7 @@ use tensile_kubelet::spdy::{Headers, RstStatus};
 use tensile_kubelet::{
     ExecRequest, PodRef, RemoteCommandVersion, StreamError, StreamOptions, StreamingConfig,
     WsEncoding, serve_exec_spdy, serve_exec_websocket, serve_portforward_spdy,
-    serve_portforward_websocket,
+    serve_portforward_tunnel, serve_portforward_websocket,
 };
 use tokio_tungstenite::WebSocketStream;
 use tokio_tungstenite::tungstenite::Message;
@@ -373,6 +373,77 @@ async fn pairs_in_either_order_and_many_at_once() {
         }
     })
     .await;
+}
+
+/// A client that half-closes its data stream has sent everything; the pod's reply still comes
+/// back, until the pod's side closes (port 7070 answers only after its input ended, like
+/// `nc -l` or any server that reads a whole request). Over SPDY and over SPDY tunnelled in
+/// WebSocket.
+#[tokio::test]
+async fn a_half_closed_data_stream_still_gets_the_reply() {
+    let (spdy, _) = spdy_port_forward(StreamingConfig::default());
+    let (a, b) = tokio::io::duplex(256 * 1024);
+    tokio::spawn(async move {
+        let _ = serve_portforward_tunnel(a, pod(), FakeBackend::new(), &Default::default()).await;
+    });
+    let ws = WebSocketStream::from_raw_socket(b, Role::Client, None).await;
+    let tunnel = Client::new(ws_bytes(ws));
+    for (transport, client) in [("SPDY", spdy), ("WebSocket tunnel", tunnel)] {
+        for round in 0..3 {
+            let id = round.to_string();
+            let mut error = client.open(pf("error", "7070", Some(&id))).await;
+            let mut data = client.open(pf("data", "7070", Some(&id))).await;
+            within(5, "replies", data.replied()).await.unwrap();
+            data.write(b"hello\n").await.unwrap();
+            data.fin().await.unwrap();
+            let got = within(10, "the reply", data.read_to_end()).await.unwrap();
+            assert_eq!(
+                String::from_utf8_lossy(&got),
+                "got 6 bytes: hello\n",
+                "{transport}, round {round}"
+            );
+            within(5, "error stream", error.replied()).await.unwrap();
+            assert_eq!(
+                within(5, "error stream end", error.read_to_end())
+                    .await
+                    .unwrap(),
+                b"",
+                "{transport}, round {round}"
+            );
+        }
+    }
+}
+
+/// The bytes of a client WebSocket's binary messages, as a byte stream (what kubectl's
+/// tunnelling connection does).
+fn ws_bytes(ws: WebSocketStream<tokio::io::DuplexStream>) -> tokio::io::DuplexStream {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (mine, theirs) = tokio::io::duplex(256 * 1024);
+    tokio::spawn(async move {
+        let (mut sink, mut stream) = ws.split();
+        let (mut r, mut w) = tokio::io::split(theirs);
+        let up = async move {
+            let mut buf = vec![0u8; 16 * 1024];
+            while let Ok(n @ 1..) = r.read(&mut buf).await {
+                if sink.send(Message::binary(buf[..n].to_vec())).await.is_err() {
+                    return;
+                }
+            }
+            let _ = sink.close().await;
+        };
+        let down = async move {
+            while let Some(Ok(m)) = stream.next().await {
+                if let Message::Binary(b) = m
+                    && w.write_all(&b).await.is_err()
+                {
+                    return;
+                }
+            }
+            let _ = w.shutdown().await;
+        };
+        tokio::join!(up, down);
+    });
+    mine
 }
 
 #[tokio::test]

@@ -11,7 +11,8 @@ use common::spdy_client::{Client, Event};
 use common::within;
 use proptest::prelude::*;
 use tensile_kubelet::spdy::{
-    CodecLimits, Frame, GoAwayStatus, Headers, RstStatus, Session, SessionConfig, SpdyStream,
+    CodecLimits, Frame, GoAwayStatus, Headers, OpenError, RstStatus, Session, SessionConfig,
+    SpdyStream,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -436,6 +437,77 @@ async fn ping_floods_from_a_peer_that_never_reads_are_bounded() {
         let _ = w.write_all(&raw).await;
     });
     within(10, "abusive peer dropped", session.closed()).await;
+}
+
+/// Our client session against our server session.
+fn client_pair() -> (Session, Session) {
+    let (a, b) = tokio::io::duplex(64 * 1024);
+    (
+        Session::server(a, SessionConfig::default()).unwrap(),
+        Session::client(b, SessionConfig::default()).unwrap(),
+    )
+}
+
+#[tokio::test]
+async fn a_client_session_opens_streams_half_closes_and_reads_the_reply() {
+    let (server, client) = client_pair();
+    let _server = serve_echo(server);
+    for i in 0..3 {
+        let stream = within(5, "open", client.open(hdr("data"))).await.unwrap();
+        assert_eq!(stream.id(), 2 * i + 1, "client streams are odd, increasing");
+        let (mut r, mut w) = stream.into_split();
+        w.write_all(b"hello").await.unwrap();
+        w.shutdown().await.unwrap();
+        let mut got = Vec::new();
+        within(5, "reply", r.read_to_end(&mut got)).await.unwrap();
+        assert_eq!(got, b"HELLO");
+    }
+}
+
+#[tokio::test]
+async fn a_client_session_sees_refusals_and_goaway() {
+    let (mut server, client) = client_pair();
+    let opening = tokio::spawn(async move {
+        let refused = client.open(hdr("refused")).await;
+        (client, refused)
+    });
+    server
+        .accept()
+        .await
+        .unwrap()
+        .reject(RstStatus::PROTOCOL_ERROR);
+    let (client, refused) = within(5, "refusal", opening).await.unwrap();
+    assert!(matches!(refused, Err(OpenError::Refused)), "{refused:?}");
+    server.go_away();
+    // Once the peer said GOAWAY, nothing more is opened.
+    within(5, "goaway seen", async {
+        loop {
+            match client.open(hdr("late")).await {
+                Err(OpenError::Closed) => return,
+                Ok(_) => {
+                    if let Some(s) = server.accept().await {
+                        drop(s);
+                    }
+                }
+                Err(OpenError::Refused) => {}
+                Err(e) => panic!("{e}"),
+            }
+        }
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_client_session_refuses_streams_the_server_opens() {
+    let (a, b) = tokio::io::duplex(64 * 1024);
+    let _client = Session::client(a, SessionConfig::default()).unwrap();
+    let peer = Client::new(b);
+    // A server's streams are even.
+    let mut pushed = peer.open_with_id(2, hdr("push")).await;
+    assert_eq!(
+        within(5, "refusal", pushed.replied()).await,
+        Err(RstStatus::REFUSED_STREAM)
+    );
 }
 
 proptest! {

@@ -11,6 +11,7 @@ pub mod clients;
 pub mod copies;
 pub mod events;
 pub mod lower_backend;
+mod lower_portforward;
 pub mod metrics;
 pub mod mirror_events;
 pub mod namespaces;

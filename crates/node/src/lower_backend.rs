@@ -1,7 +1,7 @@
 //! The kubelet backend of the virtual node: every kubelet API request for a pod of the virtual
 //! node is forwarded to the pod of the same namespace and name in the lower cluster, through the
-//! lower API server (kube-rs: `pods/log`, `pods/exec`, `pods/attach`, `pods/portforward`) and
-//! its `metrics.k8s.io` API.
+//! lower API server (kube-rs: `pods/log`, `pods/exec`, `pods/attach`; `pods/portforward` over
+//! SPDY, see [`crate::lower_portforward`]) and its `metrics.k8s.io` API.
 //!
 //! Security first: a lower pod is only ever reached when it is ours, i.e. it carries our owner
 //! label ([`LABEL_OWNER`] equal to [`owner_label_value`] of the owner id). When the request names
@@ -17,11 +17,7 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt;
-use std::io;
-use std::pin::Pin;
 use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll};
-use std::time::Duration;
 
 use bytes::Bytes;
 use futures::{AsyncBufReadExt as _, SinkExt as _};
@@ -31,7 +27,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Status;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{
     Api, ApiResource, AttachParams, AttachedProcess, DynamicObject, GroupVersionKind, ListParams,
-    LogParams, Portforwarder,
+    LogParams,
 };
 use serde::Deserialize;
 use tensile_core::keys::{ANNOTATION_UPPER_UID, LABEL_OWNER, owner_label_value};
@@ -41,19 +37,17 @@ use tensile_kubelet::stats::{
     Summary,
 };
 use tensile_kubelet::{
-    AttachRequest, BackendError, BoxWriter, ErrorFuture, ExecIo, ExecRequest, ExitStatus,
-    KubeletBackend, LogOptions, LogStream, PodRef, PortForwardRequest, PortForwardStream,
-    StreamBackend, StreamOptions,
+    AttachRequest, BackendError, BoxWriter, ExecIo, ExecRequest, ExitStatus, KubeletBackend,
+    LogOptions, LogStream, PodRef, PortForwardRequest, PortForwardStream, StreamBackend,
+    StreamOptions,
 };
-use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWrite, AsyncWriteExt as _, DuplexStream};
+use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWriteExt as _};
+
+use crate::lower_portforward::PortForwardError;
 
 /// Buffer of each standard stream between kube-rs and the kubelet side (kube-rs' default is
 /// 1 KiB, which makes bulk copies crawl).
 const STREAM_BUFFER: usize = 64 * 1024;
-
-/// How long a forwarded port's connection to the lower cluster may linger after the kubelet side
-/// dropped it (it normally closes by itself at once) before it is cut.
-const PORT_FORWARD_GRACE: Duration = Duration::from_secs(30);
 
 /// The upper pods bound to the virtual node (`/pods`), e.g. a snapshot of the upper pod
 /// reflector's store.
@@ -357,60 +351,6 @@ async fn copy_out<R: AsyncRead + Unpin>(from: Option<R>, to: Option<BoxWriter>) 
     let _ = to.shutdown().await;
 }
 
-/// The kubelet side's end of one forwarded connection: the kube-rs port stream, and the
-/// forwarder whose connection to the lower cluster it uses.
-struct ForwardedPort {
-    io: DuplexStream,
-    forwarder: Option<Portforwarder>,
-}
-
-impl Drop for ForwardedPort {
-    fn drop(&mut self) {
-        let Some(forwarder) = self.forwarder.take() else {
-            return;
-        };
-        // Dropping the stream (done right after this) makes kube-rs close the WebSocket
-        // gracefully; a lower side that never answers is cut after a grace period.
-        match tokio::runtime::Handle::try_current() {
-            Ok(handle) => {
-                handle.spawn(async move {
-                    tokio::time::sleep(PORT_FORWARD_GRACE).await;
-                    forwarder.abort();
-                });
-            }
-            Err(_) => forwarder.abort(),
-        }
-    }
-}
-
-impl AsyncRead for ForwardedPort {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut tokio::io::ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().io).poll_read(cx, buf)
-    }
-}
-
-impl AsyncWrite for ForwardedPort {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.get_mut().io).poll_write(cx, buf)
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().io).poll_flush(cx)
-    }
-
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().io).poll_shutdown(cx)
-    }
-}
-
 impl StreamBackend for LowerBackend {
     async fn exec(&self, request: ExecRequest, io: ExecIo) -> ExitStatus {
         self.remote(
@@ -433,31 +373,19 @@ impl StreamBackend for LowerBackend {
         request: PortForwardRequest,
     ) -> Result<PortForwardStream, BackendError> {
         let r = &request.pod;
-        let (api, _) = self.owned_pod(r).await?;
+        self.owned_pod(r).await?;
         let context = || {
             format!(
                 "port-forward to port {} of pod {}/{} in the lower cluster",
                 request.port, r.namespace, r.name
             )
         };
-        let mut forwarder = api
-            .portforward(&r.name, &[request.port])
+        crate::lower_portforward::forward(&self.lower, &r.namespace, &r.name, request.port)
             .await
-            .map_err(|e| BackendError::new(format!("{}: {}", context(), api_error(&e))))?;
-        let error = forwarder
-            .take_error(request.port)
-            .map(|f| -> ErrorFuture { Box::pin(f) });
-        let Some(io) = forwarder.take_stream(request.port) else {
-            forwarder.abort();
-            return Err(BackendError::new(format!("{}: no stream", context())));
-        };
-        Ok(PortForwardStream {
-            io: Box::new(ForwardedPort {
-                io,
-                forwarder: Some(forwarder),
-            }),
-            error,
-        })
+            .map_err(|e| match e {
+                PortForwardError::Api(e) => BackendError::new(format!("{}: {}", context(), api_error(&e))),
+                e => BackendError::new(format!("{}: {e}", context())),
+            })
     }
 }
 

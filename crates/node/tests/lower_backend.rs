@@ -2,6 +2,8 @@
 //! The virtual node's kubelet backend against a simulated lower cluster: logs, exec, attach,
 //! port-forward and stats are forwarded to our lower pods only; anything else is "not found".
 
+mod common;
+
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -319,6 +321,96 @@ async fn logs_exec_attach_and_port_forward_reach_our_lower_pod() {
     assert_eq!(&buf, b"hello port");
     forwarded.io.shutdown().await.unwrap();
     drop(forwarded);
+}
+
+/// A client that sends everything then half-closes (what `nc -q1` does at the end of its input)
+/// still gets the whole reply: the half-close reaches the lower pod as the end of its input, and
+/// the reply keeps flowing back until the pod's side ends.
+#[tokio::test]
+async fn port_forward_passes_a_half_close_down_and_the_reply_back() {
+    let (_env, backend) = setup().await;
+    for round in 0..3 {
+        let mut forwarded = backend
+            .port_forward(PortForwardRequest {
+                pod: pod(OURS, Some(UPPER_UID)),
+                port: 8080,
+            })
+            .await
+            .unwrap();
+        let msg = format!("hello {round}\n");
+        forwarded.io.write_all(msg.as_bytes()).await.unwrap();
+        forwarded.io.shutdown().await.unwrap();
+        let mut got = Vec::new();
+        tokio::time::timeout(Duration::from_secs(20), forwarded.io.read_to_end(&mut got))
+            .await
+            .expect("the pod's side ends within 20 s")
+            .unwrap();
+        assert_eq!(String::from_utf8_lossy(&got), msg, "round {round}");
+    }
+}
+
+/// `kubectl port-forward` to a pod of the virtual node, then a client that writes and
+/// half-closes (`echo hello | nc -q1 localhost PORT`), over both kubectl transports.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_port_forward_through_the_virtual_node_survives_a_half_close() {
+    use std::io::{Read, Write};
+    use std::net::{Shutdown, TcpStream};
+    use std::process::{Command, Stdio};
+
+    let env = common::clusters().await;
+    let stop = common::spawn_node(&env, "vk-lower").await;
+    let upper = env.clusters[0].client.clone();
+    common::run_pod_spec(
+        &upper,
+        "web",
+        json!({"containers": [{"name": "c", "image": "nginx:1.27",
+            "ports": [{"containerPort": 80}]}]}),
+    )
+    .await;
+    let kubeconfig = env.clusters[0].kubeconfig.clone();
+    tokio::task::spawn_blocking(move || {
+        for websockets in ["false", "true"] {
+            let mut pf = Killed(
+                Command::new("kubectl")
+                    .arg("--kubeconfig")
+                    .arg(&kubeconfig)
+                    .args(["port-forward", "pod/web", ":80"])
+                    .env("KUBECTL_PORT_FORWARD_WEBSOCKETS", websockets)
+                    .stdout(Stdio::piped())
+                    .stderr(Stdio::null())
+                    .spawn()
+                    .unwrap(),
+            );
+            let port = tensile_sim::env::forwarded_port(pf.0.stdout.take().unwrap()).unwrap();
+            for round in 0..3 {
+                let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+                s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+                let msg = format!("hello {round}\n");
+                s.write_all(msg.as_bytes()).unwrap();
+                s.shutdown(Shutdown::Write).unwrap();
+                let mut got = Vec::new();
+                s.read_to_end(&mut got).unwrap();
+                assert_eq!(
+                    String::from_utf8_lossy(&got),
+                    msg,
+                    "KUBECTL_PORT_FORWARD_WEBSOCKETS={websockets}, round {round}"
+                );
+            }
+        }
+    })
+    .await
+    .unwrap();
+    stop.cancel();
+}
+
+/// A child process killed when the test ends, pass or fail.
+struct Killed(std::process::Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }
 
 #[tokio::test]

@@ -1,5 +1,7 @@
-//! A SPDY/3.1 server session over any byte stream (a hyper upgraded connection, or a WebSocket
-//! tunnel adapted to bytes).
+//! A SPDY/3.1 session over any byte stream (a hyper upgraded connection, or a WebSocket tunnel
+//! adapted to bytes): the server side, which accepts the peer's streams (the kubelet), or the
+//! client side, which opens them ([`Session::client`], [`Session::open`]: the virtual node's
+//! port-forward to a lower cluster, whose WebSocket protocol cannot half-close a connection).
 //!
 //! Three tasks per session: a reader that decodes frames and routes them, a writer that encodes
 //! the single ordered outbound queue, and (when configured) an idle watch. Like Go's spdystream,
@@ -20,7 +22,7 @@ use std::time::Duration;
 use bytes::BytesMut;
 use futures::StreamExt;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
-use tokio::sync::{Semaphore, mpsc};
+use tokio::sync::{Semaphore, mpsc, oneshot};
 use tokio_util::codec::FramedRead;
 use tokio_util::sync::CancellationToken;
 
@@ -68,6 +70,8 @@ impl Default for SessionConfig {
 /// Commands for the writer task besides stream data.
 #[derive(Debug)]
 pub(crate) enum Control {
+    /// SYN_STREAM of a stream we open.
+    Syn(u32, Headers),
     Reply(u32),
     Rst(u32, RstStatus),
     Ping(u32),
@@ -84,12 +88,48 @@ struct Entry {
     state: Arc<PipeState>,
     remote_closed: bool,
     local_closed: bool,
+    /// For a stream we opened, until the peer's SYN_REPLY.
+    reply: Option<oneshot::Sender<()>>,
 }
 
 #[derive(Debug, Default)]
 struct Table {
     streams: HashMap<u32, Entry>,
     last_remote_id: u32,
+    /// The id of the next stream we open (client side: odd, from 1).
+    next_local_id: u32,
+}
+
+/// Which end of the connection a session is: it decides the parity of the stream ids each side
+/// opens (odd for the client) and so which pings are the peer's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Role {
+    Server,
+    Client,
+}
+
+impl Role {
+    /// Whether `id` (a stream or ping id) is one the peer may originate.
+    fn is_remote(self, id: u32) -> bool {
+        match self {
+            Role::Server => id % 2 == 1,
+            Role::Client => id != 0 && id.is_multiple_of(2),
+        }
+    }
+}
+
+/// Why [`Session::open`] failed.
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
+    /// The session ended, or one side said GOAWAY.
+    #[error("the SPDY connection is closed or going away")]
+    Closed,
+    /// The peer refused the stream with RST_STREAM.
+    #[error("the peer refused the stream")]
+    Refused,
+    /// Too many streams open, or the stream ids are used up.
+    #[error("no more streams can be opened on this SPDY connection")]
+    Exhausted,
 }
 
 #[derive(Debug)]
@@ -100,6 +140,9 @@ struct Shared {
     in_budget: Arc<Semaphore>,
     queued_control: AtomicUsize,
     going_away: AtomicBool,
+    /// The peer said GOAWAY: we open no more streams.
+    peer_going_away: AtomicBool,
+    role: Role,
     /// Refuse new streams without GOAWAY (which would make Go clients stop reading).
     refusing: AtomicBool,
     activity: Arc<Activity>,
@@ -185,7 +228,8 @@ enum ReadEnd {
     Abuse(&'static str),
 }
 
-/// A SPDY/3.1 server session. Peer-initiated streams arrive through [`Session::accept`].
+/// A SPDY/3.1 session. On the server side, peer-initiated streams arrive through
+/// [`Session::accept`]; on the client side, [`Session::open`] opens streams.
 #[derive(Debug)]
 pub struct Session {
     incoming: mpsc::Receiver<IncomingStream>,
@@ -198,6 +242,23 @@ impl Session {
     where
         T: AsyncRead + AsyncWrite + Send + 'static,
     {
+        Self::start(io, config, Role::Server)
+    }
+
+    /// Starts the client side of SPDY on `io` (after an HTTP upgrade to `SPDY/3.1`). Streams the
+    /// peer opens are refused: no Kubernetes streaming protocol has the server open any. Must be
+    /// called inside a Tokio runtime.
+    pub fn client<T>(io: T, config: SessionConfig) -> Result<Self, CodecError>
+    where
+        T: AsyncRead + AsyncWrite + Send + 'static,
+    {
+        Self::start(io, config, Role::Client)
+    }
+
+    fn start<T>(io: T, config: SessionConfig, role: Role) -> Result<Self, CodecError>
+    where
+        T: AsyncRead + AsyncWrite + Send + 'static,
+    {
         let encoder = FrameEncoder::new()?;
         let decoder = FrameDecoder::new(config.limits);
         let (tx, rx) = mpsc::unbounded_channel();
@@ -207,13 +268,18 @@ impl Session {
             .max(config.limits.max_data_frame)
             .max(1);
         let shared = Arc::new(Shared {
-            table: Mutex::new(Table::default()),
+            table: Mutex::new(Table {
+                next_local_id: if role == Role::Client { 1 } else { 2 },
+                ..Table::default()
+            }),
             tx,
             out_budget: Arc::new(Semaphore::new(config.outbound_buffer.max(1))),
             in_budget: Arc::new(Semaphore::new(in_budget)),
             queued_control: AtomicUsize::new(0),
             going_away: AtomicBool::new(false),
-            refusing: AtomicBool::new(false),
+            peer_going_away: AtomicBool::new(false),
+            role,
+            refusing: AtomicBool::new(role == Role::Client),
             activity: Arc::new(Activity::new()),
             cancel: CancellationToken::new(),
             reader_done: CancellationToken::new(),
@@ -238,6 +304,71 @@ impl Session {
     /// connection, sent GOAWAY, or the session ended).
     pub async fn accept(&mut self) -> Option<IncomingStream> {
         self.incoming.recv().await
+    }
+
+    /// Opens a stream with `headers` and waits for the peer's SYN_REPLY. Callers bound the wait
+    /// (a peer may never answer); dropping the future before the reply resets the stream.
+    pub async fn open(&self, headers: Headers) -> Result<SpdyStream, OpenError> {
+        let shared = &self.shared;
+        if shared.going_away.load(Ordering::Acquire)
+            || shared.peer_going_away.load(Ordering::Acquire)
+            || shared.reader_done.is_cancelled()
+        {
+            return Err(OpenError::Closed);
+        }
+        let (reply_tx, reply_rx) = oneshot::channel();
+        let (tx, rx) = mpsc::channel(64);
+        let state = Arc::new(PipeState::default());
+        let id = {
+            let mut t = shared.table();
+            if t.streams.len() >= shared.config.max_streams {
+                return Err(OpenError::Exhausted);
+            }
+            let id = t.next_local_id;
+            // Stream ids are 31 bits.
+            if id > 0x7fff_ffff {
+                return Err(OpenError::Exhausted);
+            }
+            t.next_local_id = id.saturating_add(2);
+            t.streams.insert(
+                id,
+                Entry {
+                    inbound: Some(tx),
+                    state: Arc::clone(&state),
+                    remote_closed: false,
+                    local_closed: false,
+                    reply: Some(reply_tx),
+                },
+            );
+            // Queued under the table lock: SYN_STREAMs must reach the wire in id order.
+            if !shared.control(Control::Syn(id, headers.clone())) {
+                t.streams.remove(&id);
+                return Err(OpenError::Closed);
+            }
+            id
+        };
+        let mut pending = PendingOpen {
+            shared: Arc::clone(shared),
+            id,
+            state: Arc::clone(&state),
+            done: false,
+        };
+        let replied = tokio::select! {
+            r = reply_rx => r.is_ok(),
+            () = shared.reader_done.cancelled() => false,
+        };
+        pending.done = true;
+        if !replied {
+            let refused = state.is_reset() && !shared.reader_done.is_cancelled();
+            shared.reset(id);
+            return Err(if refused {
+                OpenError::Refused
+            } else {
+                OpenError::Closed
+            });
+        }
+        let parts = shared.parts(id, rx, state);
+        Ok(stream_from_parts(shared, parts, headers))
     }
 
     /// Sends GOAWAY(OK): streams already open continue, new ones are refused.
@@ -293,6 +424,38 @@ impl Drop for Session {
     }
 }
 
+/// A stream being opened: reset if the opener gives up before the reply.
+struct PendingOpen {
+    shared: Arc<Shared>,
+    id: u32,
+    state: Arc<PipeState>,
+    done: bool,
+}
+
+impl Drop for PendingOpen {
+    fn drop(&mut self) {
+        if !self.done {
+            reset_stream(&self.shared, self.id, &self.state, RstStatus::CANCEL);
+        }
+    }
+}
+
+fn stream_from_parts(shared: &Arc<Shared>, parts: StreamParts, headers: Headers) -> SpdyStream {
+    SpdyStream {
+        id: parts.id,
+        headers,
+        recv: SpdyRecvStream {
+            reader: parts.reader,
+        },
+        send: SpdySendStream {
+            id: parts.id,
+            writer: parts.writer,
+            state: parts.state,
+            shared: Arc::clone(shared),
+        },
+    }
+}
+
 /// A stream the peer opened and that is waiting for our SYN_REPLY.
 #[derive(Debug)]
 pub struct IncomingStream {
@@ -324,19 +487,8 @@ impl IncomingStream {
     pub fn accept(mut self) -> Option<SpdyStream> {
         let parts = self.parts.take()?;
         self.shared.control(Control::Reply(parts.id));
-        Some(SpdyStream {
-            id: parts.id,
-            headers: std::mem::take(&mut self.headers),
-            recv: SpdyRecvStream {
-                reader: parts.reader,
-            },
-            send: SpdySendStream {
-                id: parts.id,
-                writer: parts.writer,
-                state: parts.state,
-                shared: Arc::clone(&self.shared),
-            },
-        })
+        let headers = std::mem::take(&mut self.headers);
+        Some(stream_from_parts(&self.shared, parts, headers))
     }
 
     /// Refuses the stream with RST_STREAM(`status`).
@@ -585,17 +737,31 @@ async fn on_frame(
                 shared.remote_done(stream_id);
             }
         }
-        Frame::Headers { stream_id, fin, .. } | Frame::SynReply { stream_id, fin, .. } => {
-            // We never open streams, so a SYN_REPLY is meaningless; its block was inflated to
-            // keep the context in sync. Only a half-close matters.
+        Frame::SynReply { stream_id, fin, .. } => {
+            // The peer accepted a stream we opened (its headers carry nothing the Kubernetes
+            // protocols use; the block was inflated to keep the context in sync).
+            let reply = shared
+                .table()
+                .streams
+                .get_mut(&stream_id)
+                .and_then(|e| e.reply.take());
+            if let Some(reply) = reply {
+                let _ = reply.send(());
+            }
+            if fin {
+                shared.remote_done(stream_id);
+            }
+        }
+        Frame::Headers { stream_id, fin, .. } => {
             if fin {
                 shared.remote_done(stream_id);
             }
         }
         Frame::RstStream { stream_id, .. } => shared.reset(stream_id),
         Frame::Ping { id } => {
-            // Client pings are odd; an even id would answer a ping of ours, and we send none.
-            if id % 2 == 1 {
+            // The peer's pings have its parity; the other would answer a ping of ours, and we
+            // send none.
+            if shared.role.is_remote(id) {
                 if shared.control_backlog() >= shared.config.max_queued_control {
                     return Err(ReadEnd::Abuse("control frames pile up unread"));
                 }
@@ -603,8 +769,9 @@ async fn on_frame(
             }
         }
         Frame::GoAway { .. } => {
-            // No new streams will come; the ones open continue until the peer closes.
+            // No new streams either way; the ones open continue until the peer closes.
             *incoming = None;
+            shared.peer_going_away.store(true, Ordering::Release);
         }
         Frame::Settings { .. } | Frame::WindowUpdate { .. } | Frame::Unknown { .. } => {}
     }
@@ -628,8 +795,9 @@ async fn on_syn_stream(
     };
     let (rx, state) = {
         let mut t = shared.table();
-        // Client streams are odd and increase; anything else is refused like spdystream does.
-        if id.is_multiple_of(2) || id <= t.last_remote_id {
+        // The peer's streams have its parity and increase; anything else is refused like
+        // spdystream does.
+        if !shared.role.is_remote(id) || id <= t.last_remote_id {
             drop(t);
             return refuse(RstStatus::PROTOCOL_ERROR);
         }
@@ -658,6 +826,7 @@ async fn on_syn_stream(
                 state: Arc::clone(&state),
                 remote_closed: fin,
                 local_closed: unidirectional,
+                reply: None,
             },
         );
         (rx, state)
@@ -762,6 +931,15 @@ fn encode(
         Out::Control(c) => {
             shared.queued_control.fetch_sub(1, Ordering::AcqRel);
             let frame = match c {
+                Control::Syn(stream_id, headers) => Frame::SynStream {
+                    stream_id,
+                    associated_id: 0,
+                    priority: 0,
+                    slot: 0,
+                    fin: false,
+                    unidirectional: false,
+                    headers,
+                },
                 Control::Reply(stream_id) => Frame::SynReply {
                     stream_id,
                     fin: false,

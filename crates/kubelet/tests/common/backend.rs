@@ -1,6 +1,7 @@
 //! A fake container runtime: `echo` prints its arguments, `err` prints them to stderr, `exit N`
 //! exits with N, `cat` copies stdin to stdout, `sizes` prints terminal sizes as they arrive;
-//! port-forward connects to an echo server, except port 9999 which refuses.
+//! port-forward connects to an echo server, except port 9999 which refuses and port 7070, a
+//! server that reads until the client half-closes, then answers `got N bytes: <them>` and closes.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -94,6 +95,19 @@ impl StreamBackend for FakeBackend {
         self.forwards.fetch_add(1, Ordering::SeqCst);
         if request.port == 9999 {
             return Err(BackendError::new("connection refused"));
+        }
+        if request.port == 7070 {
+            let (ours, mut theirs) = tokio::io::duplex(64 * 1024);
+            tokio::spawn(async move {
+                let mut got = Vec::new();
+                if theirs.read_to_end(&mut got).await.is_ok() {
+                    let mut reply = format!("got {} bytes: ", got.len()).into_bytes();
+                    reply.extend_from_slice(&got);
+                    let _ = theirs.write_all(&reply).await;
+                }
+                let _ = theirs.shutdown().await;
+            });
+            return Ok(PortForwardStream::new(ours));
         }
         let (ours, mut theirs) = tokio::io::duplex(64 * 1024);
         tokio::spawn(async move {
