@@ -231,13 +231,19 @@ fn pods_cell(p: &PodCounts) -> String {
     s
 }
 
-fn node_state(n: &NodeSummary) -> &'static str {
-    match (n.ready, n.cordoned) {
+fn node_state(n: &NodeSummary) -> String {
+    let mut state = match (n.ready, n.cordoned) {
         (true, false) => "Ready",
         (true, true) => "Ready,Cordoned",
         (false, false) => "NotReady",
         (false, true) => "NotReady,Cordoned",
     }
+    .to_owned();
+    // Ready alone would hide an outage: the node stays Ready on purpose (nothing evicted).
+    if n.lower_unreachable.is_some() {
+        state.push_str(",LowerUnreachable");
+    }
+    state
 }
 
 /// Lays out rows as columns two spaces apart.
@@ -300,7 +306,7 @@ pub fn render(s: &Snapshot) -> String {
                 rows.push(node_row(
                     vec![String::new(), n.name.clone()],
                     n,
-                    node_state(n),
+                    &node_state(n),
                 ));
             }
         }
@@ -321,12 +327,17 @@ pub fn render(s: &Snapshot) -> String {
     let virtual_nodes: Vec<&NodeSummary> =
         s.upper_nodes.iter().filter(|n| n.virtual_node).collect();
     for n in &virtual_nodes {
-        rows.push(node_row(vec![n.name.clone()], n, node_state(n)));
+        rows.push(node_row(vec![n.name.clone()], n, &node_state(n)));
     }
     if virtual_nodes.is_empty() {
         rows.push(vec!["(none)".to_owned()]);
     }
     table(&mut out, &rows);
+    for n in &virtual_nodes {
+        if let Some(why) = &n.lower_unreachable {
+            let _ = writeln!(out, "! {}: {why}", n.name);
+        }
+    }
     let offloaded: usize = virtual_nodes.iter().map(|n| n.pods.total()).sum();
     let p = &s.upper_pods;
     let _ = writeln!(
@@ -397,6 +408,34 @@ pub async fn show(
     }
 }
 
+/// How long `tensile status` waits for the API server's first answer.
+const FIRST_ANSWER: Duration = Duration::from_secs(5);
+
+/// One question, with a deadline, before any watch starts: a server that does not answer is
+/// one error naming its URL and the cause, not watches retrying (and logging) forever.
+async fn reachable(client: &kube::Client, url: &str) -> anyhow::Result<()> {
+    use tracing::instrument::WithSubscriber as _;
+    // kube logs every failed connection itself; the error below says it once.
+    let asked = tokio::time::timeout(FIRST_ANSWER, client.apiserver_version())
+        .with_subscriber(tracing::subscriber::NoSubscriber::default())
+        .await;
+    match asked {
+        Ok(Ok(_)) => Ok(()),
+        Ok(Err(e)) if tensile_node::reach::is_unreachable(&e) => anyhow::bail!(
+            "cannot reach the API server at {url}: {}",
+            tensile_node::reach::describe(&e).1
+        ),
+        Ok(Err(e)) => anyhow::bail!(
+            "the API server at {url} refused: {}",
+            tensile_node::reach::describe(&e).1
+        ),
+        Err(_) => anyhow::bail!(
+            "cannot reach the API server at {url}: no answer within {} s",
+            FIRST_ANSWER.as_secs()
+        ),
+    }
+}
+
 /// `tensile status`.
 pub async fn run(args: StatusArgs) -> anyhow::Result<()> {
     let kubeconfig = match &args.kubeconfig {
@@ -413,6 +452,7 @@ pub async fn run(args: StatusArgs) -> anyhow::Result<()> {
         .context("loading the kubeconfig")?;
     let url = config.cluster_url.to_string();
     let client = kube::Client::try_from(config).context("building the client")?;
+    reachable(&client, &url).await?;
     let stop = CancellationToken::new();
     let upper = ClusterCaches::start(&client, true, &stop);
     tokio::time::timeout(Duration::from_secs(30), upper.ready())
@@ -497,6 +537,31 @@ mod tests {
             !lines.iter().any(|l| l.starts_with("real")),
             "only virtual nodes: {text}"
         );
+    }
+
+    #[test]
+    fn an_unreachable_lower_cluster_shows_in_the_table() {
+        let mut down = node("vk-lower-1", true, (1, 8), 2);
+        down.lower_unreachable =
+            Some("lower cluster lower-1 unreachable: connection refused".to_owned());
+        let text = render(&Snapshot {
+            upper_nodes: vec![down, node("vk-lower-2", true, (1, 8), 1)],
+            ..Snapshot::default()
+        });
+        let lines: Vec<String> = text
+            .lines()
+            .map(|l| l.split_whitespace().collect::<Vec<_>>().join(" "))
+            .collect();
+        for expected in [
+            "vk-lower-1 Ready,LowerUnreachable 0.1/8.0 0.0Gi/8.0Gi 2 running",
+            "! vk-lower-1: lower cluster lower-1 unreachable: connection refused",
+            "vk-lower-2 Ready 0.1/8.0 0.0Gi/8.0Gi 1 running",
+        ] {
+            assert!(
+                lines.iter().any(|l| l == expected),
+                "{expected:?} in\n{text}"
+            );
+        }
     }
 
     #[test]

@@ -141,6 +141,27 @@ pub struct VirtualNodeArgs {
     /// Address of the kubelet API (the port comes from KUBELET_PORT).
     #[arg(long, default_value = "0.0.0.0")]
     kubelet_address: IpAddr,
+    /// The lower cluster's name in events, conditions and errors (default: the current
+    /// context of --client-kubeconfig).
+    #[arg(long)]
+    lower_cluster_name: Option<String>,
+}
+
+/// The lower cluster's name in messages: `--lower-cluster-name`, else the current context of
+/// its kubeconfig, else `lower`.
+fn lower_cluster_name(args: &VirtualNodeArgs, source: &KubeconfigSource) -> String {
+    let context = match source {
+        KubeconfigSource::Path(p) => kube::config::Kubeconfig::read_from(p).ok(),
+        KubeconfigSource::Text(t) => kube::config::Kubeconfig::from_yaml(t).ok(),
+        KubeconfigSource::InCluster => None,
+    }
+    .and_then(|k| k.current_context)
+    .filter(|c| !c.is_empty());
+    args.lower_cluster_name
+        .clone()
+        .filter(|n| !n.is_empty())
+        .or(context)
+        .unwrap_or_else(|| "lower".to_owned())
 }
 
 /// `--metrics-addr` as node-cli took it: `host:port` or `:port` (all addresses); empty: off.
@@ -261,6 +282,7 @@ pub(crate) async fn assemble(
     let upper_events = upper_client()
         .await
         .context("upper cluster client for events")?;
+    let lower_name = lower_cluster_name(args, &lower_source);
     let lower = build_client(
         lower_source,
         args.client_qps,
@@ -270,11 +292,15 @@ pub(crate) async fn assemble(
     )
     .await
     .context("lower cluster client")?;
-    let lower_version = lower
-        .apiserver_version()
-        .await
-        .context("asking the lower cluster for its version")?
-        .git_version;
+    let lower_version = match lower.apiserver_version().await {
+        Ok(v) => v.git_version,
+        // The cause in words (a certificate the kubeconfig's CA does not sign is named as
+        // such), not hyper's "client error (Connect)".
+        Err(e) => bail!(
+            "asking the lower cluster {lower_name} for its version: {}",
+            tensile_node::reach::describe(&e).1
+        ),
+    };
     let taint = node_taint(
         args.disable_taint,
         args.taint.as_deref(),
@@ -337,13 +363,14 @@ pub(crate) async fn assemble(
             not_ready_after: args.not_ready_after_seconds.map(Duration::from_secs),
             lease_renew: Duration::from_secs(10),
             heartbeat: Duration::from_secs(60),
+            holder_identity: tensile_node::node::holder_identity(&args.nodename),
         },
         pods: PodSync {
             upper_events,
             upper,
             lower,
             node: args.nodename.clone(),
-            lower_name: args.nodename.clone(),
+            lower_name,
             translate: TranslateConfig {
                 owner,
                 ignore_labels,
@@ -377,4 +404,26 @@ pub(crate) fn parse_args<'a>(
     }
     <Only as clap::Parser>::try_parse_from(std::iter::once("virtual-node").chain(args))
         .map(|o| o.args)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const KUBECONFIG: &str = "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster: {server: 'https://127.0.0.1:6443'}\ncontexts:\n- name: lower-east\n  context: {cluster: c, user: u}\nusers:\n- name: u\n  user: {token: t}\ncurrent-context: lower-east\n";
+
+    #[test]
+    fn the_lower_cluster_is_named_by_its_context_unless_a_flag_says_otherwise() {
+        let text = KubeconfigSource::Text(KUBECONFIG.to_owned());
+        let args = parse_args(["--nodename", "vk-1"]).unwrap();
+        // Not the node's name (what messages said before).
+        assert_eq!(lower_cluster_name(&args, &text), "lower-east");
+        let args = parse_args(["--nodename", "vk-1", "--lower-cluster-name", "eu-1"]).unwrap();
+        assert_eq!(lower_cluster_name(&args, &text), "eu-1");
+        let args = parse_args(["--nodename", "vk-1"]).unwrap();
+        assert_eq!(
+            lower_cluster_name(&args, &KubeconfigSource::InCluster),
+            "lower"
+        );
+    }
 }

@@ -111,6 +111,22 @@ fn the_binary_with_the_originals_flags_offloads_a_deployment_and_serves_logs_and
         ],
     );
     assert_eq!(nodes, "vk-lower vk-lower");
+    // Messages name the lower cluster (its kubeconfig context), not the virtual node.
+    until("an event naming the lower cluster", || {
+        let (_, notes, _) = kubectl(
+            &upper,
+            &[
+                "get",
+                "events",
+                "--field-selector",
+                "reason=ProviderCreateSuccess",
+                "-o",
+                "jsonpath={.items[*].message}",
+            ],
+        );
+        assert!(!notes.contains("lower cluster vk-lower"), "{notes}");
+        notes.contains("created in lower cluster lower")
+    });
     let (_, lower_pods, _) = kubectl(
         &lower,
         &[

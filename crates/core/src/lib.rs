@@ -12,6 +12,8 @@
 //! - [`events`]: lower events about our pods mirrored onto the upper pods.
 //! - [`translate`]: upper pod -> lower pod, and lower copies of the objects it needs.
 //! - [`node`]: the virtual Node object, its conditions and taints, flag/env parsing.
+//! - [`lease`]: whether another process holds the virtual node's Lease.
+//! - [`reach`]: why a cluster could not be reached, in words, and when to say so in an Event.
 //! - [`plan`]: creation order of a pod's lower objects and what to do with existing ones.
 //! - [`update`]: which upper pod changes may be applied to the lower pod.
 //! - [`status`]: lower pod -> upper pod status.
@@ -27,9 +29,11 @@ pub mod extender;
 pub mod fit;
 pub mod inject;
 pub mod keys;
+pub mod lease;
 pub mod node;
 pub mod plan;
 pub mod quantity;
+pub mod reach;
 pub mod resources;
 pub mod services;
 pub mod status;

@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::core::v1::{Node, Pod};
 
 use crate::keys::{LABEL_NODE_TYPE, VALUE_NODE_TYPE_VIRTUAL};
+use crate::node::CONDITION_LOWER_REACHABLE;
 use crate::resources::{ResourceVector, pod_requests};
 use crate::status::is_terminal;
 
@@ -21,6 +22,10 @@ pub struct NodeSummary {
     pub cordoned: bool,
     /// Labelled `type=virtual-kubelet`.
     pub virtual_node: bool,
+    /// A virtual node whose lower cluster does not answer: the message of its
+    /// `tensile-kube.io/LowerClusterReachable=False` condition (which names the cluster and the
+    /// cause).
+    pub lower_unreachable: Option<String>,
     /// `status.allocatable` (unparsable quantities left out).
     pub allocatable: ResourceVector,
     /// Sum of the requests of the non-terminal pods bound to it.
@@ -104,10 +109,19 @@ pub fn node_summaries<'a>(
         .filter_map(|n| {
             let name = n.metadata.name.clone()?;
             let status = n.status.as_ref();
-            let ready = status
-                .and_then(|s| s.conditions.as_ref())
+            let conditions = status.and_then(|s| s.conditions.as_ref());
+            let ready = conditions
                 .and_then(|cs| cs.iter().find(|c| c.type_ == "Ready"))
                 .is_some_and(|c| c.status == "True");
+            let lower_unreachable = conditions
+                .and_then(|cs| cs.iter().find(|c| c.type_ == CONDITION_LOWER_REACHABLE))
+                .filter(|c| c.status == "False")
+                .map(|c| {
+                    c.message
+                        .clone()
+                        .filter(|m| !m.is_empty())
+                        .unwrap_or_else(|| "the lower cluster does not answer".to_owned())
+                });
             let allocatable = status
                 .and_then(|s| s.allocatable.as_ref())
                 .map(|a| ResourceVector::from_quantities_lenient(a).0)
@@ -127,6 +141,7 @@ pub fn node_summaries<'a>(
                     .and_then(|l| l.get(LABEL_NODE_TYPE))
                     .is_some_and(|v| v == VALUE_NODE_TYPE_VIRTUAL),
                 allocatable,
+                lower_unreachable,
                 ..NodeSummary::default()
             };
             Some((name, summary))
@@ -190,6 +205,26 @@ mod tests {
             "status": {"phase": phase}
         }))
         .unwrap()
+    }
+
+    #[test]
+    fn a_virtual_node_whose_lower_cluster_is_unreachable_says_so() {
+        let mut down = node("vk", "True", "4", json!({"type": "virtual-kubelet"}));
+        if let Some(c) = down.status.as_mut().and_then(|s| s.conditions.as_mut()) {
+            c.push(
+                serde_json::from_value(json!({"type": CONDITION_LOWER_REACHABLE,
+                    "status": "False", "message": "lower cluster l unreachable: timed out"}))
+                .unwrap(),
+            );
+        }
+        let up = node("ok", "True", "4", json!({"type": "virtual-kubelet"}));
+        let s = node_summaries([&down, &up], std::iter::empty::<&Pod>());
+        assert_eq!(
+            s[1].lower_unreachable.as_deref(),
+            Some("lower cluster l unreachable: timed out")
+        );
+        assert!(s[1].ready, "still Ready: nothing is evicted");
+        assert_eq!(s[0].lower_unreachable, None);
     }
 
     #[test]

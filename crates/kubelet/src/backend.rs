@@ -216,15 +216,36 @@ impl ExitStatus {
     }
 }
 
-/// A backend failure, shown to the user.
+/// A backend failure, shown to the user: its message, and whether what runs the containers is
+/// unavailable (see [`BackendError::unavailable`]).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{0}")]
-pub struct BackendError(pub String);
+pub struct BackendError(pub String, bool);
 
 impl BackendError {
     /// Wraps any error's message.
     pub fn new(message: impl fmt::Display) -> Self {
-        Self(message.to_string())
+        Self(message.to_string(), false)
+    }
+
+    /// What runs the containers cannot be reached now (answered with 503 Service Unavailable,
+    /// so the client knows to retry rather than that the pod is gone).
+    pub fn unavailable(message: impl fmt::Display) -> Self {
+        Self(message.to_string(), true)
+    }
+
+    /// Made with [`Self::unavailable`].
+    pub fn is_unavailable(&self) -> bool {
+        self.1
+    }
+
+    /// The HTTP status to answer with: 503 when unavailable, else `otherwise` (the route's).
+    pub fn status(&self, otherwise: http::StatusCode) -> http::StatusCode {
+        if self.1 {
+            http::StatusCode::SERVICE_UNAVAILABLE
+        } else {
+            otherwise
+        }
     }
 }
 
@@ -274,6 +295,13 @@ pub trait StreamBackend: Send + Sync + 'static {
         &self,
         request: PortForwardRequest,
     ) -> impl Future<Output = Result<PortForwardStream, BackendError>> + Send;
+
+    /// Why no request can be served now (e.g. what runs the pods is unreachable), checked
+    /// before a stream is upgraded, so the client gets a 503 with the reason instead of a
+    /// stream that fails. `None` (the default): serve.
+    fn unavailable(&self) -> Option<BackendError> {
+        None
+    }
 }
 
 #[cfg(test)]

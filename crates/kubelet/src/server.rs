@@ -341,6 +341,12 @@ pub async fn handle<B: KubeletBackend>(
         return r;
     }
     let query = req.uri().query().unwrap_or_default().to_owned();
+    // What runs the pods is known to be unreachable: say so (503) before any upgrade.
+    if !matches!(route, Route::Healthz | Route::Pods | Route::RunningPods)
+        && let Some(e) = backend.unavailable()
+    {
+        return text(e.status(StatusCode::SERVICE_UNAVAILABLE), e.to_string());
+    }
     match route {
         Route::Healthz => text(StatusCode::OK, "ok"),
         Route::Pods | Route::RunningPods => match backend.pods().await {
@@ -351,7 +357,7 @@ pub async fn handle<B: KubeletBackend>(
         },
         Route::StatsSummary => match backend.stats().await {
             Ok(s) => json(&s),
-            Err(e) => text(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+            Err(e) => text(e.status(StatusCode::INTERNAL_SERVER_ERROR), e.to_string()),
         },
         Route::MetricsResource => match backend.stats().await {
             Ok(s) => {
@@ -362,7 +368,7 @@ pub async fn handle<B: KubeletBackend>(
                 );
                 r
             }
-            Err(e) => text(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+            Err(e) => text(e.status(StatusCode::INTERNAL_SERVER_ERROR), e.to_string()),
         },
         Route::Logs(pod, container) => match LogOptions::from_query(Some(&query)) {
             Err(e) => text(StatusCode::BAD_REQUEST, e.to_string()),
@@ -376,7 +382,7 @@ pub async fn handle<B: KubeletBackend>(
                         .insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain"));
                     r
                 }
-                Err(e) => text(StatusCode::NOT_FOUND, e.to_string()),
+                Err(e) => text(e.status(StatusCode::NOT_FOUND), e.to_string()),
             },
         },
         Route::Exec(pod, container) => {

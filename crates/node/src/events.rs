@@ -89,7 +89,14 @@ async fn send_all(
             since_prune = 0;
             sent.retain(|_, s| s.last.elapsed() < SERIES_WINDOW);
         }
-        let namespace = ev.regarding.namespace.clone().unwrap_or_default();
+        // Events about cluster-scoped objects (the virtual Node) go to `default`, as the
+        // kubelet's do.
+        let namespace = ev
+            .regarding
+            .namespace
+            .clone()
+            .filter(|n| !n.is_empty())
+            .unwrap_or_else(|| "default".to_owned());
         let key = (
             ev.regarding.uid.clone().unwrap_or_default(),
             ev.reason.clone(),

@@ -19,6 +19,7 @@ pub mod needs;
 pub mod node;
 pub mod pods;
 mod queue;
+pub mod reach;
 pub mod volumes;
 
 use std::net::SocketAddr;
@@ -59,6 +60,9 @@ pub enum StartError {
     /// The metrics listener could not start.
     #[error(transparent)]
     Metrics(#[from] metrics::MetricsError),
+    /// Another process runs this node (holds its Lease), or the lease could not be read.
+    #[error(transparent)]
+    Lease(#[from] node::LeaseCheckError),
 }
 
 /// A started virtual node.
@@ -95,6 +99,10 @@ impl VirtualNode {
     /// Starts the kubelet API (its port is then advertised on the node), the capacity tracker,
     /// the node loop and the pod controller; runs until `stop`.
     pub async fn start(mut self, stop: CancellationToken) -> Result<Running, StartError> {
+        // Before anything is served or written: a second process for the same node would
+        // overwrite the first one's kubelet endpoint.
+        node::check_lease(&self.pods.upper, &self.node).await?;
+        let reach = reach::LowerReach::new(self.pods.lower_name.clone());
         let upper_pods = cache::CompactCache::<k8s_openapi::api::core::v1::Pod>::new();
         let lower_pods = cache::CompactCache::<k8s_openapi::api::core::v1::Pod>::new();
         let reader = upper_pods.clone();
@@ -106,7 +114,8 @@ impl VirtualNode {
             )
             .with_node_name(self.node.identity.name.clone())
             // Stats read our lower pods from the pod controller's watch, not a LIST per scrape.
-            .with_lower_pods(lower_pods.clone()),
+            .with_lower_pods(lower_pods.clone())
+            .with_reach(reach.clone()),
         );
         let mut registry = std::mem::take(&mut self.metrics.registry);
         let sync_metrics = pods::SyncMetrics::new(&mut registry);
@@ -164,7 +173,20 @@ impl VirtualNode {
             shared.clone(),
             stop.clone(),
         ));
-        let node_loop = tokio::spawn(node::run_node(upper, lower, self.node, rx, stop.clone()));
+        let node_events = events::EventSink::start(
+            self.pods.upper_events.clone(),
+            "tensile-kube",
+            &self.node.identity.name,
+        );
+        let node_loop = tokio::spawn(node::run_node(
+            upper,
+            lower,
+            self.node,
+            rx,
+            reach,
+            node_events,
+            stop.clone(),
+        ));
         let pods = tokio::spawn(pods::run_with_store(
             self.pods,
             upper_pods,

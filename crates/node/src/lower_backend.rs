@@ -65,6 +65,8 @@ pub struct LowerBackend {
     /// Our lower pods, from the pod controller's watch (stats read it once it has listed).
     lower_pods: Option<crate::cache::CompactCache<Pod>>,
     cpu: Mutex<CpuIntegrator>,
+    /// The lower cluster's name and whether it answers (failures name it; 503 while down).
+    reach: crate::reach::LowerReach,
 }
 
 impl fmt::Debug for LowerBackend {
@@ -90,6 +92,7 @@ impl LowerBackend {
         Self {
             lower,
             owner_value: owner_label_value(&owner),
+            reach: crate::reach::LowerReach::new(owner.clone()),
             node_name: owner.clone(),
             owner,
             started: rfc3339(Timestamp::now()),
@@ -97,6 +100,14 @@ impl LowerBackend {
             lower_pods: None,
             cpu: Mutex::new(CpuIntegrator::default()),
         }
+    }
+
+    /// The lower cluster's name and reachability, as the node loop sees it (default: named
+    /// after the owner id, always reachable).
+    #[must_use]
+    pub fn with_reach(mut self, reach: crate::reach::LowerReach) -> Self {
+        self.reach = reach;
+        self
     }
 
     /// The virtual node's name, as reported in `/stats/summary`.
@@ -133,12 +144,11 @@ impl LowerBackend {
         }
         let api: Api<Pod> = Api::namespaced(self.lower.clone(), &r.namespace);
         let pod = api.get_opt(&r.name).await.map_err(|e| {
-            BackendError::new(format!(
-                "reading pod {}/{} in the lower cluster: {}",
-                r.namespace,
-                r.name,
-                api_error(&e)
-            ))
+            let context = format!(
+                "reading pod {}/{} in the lower cluster",
+                r.namespace, r.name
+            );
+            self.reach.error(&context, &e)
         })?;
         let Some(pod) = pod else {
             return Err(not_found());
@@ -188,7 +198,7 @@ impl LowerBackend {
         };
         let api = match self.owned_pod(r).await {
             Ok((api, _)) => api,
-            Err(e) => return ExitStatus::Error(e.0),
+            Err(e) => return ExitStatus::Error(e.to_string()),
         };
         let context = format!(
             "{what} container {container} of pod {}/{} in the lower cluster",
@@ -209,7 +219,7 @@ impl LowerBackend {
         };
         let process = match started {
             Ok(p) => p,
-            Err(e) => return ExitStatus::Error(format!("{context}: {}", api_error(&e))),
+            Err(e) => return ExitStatus::Error(self.reach.error(&context, &e).to_string()),
         };
         // From here on, dropping this future drops `process`, whose `Drop` aborts kube-rs'
         // connection task: the lower API server sees the stream closed and the lower kubelet
@@ -383,9 +393,13 @@ impl StreamBackend for LowerBackend {
         crate::lower_portforward::forward(&self.lower, &r.namespace, &r.name, request.port)
             .await
             .map_err(|e| match e {
-                PortForwardError::Api(e) => BackendError::new(format!("{}: {}", context(), api_error(&e))),
+                PortForwardError::Api(e) => self.reach.error(&context(), &e),
                 e => BackendError::new(format!("{}: {e}", context())),
             })
+    }
+
+    fn unavailable(&self) -> Option<BackendError> {
+        self.reach.unavailable()
     }
 }
 
@@ -463,7 +477,7 @@ impl KubeletBackend for LowerBackend {
         let reader = api
             .log_stream(&pod.name, &params)
             .await
-            .map_err(|e| BackendError::new(format!("{context}: {}", api_error(&e))))?;
+            .map_err(|e| self.reach.error(&context, &e))?;
         let stream = futures::stream::unfold(Some(Box::pin(reader)), |state| async move {
             let mut reader = state?;
             match reader.fill_buf().await {
@@ -500,10 +514,8 @@ impl KubeletBackend for LowerBackend {
                 return Ok(self.empty_summary());
             }
             Err(e) => {
-                return Err(BackendError::new(format!(
-                    "listing pod metrics ({selector}) in the lower cluster: {}",
-                    api_error(&e)
-                )));
+                let context = format!("listing pod metrics ({selector}) in the lower cluster");
+                return Err(self.reach.error(&context, &e));
             }
         };
         let key = |ns: &str, name: &str| format!("{ns}/{name}");

@@ -19,6 +19,10 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use crate::cache::ListedKeys;
+use crate::events::{EventSink, PodEvent};
+use crate::reach::LowerReach;
+use k8s_openapi::api::core::v1::ObjectReference;
+use tensile_core::reach::{health_event, unreachable_message};
 
 /// Settings of the node loop.
 #[derive(Clone, Debug)]
@@ -33,6 +37,93 @@ pub struct NodeLoop {
     pub lease_renew: Duration,
     /// Node status heartbeat when nothing changes.
     pub heartbeat: Duration,
+    /// This process's `holderIdentity` on the node's Lease ([`holder_identity`]): another
+    /// process holding a fresh lease makes this one refuse to start.
+    pub holder_identity: String,
+}
+
+/// A `holderIdentity` naming this process: the node name, the host and the process id, and a
+/// random part, so two processes for one node never take each other for themselves.
+pub fn holder_identity(node: &str) -> String {
+    let host = std::env::var("HOSTNAME")
+        .ok()
+        .or_else(|| std::fs::read_to_string("/proc/sys/kernel/hostname").ok())
+        .map(|h| h.trim().to_owned())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "unknown-host".to_owned());
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    // std's randomly keyed hasher over the clock: enough to tell two processes of one host
+    // and pid (a container restarted) apart.
+    let random =
+        std::hash::BuildHasher::hash_one(&std::collections::hash_map::RandomState::new(), nanos);
+    format!(
+        "{node}_{host}_{}_{:06x}",
+        std::process::id(),
+        random & 0xff_ffff
+    )
+}
+
+/// Another process holds the node's Lease: this one must not run the node too.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "virtual node {node} is already run by another process: its lease kube-node-lease/{node} is held by {holder}, last renewed at {renewed}; a second process with the same --nodename would overwrite its kubelet endpoint and pods. Stop the other one, or give this one another --nodename (the lease may be taken over after {until} if the other stops renewing)"
+)]
+pub struct LeaseHeld {
+    /// The node.
+    pub node: String,
+    /// The other process's `holderIdentity`.
+    pub holder: String,
+    /// Its last renewal.
+    pub renewed: Timestamp,
+    /// When its hold expires without another renewal.
+    pub until: Timestamp,
+}
+
+/// Starting was refused or could not check the lease.
+#[derive(Debug, thiserror::Error)]
+pub enum LeaseCheckError {
+    /// Another process holds it.
+    #[error(transparent)]
+    Held(#[from] LeaseHeld),
+    /// The lease could not be read.
+    #[error("reading the node lease kube-node-lease/{node}: {source}")]
+    Read {
+        /// The node.
+        node: String,
+        /// Why.
+        #[source]
+        source: kube::Error,
+    },
+}
+
+/// Refuses (before anything of the node starts) when another process renews the node's Lease;
+/// an expired, released or missing lease, or our own, is fine.
+pub async fn check_lease(upper: &kube::Client, cfg: &NodeLoop) -> Result<(), LeaseCheckError> {
+    let leases: Api<Lease> = Api::namespaced(upper.clone(), "kube-node-lease");
+    let name = &cfg.identity.name;
+    let lease = leases
+        .get_opt(name)
+        .await
+        .map_err(|source| LeaseCheckError::Read {
+            node: name.clone(),
+            source,
+        })?;
+    match tensile_core::lease::held_by_other(
+        lease.as_ref().map(|l| &l.spec).and_then(Option::as_ref),
+        &cfg.holder_identity,
+        Timestamp::now(),
+    ) {
+        Some(held) => Err(LeaseHeld {
+            node: name.clone(),
+            holder: held.holder,
+            renewed: held.renewed,
+            until: held.until,
+        }
+        .into()),
+        None => Ok(()),
+    }
 }
 
 /// The least time between two capacity-driven status patches (a burst of lower pod events
@@ -116,12 +207,16 @@ fn apply_pod_event(model: &mut CapacityModel, listed: &mut ListedKeys, e: &watch
     }
 }
 
-/// Registers the node and keeps its status and lease current until `stop`.
+/// Registers the node and keeps its status and lease current until `stop`; tells `reach` and,
+/// with events on the Node, the upper cluster whether the lower cluster answers. At `stop` the
+/// lease is released, so a replacement process may start at once.
 pub async fn run_node(
     upper: kube::Client,
     lower: kube::Client,
     cfg: NodeLoop,
     mut capacity: watch::Receiver<Capacity>,
+    reach: LowerReach,
+    events: EventSink,
     stop: CancellationToken,
 ) {
     let nodes: Api<Node> = Api::all(upper.clone());
@@ -133,11 +228,16 @@ pub async fn run_node(
     let mut published: Option<serde_json::Value> = None;
     let mut pending = false;
     let mut capacity_open = true;
+    let mut last_warning: Option<tokio::time::Instant> = None;
+    let mut node_uid: Option<String> = None;
     loop {
         // Capacity changes are patched at most once per `MIN_STATUS_INTERVAL`; the changes in
         // between are folded into the next patch.
         let capacity_changed = tokio::select! {
-            () = stop.cancelled() => return,
+            () = stop.cancelled() => {
+                release_lease(&leases, &name, &cfg.holder_identity).await;
+                return;
+            }
             _ = ticker.tick() => false,
             r = capacity.changed(), if capacity_open => match r {
                 Ok(()) => {
@@ -157,13 +257,41 @@ pub async fn run_node(
         pending = false;
         // Ping the lower cluster with every tick: its health decides conditions and taints.
         if !capacity_changed {
-            health = match tokio::time::timeout(Duration::from_secs(5), lower.apiserver_version())
-                .await
-            {
-                Ok(Ok(_)) => LowerHealth::Reachable,
-                Ok(Err(e)) => unreachable_since(&health, e.to_string()),
-                Err(_) => unreachable_since(&health, "timed out".into()),
+            let was = reach.cause();
+            let cause =
+                match tokio::time::timeout(Duration::from_secs(5), lower.apiserver_version()).await
+                {
+                    Ok(Ok(_)) => None,
+                    Ok(Err(e)) => Some(crate::reach::describe(&e).1),
+                    Err(_) => Some("timed out after 5 s".to_owned()),
+                };
+            health = match &cause {
+                None => LowerHealth::Reachable,
+                Some(c) => unreachable_since(&health, unreachable_message(reach.cluster(), c)),
             };
+            if cause.is_some() && was.is_none() {
+                tracing::warn!(node = %name, cause = ?cause, cluster = %reach.cluster(), "the lower cluster does not answer");
+            }
+            let since = last_warning.map(|t| t.elapsed());
+            if let Some(ev) = health_event(reach.cluster(), was.as_deref(), cause.as_deref(), since)
+            {
+                if ev.warning {
+                    last_warning = Some(tokio::time::Instant::now());
+                }
+                events.publish(PodEvent {
+                    regarding: ObjectReference {
+                        api_version: Some("v1".into()),
+                        kind: Some("Node".into()),
+                        name: Some(name.clone()),
+                        uid: node_uid.clone(),
+                        ..ObjectReference::default()
+                    },
+                    warning: ev.warning,
+                    reason: ev.reason.to_owned(),
+                    note: ev.note,
+                });
+            }
+            reach.set(cause);
         }
         let (total, largest) = capacity.borrow().clone();
         let current = nodes.get_opt(&name).await.ok().flatten();
@@ -187,7 +315,7 @@ pub async fn run_node(
                 spec.taints.as_deref(),
             );
         }
-        let node_uid = match &current {
+        node_uid = match &current {
             None => match nodes.create(&PostParams::default(), &desired).await {
                 Ok(n) => n.metadata.uid,
                 Err(e) => {
@@ -233,7 +361,7 @@ pub async fn run_node(
             last_status = tokio::time::Instant::now();
         }
         if !capacity_changed {
-            renew_lease(&leases, &name, node_uid.as_deref()).await;
+            renew_lease(&leases, &name, &cfg.holder_identity, node_uid.as_deref()).await;
         }
     }
 }
@@ -251,9 +379,31 @@ fn unreachable_since(previous: &LowerHealth, reason: String) -> LowerHealth {
     }
 }
 
+/// Gives the lease up (no holder) if it is still ours, best effort and briefly: a process
+/// replacing this one then starts at once instead of waiting for the lease to expire. The
+/// renewal time stays, so the node does not look dead meanwhile.
+async fn release_lease(leases: &Api<Lease>, name: &str, me: &str) {
+    // A JSON patch whose test fails leaves a lease another process took alone.
+    let patch = json!([
+        {"op": "test", "path": "/spec/holderIdentity", "value": me},
+        {"op": "remove", "path": "/spec/holderIdentity"},
+    ]);
+    let Ok(patch) = serde_json::from_value::<json_patch::Patch>(patch) else {
+        return;
+    };
+    let released = tokio::time::timeout(
+        Duration::from_secs(2),
+        leases.patch(name, &PatchParams::default(), &Patch::<()>::Json(patch)),
+    )
+    .await;
+    if let Ok(Err(e)) = released {
+        tracing::debug!(node = %name, error = %e, "releasing the node lease");
+    }
+}
+
 /// Renews the lease with one patch; only a missing lease costs a second request (its creation).
-async fn renew_lease(leases: &Api<Lease>, name: &str, node_uid: Option<&str>) {
-    let spec = json!({"holderIdentity": name, "leaseDurationSeconds": 40, "renewTime": MicroTime(Timestamp::now())});
+async fn renew_lease(leases: &Api<Lease>, name: &str, me: &str, node_uid: Option<&str>) {
+    let spec = json!({"holderIdentity": me, "leaseDurationSeconds": 40, "renewTime": MicroTime(Timestamp::now())});
     let renewed = leases
         .patch(
             name,

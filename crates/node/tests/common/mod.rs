@@ -58,6 +58,8 @@ pub struct NodeOptions {
     pub services: bool,
     /// Mirror volumes and claim bindings (`PVControllers`).
     pub volumes: bool,
+    /// The lease's holder identity (default: `<name>_test`, the same at each restart).
+    pub holder: Option<String>,
 }
 
 impl NodeOptions {
@@ -71,6 +73,7 @@ impl NodeOptions {
             lease_renew: Duration::from_millis(500),
             services: false,
             volumes: false,
+            holder: None,
         }
     }
 
@@ -92,6 +95,14 @@ pub struct Spawned {
 /// Starts a virtual node as `opts` say (kubelet API on a free port, authn/authz on, the upper
 /// cluster's CA for client certificates).
 pub async fn spawn(env: &TestEnv, opts: NodeOptions) -> Spawned {
+    try_spawn(env, opts).await.unwrap()
+}
+
+/// [`spawn`], returning why the node refused to start.
+pub async fn try_spawn(
+    env: &TestEnv,
+    opts: NodeOptions,
+) -> Result<Spawned, tensile_node::StartError> {
     // The node's warnings (or what TENSILE_TEST_LOG asks for) go with a failed test's output.
     let filter = tracing_subscriber::EnvFilter::try_from_env("TENSILE_TEST_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
@@ -135,6 +146,11 @@ pub async fn spawn(env: &TestEnv, opts: NodeOptions) -> Spawned {
             not_ready_after: None,
             lease_renew: opts.lease_renew,
             heartbeat: opts.heartbeat,
+            // One identity per node name: a test's restart is this process again.
+            holder_identity: opts
+                .holder
+                .clone()
+                .unwrap_or_else(|| format!("{name}_test")),
         },
         pods: PodSync {
             upper_events: upper.clone(),
@@ -164,13 +180,13 @@ pub async fn spawn(env: &TestEnv, opts: NodeOptions) -> Spawned {
         volumes: opts.volumes,
     };
     let stop = CancellationToken::new();
-    let running = vn.start(stop.clone()).await.unwrap();
-    Spawned {
+    let running = vn.start(stop.clone()).await?;
+    Ok(Spawned {
         stop,
         kubelet: running.kubelet_addr.unwrap(),
         metrics: running.metrics_addr,
         calls,
-    }
+    })
 }
 
 /// A pod named `name` (label `app=<name>`) bound to `node`, merged with `extra`.

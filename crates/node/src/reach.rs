@@ -1,0 +1,133 @@
+//! Whether the lower cluster answers, as the node loop last saw it, shared with the kubelet
+//! backend so that logs, exec, attach, port-forward and stats fail at once with 503 and the
+//! cause ("lower cluster lower-1 unreachable: connection refused ...") instead of a 404 or a
+//! bare `client error (Connect)`.
+
+use std::error::Error as StdError;
+use std::sync::{Arc, PoisonError, RwLock};
+
+use tensile_core::reach::{Cause, explain, unreachable_message};
+use tensile_kubelet::BackendError;
+
+/// Every link of an error's source chain, as displayed, outermost first.
+pub fn chain(e: &(dyn StdError + 'static)) -> Vec<String> {
+    let mut links = vec![e.to_string()];
+    let mut next = e.source();
+    while let Some(s) = next {
+        links.push(s.to_string());
+        next = s.source();
+    }
+    links
+}
+
+/// Whether a kube error means the server could not be reached or did not answer (rather than
+/// an answer, even an error status, from it).
+pub fn is_unreachable(e: &kube::Error) -> bool {
+    !matches!(
+        e,
+        kube::Error::Api(_)
+            | kube::Error::SerdeError(_)
+            | kube::Error::BuildRequest(_)
+            | kube::Error::Discovery(_)
+    )
+}
+
+/// The cause of a kube error in words: certificate problems named as such (see
+/// [`tensile_core::reach::explain`]); the API server's own message for an error status.
+pub fn describe(e: &kube::Error) -> (Cause, String) {
+    match e {
+        kube::Error::Api(s) => (Cause::Other, format!("{} ({})", s.message, s.code)),
+        other => explain(&chain(other)),
+    }
+}
+
+/// The lower cluster's name and reachability, cheap to clone.
+#[derive(Clone, Debug)]
+pub struct LowerReach {
+    cluster: Arc<str>,
+    down: Arc<RwLock<Option<String>>>,
+}
+
+impl LowerReach {
+    /// A lower cluster named `cluster` (in messages), reachable until told otherwise.
+    pub fn new(cluster: impl Into<Arc<str>>) -> Self {
+        Self {
+            cluster: cluster.into(),
+            down: Arc::new(RwLock::new(None)),
+        }
+    }
+
+    /// The lower cluster's name.
+    pub fn cluster(&self) -> &str {
+        &self.cluster
+    }
+
+    /// Records the last health check: `None` reachable, else the cause.
+    pub fn set(&self, cause: Option<String>) {
+        *self.down.write().unwrap_or_else(PoisonError::into_inner) = cause;
+    }
+
+    /// The cause, while the last health check failed.
+    pub fn cause(&self) -> Option<String> {
+        self.down
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// The error to answer with while the lower cluster is known to be unreachable.
+    pub fn unavailable(&self) -> Option<BackendError> {
+        self.cause()
+            .map(|c| BackendError::unavailable(unreachable_message(&self.cluster, &c)))
+    }
+
+    /// A failed lower request as the user should read it: an unreachable cluster is a 503
+    /// naming the cluster and the cause; an error status is `context: message (code)`.
+    pub fn error(&self, context: &str, e: &kube::Error) -> BackendError {
+        let (_, cause) = describe(e);
+        if is_unreachable(e) {
+            BackendError::unavailable(unreachable_message(&self.cluster, &cause))
+        } else {
+            BackendError::new(format!("{context}: {cause}"))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("client error (Connect)")]
+    struct Outer(#[source] std::io::Error);
+
+    #[test]
+    fn the_chain_reaches_the_root_cause() {
+        let e = Outer(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            "invalid peer certificate: UnknownIssuer",
+        ));
+        let links = chain(&e);
+        assert_eq!(
+            links,
+            vec![
+                "client error (Connect)".to_owned(),
+                "invalid peer certificate: UnknownIssuer".to_owned()
+            ]
+        );
+        assert_eq!(explain(&links).0, Cause::Certificate);
+    }
+
+    #[test]
+    fn an_unreachable_cluster_is_a_503_naming_it() {
+        let reach = LowerReach::new("lower-1");
+        assert!(reach.unavailable().is_none());
+        reach.set(Some("connection refused".into()));
+        let e = reach.unavailable().unwrap();
+        assert!(e.is_unavailable());
+        assert_eq!(
+            e.to_string(),
+            "lower cluster lower-1 unreachable: connection refused"
+        );
+    }
+}
