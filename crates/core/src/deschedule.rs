@@ -9,6 +9,13 @@
 //!   StatefulSet re-creates the same name first), so the controller does it.
 //! - re-created by the descheduler: only pods without a controller that opt in with
 //!   `descheduler.alpha.kubernetes.io/evict`; nobody else would ever re-create them.
+//!
+//! Every move is first written down as a [`Move`] (an intent, kept by the descheduler in a
+//! ConfigMap), then carried out step by step by [`move_step`] from what the caches show, so a
+//! step that fails (a refused create, a restart between the delete and the create) is done again
+//! until the move is complete. The intent is also how attempts are counted for every pod: a
+//! re-created pod carries `sigs.k8s.io/deschedule-count` itself, and for a controller's pod the
+//! intent hands the count over to the controller's next new pod (its replacement).
 
 use std::collections::BTreeMap;
 
@@ -20,6 +27,7 @@ use crate::keys::{
     ANNOTATION_CONFIG_MIRROR, ANNOTATION_CONFIG_SOURCE, ANNOTATION_DESCHEDULE_COUNT,
     ANNOTATION_DESCHEDULER_EVICT, LABEL_CREATE_BY_DESCHEDULER, VALUE_TRUE,
 };
+use serde::{Deserialize, Serialize};
 
 /// Priority from which a pod is critical (`system-cluster-critical` and above).
 pub const CRITICAL_PRIORITY: i32 = 2_000_000_000;
@@ -271,6 +279,220 @@ pub fn replacement(pod: &Pod, node: &str) -> Pod {
     new
 }
 
+/// How long a controller's move waits for the controller's new pod to take over its count.
+/// A replacement appears within seconds; one that never comes (the controller was scaled down
+/// or deleted, or rolled out a new ReplicaSet) must not keep the intent for ever.
+pub const HANDOVER_WINDOW: SignedDuration = SignedDuration::from_secs(600);
+
+/// A move, written down before the pod is deleted, with what it takes to finish it after a
+/// failure or a restart.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Move {
+    /// Namespace of the moved pod.
+    pub namespace: String,
+    /// Name of the moved pod.
+    pub name: String,
+    /// UID of the moved pod: only that pod is ever deleted.
+    pub uid: String,
+    /// The virtual node it could not be placed through.
+    pub node: String,
+    /// Moves of the pod (or its slot in its controller) including this one.
+    pub attempts: u32,
+    /// Why it moves, for the event.
+    pub why: String,
+    /// Who creates the replacement.
+    pub how: MoveHow,
+}
+
+/// Who creates the replacement of a moved pod.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum MoveHow {
+    /// The pod's controller (this UID); its next new pod takes over [`Move::attempts`].
+    #[serde(rename_all = "camelCase")]
+    ThroughOwner {
+        /// UID of the controller.
+        controller: String,
+    },
+    /// The descheduler, with this pod.
+    Recreate {
+        /// The replacement ([`replacement`]).
+        replacement: Box<Pod>,
+    },
+}
+
+/// The name of the intent of a move of the pod with this UID (one move per pod at a time).
+pub fn move_name(uid: &str) -> String {
+    format!("tensile-move-{uid}")
+}
+
+/// The move of `pod`, stuck on `node` because of `why`, with `attempts` moves behind it (see
+/// [`attempts_owed`]); `None` when the pod has no UID to delete it by.
+pub fn plan_move(
+    pod: &Pod,
+    node: &str,
+    handling: &Handling,
+    attempts: u32,
+    why: &str,
+) -> Option<Move> {
+    let uid = pod.metadata.uid.clone().filter(|u| !u.is_empty())?;
+    let how = match handling {
+        Handling::ThroughOwner(controller) => MoveHow::ThroughOwner {
+            controller: controller.clone(),
+        },
+        Handling::Recreate => MoveHow::Recreate {
+            replacement: Box::new(replacement(pod, node)),
+        },
+    };
+    Some(Move {
+        namespace: pod.metadata.namespace.clone().unwrap_or_default(),
+        name: pod.metadata.name.clone().unwrap_or_default(),
+        uid,
+        node: node.to_owned(),
+        attempts: attempts.saturating_add(1),
+        why: why.to_owned(),
+        how,
+    })
+}
+
+/// Whether `pod` is one the controller of `m` may have created to replace the moved pod, and
+/// has not taken its count yet: the same controller and namespace, created at or after the
+/// intent (`since`, the intent's creation time, on the API server's clock as the pod's is),
+/// not being deleted, with fewer attempts. Several moves of one controller may hand their
+/// counts to each other's replacements: each count lands on some pod of the workload, which is
+/// what bounds the workload's moves.
+pub fn takes_over(m: &Move, since: Timestamp, pod: &Pod) -> bool {
+    let MoveHow::ThroughOwner { controller } = &m.how else {
+        return false;
+    };
+    let meta = &pod.metadata;
+    meta.namespace.as_deref() == Some(m.namespace.as_str())
+        && controller_uid(pod) == Some(controller.as_str())
+        && meta.uid.as_deref() != Some(m.uid.as_str())
+        && meta.deletion_timestamp.is_none()
+        && meta
+            .creation_timestamp
+            .as_ref()
+            .is_some_and(|t| t.0 >= since)
+        && attempts(pod) < m.attempts
+}
+
+/// Whether `pod` is a new pod of the controller of `m` that the webhook kept off the node `m`
+/// moved away from, and whose exclusions count the move already.
+fn counted_by_webhook(m: &Move, since: Timestamp, pod: &Pod) -> bool {
+    let MoveHow::ThroughOwner { controller } = &m.how else {
+        return false;
+    };
+    let meta = &pod.metadata;
+    meta.namespace.as_deref() == Some(m.namespace.as_str())
+        && controller_uid(pod) == Some(controller.as_str())
+        && meta.uid.as_deref() != Some(m.uid.as_str())
+        && meta
+            .creation_timestamp
+            .as_ref()
+            .is_some_and(|t| t.0 >= since)
+        && excluded_nodes(pod).contains(&m.node)
+        && attempts(pod) >= m.attempts
+}
+
+/// The attempts of `pod` counting the moves whose count it is due to take over (its own
+/// [`attempts`] otherwise): a replacement that becomes stuck before it was handed its count
+/// must not start again from zero.
+pub fn attempts_owed(pod: &Pod, moves: &[(Move, Timestamp)]) -> u32 {
+    moves
+        .iter()
+        .filter(|(m, since)| takes_over(m, *since, pod))
+        .map(|(m, _)| m.attempts)
+        .fold(attempts(pod), u32::max)
+}
+
+/// The next step of a move, from the cached pod under the moved pod's name (`current`) and
+/// the cached pods of its namespace that may be the controller's replacement (`candidates`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum MoveStep {
+    /// Mark the moved pod `unschedulable-node` and delete it (UID precondition).
+    Delete,
+    /// The moved pod is being deleted; look again when it changes.
+    WaitGone,
+    /// Create the replacement, once a read confirms the moved pod is gone (the caller's cache
+    /// may not hold a pod that is no longer Pending).
+    Create,
+    /// Hand the count over to this pod of the controller (a patch with the pod's UID and
+    /// resourceVersion as preconditions, see [`handover_patch`]).
+    Hand {
+        /// Its name.
+        name: String,
+    },
+    /// No replacement yet; look again when a pod of the controller appears, or at this time.
+    WaitReplacement(Timestamp),
+    /// Done (or nothing left to do): remove the intent.
+    Forget,
+}
+
+/// The next step of the move `m` whose intent was written at `since`.
+pub fn move_step(
+    m: &Move,
+    since: Timestamp,
+    current: Option<&Pod>,
+    candidates: &[Pod],
+    now: Timestamp,
+) -> MoveStep {
+    let moved = current.filter(|p| p.metadata.uid.as_deref() == Some(m.uid.as_str()));
+    if let Some(p) = moved
+        && p.metadata.deletion_timestamp.is_none()
+    {
+        return MoveStep::Delete;
+    }
+    match &m.how {
+        MoveHow::Recreate { .. } => match (moved, current) {
+            (Some(_), _) => MoveStep::WaitGone,
+            // Someone created a pod under the name (our replacement, a restarted run's).
+            (None, Some(_)) => MoveStep::Forget,
+            (None, None) => MoveStep::Create,
+        },
+        // A controller creates the replacement once the pod is being deleted (a ReplicaSet)
+        // or gone (a StatefulSet): look for it either way.
+        MoveHow::ThroughOwner { .. } => {
+            let next = candidates
+                .iter()
+                .filter(|p| takes_over(m, since, p))
+                .min_by_key(|p| {
+                    (
+                        p.metadata.creation_timestamp.as_ref().map(|t| t.0),
+                        p.metadata.name.clone(),
+                    )
+                });
+            if let Some(p) = next {
+                return MoveStep::Hand {
+                    name: p.metadata.name.clone().unwrap_or_default(),
+                };
+            }
+            // A `virtual-pod=true` replacement is counted by the webhook already: it keeps the
+            // node off the controller's new pods, and those exclusions are attempts.
+            if candidates.iter().any(|p| counted_by_webhook(m, since, p)) {
+                return MoveStep::Forget;
+            }
+            let until = since.saturating_add(HANDOVER_WINDOW).unwrap_or(since);
+            if now >= until {
+                MoveStep::Forget
+            } else {
+                MoveStep::WaitReplacement(until)
+            }
+        }
+    }
+}
+
+/// The merge patch that hands the count of `m` over to `pod`: only while it is the same pod at
+/// the same resourceVersion, so two moves never both count on one pod by racing.
+pub fn handover_patch(m: &Move, pod: &Pod) -> serde_json::Value {
+    serde_json::json!({"metadata": {
+        "uid": pod.metadata.uid,
+        "resourceVersion": pod.metadata.resource_version,
+        "annotations": {ANNOTATION_DESCHEDULE_COUNT: m.attempts.to_string()},
+    }})
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -453,5 +675,232 @@ mod tests {
         let exprs = terms[0].match_expressions.as_ref().unwrap();
         assert_eq!(exprs[0].key, "clusterID", "the user's term is kept");
         assert_eq!(exprs[1].values.as_deref().unwrap(), ["vk-a", "vk-b"]);
+    }
+
+    fn since() -> Timestamp {
+        at("2026-11-22T10:01:00Z")
+    }
+
+    /// The ReplicaSet's next pod, created at `created`.
+    fn sibling(name: &str, created: &str) -> Pod {
+        stuck(
+            json!({"metadata": {"name": name, "uid": format!("{name}-uid"),
+            "creationTimestamp": created, "annotations": null}}),
+        )
+    }
+
+    fn owner_move(attempts: u32) -> Move {
+        let pod = stuck(json!({}));
+        let handling = handling(&pod, &Policy::default()).unwrap();
+        plan_move(&pod, "vk-a", &handling, attempts, "Unschedulable: full").unwrap()
+    }
+
+    #[test]
+    fn a_move_is_planned_with_one_more_attempt_and_who_re_creates() {
+        let m = owner_move(1);
+        assert_eq!(
+            (m.namespace.as_str(), m.name.as_str(), m.uid.as_str()),
+            ("shop", "web-1", "u1")
+        );
+        assert_eq!(m.attempts, 2);
+        assert_eq!(
+            m.how,
+            MoveHow::ThroughOwner {
+                controller: "rs-uid".into()
+            }
+        );
+        let bare = stuck(json!({"metadata": {"ownerReferences": null,
+            "annotations": {"descheduler.alpha.kubernetes.io/evict": "true"}}}));
+        let m = plan_move(&bare, "vk-a", &Handling::Recreate, 0, "x").unwrap();
+        let MoveHow::Recreate { replacement } = &m.how else {
+            panic!("{m:?}")
+        };
+        assert_eq!(attempts(replacement), m.attempts);
+        // It survives the ConfigMap it is kept in.
+        let text = serde_json::to_string(&m).unwrap();
+        assert_eq!(serde_json::from_str::<Move>(&text).unwrap(), m);
+        assert_eq!(move_name("u1"), "tensile-move-u1");
+        let mut no_uid = bare;
+        no_uid.metadata.uid = None;
+        assert_eq!(
+            plan_move(&no_uid, "vk-a", &Handling::Recreate, 0, "x"),
+            None
+        );
+    }
+
+    #[test]
+    fn the_controllers_next_pod_takes_over_the_count() {
+        let m = owner_move(0);
+        let next = sibling("web-2", "2026-11-22T10:01:00Z");
+        assert!(takes_over(&m, since(), &next), "same second counts");
+        assert!(
+            !takes_over(&m, since(), &sibling("web-0", "2026-11-22T10:00:59Z")),
+            "older than the move"
+        );
+        assert!(
+            !takes_over(
+                &m,
+                since(),
+                &stuck(json!({"metadata": {
+            "creationTimestamp": "2026-11-22T10:02:00Z"}}))
+            ),
+            "the moved pod itself"
+        );
+        let other = stuck(json!({"metadata": {"name": "x", "uid": "x",
+            "creationTimestamp": "2026-11-22T10:02:00Z",
+            "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "o",
+                "uid": "other-rs", "controller": true}]}}));
+        assert!(!takes_over(&m, since(), &other), "another controller");
+        let mut elsewhere = next.clone();
+        elsewhere.metadata.namespace = Some("other".into());
+        assert!(!takes_over(&m, since(), &elsewhere));
+        let mut deleting = next.clone();
+        deleting.metadata.deletion_timestamp = Some(
+            k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(at("2026-11-22T10:03:00Z")),
+        );
+        assert!(!takes_over(&m, since(), &deleting));
+        let counted = stuck(json!({"metadata": {"name": "web-3", "uid": "web-3-uid",
+            "creationTimestamp": "2026-11-22T10:02:00Z",
+            "annotations": {"sigs.k8s.io/deschedule-count": "1"}}}));
+        assert!(!takes_over(&m, since(), &counted), "has the count already");
+        // Until it is handed over, the count is owed to it.
+        assert_eq!(attempts(&next), 0);
+        assert_eq!(attempts_owed(&next, &[(owner_move(2), since())]), 3);
+        assert_eq!(attempts_owed(&next, &[]), 0);
+        // A bare pod's re-creation carries its count itself.
+        let bare = stuck(json!({"metadata": {"ownerReferences": null}}));
+        let m = plan_move(&bare, "vk-a", &Handling::Recreate, 0, "x").unwrap();
+        assert!(!takes_over(&m, since(), &next));
+    }
+
+    #[test]
+    fn a_move_through_the_owner_deletes_then_hands_over_then_is_forgotten() {
+        let m = owner_move(0);
+        let old = stuck(json!({}));
+        let now = at("2026-11-22T10:01:01Z");
+        assert_eq!(
+            move_step(&m, since(), Some(&old), &[], now),
+            MoveStep::Delete
+        );
+        let mut deleting = old.clone();
+        deleting.metadata.deletion_timestamp =
+            Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(now));
+        let window = at("2026-11-22T10:11:00Z");
+        assert_eq!(
+            move_step(&m, since(), Some(&deleting), &[deleting.clone()], now),
+            MoveStep::WaitReplacement(window)
+        );
+        // The oldest new pod of the controller takes it (a ReplicaSet replaces a pod as soon
+        // as it is being deleted).
+        let pods = [
+            deleting.clone(),
+            sibling("web-3", "2026-11-22T10:01:02Z"),
+            sibling("web-2", "2026-11-22T10:01:01Z"),
+        ];
+        assert_eq!(
+            move_step(&m, since(), Some(&deleting), &pods, now),
+            MoveStep::Hand {
+                name: "web-2".into()
+            }
+        );
+        assert_eq!(
+            move_step(&m, since(), None, &pods[1..], now),
+            MoveStep::Hand {
+                name: "web-2".into()
+            }
+        );
+        // Nothing came within the window.
+        assert_eq!(move_step(&m, since(), None, &[], window), MoveStep::Forget);
+        // A virtual-pod=true replacement came through the webhook, which excluded the node:
+        // it is counted already.
+        let mut excluded = sibling("web-4", "2026-11-22T10:01:02Z");
+        exclude_nodes(&mut excluded, &["vk-a".to_owned()]);
+        assert_eq!(
+            move_step(&m, since(), None, &[excluded.clone()], now),
+            MoveStep::Forget
+        );
+        let mut elsewhere = sibling("web-5", "2026-11-22T10:01:02Z");
+        exclude_nodes(&mut elsewhere, &["vk-b".to_owned()]);
+        // (A second move, from vk-a after vk-b: the pod's one exclusion is not its count.)
+        assert_eq!(
+            move_step(&owner_move(1), since(), None, &[elsewhere], now),
+            MoveStep::Hand {
+                name: "web-5".into()
+            },
+            "an exclusion of another node does not count this move"
+        );
+        let patch = handover_patch(&m, &pods[2]);
+        assert_eq!(
+            patch,
+            json!({"metadata": {"uid": "web-2-uid", "resourceVersion": "7",
+                "annotations": {"sigs.k8s.io/deschedule-count": "1"}}})
+        );
+    }
+
+    #[test]
+    fn a_re_creation_deletes_waits_creates_and_is_forgotten_once_the_name_is_taken() {
+        let bare = stuck(json!({"metadata": {"ownerReferences": null}}));
+        let m = plan_move(&bare, "vk-a", &Handling::Recreate, 0, "x").unwrap();
+        let now = at("2026-11-22T10:01:01Z");
+        assert_eq!(
+            move_step(&m, since(), Some(&bare), &[], now),
+            MoveStep::Delete
+        );
+        let mut deleting = bare.clone();
+        deleting.metadata.deletion_timestamp =
+            Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(now));
+        assert_eq!(
+            move_step(&m, since(), Some(&deleting), &[], now),
+            MoveStep::WaitGone
+        );
+        // Gone: create, and create again after a refusal (nothing under the name yet), however
+        // long it takes: a bare pod has nobody else to re-create it.
+        let later = at("2026-11-23T10:00:00Z");
+        assert_eq!(move_step(&m, since(), None, &[], later), MoveStep::Create);
+        let MoveHow::Recreate { replacement } = &m.how else {
+            panic!()
+        };
+        let mut created = (**replacement).clone();
+        created.metadata.uid = Some("u2".into());
+        assert_eq!(
+            move_step(&m, since(), Some(&created), &[], now),
+            MoveStep::Forget
+        );
+    }
+
+    /// Issue 19: a controller's pod that its lower cluster keeps refusing was deleted every
+    /// 30 s for ever (nothing counted its moves). Through the hand-over each replacement
+    /// carries the count, so the pod's slot moves `max_attempts` times and stays.
+    #[test]
+    fn a_controllers_pod_refused_everywhere_moves_at_most_max_attempts_times() {
+        let policy = Policy::default();
+        let mut pod = stuck(json!({"metadata": {"annotations": null}}));
+        let mut moves = 0;
+        for i in 0..10 {
+            let Ok(how) = handling(&pod, &policy) else {
+                panic!()
+            };
+            if attempts(&pod) >= policy.max_attempts {
+                break;
+            }
+            let m = plan_move(&pod, "vk-a", &how, attempts(&pod), "x").unwrap();
+            moves += 1;
+            // The ReplicaSet's replacement, a new pod the webhook never saw.
+            let created = format!("2026-11-22T10:0{i}:30Z");
+            let since: Timestamp = format!("2026-11-22T10:0{i}:29Z").parse().unwrap();
+            let next = sibling(&format!("web-{i}-next"), &created);
+            assert_eq!(
+                move_step(&m, since, None, std::slice::from_ref(&next), since),
+                MoveStep::Hand {
+                    name: next.metadata.name.clone().unwrap()
+                }
+            );
+            let patch = handover_patch(&m, &next);
+            let mut v = serde_json::to_value(&next).unwrap();
+            json_merge(&mut v, patch);
+            pod = serde_json::from_value(v).unwrap();
+        }
+        assert_eq!(moves, policy.max_attempts);
+        assert_eq!(attempts(&pod), policy.max_attempts);
     }
 }

@@ -1,16 +1,29 @@
 //! `tensile descheduler`: moves pods that their virtual node's lower cluster cannot place.
 //!
-//! Event driven: one watch of Pending upper pods and one of virtual nodes. Each pod event
+//! Event driven: one watch of Pending upper pods, one of virtual nodes and one of our move
+//! intents (ConfigMaps labelled `tensile-kube.io/move=true` in `--namespace`). Each pod event
 //! computes when the pod becomes due (`tensile_core::deschedule::due`: Unschedulable in the
 //! lower cluster for the threshold, or the original's age rule) and arms a timer for that
-//! moment; when it fires the pod is checked again from the cache and, if still due, moved:
+//! moment; when it fires the pod is checked again from the cache and, if still due, moved.
+//!
+//! A move is first written down as an intent (`tensile_core::deschedule::Move`), then carried
+//! out step by step (`move_step`) from the caches, each step idempotent, until it is complete:
 //! - a controller's pod is marked `unschedulable-node=<node>` (the webhook records it
 //!   synchronously, so the replacement avoids the node) and deleted with a UID precondition;
-//!   its controller creates the replacement. Nothing is created twice and nothing is lost.
-//! - a bare pod that opted in is re-created under its name. The replacement is first written
-//!   to a ConfigMap (the intent), then the old pod is deleted, then the replacement created,
-//!   then the intent removed; on start every intent left by a crash is completed. So the pod
-//!   survives a crash at any step.
+//!   its controller creates the replacement, and the intent hands the pod's attempt count over
+//!   to it (`sigs.k8s.io/deschedule-count`). Nothing is created twice and nothing is lost.
+//! - a bare pod that opted in is deleted, then its replacement is created under its name.
+//!
+//! A step that fails is tried again 5 s later, and every intent is taken up again at start (it
+//! is in the watch's first list), so a refused or failed create is retried until the pod is
+//! back, with or without a restart. Intents are removed once complete.
+//!
+//! Why the count lives on the pods and the intents, not on the controller: the replacement of a
+//! controller's pod is a new pod from the controller's template, which the webhook only sees
+//! for `virtual-pod=true` pods. Writing the count on the owner instead would need write access
+//! to every workload kind (ReplicaSets, StatefulSets, Jobs, custom resources) and would be one
+//! count for all the replicas; the intent is ours, in our namespace, and the count follows the
+//! pod's slot in its workload, across the delete and across restarts.
 //!
 //! Moves are rate limited (a global token bucket and a per-node limit per minute), a pod moved
 //! `max_attempts` times is left alone with a Warning event, and `dry_run` writes nothing.
@@ -19,14 +32,14 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use futures::TryStreamExt as _;
+use futures::StreamExt as _;
 use k8s_openapi::api::core::v1::{ConfigMap, Node, ObjectReference, Pod};
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::runtime::WatchStreamExt as _;
 use kube::runtime::watcher;
 use serde_json::json;
-use tensile_core::deschedule::{self, Handling, Policy, Trigger};
+use tensile_core::deschedule::{self, Handling, Move, MoveHow, MoveStep, Policy};
 use tensile_core::keys::{
     ANNOTATION_UNSCHEDULABLE_NODE, EVENT_RESCHEDULED, LABEL_NODE_TYPE, VALUE_NODE_TYPE_VIRTUAL,
 };
@@ -37,14 +50,18 @@ use tokio::sync::{Semaphore, mpsc};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-/// Label of the ConfigMaps holding a re-creation in progress.
-pub const LABEL_RECREATE: &str = "tensile-kube.io/recreate";
-/// Key of the replacement pod's JSON in such a ConfigMap.
-const INTENT_KEY: &str = "pod.json";
-/// Moves in flight at once.
+/// Label of the ConfigMaps holding a move in progress (its intent).
+pub const LABEL_MOVE: &str = "tensile-kube.io/move";
+/// Key of the intent's JSON in such a ConfigMap.
+const MOVE_KEY: &str = "move.json";
+/// Moves and steps in flight at once.
 const CONCURRENT_MOVES: usize = 8;
-/// How long a re-creation waits for the old pod to be gone.
-const GONE_DEADLINE: Duration = Duration::from_secs(120);
+/// When a failed step is tried again.
+const RETRY: Duration = Duration::from_secs(5);
+/// When a step that lost a race (a conflict, a pod still leaving) looks again.
+const RECHECK: Duration = Duration::from_secs(1);
+/// Event reason of a step that failed and will be tried again.
+const EVENT_DESCHEDULING_FAILED: &str = "DeschedulingFailed";
 
 /// How the descheduler runs.
 #[derive(Debug, Clone)]
@@ -61,7 +78,7 @@ pub struct DeschedulerConfig {
     pub moves_per_second: f64,
     /// Burst of `moves_per_second`.
     pub burst: u32,
-    /// Namespace of the re-creation intents (the descheduler's own).
+    /// Namespace of the move intents (the descheduler's own).
     pub namespace: String,
 }
 
@@ -95,24 +112,57 @@ pub enum MoveError {
         #[source]
         source: kube::Error,
     },
-    /// The old pod did not go away in time; the intent stays and is completed later.
-    #[error("pod {namespace}/{name} was not gone after {GONE_DEADLINE:?}")]
-    NotGone {
-        /// Pod namespace.
-        namespace: String,
-        /// Pod name.
-        name: String,
-    },
-    /// An intent could not be encoded or decoded.
-    #[error("re-creation intent {0}: {1}")]
+    /// An intent could not be encoded.
+    #[error("move intent {0}: {1}")]
     Intent(String, String),
 }
 
-type Key = (String, String);
+/// Namespace and name of a pod.
+type PodKey = (String, String);
+
+/// What a timer is for: a pod that may become due, or a move intent to carry on.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+enum Key {
+    Pod(PodKey),
+    Move(String),
+}
+
+/// A change seen on a watch.
+enum Touched {
+    /// A pod, with its controller's UID.
+    Pod(PodKey, Option<String>),
+    /// A move intent (by ConfigMap name).
+    Move(String),
+}
 
 struct Limits {
     global: TokenBucket,
     per_node: HashMap<String, Vec<Instant>>,
+}
+
+/// The cached Pending pods of each controller, so that a move finds its replacement without
+/// decoding every pod.
+#[derive(Default)]
+struct ByController {
+    pods: HashMap<String, HashSet<PodKey>>,
+    controller_of: HashMap<PodKey, String>,
+}
+
+impl ByController {
+    fn set(&mut self, key: PodKey, controller: Option<String>) {
+        if let Some(old) = self.controller_of.remove(&key)
+            && let Some(set) = self.pods.get_mut(&old)
+        {
+            set.remove(&key);
+            if set.is_empty() {
+                self.pods.remove(&old);
+            }
+        }
+        if let Some(c) = controller {
+            self.pods.entry(c.clone()).or_default().insert(key.clone());
+            self.controller_of.insert(key, c);
+        }
+    }
 }
 
 struct Shared {
@@ -120,12 +170,12 @@ struct Shared {
     client: kube::Client,
     pods: CompactCache<Pod>,
     nodes: CompactCache<Node>,
+    moves: CompactCache<ConfigMap>,
+    by_controller: Mutex<ByController>,
     events: EventSink,
     limits: Mutex<Limits>,
     /// Pods told once why they are left alone (by UID), so a stuck pod is not an event storm.
     told: Mutex<HashSet<String>>,
-    /// Bumped on every pod event, for waiters.
-    changed: tokio::sync::watch::Sender<u64>,
 }
 
 /// Runs the descheduler until `stop`.
@@ -134,9 +184,6 @@ pub async fn run(
     client: kube::Client,
     stop: CancellationToken,
 ) -> Result<(), MoveError> {
-    let pods: CompactCache<Pod> = CompactCache::new();
-    let nodes: CompactCache<Node> = CompactCache::new();
-    let (changed, _) = tokio::sync::watch::channel(0u64);
     let shared = Arc::new(Shared {
         events: EventSink::start(client.clone(), "tensile-descheduler", "tensile-descheduler"),
         limits: Mutex::new(Limits {
@@ -144,80 +191,43 @@ pub async fn run(
             per_node: HashMap::new(),
         }),
         told: Mutex::default(),
-        config,
         client: client.clone(),
-        pods: pods.clone(),
-        nodes: nodes.clone(),
-        changed,
+        pods: CompactCache::new(),
+        nodes: CompactCache::new(),
+        moves: CompactCache::new(),
+        by_controller: Mutex::default(),
+        config,
     });
+    let (touched_tx, mut touched_rx) = mpsc::unbounded_channel::<Touched>();
+    watch_nodes(&shared, &stop, touched_tx.clone());
+    watch_pods(&shared, &stop, touched_tx.clone());
+    watch_moves(&shared, &stop, touched_tx);
+    shared.pods.wait_until_ready().await;
+    shared.nodes.wait_until_ready().await;
+    shared.moves.wait_until_ready().await;
 
-    let node_events = tensile_node::backoff::watch(
-        Api::<Node>::all(client.clone()),
-        watcher::Config::default().labels(&shared.config.node_selector),
-    );
-    let (touched_tx, mut touched_rx) = mpsc::unbounded_channel::<Key>();
-    {
-        let (nodes, stop, tx, pods) = (
-            nodes.clone(),
-            stop.clone(),
-            touched_tx.clone(),
-            pods.clone(),
-        );
-        tokio::spawn(async move {
-            let events = node_events
-                .inspect_ok(move |e| nodes.apply(e))
-                .touched_objects();
-            let mut seen = HashSet::new();
-            tensile_node::backoff::drain(Box::pin(events), &stop, "nodes", |node: Node| {
-                // A node that becomes virtual after its pods' timers fired re-arms them. Only
-                // a first sighting does: status updates of known nodes change nothing here,
-                // and the pods would all be decoded for each.
-                let name = node.metadata.name.unwrap_or_default();
-                if !seen.insert(name.clone()) {
-                    return;
-                }
-                for pod in pods.state() {
-                    if pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(&name) {
-                        let _ = tx.send(key_of(&pod));
-                    }
-                }
-            })
-            .await;
-        });
+    let mut timers = Timers::default();
+    // Everything listed at start is looked at once; intents left by an earlier run (or by a
+    // step that failed) are carried on.
+    for pod in shared.pods.state() {
+        timers.arm_pod(&shared, &key_of(&pod));
     }
-    let pod_events = tensile_node::backoff::watch(
-        Api::<Pod>::all(client.clone()),
-        watcher::Config::default().fields("status.phase=Pending"),
-    );
-    {
-        let (pods, stop, shared) = (pods.clone(), stop.clone(), shared.clone());
-        tokio::spawn(async move {
-            let events = pod_events
-                .inspect_ok(move |e| pods.apply(e))
-                .touched_objects();
-            tensile_node::backoff::drain(Box::pin(events), &stop, "pods", |pod: Pod| {
-                shared.changed.send_modify(|n| *n = n.wrapping_add(1));
-                let _ = touched_tx.send(key_of(&pod));
-            })
-            .await;
-        });
+    let mut intents: HashMap<String, (PodKey, Option<String>)> = HashMap::new();
+    for cm in shared.moves.state() {
+        let name = cm.metadata.name.clone().unwrap_or_default();
+        note_intent(&shared, &name, &mut intents);
+        if !shared.config.dry_run {
+            timers.set(Key::Move(name), Instant::now());
+        }
     }
-    pods.wait_until_ready().await;
-    nodes.wait_until_ready().await;
-    if !shared.config.dry_run {
-        complete_intents(&shared).await;
-    }
-    // Everything listed at start is looked at once.
-    let mut timers: BTreeMap<(Instant, Key), ()> = BTreeMap::new();
-    let mut armed: HashMap<Key, Instant> = HashMap::new();
-    for pod in pods.state() {
-        arm(&shared, &key_of(&pod), &mut timers, &mut armed);
-    }
-    let moves = Arc::new(Semaphore::new(CONCURRENT_MOVES));
+    let steps = Arc::new(Semaphore::new(CONCURRENT_MOVES));
     let mut in_flight: HashSet<Key> = HashSet::new();
-    let (done_tx, mut done_rx) = mpsc::unbounded_channel::<(Key, Option<Instant>)>();
+    // Keys touched while in flight: looked at again as soon as they are done.
+    let mut again: HashSet<Key> = HashSet::new();
+    let (done_tx, mut done_rx) =
+        mpsc::unbounded_channel::<(Key, Option<Instant>, Option<String>)>();
     loop {
-        let next = timers.keys().next().map(|(at, _)| *at);
+        let next = timers.next();
         let sleep = async {
             match next {
                 Some(at) => tokio::time::sleep_until(at).await,
@@ -226,31 +236,53 @@ pub async fn run(
         };
         tokio::select! {
             () = stop.cancelled() => return Ok(()),
-            Some(key) = touched_rx.recv() => arm(&shared, &key, &mut timers, &mut armed),
-            Some((key, retry)) = done_rx.recv() => {
+            Some(touched) = touched_rx.recv() => match touched {
+                Touched::Pod(key, controller) => {
+                    timers.arm_pod(&shared, &key);
+                    if shared.config.dry_run {
+                        continue;
+                    }
+                    // A move waiting for this pod to go, or for its controller's next pod.
+                    for (name, (pod, owner)) in &intents {
+                        if *pod == key || (owner.is_some() && *owner == controller) {
+                            timers.set(Key::Move(name.clone()), Instant::now());
+                        }
+                    }
+                }
+                Touched::Move(name) => {
+                    note_intent(&shared, &name, &mut intents);
+                    if intents.contains_key(&name) && !shared.config.dry_run {
+                        timers.set(Key::Move(name), Instant::now());
+                    } else {
+                        timers.unset(&Key::Move(name));
+                    }
+                }
+            },
+            Some((key, retry, drive)) = done_rx.recv() => {
                 in_flight.remove(&key);
-                if let Some(at) = retry {
-                    set_timer(&key, at, &mut timers, &mut armed);
+                if again.remove(&key) {
+                    timers.set(key, Instant::now());
+                } else if let Some(at) = retry {
+                    timers.set(key, at);
+                }
+                if let Some(name) = drive {
+                    timers.set(Key::Move(name), Instant::now());
                 }
             }
             () = sleep => {
-                let now = Instant::now();
-                let due: Vec<Key> = timers
-                    .range(..=(now, (String::new(), String::new())))
-                    .map(|((_, k), ())| k.clone())
-                    .collect();
-                for key in due {
-                    if let Some(at) = armed.remove(&key) {
-                        timers.remove(&(at, key.clone()));
-                    }
+                for key in timers.take_due(Instant::now()) {
                     if !in_flight.insert(key.clone()) {
+                        again.insert(key);
                         continue;
                     }
-                    let (shared, moves, done) = (shared.clone(), moves.clone(), done_tx.clone());
+                    let (shared, steps, done) = (shared.clone(), steps.clone(), done_tx.clone());
                     tokio::spawn(async move {
-                        let _permit = moves.acquire().await;
-                        let retry = consider(&shared, &key).await;
-                        let _ = done.send((key, retry));
+                        let _permit = steps.acquire().await;
+                        let (retry, drive) = match &key {
+                            Key::Pod(pod) => consider(&shared, pod).await,
+                            Key::Move(name) => (carry_on(&shared, name).await, None),
+                        };
+                        let _ = done.send((key, retry, drive));
                     });
                 }
             }
@@ -258,44 +290,193 @@ pub async fn run(
     }
 }
 
-fn key_of(pod: &Pod) -> Key {
+fn watch_nodes(shared: &Arc<Shared>, stop: &CancellationToken, tx: mpsc::UnboundedSender<Touched>) {
+    let events = tensile_node::backoff::watch(
+        Api::<Node>::all(shared.client.clone()),
+        watcher::Config::default().labels(&shared.config.node_selector),
+    );
+    let (shared, stop) = (shared.clone(), stop.clone());
+    tokio::spawn(async move {
+        let nodes = shared.nodes.clone();
+        let events = events.inspect(move |e| {
+            if let Ok(e) = e {
+                nodes.apply(e);
+            }
+        });
+        let mut seen = HashSet::new();
+        tensile_node::backoff::drain(
+            Box::pin(events.touched_objects()),
+            &stop,
+            "nodes",
+            |node: Node| {
+                // A node that becomes virtual after its pods' timers fired re-arms them. Only
+                // a first sighting does: status updates of known nodes change nothing here,
+                // and the pods would all be decoded for each.
+                let name = node.metadata.name.unwrap_or_default();
+                if !seen.insert(name.clone()) {
+                    return;
+                }
+                for pod in shared.pods.state() {
+                    if pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(&name) {
+                        let controller = deschedule::controller_uid(&pod).map(str::to_owned);
+                        let _ = tx.send(Touched::Pod(key_of(&pod), controller));
+                    }
+                }
+            },
+        )
+        .await;
+    });
+}
+
+fn watch_pods(shared: &Arc<Shared>, stop: &CancellationToken, tx: mpsc::UnboundedSender<Touched>) {
+    let events = tensile_node::backoff::watch(
+        Api::<Pod>::all(shared.client.clone()),
+        watcher::Config::default().fields("status.phase=Pending"),
+    );
+    let (shared, stop) = (shared.clone(), stop.clone());
+    tokio::spawn(async move {
+        tensile_node::backoff::drain(Box::pin(events), &stop, "pods", |event| {
+            shared.pods.apply(&event);
+            let (pod, gone) = match event {
+                watcher::Event::Init => {
+                    // A re-list: the index is rebuilt from what it lists.
+                    if let Ok(mut index) = shared.by_controller.lock() {
+                        *index = ByController::default();
+                    }
+                    return;
+                }
+                watcher::Event::InitDone => return,
+                watcher::Event::Apply(p) | watcher::Event::InitApply(p) => (p, false),
+                watcher::Event::Delete(p) => (p, true),
+            };
+            let key = key_of(&pod);
+            let controller = deschedule::controller_uid(&pod).map(str::to_owned);
+            if let Ok(mut index) = shared.by_controller.lock() {
+                index.set(key.clone(), controller.clone().filter(|_| !gone));
+            }
+            let _ = tx.send(Touched::Pod(key, controller));
+        })
+        .await;
+    });
+}
+
+fn watch_moves(shared: &Arc<Shared>, stop: &CancellationToken, tx: mpsc::UnboundedSender<Touched>) {
+    let events = tensile_node::backoff::watch(
+        Api::<ConfigMap>::namespaced(shared.client.clone(), &shared.config.namespace),
+        watcher::Config::default().labels(&format!("{LABEL_MOVE}=true")),
+    );
+    let (shared, stop) = (shared.clone(), stop.clone());
+    tokio::spawn(async move {
+        let moves = shared.moves.clone();
+        let events = events.inspect(move |e| {
+            if let Ok(e) = e {
+                moves.apply(e);
+            }
+        });
+        tensile_node::backoff::drain(
+            Box::pin(events.touched_objects()),
+            &stop,
+            "move intents",
+            |cm: ConfigMap| {
+                let _ = tx.send(Touched::Move(cm.metadata.name.unwrap_or_default()));
+            },
+        )
+        .await;
+    });
+}
+
+/// Records which pod and which controller the intent `name` waits on (forgets it when gone).
+fn note_intent(
+    shared: &Shared,
+    name: &str,
+    intents: &mut HashMap<String, (PodKey, Option<String>)>,
+) {
+    match shared
+        .moves
+        .get(&shared.config.namespace, name)
+        .and_then(|cm| decode_move(&cm))
+    {
+        Some((m, _)) => {
+            let controller = match &m.how {
+                MoveHow::ThroughOwner { controller } => Some(controller.clone()),
+                MoveHow::Recreate { .. } => None,
+            };
+            intents.insert(name.to_owned(), ((m.namespace, m.name), controller));
+        }
+        None => {
+            intents.remove(name);
+        }
+    }
+}
+
+/// The move an intent holds and when it was written (the API server's time).
+fn decode_move(cm: &ConfigMap) -> Option<(Move, Timestamp)> {
+    let m = serde_json::from_str(cm.data.as_ref()?.get(MOVE_KEY)?).ok()?;
+    let since = cm
+        .metadata
+        .creation_timestamp
+        .as_ref()
+        .map_or_else(Timestamp::now, |t| t.0);
+    Some((m, since))
+}
+
+/// The timers: one per key, earliest first.
+#[derive(Default)]
+struct Timers {
+    queue: BTreeMap<(Instant, Key), ()>,
+    armed: HashMap<Key, Instant>,
+}
+
+impl Timers {
+    fn next(&self) -> Option<Instant> {
+        self.queue.keys().next().map(|(at, _)| *at)
+    }
+
+    fn set(&mut self, key: Key, at: Instant) {
+        if let Some(old) = self.armed.insert(key.clone(), at) {
+            self.queue.remove(&(old, key.clone()));
+        }
+        self.queue.insert((at, key), ());
+    }
+
+    fn unset(&mut self, key: &Key) {
+        if let Some(old) = self.armed.remove(key) {
+            self.queue.remove(&(old, key.clone()));
+        }
+    }
+
+    /// Removes and returns the keys due at `now`.
+    fn take_due(&mut self, now: Instant) -> Vec<Key> {
+        let mut due = Vec::new();
+        while let Some(entry) = self.queue.first_entry() {
+            if entry.key().0 > now {
+                break;
+            }
+            let (_, key) = entry.remove_entry().0;
+            self.armed.remove(&key);
+            due.push(key);
+        }
+        due
+    }
+
+    /// Arms (or disarms) the pod's timer from its current state.
+    fn arm_pod(&mut self, shared: &Shared, key: &PodKey) {
+        let due = shared
+            .pods
+            .get(&key.0, &key.1)
+            .and_then(|pod| deschedule::due(&pod, &shared.config.policy));
+        match due {
+            Some((when, _)) => self.set(Key::Pod(key.clone()), instant_of(when)),
+            None => self.unset(&Key::Pod(key.clone())),
+        }
+    }
+}
+
+fn key_of(pod: &Pod) -> PodKey {
     (
         pod.metadata.namespace.clone().unwrap_or_default(),
         pod.metadata.name.clone().unwrap_or_default(),
     )
-}
-
-fn set_timer(
-    key: &Key,
-    at: Instant,
-    timers: &mut BTreeMap<(Instant, Key), ()>,
-    armed: &mut HashMap<Key, Instant>,
-) {
-    if let Some(old) = armed.insert(key.clone(), at) {
-        timers.remove(&(old, key.clone()));
-    }
-    timers.insert((at, key.clone()), ());
-}
-
-/// Arms (or disarms) the pod's timer from its current state.
-fn arm(
-    shared: &Shared,
-    key: &Key,
-    timers: &mut BTreeMap<(Instant, Key), ()>,
-    armed: &mut HashMap<Key, Instant>,
-) {
-    let due = shared
-        .pods
-        .get(&key.0, &key.1)
-        .and_then(|pod| deschedule::due(&pod, &shared.config.policy));
-    match due {
-        Some((when, _)) => set_timer(key, instant_of(when), timers, armed),
-        None => {
-            if let Some(old) = armed.remove(key) {
-                timers.remove(&(old, key.clone()));
-            }
-        }
-    }
 }
 
 /// The monotonic instant of a wall-clock time (now when it is in the past).
@@ -317,6 +498,15 @@ fn reference(pod: &Pod) -> ObjectReference {
         uid: pod.metadata.uid.clone(),
         ..ObjectReference::default()
     }
+}
+
+/// The moved pod, for events once it may be gone.
+fn moved_pod(m: &Move) -> Pod {
+    let mut pod = Pod::default();
+    pod.metadata.namespace = Some(m.namespace.clone());
+    pod.metadata.name = Some(m.name.clone());
+    pod.metadata.uid = Some(m.uid.clone());
+    pod
 }
 
 impl Shared {
@@ -371,18 +561,34 @@ impl Shared {
         }
         Ok(())
     }
+
+    /// Every move intent with when it was written.
+    fn intents(&self) -> Vec<(Move, Timestamp)> {
+        self.moves.state().iter().filter_map(decode_move).collect()
+    }
+
+    fn intent_api(&self) -> Api<ConfigMap> {
+        Api::namespaced(self.client.clone(), &self.config.namespace)
+    }
 }
 
-/// Looks at a pod whose timer fired; moves it if it is still due. Returns when to look again.
-async fn consider(shared: &Shared, key: &Key) -> Option<Instant> {
-    let pod = shared.pods.get(&key.0, &key.1)?;
-    let (when, trigger) = deschedule::due(&pod, &shared.config.policy)?;
+/// Looks at a pod whose timer fired; if it is still due, writes its move down. Returns when to
+/// look again, and the intent to carry on.
+async fn consider(shared: &Shared, key: &PodKey) -> (Option<Instant>, Option<String>) {
+    let Some(pod) = shared.pods.get(&key.0, &key.1) else {
+        return (None, None);
+    };
+    let Some((when, trigger)) = deschedule::due(&pod, &shared.config.policy) else {
+        return (None, None);
+    };
     if instant_of(when) > Instant::now() {
-        return Some(instant_of(when));
+        return (Some(instant_of(when)), None);
     }
-    let node = pod.spec.as_ref()?.node_name.clone()?;
+    let Some(node) = pod.spec.as_ref().and_then(|s| s.node_name.clone()) else {
+        return (None, None);
+    };
     if !shared.nodes.contains("", &node) {
-        return None;
+        return (None, None);
     }
     let handling = match deschedule::handling(&pod, &shared.config.policy) {
         Ok(h) => h,
@@ -392,10 +598,21 @@ async fn consider(shared: &Shared, key: &Key) -> Option<Instant> {
                 "NotDescheduled",
                 format!("{trigger} on virtual node {node}, but the descheduler leaves it: {keep}"),
             );
-            return None;
+            return (None, None);
         }
     };
-    let attempts = deschedule::attempts(&pod);
+    let uid = pod.metadata.uid.clone().unwrap_or_default();
+    let name = deschedule::move_name(&uid);
+    if shared.moves.contains(&shared.config.namespace, &name) {
+        // Already on its way: the intent carries it on.
+        return (None, None);
+    }
+    // A controller's replacement that has not been handed its count yet is owed it.
+    let intents = match handling {
+        Handling::ThroughOwner(_) => shared.intents(),
+        Handling::Recreate => Vec::new(),
+    };
+    let attempts = deschedule::attempts_owed(&pod, &intents);
     if attempts >= shared.config.policy.max_attempts {
         shared.tell_once(
             &pod,
@@ -404,212 +621,220 @@ async fn consider(shared: &Shared, key: &Key) -> Option<Instant> {
                 "{trigger} on virtual node {node}; moved {attempts} times already, the descheduler gives up"
             ),
         );
-        return None;
+        return (None, None);
     }
     if let Err(at) = shared.take_move(&node) {
-        return Some(at);
+        return (Some(at), None);
     }
     if shared.config.dry_run {
         tracing::info!(pod = ?key, node, %trigger, ?handling, "dry run: would move");
-        return None;
+        return (None, None);
     }
-    let result = match handling {
-        Handling::ThroughOwner(_) => through_owner(shared, &pod, &node, &trigger).await,
-        Handling::Recreate => recreate(shared, &pod, &node, &trigger).await,
+    let Some(m) = deschedule::plan_move(&pod, &node, &handling, attempts, &trigger.to_string())
+    else {
+        return (None, None);
     };
-    match result {
-        Ok(()) => None,
+    match write_intent(shared, &name, &m).await {
+        Ok(()) => (None, Some(name)),
         Err(e) => {
-            tracing::warn!(error = %e, "move failed; retried");
-            Some(Instant::now() + Duration::from_secs(5))
+            tracing::warn!(error = %e, "move not started; retried");
+            (Some(Instant::now() + RETRY), None)
         }
     }
 }
 
-fn api_error<'a>(action: &'static str, pod: &'a Pod) -> impl FnOnce(kube::Error) -> MoveError + 'a {
+/// Writes the intent of a move (done when it exists already: same pod, same move).
+async fn write_intent(shared: &Shared, name: &str, m: &Move) -> Result<(), MoveError> {
+    let body =
+        serde_json::to_string(m).map_err(|e| MoveError::Intent(name.to_owned(), e.to_string()))?;
+    let intent: ConfigMap = serde_json::from_value(json!({
+        "metadata": {"name": name, "labels": {LABEL_MOVE: "true"}},
+        "data": {MOVE_KEY: body}
+    }))
+    .map_err(|e| MoveError::Intent(name.to_owned(), e.to_string()))?;
+    match shared
+        .intent_api()
+        .create(&PostParams::default(), &intent)
+        .await
+    {
+        Err(e) if !already_exists(&e) => Err(api_error("recording the move of", m)(e)),
+        _ => Ok(()),
+    }
+}
+
+fn api_error<'a>(action: &'static str, m: &'a Move) -> impl FnOnce(kube::Error) -> MoveError + 'a {
     move |source| MoveError::Api {
         action,
-        namespace: pod.metadata.namespace.clone().unwrap_or_default(),
-        name: pod.metadata.name.clone().unwrap_or_default(),
+        namespace: m.namespace.clone(),
+        name: m.name.clone(),
         source,
     }
 }
 
-/// Marks the pod with the node it failed on: the webhook records it for the pod's owner.
-async fn mark(shared: &Shared, pod: &Pod, node: &str) -> Result<(), MoveError> {
+/// Takes the move of intent `name` one step further. Returns when to look again (`None`: when
+/// something changes, or never once it is complete).
+async fn carry_on(shared: &Shared, name: &str) -> Option<Instant> {
+    if shared.config.dry_run {
+        return None;
+    }
+    let cm = shared.moves.get(&shared.config.namespace, name)?;
+    let Some((m, since)) = decode_move(&cm) else {
+        tracing::warn!(
+            intent = name,
+            "move intent without a move; left for inspection"
+        );
+        return None;
+    };
+    let current = shared.pods.get(&m.namespace, &m.name);
+    let candidates: Vec<Pod> = match &m.how {
+        MoveHow::ThroughOwner { controller } => {
+            let keys: Vec<PodKey> = shared
+                .by_controller
+                .lock()
+                .map(|i| {
+                    i.pods
+                        .get(controller)
+                        .into_iter()
+                        .flatten()
+                        .cloned()
+                        .collect()
+                })
+                .unwrap_or_default();
+            keys.iter()
+                .filter_map(|(ns, n)| shared.pods.get(ns, n))
+                .collect()
+        }
+        MoveHow::Recreate { .. } => Vec::new(),
+    };
+    let step = deschedule::move_step(&m, since, current.as_ref(), &candidates, Timestamp::now());
+    let result = match &step {
+        MoveStep::Delete => delete_moved(shared, &m).await.map(|()| Some(RETRY)),
+        MoveStep::WaitGone => Ok(Some(RETRY)),
+        MoveStep::Create => create_replacement(shared, &m).await,
+        MoveStep::Hand { name: pod } => match candidates
+            .iter()
+            .find(|p| p.metadata.name.as_deref() == Some(pod.as_str()))
+        {
+            Some(p) => hand_over(shared, &m, p).await,
+            None => Ok(Some(RECHECK)),
+        },
+        MoveStep::WaitReplacement(until) => {
+            return Some(instant_of(*until));
+        }
+        MoveStep::Forget => Ok(None),
+    };
+    match result {
+        // Complete: the intent goes.
+        Ok(None) => {
+            let uid = cm.metadata.uid.clone();
+            match delete_exact(&shared.intent_api(), name, uid, None).await {
+                Ok(()) => None,
+                Err(e) => {
+                    tracing::warn!(error = %e, intent = name, "cannot remove a complete move intent");
+                    Some(Instant::now() + RETRY)
+                }
+            }
+        }
+        Ok(Some(after)) => Some(Instant::now() + after),
+        Err(e) => {
+            tracing::warn!(error = %e, ?step, "move step failed; retried");
+            shared.event(
+                &moved_pod(&m),
+                true,
+                EVENT_DESCHEDULING_FAILED,
+                format!("{e}; tried again in {RETRY:?}"),
+            );
+            Some(Instant::now() + RETRY)
+        }
+    }
+}
+
+/// Marks the moved pod with the node it failed on (the webhook records it for the pod's
+/// owner), then deletes it, both only while it is the pod with the move's UID.
+async fn delete_moved(shared: &Shared, m: &Move) -> Result<(), MoveError> {
+    let api: Api<Pod> = Api::namespaced(shared.client.clone(), &m.namespace);
+    let patch = json!({"metadata": {"uid": m.uid,
+        "annotations": {ANNOTATION_UNSCHEDULABLE_NODE: m.node}}});
+    match api
+        .patch(&m.name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+    {
+        Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => return Ok(()),
+        r => r.map(drop).map_err(api_error("marking", m))?,
+    }
+    delete_exact(&api, &m.name, Some(m.uid.clone()), None)
+        .await
+        .map_err(api_error("deleting", m))?;
+    if let MoveHow::ThroughOwner { .. } = m.how {
+        tracing::info!(pod = ?(&m.namespace, &m.name), node = m.node, why = m.why, "moved through its controller");
+        shared.event(
+            &moved_pod(m),
+            false,
+            EVENT_RESCHEDULED,
+            format!(
+                "{} on virtual node {}: deleted so that its controller re-creates it on another node",
+                m.why, m.node
+            ),
+        );
+    }
+    Ok(())
+}
+
+/// Creates the replacement of a re-created pod once the moved pod is gone. `None` when done.
+async fn create_replacement(shared: &Shared, m: &Move) -> Result<Option<Duration>, MoveError> {
+    let MoveHow::Recreate { replacement } = &m.how else {
+        return Ok(None);
+    };
+    let api: Api<Pod> = Api::namespaced(shared.client.clone(), &m.namespace);
+    // The watch holds Pending pods only: the moved pod may still be there, in another phase.
+    match api.get_opt(&m.name).await {
+        Ok(Some(p)) if p.metadata.uid.as_deref() == Some(m.uid.as_str()) => {
+            return Ok(Some(RECHECK));
+        }
+        // Someone (a restarted descheduler, the user) created it already: it is not lost.
+        Ok(Some(_)) => return Ok(None),
+        Ok(None) => {}
+        Err(e) => return Err(api_error("looking for", m)(e)),
+    }
+    match api.create(&PostParams::default(), replacement).await {
+        Ok(created) => {
+            tracing::info!(pod = ?(&m.namespace, &m.name), node = m.node, why = m.why, "re-created");
+            shared.event(
+                &created,
+                false,
+                EVENT_RESCHEDULED,
+                format!(
+                    "{} on virtual node {}: re-created to be placed on another node",
+                    m.why, m.node
+                ),
+            );
+            Ok(None)
+        }
+        Err(e) if already_exists(&e) => Ok(None),
+        Err(e) => Err(api_error("creating the replacement of", m)(e)),
+    }
+}
+
+/// Hands the move's count over to the controller's new pod. `None` when done.
+async fn hand_over(shared: &Shared, m: &Move, pod: &Pod) -> Result<Option<Duration>, MoveError> {
     let (ns, name) = key_of(pod);
     let api: Api<Pod> = Api::namespaced(shared.client.clone(), &ns);
-    let patch = json!({"metadata": {"uid": pod.metadata.uid,
-        "annotations": {ANNOTATION_UNSCHEDULABLE_NODE: node}}});
+    let patch = deschedule::handover_patch(m, pod);
     match api
         .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
         .await
     {
-        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
-        r => r.map(drop).map_err(api_error("marking", pod)),
-    }
-}
-
-async fn through_owner(
-    shared: &Shared,
-    pod: &Pod,
-    node: &str,
-    trigger: &Trigger,
-) -> Result<(), MoveError> {
-    let (ns, name) = key_of(pod);
-    mark(shared, pod, node).await?;
-    let api: Api<Pod> = Api::namespaced(shared.client.clone(), &ns);
-    delete_exact(&api, &name, pod.metadata.uid.clone(), None)
-        .await
-        .map_err(api_error("deleting", pod))?;
-    tracing::info!(pod = ?(&ns, &name), node, %trigger, "moved through its controller");
-    shared.event(
-        pod,
-        false,
-        EVENT_RESCHEDULED,
-        format!(
-            "{trigger} on virtual node {node}: deleted so that its controller re-creates it on another node"
-        ),
-    );
-    Ok(())
-}
-
-fn intent_name(pod: &Pod) -> String {
-    format!(
-        "tensile-recreate-{}",
-        pod.metadata.uid.as_deref().unwrap_or("unknown")
-    )
-}
-
-async fn recreate(
-    shared: &Shared,
-    pod: &Pod,
-    node: &str,
-    trigger: &Trigger,
-) -> Result<(), MoveError> {
-    let (ns, name) = key_of(pod);
-    let replacement = deschedule::replacement(pod, node);
-    let intents: Api<ConfigMap> = Api::namespaced(shared.client.clone(), &shared.config.namespace);
-    let intent_name = intent_name(pod);
-    let body = serde_json::to_string(&replacement)
-        .map_err(|e| MoveError::Intent(intent_name.clone(), e.to_string()))?;
-    let intent: ConfigMap = serde_json::from_value(json!({
-        "metadata": {"name": intent_name, "labels": {LABEL_RECREATE: "true"}},
-        "data": {INTENT_KEY: body}
-    }))
-    .map_err(|e| MoveError::Intent(intent_name.clone(), e.to_string()))?;
-    match intents.create(&PostParams::default(), &intent).await {
-        Err(e) if !already_exists(&e) => {
-            return Err(api_error("recording the re-creation of", pod)(e));
+        Ok(_) => {
+            tracing::debug!(pod = ?(&ns, &name), attempts = m.attempts, "count handed over");
+            Ok(None)
         }
-        _ => {}
-    }
-    mark(shared, pod, node).await?;
-    let api: Api<Pod> = Api::namespaced(shared.client.clone(), &ns);
-    delete_exact(&api, &name, pod.metadata.uid.clone(), None)
-        .await
-        .map_err(api_error("deleting", pod))?;
-    wait_gone(shared, pod).await?;
-    create_replacement(shared, &replacement).await?;
-    let _ = intents.delete(&intent_name, &Default::default()).await;
-    tracing::info!(pod = ?(&ns, &name), node, %trigger, "re-created");
-    shared.event(
-        &replacement,
-        false,
-        EVENT_RESCHEDULED,
-        format!("{trigger} on virtual node {node}: re-created to be placed on another node"),
-    );
-    Ok(())
-}
-
-/// Waits, on the watch, until the pod with this UID is gone.
-async fn wait_gone(shared: &Shared, pod: &Pod) -> Result<(), MoveError> {
-    let (ns, name) = key_of(pod);
-    let mut changed = shared.changed.subscribe();
-    let deadline = tokio::time::Instant::now() + GONE_DEADLINE;
-    loop {
-        let current = shared.pods.get(&ns, &name);
-        if current.is_none_or(|p| p.metadata.uid != pod.metadata.uid) {
-            // The Pending-only watch drops a pod that stops being Pending too: ask once.
-            let api: Api<Pod> = Api::namespaced(shared.client.clone(), &ns);
-            match api.get_opt(&name).await {
-                Ok(None) => return Ok(()),
-                Ok(Some(p)) if p.metadata.uid != pod.metadata.uid => return Ok(()),
-                _ => {}
-            }
-        }
-        if tokio::time::timeout_at(deadline, changed.changed())
-            .await
-            .is_err()
-        {
-            return Err(MoveError::NotGone {
-                namespace: ns,
-                name,
-            });
-        }
-    }
-}
-
-async fn create_replacement(shared: &Shared, replacement: &Pod) -> Result<(), MoveError> {
-    let (ns, _) = key_of(replacement);
-    let api: Api<Pod> = Api::namespaced(shared.client.clone(), &ns);
-    match api.create(&PostParams::default(), replacement).await {
-        Ok(_) => Ok(()),
-        // Someone (a restarted descheduler, the user) created it already: it is not lost.
-        Err(e) if already_exists(&e) => Ok(()),
-        Err(e) => Err(api_error("creating the replacement", replacement)(e)),
-    }
-}
-
-/// Completes the re-creations a previous run left half done.
-async fn complete_intents(shared: &Shared) {
-    let intents: Api<ConfigMap> = Api::namespaced(shared.client.clone(), &shared.config.namespace);
-    // Once at start: intents exist only between a delete and a create.
-    let list = match intents
-        .list(&ListParams::default().labels(&format!("{LABEL_RECREATE}=true")))
-        .await
-    {
-        Ok(l) => l,
-        Err(e) => {
-            tracing::warn!(error = %e, "cannot read re-creation intents");
-            return;
-        }
-    };
-    for cm in list.items {
-        let name = cm.metadata.name.clone().unwrap_or_default();
-        let Some(pod) = cm
-            .data
-            .as_ref()
-            .and_then(|d| d.get(INTENT_KEY))
-            .and_then(|j| serde_json::from_str::<Pod>(j).ok())
-        else {
-            tracing::warn!(
-                intent = name,
-                "re-creation intent without a pod; left for inspection"
-            );
-            continue;
-        };
-        let (ns, pod_name) = key_of(&pod);
-        let api: Api<Pod> = Api::namespaced(shared.client.clone(), &ns);
-        let exists = match api.get_opt(&pod_name).await {
-            Ok(p) => p,
-            Err(e) => {
-                tracing::warn!(error = %e, intent = name, "cannot check the pod of an intent");
-                continue;
-            }
-        };
-        // The old pod still there (its deletion had not happened): nothing was lost; the
-        // intent is dropped and the pod is considered afresh.
-        let done = match exists {
-            Some(_) => Ok(()),
-            None => create_replacement(shared, &pod).await,
-        };
-        match done {
-            Ok(()) => {
-                tracing::info!(intent = name, pod = ?(&ns, &pod_name), "re-creation completed");
-                let _ = intents.delete(&name, &Default::default()).await;
-            }
-            Err(e) => tracing::warn!(error = %e, intent = name, "re-creation not completed"),
-        }
+        // It changed or went meanwhile: decide again from the cache.
+        Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => Ok(Some(RECHECK)),
+        Err(e) => Err(MoveError::Api {
+            action: "counting the move on",
+            namespace: ns,
+            name,
+            source: e,
+        }),
     }
 }

@@ -1,0 +1,263 @@
+//! The descheduler against an upper cluster whose virtual node's lower cluster keeps refusing
+//! pods: the "virtual node" is a plain Node labelled `type=virtual-kubelet`, and the test plays
+//! its lower cluster (every pod bound to it is marked `PodScheduled=False/Unschedulable`, as the
+//! virtual node mirrors the lower scheduler's condition) and its kubelet (a pod being deleted is
+//! finished at once).
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
+
+use std::collections::BTreeSet;
+
+use futures::TryStreamExt as _;
+use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
+use k8s_openapi::api::apps::v1::ReplicaSet;
+use k8s_openapi::api::core::v1::{ConfigMap, Event, Node, Pod};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::runtime::watcher;
+use serde_json::json;
+use tensile_core::deschedule::Policy;
+use tensile_placement::descheduler::{self, DeschedulerConfig, LABEL_MOVE};
+use tensile_sim::env::{ClusterSpec, TestEnv, eventually};
+use tokio_util::sync::CancellationToken;
+
+const NODE: &str = "vk-refusing";
+
+/// An upper cluster with the virtual node [`NODE`], whose lower cluster refuses every pod.
+async fn refusing_cluster() -> (TestEnv, CancellationToken) {
+    let env = TestEnv::start_with(vec![ClusterSpec::new("upper", 0)])
+        .await
+        .unwrap();
+    let client = env.clusters[0].client.clone();
+    let node: Node = serde_json::from_value(json!({"metadata": {"name": NODE,
+        "labels": {"type": "virtual-kubelet", "kubernetes.io/hostname": NODE}}}))
+    .unwrap();
+    Api::<Node>::all(client.clone())
+        .create(&PostParams::default(), &node)
+        .await
+        .unwrap();
+    let stop = CancellationToken::new();
+    tokio::spawn(refuse_everything(client, stop.clone()));
+    (env, stop)
+}
+
+/// The lower cluster and kubelet of [`NODE`]: every pod bound to it is Unschedulable, every pod
+/// being deleted is gone at once.
+async fn refuse_everything(client: kube::Client, stop: CancellationToken) {
+    let pods: Api<Pod> = Api::all(client.clone());
+    let events = watcher(
+        pods,
+        watcher::Config::default().fields(&format!("spec.nodeName={NODE}")),
+    );
+    let mut events = std::pin::pin!(events);
+    loop {
+        let event = tokio::select! {
+            () = stop.cancelled() => return,
+            e = events.try_next() => e,
+        };
+        let pod = match event {
+            Ok(Some(watcher::Event::Apply(p) | watcher::Event::InitApply(p))) => p,
+            Ok(Some(_)) => continue,
+            Ok(None) => return,
+            Err(_) => continue,
+        };
+        let ns = pod.metadata.namespace.clone().unwrap();
+        let name = pod.metadata.name.clone().unwrap();
+        let api: Api<Pod> = Api::namespaced(client.clone(), &ns);
+        if pod.metadata.deletion_timestamp.is_some() {
+            let params = DeleteParams {
+                grace_period_seconds: Some(0),
+                preconditions: Some(kube::api::Preconditions {
+                    uid: pod.metadata.uid.clone(),
+                    resource_version: None,
+                }),
+                ..DeleteParams::default()
+            };
+            let _ = api.delete(&name, &params).await;
+            continue;
+        }
+        let refused = pod
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .is_some_and(|c| {
+                c.iter()
+                    .any(|c| c.reason.as_deref() == Some("Unschedulable"))
+            });
+        if !refused {
+            let status = json!({"status": {"phase": "Pending", "conditions": [{
+                "type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+                "message": "0/2 nodes are available: 2 Insufficient cpu.",
+                "lastTransitionTime": k8s_openapi::jiff::Timestamp::now().to_string()}]}});
+            let _ = api
+                .patch_status(&name, &PatchParams::default(), &Patch::Merge(&status))
+                .await;
+        }
+    }
+}
+
+/// Starts a descheduler that moves pods Unschedulable for a second, at most `max_attempts`
+/// times each.
+fn start_descheduler(client: &kube::Client, max_attempts: u32) -> CancellationToken {
+    let config = DeschedulerConfig {
+        policy: Policy {
+            unschedulable_for: k8s_openapi::jiff::SignedDuration::from_secs(1),
+            max_attempts,
+            ..Policy::default()
+        },
+        ..DeschedulerConfig::default()
+    };
+    let stop = CancellationToken::new();
+    let (client, token) = (client.clone(), stop.clone());
+    tokio::spawn(async move { descheduler::run(config, client, token).await });
+    stop
+}
+
+/// The Events with `reason` about pods whose name starts with `prefix`, by pod name.
+async fn events(client: &kube::Client, reason: &str, prefix: &str) -> BTreeSet<String> {
+    Api::<Event>::namespaced(client.clone(), "default")
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|e| e.reason.as_deref() == Some(reason))
+        .filter_map(|e| e.involved_object.name)
+        .filter(|n| n.starts_with(prefix))
+        .collect()
+}
+
+fn count(pod: &Pod) -> Option<&str> {
+    pod.metadata
+        .annotations
+        .as_ref()?
+        .get("sigs.k8s.io/deschedule-count")
+        .map(String::as_str)
+}
+
+/// Issue 19: a controller's pod without `virtual-pod=true` (so the webhook never counts its
+/// moves) was deleted about every 30 s for ever. Its moves are counted across its replacements
+/// and across a restart of the descheduler, and it stays after `max_attempts`.
+#[tokio::test]
+async fn a_controllers_pod_the_lower_cluster_keeps_refusing_moves_at_most_max_attempts_times() {
+    let (env, lower) = refusing_cluster().await;
+    let client = env.clusters[0].client.clone();
+    let rs: ReplicaSet = serde_json::from_value(json!({"metadata": {"name": "stuck"},
+        "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "stuck"}},
+            "template": {"metadata": {"labels": {"app": "stuck"}},
+                "spec": {"nodeName": NODE, "containers": [{"name": "c", "image": "nginx:1.27"}]}}}}))
+    .unwrap();
+    Api::<ReplicaSet>::namespaced(client.clone(), "default")
+        .create(&PostParams::default(), &rs)
+        .await
+        .unwrap();
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    let live = || async {
+        let list = pods
+            .list(&ListParams::default().labels("app=stuck"))
+            .await
+            .unwrap();
+        list.items
+            .into_iter()
+            .filter(|p| p.metadata.deletion_timestamp.is_none())
+            .collect::<Vec<_>>()
+    };
+
+    let first = start_descheduler(&client, 2);
+    eventually(60, "the first replacement carries one move", || async {
+        live()
+            .await
+            .iter()
+            .any(|p| count(p) == Some("1"))
+            .then_some(())
+    })
+    .await;
+    // A restart forgets nothing: the count is on the pod.
+    first.cancel();
+    let second = start_descheduler(&client, 2);
+    let gave_up = eventually(60, "the descheduler gives up on the pod", || async {
+        let told = events(&client, "DeschedulingGaveUp", "stuck-").await;
+        (!told.is_empty()).then_some(told)
+    })
+    .await;
+    let stays = live().await;
+    assert_eq!(stays.len(), 1, "{stays:?}");
+    assert_eq!(count(&stays[0]), Some("2"));
+    assert!(gave_up.contains(stays[0].metadata.name.as_deref().unwrap()));
+    eventually(30, "two moves recorded, on two pods", || async {
+        (events(&client, "Rescheduled", "stuck-").await.len() == 2).then_some(())
+    })
+    .await;
+    second.cancel();
+    lower.cancel();
+}
+
+/// Issue 19: when creating the replacement of a re-created pod failed after the delete, nothing
+/// tried again until a restart. Here the create is refused (a webhook that fails closed) until
+/// the refusal is lifted; the replacement then appears, with the same descheduler running.
+#[tokio::test]
+async fn a_refused_replacement_is_created_once_the_refusal_ends_without_a_restart() {
+    let (env, lower) = refusing_cluster().await;
+    let client = env.clusters[0].client.clone();
+    // Fails every create of a descheduler's replacement: nothing listens at its address.
+    let refuse: MutatingWebhookConfiguration = serde_json::from_value(json!({
+        "metadata": {"name": "refuse-replacements"},
+        "webhooks": [{"name": "refuse.tensile.test", "admissionReviewVersions": ["v1"],
+            "sideEffects": "None", "failurePolicy": "Fail", "timeoutSeconds": 2,
+            "clientConfig": {"url": "https://127.0.0.1:1/refuse"},
+            "objectSelector": {"matchLabels": {"create-by-descheduler": "true"}},
+            "rules": [{"operations": ["CREATE"], "apiGroups": [""], "apiVersions": ["v1"],
+                "resources": ["pods"]}]}]}))
+    .unwrap();
+    let hooks: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
+    hooks.create(&PostParams::default(), &refuse).await.unwrap();
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    let bare: Pod = serde_json::from_value(json!({"metadata": {"name": "lonely",
+        "annotations": {"descheduler.alpha.kubernetes.io/evict": "true"}},
+        "spec": {"nodeName": NODE, "containers": [{"name": "c", "image": "nginx:1.27"}]}}))
+    .unwrap();
+    let old = pods.create(&PostParams::default(), &bare).await.unwrap();
+
+    let running = start_descheduler(&client, 3);
+    eventually(60, "the replacement refused", || async {
+        let failed = events(&client, "DeschedulingFailed", "lonely").await;
+        let gone = pods
+            .get_opt("lonely")
+            .await
+            .unwrap()
+            .is_none_or(|p| p.metadata.uid != old.metadata.uid);
+        (gone && !failed.is_empty()).then_some(())
+    })
+    .await;
+    assert_eq!(pods.get_opt("lonely").await.unwrap(), None);
+    let intents: Api<ConfigMap> = Api::namespaced(client.clone(), "kube-system");
+    let selector = ListParams::default().labels(&format!("{LABEL_MOVE}=true"));
+    assert_eq!(intents.list(&selector).await.unwrap().items.len(), 1);
+
+    hooks
+        .delete("refuse-replacements", &DeleteParams::default())
+        .await
+        .unwrap();
+    let back = eventually(60, "the replacement created", || async {
+        pods.get_opt("lonely").await.unwrap()
+    })
+    .await;
+    assert_ne!(back.metadata.uid, old.metadata.uid);
+    assert_eq!(count(&back), Some("1"));
+    let ann = back.metadata.annotations.as_ref().unwrap();
+    assert_eq!(ann["tensile-kube.io/excluded-nodes"], NODE);
+    assert_eq!(
+        back.metadata.labels.as_ref().unwrap()["create-by-descheduler"],
+        "true"
+    );
+    eventually(30, "the intent removed", || async {
+        intents
+            .list(&selector)
+            .await
+            .unwrap()
+            .items
+            .is_empty()
+            .then_some(())
+    })
+    .await;
+    running.cancel();
+    lower.cancel();
+}
