@@ -175,6 +175,7 @@ impl Sandbox {
                     reservation_ttl: DEFAULT_RESERVATION_TTL,
                     listen: SocketAddr::new(spec.address, 0),
                     cert: ServingCert::generate("tensile-scheduler", &[spec.address.to_string()])?,
+                    client_ca_pem: None,
                 },
                 stop.clone(),
             )

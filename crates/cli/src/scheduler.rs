@@ -40,6 +40,10 @@ pub struct SchedulerArgs {
     /// ClusterIP when kube-scheduler cannot resolve cluster DNS names.
     #[arg(long = "tls-san", value_name = "NAME")]
     pub tls_san: Vec<String>,
+    /// Require client certificates signed by this CA (PEM), i.e. kube-scheduler's
+    /// `tlsConfig.certData`/`keyData`; without it anyone who reaches the port can have pods bound.
+    #[arg(long)]
+    pub client_ca_file: Option<PathBuf>,
     /// Write the generated CA (what kube-scheduler's `tlsConfig.caData` needs) to this file.
     #[arg(long)]
     pub write_ca: Option<PathBuf>,
@@ -127,12 +131,21 @@ async fn config(args: &SchedulerArgs) -> anyhow::Result<ExtenderConfig> {
             client,
         });
     }
+    let client_ca_pem = args
+        .client_ca_file
+        .as_ref()
+        .map(|p| {
+            std::fs::read_to_string(p)
+                .with_context(|| format!("reading --client-ca-file {}", p.display()))
+        })
+        .transpose()?;
     Ok(ExtenderConfig {
         upper,
         clusters,
         reservation_ttl: args.reservation_ttl,
         listen: SocketAddr::new(args.address, args.port),
         cert,
+        client_ca_pem,
     })
 }
 

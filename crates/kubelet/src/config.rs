@@ -1,12 +1,15 @@
-//! Streaming tunables shared by exec, attach and port-forward.
+//! Connection and streaming tunables of the kubelet API: exec, attach and port-forward.
 
 use std::time::Duration;
 
 use crate::spdy::SessionConfig;
 
-/// Limits and timeouts of the streaming endpoints. Defaults follow the kubelet.
+/// Limits and timeouts of the kubelet API's connections and streaming endpoints. Defaults follow
+/// the kubelet.
 #[derive(Debug, Clone)]
 pub struct StreamingConfig {
+    /// How long a client may take to complete the TLS handshake and to send a request's headers.
+    pub connection: crate::tls::ConnectionLimits,
     /// How long a client may take to open the streams of an exec/attach, or to complete a
     /// port-forward data/error pair (kubelet: 30 s).
     pub stream_creation_timeout: Duration,
@@ -22,6 +25,7 @@ pub struct StreamingConfig {
 impl Default for StreamingConfig {
     fn default() -> Self {
         Self {
+            connection: crate::tls::ConnectionLimits::default(),
             stream_creation_timeout: Duration::from_secs(30),
             close_grace: Duration::from_secs(15),
             websocket_max_message: 16 << 20,

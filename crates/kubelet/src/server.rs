@@ -16,7 +16,7 @@ use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Full, StreamBody};
 use hyper::body::{Frame, Incoming};
 use hyper::service::service_fn;
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::TokioIo;
 use k8s_openapi::api::core::v1::Pod;
 use rustls_pki_types::CertificateDer;
 use tokio::net::TcpListener;
@@ -205,11 +205,12 @@ impl KubeletServer {
             source,
         })?;
         let stop = CancellationToken::new();
+        let limits = config.streaming.connection;
         let ctx = Arc::new(Context {
             auth: config.auth,
             streaming: config.streaming,
         });
-        crate::tls::accept_loop(listener, tls, stop.clone(), move |tls| {
+        crate::tls::accept_loop(listener, tls, limits, stop.clone(), move |tls| {
             let (ctx, backend) = (ctx.clone(), backend.clone());
             async move {
                 let user = tls
@@ -222,10 +223,8 @@ impl KubeletServer {
                     let (ctx, backend, user) = (ctx.clone(), backend.clone(), user.clone());
                     async move { Ok::<_, Infallible>(handle(&ctx, backend, user, req).await) }
                 });
-                let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
-                let _ = builder
-                    .serve_connection_with_upgrades(TokioIo::new(tls), svc)
-                    .await;
+                // HTTP/1.1, the only protocol ALPN offers: streams upgrade the connection.
+                crate::tls::serve_connection(tls, &limits, svc).await;
             }
         });
         Ok(Self { addr, stop })
@@ -305,6 +304,15 @@ fn route(path: &str) -> Option<(Route, &'static [Method])> {
     })
 }
 
+/// The token of an `Authorization: Bearer <token>` header; the scheme is case-insensitive, as
+/// for the kubelet's authenticator (a client sending `bearer` was refused). An empty token is
+/// no credential, never sent for review (the API server would answer 400, a 500 here).
+fn bearer_token(value: &str) -> Option<&str> {
+    let (scheme, token) = value.trim().split_once(' ')?;
+    let token = token.trim();
+    (scheme.eq_ignore_ascii_case("bearer") && !token.is_empty()).then_some(token)
+}
+
 /// Serves one request (also usable without TLS, e.g. in tests).
 pub async fn handle<B: KubeletBackend>(
     ctx: &Context,
@@ -316,8 +324,8 @@ pub async fn handle<B: KubeletBackend>(
         .headers()
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .map(|t| t.trim().to_owned());
+        .and_then(bearer_token)
+        .map(str::to_owned);
     let attrs = attributes(req.method(), req.uri().path());
     if let Err(e) = ctx.auth.check(cert_user, bearer.as_deref(), &attrs).await {
         return text(

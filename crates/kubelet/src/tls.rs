@@ -1,23 +1,163 @@
 //! The TLS server plumbing every HTTPS endpoint of the project shares (the kubelet API, the
 //! placement webhook and scheduler extender): a rustls configuration from PEM with optional or
-//! required client certificates, and an accept loop that bounds handshakes and stops with a
-//! token.
+//! required client certificates, an accept loop that bounds handshakes and stops with a token,
+//! and the HTTP connection builder that bounds how long a client may take to send a request's
+//! headers, so a slowloris connection cannot hold a task forever.
 
 use std::future::Future;
+use std::io;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use rustls::RootCertStore;
 use rustls::server::WebPkiClientVerifier;
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::TlsAcceptor;
 use tokio_rustls::server::TlsStream;
 use tokio_util::sync::CancellationToken;
 
-/// A handshake that never completes must not hold a task forever.
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a client may take before its request is read: connections that stall longer are
+/// closed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ConnectionLimits {
+    /// The TLS handshake (default 10 s).
+    pub handshake_timeout: Duration,
+    /// The headers of a request, counted from when the connection is ready for one; so also how
+    /// long an idle keep-alive connection stays open (default 30 s). On HTTP/2, a peer that
+    /// does not answer a ping within this is dropped.
+    pub header_read_timeout: Duration,
+}
+
+impl Default for ConnectionLimits {
+    fn default() -> Self {
+        Self {
+            handshake_timeout: Duration::from_secs(10),
+            header_read_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+/// Serves HTTP on an accepted TLS connection within `limits`: HTTP/2 when ALPN chose it, else
+/// HTTP/1.1 (with upgrades). Not hyper-util's `auto` builder: it sniffs for the HTTP/2 preface
+/// without a timeout, so a client that sends nothing after the handshake held a task forever.
+pub async fn serve_connection<S, B>(
+    tls: TlsStream<TcpStream>,
+    limits: &ConnectionLimits,
+    service: S,
+) where
+    S: hyper::service::Service<http::Request<hyper::body::Incoming>, Response = http::Response<B>>
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+    S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    B: hyper::body::Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2".as_slice());
+    if h2 {
+        // hyper's HTTP/2 has no header timeout: the client's preface must come in time, and a
+        // peer that stops answering pings is dropped.
+        let io = FirstBytes::new(tls, H2_PREFACE_LEN, limits.header_read_timeout);
+        let _ = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+            .timer(TokioTimer::new())
+            .keep_alive_interval(limits.header_read_timeout)
+            .keep_alive_timeout(limits.header_read_timeout)
+            .serve_connection(TokioIo::new(io), service)
+            .await;
+    } else {
+        // The header timeout also closes idle keep-alive connections; hyper ignores it unless
+        // given a timer.
+        let _ = hyper::server::conn::http1::Builder::new()
+            .timer(TokioTimer::new())
+            .header_read_timeout(limits.header_read_timeout)
+            .serve_connection(TokioIo::new(tls), service)
+            .with_upgrades()
+            .await;
+    }
+}
+
+/// Length of the HTTP/2 client connection preface.
+const H2_PREFACE_LEN: usize = 24;
+
+/// A connection whose first `remaining` bytes must arrive before a deadline; reads fail with
+/// `TimedOut` after it.
+struct FirstBytes<T> {
+    io: T,
+    remaining: usize,
+    deadline: Pin<Box<tokio::time::Sleep>>,
+}
+
+impl<T> FirstBytes<T> {
+    fn new(io: T, remaining: usize, within: Duration) -> Self {
+        Self {
+            io,
+            remaining,
+            deadline: Box::pin(tokio::time::sleep(within)),
+        }
+    }
+}
+
+impl<T: AsyncRead + Unpin> AsyncRead for FirstBytes<T> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let before = buf.filled().len();
+        let this = &mut *self;
+        match Pin::new(&mut this.io).poll_read(cx, buf) {
+            Poll::Ready(r) => {
+                let n = buf.filled().len().saturating_sub(before);
+                this.remaining = this.remaining.saturating_sub(n);
+                Poll::Ready(r)
+            }
+            Poll::Pending if this.remaining > 0 && this.deadline.as_mut().poll(cx).is_ready() => {
+                Poll::Ready(Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    "the client sent no request in time",
+                )))
+            }
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}
+
+impl<T: AsyncWrite + Unpin> AsyncWrite for FirstBytes<T> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.io).poll_shutdown(cx)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.io).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+}
 
 /// Whether clients must present a certificate of the client CA.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -77,12 +217,13 @@ pub fn server_config(
     Ok(Arc::new(config))
 }
 
-/// Accepts connections on `listener` until `stop`, completes each TLS handshake (within a
-/// bound) and hands the stream to `serve` in its own task; a connection still open at `stop`
-/// is dropped.
+/// Accepts connections on `listener` until `stop`, completes each TLS handshake (within
+/// `limits.handshake_timeout`) and hands the stream to `serve` in its own task; a connection
+/// still open at `stop` is dropped.
 pub fn accept_loop<F, Fut>(
     listener: TcpListener,
     tls: Arc<rustls::ServerConfig>,
+    limits: ConnectionLimits,
     stop: CancellationToken,
     serve: F,
 ) where
@@ -101,7 +242,7 @@ pub fn accept_loop<F, Fut>(
             let (acceptor, serve, stop) = (acceptor.clone(), serve.clone(), stop.clone());
             tokio::spawn(async move {
                 let Ok(Ok(tls)) =
-                    tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await
+                    tokio::time::timeout(limits.handshake_timeout, acceptor.accept(tcp)).await
                 else {
                     return;
                 };

@@ -82,6 +82,20 @@ async fn fake_apiserver(reviews: Arc<AtomicUsize>) -> String {
                         )
                         .unwrap();
                         if path.ends_with("/tokenreviews") {
+                            // As a real API server: a review without a token is a bad request.
+                            if body["spec"]["token"]
+                                .as_str()
+                                .unwrap_or_default()
+                                .is_empty()
+                            {
+                                let mut resp = hyper::Response::new(Full::new(Bytes::from(
+                                    r#"{"kind":"Status","apiVersion":"v1","status":"Failure","message":"token is required","reason":"BadRequest","code":400}"#,
+                                )));
+                                *resp.status_mut() = hyper::StatusCode::BAD_REQUEST;
+                                resp.headers_mut()
+                                    .insert("content-type", "application/json".parse().unwrap());
+                                return Ok::<_, Infallible>(resp);
+                            }
                             body["status"] = match body["spec"]["token"].as_str() {
                                 Some("alice-token") => {
                                     json!({"authenticated": true, "user": {"username": "alice", "groups": ["dev"]}})
@@ -127,6 +141,10 @@ struct Setup {
 }
 
 async fn setup(auth_on: bool) -> Setup {
+    setup_with(auth_on, StreamingConfig::default()).await
+}
+
+async fn setup_with(auth_on: bool, streaming: StreamingConfig) -> Setup {
     let ca = Ca::new("cluster-ca");
     let (cert, key) = ca.issue("node-1", None, true);
     let reviews = Arc::new(AtomicUsize::new(0));
@@ -142,7 +160,7 @@ async fn setup(auth_on: bool) -> Setup {
         cert: ServingCert::Pem { cert, key },
         client_ca_pem: Some(ca.0.pem()),
         auth,
-        streaming: StreamingConfig::default(),
+        streaming,
     };
     let server = KubeletServer::start(config, FakeBackend::new())
         .await
@@ -198,7 +216,11 @@ async fn request(
         .uri(path)
         .header("host", "node-1");
     if let Some(t) = token {
-        req = req.header("authorization", format!("Bearer {t}"));
+        req = match t.split_once(':') {
+            // "raw:<value>": the whole header value, to send malformed ones.
+            Some(("raw", value)) => req.header("authorization", value),
+            _ => req.header("authorization", format!("Bearer {t}")),
+        };
     }
     let resp = sender
         .send_request(req.body(Empty::<Bytes>::new()).unwrap())
@@ -382,4 +404,110 @@ async fn checklist_62_64_67_routes_methods_and_bad_values() {
         .0,
         400
     );
+}
+
+/// A bearer header without a token, or of another scheme, is no credential: 401, as for no
+/// header at all. The scheme is case-insensitive, as the kubelet's (`bearer` was refused).
+#[tokio::test]
+async fn empty_or_malformed_bearer_tokens_get_401() {
+    let s = setup(true).await;
+    for header in [
+        "raw:Bearer ",
+        "raw:Bearer",
+        "raw:Bearer    ",
+        "raw:Basic YWxpY2U6eA==",
+    ] {
+        let (code, body, _) = request(&s, "GET", "/pods", Some(header), None)
+            .await
+            .unwrap();
+        assert_eq!(code, 401, "{header:?}: {body}");
+    }
+    let (code, body, _) = request(&s, "GET", "/pods", Some("raw:bearer alice-token"), None)
+        .await
+        .unwrap();
+    assert_eq!(code, 200, "{body}");
+}
+
+/// A TLS connection to the kubelet API, trusting the test CA.
+async fn tls_connect(s: &Setup) -> tokio_rustls::client::TlsStream<TcpStream> {
+    let mut roots = rustls::RootCertStore::empty();
+    roots
+        .add(CertificateDer::from_pem_slice(s.ca.0.pem().as_bytes()).unwrap())
+        .unwrap();
+    let config = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    let tcp = TcpStream::connect(s.addr).await.unwrap();
+    tokio_rustls::TlsConnector::from(Arc::new(config))
+        .connect(ServerName::try_from("127.0.0.1").unwrap(), tcp)
+        .await
+        .unwrap()
+}
+
+/// Reads until the server closes the connection (or fails it); what it sent before.
+async fn until_closed(mut io: impl tokio::io::AsyncRead + Unpin) -> Vec<u8> {
+    use tokio::io::AsyncReadExt;
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        match io.read(&mut buf).await {
+            Ok(0) | Err(_) => return got,
+            Ok(n) => got.extend_from_slice(&buf[..n]),
+        }
+    }
+}
+
+/// Slowloris: a client that never finishes its TLS handshake, or its request headers, or that
+/// keeps an idle connection, is cut off once the limits pass; the server keeps serving.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_handshakes_and_headers_are_cut_off() {
+    use tokio::io::AsyncWriteExt;
+    let mut streaming = StreamingConfig::default();
+    streaming.connection.handshake_timeout = std::time::Duration::from_secs(1);
+    streaming.connection.header_read_timeout = std::time::Duration::from_secs(1);
+    let s = setup_with(false, streaming).await;
+    // TCP only, no ClientHello.
+    let tcp = TcpStream::connect(s.addr).await.unwrap();
+    common::within(
+        20,
+        "a silent TCP connection to be closed",
+        until_closed(tcp),
+    )
+    .await;
+    // Handshake done, headers never finished.
+    let mut tls = tls_connect(&s).await;
+    tls.write_all(b"GET /healthz HTTP/1.1\r\nHost: node-1\r\n")
+        .await
+        .unwrap();
+    common::within(20, "half-sent headers to be cut off", until_closed(tls)).await;
+    // Handshake done, nothing sent.
+    let tls = tls_connect(&s).await;
+    common::within(20, "an idle connection to be closed", until_closed(tls)).await;
+    let (code, body, _) = request(&s, "GET", "/healthz", None, None).await.unwrap();
+    assert_eq!((code, body.as_str()), (200, "ok"));
+}
+
+/// Garbage instead of HTTP is a 400; the server goes on serving.
+#[tokio::test]
+async fn garbage_gets_400_and_the_server_goes_on() {
+    use tokio::io::AsyncWriteExt;
+    let s = setup(true).await;
+    for junk in [
+        &b"\x16\x03\x01garbage\r\n\r\n"[..],
+        b"GET /pods HTTP/1.1\r\nHost: node-1\r\nBad Header\r\n\r\n",
+        b"NOT-HTTP\r\n\r\n",
+    ] {
+        let mut tls = tls_connect(&s).await;
+        tls.write_all(junk).await.unwrap();
+        let got = common::within(10, "an answer to garbage", until_closed(tls)).await;
+        let text = String::from_utf8_lossy(&got);
+        assert!(text.starts_with("HTTP/1.1 400"), "{junk:?}: {text}");
+    }
+    let cert = s.ca.issue("kube-apiserver-kubelet-client", None, false);
+    let (code, _, _) = request(&s, "GET", "/pods", None, Some(cert)).await.unwrap();
+    assert_eq!(code, 200);
 }

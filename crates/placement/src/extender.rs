@@ -63,6 +63,9 @@ impl std::fmt::Debug for LowerClusterClient {
     }
 }
 
+/// Largest extender request accepted (see [`Handler::max_body`] of [`Extender`]).
+pub const MAX_EXTENDER_ARGS: usize = 16 << 20;
+
 /// What the extender needs.
 pub struct ExtenderConfig {
     /// Upper cluster client: watches nodes, GETs a pod it has not seen, POSTs bindings.
@@ -75,6 +78,10 @@ pub struct ExtenderConfig {
     pub listen: SocketAddr,
     /// Serving certificate.
     pub cert: ServingCert,
+    /// When set, clients must present a certificate signed by this CA (PEM): kube-scheduler's
+    /// `tlsConfig.certData`/`keyData`. Without it anyone who reaches the port can have pods
+    /// bound.
+    pub client_ca_pem: Option<String>,
 }
 
 impl std::fmt::Debug for ExtenderConfig {
@@ -102,7 +109,14 @@ pub struct Running {
 
 /// Starts the watches and the HTTPS server; runs until `stop`.
 pub async fn start(cfg: ExtenderConfig, stop: CancellationToken) -> Result<Running, ServeError> {
-    let tls = tls_config(&cfg.cert, None)?;
+    let tls = tls_config(&cfg.cert, cfg.client_ca_pem.as_deref())?;
+    if cfg.client_ca_pem.is_none() && !cfg.listen.ip().is_loopback() {
+        tracing::warn!(
+            listen = %cfg.listen,
+            "the scheduler extender verifies no client certificates (--client-ca-file): \
+             whoever reaches it can have pods bound; restrict access to kube-scheduler"
+        );
+    }
     let extender = Extender::new(
         cfg.upper.clone(),
         cfg.clusters.iter().map(|c| c.id.clone()),
@@ -656,6 +670,12 @@ enum Verb {
 }
 
 impl Handler for Extender {
+    /// With `nodeCacheCapable: false` (as shipped) kube-scheduler sends every candidate Node,
+    /// up to several hundred of 5-15 KiB each with their image lists.
+    fn max_body(&self) -> usize {
+        MAX_EXTENDER_ARGS
+    }
+
     fn handle(&self, path: &str, body: Bytes) -> Pin<Box<dyn Future<Output = Reply> + Send + '_>> {
         let verb = path
             .trim_end_matches('/')

@@ -1,33 +1,52 @@
 //! The HTTPS server the webhook and the scheduler extender share: TLS with a given certificate
 //! or one issued by a CA generated at start (its certificate is what a
 //! `MutatingWebhookConfiguration`'s `caBundle` or an extender's `tlsConfig.caData` needs),
-//! optional required client certificates, `/healthz`, and JSON POST handlers. TLS and the
-//! accept loop (which bounds handshakes) are `tensile_kubelet::tls`, shared with the kubelet
-//! API. Bodies are bounded, and a handler error is an HTTP error with a reason; none of them
-//! stops the server.
+//! optional required client certificates, `/healthz`, and JSON POST handlers. TLS, the accept
+//! loop and the connection limits (TLS handshake, request headers) are `tensile_kubelet::tls`,
+//! shared with the kubelet API. Bodies are bounded in size (413) and in time (408), and a handler
+//! error is an HTTP error with a reason; none of them stops the server.
 
 use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::Bytes;
 use http::{HeaderValue, Method, Request, Response, StatusCode, header};
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
-use hyper_util::rt::{TokioExecutor, TokioIo};
 use rcgen::{
     BasicConstraints, CertificateParams, CertifiedIssuer, DistinguishedName, DnType,
     ExtendedKeyUsagePurpose, IsCa, KeyPair, KeyUsagePurpose,
 };
+use tensile_kubelet::tls::ConnectionLimits;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-/// Largest request body accepted: an AdmissionReview carries one object (etcd's limit is
-/// 1.5 MiB) and its old version; extender arguments carry a pod and node names or nodes.
-const MAX_BODY: usize = 16 << 20;
+/// Largest request body a [`Handler`] accepts unless it says otherwise.
+pub const DEFAULT_MAX_BODY: usize = 4 << 20;
+
+/// How long a client may take to send a request: its TLS handshake and headers
+/// ([`ConnectionLimits`]), then its body.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ServerLimits {
+    /// TLS handshake and request headers.
+    pub connection: ConnectionLimits,
+    /// The whole body, once the headers are in (default 30 s): slower is 408.
+    pub body_timeout: Duration,
+}
+
+impl Default for ServerLimits {
+    fn default() -> Self {
+        Self {
+            connection: ConnectionLimits::default(),
+            body_timeout: Duration::from_secs(30),
+        }
+    }
+}
 
 /// Errors starting a server.
 #[derive(Debug, thiserror::Error)]
@@ -169,6 +188,11 @@ impl Reply {
 pub trait Handler: Send + Sync + 'static {
     /// Answers one POST.
     fn handle(&self, path: &str, body: Bytes) -> Pin<Box<dyn Future<Output = Reply> + Send + '_>>;
+
+    /// The largest body accepted; a larger one is refused with 413 before it is read.
+    fn max_body(&self) -> usize {
+        DEFAULT_MAX_BODY
+    }
 }
 
 /// A running server; stops when dropped.
@@ -185,11 +209,21 @@ impl Drop for Server {
 }
 
 impl Server {
-    /// Binds `listen` and serves `handler` over TLS until dropped or `stop` is cancelled.
+    /// Binds `listen` and serves `handler` over TLS until dropped, with the default limits.
     pub async fn start(
         listen: SocketAddr,
         tls: Arc<rustls::ServerConfig>,
         handler: Arc<dyn Handler>,
+    ) -> Result<Self, ServeError> {
+        Self::start_with(listen, tls, handler, ServerLimits::default()).await
+    }
+
+    /// [`Server::start`] with the given limits.
+    pub async fn start_with(
+        listen: SocketAddr,
+        tls: Arc<rustls::ServerConfig>,
+        handler: Arc<dyn Handler>,
+        limits: ServerLimits,
     ) -> Result<Self, ServeError> {
         let listener = TcpListener::bind(listen)
             .await
@@ -202,15 +236,19 @@ impl Server {
             source,
         })?;
         let stop = CancellationToken::new();
-        tensile_kubelet::tls::accept_loop(listener, tls, stop.clone(), move |tls| {
+        let connection = limits.connection;
+        tensile_kubelet::tls::accept_loop(listener, tls, connection, stop.clone(), move |tls| {
             let handler = handler.clone();
             async move {
                 let svc = service_fn(move |req| {
                     let handler = handler.clone();
-                    async move { Ok::<_, Infallible>(respond(handler.as_ref(), req).await) }
+                    async move {
+                        Ok::<_, Infallible>(
+                            respond(handler.as_ref(), req, limits.body_timeout).await,
+                        )
+                    }
                 });
-                let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
-                let _ = builder.serve_connection(TokioIo::new(tls), svc).await;
+                tensile_kubelet::tls::serve_connection(tls, &connection, svc).await;
             }
         });
         Ok(Self { addr, stop })
@@ -234,7 +272,15 @@ fn response(
     r
 }
 
-async fn respond(handler: &dyn Handler, req: Request<Incoming>) -> Response<Full<Bytes>> {
+fn plain(status: StatusCode, reason: String) -> Response<Full<Bytes>> {
+    response(status, "text/plain; charset=utf-8", reason.into_bytes())
+}
+
+async fn respond(
+    handler: &dyn Handler,
+    req: Request<Incoming>,
+    body_timeout: Duration,
+) -> Response<Full<Bytes>> {
     let path = req.uri().path().to_owned();
     if path == "/healthz" || path == "/readyz" || path == "/livez" {
         return response(StatusCode::OK, "text/plain; charset=utf-8", b"ok".to_vec());
@@ -246,13 +292,36 @@ async fn respond(handler: &dyn Handler, req: Request<Incoming>) -> Response<Full
             format!("{} {path}: only POST is served here", req.method()).into_bytes(),
         );
     }
-    let body = match Limited::new(req.into_body(), MAX_BODY).collect().await {
-        Ok(b) => b.to_bytes(),
-        Err(e) => {
-            return response(
+    let max = handler.max_body();
+    let too_large = || {
+        plain(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!("the request body is larger than {max} bytes"),
+        )
+    };
+    // Refused from its announced length, before reading it.
+    let announced = req
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if announced.is_some_and(|n| n > u64::try_from(max).unwrap_or(u64::MAX)) {
+        return too_large();
+    }
+    let read = tokio::time::timeout(body_timeout, Limited::new(req.into_body(), max).collect());
+    let body = match read.await {
+        Ok(Ok(b)) => b.to_bytes(),
+        Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => return too_large(),
+        Ok(Err(e)) => {
+            return plain(
                 StatusCode::BAD_REQUEST,
-                "text/plain; charset=utf-8",
-                format!("reading the request body: {e}").into_bytes(),
+                format!("reading the request body: {e}"),
+            );
+        }
+        Err(_) => {
+            return plain(
+                StatusCode::REQUEST_TIMEOUT,
+                format!("the request body did not arrive within {body_timeout:?}"),
             );
         }
     };

@@ -262,7 +262,15 @@ enum Decision {
     Patch(json_patch::Patch),
 }
 
+/// Largest AdmissionReview accepted: a pod and, for an UPDATE, its old version, each at most the
+/// API server's 3 MiB request limit, plus the review around them.
+pub const MAX_ADMISSION_REVIEW: usize = 8 << 20;
+
 impl Handler for Webhook {
+    fn max_body(&self) -> usize {
+        MAX_ADMISSION_REVIEW
+    }
+
     fn handle(&self, path: &str, body: Bytes) -> Pin<Box<dyn Future<Output = Reply> + Send + '_>> {
         let path = path.to_owned();
         Box::pin(async move {
@@ -285,5 +293,9 @@ impl Handler for Webhook {
 impl Handler for Arc<Webhook> {
     fn handle(&self, path: &str, body: Bytes) -> Pin<Box<dyn Future<Output = Reply> + Send + '_>> {
         self.as_ref().handle(path, body)
+    }
+
+    fn max_body(&self) -> usize {
+        self.as_ref().max_body()
     }
 }

@@ -121,6 +121,7 @@ async fn setup(lowers: Lowers<'_>, ttl: Duration) -> Setup {
             reservation_ttl: ttl,
             listen: "127.0.0.1:0".parse().unwrap(),
             cert: ServingCert::generate("tensile-scheduler", &["127.0.0.1".to_owned()]).unwrap(),
+            client_ca_pem: None,
         },
         stop.clone(),
     )
@@ -592,6 +593,7 @@ async fn a_lower_cluster_not_listed_yet_fails_its_virtual_node_with_a_reason() {
             reservation_ttl: extender::DEFAULT_RESERVATION_TTL,
             listen: "127.0.0.1:0".parse().unwrap(),
             cert: ServingCert::generate("tensile-scheduler", &["127.0.0.1".to_owned()]).unwrap(),
+            client_ca_pem: None,
         },
         stop,
     )
@@ -613,6 +615,103 @@ async fn a_lower_cluster_not_listed_yet_fails_its_virtual_node_with_a_reason() {
         (answer["nodes"]["items"].as_array()?.len() == 1).then_some(())
     })
     .await;
+}
+
+/// With `client_ca_pem` (`--client-ca-file`) only clients with a certificate of that CA
+/// (kube-scheduler's `tlsConfig.certData`) are served: whoever reaches the extender could
+/// otherwise have pods bound.
+#[tokio::test]
+async fn with_a_client_ca_only_its_clients_are_served() {
+    let s = setup(&[("c1", &["4"])], extender::DEFAULT_RESERVATION_TTL).await;
+    let clients = tensile_sim::certs::Ca::new("scheduler-clients").unwrap();
+    let stop = CancellationToken::new();
+    let _guard = stop.clone().drop_guard();
+    let guarded = extender::start(
+        ExtenderConfig {
+            upper: s.upper(),
+            clusters: vec![LowerClusterClient {
+                id: "c1".into(),
+                client: s.lower("c1"),
+            }],
+            reservation_ttl: extender::DEFAULT_RESERVATION_TTL,
+            listen: "127.0.0.1:0".parse().unwrap(),
+            cert: ServingCert::generate("tensile-scheduler", &["127.0.0.1".to_owned()]).unwrap(),
+            client_ca_pem: Some(clients.cert_pem().to_owned()),
+        },
+        stop,
+    )
+    .await
+    .unwrap();
+    let body = args_with_nodes(&pod("p", "1", json!({})), &[]);
+    let stranger = tensile_sim::certs::Ca::new("strangers")
+        .unwrap()
+        .issue_client("kube-scheduler", None)
+        .unwrap();
+    for identity in [None, Some(&stranger)] {
+        let refused = try_post(guarded.addr, &guarded.ca_pem, identity, "/filter", &body).await;
+        assert!(refused.is_err(), "served: {refused:?}");
+    }
+    let scheduler = clients.issue_client("kube-scheduler", None).unwrap();
+    let served = try_post(
+        guarded.addr,
+        &guarded.ca_pem,
+        Some(&scheduler),
+        "/filter",
+        &body,
+    )
+    .await;
+    assert_eq!(served, Ok(200));
+}
+
+/// A POST with an optional client certificate: the status, or why the exchange failed.
+async fn try_post(
+    addr: SocketAddr,
+    ca_pem: &str,
+    identity: Option<&tensile_sim::certs::Issued>,
+    path: &str,
+    body: &[u8],
+) -> Result<u16, String> {
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in CertificateDer::pem_slice_iter(ca_pem.as_bytes()) {
+        roots.add(cert.unwrap()).unwrap();
+    }
+    let builder = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_root_certificates(roots);
+    let config = match identity {
+        Some(id) => builder
+            .with_client_auth_cert(
+                CertificateDer::pem_slice_iter(id.cert_pem.as_bytes())
+                    .collect::<Result<Vec<_>, _>>()
+                    .unwrap(),
+                rustls_pki_types::PrivateKeyDer::from_pem_slice(id.key_pem.as_bytes()).unwrap(),
+            )
+            .unwrap(),
+        None => builder.with_no_client_auth(),
+    };
+    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let tls = tokio_rustls::TlsConnector::from(Arc::new(config))
+        .connect(ServerName::try_from("127.0.0.1").unwrap(), tcp)
+        .await
+        .map_err(|e| format!("handshake: {e}"))?;
+    let (mut sender, conn) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tls))
+            .await
+            .map_err(|e| e.to_string())?;
+    tokio::spawn(conn);
+    let request = http::Request::post(path)
+        .header("host", addr.to_string())
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::copy_from_slice(body)))
+        .unwrap();
+    let response = sender
+        .send_request(request)
+        .await
+        .map_err(|e| format!("request: {e}"))?;
+    Ok(response.status().as_u16())
 }
 
 /// The burst: 30 one-core pods at once on two virtual nodes whose lower clusters hold 4 each
