@@ -178,9 +178,12 @@ async fn a_controllers_pod_the_lower_cluster_keeps_refusing_moves_at_most_max_at
         (!told.is_empty()).then_some(told)
     })
     .await;
-    let stays = live().await;
-    assert_eq!(stays.len(), 1, "{stays:?}");
-    assert_eq!(count(&stays[0]), Some("2"));
+    // The count may reach the last pod a moment after the descheduler counted it as owed.
+    let stays = eventually(30, "one pod left, its two moves counted", || async {
+        let stays = live().await;
+        (stays.len() == 1 && count(&stays[0]) == Some("2")).then_some(stays)
+    })
+    .await;
     assert!(gave_up.contains(stays[0].metadata.name.as_deref().unwrap()));
     eventually(30, "two moves recorded, on two pods", || async {
         (events(&client, "Rescheduled", "stuck-").await.len() == 2).then_some(())
