@@ -6,10 +6,16 @@
 //! the two typed stores held ~245 MB (heaptrack), ~12 KB per pod, where the same pods are ~2-3 KB
 //! of JSON. A reconcile reads a pod a few times per change, so decoding on read costs
 //! microseconds where typed storage cost most of the process's memory.
+//!
+//! The JSON is also LZ4-compressed against a dictionary: the first object the cache encodes.
+//! The objects of one cache are alike (our pods share keys, namespaces, images, volumes,
+//! tolerations), so most of an object is a match in the dictionary. On real clusters a pod
+//! was ~2.8 KB of JSON (20,000 of them at 10,000 pods, upper and lower); compressed it is a
+//! fraction of that, and a decode costs a few microseconds more.
 
 use std::collections::HashMap;
 use std::marker::PhantomData;
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
 
 use kube::runtime::watcher;
 use serde::Serialize;
@@ -44,6 +50,8 @@ impl<K> std::fmt::Debug for CompactCache<K> {
 }
 
 struct Inner {
+    /// The dictionary of every encoded object, set by the first one (up to [`MAX_DICT`]).
+    dict: OnceLock<Box<[u8]>>,
     objects: RwLock<HashMap<Key, Box<[u8]>>>,
     /// The objects of a (re-)list in progress; they replace `objects` when it is complete.
     relist: Mutex<Option<HashMap<Key, Box<[u8]>>>>,
@@ -54,6 +62,7 @@ impl<K> Default for CompactCache<K> {
     fn default() -> Self {
         Self {
             inner: Arc::new(Inner {
+                dict: OnceLock::new(),
                 objects: RwLock::default(),
                 relist: Mutex::default(),
                 ready: watch::Sender::new(false),
@@ -88,7 +97,7 @@ where
             }
             watcher::Event::InitApply(o) => {
                 if let (Some(k), Some(v), Ok(mut r)) =
-                    (key_of(o), encode(o), self.inner.relist.lock())
+                    (key_of(o), self.inner.encode(o), self.inner.relist.lock())
                     && let Some(r) = r.as_mut()
                 {
                     r.insert(k, v);
@@ -103,7 +112,7 @@ where
             }
             watcher::Event::Apply(o) => {
                 if let (Some(k), Some(v), Ok(mut objects)) =
-                    (key_of(o), encode(o), self.inner.objects.write())
+                    (key_of(o), self.inner.encode(o), self.inner.objects.write())
                 {
                     objects.insert(k, v);
                 }
@@ -126,7 +135,7 @@ where
     pub fn get_as<T: DeserializeOwned>(&self, namespace: &str, name: &str) -> Option<T> {
         let objects = self.inner.objects.read().ok()?;
         let key = (namespace.to_owned(), name.to_owned());
-        objects.get(&key).and_then(|v| decode(v))
+        objects.get(&key).and_then(|v| self.inner.decode(v))
     }
 
     /// The object `namespace/name` from the cache, or, when the cache does not have it (not yet
@@ -168,7 +177,10 @@ where
         let Ok(objects) = self.inner.objects.read() else {
             return Vec::new();
         };
-        objects.values().filter_map(|v| decode(v)).collect()
+        objects
+            .values()
+            .filter_map(|v| self.inner.decode(v))
+            .collect()
     }
 
     /// How many objects are cached.
@@ -194,22 +206,41 @@ where
     }
 }
 
-fn encode<K: Serialize>(o: &K) -> Option<Box<[u8]>> {
-    match serde_json::to_vec(o) {
-        Ok(v) => Some(v.into_boxed_slice()),
-        Err(e) => {
-            tracing::error!(error = %e, "cannot encode an object for the cache");
-            None
-        }
-    }
-}
+/// LZ4 refers back at most 64 KiB: a longer dictionary would be dead weight.
+const MAX_DICT: usize = 64 * 1024;
 
-fn decode<K: DeserializeOwned>(v: &[u8]) -> Option<K> {
-    match serde_json::from_slice(v) {
-        Ok(o) => Some(o),
-        Err(e) => {
-            tracing::error!(error = %e, "cannot decode a cached object");
-            None
+impl Inner {
+    fn encode<K: Serialize>(&self, o: &K) -> Option<Box<[u8]>> {
+        let json = match serde_json::to_vec(o) {
+            Ok(v) => v,
+            Err(e) => {
+                tracing::error!(error = %e, "cannot encode an object for the cache");
+                return None;
+            }
+        };
+        let dict = self.dict.get_or_init(|| {
+            json[json.len().saturating_sub(MAX_DICT)..]
+                .to_vec()
+                .into_boxed_slice()
+        });
+        Some(lz4_flex::block::compress_prepend_size_with_dict(&json, dict).into_boxed_slice())
+    }
+
+    fn decode<K: DeserializeOwned>(&self, v: &[u8]) -> Option<K> {
+        let dict = self.dict.get().map_or(&[][..], |d| &d[..]);
+        let json = match lz4_flex::block::decompress_size_prepended_with_dict(v, dict) {
+            Ok(json) => json,
+            Err(e) => {
+                tracing::error!(error = %e, "cannot decompress a cached object");
+                return None;
+            }
+        };
+        match serde_json::from_slice(&json) {
+            Ok(o) => Some(o),
+            Err(e) => {
+                tracing::error!(error = %e, "cannot decode a cached object");
+                None
+            }
         }
     }
 }
@@ -366,11 +397,24 @@ mod tests {
             + std::mem::size_of::<k8s_openapi::api::core::v1::Container>()
             + std::mem::size_of::<k8s_openapi::api::core::v1::Volume>()
             + 3 * std::mem::size_of::<k8s_openapi::api::core::v1::VolumeProjection>();
-        let compact = encode(&p).unwrap().len();
+        let cache = CompactCache::<Pod>::new();
+        let json = serde_json::to_vec(&p).unwrap().len();
+        let compact = cache.inner.encode(&p).unwrap().len();
         assert!(
             compact * 3 < typed,
-            "{compact} bytes of JSON vs {typed} typed"
+            "{compact} bytes compressed vs {typed} typed"
         );
+        // Another pod of the same kind, against the first one as the dictionary.
+        let mut other = p.clone();
+        other.metadata.name = Some("web-2".into());
+        other.metadata.uid = Some("a8d3c2e4-5b9f-4d21-9a6e-0c7f3b1d2e45".into());
+        let encoded = cache.inner.encode(&other).unwrap();
+        assert!(
+            encoded.len() * 4 < json,
+            "{} bytes compressed vs {json} of JSON",
+            encoded.len()
+        );
+        assert_eq!(cache.inner.decode::<Pod>(&encoded), Some(other));
     }
 
     #[test]
