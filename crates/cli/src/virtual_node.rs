@@ -16,7 +16,7 @@ use tensile_core::translate::TranslateConfig;
 use tensile_node::clients::{ApiCalls, KubeconfigSource, build_client, build_client_with_server};
 use tensile_node::node::NodeLoop;
 use tensile_node::pods::PodSync;
-use tensile_node::{KubeletApi, Metrics, VirtualNode};
+use tensile_node::{ClientCa, KubeletApi, Metrics, VirtualNode};
 use tokio_util::sync::CancellationToken;
 
 /// Flags of `tensile virtual-node` (the original's names and defaults).
@@ -349,9 +349,19 @@ pub(crate) async fn assemble(
             tensile_kubelet::ServingCert::SelfSigned { sans }
         }
     };
-    let client_ca_pem = match &args.client_verify_ca {
-        Some(p) => Some(read(p, "client CA")?),
-        None => tensile_kubelet::auth::cluster_client_ca(&upper).await,
+    // A CA given by the operator must be usable; one discovered upstairs may be missing (the
+    // node still offloads pods; the kubelet API then refuses client certificates, said loudly).
+    let client_ca = match &args.client_verify_ca {
+        Some(p) => {
+            let pem = read(p, "client CA")?;
+            tensile_kubelet::auth::check_ca_pem(&pem)
+                .with_context(|| format!("--client-verify-ca {}", p.display()))?;
+            ClientCa::Pem(pem)
+        }
+        None => match tensile_kubelet::auth::cluster_client_ca(&upper).await {
+            Ok(pem) => ClientCa::Pem(pem),
+            Err(e) => ClientCa::Unavailable(e.to_string()),
+        },
     };
     let listen = kubelet_listen.unwrap_or_else(|| {
         SocketAddr::new(args.kubelet_address, u16::try_from(port).unwrap_or(10250))
@@ -381,7 +391,7 @@ pub(crate) async fn assemble(
         kubelet: Some(KubeletApi {
             listen,
             cert,
-            client_ca_pem,
+            client_ca,
             auth_disabled: args.no_verify_clients,
         }),
         metrics: Metrics {

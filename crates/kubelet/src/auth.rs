@@ -6,7 +6,7 @@
 //! requests get 401 and denied ones 403, unless the operator turned authentication off.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec};
@@ -14,6 +14,8 @@ use k8s_openapi::api::authorization::v1::{
     ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec,
 };
 use kube::api::{Api, PostParams};
+
+pub use crate::tls::CertRefusal;
 
 /// An authenticated user.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -145,20 +147,135 @@ impl std::fmt::Debug for Auth {
     }
 }
 
+/// Why the client CA could not be read from the upper cluster's `kube-root-ca.crt`.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientCaError {
+    /// The ConfigMap could not be read (forbidden, not found, unreachable).
+    #[error("reading kube-system/kube-root-ca.crt: {}", describe_read(.0))]
+    Read(#[source] kube::Error),
+    /// It has no `ca.crt`.
+    #[error("kube-system/kube-root-ca.crt has no ca.crt")]
+    NoCaCrt,
+    /// Its `ca.crt` holds no certificate.
+    #[error("ca.crt of kube-system/kube-root-ca.crt is not a PEM certificate{}", .0.as_deref().map(|e| format!(": {e}")).unwrap_or_default())]
+    NotPem(Option<String>),
+}
+
+fn describe_read(e: &kube::Error) -> String {
+    match e {
+        kube::Error::Api(s) if s.code == 403 => format!(
+            "forbidden: the virtual node's identity may not get configmaps in kube-system ({})",
+            s.message
+        ),
+        kube::Error::Api(s) if s.code == 404 => "not found".to_owned(),
+        kube::Error::Api(s) => format!("{} ({})", s.message, s.code),
+        other => other.to_string(),
+    }
+}
+
 /// The CA a cluster's API server signs its kubelet client certificates with, as kubeadm and
-/// the embedded API server set clusters up: `ca.crt` of `kube-system/kube-root-ca.crt`. None
-/// when it cannot be read (then client certificates are not accepted; tokens still are).
-pub async fn cluster_client_ca(client: &kube::Client) -> Option<String> {
+/// the embedded API server set clusters up: `ca.crt` of `kube-system/kube-root-ca.crt`. When
+/// it cannot be read, client certificates cannot be accepted (tokens still are): the error
+/// says why, for the operator.
+pub async fn cluster_client_ca(client: &kube::Client) -> Result<String, ClientCaError> {
     let config_maps: Api<k8s_openapi::api::core::v1::ConfigMap> =
         Api::namespaced(client.clone(), "kube-system");
-    config_maps
-        .get_opt("kube-root-ca.crt")
+    let pem = config_maps
+        .get("kube-root-ca.crt")
         .await
-        .ok()
-        .flatten()?
-        .data?
-        .remove("ca.crt")
+        .map_err(ClientCaError::Read)?
+        .data
+        .and_then(|mut d| d.remove("ca.crt"))
+        .ok_or(ClientCaError::NoCaCrt)?;
+    check_ca_pem(&pem)?;
+    Ok(pem)
 }
+
+/// Whether `pem` holds at least one certificate, all of them readable.
+pub fn check_ca_pem(pem: &str) -> Result<(), ClientCaError> {
+    use rustls_pki_types::pem::PemObject;
+    let certs = rustls_pki_types::CertificateDer::pem_slice_iter(pem.as_bytes())
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| ClientCaError::NotPem(Some(e.to_string())))?;
+    if certs.is_empty() {
+        return Err(ClientCaError::NotPem(None));
+    }
+    Ok(())
+}
+
+/// The client certificate of a connection, checked against the client CA.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum ClientCert {
+    /// None presented.
+    #[default]
+    None,
+    /// Verified: its user.
+    Verified(User),
+    /// Presented but not accepted.
+    Refused(CertRefusal),
+}
+
+impl From<Option<User>> for ClientCert {
+    fn from(u: Option<User>) -> Self {
+        u.map_or(Self::None, Self::Verified)
+    }
+}
+
+/// Why a request was refused, as counted (`reason` label).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum RefusalReason {
+    /// No client certificate and no bearer token: 401.
+    NoCredentials,
+    /// A client certificate not signed by the trusted CA, or no CA configured (and no token): 401.
+    UnknownCa,
+    /// A client certificate of the CA but not valid (expired, wrong usage): 401.
+    BadCertificate,
+    /// A bearer token the API server did not accept: 401.
+    BadToken,
+    /// Authenticated but not allowed: 403.
+    Forbidden,
+    /// The reviews could not be made: 500.
+    ReviewFailed,
+}
+
+impl RefusalReason {
+    /// The metric label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::NoCredentials => "no_credentials",
+            Self::UnknownCa => "unknown_ca",
+            Self::BadCertificate => "bad_certificate",
+            Self::BadToken => "bad_token",
+            Self::Forbidden => "forbidden",
+            Self::ReviewFailed => "review_failed",
+        }
+    }
+
+    /// Every reason.
+    pub const ALL: [Self; 6] = [
+        Self::NoCredentials,
+        Self::UnknownCa,
+        Self::BadCertificate,
+        Self::BadToken,
+        Self::Forbidden,
+        Self::ReviewFailed,
+    ];
+}
+
+/// A refused request, as told to the [`RefusalHook`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    /// Why.
+    pub reason: RefusalReason,
+    /// The client certificate refused, if one was presented and refused.
+    pub certificate: Option<CertRefusal>,
+    /// The user authenticated (for [`RefusalReason::Forbidden`]) and whether by certificate.
+    pub user: Option<(String, bool)>,
+}
+
+/// Told of every refused request (to count them and warn); called on the request's task, so
+/// it must not block.
+pub type RefusalHook = Arc<dyn Fn(&Refusal) + Send + Sync>;
 
 /// TokenReview/SubjectAccessReview against an API server, cached.
 #[allow(missing_debug_implementations)] // holds a client and token caches: nothing to show
@@ -167,6 +284,7 @@ pub struct WebhookAuth {
     node: String,
     tokens: Cache<String, Option<User>>,
     decisions: Cache<(User, &'static str, &'static str), bool>,
+    refusals: Option<RefusalHook>,
 }
 
 impl WebhookAuth {
@@ -177,7 +295,15 @@ impl WebhookAuth {
             node: node.into(),
             tokens: Cache::new(),
             decisions: Cache::new(),
+            refusals: None,
         }
+    }
+
+    /// Tells `hook` of every refused request.
+    #[must_use]
+    pub fn with_refusal_hook(mut self, hook: RefusalHook) -> Self {
+        self.refusals = Some(hook);
+        self
     }
 
     async fn token_user(&self, token: &str) -> Result<Option<User>, AuthError> {
@@ -252,33 +378,102 @@ impl WebhookAuth {
 }
 
 impl Auth {
-    /// Authenticates (certificate user, else bearer token) and authorizes a request.
+    /// Authenticates (a verified certificate's user, else a bearer token) and authorizes a
+    /// request; a refusal is told to the refusal hook.
     pub async fn check(
         &self,
-        cert_user: Option<User>,
+        cert: ClientCert,
         bearer: Option<&str>,
         attrs: &Attributes,
     ) -> Result<Option<User>, AuthError> {
         let Self::Webhook(w) = self else {
             return Ok(None);
         };
-        let user = match (cert_user, bearer) {
-            (Some(u), _) => u,
-            (None, Some(token)) => w
-                .token_user(token)
-                .await?
-                .ok_or(AuthError::Unauthenticated)?,
-            (None, None) => return Err(AuthError::Unauthenticated),
+        let result = w.check(&cert, bearer, attrs).await;
+        if let (Err(refused), Some(hook)) = (&result, &w.refusals) {
+            let certificate = match cert {
+                ClientCert::Refused(r) => Some(r),
+                _ => None,
+            };
+            hook(&Refusal {
+                reason: refused.reason,
+                certificate,
+                user: refused.user.clone(),
+            });
+        }
+        result.map(Some).map_err(|r| match r.reason {
+            RefusalReason::Forbidden => AuthError::Forbidden {
+                user: r.user.map(|(u, _)| u).unwrap_or_default(),
+                verb: attrs.verb,
+                subresource: attrs.subresources.first().copied().unwrap_or("proxy"),
+            },
+            RefusalReason::ReviewFailed => r.review.unwrap_or(AuthError::Unauthenticated),
+            _ => AuthError::Unauthenticated,
+        })
+    }
+}
+
+/// Why [`WebhookAuth::check`] refused.
+struct Refused {
+    reason: RefusalReason,
+    /// The user, for [`RefusalReason::Forbidden`], and whether a certificate authenticated it.
+    user: Option<(String, bool)>,
+    /// The error, for [`RefusalReason::ReviewFailed`].
+    review: Option<AuthError>,
+}
+
+impl Refused {
+    fn new(reason: RefusalReason) -> Self {
+        Self {
+            reason,
+            user: None,
+            review: None,
+        }
+    }
+
+    fn review(e: AuthError) -> Self {
+        Self {
+            review: Some(e),
+            ..Self::new(RefusalReason::ReviewFailed)
+        }
+    }
+}
+
+impl WebhookAuth {
+    async fn check(
+        &self,
+        cert: &ClientCert,
+        bearer: Option<&str>,
+        attrs: &Attributes,
+    ) -> Result<User, Refused> {
+        // A refused certificate is no credential: a token may still authenticate the request,
+        // as with the kubelet's authenticators.
+        let (user, by_cert) = match (cert, bearer) {
+            (ClientCert::Verified(u), _) => (u.clone(), true),
+            (_, Some(token)) => match self.token_user(token).await.map_err(Refused::review)? {
+                Some(u) => (u, false),
+                None => return Err(Refused::new(RefusalReason::BadToken)),
+            },
+            (ClientCert::Refused(r), None) if r.unknown_ca => {
+                return Err(Refused::new(RefusalReason::UnknownCa));
+            }
+            (ClientCert::Refused(_), None) => {
+                return Err(Refused::new(RefusalReason::BadCertificate));
+            }
+            (ClientCert::None, None) => return Err(Refused::new(RefusalReason::NoCredentials)),
         };
         for sub in &attrs.subresources {
-            if w.allowed(&user, attrs.verb, sub).await? {
-                return Ok(Some(user));
+            if self
+                .allowed(&user, attrs.verb, sub)
+                .await
+                .map_err(Refused::review)?
+            {
+                return Ok(user);
             }
         }
-        Err(AuthError::Forbidden {
-            user: user.name,
-            verb: attrs.verb,
-            subresource: attrs.subresources.first().copied().unwrap_or("proxy"),
+        Err(Refused {
+            user: Some((user.name, by_cert)),
+            ..Refused::new(RefusalReason::Forbidden)
         })
     }
 }

@@ -47,7 +47,9 @@ pub mod tls;
 pub mod upgrade;
 mod websocket;
 
-pub use auth::{Attributes, Auth, AuthError, User, WebhookAuth};
+pub use auth::{
+    Attributes, Auth, AuthError, ClientCert, Refusal, RefusalHook, RefusalReason, User, WebhookAuth,
+};
 pub use backend::{
     AsyncDuplex, AttachRequest, BackendError, BoxReader, BoxWriter, ErrorFuture, ExecIo,
     ExecRequest, ExitStatus, PodRef, PortForwardRequest, PortForwardStream, StreamBackend,

@@ -22,12 +22,13 @@ use rustls_pki_types::CertificateDer;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-use crate::auth::{Auth, User, attributes};
+use crate::auth::{Auth, ClientCert, User, attributes};
 use crate::backend::{
     AttachRequest, BackendError, ExecRequest, PodRef, StreamBackend, StreamOptions,
 };
 use crate::logs::LogOptions;
 use crate::stats::{Summary, resource_metrics};
+use crate::tls::ClientCertChecker;
 use crate::upgrade::{
     PortForwardUpgrade, RemoteCommandUpgrade, command_from_query, ports_from_query,
 };
@@ -76,7 +77,8 @@ pub struct KubeletServerConfig {
     pub listen: SocketAddr,
     /// The serving certificate.
     pub cert: ServingCert,
-    /// CA for client certificates (the API server presents one signed by the cluster CA).
+    /// CA for client certificates (the API server presents one signed by the cluster CA); None:
+    /// every client certificate is refused (tokens still work).
     pub client_ca_pem: Option<String>,
     /// Authentication and authorization.
     pub auth: Auth,
@@ -141,7 +143,9 @@ fn json(value: &impl serde::Serialize) -> Response<Body> {
     r
 }
 
-fn tls_config(config: &KubeletServerConfig) -> Result<Arc<rustls::ServerConfig>, ServerError> {
+fn tls_config(
+    config: &KubeletServerConfig,
+) -> Result<(Arc<rustls::ServerConfig>, Arc<ClientCertChecker>), ServerError> {
     let (cert, key) = match &config.cert {
         ServingCert::Pem { cert, key } => (cert.clone(), key.clone()),
         ServingCert::SelfSigned { sans } => {
@@ -150,18 +154,26 @@ fn tls_config(config: &KubeletServerConfig) -> Result<Arc<rustls::ServerConfig>,
             (c.cert.pem(), c.signing_key.serialize_pem())
         }
     };
-    // Client certificates are asked for, not required: bearer-token clients have none. Streams
-    // upgrade the connection, which HTTP/2 cannot.
-    crate::tls::server_config(
-        &cert,
-        &key,
-        config
-            .client_ca_pem
-            .as_deref()
-            .map(|ca| (ca, crate::tls::ClientCerts::Optional)),
-        &[b"http/1.1"],
-    )
-    .map_err(ServerError::Tls)
+    // Client certificates are asked for, not required (bearer-token clients have none), and
+    // verified after the handshake, as the kubelet does: one of another CA is a counted 401,
+    // not a handshake failure. Streams upgrade the connection, which HTTP/2 cannot.
+    let checker = Arc::new(
+        ClientCertChecker::new(config.client_ca_pem.as_deref()).map_err(ServerError::Tls)?,
+    );
+    let tls = crate::tls::server_config_checked_later(&cert, &key, checker.clone(), &[b"http/1.1"])
+        .map_err(ServerError::Tls)?;
+    Ok((tls, checker))
+}
+
+/// A connection's client certificate, checked against the client CA.
+fn client_cert(chain: Option<&[CertificateDer<'_>]>, checker: &ClientCertChecker) -> ClientCert {
+    match chain {
+        Some(chain @ [end_entity, ..]) => match checker.check(chain) {
+            Ok(()) => cert_user(end_entity).into(),
+            Err(refused) => ClientCert::Refused(refused),
+        },
+        _ => ClientCert::None,
+    }
 }
 
 /// The user of a verified client certificate: CN, and the O values as groups.
@@ -192,7 +204,7 @@ impl KubeletServer {
                 config.listen
             );
         }
-        let tls = tls_config(&config)?;
+        let (tls, checker) = tls_config(&config)?;
         let listener =
             TcpListener::bind(config.listen)
                 .await
@@ -211,17 +223,13 @@ impl KubeletServer {
             streaming: config.streaming,
         });
         crate::tls::accept_loop(listener, tls, limits, stop.clone(), move |tls| {
-            let (ctx, backend) = (ctx.clone(), backend.clone());
+            let (ctx, backend, checker) = (ctx.clone(), backend.clone(), checker.clone());
             async move {
-                let user = tls
-                    .get_ref()
-                    .1
-                    .peer_certificates()
-                    .and_then(|c| c.first())
-                    .and_then(cert_user);
+                // Once per connection: the certificate is the handshake's.
+                let cert = client_cert(tls.get_ref().1.peer_certificates(), &checker);
                 let svc = service_fn(move |req| {
-                    let (ctx, backend, user) = (ctx.clone(), backend.clone(), user.clone());
-                    async move { Ok::<_, Infallible>(handle(&ctx, backend, user, req).await) }
+                    let (ctx, backend, cert) = (ctx.clone(), backend.clone(), cert.clone());
+                    async move { Ok::<_, Infallible>(handle(&ctx, backend, cert, req).await) }
                 });
                 // HTTP/1.1, the only protocol ALPN offers: streams upgrade the connection.
                 crate::tls::serve_connection(tls, &limits, svc).await;
@@ -317,7 +325,7 @@ fn bearer_token(value: &str) -> Option<&str> {
 pub async fn handle<B: KubeletBackend>(
     ctx: &Context,
     backend: Arc<B>,
-    cert_user: Option<User>,
+    cert: ClientCert,
     req: Request<Incoming>,
 ) -> Response<Body> {
     let bearer = req
@@ -327,7 +335,7 @@ pub async fn handle<B: KubeletBackend>(
         .and_then(bearer_token)
         .map(str::to_owned);
     let attrs = attributes(req.method(), req.uri().path());
-    if let Err(e) = ctx.auth.check(cert_user, bearer.as_deref(), &attrs).await {
+    if let Err(e) = ctx.auth.check(cert, bearer.as_deref(), &attrs).await {
         return text(
             StatusCode::from_u16(e.status()).unwrap_or(StatusCode::FORBIDDEN),
             e.to_string(),

@@ -12,10 +12,11 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use rustls::RootCertStore;
 use rustls::server::WebPkiClientVerifier;
+use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
+use rustls::{DigitallySignedStruct, DistinguishedName, RootCertStore, SignatureScheme};
 use rustls_pki_types::pem::PemObject;
-use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+use rustls_pki_types::{CertificateDer, PrivateKeyDer, UnixTime};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::TlsAcceptor;
@@ -181,6 +182,51 @@ pub fn server_config(
     client_ca: Option<(&str, ClientCerts)>,
     alpn: &[&[u8]],
 ) -> Result<Arc<rustls::ServerConfig>, String> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let verifier = match client_ca {
+        Some((ca, mode)) => {
+            let verifier =
+                WebPkiClientVerifier::builder_with_provider(Arc::new(roots(ca)?), provider.clone());
+            let verifier = match mode {
+                ClientCerts::Optional => verifier.allow_unauthenticated(),
+                ClientCerts::Required => verifier,
+            };
+            Some(verifier.build().map_err(|e| err("client CA", e))?)
+        }
+        None => None,
+    };
+    build_server_config(cert_pem, key_pem, provider, verifier, alpn)
+}
+
+/// A server configuration like [`server_config`] that asks for client certificates and leaves
+/// their verification to `checker` after the handshake (see [`ClientCertChecker`]).
+pub fn server_config_checked_later(
+    cert_pem: &str,
+    key_pem: &str,
+    checker: Arc<ClientCertChecker>,
+    alpn: &[&[u8]],
+) -> Result<Arc<rustls::ServerConfig>, String> {
+    let provider = checker.provider.clone();
+    build_server_config(cert_pem, key_pem, provider, Some(checker), alpn)
+}
+
+fn roots(ca_pem: &str) -> Result<RootCertStore, String> {
+    let mut roots = RootCertStore::empty();
+    for c in CertificateDer::pem_slice_iter(ca_pem.as_bytes()) {
+        roots
+            .add(c.map_err(|e| err("client CA", e))?)
+            .map_err(|e| err("client CA", e))?;
+    }
+    Ok(roots)
+}
+
+fn build_server_config(
+    cert_pem: &str,
+    key_pem: &str,
+    provider: Arc<rustls::crypto::CryptoProvider>,
+    verifier: Option<Arc<dyn ClientCertVerifier>>,
+    alpn: &[&[u8]],
+) -> Result<Arc<rustls::ServerConfig>, String> {
     let chain = CertificateDer::pem_slice_iter(cert_pem.as_bytes())
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| err("serving certificate", e))?;
@@ -189,25 +235,11 @@ pub fn server_config(
     }
     let key =
         PrivateKeyDer::from_pem_slice(key_pem.as_bytes()).map_err(|e| err("serving key", e))?;
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
+    let builder = rustls::ServerConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
         .map_err(|e| err("TLS versions", e))?;
-    let builder = match client_ca {
-        Some((ca, mode)) => {
-            let mut roots = RootCertStore::empty();
-            for c in CertificateDer::pem_slice_iter(ca.as_bytes()) {
-                roots
-                    .add(c.map_err(|e| err("client CA", e))?)
-                    .map_err(|e| err("client CA", e))?;
-            }
-            let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider);
-            let verifier = match mode {
-                ClientCerts::Optional => verifier.allow_unauthenticated(),
-                ClientCerts::Required => verifier,
-            };
-            builder.with_client_cert_verifier(verifier.build().map_err(|e| err("client CA", e))?)
-        }
+    let builder = match verifier {
+        Some(v) => builder.with_client_cert_verifier(v),
         None => builder.with_no_client_auth(),
     };
     let mut config = builder
@@ -215,6 +247,167 @@ pub fn server_config(
         .map_err(|e| err("serving certificate and key", e))?;
     config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
     Ok(Arc::new(config))
+}
+
+/// A client certificate that does not verify against the trusted CA, described for people.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "client certificate {subject} (issuer {issuer}) {}: {error}",
+    if trusted.is_empty() {
+        "cannot be verified: no client CA is configured".to_owned()
+    } else {
+        format!("is not accepted by the trusted client CA ({trusted})")
+    }
+)]
+pub struct CertRefusal {
+    /// The certificate's subject (`CN=...`).
+    pub subject: String,
+    /// Its issuer.
+    pub issuer: String,
+    /// The subjects of the trusted CA certificates; empty when none is configured.
+    pub trusted: String,
+    /// Why, as the verifier says (`UnknownIssuer`, `Expired`, ...).
+    pub error: String,
+    /// Signed by a CA we do not trust (or none is configured), rather than invalid otherwise
+    /// (expired, wrong usage).
+    pub unknown_ca: bool,
+}
+
+/// Client certificates as Kubernetes servers take them (the kubelet's and the API server's
+/// authenticators): asked for without naming a CA, so a client sends the certificate it has;
+/// any whose handshake signature is valid (the client holds its key) is let through the
+/// handshake; and its chain is verified against the CA afterwards with [`Self::check`]. A
+/// certificate of another CA then gets a 401 that can be counted and explained, not a
+/// handshake failure nobody sees.
+#[derive(Debug)]
+pub struct ClientCertChecker {
+    /// The CA's verifier; None when no CA is configured (every certificate is refused).
+    verifier: Option<Arc<dyn ClientCertVerifier>>,
+    /// The CA certificates' subjects, for messages.
+    trusted: String,
+    provider: Arc<rustls::crypto::CryptoProvider>,
+}
+
+impl ClientCertChecker {
+    /// Checks against the CA certificates of `ca_pem` (none: every certificate is refused).
+    pub fn new(ca_pem: Option<&str>) -> Result<Self, String> {
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let (verifier, trusted) = match ca_pem {
+            Some(ca) => {
+                let verifier = WebPkiClientVerifier::builder_with_provider(
+                    Arc::new(roots(ca)?),
+                    provider.clone(),
+                )
+                .allow_unauthenticated()
+                .build()
+                .map_err(|e| err("client CA", e))?;
+                let subjects: Vec<String> = CertificateDer::pem_slice_iter(ca.as_bytes())
+                    .filter_map(Result::ok)
+                    .map(|c| subject_and_issuer(&c).0)
+                    .collect();
+                (Some(verifier), subjects.join("; "))
+            }
+            None => (None, String::new()),
+        };
+        Ok(Self {
+            verifier,
+            trusted,
+            provider,
+        })
+    }
+
+    /// Verifies a client's chain (end entity first) against the CA.
+    pub fn check(&self, chain: &[CertificateDer<'_>]) -> Result<(), CertRefusal> {
+        let Some((end_entity, intermediates)) = chain.split_first() else {
+            return Ok(());
+        };
+        let error = match &self.verifier {
+            Some(v) => match v.verify_client_cert(end_entity, intermediates, UnixTime::now()) {
+                Ok(_) => return Ok(()),
+                Err(e) => e,
+            },
+            None => rustls::Error::InvalidCertificate(rustls::CertificateError::UnknownIssuer),
+        };
+        let (subject, issuer) = subject_and_issuer(end_entity);
+        Err(CertRefusal {
+            subject,
+            issuer,
+            trusted: self.trusted.clone(),
+            unknown_ca: matches!(
+                error,
+                rustls::Error::InvalidCertificate(rustls::CertificateError::UnknownIssuer)
+            ),
+            error: error.to_string(),
+        })
+    }
+}
+
+/// A certificate's subject and issuer as `CN=...` strings (`?` if it does not parse).
+fn subject_and_issuer(cert: &CertificateDer<'_>) -> (String, String) {
+    match x509_parser::parse_x509_certificate(cert.as_ref()) {
+        Ok((_, c)) => (c.subject().to_string(), c.issuer().to_string()),
+        Err(_) => ("?".to_owned(), "?".to_owned()),
+    }
+}
+
+impl ClientCertVerifier for ClientCertChecker {
+    fn offer_client_auth(&self) -> bool {
+        true
+    }
+
+    fn client_auth_mandatory(&self) -> bool {
+        false
+    }
+
+    fn root_hint_subjects(&self) -> &[DistinguishedName] {
+        // No hint: a Go client (the API server) sends no certificate when its issuer is not
+        // among the hints, and the refusal could not say whose certificate it was.
+        &[]
+    }
+
+    fn verify_client_cert(
+        &self,
+        _: &CertificateDer<'_>,
+        _: &[CertificateDer<'_>],
+        _: UnixTime,
+    ) -> Result<ClientCertVerified, rustls::Error> {
+        // Checked after the handshake, by `check`.
+        Ok(ClientCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.provider.signature_verification_algorithms,
+        )
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.provider.signature_verification_algorithms,
+        )
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.provider
+            .signature_verification_algorithms
+            .supported_schemes()
+    }
 }
 
 /// Accepts connections on `listener` until `stop`, completes each TLS handshake (within

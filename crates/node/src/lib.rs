@@ -10,6 +10,7 @@ pub mod cache;
 pub mod clients;
 pub mod copies;
 pub mod events;
+pub mod kubelet_auth;
 pub mod lower_backend;
 mod lower_portforward;
 pub mod metrics;
@@ -36,9 +37,19 @@ pub struct KubeletApi {
     /// Serving certificate.
     pub cert: tensile_kubelet::ServingCert,
     /// CA of client certificates (the upper cluster's CA by default).
-    pub client_ca_pem: Option<String>,
+    pub client_ca: ClientCa,
     /// Authentication and authorization off (only when the operator asks for it).
     pub auth_disabled: bool,
+}
+
+/// The CA client certificates on the kubelet API must chain to.
+#[derive(Debug, Clone)]
+pub enum ClientCa {
+    /// PEM certificates (`--client-verify-ca`, or the upper cluster's `kube-root-ca.crt`).
+    Pem(String),
+    /// None could be read, for this reason: every client certificate is refused (tokens still
+    /// work), which is logged as an error and recorded as a Warning event on the Node.
+    Unavailable(String),
 }
 
 /// Prometheus metrics of the virtual node.
@@ -119,35 +130,65 @@ impl VirtualNode {
         );
         let mut registry = std::mem::take(&mut self.metrics.registry);
         let sync_metrics = pods::SyncMetrics::new(&mut registry);
+        let node_events = events::EventSink::start(
+            self.pods.upper_events.clone(),
+            "tensile-kube",
+            &self.node.identity.name,
+        );
+        let mut start_check = None;
+        let server = match self.kubelet.take() {
+            Some(k) => {
+                let (client_ca_pem, ca_problem) = match k.client_ca {
+                    ClientCa::Pem(pem) => (Some(pem), None),
+                    ClientCa::Unavailable(why) => (None, Some(why)),
+                };
+                let auth_watch = (!k.auth_disabled).then(|| {
+                    kubelet_auth::KubeletAuthWatch::new(
+                        &mut registry,
+                        &self.node.identity.name,
+                        node_events.clone(),
+                    )
+                });
+                let auth = match &auth_watch {
+                    None => tensile_kubelet::Auth::Disabled,
+                    Some(w) => tensile_kubelet::Auth::Webhook(Box::new(
+                        tensile_kubelet::WebhookAuth::new(
+                            self.pods.upper.clone(),
+                            self.node.identity.name.clone(),
+                        )
+                        .with_refusal_hook(w.hook()),
+                    )),
+                };
+                let config = tensile_kubelet::KubeletServerConfig {
+                    listen: k.listen,
+                    cert: k.cert,
+                    client_ca_pem,
+                    auth,
+                    streaming: tensile_kubelet::StreamingConfig::default(),
+                };
+                let server = tensile_kubelet::KubeletServer::start(config, backend.clone()).await?;
+                self.node.identity.kubelet_port = i32::from(server.addr().port());
+                start_check = auth_watch.map(|w| (w, ca_problem));
+                Some(server)
+            }
+            None => None,
+        };
+        // After the kubelet API, whose refusal counters join the registry.
         let metrics_addr = match self.metrics.listen {
             Some(addr) => {
                 Some(metrics::serve(addr, Arc::new(registry), backend.clone(), stop.clone()).await?)
             }
             None => None,
         };
-        let server = match self.kubelet.take() {
-            Some(k) => {
-                let auth = if k.auth_disabled {
-                    tensile_kubelet::Auth::Disabled
-                } else {
-                    tensile_kubelet::Auth::Webhook(Box::new(tensile_kubelet::WebhookAuth::new(
-                        self.pods.upper.clone(),
-                        self.node.identity.name.clone(),
-                    )))
-                };
-                let config = tensile_kubelet::KubeletServerConfig {
-                    listen: k.listen,
-                    cert: k.cert,
-                    client_ca_pem: k.client_ca_pem,
-                    auth,
-                    streaming: tensile_kubelet::StreamingConfig::default(),
-                };
-                let server = tensile_kubelet::KubeletServer::start(config, backend).await?;
-                self.node.identity.kubelet_port = i32::from(server.addr().port());
-                Some(server)
-            }
-            None => None,
-        };
+        if let Some((watch, ca_problem)) = start_check {
+            kubelet_auth::check_at_start(
+                self.pods.upper.clone(),
+                watch,
+                ca_problem,
+                self.node.identity.kubelet_port,
+                stop.clone(),
+            );
+        }
         let kubelet_addr = server.as_ref().map(tensile_kubelet::KubeletServer::addr);
         let (tx, rx) = watch::channel(Default::default());
         let lower = self.pods.lower.clone();
@@ -173,11 +214,6 @@ impl VirtualNode {
             shared.clone(),
             stop.clone(),
         ));
-        let node_events = events::EventSink::start(
-            self.pods.upper_events.clone(),
-            "tensile-kube",
-            &self.node.identity.name,
-        );
         let node_loop = tokio::spawn(node::run_node(
             upper,
             lower,

@@ -60,6 +60,8 @@ pub struct NodeOptions {
     pub volumes: bool,
     /// The lease's holder identity (default: `<name>_test`, the same at each restart).
     pub holder: Option<String>,
+    /// The kubelet API's client CA (default: the upper cluster's CA).
+    pub client_ca: Option<tensile_node::ClientCa>,
 }
 
 impl NodeOptions {
@@ -74,6 +76,7 @@ impl NodeOptions {
             services: false,
             volumes: false,
             holder: None,
+            client_ca: None,
         }
     }
 
@@ -167,7 +170,9 @@ pub async fn try_spawn(
             cert: tensile_kubelet::ServingCert::SelfSigned {
                 sans: vec![address.clone()],
             },
-            client_ca_pem: Some(env.clusters[0].ca_pem().to_owned()),
+            client_ca: opts.client_ca.clone().unwrap_or_else(|| {
+                tensile_node::ClientCa::Pem(env.clusters[0].ca_pem().to_owned())
+            }),
             auth_disabled: false,
         }),
         metrics: Metrics {

@@ -1361,7 +1361,7 @@ pub(super) async fn create_only(
     rt: &ResourceType,
     namespace: Option<&str>,
     body: Value,
-    _user: &UserInfo,
+    user: &UserInfo,
 ) -> Result<(u16, Value), ApiError> {
     match rt.plural {
         "bindings" => {
@@ -1379,6 +1379,17 @@ pub(super) async fn create_only(
                 }
                 None => json!({"authenticated": false, "error": "invalid bearer token"}),
             };
+            let mut out = body;
+            out["status"] = status;
+            Ok((201, out))
+        }
+        "selfsubjectaccessreviews" => {
+            // The requester's own access, decided as a SubjectAccessReview of that user.
+            let mut review = body.clone();
+            review["spec"]["user"] = json!(user.username);
+            review["spec"]["uid"] = json!(user.uid);
+            review["spec"]["groups"] = json!(user.groups);
+            let status = super::rbac_strategy::review_status(state, &review);
             let mut out = body;
             out["status"] = status;
             Ok((201, out))

@@ -618,7 +618,7 @@ const CLIENT_CA_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
 async fn wait_for_client_ca(client: &kube::Client) -> Option<String> {
     let deadline = tokio::time::Instant::now() + CLIENT_CA_WAIT;
     loop {
-        if let Some(ca) = tensile_kubelet::auth::cluster_client_ca(client).await {
+        if let Ok(ca) = tensile_kubelet::auth::cluster_client_ca(client).await {
             return Some(ca);
         }
         if tokio::time::Instant::now() >= deadline {
