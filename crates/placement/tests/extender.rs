@@ -583,22 +583,9 @@ async fn a_lower_cluster_not_listed_yet_fails_its_virtual_node_with_a_reason() {
     c1.set_available(false);
     let stop = CancellationToken::new();
     let _guard = stop.clone().drop_guard();
-    let blind = extender::start(
-        ExtenderConfig {
-            upper: upper.clone(),
-            clusters: vec![LowerClusterClient {
-                id: "c1".into(),
-                client: s.lower("c1"),
-            }],
-            reservation_ttl: extender::DEFAULT_RESERVATION_TTL,
-            listen: "127.0.0.1:0".parse().unwrap(),
-            cert: ServingCert::generate("tensile-scheduler", &["127.0.0.1".to_owned()]).unwrap(),
-            client_ca_pem: None,
-        },
-        stop,
-    )
-    .await
-    .unwrap();
+    let blind = extender::start(c1_only(upper.clone(), s.lower("c1"), None), stop)
+        .await
+        .unwrap();
     let body = args_with_nodes(&pod("p", "1", json!({})), &[vk]);
     let (status, answer) = post(blind.addr, &blind.ca_pem, "/filter", body.clone()).await;
     assert_eq!(status, 200);
@@ -617,6 +604,21 @@ async fn a_lower_cluster_not_listed_yet_fails_its_virtual_node_with_a_reason() {
     .await;
 }
 
+/// An extender on loopback for the lower cluster `c1` alone.
+fn c1_only(upper: kube::Client, c1: kube::Client, client_ca_pem: Option<String>) -> ExtenderConfig {
+    ExtenderConfig {
+        upper,
+        clusters: vec![LowerClusterClient {
+            id: "c1".into(),
+            client: c1,
+        }],
+        reservation_ttl: extender::DEFAULT_RESERVATION_TTL,
+        listen: "127.0.0.1:0".parse().unwrap(),
+        cert: ServingCert::generate("tensile-scheduler", &["127.0.0.1".to_owned()]).unwrap(),
+        client_ca_pem,
+    }
+}
+
 /// With `client_ca_pem` (`--client-ca-file`) only clients with a certificate of that CA
 /// (kube-scheduler's `tlsConfig.certData`) are served: whoever reaches the extender could
 /// otherwise have pods bound.
@@ -627,17 +629,11 @@ async fn with_a_client_ca_only_its_clients_are_served() {
     let stop = CancellationToken::new();
     let _guard = stop.clone().drop_guard();
     let guarded = extender::start(
-        ExtenderConfig {
-            upper: s.upper(),
-            clusters: vec![LowerClusterClient {
-                id: "c1".into(),
-                client: s.lower("c1"),
-            }],
-            reservation_ttl: extender::DEFAULT_RESERVATION_TTL,
-            listen: "127.0.0.1:0".parse().unwrap(),
-            cert: ServingCert::generate("tensile-scheduler", &["127.0.0.1".to_owned()]).unwrap(),
-            client_ca_pem: Some(clients.cert_pem().to_owned()),
-        },
+        c1_only(
+            s.upper(),
+            s.lower("c1"),
+            Some(clients.cert_pem().to_owned()),
+        ),
         stop,
     )
     .await
