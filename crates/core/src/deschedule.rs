@@ -501,6 +501,14 @@ mod tests {
     use pretty_assertions::assert_eq;
     use serde_json::json;
 
+    /// `pod` as it looks once its deletion started at `when`.
+    fn being_deleted(pod: &Pod, when: k8s_openapi::jiff::Timestamp) -> Pod {
+        let mut p = pod.clone();
+        p.metadata.deletion_timestamp =
+            Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(when));
+        p
+    }
+
     fn stuck(extra: serde_json::Value) -> Pod {
         let mut v = json!({
             "metadata": {"name": "web-1", "namespace": "shop", "uid": "u1", "resourceVersion": "7",
@@ -754,10 +762,7 @@ mod tests {
         let mut elsewhere = next.clone();
         elsewhere.metadata.namespace = Some("other".into());
         assert!(!takes_over(&m, since(), &elsewhere));
-        let mut deleting = next.clone();
-        deleting.metadata.deletion_timestamp = Some(
-            k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(at("2026-11-22T10:03:00Z")),
-        );
+        let deleting = being_deleted(&next, at("2026-11-22T10:03:00Z"));
         assert!(!takes_over(&m, since(), &deleting));
         let counted = stuck(json!({"metadata": {"name": "web-3", "uid": "web-3-uid",
             "creationTimestamp": "2026-11-22T10:02:00Z",
@@ -782,9 +787,7 @@ mod tests {
             move_step(&m, since(), Some(&old), &[], now),
             MoveStep::Delete
         );
-        let mut deleting = old.clone();
-        deleting.metadata.deletion_timestamp =
-            Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(now));
+        let deleting = being_deleted(&old, now);
         let window = at("2026-11-22T10:11:00Z");
         assert_eq!(
             move_step(&m, since(), Some(&deleting), &[deleting.clone()], now),
@@ -846,9 +849,7 @@ mod tests {
             move_step(&m, since(), Some(&bare), &[], now),
             MoveStep::Delete
         );
-        let mut deleting = bare.clone();
-        deleting.metadata.deletion_timestamp =
-            Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(now));
+        let deleting = being_deleted(&bare, now);
         assert_eq!(
             move_step(&m, since(), Some(&deleting), &[], now),
             MoveStep::WaitGone
