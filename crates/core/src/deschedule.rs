@@ -790,7 +790,13 @@ mod tests {
         let deleting = being_deleted(&old, now);
         let window = at("2026-11-22T10:11:00Z");
         assert_eq!(
-            move_step(&m, since(), Some(&deleting), &[deleting.clone()], now),
+            move_step(
+                &m,
+                since(),
+                Some(&deleting),
+                std::slice::from_ref(&deleting),
+                now
+            ),
             MoveStep::WaitReplacement(window)
         );
         // The oldest new pod of the controller takes it (a ReplicaSet replaces a pod as soon
