@@ -9,15 +9,21 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use k8s_openapi::api::core::v1::{Event, ObjectReference, Pod};
+use k8s_openapi::api::core::v1::{Event, EventSource, ObjectReference, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde_json::{Value, json};
 
 use crate::keys;
 
-/// The upper mirror of `lower`, an event about our lower copy of `upper_pod`, made by node
-/// `owner`. None when the upper pod has no name, namespace or uid (nothing to point at).
-pub fn mirrored_event(lower: &Event, upper_pod: &Pod, owner: &str) -> Option<Event> {
+/// The upper mirror of `lower`, an event about our lower copy of `upper_pod` in lower cluster
+/// `lower_cluster`, made by node `owner`. None when the upper pod has no name, namespace or uid
+/// (nothing to point at).
+pub fn mirrored_event(
+    lower: &Event,
+    upper_pod: &Pod,
+    owner: &str,
+    lower_cluster: &str,
+) -> Option<Event> {
     let namespace = upper_pod.metadata.namespace.clone()?;
     let involved = ObjectReference {
         api_version: Some("v1".to_owned()),
@@ -42,7 +48,7 @@ pub fn mirrored_event(lower: &Event, upper_pod: &Pod, owner: &str) -> Option<Eve
         reason: lower.reason.clone(),
         message: lower.message.clone(),
         type_: lower.type_.clone(),
-        source: lower.source.clone(),
+        source: Some(source_in(lower, lower_cluster)),
         count: lower.count,
         first_timestamp: lower.first_timestamp.clone(),
         last_timestamp: lower.last_timestamp.clone(),
@@ -54,6 +60,28 @@ pub fn mirrored_event(lower: &Event, upper_pod: &Pod, owner: &str) -> Option<Eve
         // A lower object the upper cluster does not know.
         related: None,
     })
+}
+
+/// The source of a mirror: the lower component, named as `<lower cluster>/<component>` so
+/// `kubectl describe pod` upstairs tells the lower scheduler's `Scheduled` from the upper
+/// one's (both are `default-scheduler`). Only `source` carries the cluster: the
+/// `reportingComponent` of an event with an `eventTime` must stay a qualified name, which a
+/// kubeconfig context such as `admin@prod` is not.
+fn source_in(lower: &Event, lower_cluster: &str) -> EventSource {
+    let component = lower
+        .source
+        .as_ref()
+        .and_then(|s| s.component.as_deref())
+        .or(lower.reporting_component.as_deref())
+        .filter(|c| !c.is_empty());
+    let host = lower.source.as_ref().and_then(|s| s.host.clone());
+    EventSource {
+        component: Some(match component {
+            Some(c) => format!("{lower_cluster}/{c}"),
+            None => lower_cluster.to_owned(),
+        }),
+        host,
+    }
 }
 
 /// What to write upstairs for one lower event.
@@ -185,6 +213,7 @@ mod tests {
             &lower_event(3, "2026-11-22T10:01:00Z"),
             &upper_pod(),
             "vk-a",
+            "lower-a",
         )
         .unwrap();
         assert_eq!(
@@ -202,7 +231,7 @@ mod tests {
                 "reason": "BackOff",
                 "message": "Back-off pulling image \"nginx:nope\"",
                 "type": "Warning",
-                "source": {"component": "kubelet", "host": "lower-node-1"},
+                "source": {"component": "lower-a/kubelet", "host": "lower-node-1"},
                 "count": 3,
                 "firstTimestamp": "2026-11-22T10:00:00Z",
                 "lastTimestamp": "2026-11-22T10:01:00Z",
@@ -211,11 +240,48 @@ mod tests {
     }
 
     #[test]
+    fn the_lower_schedulers_event_names_the_lower_cluster_and_keeps_its_reporting_component() {
+        // As the scheduler writes it (events.k8s.io), read through core/v1: no source.
+        let scheduled: Event = serde_json::from_value(json!({
+            "metadata": {"name": "web-0.18a2b3c4d5e6f709", "namespace": "shop"},
+            "involvedObject": {"kind": "Pod", "namespace": "shop", "name": "web-0", "uid": "lower-pod-uid"},
+            "reason": "Scheduled", "type": "Normal", "action": "Binding",
+            "message": "Successfully assigned shop/web-0 to lower-node-1",
+            "eventTime": "2026-11-22T10:00:00.000000Z",
+            "reportingComponent": "default-scheduler", "reportingInstance": "default-scheduler-host",
+        }))
+        .unwrap();
+        let mirror = mirrored_event(&scheduled, &upper_pod(), "vk-a", "admin@lower-a").unwrap();
+        let source = mirror.source.unwrap();
+        assert_eq!(
+            source.component.as_deref(),
+            Some("admin@lower-a/default-scheduler")
+        );
+        assert_eq!(source.host, None);
+        assert_eq!(
+            mirror.reporting_component.as_deref(),
+            Some("default-scheduler")
+        );
+        let mut anonymous = scheduled;
+        anonymous.reporting_component = None;
+        let mirror = mirrored_event(&anonymous, &upper_pod(), "vk-a", "lower-a").unwrap();
+        assert_eq!(
+            mirror.source.and_then(|s| s.component).as_deref(),
+            Some("lower-a")
+        );
+    }
+
+    #[test]
     fn a_pod_without_uid_gets_no_mirror() {
         let mut pod = upper_pod();
         pod.metadata.uid = None;
         assert_eq!(
-            mirrored_event(&lower_event(1, "2026-11-22T10:00:00Z"), &pod, "vk-a"),
+            mirrored_event(
+                &lower_event(1, "2026-11-22T10:00:00Z"),
+                &pod,
+                "vk-a",
+                "lower-a"
+            ),
             None
         );
     }
@@ -226,6 +292,7 @@ mod tests {
             &lower_event(1, "2026-11-22T10:00:00Z"),
             &upper_pod(),
             "vk-a",
+            "lower-a",
         )
         .unwrap();
         let EventAction::Create(created) = event_action(first.clone(), None) else {
@@ -236,6 +303,7 @@ mod tests {
             &lower_event(2, "2026-11-22T10:00:30Z"),
             &upper_pod(),
             "vk-a",
+            "lower-a",
         )
         .unwrap();
         assert_eq!(

@@ -216,35 +216,51 @@ impl ExitStatus {
     }
 }
 
-/// A backend failure, shown to the user: its message, and whether what runs the containers is
-/// unavailable (see [`BackendError::unavailable`]).
+/// A backend failure, shown to the user: its message, and what kind of failure it is (see
+/// [`BackendError::unavailable`] and [`BackendError::bad_request`]).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{0}")]
-pub struct BackendError(pub String, bool);
+pub struct BackendError(pub String, FailureKind);
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum FailureKind {
+    /// Answered with the route's own status.
+    Route,
+    Unavailable,
+    BadRequest,
+}
 
 impl BackendError {
     /// Wraps any error's message.
     pub fn new(message: impl fmt::Display) -> Self {
-        Self(message.to_string(), false)
+        Self(message.to_string(), FailureKind::Route)
     }
 
     /// What runs the containers cannot be reached now (answered with 503 Service Unavailable,
     /// so the client knows to retry rather than that the pod is gone).
     pub fn unavailable(message: impl fmt::Display) -> Self {
-        Self(message.to_string(), true)
+        Self(message.to_string(), FailureKind::Unavailable)
+    }
+
+    /// The pod and container exist but the request cannot be served, such as the log of a
+    /// previous instance that never was: 400, as the kubelet answers. (The API server passes
+    /// a 400's message on to the client; a 404's it replaces with its own.)
+    pub fn bad_request(message: impl fmt::Display) -> Self {
+        Self(message.to_string(), FailureKind::BadRequest)
     }
 
     /// Made with [`Self::unavailable`].
     pub fn is_unavailable(&self) -> bool {
-        self.1
+        self.1 == FailureKind::Unavailable
     }
 
-    /// The HTTP status to answer with: 503 when unavailable, else `otherwise` (the route's).
+    /// The HTTP status to answer with: 503 when unavailable, 400 for a bad request, else
+    /// `otherwise` (the route's).
     pub fn status(&self, otherwise: http::StatusCode) -> http::StatusCode {
-        if self.1 {
-            http::StatusCode::SERVICE_UNAVAILABLE
-        } else {
-            otherwise
+        match self.1 {
+            FailureKind::Unavailable => http::StatusCode::SERVICE_UNAVAILABLE,
+            FailureKind::BadRequest => http::StatusCode::BAD_REQUEST,
+            FailureKind::Route => otherwise,
         }
     }
 }

@@ -37,12 +37,15 @@ pub struct EventMirror {
     pub lower: kube::Client,
     /// Our owner id.
     pub owner: String,
+    /// The lower cluster's name, shown as the mirrors' source.
+    pub lower_cluster: String,
 }
 
 impl std::fmt::Debug for EventMirror {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("EventMirror")
             .field("owner", &self.owner)
+            .field("lower_cluster", &self.lower_cluster)
             .finish_non_exhaustive()
     }
 }
@@ -192,7 +195,9 @@ impl Ctx {
         if lower_pod.metadata.uid != involved.uid {
             return self.finish(key, &event);
         }
-        let Some(desired) = mirrored_event(&event, &upper_pod, &self.cfg.owner) else {
+        let Some(desired) =
+            mirrored_event(&event, &upper_pod, &self.cfg.owner, &self.cfg.lower_cluster)
+        else {
             return self.finish(key, &event);
         };
         let action = event_action(desired, self.mirrors.get(namespace, name).as_ref());

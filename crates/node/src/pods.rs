@@ -319,6 +319,7 @@ pub async fn run_with_store(
             upper: cfg.upper_events.clone(),
             lower: cfg.lower.clone(),
             owner: cfg.translate.owner.clone(),
+            lower_cluster: cfg.lower_name.clone(),
         },
         upper_pods.clone(),
         lower_pods.clone(),

@@ -82,11 +82,16 @@ impl LowerReach {
     }
 
     /// A failed lower request as the user should read it: an unreachable cluster is a 503
-    /// naming the cluster and the cause; an error status is `context: message (code)`.
+    /// naming the cluster and the cause; an error status is `context: message (code)`, a 400
+    /// again upstairs.
     pub fn error(&self, context: &str, e: &kube::Error) -> BackendError {
         let (_, cause) = describe(e);
         if is_unreachable(e) {
             BackendError::unavailable(unreachable_message(&self.cluster, &cause))
+        } else if matches!(e, kube::Error::Api(s) if s.code == 400) {
+            // Such as `logs --previous` of a container that never restarted: the lower
+            // answer is a 400 whose message the upper API server shows the user.
+            BackendError::bad_request(format!("{context}: {cause}"))
         } else {
             BackendError::new(format!("{context}: {cause}"))
         }
@@ -116,6 +121,26 @@ mod tests {
             ]
         );
         assert_eq!(explain(&links).0, Cause::Certificate);
+    }
+
+    #[test]
+    fn a_lower_bad_request_stays_a_bad_request_and_other_statuses_take_the_routes() {
+        let reach = LowerReach::new("lower-1");
+        let status = |code| {
+            kube::Error::Api(
+                kube::core::Status::failure("previous terminated container \"c\" not found", "")
+                    .with_code(code)
+                    .boxed(),
+            )
+        };
+        let route = http::StatusCode::NOT_FOUND;
+        let bad = reach.error("logs", &status(400));
+        assert_eq!(bad.status(route), http::StatusCode::BAD_REQUEST);
+        assert!(
+            bad.to_string()
+                .starts_with("logs: previous terminated container")
+        );
+        assert_eq!(reach.error("logs", &status(404)).status(route), route);
     }
 
     #[test]

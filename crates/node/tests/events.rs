@@ -66,6 +66,12 @@ async fn events_of_a_lower_pod_that_cannot_be_scheduled_show_up_on_the_upper_pod
         failed.reporting_component.as_deref(),
         Some("default-scheduler")
     );
+    // `kubectl describe pod` shows the source: the lower cluster's scheduler, not the upper's.
+    assert_eq!(
+        failed.source.as_ref().and_then(|s| s.component.as_deref()),
+        Some("lower/default-scheduler"),
+        "{failed:?}"
+    );
     assert_eq!(
         failed.metadata.labels.unwrap().get(LABEL_OWNER),
         Some(&owner_label_value("vk-lower"))

@@ -230,3 +230,195 @@ fn port_forward_over_both_transports_and_top() {
     let nodes = env.ok(&["top", "node", "--no-headers"]);
     assert_eq!(nodes.lines().count(), 2, "{nodes}");
 }
+
+impl Env {
+    fn apply(&self, name: &str, manifest: &str) {
+        let file = self.kubeconfig.with_file_name(format!("{name}.yaml"));
+        std::fs::write(&file, manifest).unwrap();
+        self.ok(&["apply", "-f", file.to_str().unwrap()]);
+    }
+
+    fn jsonpath(&self, what: &[&str], path: &str) -> String {
+        let mut args = vec!["get"];
+        args.extend_from_slice(what);
+        let path = format!("jsonpath={path}");
+        args.extend(["-o", &path]);
+        self.ok(&args)
+    }
+}
+
+#[test]
+fn a_crashing_container_backs_off_with_its_last_state_previous_log_and_events() {
+    let env = Env::start();
+    env.apply(
+        "crash",
+        "apiVersion: v1\nkind: Pod\nmetadata: {name: crash}\nspec:\n  containers:\n  - name: app\n    \
+         image: busybox\n    command: [sh, -c, 'echo boom; exit 1']\n",
+    );
+    // Ran, failed, restarted at once, failed again: waiting out 10 s.
+    env.until("CrashLoopBackOff", || {
+        env.jsonpath(
+            &["pod", "crash"],
+            "{.status.containerStatuses[0].state.waiting.reason}",
+        ) == "CrashLoopBackOff"
+    });
+    let row = env.ok(&["get", "pod", "crash", "--no-headers"]);
+    let cols: Vec<&str> = row.split_whitespace().collect();
+    assert_eq!(cols[1..3], ["0/1", "CrashLoopBackOff"], "{row}");
+    let status = |path: &str| env.jsonpath(&["pod", "crash"], path);
+    assert_eq!(status("{.status.phase}"), "Running");
+    assert_eq!(
+        status("{.status.containerStatuses[0].lastState.terminated.exitCode}"),
+        "1"
+    );
+    assert_eq!(
+        status("{.status.containerStatuses[0].lastState.terminated.reason}"),
+        "Error"
+    );
+    let restarts: i32 = status("{.status.containerStatuses[0].restartCount}")
+        .parse()
+        .unwrap();
+    assert!(restarts >= 1);
+    // RESTARTS says when the last run ended, as on any cluster: `1 (3s ago)`.
+    assert!(cols[3].parse::<i32>().is_ok() && cols[5] == "ago)", "{row}");
+    assert!(
+        status("{.status.containerStatuses[0].state.waiting.message}")
+            .starts_with("back-off 10s restarting failed container=app pod=crash_default("),
+    );
+    // The log of the latest run, and with --previous the one before (read until no restart
+    // came between the two reads).
+    let attempt = |log: &str| -> Option<i32> {
+        let head = log.lines().next()?;
+        let rest = head.strip_prefix("container app of pod crash started (image busybox")?;
+        match rest.strip_prefix(", restart ") {
+            Some(n) => n.strip_suffix(')')?.parse().ok(),
+            None => (rest == ")").then_some(0),
+        }
+    };
+    env.until("the current and the previous log", || {
+        let current = env.ok(&["logs", "crash"]);
+        let previous = env.ok(&["logs", "crash", "--previous"]);
+        current.ends_with("boom\n")
+            && previous.ends_with("boom\n")
+            && matches!((attempt(&current), attempt(&previous)), (Some(c), Some(p)) if c >= 1 && p == c - 1)
+    });
+    // The kubelet's BackOff event, as `kubectl describe` shows it.
+    env.until("the BackOff event", || {
+        env.jsonpath(
+            &[
+                "events",
+                "--field-selector",
+                "involvedObject.name=crash,reason=BackOff",
+            ],
+            "{.items[*].message}",
+        )
+        .contains("Back-off restarting failed container app in pod crash_default(")
+    });
+    let described = env.ok(&["describe", "pod", "crash"]);
+    assert!(
+        described.contains("CrashLoopBackOff") && described.contains("Last State:"),
+        "{described}"
+    );
+
+    // A container that never restarted has no previous log: the kubelet's 400, whose message
+    // the API server passes on.
+    env.apply(
+        "steady",
+        "apiVersion: v1\nkind: Pod\nmetadata: {name: steady}\nspec:\n  containers:\n  - name: app\n    \
+         image: busybox\n    command: [sleep, '100000']\n",
+    );
+    env.until("steady running", || {
+        env.jsonpath(&["pod", "steady"], "{.status.phase}") == "Running"
+    });
+    let out = env.run(&["logs", "steady", "--previous"], &[], None);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success()
+            && err.contains("previous terminated container \"app\" in pod \"steady\" not found"),
+        "{err}"
+    );
+}
+
+#[test]
+fn the_environment_comes_from_configmaps_secrets_and_the_downward_api_and_a_missing_key_holds_the_container()
+ {
+    let env = Env::start();
+    env.ok(&[
+        "create",
+        "configmap",
+        "settings",
+        "--from-literal=MODE=fast",
+    ]);
+    env.ok(&[
+        "create",
+        "secret",
+        "generic",
+        "creds",
+        "--from-literal=password=s3cr3t",
+    ]);
+    env.apply(
+        "app",
+        "apiVersion: v1\nkind: Pod\nmetadata: {name: app, labels: {tier: web}}\nspec:\n  containers:\n  \
+         - name: app\n    image: busybox\n    command: [sleep, '100000']\n    \
+         envFrom: [{configMapRef: {name: settings}, prefix: CFG_}]\n    env:\n    \
+         - {name: PASSWORD, valueFrom: {secretKeyRef: {name: creds, key: password}}}\n    \
+         - {name: POD_NAME, valueFrom: {fieldRef: {fieldPath: metadata.name}}}\n    \
+         - {name: NODE_NAME, valueFrom: {fieldRef: {fieldPath: spec.nodeName}}}\n    \
+         - {name: TIER, valueFrom: {fieldRef: {fieldPath: \"metadata.labels['tier']\"}}}\n    \
+         - {name: GREETING, value: 'hello $(POD_NAME)'}\n",
+    );
+    env.until("app running", || {
+        env.jsonpath(&["pod", "app"], "{.status.phase}") == "Running"
+    });
+    let node = env.jsonpath(&["pod", "app"], "{.spec.nodeName}");
+    let vars = env.ok(&["exec", "app", "--", "env"]);
+    for want in [
+        "PASSWORD=s3cr3t".to_owned(),
+        "CFG_MODE=fast".to_owned(),
+        "POD_NAME=app".to_owned(),
+        format!("NODE_NAME={node}"),
+        "TIER=web".to_owned(),
+        "GREETING=hello app".to_owned(),
+    ] {
+        assert!(vars.lines().any(|l| l == want), "{want} in\n{vars}");
+    }
+    // The API server's service, as every kubelet gives it.
+    let api_ip = env.jsonpath(&["service", "kubernetes"], "{.spec.clusterIP}");
+    assert!(
+        vars.lines()
+            .any(|l| l == format!("KUBERNETES_SERVICE_HOST={api_ip}")),
+        "{vars}"
+    );
+
+    // A key that is not there yet: the container waits with the kubelet's reason, the pod stays
+    // Pending, until the key appears.
+    env.apply(
+        "held",
+        "apiVersion: v1\nkind: Pod\nmetadata: {name: held}\nspec:\n  containers:\n  - name: app\n    \
+         image: busybox\n    command: [sleep, '100000']\n    \
+         env: [{name: LEVEL, valueFrom: {configMapKeyRef: {name: later, key: level}}}]\n",
+    );
+    env.until("CreateContainerConfigError", || {
+        env.jsonpath(
+            &["pod", "held"],
+            "{.status.containerStatuses[0].state.waiting.reason}",
+        ) == "CreateContainerConfigError"
+    });
+    assert_eq!(env.jsonpath(&["pod", "held"], "{.status.phase}"), "Pending");
+    assert_eq!(
+        env.jsonpath(
+            &["pod", "held"],
+            "{.status.containerStatuses[0].state.waiting.message}"
+        ),
+        "configmap \"later\" not found"
+    );
+    env.ok(&["create", "configmap", "later", "--from-literal=level=3"]);
+    env.until("held running once its key exists", || {
+        env.jsonpath(&["pod", "held"], "{.status.phase}") == "Running"
+    });
+    assert!(
+        env.ok(&["exec", "held", "--", "env"])
+            .lines()
+            .any(|l| l == "LEVEL=3")
+    );
+}

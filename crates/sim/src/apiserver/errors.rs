@@ -190,6 +190,51 @@ impl ApiError {
         )
     }
 
+    /// A kubelet's error answer to `pods/log`, as the API server's response checker turns it
+    /// into a Status (`GenericHttpResponseChecker`): a 400 keeps the kubelet's text as its
+    /// message, a 500 is an internal error with it, anything else is apimachinery's
+    /// `NewGenericServerResponse`, whose message is generic.
+    pub fn from_kubelet_log(code: u16, body: &str, pod: &str) -> Self {
+        match code {
+            400 => return Self::bad_request(body),
+            500 => return Self::internal(body),
+            _ => {}
+        }
+        let (reason, message) = match code {
+            404 => (
+                "NotFound",
+                "the server could not find the requested resource".to_owned(),
+            ),
+            401 => (
+                "Unauthorized",
+                "the server has asked for the client to provide credentials".to_owned(),
+            ),
+            403 => (
+                "Forbidden",
+                "the server does not allow access to the requested resource".to_owned(),
+            ),
+            503 => (
+                "ServiceUnavailable",
+                "the server is currently unable to handle the request".to_owned(),
+            ),
+            c if c >= 500 => (
+                "InternalError",
+                format!(
+                    "an error on the server ({body:?}) has prevented the request from succeeding"
+                ),
+            ),
+            c => (
+                "",
+                format!(
+                    "the server responded with the status code {c} but did not return more information"
+                ),
+            ),
+        };
+        let mut e = Self::new(code, reason, format!("{message} ( pods/log {pod})"));
+        e.details = Some(json!({"name": pod, "kind": "pods/log"}));
+        e
+    }
+
     /// A route with no resource behind it.
     pub fn no_route() -> Self {
         Self::new(

@@ -150,7 +150,10 @@ pub(super) async fn pod_stream(
         Ok(Some(_)) if sub != "log" && !is_upgrade_request(&req) => {
             error_response(&ApiError::bad_request("Upgrade request required"))
         }
-        Ok(Some((node, path))) => forward(&state, req, &node, &path).await,
+        Ok(Some((node, path))) => {
+            let checked = (sub == "log").then_some(name);
+            forward(&state, req, &node, &path, checked).await
+        }
         Err(e) => error_response(&e),
     }
 }
@@ -321,7 +324,7 @@ pub(super) async fn node_proxy(
     {
         return error_response(&e);
     }
-    forward(&state, req, node, &path).await
+    forward(&state, req, node, &path, None).await
 }
 
 /// Whether `nodes/proxy` may reach the node's kubelet: like the real API server, only when every
@@ -366,8 +369,16 @@ fn global_unicast(ip: std::net::IpAddr) -> bool {
 }
 
 /// Sends `req` to the node's kubelet at `path`; splices upgraded connections, streams bodies.
-async fn forward(state: &State, req: Request<Incoming>, node: &str, path: &str) -> Response<Body> {
-    match forward_inner(state, req, node, path).await {
+/// `log_of`: the pod whose log this is, whose kubelet errors become Statuses as the API
+/// server's `pods/log` does (other streams and `nodes/proxy` pass the kubelet's answer on).
+async fn forward(
+    state: &State,
+    req: Request<Incoming>,
+    node: &str,
+    path: &str,
+    log_of: Option<&str>,
+) -> Response<Body> {
+    match forward_inner(state, req, node, path, log_of).await {
         Ok(r) => r,
         Err(e) => error_response(&e),
     }
@@ -378,6 +389,7 @@ async fn forward_inner(
     mut req: Request<Incoming>,
     node: &str,
     path: &str,
+    log_of: Option<&str>,
 ) -> Result<Response<Body>, ApiError> {
     let (host, port) = kubelet_endpoint(state, node)?;
     let unavailable = |e: &dyn std::fmt::Display| {
@@ -454,6 +466,28 @@ async fn forward_inner(
         return reply
             .body(super::http::full(Bytes::new()))
             .map_err(|e| ApiError::internal(e.to_string()));
+    }
+    let code = resp.status().as_u16();
+    if let Some(pod) = log_of
+        && !(200..=206).contains(&code)
+    {
+        // As `GenericHttpResponseChecker`: at most 50,000 bytes of the body are read.
+        let mut text = Vec::new();
+        let mut body = resp.into_body();
+        while let Some(Ok(frame)) = body.frame().await {
+            if let Ok(data) = frame.into_data() {
+                text.extend_from_slice(&data);
+            }
+            if text.len() >= 50_000 {
+                text.truncate(50_000);
+                break;
+            }
+        }
+        return Err(ApiError::from_kubelet_log(
+            code,
+            &String::from_utf8_lossy(&text),
+            pod,
+        ));
     }
     let (parts, body) = resp.into_parts();
     Ok(Response::from_parts(

@@ -159,14 +159,32 @@ fn cells(rt: &ResourceType, obj: &Value, now: Timestamp) -> Vec<Value> {
                 .iter()
                 .filter(|s| s.get("ready").and_then(Value::as_bool) == Some(true))
                 .count();
-            let restarts: i64 = statuses
+            // Restarts of every container, with when the latest ended (`1 (5s ago)`).
+            let all = statuses
+                .iter()
+                .chain(arr("/status/initContainerStatuses").iter())
+                .cloned()
+                .collect::<Vec<_>>();
+            let restarts: i64 = all
                 .iter()
                 .filter_map(|s| s.get("restartCount").and_then(Value::as_i64))
                 .sum();
+            let last_restart = all
+                .iter()
+                .filter_map(|s| s.pointer("/lastState/terminated/finishedAt"))
+                .filter_map(Value::as_str)
+                .filter_map(meta::parse_time)
+                .max();
+            let restarts = match last_restart {
+                Some(at) if restarts != 0 => {
+                    format!("{restarts} ({} ago)", human_duration(now, at))
+                }
+                _ => restarts.to_string(),
+            };
             c.extend([
                 json!(format!("{ready}/{total}")),
                 json!(pod_status(obj)),
-                json!(restarts.to_string()),
+                json!(restarts),
                 json!(age),
                 json!(or_none(s(obj.pointer("/status/podIP")))),
                 json!(or_none(s(obj.pointer("/spec/nodeName")))),

@@ -63,6 +63,17 @@ impl SimBackend {
         Ok(pod)
     }
 
+    /// The node's allocatable resources (a resource limit that is not set is this).
+    fn allocatable(&self) -> BTreeMap<String, String> {
+        self.shared
+            .config
+            .nodes
+            .iter()
+            .find(|n| n.name == self.node)
+            .map(|n| n.resources.clone())
+            .unwrap_or_default()
+    }
+
     fn container(&self, r: &PodRef, name: &str) -> Result<(Pod, Container), BackendError> {
         let pod = self.pod(r)?;
         let spec = pod.spec.clone().unwrap_or_default();
@@ -79,10 +90,15 @@ impl SimBackend {
     }
 }
 
-/// The log a container writes: its start, then what its command echoes.
-fn log_lines(pod: &Pod, c: &Container) -> Vec<String> {
+/// The log attempt `attempt` of a container writes: its start, then what its command echoes.
+fn log_lines(pod: &Pod, c: &Container, attempt: i32) -> Vec<String> {
+    let restart = if attempt > 0 {
+        format!(", restart {attempt}")
+    } else {
+        String::new()
+    };
     let mut lines = vec![format!(
-        "container {} of pod {} started (image {})",
+        "container {} of pod {} started (image {}{restart})",
         c.name,
         pod.metadata.name.as_deref().unwrap_or_default(),
         c.image.as_deref().unwrap_or_default()
@@ -139,7 +155,15 @@ impl StreamBackend for SimBackend {
         };
         let mut status = ExitStatus::Success;
         for cmd in commands {
-            status = builtin(&cmd, &pod, &container, &self.shared.client, &mut io).await;
+            status = builtin(
+                &cmd,
+                &pod,
+                &container,
+                &self.shared.client,
+                &self.allocatable(),
+                &mut io,
+            )
+            .await;
             if status != ExitStatus::Success {
                 break;
             }
@@ -303,6 +327,7 @@ async fn builtin(
     pod: &Pod,
     container: &Container,
     client: &kube::Client,
+    allocatable: &BTreeMap<String, String>,
     io: &mut ExecIo,
 ) -> ExitStatus {
     let args: Vec<&str> = cmd.iter().skip(1).map(String::as_str).collect();
@@ -350,18 +375,22 @@ async fn builtin(
             ExitStatus::Success
         }
         Some("env") => {
-            let mut vars: BTreeMap<String, String> = BTreeMap::new();
-            vars.insert(
-                "HOSTNAME".into(),
-                pod.metadata.name.clone().unwrap_or_default(),
-            );
-            vars.insert(
-                "PATH".into(),
-                "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".into(),
-            );
-            for e in container.env.iter().flatten() {
-                vars.insert(e.name.clone(), e.value.clone().unwrap_or_default());
-            }
+            // Resolved now; a real kubelet resolves it once, when the container starts.
+            let objects = super::env::objects(client, pod, container, true).await;
+            let mut vars = match super::env::resolve(pod, container, &objects, allocatable) {
+                Ok(vars) => vars,
+                Err(e) => {
+                    write_err(io, &format!("env: {e}\n")).await;
+                    return ExitStatus::ExitCode(1);
+                }
+            };
+            // What the runtime and the image add.
+            vars.entry("HOSTNAME".into())
+                .or_insert_with(|| pod.metadata.name.clone().unwrap_or_default());
+            vars.entry("PATH".into()).or_insert_with(|| {
+                "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".into()
+            });
+            vars.entry("HOME".into()).or_insert_with(|| "/root".into());
             let text: String = vars.iter().map(|(k, v)| format!("{k}={v}\n")).collect();
             write_out(io, &text).await;
             ExitStatus::Success
@@ -449,7 +478,31 @@ impl KubeletBackend for SimBackend {
         options: LogOptions,
     ) -> Result<LogStream, BackendError> {
         let (p, c) = self.container(&pod, &container)?;
-        let mut lines = log_lines(&p, &c);
+        // The latest attempt's log, or with `previous` the one before (what `kubectl logs
+        // --previous` shows of a restarted container).
+        let attempt = p
+            .status
+            .iter()
+            .flat_map(|s| {
+                s.container_statuses
+                    .iter()
+                    .flatten()
+                    .chain(s.init_container_statuses.iter().flatten())
+            })
+            .find(|s| s.name == container)
+            .map_or(0, |s| s.restart_count);
+        let attempt = if options.previous {
+            if attempt == 0 {
+                return Err(BackendError::bad_request(format!(
+                    "previous terminated container \"{container}\" in pod \"{}\" not found",
+                    pod.name
+                )));
+            }
+            attempt - 1
+        } else {
+            attempt
+        };
+        let mut lines = log_lines(&p, &c, attempt);
         if let Some(n) = options.tail_lines.and_then(|n| usize::try_from(n).ok()) {
             let skip = lines.len().saturating_sub(n);
             lines.drain(..skip);
@@ -459,7 +512,7 @@ impl KubeletBackend for SimBackend {
             text.truncate(limit);
         }
         let head = futures::stream::once(async move { Ok::<_, io::Error>(Bytes::from(text)) });
-        if !options.follow {
+        if !options.follow || options.previous {
             return Ok(Box::pin(head));
         }
         // Following: a line a second for as long as the client reads.

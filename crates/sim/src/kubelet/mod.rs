@@ -11,9 +11,12 @@
 //!
 //! Containers run a tiny deterministic program read from their command and args: `sleep N`
 //! ends after N seconds with exit code 0, `exit N` ends at once with code N; anything else runs
-//! until the pod is deleted.
+//! until the pod is deleted. Restarts follow the restart policy with the kubelet's back-off
+//! ([`containers`]); the environment is resolved as the kubelet resolves it ([`env`]).
 
 mod api;
+mod containers;
+mod env;
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::Ipv4Addr;
@@ -470,141 +473,201 @@ async fn handle(shared: &Arc<Shared>, stop: &CancellationToken, pod: Pod) {
         .lock()
         .await
         .insert(uid.clone(), token.clone());
-    tokio::spawn(run_pod(api, pod, node_ip(&shared.config, index), ip, token));
+    tokio::spawn(run_pod(
+        shared.clone(),
+        api,
+        pod,
+        node,
+        node_ip(&shared.config, index),
+        ip,
+        token,
+    ));
 }
 
-/// What a container does.
-#[derive(Clone, Copy, Debug, PartialEq)]
-enum Program {
-    Forever,
-    Sleep(u64),
-    Exit(i32),
-}
+/// How often a container held by a configuration error (a missing ConfigMap key, ...) is
+/// tried again.
+const CONFIG_RETRY: Duration = Duration::from_secs(2);
 
-fn program(container: &k8s_openapi::api::core::v1::Container) -> Program {
-    let words: Vec<&str> = container
-        .command
-        .iter()
-        .flatten()
-        .chain(container.args.iter().flatten())
-        .flat_map(|s| s.split_whitespace())
-        .collect();
-    for w in words.windows(2) {
-        match (w[0], w[1].parse::<u64>()) {
-            ("sleep", Ok(n)) => return Program::Sleep(n),
-            ("exit", Ok(n)) => return Program::Exit(i32::try_from(n).unwrap_or(255)),
-            _ => {}
-        }
-    }
-    Program::Forever
-}
-
-fn container_id(uid: &str, name: &str, restarts: i32) -> String {
-    format!("sim://{uid}-{name}-{restarts}")
-}
-
-/// Runs a pod's containers until they end (by program and restart policy) or it is deleted.
+/// Runs a pod's containers ([`containers::Lifecycle`]) until they end for good or the pod is
+/// deleted, writing the pod's status whenever it changes and a `BackOff` event when a
+/// container waits before a restart.
 async fn run_pod(
+    shared: Arc<Shared>,
     api: Api<Pod>,
     pod: Pod,
+    node: String,
     host_ip: String,
     pod_ip: String,
     stop: CancellationToken,
 ) {
     let Some(spec) = pod.spec.clone() else { return };
     let name = pod.metadata.name.clone().unwrap_or_default();
+    let namespace = pod.metadata.namespace.clone().unwrap_or_default();
     let uid = pod.metadata.uid.clone().unwrap_or_default();
-    let policy = spec
-        .restart_policy
-        .clone()
-        .unwrap_or_else(|| "Always".to_owned());
-    let start = time_string(Timestamp::now());
+    let allocatable = shared
+        .config
+        .nodes
+        .iter()
+        .find(|n| n.name == node)
+        .map(|n| n.resources.clone())
+        .unwrap_or_default();
+    let start = Timestamp::now();
+    let mut errors = Vec::new();
+    for c in &spec.containers {
+        errors.push(config_error(&shared.client, &pod, c, &allocatable).await);
+    }
+    let mut life = containers::Lifecycle::start(
+        &spec.containers,
+        spec.restart_policy.as_deref(),
+        &errors,
+        start,
+    );
     let init_statuses: Vec<Value> = spec.init_containers.iter().flatten().map(|c| json!({
         "name": c.name, "image": c.image, "imageID": format!("sim://{}", c.image.clone().unwrap_or_default()),
-        "containerID": container_id(&uid, &c.name, 0), "ready": true, "restartCount": 0, "started": false,
-        "state": {"terminated": {"exitCode": 0, "reason": "Completed", "startedAt": start, "finishedAt": start}}
+        "containerID": containers::container_id(&uid, &c.name, 0), "ready": true, "restartCount": 0, "started": false,
+        "state": {"terminated": {"exitCode": 0, "reason": "Completed", "startedAt": time_string(start), "finishedAt": time_string(start)}}
     })).collect();
-    let mut restarts: Vec<i32> = vec![0; spec.containers.len()];
-    let mut ended: Vec<Option<i32>> = vec![None; spec.containers.len()];
+    let start = time_string(start);
+    let mut back_offs = BackOffEvents::default();
+    let mut ready_since: Option<(bool, String)> = None;
+    let mut sent: Option<Value> = None;
     loop {
-        let now = time_string(Timestamp::now());
-        let running = ended.iter().all(Option::is_none);
-        let statuses: Vec<Value> = spec.containers.iter().enumerate().map(|(i, c)| {
-            let state = match ended[i] {
-                None => json!({"running": {"startedAt": now}}),
-                Some(code) => json!({"terminated": {"exitCode": code, "reason": if code == 0 { "Completed" } else { "Error" }, "startedAt": start, "finishedAt": now}}),
-            };
-            json!({"name": c.name, "image": c.image, "imageID": format!("sim://{}", c.image.clone().unwrap_or_default()),
-                "containerID": container_id(&uid, &c.name, restarts[i]), "ready": ended[i].is_none(), "restartCount": restarts[i],
-                "started": ended[i].is_none(), "state": state})
-        }).collect();
-        let all_done = ended.iter().all(Option::is_some);
-        let phase = if !all_done {
-            "Running"
-        } else if ended.iter().all(|c| *c == Some(0)) {
-            "Succeeded"
+        let now = Timestamp::now();
+        for happening in life.advance(now) {
+            let containers::Happening::BackOff { container } = happening;
+            back_offs
+                .record(&shared.client, &pod, &container, &node)
+                .await;
+        }
+        let unready = life.unready();
+        let ready = unready.is_empty();
+        if ready_since.as_ref().is_none_or(|(r, _)| *r != ready) {
+            ready_since = Some((ready, time_string(now)));
+        }
+        let since = ready_since.as_ref().map(|(_, t)| t.clone());
+        let (ready_status, reason, message) = if ready {
+            ("True", Value::Null, Value::Null)
         } else {
-            "Failed"
+            (
+                "False",
+                json!("ContainersNotReady"),
+                json!(format!(
+                    "containers with unready status: [{}]",
+                    unready.join(" ")
+                )),
+            )
         };
-        let ready = if running { "True" } else { "False" };
+        let phase = life.phase();
         let status = json!({"status": {
             "phase": phase, "hostIP": host_ip, "hostIPs": [{"ip": host_ip}], "podIP": pod_ip, "podIPs": [{"ip": pod_ip}],
             "startTime": start,
             "conditions": [
                 {"type": "PodReadyToStartContainers", "status": "True", "lastProbeTime": null, "lastTransitionTime": start},
                 {"type": "Initialized", "status": "True", "lastProbeTime": null, "lastTransitionTime": start},
-                {"type": "Ready", "status": ready, "lastProbeTime": null, "lastTransitionTime": now},
-                {"type": "ContainersReady", "status": ready, "lastProbeTime": null, "lastTransitionTime": now},
+                {"type": "Ready", "status": ready_status, "reason": reason, "message": message, "lastProbeTime": null, "lastTransitionTime": since},
+                {"type": "ContainersReady", "status": ready_status, "reason": reason, "message": message, "lastProbeTime": null, "lastTransitionTime": since},
                 {"type": "PodScheduled", "status": "True", "lastProbeTime": null, "lastTransitionTime": start}
             ],
-            "initContainerStatuses": init_statuses, "containerStatuses": statuses,
+            "initContainerStatuses": init_statuses,
+            "containerStatuses": life.container_statuses(&uid, &name, &namespace),
         }});
-        if api
-            .patch_status(&name, &PatchParams::default(), &Patch::Merge(status))
-            .await
-            .is_err()
-        {
-            return;
-        }
-        if all_done {
-            return;
-        }
-        // Wait for the next container to end, if any ends by itself.
-        let next = spec
-            .containers
-            .iter()
-            .enumerate()
-            .filter(|(i, _)| ended[*i].is_none())
-            .filter_map(|(i, c)| match program(c) {
-                Program::Forever => None,
-                Program::Sleep(s) => Some((i, Duration::from_secs(s), 0)),
-                Program::Exit(code) => Some((i, Duration::ZERO, code)),
-            })
-            .min_by_key(|(_, d, _)| *d);
-        let Some((i, after, code)) = next else {
-            stop.cancelled().await;
-            return;
-        };
-        tokio::select! {
-            () = stop.cancelled() => return,
-            () = tokio::time::sleep(after) => {}
-        }
-        let restart = match policy.as_str() {
-            "Always" => true,
-            "OnFailure" => code != 0,
-            _ => false,
-        };
-        if restart {
-            restarts[i] += 1;
-            // A restarted container that exits at once would spin; the kubelet backs off.
-            if after.is_zero() {
-                tokio::select! {
-                    () = stop.cancelled() => return,
-                    () = tokio::time::sleep(Duration::from_secs(10)) => {}
-                }
+        if sent.as_ref() != Some(&status) {
+            if api
+                .patch_status(&name, &PatchParams::default(), &Patch::Merge(&status))
+                .await
+                .is_err()
+            {
+                return;
             }
-        } else {
-            ended[i] = Some(code);
+            sent = Some(status);
+        }
+        if matches!(phase, "Succeeded" | "Failed") {
+            return;
+        }
+        let blocked = life.blocked();
+        let mut wait = life.next_wake().map(|at| {
+            let d = at.duration_since(Timestamp::now());
+            Duration::try_from(d).unwrap_or(Duration::ZERO)
+        });
+        if !blocked.is_empty() {
+            wait = Some(wait.map_or(CONFIG_RETRY, |w| w.min(CONFIG_RETRY)));
+        }
+        match wait {
+            Some(wait) => tokio::select! {
+                () = stop.cancelled() => return,
+                () = tokio::time::sleep(wait) => {}
+            },
+            None => {
+                stop.cancelled().await;
+                return;
+            }
+        }
+        for i in blocked {
+            let error = config_error(&shared.client, &pod, &spec.containers[i], &allocatable).await;
+            life.set_config_error(i, error, Timestamp::now());
+        }
+    }
+}
+
+/// Why `container` cannot start (its environment names a missing ConfigMap, Secret or key),
+/// as the kubelet says it; None when it can.
+async fn config_error(
+    client: &kube::Client,
+    pod: &Pod,
+    container: &k8s_openapi::api::core::v1::Container,
+    allocatable: &BTreeMap<String, String>,
+) -> Option<String> {
+    let objects = env::objects(client, pod, container, false).await;
+    env::resolve(pod, container, &objects, allocatable).err()
+}
+
+/// The `BackOff` events of one pod, one per container, counted up as a kubelet's event
+/// correlator does.
+#[derive(Default)]
+struct BackOffEvents {
+    /// container -> (event name, count, first time)
+    written: HashMap<String, (String, i32, String)>,
+}
+
+impl BackOffEvents {
+    /// Best effort, as a kubelet's events are.
+    async fn record(&mut self, client: &kube::Client, pod: &Pod, container: &str, node: &str) {
+        let (Some(name), Some(namespace), Some(uid)) = (
+            pod.metadata.name.as_deref(),
+            pod.metadata.namespace.as_deref(),
+            pod.metadata.uid.as_deref(),
+        ) else {
+            return;
+        };
+        let now = time_string(Timestamp::now());
+        let events: Api<k8s_openapi::api::core::v1::Event> =
+            Api::namespaced(client.clone(), namespace);
+        let entry = self.written.entry(container.to_owned()).or_insert_with(|| {
+            let nanos = Timestamp::now().as_nanosecond();
+            (format!("{name}.{nanos:x}"), 0, now.clone())
+        });
+        entry.1 += 1;
+        let (event_name, count, first) = entry.clone();
+        if count > 1 {
+            let patch = json!({"count": count, "lastTimestamp": now});
+            let _ = events
+                .patch(&event_name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await;
+            return;
+        }
+        let event = json!({
+            "apiVersion": "v1", "kind": "Event",
+            "metadata": {"name": event_name, "namespace": namespace},
+            "involvedObject": {"apiVersion": "v1", "kind": "Pod", "name": name, "namespace": namespace,
+                "uid": uid, "fieldPath": format!("spec.containers{{{container}}}")},
+            "reason": "BackOff", "type": "Warning",
+            "message": format!("Back-off restarting failed container {container} in pod {name}_{namespace}({uid})"),
+            "source": {"component": "kubelet", "host": node},
+            "reportingComponent": "kubelet", "reportingInstance": node,
+            "firstTimestamp": first, "lastTimestamp": now, "count": 1,
+        });
+        if let Ok(event) = serde_json::from_value(event) {
+            let _ = events.create(&PostParams::default(), &event).await;
         }
     }
 }
