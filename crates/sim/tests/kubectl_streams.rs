@@ -422,3 +422,112 @@ fn the_environment_comes_from_configmaps_secrets_and_the_downward_api_and_a_miss
             .any(|l| l == "LEVEL=3")
     );
 }
+
+#[test]
+fn a_shell_with_and_without_a_terminal_kubectl_cp_and_attach_without_stdin() {
+    let env = setup();
+    // `sh` reading a script from stdin: files persist in the container between commands.
+    let out = env.run(
+        &["exec", "-i", "web", "--", "sh"],
+        &[],
+        Some(b"cd /tmp\necho \"hi $HOSTNAME\" > a.txt\ncat a.txt\nls\nfalse || echo recovered\nexit 4\necho never\n"),
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "hi web\na.txt\nrecovered\n",
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(out.status.code(), Some(4));
+    assert_eq!(
+        env.ok(&["exec", "web", "--", "cat", "/tmp/a.txt"]),
+        "hi web\n"
+    );
+    let out = env.run(&["exec", "web", "--", "sh", "-c", "nosuch"], &[], None);
+    assert_eq!(out.status.code(), Some(127));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("sh: nosuch: not found"));
+
+    // On a terminal: a prompt, the typed line echoed, CR LF line ends, Ctrl-C drops a line,
+    // Ctrl-D ends the session.
+    let script = format!(
+        "kubectl --kubeconfig {} --request-timeout=20s exec -it web -- sh",
+        env.kubeconfig.display()
+    );
+    let mut child = Running(
+        Command::new("script")
+            .args(["-qec", &script, "/dev/null"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let mut stdin = child.0.stdin.take().unwrap();
+    let mut stdout = child.0.stdout.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut seen = Vec::new();
+        let _ = stdout.read_to_end(&mut seen);
+        String::from_utf8_lossy(&seen).into_owned()
+    });
+    let typed: &[&[u8]] = &[b"echo hi\r", b"echo dropped\x03", b"hostname\r", b"\x04"];
+    for keys in typed {
+        stdin.write_all(keys).unwrap();
+        stdin.flush().unwrap();
+        std::thread::park_timeout(Duration::from_millis(300));
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while child.0.try_wait().unwrap().is_none() {
+        assert!(
+            Instant::now() < deadline,
+            "the terminal session did not end"
+        );
+        std::thread::park_timeout(Duration::from_millis(100));
+    }
+    drop(stdin);
+    let seen = reader.join().unwrap();
+    for want in [
+        "/ # echo hi\r\nhi\r\n",
+        "/ # echo dropped^C\r\n",
+        "/ # hostname\r\nweb\r\n",
+        "/ # exit\r\n",
+    ] {
+        assert!(seen.contains(want), "{want:?} in {seen:?}");
+    }
+    assert!(!seen.contains("\r\ndropped"), "{seen:?}");
+
+    // kubectl cp, both ways, through `tar` in the container.
+    let dir = env.kubeconfig.with_file_name("cp");
+    std::fs::create_dir_all(&dir).unwrap();
+    let local = dir.join("data.txt");
+    std::fs::write(&local, "line one\nline two\n").unwrap();
+    env.ok(&["cp", local.to_str().unwrap(), "web:/tmp/data.txt"]);
+    assert_eq!(
+        env.ok(&["exec", "web", "--", "cat", "/tmp/data.txt"]),
+        "line one\nline two\n"
+    );
+    let back = dir.join("back.txt");
+    env.ok(&["cp", "web:/tmp/data.txt", back.to_str().unwrap()]);
+    assert_eq!(
+        std::fs::read_to_string(&back).unwrap(),
+        "line one\nline two\n"
+    );
+
+    // attach without stdin streams the container's output until the client goes.
+    let mut attach = Running(
+        env.cmd(&["attach", "web"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let mut out = attach.0.stdout.take().unwrap();
+    let mut seen = String::new();
+    let mut buf = [0u8; 256];
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !seen.contains("tick 2") {
+        assert!(Instant::now() < deadline, "attach: {seen}");
+        let n = out.read(&mut buf).unwrap();
+        assert!(n > 0, "attach ended: {seen}");
+        seen.push_str(&String::from_utf8_lossy(&buf[..n]));
+    }
+}

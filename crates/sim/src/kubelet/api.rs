@@ -139,52 +139,39 @@ impl StreamBackend for SimBackend {
             Ok(x) => x,
             Err(e) => return ExitStatus::Error(e.to_string()),
         };
-        let argv = request.command;
-        // `sh -c "a; b"` runs the built-ins in order; anything else is one command.
-        let commands: Vec<Vec<String>> = match argv.as_slice() {
-            [sh, flag, script]
-                if (sh == "sh" || sh == "/bin/sh" || sh == "bash") && flag == "-c" =>
-            {
-                script
-                    .split(';')
-                    .map(|c| c.split_whitespace().map(str::to_owned).collect::<Vec<_>>())
-                    .filter(|c| !c.is_empty())
-                    .collect()
-            }
-            _ => vec![argv],
+        let fs = self.shared.files_of(&pod, &container.name);
+        let ctx = super::shell::Context {
+            pod: &pod,
+            container: &container,
+            client: &self.shared.client,
+            allocatable: self.allocatable(),
+            fs,
         };
-        let mut status = ExitStatus::Success;
-        for cmd in commands {
-            status = builtin(
-                &cmd,
-                &pod,
-                &container,
-                &self.shared.client,
-                &self.allocatable(),
-                &mut io,
-            )
-            .await;
-            if status != ExitStatus::Success {
-                break;
-            }
-        }
-        if let Some(out) = io.stdout.as_mut() {
-            let _ = out.shutdown().await;
-        }
-        status
+        super::shell::exec(&ctx, request.command, &mut io).await
     }
 
     async fn attach(&self, request: AttachRequest, mut io: ExecIo) -> ExitStatus {
         if let Err(e) = self.container(&request.pod, &request.container) {
             return ExitStatus::Error(e.to_string());
         }
-        if let Some(out) = io.stdout.as_mut() {
-            let _ = out
-                .write_all(format!("attached to {}\n", request.container).as_bytes())
-                .await;
+        write_out(&mut io, &format!("attached to {}\n", request.container)).await;
+        if io.stdin.is_some() {
+            // The main process echoes what it is given until stdin ends.
+            let _ = copy_stdin(&mut io).await;
+            return ExitStatus::Success;
         }
-        // The main process echoes what it is given until stdin ends.
-        let _ = copy_stdin(&mut io).await;
+        // Without stdin, its output as it comes (a line a second, as `logs -f` shows), until
+        // the client goes.
+        let Some(out) = io.stdout.as_mut() else {
+            return ExitStatus::Success;
+        };
+        for n in 1u64.. {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            let line = format!("tick {n}\n");
+            if out.write_all(line.as_bytes()).await.is_err() || out.flush().await.is_err() {
+                break;
+            }
+        }
         ExitStatus::Success
     }
 
@@ -237,21 +224,74 @@ async fn write_out(io: &mut ExecIo, text: &str) {
     }
 }
 
-/// To stderr, or to stdout when there is a terminal (one stream then) or no stderr.
-async fn write_err(io: &mut ExecIo, text: &str) {
-    match io.stderr.as_mut() {
-        Some(err) if !io.tty => {
-            let _ = err.write_all(text.as_bytes()).await;
-            let _ = err.flush().await;
+/// The keys of the ConfigMap or Secret volume mounted at `mount_path` in `container` (its
+/// `items` paths when it names some), read from the API server at the moment.
+pub(super) async fn volume_keys(
+    client: &kube::Client,
+    pod: &Pod,
+    container: &Container,
+    mount_path: &str,
+) -> Vec<String> {
+    let namespace = pod.metadata.namespace.as_deref().unwrap_or("default");
+    let Some(mount) = container
+        .volume_mounts
+        .iter()
+        .flatten()
+        .find(|m| m.mount_path.trim_end_matches('/') == mount_path)
+    else {
+        return Vec::new();
+    };
+    let Some(volume) = pod
+        .spec
+        .iter()
+        .flat_map(|s| s.volumes.iter().flatten())
+        .find(|v| v.name == mount.name)
+    else {
+        return Vec::new();
+    };
+    let items = |items: Option<&Vec<k8s_openapi::api::core::v1::KeyToPath>>| {
+        items.map(|i| i.iter().map(|k| k.path.clone()).collect::<Vec<_>>())
+    };
+    if let Some(source) = &volume.config_map {
+        if let Some(paths) = items(source.items.as_ref()) {
+            return paths;
         }
-        _ => write_out(io, text).await,
+        let api = kube::Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(
+            client.clone(),
+            namespace,
+        );
+        return match api.get(&source.name).await {
+            Ok(cm) => cm
+                .data
+                .iter()
+                .flat_map(|d| d.keys())
+                .chain(cm.binary_data.iter().flat_map(|d| d.keys()))
+                .cloned()
+                .collect(),
+            Err(_) => Vec::new(),
+        };
     }
+    if let Some(source) = &volume.secret {
+        if let Some(paths) = items(source.items.as_ref()) {
+            return paths;
+        }
+        let Some(name) = source.secret_name.as_deref() else {
+            return Vec::new();
+        };
+        let api =
+            kube::Api::<k8s_openapi::api::core::v1::Secret>::namespaced(client.clone(), namespace);
+        return match api.get(name).await {
+            Ok(secret) => secret.data.iter().flat_map(|d| d.keys()).cloned().collect(),
+            Err(_) => Vec::new(),
+        };
+    }
+    Vec::new()
 }
 
 /// The content of file `path` in `container`, if it lies in a ConfigMap or Secret volume: read
 /// from the API server at the moment (a real kubelet refreshes such volumes within about a
 /// minute, and never for `subPath` mounts; the simulated one is always current).
-async fn volume_file(
+pub(super) async fn volume_file(
     client: &kube::Client,
     pod: &Pod,
     container: &Container,
@@ -319,136 +359,6 @@ async fn volume_file(
             .ok_or_else(|| MISSING.to_owned());
     }
     Err(MISSING.to_owned())
-}
-
-/// The built-in commands of simulated containers.
-async fn builtin(
-    cmd: &[String],
-    pod: &Pod,
-    container: &Container,
-    client: &kube::Client,
-    allocatable: &BTreeMap<String, String>,
-    io: &mut ExecIo,
-) -> ExitStatus {
-    let args: Vec<&str> = cmd.iter().skip(1).map(String::as_str).collect();
-    match cmd.first().map(|c| c.rsplit('/').next().unwrap_or(c)) {
-        Some("echo") => {
-            let (newline, words) = match args.first() {
-                Some(&"-n") => (false, &args[1..]),
-                _ => (true, &args[..]),
-            };
-            let mut text = words.join(" ").trim_matches(['"', '\'']).to_owned();
-            if newline {
-                text.push('\n');
-            }
-            write_out(io, &text).await;
-            ExitStatus::Success
-        }
-        Some("cat") if args.is_empty() => match copy_stdin(io).await {
-            Ok(()) => ExitStatus::Success,
-            Err(e) => ExitStatus::Error(e.to_string()),
-        },
-        Some("cat") => {
-            let mut status = ExitStatus::Success;
-            for path in args {
-                match volume_file(client, pod, container, path).await {
-                    Ok(bytes) => {
-                        if let Some(out) = io.stdout.as_mut() {
-                            let _ = out.write_all(&bytes).await;
-                            let _ = out.flush().await;
-                        }
-                    }
-                    Err(message) => {
-                        write_err(io, &format!("cat: {path}: {message}\n")).await;
-                        status = ExitStatus::ExitCode(1);
-                    }
-                }
-            }
-            status
-        }
-        Some("hostname") => {
-            write_out(
-                io,
-                &format!("{}\n", pod.metadata.name.as_deref().unwrap_or_default()),
-            )
-            .await;
-            ExitStatus::Success
-        }
-        Some("env") => {
-            // Resolved now; a real kubelet resolves it once, when the container starts.
-            let objects = super::env::objects(client, pod, container, true).await;
-            let mut vars = match super::env::resolve(pod, container, &objects, allocatable) {
-                Ok(vars) => vars,
-                Err(e) => {
-                    write_err(io, &format!("env: {e}\n")).await;
-                    return ExitStatus::ExitCode(1);
-                }
-            };
-            // What the runtime and the image add.
-            vars.entry("HOSTNAME".into())
-                .or_insert_with(|| pod.metadata.name.clone().unwrap_or_default());
-            vars.entry("PATH".into()).or_insert_with(|| {
-                "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".into()
-            });
-            vars.entry("HOME".into()).or_insert_with(|| "/root".into());
-            let text: String = vars.iter().map(|(k, v)| format!("{k}={v}\n")).collect();
-            write_out(io, &text).await;
-            ExitStatus::Success
-        }
-        Some("pwd") => {
-            write_out(io, "/\n").await;
-            ExitStatus::Success
-        }
-        Some("sleep") => {
-            let secs = args
-                .first()
-                .and_then(|s| s.parse::<f64>().ok())
-                .unwrap_or(0.0)
-                .clamp(0.0, 3600.0);
-            tokio::time::sleep(Duration::from_secs_f64(secs)).await;
-            ExitStatus::Success
-        }
-        // `stty size`: the terminal's size as the client last reported it (rows, columns),
-        // waiting up to a second for the first report.
-        Some("stty") if args == ["size"] => {
-            let Some(sizes) = io.resize.as_mut().filter(|_| io.tty) else {
-                write_err(
-                    io,
-                    "stty: 'standard input': Inappropriate ioctl for device\n",
-                )
-                .await;
-                return ExitStatus::ExitCode(1);
-            };
-            let mut last = tokio::time::timeout(Duration::from_secs(1), sizes.recv())
-                .await
-                .ok()
-                .flatten();
-            while let Ok(size) = sizes.try_recv() {
-                last = Some(size);
-            }
-            match last {
-                Some(size) => {
-                    write_out(io, &format!("{} {}\n", size.height, size.width)).await;
-                    ExitStatus::Success
-                }
-                None => {
-                    write_err(io, "stty: no terminal size was reported\n").await;
-                    ExitStatus::ExitCode(1)
-                }
-            }
-        }
-        Some("true") => ExitStatus::Success,
-        Some("false") => ExitStatus::ExitCode(1),
-        Some("exit") => match args.first().map(|c| c.parse::<i32>()) {
-            Some(Ok(0)) | None => ExitStatus::Success,
-            Some(Ok(code)) => ExitStatus::ExitCode(code),
-            Some(Err(_)) => ExitStatus::ExitCode(2),
-        },
-        Some(other) => ExitStatus::Error(format!(
-            "failed to exec in container: exec: \"{other}\": executable file not found in $PATH"
-        )),
-        None => ExitStatus::Error("no command".into()),
-    }
 }
 
 /// What a simulated container uses: its requests, or a small default.

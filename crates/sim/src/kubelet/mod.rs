@@ -17,6 +17,7 @@
 mod api;
 mod containers;
 mod env;
+mod shell;
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::Ipv4Addr;
@@ -146,6 +147,32 @@ struct Shared {
     running: Mutex<HashMap<String, CancellationToken>>,
     /// (namespace, name) -> the pods bound to our nodes, for the kubelet API
     pods: std::sync::Mutex<HashMap<(String, String), Pod>>,
+    /// (pod uid, container) -> the files of the container that `exec` sees
+    files: std::sync::Mutex<shell::Files>,
+}
+
+impl Shared {
+    /// The file system of container `container` of `pod`, made at first use.
+    fn files_of(&self, pod: &Pod, container: &str) -> Arc<std::sync::Mutex<shell::Fs>> {
+        let uid = pod.metadata.uid.clone().unwrap_or_default();
+        let mut files = self
+            .files
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        files
+            .entry((uid, container.to_owned()))
+            .or_insert_with(|| Arc::new(std::sync::Mutex::new(shell::Fs::new(pod))))
+            .clone()
+    }
+
+    /// Forgets the files of a pod that is gone.
+    fn forget_files(&self, uid: &str) {
+        let mut files = self
+            .files
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        files.retain(|(u, _), _| u != uid);
+    }
 }
 
 impl SimKubelet {
@@ -167,6 +194,7 @@ impl SimKubelet {
             config: config.clone(),
             running: Mutex::new(HashMap::new()),
             pods: std::sync::Mutex::new(HashMap::new()),
+            files: std::sync::Mutex::new(HashMap::new()),
         });
         let mut servers = Vec::new();
         let mut ports = Vec::new();
@@ -381,10 +409,11 @@ async fn pods(shared: Arc<Shared>, stop: CancellationToken) {
                 ) {
                     pods.remove(&(ns, name));
                 }
-                if let Some(uid) = pod.metadata.uid
-                    && let Some(t) = shared.running.lock().await.remove(&uid)
-                {
-                    t.cancel();
+                if let Some(uid) = pod.metadata.uid {
+                    shared.forget_files(&uid);
+                    if let Some(t) = shared.running.lock().await.remove(&uid) {
+                        t.cancel();
+                    }
                 }
             }
             watcher::Event::Init | watcher::Event::InitDone => {}
