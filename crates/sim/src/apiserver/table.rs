@@ -67,10 +67,10 @@ fn columns(rt: &ResourceType) -> Vec<Column> {
             col("Age", "string", 0),
             col("Selector", "string", 1),
         ],
-        ("", "configmaps") => vec![col("Data", "integer", 0), col("Age", "string", 0)],
+        ("", "configmaps") => vec![col("Data", "string", 0), col("Age", "string", 0)],
         ("", "secrets") => vec![
             col("Type", "string", 0),
-            col("Data", "integer", 0),
+            col("Data", "string", 0),
             col("Age", "string", 0),
         ],
         ("", "endpoints") => vec![col("Endpoints", "string", 0), col("Age", "string", 0)],
@@ -80,7 +80,9 @@ fn columns(rt: &ResourceType) -> Vec<Column> {
             col("Capacity", "string", 0),
             col("Access Modes", "string", 0),
             col("StorageClass", "string", 0),
+            col("VolumeAttributesClass", "string", 0),
             col("Age", "string", 0),
+            col("VolumeMode", "string", 1),
         ],
         ("apps", "deployments") => vec![
             col("Ready", "string", 0),
@@ -96,6 +98,9 @@ fn columns(rt: &ResourceType) -> Vec<Column> {
             col("Current", "integer", 0),
             col("Ready", "integer", 0),
             col("Age", "string", 0),
+            col("Containers", "string", 1),
+            col("Images", "string", 1),
+            col("Selector", "string", 1),
         ],
         ("coordination.k8s.io", "leases") => {
             vec![col("Holder", "string", 0), col("Age", "string", 0)]
@@ -110,15 +115,95 @@ fn columns(rt: &ResourceType) -> Vec<Column> {
             col("Groups", "string", 1),
             col("ServiceAccounts", "string", 1),
         ],
-        ("", "events") => {
+        ("" | "events.k8s.io", "events") => {
             return vec![
                 col("Last Seen", "string", 0),
                 col("Type", "string", 0),
                 col("Reason", "string", 0),
                 col("Object", "string", 0),
+                col("Subobject", "string", 1),
+                col("Source", "string", 1),
                 col("Message", "string", 0),
+                col("First Seen", "string", 1),
+                col("Count", "string", 1),
+                col("Name", "string", 1),
             ];
         }
+        ("", "limitranges") => vec![col("Created At", "date", 0)],
+        ("", "persistentvolumes") => vec![
+            col("Capacity", "string", 0),
+            col("Access Modes", "string", 0),
+            col("Reclaim Policy", "string", 0),
+            col("Status", "string", 0),
+            col("Claim", "string", 0),
+            col("StorageClass", "string", 0),
+            col("VolumeAttributesClass", "string", 0),
+            col("Reason", "string", 0),
+            col("Age", "string", 0),
+            col("VolumeMode", "string", 1),
+        ],
+        ("", "resourcequotas") => vec![
+            col("Request", "string", 0),
+            col("Limit", "string", 0),
+            col("Age", "string", 0),
+        ],
+        ("", "serviceaccounts") => vec![col("Secrets", "string", 0), col("Age", "string", 0)],
+        (
+            "admissionregistration.k8s.io",
+            "mutatingwebhookconfigurations" | "validatingwebhookconfigurations",
+        ) => vec![col("Webhooks", "integer", 0), col("Age", "string", 0)],
+        ("apps", "daemonsets") => vec![
+            col("Desired", "integer", 0),
+            col("Current", "integer", 0),
+            col("Ready", "integer", 0),
+            col("Up-to-date", "integer", 0),
+            col("Available", "integer", 0),
+            col("Node Selector", "string", 0),
+            col("Age", "string", 0),
+            col("Containers", "string", 1),
+            col("Images", "string", 1),
+            col("Selector", "string", 1),
+        ],
+        ("apps", "statefulsets") => vec![
+            col("Ready", "string", 0),
+            col("Age", "string", 0),
+            col("Containers", "string", 1),
+            col("Images", "string", 1),
+        ],
+        ("batch", "jobs") => vec![
+            col("Status", "string", 0),
+            col("Completions", "string", 0),
+            col("Duration", "string", 0),
+            col("Age", "string", 0),
+            col("Containers", "string", 1),
+            col("Images", "string", 1),
+            col("Selector", "string", 1),
+        ],
+        ("discovery.k8s.io", "endpointslices") => vec![
+            col("AddressType", "string", 0),
+            col("Ports", "string", 0),
+            col("Endpoints", "string", 0),
+            col("Age", "string", 0),
+        ],
+        ("policy", "poddisruptionbudgets") => vec![
+            col("Min Available", "string", 0),
+            col("Max Unavailable", "string", 0),
+            col("Allowed Disruptions", "integer", 0),
+            col("Age", "string", 0),
+        ],
+        ("scheduling.k8s.io", "priorityclasses") => vec![
+            col("Value", "integer", 0),
+            col("Global-Default", "boolean", 0),
+            col("Age", "string", 0),
+            col("PreemptionPolicy", "string", 0),
+        ],
+        ("storage.k8s.io", "storageclasses") => vec![
+            col("Provisioner", "string", 0),
+            col("ReclaimPolicy", "string", 0),
+            col("VolumeBindingMode", "string", 0),
+            col("AllowVolumeExpansion", "string", 0),
+            col("Age", "string", 0),
+        ],
         _ => vec![col("Age", "string", 0)],
     });
     cols
@@ -297,18 +382,11 @@ fn cells(rt: &ResourceType, obj: &Value, now: Timestamp) -> Vec<Value> {
             json!(s(obj.pointer("/status/phase"))),
             json!(s(obj.pointer("/spec/volumeName"))),
             json!(s(obj.pointer("/status/capacity/storage"))),
-            json!(
-                arr("/spec/accessModes")
-                    .iter()
-                    .map(|m| s(Some(m))
-                        .replace("ReadWriteOnce", "RWO")
-                        .replace("ReadOnlyMany", "ROX")
-                        .replace("ReadWriteMany", "RWX"))
-                    .collect::<Vec<_>>()
-                    .join(",")
-            ),
+            json!(access_modes(obj)),
             json!(s(obj.pointer("/spec/storageClassName"))),
+            json!(or_unset(s(obj.pointer("/spec/volumeAttributesClassName")))),
             json!(age),
+            json!(s(obj.pointer("/spec/volumeMode"))),
         ]),
         ("apps", "deployments") => {
             let containers = arr("/spec/template/spec/containers");
@@ -332,12 +410,194 @@ fn cells(rt: &ResourceType, obj: &Value, now: Timestamp) -> Vec<Value> {
                 json!(selector.join(",")),
             ]);
         }
-        ("apps", "replicasets") => c.extend([
-            json!(int("/spec/replicas")),
-            json!(int("/status/replicas")),
-            json!(int("/status/readyReplicas")),
+        ("apps", "replicasets") => {
+            c.extend([
+                json!(int("/spec/replicas")),
+                json!(int("/status/replicas")),
+                json!(int("/status/readyReplicas")),
+                json!(age),
+            ]);
+            c.extend(template_cells(obj, true));
+        }
+        ("apps", "daemonsets") => {
+            c.extend([
+                json!(int("/status/desiredNumberScheduled")),
+                json!(int("/status/currentNumberScheduled")),
+                json!(int("/status/numberReady")),
+                json!(int("/status/updatedNumberScheduled")),
+                json!(int("/status/numberAvailable")),
+                json!(or_none(pairs(
+                    obj.pointer("/spec/template/spec/nodeSelector")
+                ))),
+                json!(age),
+            ]);
+            c.extend(template_cells(obj, true));
+        }
+        ("apps", "statefulsets") => {
+            c.extend([
+                json!(format!(
+                    "{}/{}",
+                    int("/status/readyReplicas"),
+                    int("/spec/replicas")
+                )),
+                json!(age),
+            ]);
+            c.extend(template_cells(obj, false));
+        }
+        ("batch", "jobs") => {
+            c.extend([
+                json!(job_status(obj)),
+                json!(job_completions(obj)),
+                json!(job_duration(obj, now)),
+                json!(age),
+            ]);
+            c.extend(template_cells(obj, true));
+        }
+        ("discovery.k8s.io", "endpointslices") => {
+            let ports: Vec<String> = arr("/ports")
+                .iter()
+                .map(|p| match p.get("port").and_then(Value::as_i64) {
+                    Some(n) => n.to_string(),
+                    None => p
+                        .get("name")
+                        .and_then(Value::as_str)
+                        .unwrap_or("*")
+                        .to_owned(),
+                })
+                .collect();
+            let addresses: Vec<String> = arr("/endpoints")
+                .iter()
+                .flat_map(|e| {
+                    e.get("addresses")
+                        .and_then(Value::as_array)
+                        .cloned()
+                        .unwrap_or_default()
+                })
+                .map(|a| s(Some(&a)))
+                .collect();
+            c.extend([
+                json!(s(obj.pointer("/addressType"))),
+                json!(three_and_more(&ports)),
+                json!(three_and_more(&addresses)),
+                json!(age),
+            ]);
+        }
+        ("", "persistentvolumes") => {
+            let claim = match (
+                s(obj.pointer("/spec/claimRef/namespace")),
+                s(obj.pointer("/spec/claimRef/name")),
+            ) {
+                (_, name) if name.is_empty() => String::new(),
+                (ns, name) => format!("{ns}/{name}"),
+            };
+            let status = if meta::deleting(obj) {
+                "Terminating".to_owned()
+            } else {
+                s(obj.pointer("/status/phase"))
+            };
+            c.extend([
+                json!(s(obj.pointer("/spec/capacity/storage"))),
+                json!(access_modes(obj)),
+                json!(s(obj.pointer("/spec/persistentVolumeReclaimPolicy"))),
+                json!(status),
+                json!(claim),
+                json!(s(obj.pointer("/spec/storageClassName"))),
+                json!(or_unset(s(obj.pointer("/spec/volumeAttributesClassName")))),
+                json!(s(obj.pointer("/status/reason"))),
+                json!(age),
+                json!(s(obj.pointer("/spec/volumeMode"))),
+            ]);
+        }
+        ("", "limitranges") => {
+            c.push(json!(s(obj.pointer("/metadata/creationTimestamp"))));
+        }
+        ("", "resourcequotas") => {
+            let hard = obj.pointer("/spec/hard").and_then(Value::as_object);
+            let (mut requests, mut limits) = (Vec::new(), Vec::new());
+            let mut names: Vec<&String> = hard.into_iter().flat_map(|h| h.keys()).collect();
+            names.sort();
+            for name in names {
+                let used = obj
+                    .pointer(&format!(
+                        "/status/used/{}",
+                        name.replace('~', "~0").replace('/', "~1")
+                    ))
+                    .and_then(Value::as_str)
+                    .unwrap_or("0");
+                let limit = s(hard.and_then(|h| h.get(name)));
+                let text = format!("{name}: {used}/{limit}");
+                if name.split('.').next() == Some("limits") && name.contains('.') {
+                    limits.push(text);
+                } else {
+                    requests.push(text);
+                }
+            }
+            c.extend([
+                json!(requests.join(", ")),
+                json!(limits.join(", ")),
+                json!(age),
+            ]);
+        }
+        ("", "serviceaccounts") => c.extend([json!(arr("/secrets").len()), json!(age)]),
+        (
+            "admissionregistration.k8s.io",
+            "mutatingwebhookconfigurations" | "validatingwebhookconfigurations",
+        ) => c.extend([json!(arr("/webhooks").len()), json!(age)]),
+        ("policy", "poddisruptionbudgets") => {
+            let or_na = |p: &str| match obj.pointer(p) {
+                Some(Value::Number(n)) => n.to_string(),
+                Some(Value::String(t)) => t.clone(),
+                _ => "N/A".to_owned(),
+            };
+            c.extend([
+                json!(or_na("/spec/minAvailable")),
+                json!(or_na("/spec/maxUnavailable")),
+                json!(int("/status/disruptionsAllowed")),
+                json!(age),
+            ]);
+        }
+        ("scheduling.k8s.io", "priorityclasses") => c.extend([
+            json!(int("/value")),
+            json!(
+                obj.pointer("/globalDefault")
+                    .and_then(Value::as_bool)
+                    .unwrap_or(false)
+            ),
             json!(age),
+            json!(
+                obj.pointer("/preemptionPolicy")
+                    .and_then(Value::as_str)
+                    .unwrap_or("PreemptLowerPriority")
+            ),
         ]),
+        ("storage.k8s.io", "storageclasses") => {
+            let default = meta::string_map(obj.pointer("/metadata/annotations"))
+                .get("storageclass.kubernetes.io/is-default-class")
+                .is_some_and(|v| v == "true");
+            if default {
+                c[0] = json!(format!("{name} (default)"));
+            }
+            c.extend([
+                json!(s(obj.pointer("/provisioner"))),
+                json!(
+                    obj.pointer("/reclaimPolicy")
+                        .and_then(Value::as_str)
+                        .unwrap_or("Delete")
+                ),
+                json!(
+                    obj.pointer("/volumeBindingMode")
+                        .and_then(Value::as_str)
+                        .unwrap_or("Immediate")
+                ),
+                json!(
+                    obj.pointer("/allowVolumeExpansion")
+                        .and_then(Value::as_bool)
+                        .unwrap_or(false)
+                        .to_string()
+                ),
+                json!(age),
+            ]);
+        }
         ("coordination.k8s.io", "leases") => {
             c.extend([json!(s(obj.pointer("/spec/holderIdentity"))), json!(age)])
         }
@@ -373,36 +633,230 @@ fn cells(rt: &ResourceType, obj: &Value, now: Timestamp) -> Vec<Value> {
                 json!(of_kind("ServiceAccount")),
             ]);
         }
-        ("", "events") => {
-            let last = [
-                "/lastTimestamp",
-                "/eventTime",
-                "/metadata/creationTimestamp",
-            ]
-            .iter()
-            .find_map(|p| {
-                obj.pointer(p)
-                    .and_then(Value::as_str)
-                    .and_then(meta::parse_time)
-            })
-            .map(|t| human_duration(now, t))
-            .unwrap_or_else(|| "<unknown>".into());
-            let object = format!(
-                "{}/{}",
-                s(obj.pointer("/involvedObject/kind")).to_lowercase(),
-                s(obj.pointer("/involvedObject/name"))
-            );
-            return vec![
-                json!(last),
-                json!(s(obj.pointer("/type"))),
-                json!(s(obj.pointer("/reason"))),
-                json!(object),
-                json!(s(obj.pointer("/message"))),
-            ];
-        }
+        ("" | "events.k8s.io", "events") => return event_cells(rt.group, obj, now),
         _ => c.push(json!(age)),
     }
     c
+}
+
+/// `<unset>` for an empty value, as the volume printers show a missing attributes class.
+fn or_unset(v: String) -> String {
+    if v.is_empty() {
+        "<unset>".to_owned()
+    } else {
+        v
+    }
+}
+
+/// `k=v,k2=v2` of a string map.
+fn pairs(map: Option<&Value>) -> String {
+    meta::string_map(map)
+        .into_iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// The first three, then ` + N more...` (the printers' `listWithMoreString`); `<unset>` when
+/// there are none.
+fn three_and_more(items: &[String]) -> String {
+    if items.is_empty() {
+        return "<unset>".to_owned();
+    }
+    let mut text = items.iter().take(3).cloned().collect::<Vec<_>>().join(",");
+    if items.len() > 3 {
+        text.push_str(&format!(" + {} more...", items.len() - 3));
+    }
+    text
+}
+
+/// `RWO,ROX,RWX,RWOP` of `spec.accessModes`.
+fn access_modes(obj: &Value) -> String {
+    obj.pointer("/spec/accessModes")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .map(|m| match m.as_str().unwrap_or_default() {
+            "ReadWriteOnce" => "RWO".to_owned(),
+            "ReadOnlyMany" => "ROX".to_owned(),
+            "ReadWriteMany" => "RWX".to_owned(),
+            "ReadWriteOncePod" => "RWOP".to_owned(),
+            other => other.to_owned(),
+        })
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// The wide columns of a workload: containers, images and (with `selector`) its selector.
+fn template_cells(obj: &Value, selector: bool) -> Vec<Value> {
+    let containers = obj
+        .pointer("/spec/template/spec/containers")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default();
+    let names: Vec<String> = containers.iter().map(|c| s(c.get("name"))).collect();
+    let images: Vec<String> = containers.iter().map(|c| s(c.get("image"))).collect();
+    let mut cells = vec![json!(names.join(",")), json!(images.join(","))];
+    if selector {
+        cells.push(json!(label_selector(obj.pointer("/spec/selector"))));
+    }
+    cells
+}
+
+/// `metav1.FormatLabelSelector`: `a=b,c in (d,e)`, `<none>` for an empty selector.
+fn label_selector(selector: Option<&Value>) -> String {
+    let Some(selector) = selector else {
+        return "<none>".to_owned();
+    };
+    let mut parts: Vec<String> = meta::string_map(selector.get("matchLabels"))
+        .into_iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect();
+    for e in selector
+        .get("matchExpressions")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
+        let key = s(e.get("key"));
+        let values: Vec<String> = e
+            .get("values")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .map(|v| s(Some(v)))
+            .collect();
+        parts.push(match s(e.get("operator")).as_str() {
+            "In" => format!("{key} in ({})", values.join(",")),
+            "NotIn" => format!("{key} notin ({})", values.join(",")),
+            "Exists" => key,
+            "DoesNotExist" => format!("!{key}"),
+            other => format!("{key} {other}"),
+        });
+    }
+    if parts.is_empty() {
+        "<none>".to_owned()
+    } else {
+        parts.join(",")
+    }
+}
+
+fn has_condition(obj: &Value, kind: &str) -> bool {
+    obj.pointer("/status/conditions")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .any(|c| s(c.get("type")) == kind && s(c.get("status")) == "True")
+}
+
+/// A Job's STATUS column.
+fn job_status(job: &Value) -> &'static str {
+    if has_condition(job, "Complete") {
+        "Complete"
+    } else if has_condition(job, "Failed") {
+        "Failed"
+    } else if meta::deleting(job) {
+        "Terminating"
+    } else if has_condition(job, "Suspended") {
+        "Suspended"
+    } else if has_condition(job, "FailureTarget") {
+        "FailureTarget"
+    } else if has_condition(job, "SuccessCriteriaMet") {
+        "SuccessCriteriaMet"
+    } else {
+        "Running"
+    }
+}
+
+/// A Job's COMPLETIONS column: `succeeded/completions`, or `n/1 of P` for a work queue.
+fn job_completions(job: &Value) -> String {
+    let succeeded = job
+        .pointer("/status/succeeded")
+        .and_then(Value::as_i64)
+        .unwrap_or(0);
+    match job.pointer("/spec/completions").and_then(Value::as_i64) {
+        Some(n) => format!("{succeeded}/{n}"),
+        None => match job.pointer("/spec/parallelism").and_then(Value::as_i64) {
+            Some(p) if p > 1 => format!("{succeeded}/1 of {p}"),
+            _ => format!("{succeeded}/1"),
+        },
+    }
+}
+
+/// A Job's DURATION column: from its start to its completion, or to now while it runs.
+fn job_duration(job: &Value, now: Timestamp) -> String {
+    let time = |p: &str| {
+        job.pointer(p)
+            .and_then(Value::as_str)
+            .and_then(meta::parse_time)
+    };
+    match (time("/status/startTime"), time("/status/completionTime")) {
+        (None, _) => String::new(),
+        (Some(start), None) => human_duration(now, start),
+        (Some(start), Some(end)) => human_duration(end, start),
+    }
+}
+
+/// The cells of an Event, core or `events.k8s.io` (whose fields have other names).
+fn event_cells(group: &str, obj: &Value, now: Timestamp) -> Vec<Value> {
+    let core = group.is_empty();
+    let field =
+        |core_path: &str, new_path: &str| obj.pointer(if core { core_path } else { new_path });
+    let time = |v: Option<&Value>| v.and_then(Value::as_str).and_then(meta::parse_time);
+    let event_time = time(obj.pointer("/eventTime"));
+    let series_last = time(obj.pointer("/series/lastObservedTime"));
+    let last = series_last
+        .or_else(|| time(field("/lastTimestamp", "/deprecatedLastTimestamp")))
+        .or(event_time)
+        .or_else(|| time(obj.pointer("/metadata/creationTimestamp")));
+    let first = time(field("/firstTimestamp", "/deprecatedFirstTimestamp")).or(event_time);
+    let ago =
+        |t: Option<Timestamp>| t.map_or_else(|| "<unknown>".into(), |t| human_duration(now, t));
+    let involved = if core {
+        "/involvedObject"
+    } else {
+        "/regarding"
+    };
+    let object = format!(
+        "{}/{}",
+        s(obj.pointer(&format!("{involved}/kind"))).to_lowercase(),
+        s(obj.pointer(&format!("{involved}/name")))
+    );
+    let component = s(field("/source/component", "/deprecatedSource/component"));
+    let component = if component.is_empty() {
+        s(field("/reportingComponent", "/reportingController"))
+    } else {
+        component
+    };
+    let host = s(field("/source/host", "/deprecatedSource/host"));
+    let host = if host.is_empty() {
+        s(obj.pointer("/reportingInstance"))
+    } else {
+        host
+    };
+    let source = if host.is_empty() {
+        component
+    } else {
+        format!("{component}, {host}")
+    };
+    let count = obj
+        .pointer("/series/count")
+        .or_else(|| field("/count", "/deprecatedCount"))
+        .and_then(Value::as_i64)
+        .filter(|c| *c != 0)
+        .unwrap_or(1);
+    vec![
+        json!(ago(last)),
+        json!(s(obj.pointer("/type"))),
+        json!(s(obj.pointer("/reason"))),
+        json!(object),
+        json!(s(obj.pointer(&format!("{involved}/fieldPath")))),
+        json!(source),
+        json!(s(field("/message", "/note"))),
+        json!(ago(first)),
+        json!(count),
+        json!(meta::name(obj).unwrap_or_default()),
+    ]
 }
 
 /// kubectl's pod STATUS column.
@@ -548,6 +1002,51 @@ pub fn table(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_served_kind_has_a_cell_for_each_column() {
+        let now: Timestamp = "2026-11-22T10:00:00Z".parse().unwrap();
+        let sample =
+            json!({"metadata": {"name": "x", "creationTimestamp": "2026-11-22T09:00:00Z"}});
+        for rt in crate::apiserver::resources::RESOURCES {
+            assert_eq!(
+                cells(rt, &sample, now).len(),
+                columns(rt).len(),
+                "{}/{}",
+                rt.group,
+                rt.plural
+            );
+        }
+    }
+
+    #[test]
+    fn job_columns_say_status_completions_and_duration() {
+        let now: Timestamp = "2026-11-22T10:00:00Z".parse().unwrap();
+        let job = json!({"spec": {"completions": 3, "parallelism": 1},
+            "status": {"succeeded": 3, "startTime": "2026-11-22T09:59:00Z", "completionTime": "2026-11-22T09:59:42Z",
+                "conditions": [{"type": "Complete", "status": "True"}]}});
+        assert_eq!(job_status(&job), "Complete");
+        assert_eq!(job_completions(&job), "3/3");
+        assert_eq!(job_duration(&job, now), "42s");
+        let queue =
+            json!({"spec": {"parallelism": 2}, "status": {"startTime": "2026-11-22T09:59:30Z"}});
+        assert_eq!(job_status(&queue), "Running");
+        assert_eq!(job_completions(&queue), "0/1 of 2");
+        assert_eq!(job_duration(&queue, now), "30s");
+    }
+
+    #[test]
+    fn selectors_and_lists_print_as_kubectl_prints_them() {
+        let sel = json!({"matchLabels": {"app": "web"}, "matchExpressions": [{"key": "tier", "operator": "In", "values": ["a", "b"]}, {"key": "x", "operator": "DoesNotExist"}]});
+        assert_eq!(label_selector(Some(&sel)), "app=web,tier in (a,b),!x");
+        assert_eq!(label_selector(Some(&json!({}))), "<none>");
+        let ips: Vec<String> = (1..=5).map(|i| format!("10.0.0.{i}")).collect();
+        assert_eq!(
+            three_and_more(&ips),
+            "10.0.0.1,10.0.0.2,10.0.0.3 + 2 more..."
+        );
+        assert_eq!(three_and_more(&[]), "<unset>");
+    }
 
     #[test]
     fn human_durations_match_apimachinery() {

@@ -135,6 +135,8 @@ struct Session<'a, 'b> {
     last: i32,
     exit: Option<i32>,
     tty: bool,
+    /// Reading commands from a terminal (stdin is the shell's, not a command's).
+    interactive: bool,
 }
 
 /// Runs `argv` as `kubectl exec` asked.
@@ -151,6 +153,7 @@ pub(super) async fn exec(ctx: &Context<'_>, argv: Vec<String>, io: &mut ExecIo) 
         last: 0,
         exit: None,
         tty: io.tty,
+        interactive: false,
     };
     let program = argv
         .first()
@@ -430,6 +433,7 @@ impl Session<'_, '_> {
         let Some(mut stdin) = io.stdin.take() else {
             return 0;
         };
+        self.interactive = true;
         write_raw(io, self.prompt().as_bytes()).await;
         let mut line: Vec<u8> = Vec::new();
         let mut buf = [0u8; 1024];
@@ -797,9 +801,9 @@ impl Session<'_, '_> {
                 Outcome::default()
             }
             "cat" if args.is_empty() || args == ["-"] => {
-                // Copies stdin to stdout as it comes (not on a terminal, where stdin is the
-                // shell's).
-                if !self.tty
+                // Copies stdin to stdout as it comes (not in a terminal session, where stdin
+                // is the shell's).
+                if !self.interactive
                     && let (Some(stdin), Some(stdout)) = (io.stdin.as_mut(), io.stdout.as_mut())
                 {
                     let mut buf = [0u8; 8192];
