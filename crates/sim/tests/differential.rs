@@ -1291,6 +1291,27 @@ async fn with_node(client: kube::Client) -> Side {
     }
 }
 
+/// A simulated API server and a real control plane (files in a temporary folder named after
+/// `what`), and a client of the real one.
+async fn start_both(
+    bin: &std::path::Path,
+    what: &str,
+) -> (
+    std::path::PathBuf,
+    ApiServer,
+    real::RealCluster,
+    kube::Client,
+) {
+    let dir = std::env::temp_dir().join(format!("tensile-{what}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let server = ApiServer::start(ApiServerConfig::default()).await.unwrap();
+    let real_cluster = real::start(bin, &dir, "real").await.unwrap();
+    let real_client = client_from_kubeconfig(&real_cluster.kubeconfig)
+        .await
+        .unwrap();
+    (dir, server, real_cluster, real_client)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn simulator_answers_like_a_real_api_server() {
     let Some(bin) = real::bin_dir() else {
@@ -1302,14 +1323,7 @@ async fn simulator_answers_like_a_real_api_server() {
         );
     };
     let started = std::time::Instant::now();
-    let dir = std::env::temp_dir().join(format!("tensile-differential-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-
-    let server = ApiServer::start(ApiServerConfig::default()).await.unwrap();
-    let real_cluster = real::start(&bin, &dir, "real").await.unwrap();
-    let real_client = client_from_kubeconfig(&real_cluster.kubeconfig)
-        .await
-        .unwrap();
+    let (dir, server, real_cluster, real_client) = start_both(&bin, "differential").await;
     // The simulated kubelet trusts the API server's client certificate by the cluster CA it
     // reads from kube-system/kube-root-ca.crt, which the controller manager publishes.
     let config_maps: kube::Api<k8s_openapi::api::core::v1::ConfigMap> =
@@ -1523,13 +1537,7 @@ async fn every_kind_prints_the_columns_of_a_real_api_server() {
             real::BIN_ENV
         );
     };
-    let dir = std::env::temp_dir().join(format!("tensile-tables-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let server = ApiServer::start(ApiServerConfig::default()).await.unwrap();
-    let real_cluster = real::start(&bin, &dir, "real").await.unwrap();
-    let real_client = client_from_kubeconfig(&real_cluster.kubeconfig)
-        .await
-        .unwrap();
+    let (dir, server, real_cluster, real_client) = start_both(&bin, "tables").await;
     let sim_client = server.client().await.unwrap();
     let sim_paths = list_paths(&sim_client).await;
     let real_paths = list_paths(&real_client).await;

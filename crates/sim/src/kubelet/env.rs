@@ -137,39 +137,30 @@ pub(super) fn resolve(
                 })
             }
             Some(from) => {
-                if let Some(r) = &from.config_map_key_ref {
-                    let Some(cm) = objects.config_maps.get(&r.name) else {
-                        if r.optional == Some(true) {
-                            continue;
-                        }
-                        return Err(format!("configmap \"{}\" not found", r.name));
-                    };
-                    let value = cm.data.as_ref().and_then(|d| d.get(&r.key)).cloned();
-                    match value {
-                        Some(v) => v,
-                        None if r.optional == Some(true) => continue,
-                        None => {
-                            return Err(format!(
-                                "couldn't find key {} in ConfigMap {namespace}/{}",
-                                r.key, r.name
-                            ));
-                        }
-                    }
+                let key_ref = if let Some(r) = &from.config_map_key_ref {
+                    let data = objects
+                        .config_maps
+                        .get(&r.name)
+                        .map(|cm| cm.data.as_ref().and_then(|d| d.get(&r.key)).cloned());
+                    Some(("configmap", "ConfigMap", &r.name, &r.key, r.optional, data))
                 } else if let Some(r) = &from.secret_key_ref {
-                    let Some(secret) = objects.secrets.get(&r.name) else {
-                        if r.optional == Some(true) {
-                            continue;
-                        }
-                        return Err(format!("secret \"{}\" not found", r.name));
-                    };
-                    let value = secret.data.as_ref().and_then(|d| d.get(&r.key));
-                    match value {
-                        Some(v) => String::from_utf8_lossy(&v.0).into_owned(),
-                        None if r.optional == Some(true) => continue,
-                        None => {
+                    let data = objects.secrets.get(&r.name).map(|secret| {
+                        let value = secret.data.as_ref().and_then(|d| d.get(&r.key));
+                        value.map(|v| String::from_utf8_lossy(&v.0).into_owned())
+                    });
+                    Some(("secret", "Secret", &r.name, &r.key, r.optional, data))
+                } else {
+                    None
+                };
+                if let Some((resource, kind, name, key, optional, data)) = key_ref {
+                    // data: None when the object is missing, Some(None) when the key is.
+                    match data {
+                        Some(Some(v)) => v,
+                        _ if optional == Some(true) => continue,
+                        None => return Err(format!("{resource} \"{name}\" not found")),
+                        Some(None) => {
                             return Err(format!(
-                                "couldn't find key {} in Secret {namespace}/{}",
-                                r.key, r.name
+                                "couldn't find key {key} in {kind} {namespace}/{name}"
                             ));
                         }
                     }
