@@ -465,3 +465,93 @@ async fn the_scheduler_calls_extenders_to_filter_and_prioritize() {
         "{message}"
     );
 }
+
+#[tokio::test]
+async fn a_job_runs_its_pods_to_completion_and_one_that_keeps_failing_stops_at_its_backoff_limit() {
+    use k8s_openapi::api::batch::v1::Job;
+    let env = TestEnv::start(1).await.unwrap();
+    let client = env.clusters[0].client.clone();
+    let jobs: Api<Job> = Api::namespaced(client.clone(), "default");
+    let pods: Api<Pod> = Api::namespaced(client, "default");
+    let job = |name: &str, spec: serde_json::Value| {
+        from::<Job>(
+            json!({"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": name},
+            "spec": spec}),
+        )
+    };
+    let template = |cmd: &str| {
+        json!({"spec": {"restartPolicy": "Never",
+            "containers": [{"name": "c", "image": "busybox", "command": ["sh", "-c", cmd]}]}})
+    };
+    let pi = jobs
+        .create(
+            &PostParams::default(),
+            &job(
+                "pi",
+                json!({"completions": 3, "parallelism": 2, "template": template("echo 3.14; sleep 1")}),
+            ),
+        )
+        .await
+        .unwrap();
+    // The API server's defaults: a selector on the Job's uid, labels on the pods.
+    let uid = pi.metadata.uid.clone().unwrap();
+    let spec = pi.spec.clone().unwrap();
+    assert_eq!(
+        spec.selector
+            .and_then(|s| s.match_labels)
+            .and_then(|m| m.get("batch.kubernetes.io/controller-uid").cloned()),
+        Some(uid.clone())
+    );
+    assert_eq!(spec.backoff_limit, Some(6));
+    assert_eq!(spec.completion_mode.as_deref(), Some("NonIndexed"));
+    let done = eventually(60, "the Job complete", || async {
+        let j = jobs.get("pi").await.ok()?;
+        let status = j.status.clone()?;
+        let complete = status
+            .conditions
+            .iter()
+            .flatten()
+            .any(|c| c.type_ == "Complete" && c.status == "True");
+        complete.then_some(status)
+    })
+    .await;
+    assert_eq!(done.succeeded, Some(3));
+    assert!(done.completion_time.is_some() && done.start_time.is_some());
+    let mine = pods
+        .list(&ListParams::default().labels("job-name=pi"))
+        .await
+        .unwrap()
+        .items;
+    assert_eq!(mine.len(), 3, "one pod per completion, none failed");
+    assert!(mine.iter().all(|p| {
+        p.metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get("batch.kubernetes.io/controller-uid"))
+            == Some(&uid)
+    }));
+
+    jobs.create(
+        &PostParams::default(),
+        &job(
+            "broken",
+            json!({"backoffLimit": 1, "template": template("echo no; exit 1")}),
+        ),
+    )
+    .await
+    .unwrap();
+    let failed = eventually(90, "the Job failed", || async {
+        let status = jobs.get("broken").await.ok()?.status?;
+        let condition = status
+            .conditions
+            .iter()
+            .flatten()
+            .find(|c| c.type_ == "Failed" && c.status == "True")?
+            .clone();
+        Some((status, condition))
+    })
+    .await;
+    assert_eq!(failed.1.reason.as_deref(), Some("BackoffLimitExceeded"));
+    assert_eq!(failed.0.failed, Some(2));
+    assert_eq!(failed.0.active, None);
+}

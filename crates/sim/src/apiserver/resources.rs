@@ -300,6 +300,7 @@ pub mod ids {
     id!(STORAGE_CLASSES, "storage.k8s.io", "storageclasses");
     id!(DEPLOYMENTS, "apps", "deployments");
     id!(REPLICASETS, "apps", "replicasets");
+    id!(JOBS, "batch", "jobs");
     id!(ENDPOINTSLICES, "discovery.k8s.io", "endpointslices");
     id!(LEASES, "coordination.k8s.io", "leases");
     id!(

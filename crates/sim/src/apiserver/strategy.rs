@@ -260,6 +260,7 @@ pub(super) fn prepare_create(
             obj["status"] = json!({});
         }
         ("batch", "jobs") => {
+            default_job(obj);
             if let Some(t) = obj.pointer_mut("/spec/template/spec") {
                 default_pod_spec(t);
             }
@@ -268,6 +269,54 @@ pub(super) fn prepare_create(
         _ => {}
     }
     Ok(())
+}
+
+/// A Job's defaults and generated selector (`batch/v1` defaults and the job strategy's
+/// `generateSelector`): the pods of a Job carry its uid and name as labels and the selector
+/// matches the uid, unless `manualSelector`.
+fn default_job(obj: &mut Value) {
+    let uid = meta::meta_str(obj, "uid").unwrap_or_default().to_owned();
+    let name = meta::name(obj).unwrap_or_default().to_owned();
+    // The Job's own labels default to its template's, before the generated ones are added.
+    let template_labels = obj.pointer("/spec/template/metadata/labels").cloned();
+    if let Some(labels) = template_labels.filter(|l| l.as_object().is_some_and(|m| !m.is_empty()))
+        && meta::labels(obj).is_empty()
+    {
+        meta::meta_mut(obj).insert("labels".into(), labels);
+    }
+    let spec = &mut obj["spec"];
+    if spec.get("manualSelector").and_then(Value::as_bool) != Some(true) {
+        let generated = [
+            ("batch.kubernetes.io/controller-uid", uid.clone()),
+            ("batch.kubernetes.io/job-name", name.clone()),
+            ("controller-uid", uid.clone()),
+            ("job-name", name),
+        ];
+        let labels = &mut spec["template"]["metadata"]["labels"];
+        if !labels.is_object() {
+            *labels = json!({});
+        }
+        for (k, v) in generated {
+            labels[k] = json!(v);
+        }
+        spec["selector"] = json!({"matchLabels": {"batch.kubernetes.io/controller-uid": uid}});
+    }
+    let completions = spec.get("completions").is_some_and(|c| !c.is_null());
+    let parallelism = spec.get("parallelism").is_some_and(|c| !c.is_null());
+    if !completions && !parallelism {
+        spec["completions"] = json!(1);
+    }
+    for (k, v) in [
+        ("parallelism", json!(1)),
+        ("backoffLimit", json!(6)),
+        ("completionMode", json!("NonIndexed")),
+        ("suspend", json!(false)),
+        ("podReplacementPolicy", json!("TerminatingOrFailed")),
+    ] {
+        if spec.get(k).is_none_or(Value::is_null) {
+            spec[k] = v;
+        }
+    }
 }
 
 fn default_deployment(obj: &mut Value) {

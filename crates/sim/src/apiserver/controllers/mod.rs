@@ -6,6 +6,7 @@
 mod deployment;
 mod endpoints;
 mod gc;
+mod job;
 mod namespace;
 mod nodelifecycle;
 mod protection;
@@ -39,7 +40,7 @@ pub struct Controllers {
     pub node_grace: Duration,
     /// Endpoints and EndpointSlices from ready pods behind Services.
     pub endpoints: bool,
-    /// Deployments -> ReplicaSets -> Pods.
+    /// Deployments -> ReplicaSets -> Pods, and Jobs -> Pods.
     pub workloads: bool,
     /// Delete dependents of deleted owners, and pods of deleted nodes.
     pub garbage_collector: bool,
@@ -211,6 +212,7 @@ pub(super) fn start(state: &Arc<State>, stop: &CancellationToken) {
     spawn(c.scheduler, |s, t| Box::pin(scheduler::run(s, t)));
     spawn(c.workloads, |s, t| Box::pin(replicaset::run(s, t)));
     spawn(c.workloads, |s, t| Box::pin(deployment::run(s, t)));
+    spawn(c.workloads, |s, t| Box::pin(job::run(s, t)));
     spawn(c.endpoints, |s, t| Box::pin(endpoints::run(s, t)));
     spawn(c.node_lifecycle, |s, t| Box::pin(nodelifecycle::run(s, t)));
     spawn(c.persistent_volumes, |s, t| Box::pin(volumes::run(s, t)));
