@@ -2,7 +2,6 @@
 //! the real controller does). Rollouts are simplified: the current ReplicaSet is scaled to the
 //! full count at once and older ones to zero (documented in docs/sim.md).
 
-use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -13,7 +12,7 @@ use super::super::State;
 use super::super::meta;
 use super::super::resources::ids;
 use super::super::store::{Event, ObjKey};
-use super::{Reconciler, controller_of, create, modify, run_loop};
+use super::{Reconciler, all_keys, changed_owners, controller_of, create, modify, run_loop};
 
 pub(super) async fn run(state: Arc<State>, stop: CancellationToken) {
     run_loop(state, stop, Duration::from_secs(10), Deployments).await;
@@ -358,31 +357,14 @@ fn min_available(d: &Value, replicas: i64) -> i64 {
 
 impl Reconciler for Deployments {
     async fn resync(&mut self, state: &State) {
-        let (items, _, _) = state
-            .store
-            .list(*ids::DEPLOYMENTS, None, None, None, |_| true);
-        for e in items {
-            let key = ObjKey::new(
-                meta::namespace(&e.object).unwrap_or_default(),
-                meta::name(&e.object).unwrap_or_default(),
-            );
+        for key in all_keys(state, *ids::DEPLOYMENTS) {
             reconcile(state, &key).await;
         }
     }
 
     async fn changed(&mut self, state: &State, events: Option<&[Arc<Event>]>) {
         let Some(events) = events else { return };
-        let mut dirty = BTreeSet::new();
-        for e in events {
-            if e.res == *ids::DEPLOYMENTS {
-                dirty.insert(e.key.clone());
-            } else if e.res == *ids::REPLICASETS
-                && let Some(("Deployment", name, _)) = controller_of(&e.entry.object)
-            {
-                dirty.insert(ObjKey::new(&e.key.namespace, name));
-            }
-        }
-        for key in dirty {
+        for key in changed_owners(events, *ids::DEPLOYMENTS, *ids::REPLICASETS, "Deployment") {
             reconcile(state, &key).await;
         }
     }

@@ -15,7 +15,7 @@ use super::super::resources::ids;
 use super::super::rest::DeleteOptions;
 use super::super::store::{Event, EventType, ObjKey};
 use super::replicaset::is_ready;
-use super::{Reconciler, create, delete, modify, run_loop};
+use super::{Reconciler, all_keys, create, delete, modify, run_loop};
 
 pub(super) async fn run(state: Arc<State>, stop: CancellationToken) {
     run_loop(state, stop, Duration::from_secs(30), EndpointsController).await;
@@ -334,12 +334,7 @@ async fn mirror(state: &State, key: &ObjKey) {
 
 impl Reconciler for EndpointsController {
     async fn resync(&mut self, state: &State) {
-        let (items, _, _) = state.store.list(*ids::SERVICES, None, None, None, |_| true);
-        for e in items {
-            let key = ObjKey::new(
-                meta::namespace(&e.object).unwrap_or_default(),
-                meta::name(&e.object).unwrap_or_default(),
-            );
+        for key in all_keys(state, *ids::SERVICES) {
             reconcile(state, &key).await;
         }
     }

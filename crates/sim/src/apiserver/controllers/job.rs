@@ -3,7 +3,6 @@
 //! `backoffLimit` pods failed: kube-controller-manager's job controller for `NonIndexed`
 //! Jobs, counting the pods that exist (without its tracking finalizers).
 
-use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -16,7 +15,9 @@ use super::super::resources::ids;
 use super::super::rest::DeleteOptions;
 use super::super::store::{Event, ObjKey};
 use super::replicaset::{is_ready, owned_pods};
-use super::{Reconciler, controller_of, create, delete, modify, run_loop};
+use super::{
+    Reconciler, all_keys, changed_owners, create, delete, modify, pod_from_template, run_loop,
+};
 
 pub(super) async fn run(state: Arc<State>, stop: CancellationToken) {
     run_loop(state, stop, Duration::from_secs(10), Jobs).await;
@@ -105,18 +106,7 @@ async fn reconcile(state: &State, key: &ObjKey) {
         Next::Create(n) => {
             let template = spec.get("template").cloned().unwrap_or_else(|| json!({}));
             for _ in 0..*n {
-                let mut pod = json!({"apiVersion": "v1", "kind": "Pod",
-                    "metadata": template.get("metadata").cloned().unwrap_or_else(|| json!({})),
-                    "spec": template.get("spec").cloned().unwrap_or_else(|| json!({}))});
-                let m = meta::meta_mut(&mut pod);
-                m.insert("generateName".into(), json!(format!("{}-", key.name)));
-                m.insert("namespace".into(), json!(key.namespace));
-                m.remove("name");
-                m.insert(
-                    "ownerReferences".into(),
-                    json!([{"apiVersion": "batch/v1", "kind": "Job", "name": key.name,
-                        "uid": uid, "controller": true, "blockOwnerDeletion": true}]),
-                );
+                let pod = pod_from_template(&template, key, "batch/v1", "Job", &uid);
                 if create(
                     state,
                     *ids::PODS,
@@ -203,12 +193,7 @@ async fn reconcile(state: &State, key: &ObjKey) {
 
 impl Reconciler for Jobs {
     async fn resync(&mut self, state: &State) {
-        let (items, _, _) = state.store.list(*ids::JOBS, None, None, None, |_| true);
-        for e in items {
-            let key = ObjKey::new(
-                meta::namespace(&e.object).unwrap_or_default(),
-                meta::name(&e.object).unwrap_or_default(),
-            );
+        for key in all_keys(state, *ids::JOBS) {
             reconcile(state, &key).await;
         }
     }
@@ -217,17 +202,7 @@ impl Reconciler for Jobs {
         let Some(events) = events else {
             return self.resync(state).await;
         };
-        let mut dirty = BTreeSet::new();
-        for e in events {
-            if e.res == *ids::JOBS {
-                dirty.insert(e.key.clone());
-            } else if e.res == *ids::PODS
-                && let Some(("Job", name, _)) = controller_of(&e.entry.object)
-            {
-                dirty.insert(ObjKey::new(&e.key.namespace, name));
-            }
-        }
-        for key in dirty {
+        for key in changed_owners(events, *ids::JOBS, *ids::PODS, "Job") {
             reconcile(state, &key).await;
         }
     }

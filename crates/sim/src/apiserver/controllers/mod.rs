@@ -219,6 +219,69 @@ pub(super) fn start(state: &Arc<State>, stop: &CancellationToken) {
     spawn(c.persistent_volumes, |s, t| Box::pin(protection::run(s, t)));
 }
 
+/// The keys of every stored object of `res` (a controller's full pass).
+fn all_keys(state: &State, res: ResId) -> Vec<ObjKey> {
+    let (items, _, _) = state.store.list(res, None, None, None, |_| true);
+    items
+        .iter()
+        .map(|e| {
+            ObjKey::new(
+                super::meta::namespace(&e.object).unwrap_or_default(),
+                super::meta::name(&e.object).unwrap_or_default(),
+            )
+        })
+        .collect()
+}
+
+/// The objects of `res` a batch of changes concerns: those changed, and the `owner_kind`
+/// controllers of changed objects of `owned`.
+fn changed_owners(
+    events: &[Arc<Event>],
+    res: ResId,
+    owned: ResId,
+    owner_kind: &str,
+) -> std::collections::BTreeSet<ObjKey> {
+    let mut dirty = std::collections::BTreeSet::new();
+    for e in events {
+        if e.res == res {
+            dirty.insert(e.key.clone());
+        } else if e.res == owned
+            && let Some((kind, name, _)) = controller_of(&e.entry.object)
+            && kind == owner_kind
+        {
+            dirty.insert(ObjKey::new(&e.key.namespace, name));
+        }
+    }
+    dirty
+}
+
+/// A new pod from a workload's `template`, named after `owner` (`generateName`), in its
+/// namespace, controlled by it (`api_version`, `kind`, `uid`).
+fn pod_from_template(
+    template: &Value,
+    owner: &ObjKey,
+    api_version: &str,
+    kind: &str,
+    uid: &str,
+) -> Value {
+    let mut pod = serde_json::json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": template.get("metadata").cloned().unwrap_or_else(|| serde_json::json!({})),
+        "spec": template.get("spec").cloned().unwrap_or_else(|| serde_json::json!({}))});
+    let m = super::meta::meta_mut(&mut pod);
+    m.insert(
+        "generateName".into(),
+        serde_json::json!(format!("{}-", owner.name)),
+    );
+    m.insert("namespace".into(), serde_json::json!(owner.namespace));
+    m.remove("name");
+    m.insert(
+        "ownerReferences".into(),
+        serde_json::json!([{"apiVersion": api_version, "kind": kind, "name": owner.name,
+            "uid": uid, "controller": true, "blockOwnerDeletion": true}]),
+    );
+    pod
+}
+
 /// The identity controllers act as.
 fn system_user(name: &str) -> UserInfo {
     UserInfo {

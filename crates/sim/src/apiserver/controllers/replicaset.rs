@@ -1,6 +1,5 @@
 //! ReplicaSets keep `spec.replicas` active pods from their template.
 
-use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -12,7 +11,10 @@ use super::super::meta;
 use super::super::resources::ids;
 use super::super::rest::DeleteOptions;
 use super::super::store::{Event, ObjKey};
-use super::{Reconciler, controller_of, create, delete, modify, run_loop};
+use super::{
+    Reconciler, all_keys, changed_owners, controller_of, create, delete, modify, pod_from_template,
+    run_loop,
+};
 
 pub(super) async fn run(state: Arc<State>, stop: CancellationToken) {
     run_loop(state, stop, Duration::from_secs(10), ReplicaSets).await;
@@ -71,18 +73,7 @@ async fn reconcile(state: &State, key: &ObjKey) {
             .cloned()
             .unwrap_or_else(|| json!({}));
         for _ in active.len()..want {
-            let mut pod = json!({"apiVersion": "v1", "kind": "Pod",
-                "metadata": template.get("metadata").cloned().unwrap_or_else(|| json!({})),
-                "spec": template.get("spec").cloned().unwrap_or_else(|| json!({}))});
-            let m = meta::meta_mut(&mut pod);
-            m.insert("generateName".into(), json!(format!("{}-", key.name)));
-            m.insert("namespace".into(), json!(key.namespace));
-            m.remove("name");
-            m.insert(
-                "ownerReferences".into(),
-                json!([{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": key.name,
-                "uid": uid, "controller": true, "blockOwnerDeletion": true}]),
-            );
+            let pod = pod_from_template(&template, key, "apps/v1", "ReplicaSet", &uid);
             if create(
                 state,
                 *ids::PODS,
@@ -143,14 +134,7 @@ async fn reconcile(state: &State, key: &ObjKey) {
 
 impl Reconciler for ReplicaSets {
     async fn resync(&mut self, state: &State) {
-        let (items, _, _) = state
-            .store
-            .list(*ids::REPLICASETS, None, None, None, |_| true);
-        for e in items {
-            let key = ObjKey::new(
-                meta::namespace(&e.object).unwrap_or_default(),
-                meta::name(&e.object).unwrap_or_default(),
-            );
+        for key in all_keys(state, *ids::REPLICASETS) {
             reconcile(state, &key).await;
         }
     }
@@ -159,17 +143,7 @@ impl Reconciler for ReplicaSets {
         let Some(events) = events else {
             return self.resync(state).await;
         };
-        let mut dirty = BTreeSet::new();
-        for e in events {
-            if e.res == *ids::REPLICASETS {
-                dirty.insert(e.key.clone());
-            } else if e.res == *ids::PODS
-                && let Some(("ReplicaSet", name, _)) = controller_of(&e.entry.object)
-            {
-                dirty.insert(ObjKey::new(&e.key.namespace, name));
-            }
-        }
-        for key in dirty {
+        for key in changed_owners(events, *ids::REPLICASETS, *ids::PODS, "ReplicaSet") {
             reconcile(state, &key).await;
         }
     }
