@@ -5,86 +5,12 @@
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::path::PathBuf;
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use tensile_sim::env::TestEnv;
+mod common;
 
-struct Env {
-    _env: TestEnv,
-    runtime: tokio::runtime::Runtime,
-    kubeconfig: PathBuf,
-}
-
-impl Env {
-    fn start() -> Self {
-        let runtime = tokio::runtime::Runtime::new().unwrap();
-        let env = runtime.block_on(TestEnv::start(1)).unwrap();
-        let kubeconfig = env.clusters[0].kubeconfig.clone();
-        Self {
-            _env: env,
-            runtime,
-            kubeconfig,
-        }
-    }
-
-    fn cmd(&self, args: &[&str]) -> Command {
-        let mut c = Command::new("kubectl");
-        c.arg("--kubeconfig")
-            .arg(&self.kubeconfig)
-            .arg("--request-timeout=20s")
-            .args(args);
-        c
-    }
-
-    fn run(&self, args: &[&str], envs: &[(&str, &str)], stdin: Option<&[u8]>) -> Output {
-        let mut c = self.cmd(args);
-        c.envs(envs.iter().copied())
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        let mut child = c.spawn().unwrap();
-        let mut input = child.stdin.take().unwrap();
-        if let Some(bytes) = stdin {
-            input.write_all(bytes).unwrap();
-        }
-        drop(input);
-        child.wait_with_output().unwrap()
-    }
-
-    fn ok(&self, args: &[&str]) -> String {
-        let out = self.run(args, &[], None);
-        assert!(
-            out.status.success(),
-            "kubectl {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    }
-
-    /// Waits, with a deadline, until `f` holds.
-    fn until(&self, what: &str, mut f: impl FnMut() -> bool) {
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while !f() {
-            assert!(Instant::now() < deadline, "timed out waiting for {what}");
-            // The sleep is made inside the runtime: a tokio timer needs one to exist.
-            self.runtime.block_on(async {
-                tokio::time::sleep(Duration::from_millis(200)).await;
-            });
-        }
-    }
-}
-
-/// A kubectl process that is killed when the test ends, pass or fail.
-struct Running(Child);
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
+use common::kubectl::{Env, Running};
 
 fn pod_manifest() -> &'static str {
     "apiVersion: v1\nkind: Pod\nmetadata:\n  name: web\n  labels: {app: web}\nspec:\n  containers:\n  - name: web\n    image: nginx:1.27\n    command: [\"sh\", \"-c\", \"echo hello from web; sleep 100000\"]\n    env: [{name: GREETING, value: hi}]\n    ports: [{containerPort: 8080}, {containerPort: 9090}]\n    resources: {requests: {cpu: 250m, memory: 64Mi}}\n"
@@ -229,22 +155,6 @@ fn port_forward_over_both_transports_and_top() {
     );
     let nodes = env.ok(&["top", "node", "--no-headers"]);
     assert_eq!(nodes.lines().count(), 2, "{nodes}");
-}
-
-impl Env {
-    fn apply(&self, name: &str, manifest: &str) {
-        let file = self.kubeconfig.with_file_name(format!("{name}.yaml"));
-        std::fs::write(&file, manifest).unwrap();
-        self.ok(&["apply", "-f", file.to_str().unwrap()]);
-    }
-
-    fn jsonpath(&self, what: &[&str], path: &str) -> String {
-        let mut args = vec!["get"];
-        args.extend_from_slice(what);
-        let path = format!("jsonpath={path}");
-        args.extend(["-o", &path]);
-        self.ok(&args)
-    }
 }
 
 #[test]

@@ -160,6 +160,19 @@ impl ApiError {
         Self::new(405, "MethodNotAllowed", message)
     }
 
+    /// An eviction the pod's disruption budget does not allow now (429, with the budget's
+    /// reason as a `DisruptionBudget` cause, as the real eviction REST handler answers).
+    pub fn disruption_budget(cause: impl Into<String>) -> Self {
+        let mut e = Self::new(
+            429,
+            "TooManyRequests",
+            "Cannot evict pod as it would violate the pod's disruption budget.",
+        );
+        e.details =
+            Some(json!({"causes": [{"reason": "DisruptionBudget", "message": cause.into()}]}));
+        e
+    }
+
     /// The body is over the limit.
     pub fn too_large(message: impl Into<String>) -> Self {
         Self::new(413, "RequestEntityTooLarge", message)

@@ -301,6 +301,7 @@ pub mod ids {
     id!(DEPLOYMENTS, "apps", "deployments");
     id!(REPLICASETS, "apps", "replicasets");
     id!(JOBS, "batch", "jobs");
+    id!(POD_DISRUPTION_BUDGETS, "policy", "poddisruptionbudgets");
     id!(ENDPOINTSLICES, "discovery.k8s.io", "endpointslices");
     id!(LEASES, "coordination.k8s.io", "leases");
     id!(

@@ -770,7 +770,7 @@ pub(super) struct DeleteOptions {
 }
 
 impl DeleteOptions {
-    fn from(q: &Query, body: Option<Value>) -> Result<Self> {
+    pub(super) fn from(q: &Query, body: Option<Value>) -> Result<Self> {
         let body = body.unwrap_or_default();
         let grace = match body.get("gracePeriodSeconds").and_then(Value::as_i64) {
             Some(g) => Some(g),

@@ -1561,8 +1561,9 @@ pub(super) async fn subresource(
             Err(e) => Err(e),
         },
         ("pods", "eviction", "POST") => match rest::read_object(&state, req).await {
-            Ok(_) => rest::delete_object(&state, r.res, &ObjKey::new(&ns, name), &DeleteOptions::default())
-                .map(|_| (201, json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}))),
+            Ok(body) => rest::DeleteOptions::from(q, body.get("deleteOptions").cloned())
+                .and_then(|opts| super::controllers::evict(&state, &ns, name, &opts))
+                .map(|()| (201, json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}))),
             Err(e) => Err(e),
         },
         ("serviceaccounts", "token", "POST") => match rest::read_object(&state, req).await {

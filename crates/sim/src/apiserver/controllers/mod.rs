@@ -4,6 +4,7 @@
 //! REST clients (admission, validation, defaults).
 
 mod deployment;
+mod disruption;
 mod endpoints;
 mod gc;
 mod job;
@@ -14,6 +15,7 @@ mod replicaset;
 mod scheduler;
 mod volumes;
 
+pub(super) use disruption::evict;
 pub use volumes::{NO_PROVISIONER, provisioned_volume};
 
 use std::sync::Arc;
@@ -213,6 +215,7 @@ pub(super) fn start(state: &Arc<State>, stop: &CancellationToken) {
     spawn(c.workloads, |s, t| Box::pin(replicaset::run(s, t)));
     spawn(c.workloads, |s, t| Box::pin(deployment::run(s, t)));
     spawn(c.workloads, |s, t| Box::pin(job::run(s, t)));
+    spawn(c.workloads, |s, t| Box::pin(disruption::run(s, t)));
     spawn(c.endpoints, |s, t| Box::pin(endpoints::run(s, t)));
     spawn(c.node_lifecycle, |s, t| Box::pin(nodelifecycle::run(s, t)));
     spawn(c.persistent_volumes, |s, t| Box::pin(volumes::run(s, t)));
