@@ -96,3 +96,104 @@ fn a_drain_waits_for_the_disruption_budget_and_evicts_once_it_allows() {
         now.len() == 3 && now.iter().all(|p| p.1 == "c1-node-2" && p.2)
     });
 }
+
+/// A default class whose volumes a provisioner makes on the pod's node (the sandbox has one;
+/// TestEnv runs a provisioner on both backends).
+const STATEFULSET: &str = "apiVersion: storage.k8s.io/v1
+kind: StorageClass
+metadata:
+  name: local
+  annotations: {storageclass.kubernetes.io/is-default-class: 'true'}
+provisioner: rancher.io/local-path
+volumeBindingMode: WaitForFirstConsumer
+---
+apiVersion: apps/v1
+kind: StatefulSet
+metadata: {name: web}
+spec:
+  serviceName: web
+  replicas: 3
+  selector: {matchLabels: {app: web}}
+  template:
+    metadata: {labels: {app: web}}
+    spec:
+      containers: [{name: nginx, image: 'nginx:1.27'}]
+  volumeClaimTemplates:
+  - metadata: {name: data}
+    spec: {accessModes: [ReadWriteOnce], resources: {requests: {storage: 1Gi}}}
+";
+
+#[test]
+fn a_statefulset_has_ordered_pods_with_their_own_claims_scales_and_rolls_out() {
+    let env = Env::start();
+    env.apply("web", STATEFULSET);
+    env.ok(&["rollout", "status", "statefulset/web", "--timeout=90s"]);
+    let names: Vec<String> = pods(&env, "app=web").into_iter().map(|p| p.0).collect();
+    assert_eq!(names, ["web-0", "web-1", "web-2"]);
+    assert_eq!(
+        env.ok(&["exec", "web-1", "--", "hostname"]).trim(),
+        "web-1",
+        "a member's hostname is its name"
+    );
+    assert_eq!(
+        env.jsonpath(
+            &["pod", "web-1"],
+            "{.metadata.labels.statefulset\\.kubernetes\\.io/pod-name} {.metadata.labels.apps\\.kubernetes\\.io/pod-index} {.spec.subdomain} {.spec.volumes[?(@.name==\"data\")].persistentVolumeClaim.claimName}"
+        ),
+        "web-1 1 web data-web-1"
+    );
+    env.until("three bound claims", || {
+        env.jsonpath(
+            &["pvc"],
+            "{range .items[*]}{.metadata.name}={.status.phase} {end}",
+        ) == "data-web-0=Bound data-web-1=Bound data-web-2=Bound "
+    });
+
+    // Scaled down from the highest ordinal; the claims stay.
+    env.ok(&["scale", "statefulset/web", "--replicas=1"]);
+    env.until("only web-0 left", || {
+        pods(&env, "app=web")
+            .into_iter()
+            .map(|p| p.0)
+            .collect::<Vec<_>>()
+            == ["web-0"]
+    });
+    assert_eq!(
+        env.jsonpath(&["pvc"], "{.items[*].metadata.name}"),
+        "data-web-0 data-web-1 data-web-2"
+    );
+
+    // A new template rolls out; both templates are in the history.
+    env.ok(&["set", "image", "statefulset/web", "nginx=nginx:1.28"]);
+    env.ok(&["rollout", "status", "statefulset/web", "--timeout=90s"]);
+    assert_eq!(
+        env.jsonpath(&["pod", "web-0"], "{.spec.containers[0].image}"),
+        "nginx:1.28"
+    );
+    let history = env.ok(&["rollout", "history", "statefulset/web"]);
+    let revisions: Vec<&str> = history
+        .lines()
+        .filter_map(|l| l.split_whitespace().next())
+        .filter(|w| w.parse::<u32>().is_ok())
+        .collect();
+    assert_eq!(revisions, ["1", "2"], "{history}");
+
+    // A deleted member comes back under its name.
+    let uid = env.jsonpath(&["pod", "web-0"], "{.metadata.uid}");
+    env.ok(&["delete", "pod", "web-0", "--wait=false"]);
+    env.until("web-0 back as a new pod", || {
+        let now = env.run(
+            &[
+                "get",
+                "pod",
+                "web-0",
+                "-o",
+                "jsonpath={.metadata.uid} {.status.phase}",
+            ],
+            &[],
+            None,
+        );
+        let text = String::from_utf8_lossy(&now.stdout).into_owned();
+        text.ends_with(" Running") && !text.starts_with(&uid)
+    });
+}

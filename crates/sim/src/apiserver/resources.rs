@@ -175,8 +175,12 @@ pub static RESOURCES: &[ResourceType] = &[
         namespaced: true, short: ["sts"], categories: ["all"], sub: [STATUS, ("scale", "Scale")]),
     row!("apps", "v1", "daemonsets", "daemonset", "DaemonSet", apps::DaemonSet,
         namespaced: true, short: ["ds"], categories: ["all"], sub: [STATUS]),
+    row!("apps", "v1", "controllerrevisions", "controllerrevision", "ControllerRevision",
+        apps::ControllerRevision, namespaced: true),
     row!("batch", "v1", "jobs", "job", "Job", batch::Job, namespaced: true,
         categories: ["all"], sub: [STATUS]),
+    row!("batch", "v1", "cronjobs", "cronjob", "CronJob", batch::CronJob, namespaced: true,
+        short: ["cj"], categories: ["all"], sub: [STATUS]),
     row!("discovery.k8s.io", "v1", "endpointslices", "endpointslice", "EndpointSlice",
         discovery::EndpointSlice, namespaced: true),
     row!("events.k8s.io", "v1", "events", "event", "Event", events::Event, namespaced: true,
@@ -300,7 +304,11 @@ pub mod ids {
     id!(STORAGE_CLASSES, "storage.k8s.io", "storageclasses");
     id!(DEPLOYMENTS, "apps", "deployments");
     id!(REPLICASETS, "apps", "replicasets");
+    id!(STATEFULSETS, "apps", "statefulsets");
+    id!(DAEMONSETS, "apps", "daemonsets");
+    id!(CONTROLLER_REVISIONS, "apps", "controllerrevisions");
     id!(JOBS, "batch", "jobs");
+    id!(CRONJOBS, "batch", "cronjobs");
     id!(POD_DISRUPTION_BUDGETS, "policy", "poddisruptionbudgets");
     id!(ENDPOINTSLICES, "discovery.k8s.io", "endpointslices");
     id!(LEASES, "coordination.k8s.io", "leases");

@@ -254,6 +254,11 @@ pub(super) fn prepare_create(
             if obj["spec"].get("replicas").is_none() && rt.plural != "daemonsets" {
                 obj["spec"]["replicas"] = json!(1);
             }
+            match rt.plural {
+                "statefulsets" => default_statefulset(&mut obj["spec"]),
+                "daemonsets" => default_daemonset(&mut obj["spec"]),
+                _ => {}
+            }
             if let Some(t) = obj.pointer_mut("/spec/template/spec") {
                 default_pod_spec(t);
             }
@@ -317,6 +322,57 @@ fn default_job(obj: &mut Value) {
             spec[k] = v;
         }
     }
+}
+
+/// `SetDefaults_StatefulSet` (apps/v1), including its claim templates' claim defaults.
+fn default_statefulset(spec: &mut Value) {
+    set_default(spec, "podManagementPolicy", json!("OrderedReady"));
+    set_default(
+        spec,
+        "updateStrategy",
+        json!({"type": "RollingUpdate", "rollingUpdate": {"partition": 0}}),
+    );
+    if spec.pointer("/updateStrategy/type") == Some(&json!("RollingUpdate")) {
+        set_default(&mut spec["updateStrategy"], "rollingUpdate", json!({}));
+        set_default(
+            &mut spec["updateStrategy"]["rollingUpdate"],
+            "partition",
+            json!(0),
+        );
+    }
+    set_default(spec, "revisionHistoryLimit", json!(10));
+    set_default(
+        spec,
+        "persistentVolumeClaimRetentionPolicy",
+        json!({"whenDeleted": "Retain", "whenScaled": "Retain"}),
+    );
+    if let Some(templates) = spec
+        .get_mut("volumeClaimTemplates")
+        .and_then(Value::as_array_mut)
+    {
+        for t in templates {
+            set_default(t, "apiVersion", json!("v1"));
+            set_default(t, "kind", json!("PersistentVolumeClaim"));
+            set_default(&mut t["spec"], "volumeMode", json!("Filesystem"));
+            set_default(t, "status", json!({"phase": "Pending"}));
+        }
+    }
+}
+
+/// `SetDefaults_DaemonSet` (apps/v1).
+fn default_daemonset(spec: &mut Value) {
+    set_default(
+        spec,
+        "updateStrategy",
+        json!({"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 1, "maxSurge": 0}}),
+    );
+    if spec.pointer("/updateStrategy/type") == Some(&json!("RollingUpdate")) {
+        set_default(&mut spec["updateStrategy"], "rollingUpdate", json!({}));
+        let r = &mut spec["updateStrategy"]["rollingUpdate"];
+        set_default(r, "maxUnavailable", json!(1));
+        set_default(r, "maxSurge", json!(0));
+    }
+    set_default(spec, "revisionHistoryLimit", json!(10));
 }
 
 fn default_deployment(obj: &mut Value) {

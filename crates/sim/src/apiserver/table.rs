@@ -170,6 +170,22 @@ fn columns(rt: &ResourceType) -> Vec<Column> {
             col("Containers", "string", 1),
             col("Images", "string", 1),
         ],
+        ("apps", "controllerrevisions") => vec![
+            col("Controller", "string", 0),
+            col("Revision", "integer", 0),
+            col("Age", "string", 0),
+        ],
+        ("batch", "cronjobs") => vec![
+            col("Schedule", "string", 0),
+            col("Timezone", "string", 0),
+            col("Suspend", "boolean", 0),
+            col("Active", "integer", 0),
+            col("Last Schedule", "string", 0),
+            col("Age", "string", 0),
+            col("Containers", "string", 1),
+            col("Images", "string", 1),
+            col("Selector", "string", 1),
+        ],
         ("batch", "jobs") => vec![
             col("Status", "string", 0),
             col("Completions", "string", 0),
@@ -443,6 +459,50 @@ fn cells(rt: &ResourceType, obj: &Value, now: Timestamp) -> Vec<Value> {
                 json!(age),
             ]);
             c.extend(template_cells(obj, false));
+        }
+        ("apps", "controllerrevisions") => {
+            // `group-kind/name` of its controller, lowercased (`statefulset.apps/web`).
+            let controller = obj
+                .pointer("/metadata/ownerReferences")
+                .and_then(Value::as_array)
+                .into_iter()
+                .flatten()
+                .find(|r| r.get("controller").and_then(Value::as_bool) == Some(true))
+                .map_or_else(
+                    || "<none>".to_owned(),
+                    |r| {
+                        let api = s(r.get("apiVersion"));
+                        let group = api.rsplit_once('/').map(|(g, _)| g).unwrap_or_default();
+                        let kind = s(r.get("kind"));
+                        let gk = if group.is_empty() {
+                            kind
+                        } else {
+                            format!("{kind}.{group}")
+                        };
+                        format!("{}/{}", gk.to_lowercase(), s(r.get("name")))
+                    },
+                );
+            c.extend([json!(controller), json!(int("/revision")), json!(age)]);
+        }
+        ("batch", "cronjobs") => {
+            let last = obj
+                .pointer("/status/lastScheduleTime")
+                .and_then(Value::as_str)
+                .and_then(meta::parse_time)
+                .map_or_else(|| "<none>".to_owned(), |t| human_duration(now, t));
+            c.extend([
+                json!(s(obj.pointer("/spec/schedule"))),
+                json!(or_none(s(obj.pointer("/spec/timeZone")))),
+                json!(obj.pointer("/spec/suspend").and_then(Value::as_bool) == Some(true)),
+                json!(arr("/status/active").len()),
+                json!(last),
+                json!(age),
+            ]);
+            let job = obj
+                .pointer("/spec/jobTemplate")
+                .cloned()
+                .unwrap_or_else(|| json!({}));
+            c.extend(template_cells(&job, true));
         }
         ("batch", "jobs") => {
             c.extend([

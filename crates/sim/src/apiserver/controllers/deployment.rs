@@ -12,7 +12,9 @@ use super::super::State;
 use super::super::meta;
 use super::super::resources::ids;
 use super::super::store::{Event, ObjKey};
-use super::{Reconciler, all_keys, changed_owners, controller_of, create, modify, run_loop};
+use super::{
+    Reconciler, all_keys, changed_owners, controller_of, create, modify, run_loop, template_hash,
+};
 
 pub(super) async fn run(state: Arc<State>, stop: CancellationToken) {
     run_loop(state, stop, Duration::from_secs(10), Deployments).await;
@@ -34,26 +36,6 @@ const NOT_COPIED: &[&str] = &[
 ];
 /// Upstream's `maxRevHistoryLengthInChars`.
 const MAX_REVISION_HISTORY_CHARS: usize = 2000;
-
-/// A stable, short hash of the pod template, in the alphabet the real controller uses.
-fn template_hash(template: &Value) -> String {
-    let text = serde_json::to_string(template).unwrap_or_default();
-    let mut h: u32 = 0x811c_9dc5;
-    for b in text.bytes() {
-        h = (h ^ u32::from(b)).wrapping_mul(0x0100_0193);
-    }
-    const ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
-    let mut out = String::new();
-    let mut x = u64::from(h);
-    while out.len() < 10 {
-        out.push(ALPHABET[(x % ALPHABET.len() as u64) as usize] as char);
-        x /= ALPHABET.len() as u64;
-        if x == 0 {
-            x = u64::from(h.rotate_left(7)) + 1;
-        }
-    }
-    out
-}
 
 async fn reconcile(state: &State, key: &ObjKey) {
     let Some(d) = state.store.get(*ids::DEPLOYMENTS, key) else {

@@ -12,7 +12,9 @@ mod namespace;
 mod nodelifecycle;
 mod protection;
 mod replicaset;
+mod revisions;
 mod scheduler;
+mod statefulset;
 mod volumes;
 
 pub(super) use disruption::evict;
@@ -42,7 +44,7 @@ pub struct Controllers {
     pub node_grace: Duration,
     /// Endpoints and EndpointSlices from ready pods behind Services.
     pub endpoints: bool,
-    /// Deployments -> ReplicaSets -> Pods, and Jobs -> Pods.
+    /// Deployments -> ReplicaSets -> Pods, StatefulSets, Jobs, and PodDisruptionBudgets.
     pub workloads: bool,
     /// Delete dependents of deleted owners, and pods of deleted nodes.
     pub garbage_collector: bool,
@@ -215,6 +217,7 @@ pub(super) fn start(state: &Arc<State>, stop: &CancellationToken) {
     spawn(c.workloads, |s, t| Box::pin(replicaset::run(s, t)));
     spawn(c.workloads, |s, t| Box::pin(deployment::run(s, t)));
     spawn(c.workloads, |s, t| Box::pin(job::run(s, t)));
+    spawn(c.workloads, |s, t| Box::pin(statefulset::run(s, t)));
     spawn(c.workloads, |s, t| Box::pin(disruption::run(s, t)));
     spawn(c.endpoints, |s, t| Box::pin(endpoints::run(s, t)));
     spawn(c.node_lifecycle, |s, t| Box::pin(nodelifecycle::run(s, t)));
@@ -283,6 +286,27 @@ fn pod_from_template(
             "uid": uid, "controller": true, "blockOwnerDeletion": true}]),
     );
     pod
+}
+
+/// A stable, short hash of a pod template (or any revision's data), in the alphabet the real
+/// controllers use (for `pod-template-hash` and `controller-revision-hash`).
+pub(super) fn template_hash(template: &Value) -> String {
+    let text = serde_json::to_string(template).unwrap_or_default();
+    let mut h: u32 = 0x811c_9dc5;
+    for b in text.bytes() {
+        h = (h ^ u32::from(b)).wrapping_mul(0x0100_0193);
+    }
+    const ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
+    let mut out = String::new();
+    let mut x = u64::from(h);
+    while out.len() < 10 {
+        out.push(ALPHABET[(x % ALPHABET.len() as u64) as usize] as char);
+        x /= ALPHABET.len() as u64;
+        if x == 0 {
+            x = u64::from(h.rotate_left(7)) + 1;
+        }
+    }
+    out
 }
 
 /// The identity controllers act as.
