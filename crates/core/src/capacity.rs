@@ -112,6 +112,8 @@ struct NodeEntry {
     pods: usize,
     /// Clamped free resources, `Some` exactly when the node counts.
     free: Option<NodeFree>,
+    /// Clamped room of a Ready node, cordoned or not (what a scheduler filters).
+    ready_room: Option<ResourceVector>,
 }
 
 /// A counted node's free resources, each clamped at zero per resource.
@@ -325,6 +327,11 @@ impl CapacityModel {
             }
             entry.free = Some(NodeFree { capacity, room });
         }
+        entry.ready_room = entry
+            .state
+            .as_ref()
+            .filter(|s| s.ready)
+            .map(|s| clamped_free(&s.allocatable, &entry.used, Some(&entry.used_ours)));
         if entry.state.is_none() && entry.pods == 0 {
             self.nodes.remove(name);
         }
@@ -372,6 +379,22 @@ impl CapacityModel {
                 taints: &state.taints,
                 unschedulable: state.unschedulable,
                 free,
+            })
+        })
+    }
+
+    /// Every Ready node, cordoned ones included, with its room: what a scheduler runs its
+    /// filters on (its `NodeUnschedulable` filter lets pods that tolerate
+    /// `node.kubernetes.io/unschedulable`, daemon pods, onto cordoned nodes).
+    pub fn ready_nodes(&self) -> impl Iterator<Item = NodeView<'_>> + '_ {
+        self.nodes.iter().filter_map(|(name, entry)| {
+            let state = entry.state.as_ref()?;
+            Some(NodeView {
+                name,
+                labels: &state.labels,
+                taints: &state.taints,
+                unschedulable: state.unschedulable,
+                free: entry.ready_room.as_ref()?,
             })
         })
     }
@@ -626,6 +649,12 @@ mod tests {
         assert_eq!(m.largest_fit(), ResourceVector::new());
         assert_eq!(m.nodes().count(), 0);
         assert_eq!(m.counted_nodes(), 0);
+        let ready: Vec<(&str, bool)> = m.ready_nodes().map(|n| (n.name, n.unschedulable)).collect();
+        assert_eq!(
+            ready,
+            [("cordoned", true)],
+            "a scheduler still filters the cordoned node"
+        );
     }
 
     #[test]

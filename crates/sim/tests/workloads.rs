@@ -197,3 +197,73 @@ fn a_statefulset_has_ordered_pods_with_their_own_claims_scales_and_rolls_out() {
         text.ends_with(" Running") && !text.starts_with(&uid)
     });
 }
+
+const DAEMONSET: &str = "apiVersion: apps/v1
+kind: DaemonSet
+metadata: {name: agent}
+spec:
+  selector: {matchLabels: {app: agent}}
+  template:
+    metadata: {labels: {app: agent}}
+    spec:
+      containers: [{name: agent, image: 'fluent/fluent-bit:3.1'}]
+";
+
+#[test]
+fn a_daemonset_runs_on_every_node_it_tolerates_cordoned_ones_included() {
+    let env = Env::start();
+    env.ok(&["taint", "node", "c1-node-2", "dedicated=db:NoSchedule"]);
+    env.ok(&["cordon", "c1-node-1"]);
+    env.apply("agent", DAEMONSET);
+    env.ok(&["rollout", "status", "daemonset/agent", "--timeout=90s"]);
+    let placed = |env: &Env| -> Vec<String> {
+        pods(env, "app=agent")
+            .into_iter()
+            .filter(|p| p.2)
+            .map(|p| p.1)
+            .collect()
+    };
+    assert_eq!(
+        placed(&env),
+        ["c1-node-1"],
+        "the cordoned node runs it, the tainted one does not"
+    );
+    assert_eq!(
+        env.jsonpath(
+            &["daemonset", "agent"],
+            "{.status.desiredNumberScheduled}/{.status.currentNumberScheduled}/{.status.numberReady}"
+        ),
+        "1/1/1"
+    );
+
+    // Tolerating the taint is a new template: it rolls out, and the tainted node gets a pod.
+    env.ok(&[
+        "patch",
+        "daemonset",
+        "agent",
+        "--type=merge",
+        "-p",
+        r#"{"spec":{"template":{"spec":{"tolerations":[{"key":"dedicated","operator":"Exists"}]}}}}"#,
+    ]);
+    env.ok(&["rollout", "status", "daemonset/agent", "--timeout=90s"]);
+    env.until("a ready agent on each node", || {
+        placed(&env) == ["c1-node-1", "c1-node-2"]
+    });
+    let hashes = env.jsonpath(
+        &["pods", "-l", "app=agent"],
+        "{.items[*].metadata.labels.controller-revision-hash}",
+    );
+    let distinct: std::collections::BTreeSet<&str> = hashes.split_whitespace().collect();
+    assert_eq!(distinct.len(), 1, "every pod at the new revision: {hashes}");
+    assert_eq!(
+        env.jsonpath(
+            &["pods", "-l", "app=agent"],
+            "{.items[0].spec.tolerations[*].key}"
+        )
+        .split_whitespace()
+        .filter(|k| k.starts_with("node.kubernetes.io/"))
+        .count(),
+        6,
+        "the daemon tolerations"
+    );
+}

@@ -54,8 +54,24 @@ impl Env {
         let out = self.run(args, &[], None);
         assert!(
             out.status.success(),
-            "kubectl {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
+            "kubectl {args:?}: {}\n{}",
+            String::from_utf8_lossy(&out.stderr),
+            self.state()
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// What the cluster holds, for the message of a failed test.
+    pub fn state(&self) -> String {
+        let out = self.run(
+            &[
+                "get",
+                "nodes,all,pvc,pdb,controllerrevisions,events",
+                "-o",
+                "wide",
+            ],
+            &[],
+            None,
         );
         String::from_utf8_lossy(&out.stdout).into_owned()
     }
@@ -64,7 +80,11 @@ impl Env {
     pub fn until(&self, what: &str, mut f: impl FnMut() -> bool) {
         let deadline = Instant::now() + Duration::from_secs(60);
         while !f() {
-            assert!(Instant::now() < deadline, "timed out waiting for {what}");
+            assert!(
+                Instant::now() < deadline,
+                "timed out waiting for {what}\n{}",
+                self.state()
+            );
             // The sleep is made inside the runtime: a tokio timer needs one to exist.
             self.runtime.block_on(async {
                 tokio::time::sleep(Duration::from_millis(200)).await;

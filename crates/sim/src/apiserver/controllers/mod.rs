@@ -3,6 +3,7 @@
 //! sandbox need it. They run in-process on the store and write through the same code paths as
 //! REST clients (admission, validation, defaults).
 
+mod daemonset;
 mod deployment;
 mod disruption;
 mod endpoints;
@@ -44,7 +45,8 @@ pub struct Controllers {
     pub node_grace: Duration,
     /// Endpoints and EndpointSlices from ready pods behind Services.
     pub endpoints: bool,
-    /// Deployments -> ReplicaSets -> Pods, StatefulSets, Jobs, and PodDisruptionBudgets.
+    /// Deployments -> ReplicaSets -> Pods, StatefulSets, DaemonSets, Jobs, and
+    /// PodDisruptionBudgets.
     pub workloads: bool,
     /// Delete dependents of deleted owners, and pods of deleted nodes.
     pub garbage_collector: bool,
@@ -218,6 +220,7 @@ pub(super) fn start(state: &Arc<State>, stop: &CancellationToken) {
     spawn(c.workloads, |s, t| Box::pin(deployment::run(s, t)));
     spawn(c.workloads, |s, t| Box::pin(job::run(s, t)));
     spawn(c.workloads, |s, t| Box::pin(statefulset::run(s, t)));
+    spawn(c.workloads, |s, t| Box::pin(daemonset::run(s, t)));
     spawn(c.workloads, |s, t| Box::pin(disruption::run(s, t)));
     spawn(c.endpoints, |s, t| Box::pin(endpoints::run(s, t)));
     spawn(c.node_lifecycle, |s, t| Box::pin(nodelifecycle::run(s, t)));

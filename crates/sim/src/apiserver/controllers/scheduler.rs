@@ -150,7 +150,7 @@ impl Scheduler {
         let mut failures: Vec<Vec<Unfit>> = Vec::new();
         let mut fits = Vec::new();
         let mut total = 0;
-        for node in self.model.nodes() {
+        for node in self.model.ready_nodes() {
             total += 1;
             let checked = req.check(&node).and_then(|()| {
                 match vols.and_then(|v| volumes::filter(v, &node)) {
@@ -178,7 +178,10 @@ impl Scheduler {
     async fn place(&self, state: &State, pod: &Pod, pod_json: &Value) -> Result<String, String> {
         let vols = if state.config.controllers.volume_binding {
             volumes::prefilter(state, pod_json).map_err(|e| {
-                format!("0/{} nodes are available: {e}.", self.model.nodes().count())
+                format!(
+                    "0/{} nodes are available: {e}.",
+                    self.model.ready_nodes().count()
+                )
             })?
         } else {
             None
@@ -252,7 +255,7 @@ impl Scheduler {
             .map(|(n, _)| n.clone());
         let best = best.ok_or_else(|| summarize(total, failures.iter().map(Vec::as_slice)))?;
         if let Some(vols) = &vols
-            && let Some(node) = self.model.nodes().find(|n| n.name == best)
+            && let Some(node) = self.model.ready_nodes().find(|n| n.name == best)
         {
             volumes::bind_for_node(state, vols, &node).await?;
         }
