@@ -267,3 +267,89 @@ fn a_daemonset_runs_on_every_node_it_tolerates_cordoned_ones_included() {
         "the daemon tolerations"
     );
 }
+
+const CRONJOBS: &str = "apiVersion: batch/v1
+kind: CronJob
+metadata: {name: tick}
+spec:
+  schedule: '@every 5s'
+  jobTemplate:
+    metadata: {labels: {app: tick}}
+    spec:
+      template:
+        spec:
+          restartPolicy: Never
+          containers: [{name: tick, image: busybox, command: [sh, -c, 'echo tick']}]
+---
+apiVersion: batch/v1
+kind: CronJob
+metadata: {name: sweep}
+spec:
+  schedule: '@every 5s'
+  successfulJobsHistoryLimit: 0
+  jobTemplate:
+    spec:
+      template:
+        spec:
+          restartPolicy: Never
+          containers: [{name: sweep, image: busybox, command: [sh, -c, 'true']}]
+";
+
+#[test]
+fn a_cronjob_makes_jobs_on_schedule_and_keeps_its_history_to_the_limit() {
+    let env = Env::start();
+    let refused = env.run(
+        &["create", "cronjob", "bad", "--image=busybox", "--schedule=61 * * * *"],
+        &[],
+        None,
+    );
+    let why = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        !refused.status.success() && why.contains("spec.schedule"),
+        "{why}"
+    );
+    env.apply("cron", CRONJOBS);
+    env.until("a completed run of tick", || {
+        env.jsonpath(
+            &["jobs", "-l", "app=tick"],
+            r#"{.items[*].status.conditions[?(@.type=="Complete")].status}"#,
+        )
+        .contains("True")
+    });
+    let job = env.jsonpath(&["jobs", "-l", "app=tick"], "{.items[0].metadata.name}");
+    let minutes = job.strip_prefix("tick-").and_then(|m| m.parse::<u64>().ok());
+    assert!(minutes.is_some(), "named after its scheduled minute: {job}");
+    assert_eq!(
+        env.jsonpath(&["job", &job], "{.metadata.ownerReferences[0].kind}"),
+        "CronJob"
+    );
+    let last_line = |log: String| log.lines().last().unwrap_or_default().to_owned();
+    assert_eq!(last_line(env.ok(&["logs", &format!("job/{job}")])), "tick");
+    env.until("tick's last schedule and success", || {
+        let times = env.jsonpath(
+            &["cronjob", "tick"],
+            "{.status.lastScheduleTime} {.status.lastSuccessfulTime}",
+        );
+        times.split(' ').all(|t| !t.is_empty())
+    });
+    // A history limit of 0 deletes each run once it succeeded.
+    env.until("sweep's run deleted after it succeeded", || {
+        let events = env.jsonpath(
+            &["events", "--field-selector=involvedObject.name=sweep"],
+            "{.items[*].reason}",
+        );
+        events.contains("SuccessfulCreate")
+            && events.contains("SuccessfulDelete")
+            && env
+                .jsonpath(&["jobs"], "{.items[*].metadata.name}")
+                .split_whitespace()
+                .all(|j| !j.starts_with("sweep-") || {
+                    // A run made after the deletion may be there; it has not succeeded.
+                    !env.jsonpath(&["job", j], "{.status.succeeded}").starts_with('1')
+                })
+    });
+    // A Job made by hand from the template, as `kubectl create job --from` does.
+    env.ok(&["create", "job", "by-hand", "--from=cronjob/tick"]);
+    env.ok(&["wait", "--for=condition=Complete", "job/by-hand", "--timeout=60s"]);
+    assert_eq!(last_line(env.ok(&["logs", "job/by-hand"])), "tick");
+}

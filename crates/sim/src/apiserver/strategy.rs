@@ -264,6 +264,20 @@ pub(super) fn prepare_create(
             }
             obj["status"] = json!({});
         }
+        ("batch", "cronjobs") => {
+            for (k, v) in [
+                ("concurrencyPolicy", json!("Allow")),
+                ("suspend", json!(false)),
+                ("successfulJobsHistoryLimit", json!(3)),
+                ("failedJobsHistoryLimit", json!(1)),
+            ] {
+                set_default(&mut obj["spec"], k, v);
+            }
+            if let Some(t) = obj.pointer_mut("/spec/jobTemplate/spec/template/spec") {
+                default_pod_spec(t);
+            }
+            obj["status"] = json!({});
+        }
         ("batch", "jobs") => {
             default_job(obj);
             if let Some(t) = obj.pointer_mut("/spec/template/spec") {
@@ -847,6 +861,33 @@ pub(super) async fn admit(
     super::admission::mutate(state, rt, obj, old, user).await
 }
 
+/// A CronJob's schedule and time zone, as `ValidateCronJobSpec` checks them.
+fn cronjob_causes(obj: &Value) -> Vec<(String, String)> {
+    let spec = obj.get("spec").cloned().unwrap_or_default();
+    let mut causes = Vec::new();
+    match spec.get("schedule").and_then(Value::as_str) {
+        None | Some("") => causes.push(("spec.schedule".into(), "Required value".into())),
+        Some(text) => {
+            if let Err(why) = super::controllers::Schedule::parse(text) {
+                causes.push((
+                    "spec.schedule".into(),
+                    format!("Invalid value: {text:?}: {why}"),
+                ));
+            }
+        }
+    }
+    if let (Some(zone), Err(why)) = (
+        spec.get("timeZone").and_then(Value::as_str),
+        super::controllers::cronjob_time_zone(&spec),
+    ) {
+        causes.push((
+            "spec.timeZone".into(),
+            format!("Invalid value: {zone:?}: {why}"),
+        ));
+    }
+    causes
+}
+
 /// Validation of a created or updated object.
 pub(super) fn validate(
     _state: &State,
@@ -901,6 +942,9 @@ pub(super) fn validate(
     causes.extend(super::volume_strategy::validate(rt, obj));
     if rt.group.is_empty() && rt.plural == "services" {
         causes.extend(service_causes(obj, old));
+    }
+    if (rt.group, rt.plural) == ("batch", "cronjobs") {
+        causes.extend(cronjob_causes(obj));
     }
     if rt.group.is_empty() && rt.plural == "events" {
         causes.extend(event_causes(obj));

@@ -23,8 +23,20 @@ pub(super) enum Program {
     Exit(i32),
 }
 
+/// Commands that end by themselves (each statement of a script must be one for the script to
+/// end): shell built-ins, the usual file and text tools, and one-shot interpreters.
+const FINITE: &[&str] = &[
+    "echo", "printf", "true", "false", ":", "date", "env", "printenv", "cat", "ls", "hostname",
+    "pwd", "id", "whoami", "uname", "test", "[", "mkdir", "touch", "rm", "cp", "mv", "ln", "wc",
+    "head", "grep", "sed", "awk", "sort", "uniq", "cut", "tr", "basename", "dirname", "expr",
+    "export", "cd", "set", "nslookup", "wget", "curl", "perl",
+];
+
 /// The program of `container`, read from its command and args: `sleep N` and `exit N`
-/// (e.g. in `sh -c "echo hi; exit 1"`); anything else runs for ever.
+/// (e.g. in `sh -c "echo hi; exit 1"`); a command, or a `sh -c` script, made only of commands
+/// that end by themselves ([`FINITE`], no loop) ends at once with the status of its last
+/// statement (`false` is 1); anything else (an image's own entrypoint, a server, a loop) runs
+/// for ever.
 pub(super) fn program(container: &Container) -> Program {
     let words: Vec<&str> = container
         .command
@@ -41,7 +53,40 @@ pub(super) fn program(container: &Container) -> Program {
             _ => {}
         }
     }
-    Program::Forever
+    finite(container).map_or(Program::Forever, Program::Exit)
+}
+
+/// The exit status of a command that ends by itself, `None` for one that may not.
+fn finite(container: &Container) -> Option<i32> {
+    let argv: Vec<&str> = container
+        .command
+        .iter()
+        .flatten()
+        .chain(container.args.iter().flatten())
+        .map(String::as_str)
+        .collect();
+    let base = |w: &str| w.rsplit('/').next().unwrap_or(w).to_owned();
+    let first = base(argv.first()?);
+    let statements: Vec<String> = if matches!(first.as_str(), "sh" | "bash" | "ash" | "dash")
+        && argv.get(1) == Some(&"-c")
+    {
+        argv.get(2)?
+            .split([';', '\n', '&', '|'])
+            .map(|s| s.trim().to_owned())
+            .filter(|s| !s.is_empty())
+            .collect()
+    } else {
+        vec![argv.join(" ")]
+    };
+    let mut status = 0;
+    for statement in &statements {
+        let name = base(statement.split_whitespace().next()?);
+        if !FINITE.contains(&name.as_str()) || statement.contains(" -f") && name == "tail" {
+            return None;
+        }
+        status = i32::from(name == "false");
+    }
+    Some(status)
 }
 
 const FIRST_BACK_OFF: Duration = Duration::from_secs(10);
@@ -363,6 +408,21 @@ mod tests {
     fn programs_are_read_from_the_command() {
         assert_eq!(program(&container("echo hi; sleep 5")), Program::Sleep(5));
         assert_eq!(program(&container("echo hi;exit 3")), Program::Exit(3));
+        assert_eq!(program(&container("echo tick")), Program::Exit(0));
+        assert_eq!(program(&container("date; echo done && true")), Program::Exit(0));
+        assert_eq!(program(&container("echo x; false")), Program::Exit(1));
+        assert_eq!(
+            program(&container("while true; do echo x; done")),
+            Program::Forever
+        );
+        assert_eq!(program(&container("nginx -g daemon off")), Program::Forever);
+        let perl: Container = serde_json::from_value(json!({"name": "pi", "image": "perl",
+            "command": ["perl", "-Mbignum=bpi", "-wle", "print bpi(20)"]}))
+        .unwrap_or_default();
+        assert_eq!(program(&perl), Program::Exit(0));
+        let image_entrypoint: Container =
+            serde_json::from_value(json!({"name": "web", "image": "nginx"})).unwrap_or_default();
+        assert_eq!(program(&image_entrypoint), Program::Forever);
         assert_eq!(
             program(&container("nginx -g daemon off;")),
             Program::Forever

@@ -3,6 +3,8 @@
 //! sandbox need it. They run in-process on the store and write through the same code paths as
 //! REST clients (admission, validation, defaults).
 
+mod cron;
+mod cronjob;
 mod daemonset;
 mod deployment;
 mod disruption;
@@ -18,6 +20,8 @@ mod scheduler;
 mod statefulset;
 mod volumes;
 
+pub(super) use cron::Schedule;
+pub(super) use cronjob::time_zone as cronjob_time_zone;
 pub(super) use disruption::evict;
 pub use volumes::{NO_PROVISIONER, provisioned_volume};
 
@@ -45,7 +49,8 @@ pub struct Controllers {
     pub node_grace: Duration,
     /// Endpoints and EndpointSlices from ready pods behind Services.
     pub endpoints: bool,
-    /// Deployments -> ReplicaSets -> Pods, StatefulSets, DaemonSets, Jobs, and
+    /// Deployments -> ReplicaSets -> Pods, StatefulSets, DaemonSets, CronJobs ->
+    /// Jobs -> Pods, and
     /// PodDisruptionBudgets.
     pub workloads: bool,
     /// Delete dependents of deleted owners, and pods of deleted nodes.
@@ -221,6 +226,7 @@ pub(super) fn start(state: &Arc<State>, stop: &CancellationToken) {
     spawn(c.workloads, |s, t| Box::pin(job::run(s, t)));
     spawn(c.workloads, |s, t| Box::pin(statefulset::run(s, t)));
     spawn(c.workloads, |s, t| Box::pin(daemonset::run(s, t)));
+    spawn(c.workloads, |s, t| Box::pin(cronjob::run(s, t)));
     spawn(c.workloads, |s, t| Box::pin(disruption::run(s, t)));
     spawn(c.endpoints, |s, t| Box::pin(endpoints::run(s, t)));
     spawn(c.node_lifecycle, |s, t| Box::pin(nodelifecycle::run(s, t)));
@@ -310,6 +316,48 @@ pub(super) fn template_hash(template: &Value) -> String {
         }
     }
     out
+}
+
+/// An event about `obj` as a kube-controller-manager loop records it (core/v1, with its
+/// component as source, first and last timestamps and a count).
+async fn record_event(
+    state: &State,
+    obj: &Value,
+    component: &str,
+    type_: &str,
+    reason: &str,
+    message: &str,
+) {
+    use super::meta;
+    let (Some(namespace), Some(name)) = (meta::namespace(obj), meta::name(obj)) else {
+        return;
+    };
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    let now = meta::now();
+    let event = serde_json::json!({
+        "apiVersion": "v1", "kind": "Event",
+        "metadata": {"name": format!("{name}.{nanos:x}"), "namespace": namespace},
+        "involvedObject": {"apiVersion": obj.get("apiVersion"), "kind": obj.get("kind"),
+            "namespace": namespace, "name": name, "uid": meta::meta_str(obj, "uid"),
+            "resourceVersion": meta::meta_str(obj, "resourceVersion")},
+        "type": type_, "reason": reason, "message": message,
+        "source": {"component": component},
+        "firstTimestamp": now, "lastTimestamp": now, "count": 1,
+        "reportingComponent": component, "reportingInstance": "",
+    });
+    if let Err(e) = create(
+        state,
+        *super::resources::ids::EVENTS,
+        Some(namespace),
+        event,
+        component,
+    )
+    .await
+    {
+        tracing::debug!(object = %name, error = ?e, "recording a controller event");
+    }
 }
 
 /// The identity controllers act as.
