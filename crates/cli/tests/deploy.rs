@@ -538,6 +538,34 @@ spec:
     assert!(ok, "logs: {err}");
     let (ok, out, err) = kubectl(&upper, &["exec", "deploy/app", "--", "hostname"]);
     assert!(ok && !out.is_empty(), "exec: {err}");
+    // `kubectl debug`: the ephemeral container goes down through the lower pod's
+    // `ephemeralcontainers` subresource and its status comes back up.
+    let app_pod = jsonpath(
+        &upper,
+        &["pods", "-l", "app=app"],
+        "{.items[0].metadata.name}",
+    );
+    let (ok, _, err) = kubectl(
+        &upper,
+        &[
+            "debug",
+            &app_pod,
+            "--image=busybox",
+            "-c",
+            "dbg",
+            "--",
+            "sleep",
+            "3600",
+        ],
+    );
+    assert!(ok, "debug: {err}");
+    until("the debug container reported upstairs", || {
+        jsonpath(
+            &upper,
+            &["pod", &app_pod],
+            "{.status.ephemeralContainerStatuses[0].name}",
+        ) == "dbg"
+    });
     until("kubectl top pods", || {
         kubectl(&upper, &["top", "pods", "-l", "app=app", "--no-headers"]).0
     });

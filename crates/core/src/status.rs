@@ -237,6 +237,7 @@ pub fn lost_status(upper: &Pod, lower_cluster: &str, now: &Time) -> PodStatus {
     for statuses in [
         &mut status.container_statuses,
         &mut status.init_container_statuses,
+        &mut status.ephemeral_container_statuses,
     ] {
         for cs in statuses.iter_mut().flatten() {
             terminate_unknown(cs, now);
@@ -514,6 +515,37 @@ mod tests {
         assert_eq!(
             (terminated.exit_code, terminated.reason.as_deref()),
             (137, Some("ContainerStatusUnknown"))
+        );
+    }
+
+    #[test]
+    fn a_lost_pods_running_ephemeral_container_is_terminated_too() {
+        let upper = bound_pod();
+        let mut lower = running_lower(&upper);
+        let running = lower.status.as_ref().unwrap().container_statuses.clone();
+        lower.status.as_mut().unwrap().ephemeral_container_statuses = running;
+        let mut synced = upper.clone();
+        synced.status = upper_status(&upper, &lower, &now());
+        assert!(
+            synced
+                .status
+                .as_ref()
+                .unwrap()
+                .ephemeral_container_statuses
+                .is_some(),
+            "mirrored up with the rest of the status"
+        );
+        let LowerAbsent::Lost(s) = on_lower_absent(&synced, "lower-1", &now()) else {
+            panic!("expected Lost");
+        };
+        let state = s.ephemeral_container_statuses.as_ref().unwrap()[0]
+            .state
+            .clone()
+            .unwrap();
+        assert!(state.running.is_none());
+        assert_eq!(
+            state.terminated.unwrap().reason.as_deref(),
+            Some("ContainerStatusUnknown")
         );
     }
 

@@ -343,6 +343,130 @@ async fn logs_and_exec_upstairs_reach_the_lower_pod() {
     stop.cancel();
 }
 
+/// `kubectl debug` upstairs: the ephemeral container added to the upper pod (through its
+/// `ephemeralcontainers` subresource) is added to the lower pod, runs there, its status comes
+/// back up, and its logs and exec go through the virtual node to it.
+#[tokio::test]
+async fn an_ephemeral_container_added_upstairs_runs_in_the_lower_pod_and_reports_back() {
+    use kube::api::{AttachParams, LogParams};
+    use tokio::io::AsyncReadExt;
+    let (env, stop) = start().await;
+    let (upper, lower) = (&env.clusters[0].client, &env.clusters[1].client);
+    let upper_pods: Api<Pod> = Api::namespaced(upper.clone(), "default");
+    let lower_pods: Api<Pod> = Api::namespaced(lower.clone(), "default");
+    upper_pods
+        .create(
+            &PostParams::default(),
+            &pod(
+                "web",
+                "vk-lower",
+                json!({"spec": {"containers": [{"name": "c", "image": "nginx:1.27",
+                    "command": ["sh", "-c", "echo app; sleep 100000"]}]}}),
+            ),
+        )
+        .await
+        .unwrap();
+    eventually(30, "running", || async {
+        (phase(&upper_pods, "web").await? == "Running").then_some(())
+    })
+    .await;
+    upper_pods
+        .patch_subresource(
+            "ephemeralcontainers",
+            "web",
+            &PatchParams::default(),
+            &Patch::Strategic(json!({"spec": {"ephemeralContainers": [{
+                "name": "dbg", "image": "busybox:1.36", "targetContainerName": "c",
+                "command": ["sh", "-c", "echo hi from debug; sleep 100000"]}]}})),
+        )
+        .await
+        .unwrap();
+    let below = eventually(30, "the ephemeral container in the lower pod", || async {
+        let p = lower_pods.get_opt("web").await.ok()??;
+        let e = p.spec?.ephemeral_containers?;
+        (e.len() == 1).then(|| e[0].clone())
+    })
+    .await;
+    assert_eq!(below.name, "dbg");
+    assert_eq!(below.image.as_deref(), Some("busybox:1.36"));
+    assert_eq!(below.target_container_name.as_deref(), Some("c"));
+    let status = eventually(30, "the ephemeral container's status upstairs", || async {
+        let s = upper_pods.get_opt("web").await.ok()??.status?;
+        let e = s.ephemeral_container_statuses?.into_iter().next()?;
+        e.state.as_ref()?.running.as_ref()?;
+        Some(e)
+    })
+    .await;
+    assert_eq!(status.name, "dbg");
+    assert_eq!(status.restart_count, 0);
+    let logs = upper_pods
+        .logs(
+            "web",
+            &LogParams {
+                container: Some("dbg".into()),
+                ..LogParams::default()
+            },
+        )
+        .await
+        .unwrap();
+    assert!(logs.contains("hi from debug\n"), "{logs}");
+    let mut exec = upper_pods
+        .exec(
+            "web",
+            ["echo", "in", "the", "debugger"],
+            &AttachParams::default().container("dbg").stderr(false),
+        )
+        .await
+        .unwrap();
+    let mut out = String::new();
+    exec.stdout()
+        .unwrap()
+        .read_to_string(&mut out)
+        .await
+        .unwrap();
+    assert_eq!(out, "in the debugger\n");
+
+    // A second one is added next to the first, which stays as it was.
+    upper_pods
+        .patch_subresource(
+            "ephemeralcontainers",
+            "web",
+            &PatchParams::default(),
+            &Patch::Strategic(json!({"spec": {"ephemeralContainers": [{
+                "name": "dbg2", "image": "busybox:1.36"}]}})),
+        )
+        .await
+        .unwrap();
+    eventually(
+        30,
+        "both ephemeral containers reported upstairs",
+        || async {
+            let s = upper_pods.get_opt("web").await.ok()??.status?;
+            let mut names: Vec<String> = s
+                .ephemeral_container_statuses?
+                .into_iter()
+                .map(|e| e.name)
+                .collect();
+            names.sort();
+            (names == ["dbg", "dbg2"]).then_some(())
+        },
+    )
+    .await;
+    let lower_names: Vec<String> = lower_pods
+        .get("web")
+        .await
+        .unwrap()
+        .spec
+        .unwrap()
+        .ephemeral_containers
+        .unwrap()
+        .into_iter()
+        .map(|e| e.name)
+        .collect();
+    assert_eq!(lower_names, ["dbg", "dbg2"]);
+    stop.cancel();
+}
+
 /// The lower API server stops answering for 60 s: the virtual node stays Ready (so the upper
 /// cluster evicts nothing), keeps its lease, says the lower cluster is unreachable and takes no
 /// new pods (NoSchedule taint); afterwards it recovers by itself and offloading resumes.

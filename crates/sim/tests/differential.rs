@@ -513,6 +513,91 @@ fn cases() -> Vec<Case> {
             "node: proxy of a missing node",
             "/api/v1/nodes/missing/proxy/healthz",
         ),
+        // Ephemeral containers (`kubectl debug`): only through the subresource, added never
+        // changed or removed, named apart from every other container, without ports, probes,
+        // resources or lifecycle.
+        get("ephemeral: get", format!("{run}/ephemeralcontainers")),
+        patch(
+            "ephemeral: add (strategic)",
+            format!("{run}/ephemeralcontainers"),
+            STRATEGIC,
+            json!({"spec": {"ephemeralContainers": [{"name": "dbg", "image": "busybox:1.36",
+                "command": ["sh"], "stdin": true, "targetContainerName": "c"}]}}),
+        ),
+        wait(
+            "ephemeral: dbg reported",
+            &run,
+            "/status/ephemeralContainerStatuses/0/name",
+            json!("dbg"),
+        ),
+        get("ephemeral: pod with its status", &run),
+        get("ephemeral: log", format!("{run}/log?container=dbg")),
+        patch(
+            "ephemeral: change an existing one",
+            format!("{run}/ephemeralcontainers"),
+            STRATEGIC,
+            json!({"spec": {"ephemeralContainers": [{"name": "dbg", "image": "busybox:1.37"}]}}),
+        ),
+        patch(
+            "ephemeral: remove (merge patch)",
+            format!("{run}/ephemeralcontainers"),
+            MERGE,
+            json!({"spec": {"ephemeralContainers": []}}),
+        ),
+        patch(
+            "ephemeral: name of a container",
+            format!("{run}/ephemeralcontainers"),
+            STRATEGIC,
+            json!({"spec": {"ephemeralContainers": [{"name": "c", "image": "busybox:1.36"}]}}),
+        ),
+        patch(
+            "ephemeral: ports, resources, probe, missing target",
+            format!("{run}/ephemeralcontainers"),
+            STRATEGIC,
+            json!({"spec": {"ephemeralContainers": [{"name": "bad", "image": "busybox:1.36",
+                "targetContainerName": "nope", "ports": [{"containerPort": 81}],
+                "resources": {"requests": {"cpu": "1"}},
+                "readinessProbe": {"exec": {"command": ["true"]}}}]}}),
+        ),
+        put(
+            "ephemeral: update (PUT) adding one",
+            format!("{run}/ephemeralcontainers"),
+            {
+                let mut p = running_pod("run");
+                p["metadata"]["namespace"] = json!(NS);
+                p["spec"]["ephemeralContainers"] = json!([
+                {"name": "dbg", "image": "busybox:1.36", "command": ["sh"], "stdin": true,
+                 "targetContainerName": "c", "imagePullPolicy": "IfNotPresent",
+                 "terminationMessagePath": "/dev/termination-log",
+                 "terminationMessagePolicy": "File"},
+                {"name": "dbg2", "image": "busybox", "command": ["sleep", "3600"]}]);
+                p
+            },
+        ),
+        patch(
+            "ephemeral: add (json patch)",
+            format!("{run}/ephemeralcontainers"),
+            JSON_PATCH,
+            json!([{"op": "add", "path": "/spec/ephemeralContainers/-",
+                "value": {"name": "dbg3", "image": "busybox:1.36"}}]),
+        ),
+        patch(
+            "ephemeral: through the pod itself",
+            &run,
+            STRATEGIC,
+            json!({"spec": {"ephemeralContainers": [{"name": "dbg9", "image": "busybox:1.36"}]}}),
+        ),
+        post("ephemeral: create a pod with one", &pods, {
+            let mut p = running_pod("with-ephemeral");
+            p["spec"]["ephemeralContainers"] = json!([{"name": "e", "image": "busybox:1.36"}]);
+            p
+        }),
+        patch(
+            "ephemeral: on a pod without the subresource",
+            format!("{}/ephemeralcontainers", ns("services/missing")),
+            STRATEGIC,
+            json!({}),
+        ),
         // Services and endpoints (before pod run goes: the endpoints of `web` list it).
         post(
             "service: create ClusterIP",

@@ -443,3 +443,89 @@ fn a_shell_with_and_without_a_terminal_kubectl_cp_and_attach_without_stdin() {
         seen.push_str(&String::from_utf8_lossy(&buf[..n]));
     }
 }
+
+#[test]
+fn kubectl_debug_adds_ephemeral_containers_with_logs_status_exec_and_stdin() {
+    let env = setup();
+    env.ok(&[
+        "debug",
+        "web",
+        "--image=busybox",
+        "-c",
+        "dbg",
+        "--",
+        "sh",
+        "-c",
+        "echo hi from debug",
+    ]);
+    env.until("the debug container's log", || {
+        let out = env.run(&["logs", "web", "-c", "dbg"], &[], None);
+        String::from_utf8_lossy(&out.stdout).contains("hi from debug\n")
+    });
+    env.until("the debug container's status", || {
+        env.ok(&[
+            "get",
+            "pod",
+            "web",
+            "-o",
+            "jsonpath={.status.ephemeralContainerStatuses[0].name}",
+        ]) == "dbg"
+    });
+    assert_eq!(
+        env.ok(&["exec", "web", "-c", "dbg", "--", "echo", "inside"]),
+        "inside\n"
+    );
+    // The pod's own containers are untouched and the pod stays ready.
+    assert_eq!(
+        env.ok(&[
+            "get",
+            "pod",
+            "web",
+            "-o",
+            "jsonpath={.spec.containers[*].name} {.status.containerStatuses[0].restartCount} {.status.conditions[?(@.type==\"Ready\")].status}",
+        ]),
+        "web 0 True"
+    );
+
+    // A second debug container reading its stdin: what is piped in reaches its shell.
+    let out = env.run(
+        &[
+            "debug",
+            "-i",
+            "web",
+            "--image=busybox",
+            "-c",
+            "dbg2",
+            "--",
+            "sh",
+        ],
+        &[],
+        Some(b"echo hello from stdin\nexit\n"),
+    );
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("hello from stdin\n"),
+        "kubectl debug -i: {}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        env.ok(&[
+            "get",
+            "pod",
+            "web",
+            "-o",
+            "jsonpath={.spec.ephemeralContainers[*].name}",
+        ]),
+        "dbg dbg2"
+    );
+
+    // A name taken by a container is refused by the API server.
+    let out = env.run(
+        &["debug", "web", "--image=busybox", "-c", "web", "--", "true"],
+        &[],
+        None,
+    );
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("Duplicate value"), "{err}");
+}

@@ -127,24 +127,26 @@ pub(super) async fn dispatch(
             Ok(opts) => delete_collection(&state, &r, &q, opts),
             Err(e) => Err(e),
         },
-        (&Method::GET, Some(n), None | Some("status")) => get(&state, &r, n).map(|(code, v)| {
-            if as_table {
-                (
-                    code,
-                    table::table(
-                        rt,
-                        &[v],
-                        state.store.current_rv(),
-                        q.get("includeObject"),
-                        true,
-                        None,
-                    ),
-                )
-            } else {
-                (code, v)
-            }
-        }),
-        (&Method::PUT, Some(n), s @ (None | Some("status"))) => {
+        (&Method::GET, Some(n), None | Some("status" | "ephemeralcontainers")) => {
+            get(&state, &r, n).map(|(code, v)| {
+                if as_table {
+                    (
+                        code,
+                        table::table(
+                            rt,
+                            &[v],
+                            state.store.current_rv(),
+                            q.get("includeObject"),
+                            true,
+                            None,
+                        ),
+                    )
+                } else {
+                    (code, v)
+                }
+            })
+        }
+        (&Method::PUT, Some(n), s @ (None | Some("status" | "ephemeralcontainers"))) => {
             match read_object(&state, req).await {
                 Ok(body) => update(&state, &r, n, body, &q, &user, subresource(s))
                     .await
@@ -152,7 +154,7 @@ pub(super) async fn dispatch(
                 Err(e) => Err(e),
             }
         }
-        (&Method::PATCH, Some(n), s @ (None | Some("status"))) => {
+        (&Method::PATCH, Some(n), s @ (None | Some("status" | "ephemeralcontainers"))) => {
             let content_type = content_type(&req);
             match read_bytes(&state, req).await {
                 Ok(body) => {
@@ -193,10 +195,10 @@ pub(super) async fn dispatch(
 }
 
 fn subresource(s: Option<&str>) -> Subresource {
-    if s == Some("status") {
-        Subresource::Status
-    } else {
-        Subresource::Main
+    match s {
+        Some("status") => Subresource::Status,
+        Some("ephemeralcontainers") => Subresource::EphemeralContainers,
+        _ => Subresource::Main,
     }
 }
 
@@ -616,7 +618,7 @@ async fn write_loop(
         } else {
             new
         };
-        strategy::validate(state, rt, &new, Some(&current.object))?;
+        strategy::validate_update(state, rt, &new, &current.object, sub)?;
         if same_object(&new, &current.object) {
             return Ok(entry_value(&current));
         }

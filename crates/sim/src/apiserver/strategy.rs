@@ -27,6 +27,8 @@ pub(super) enum Subresource {
     Main,
     /// The `status` subresource (only the status changes).
     Status,
+    /// A pod's `ephemeralcontainers` subresource (only `spec.ephemeralContainers` changes).
+    EphemeralContainers,
 }
 
 /// Patch content types.
@@ -451,7 +453,7 @@ fn default_pod_spec(spec: &mut Value) {
     set_default(spec, "terminationGracePeriodSeconds", json!(30));
     set_default(spec, "securityContext", json!({}));
     set_default(spec, "schedulerName", json!("default-scheduler"));
-    for list in ["containers", "initContainers"] {
+    for list in ["containers", "initContainers", "ephemeralContainers"] {
         if let Some(cs) = spec.get_mut(list).and_then(Value::as_array_mut) {
             for c in cs {
                 default_container(c);
@@ -897,37 +899,17 @@ pub(super) fn validate(
 ) -> Result<(), ApiError> {
     let name = meta::name(obj).unwrap_or_default();
     if rt.plural == "pods" && rt.group.is_empty() {
-        let mut causes = Vec::new();
-        let containers = obj.pointer("/spec/containers").and_then(Value::as_array);
-        if containers.is_none_or(Vec::is_empty) {
-            causes.push(("spec.containers".to_owned(), "Required value".to_owned()));
-        }
-        let mut seen = BTreeSet::new();
-        for (list, cs) in [
-            ("containers", containers),
-            (
-                "initContainers",
-                obj.pointer("/spec/initContainers")
-                    .and_then(Value::as_array),
-            ),
-        ] {
-            for (i, c) in cs.into_iter().flatten().enumerate() {
-                let cname = c.get("name").and_then(Value::as_str).unwrap_or_default();
-                if cname.is_empty() {
-                    causes.push((format!("spec.{list}[{i}].name"), "Required value".into()));
-                } else if !seen.insert(cname.to_owned()) {
-                    causes.push((
-                        format!("spec.{list}[{i}].name"),
-                        format!("Duplicate value: {cname:?}"),
-                    ));
-                }
-                if c.get("image")
-                    .and_then(Value::as_str)
-                    .is_none_or(str::is_empty)
-                {
-                    causes.push((format!("spec.{list}[{i}].image"), "Required value".into()));
-                }
-            }
+        let mut causes = pod_spec_causes(obj);
+        if old.is_none()
+            && obj
+                .pointer("/spec/ephemeralContainers")
+                .and_then(Value::as_array)
+                .is_some_and(|e| !e.is_empty())
+        {
+            causes.push((
+                "spec.ephemeralContainers".into(),
+                "Forbidden: cannot be set on create".into(),
+            ));
         }
         if let Some(old) = old
             && let Some(cause) = pod_update_forbidden(old, obj)
@@ -961,6 +943,257 @@ pub(super) fn validate(
         ));
     }
     Ok(())
+}
+
+/// `validatePodMetadataAndSpec`, the parts the simulator checks: containers present, named
+/// uniquely, with images; and the ephemeral containers' rules.
+fn pod_spec_causes(obj: &Value) -> Vec<(String, String)> {
+    let mut causes = Vec::new();
+    let containers = obj.pointer("/spec/containers").and_then(Value::as_array);
+    if containers.is_none_or(Vec::is_empty) {
+        causes.push(("spec.containers".to_owned(), "Required value".to_owned()));
+    }
+    let mut seen = BTreeSet::new();
+    for (list, cs) in [
+        ("containers", containers),
+        (
+            "initContainers",
+            obj.pointer("/spec/initContainers")
+                .and_then(Value::as_array),
+        ),
+    ] {
+        for (i, c) in cs.into_iter().flatten().enumerate() {
+            let cname = c.get("name").and_then(Value::as_str).unwrap_or_default();
+            if cname.is_empty() {
+                causes.push((format!("spec.{list}[{i}].name"), "Required value".into()));
+            } else if !seen.insert(cname.to_owned()) {
+                causes.push((
+                    format!("spec.{list}[{i}].name"),
+                    format!("Duplicate value: {cname:?}"),
+                ));
+            }
+            if c.get("image")
+                .and_then(Value::as_str)
+                .is_none_or(str::is_empty)
+            {
+                causes.push((format!("spec.{list}[{i}].image"), "Required value".into()));
+            }
+        }
+    }
+    causes.extend(ephemeral_container_causes(obj));
+    causes
+}
+
+/// Validation of an update through a subresource: the `ephemeralcontainers` one validates
+/// the pod and the change of its ephemeral containers (`ValidatePodEphemeralContainersUpdate`),
+/// the others as [`validate`].
+pub(super) fn validate_update(
+    state: &State,
+    rt: &ResourceType,
+    new: &Value,
+    old: &Value,
+    sub: Subresource,
+) -> Result<(), ApiError> {
+    if sub != Subresource::EphemeralContainers {
+        return validate(state, rt, new, Some(old));
+    }
+    let name = meta::name(new).unwrap_or_default();
+    if meta::string_map(old.pointer("/metadata/annotations")).contains_key(MIRROR_POD_ANNOTATION) {
+        return Err(ApiError::invalid(
+            rt.group,
+            rt.kind,
+            name,
+            &[(
+                String::new(),
+                "Forbidden: static pods do not support ephemeral containers".into(),
+            )],
+        ));
+    }
+    let mut causes = pod_spec_causes(new);
+    causes.extend(super::volume_strategy::validate(rt, new));
+    causes.extend(ephemeral_change_causes(old, new));
+    if causes.is_empty() {
+        Ok(())
+    } else {
+        Err(ApiError::invalid(rt.group, rt.kind, name, &causes))
+    }
+}
+
+/// The annotation of a static (mirror) pod.
+const MIRROR_POD_ANNOTATION: &str = "kubernetes.io/config.mirror";
+
+/// The fields of an ephemeral container that kube's `allowedEphemeralContainerFields` leaves
+/// out, in the order of the Go struct (the order the causes come in).
+const EPHEMERAL_FORBIDDEN_FIELDS: &[&str] = &[
+    "ports",
+    "resources",
+    "resizePolicy",
+    "restartPolicy",
+    "restartPolicyRules",
+    "livenessProbe",
+    "readinessProbe",
+    "startupProbe",
+    "lifecycle",
+];
+
+/// Whether a JSON value is what Go decodes to a zero value (an unset field).
+fn is_zero(v: &Value) -> bool {
+    match v {
+        Value::Null => true,
+        Value::Bool(b) => !b,
+        Value::Number(n) => n.as_f64() == Some(0.0),
+        Value::String(s) => s.is_empty(),
+        Value::Array(a) => a.is_empty(),
+        Value::Object(o) => o.values().all(is_zero),
+    }
+}
+
+/// `validateEphemeralContainers`: names present and unique across containers, init containers
+/// and ephemeral containers; an image; a target that is an ordinary or init container; none of
+/// the fields ephemeral containers may not have (ports, resources, probes, lifecycle, ...); no
+/// sub-path mounts.
+fn ephemeral_container_causes(pod: &Value) -> Vec<(String, String)> {
+    let Some(ephemeral) = pod
+        .pointer("/spec/ephemeralContainers")
+        .and_then(Value::as_array)
+    else {
+        return Vec::new();
+    };
+    let names = |list: &str| -> Vec<String> {
+        pod.pointer(&format!("/spec/{list}"))
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .filter_map(|c| c.get("name").and_then(Value::as_str))
+            .map(str::to_owned)
+            .collect()
+    };
+    let others: BTreeSet<String> = names("containers")
+        .into_iter()
+        .chain(names("initContainers"))
+        .collect();
+    let mut all = others.clone();
+    let mut causes = Vec::new();
+    for (i, c) in ephemeral.iter().enumerate() {
+        let at = format!("spec.ephemeralContainers[{i}]");
+        let cname = c.get("name").and_then(Value::as_str).unwrap_or_default();
+        if cname.is_empty() {
+            causes.push((format!("{at}.name"), "Required value".into()));
+        }
+        if c.get("image")
+            .and_then(Value::as_str)
+            .is_none_or(str::is_empty)
+        {
+            causes.push((format!("{at}.image"), "Required value".into()));
+        }
+        if !cname.is_empty() && !all.insert(cname.to_owned()) {
+            causes.push((format!("{at}.name"), format!("Duplicate value: {cname:?}")));
+        }
+        if let Some(target) = c
+            .get("targetContainerName")
+            .and_then(Value::as_str)
+            .filter(|t| !t.is_empty())
+            && !others.contains(target)
+        {
+            causes.push((
+                format!("{at}.targetContainerName"),
+                format!("Not found: {target:?}"),
+            ));
+        }
+        for field in EPHEMERAL_FORBIDDEN_FIELDS {
+            if c.get(*field).is_some_and(|v| !is_zero(v)) {
+                causes.push((
+                    format!("{at}.{field}"),
+                    "Forbidden: cannot be set for an Ephemeral Container".into(),
+                ));
+            }
+        }
+        for (j, m) in c
+            .get("volumeMounts")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .enumerate()
+        {
+            for field in ["subPath", "subPathExpr"] {
+                if m.get(field).is_some_and(|v| !is_zero(v)) {
+                    causes.push((
+                        format!("{at}.volumeMounts[{j}].{field}"),
+                        "Forbidden: cannot be set for an Ephemeral Container".into(),
+                    ));
+                }
+            }
+        }
+    }
+    causes
+}
+
+/// The change rule of the `ephemeralcontainers` subresource: existing ephemeral containers
+/// may be neither removed nor changed (compared by name, as a patch may reorder them).
+fn ephemeral_change_causes(old: &Value, new: &Value) -> Vec<(String, String)> {
+    let list = |pod: &Value| -> Vec<Value> {
+        pod.pointer("/spec/ephemeralContainers")
+            .and_then(Value::as_array)
+            .cloned()
+            .unwrap_or_default()
+    };
+    let name = |c: &Value| {
+        c.get("name")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_owned()
+    };
+    let new_list = list(new);
+    let mut causes = Vec::new();
+    for before in list(old) {
+        let n = name(&before);
+        match new_list.iter().find(|c| name(c) == n) {
+            None => causes.push((
+                "spec.ephemeralContainers".into(),
+                format!("Forbidden: existing ephemeral containers {n:?} may not be removed\n"),
+            )),
+            Some(after) => {
+                let diff = field_diff(&before, after);
+                if !diff.is_empty() {
+                    causes.push((
+                        "spec.ephemeralContainers".into(),
+                        format!(
+                            "Forbidden: existing ephemeral containers {n:?} may not be changed\n{diff}"
+                        ),
+                    ));
+                }
+            }
+        }
+    }
+    causes
+}
+
+/// The fields two objects differ in, one `-`/`+` pair of lines per field (zero values count as
+/// absent, as Go's semantic equality sees them). Empty when equal.
+fn field_diff(before: &Value, after: &Value) -> String {
+    let empty = serde_json::Map::new();
+    let (b, a) = (
+        before.as_object().unwrap_or(&empty),
+        after.as_object().unwrap_or(&empty),
+    );
+    let keys: BTreeSet<&String> = b.keys().chain(a.keys()).collect();
+    let mut out = String::new();
+    for k in keys {
+        let (x, y) = (
+            b.get(k).unwrap_or(&Value::Null),
+            a.get(k).unwrap_or(&Value::Null),
+        );
+        if x == y || (is_zero(x) && is_zero(y)) {
+            continue;
+        }
+        if !is_zero(x) {
+            out.push_str(&format!("- {k}: {x}\n"));
+        }
+        if !is_zero(y) {
+            out.push_str(&format!("+ {k}: {y}\n"));
+        }
+    }
+    out
 }
 
 /// What `ValidateService` (and its update rule) says of the fields the simulator keeps: port
@@ -1297,6 +1530,10 @@ pub(super) fn prepare_update(rt: &ResourceType, new: &mut Value, old: &Value, su
         super::volume_strategy::prepare_status_update(rt, new, old);
         return;
     }
+    if sub == Subresource::EphemeralContainers {
+        prepare_ephemeral_update(new, old);
+        return;
+    }
     let old_meta = old
         .get("metadata")
         .and_then(Value::as_object)
@@ -1338,6 +1575,53 @@ pub(super) fn prepare_update(rt: &ResourceType, new: &mut Value, old: &Value, su
                     o.remove("status");
                 }
             }
+        }
+    }
+}
+
+/// The `ephemeralcontainers` subresource's update: the stored pod with only its
+/// `spec.ephemeralContainers` from the request (defaulted as containers are), its generation
+/// moved when that changed the spec (`dropNonEphemeralContainerUpdates`, `updatePodGeneration`).
+fn prepare_ephemeral_update(new: &mut Value, old: &Value) {
+    let mut ephemeral = new
+        .pointer("/spec/ephemeralContainers")
+        .filter(|v| !v.is_null())
+        .cloned();
+    for c in ephemeral
+        .as_mut()
+        .and_then(Value::as_array_mut)
+        .into_iter()
+        .flatten()
+    {
+        default_container(c);
+    }
+    let rv = meta::meta_str(new, "resourceVersion").map(str::to_owned);
+    *new = old.clone();
+    if !new.get("spec").is_some_and(Value::is_object) {
+        new["spec"] = json!({});
+    }
+    match ephemeral {
+        Some(e) => new["spec"]["ephemeralContainers"] = e,
+        None => {
+            if let Some(spec) = new["spec"].as_object_mut() {
+                spec.remove("ephemeralContainers");
+            }
+        }
+    }
+    if new.get("spec") != old.get("spec") {
+        let g = old
+            .pointer("/metadata/generation")
+            .and_then(Value::as_i64)
+            .unwrap_or(0)
+            + 1;
+        meta_mut(new).insert("generation".into(), json!(g));
+    }
+    match rv {
+        Some(rv) => {
+            meta_mut(new).insert("resourceVersion".into(), json!(rv));
+        }
+        None => {
+            meta_mut(new).remove("resourceVersion");
         }
     }
 }

@@ -83,6 +83,11 @@ impl SimBackend {
             .chain(spec.init_containers.iter().flatten())
             .find(|c| c.name == name)
             .cloned()
+            .or_else(|| {
+                super::ephemeral_containers(&pod)
+                    .into_iter()
+                    .find(|c| c.name == name)
+            })
             .ok_or_else(|| {
                 BackendError::new(format!("container {name} is not valid for pod {}", r.name))
             })?;
@@ -151,8 +156,24 @@ impl StreamBackend for SimBackend {
     }
 
     async fn attach(&self, request: AttachRequest, mut io: ExecIo) -> ExitStatus {
-        if let Err(e) = self.container(&request.pod, &request.container) {
-            return ExitStatus::Error(e.to_string());
+        let (pod, container) = match self.container(&request.pod, &request.container) {
+            Ok(x) => x,
+            Err(e) => return ExitStatus::Error(e.to_string()),
+        };
+        if io.stdin.is_some()
+            && let Some(argv) = shell_session(&container)
+        {
+            // The main process is an interactive shell (`kubectl run -i -- sh`, `kubectl debug
+            // -it`): the one attached to talks to that shell.
+            let fs = self.shared.files_of(&pod, &container.name);
+            let ctx = super::shell::Context {
+                pod: &pod,
+                container: &container,
+                client: &self.shared.client,
+                allocatable: self.allocatable(),
+                fs,
+            };
+            return super::shell::exec(&ctx, argv, &mut io).await;
         }
         write_out(&mut io, &format!("attached to {}\n", request.container)).await;
         if io.stdin.is_some() {
@@ -200,6 +221,27 @@ impl StreamBackend for SimBackend {
         });
         Ok(PortForwardStream::new(theirs))
     }
+}
+
+/// The command line of a container whose main process is a shell reading its stdin: `stdin`
+/// set and a command of `sh`, `bash` or `ash` with no script.
+fn shell_session(c: &Container) -> Option<Vec<String>> {
+    if c.stdin != Some(true) {
+        return None;
+    }
+    let argv: Vec<String> = c
+        .command
+        .iter()
+        .flatten()
+        .chain(c.args.iter().flatten())
+        .cloned()
+        .collect();
+    let program = argv.first()?.rsplit('/').next()?;
+    let flags_only = argv
+        .iter()
+        .skip(1)
+        .all(|f| matches!(f.as_str(), "-i" | "-l" | "-il" | "-li"));
+    (matches!(program, "sh" | "bash" | "ash") && flags_only).then_some(argv)
 }
 
 async fn copy_stdin(io: &mut ExecIo) -> io::Result<()> {
@@ -398,6 +440,7 @@ impl KubeletBackend for SimBackend {
                     .iter()
                     .flatten()
                     .chain(s.init_container_statuses.iter().flatten())
+                    .chain(s.ephemeral_container_statuses.iter().flatten())
             })
             .find(|s| s.name == container)
             .map_or(0, |s| s.restart_count);

@@ -177,6 +177,29 @@ impl Lifecycle {
         }
     }
 
+    /// Starts one more container at `now` (an ephemeral container added to a running pod),
+    /// held by `error` when its configuration has one.
+    pub(super) fn add(&mut self, container: &Container, error: Option<String>, now: Timestamp) {
+        self.runs.push(Run {
+            name: container.name.clone(),
+            image: container.image.clone().unwrap_or_default(),
+            program: program(container),
+            attempt: 0,
+            started_once: error.is_none(),
+            state: match error {
+                Some(e) => State::ConfigError(e),
+                None => State::Running(now),
+            },
+            last: None,
+            back_off: Duration::ZERO,
+        });
+    }
+
+    /// Whether a container of this name runs here.
+    pub(super) fn has(&self, name: &str) -> bool {
+        self.runs.iter().any(|r| r.name == name)
+    }
+
     /// The indexes of the containers held by a configuration error.
     pub(super) fn blocked(&self) -> Vec<usize> {
         (0..self.runs.len())
@@ -328,6 +351,16 @@ impl Lifecycle {
 
     /// `status.containerStatuses`, for the pod with `pod_uid`, `pod` (name) and `namespace`.
     pub(super) fn container_statuses(&self, pod_uid: &str, pod: &str, namespace: &str) -> Value {
+        self.statuses(pod_uid, pod, namespace, false)
+    }
+
+    /// `status.ephemeralContainerStatuses`: as [`Self::container_statuses`], but never ready
+    /// and without `started` (no prober looks at ephemeral containers).
+    pub(super) fn ephemeral_statuses(&self, pod_uid: &str, pod: &str, namespace: &str) -> Value {
+        self.statuses(pod_uid, pod, namespace, true)
+    }
+
+    fn statuses(&self, pod_uid: &str, pod: &str, namespace: &str, ephemeral: bool) -> Value {
         let terminated = |e: &Ended, name: &str| {
             json!({"terminated": {
                 "exitCode": e.exit_code,
@@ -366,6 +399,10 @@ impl Lifecycle {
                     "ready": running, "restartCount": r.attempt, "started": running,
                     "state": state, "lastState": last,
                 });
+                if ephemeral && let Some(m) = status.as_object_mut() {
+                    m.insert("ready".into(), json!(false));
+                    m.remove("started");
+                }
                 if r.started_once {
                     status["containerID"] = json!(container_id(pod_uid, &r.name, r.attempt));
                 }
@@ -494,6 +531,25 @@ mod tests {
         let s = ok.container_statuses("u", "p", "ns");
         assert_eq!(s[0]["state"]["terminated"]["reason"], "Completed");
         assert_eq!(s[0]["lastState"], json!({}));
+    }
+
+    #[test]
+    fn an_added_ephemeral_container_runs_once_and_is_never_ready_or_restarted() {
+        let mut l = Lifecycle::start(&[], Some("Never"), &[], t(0));
+        assert!(!l.has("dbg"));
+        let mut dbg = container("echo hi; exit 2");
+        dbg.name = "dbg".into();
+        l.add(&dbg, None, t(5));
+        assert!(l.has("dbg"));
+        let s = l.ephemeral_statuses("u", "p", "ns");
+        assert_eq!(s[0]["state"]["running"]["startedAt"], time_string(t(5)));
+        assert_eq!(s[0]["ready"], false);
+        assert!(s[0].get("started").is_none());
+        l.advance(t(6));
+        let s = l.ephemeral_statuses("u", "p", "ns");
+        assert_eq!(s[0]["state"]["terminated"]["exitCode"], 2);
+        assert_eq!(s[0]["restartCount"], 0);
+        assert_eq!(l.next_wake(), None, "never restarted");
     }
 
     #[test]

@@ -26,13 +26,13 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::{Container, Node, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::runtime::{WatchStreamExt, watcher};
 use serde_json::{Value, json};
-use tokio::sync::Mutex;
+use tokio::sync::{Mutex, watch};
 use tokio_util::sync::CancellationToken;
 
 use crate::apiserver::meta::time_string;
@@ -144,11 +144,31 @@ struct Shared {
     /// node name -> (index, next host number)
     ips: Mutex<HashMap<String, (usize, u32)>>,
     /// pod uid -> the program task running its containers
-    running: Mutex<HashMap<String, CancellationToken>>,
+    running: Mutex<HashMap<String, Running>>,
     /// (namespace, name) -> the pods bound to our nodes, for the kubelet API
     pods: std::sync::Mutex<HashMap<(String, String), Pod>>,
     /// (pod uid, container) -> the files of the container that `exec` sees
     files: std::sync::Mutex<shell::Files>,
+}
+
+/// The task running one pod's containers.
+struct Running {
+    stop: CancellationToken,
+    /// The pod's ephemeral containers as last seen, for the task to start the new ones.
+    ephemeral: watch::Sender<Vec<Container>>,
+}
+
+/// A pod's ephemeral containers, as the containers they are run as (`kubectl debug`).
+fn ephemeral_containers(pod: &Pod) -> Vec<Container> {
+    pod.spec
+        .iter()
+        .flat_map(|s| s.ephemeral_containers.iter().flatten())
+        .filter_map(|e| {
+            serde_json::to_value(e)
+                .and_then(serde_json::from_value::<Container>)
+                .ok()
+        })
+        .collect()
 }
 
 impl Shared {
@@ -411,8 +431,8 @@ async fn pods(shared: Arc<Shared>, stop: CancellationToken) {
                 }
                 if let Some(uid) = pod.metadata.uid {
                     shared.forget_files(&uid);
-                    if let Some(t) = shared.running.lock().await.remove(&uid) {
-                        t.cancel();
+                    if let Some(r) = shared.running.lock().await.remove(&uid) {
+                        r.stop.cancel();
                     }
                 }
             }
@@ -456,8 +476,8 @@ async fn handle(shared: &Arc<Shared>, stop: &CancellationToken, pod: Pod) {
     };
     let api: Api<Pod> = Api::namespaced(shared.client.clone(), &ns);
     if pod.metadata.deletion_timestamp.is_some() {
-        if let Some(t) = shared.running.lock().await.remove(&uid) {
-            t.cancel();
+        if let Some(r) = shared.running.lock().await.remove(&uid) {
+            r.stop.cancel();
         }
         // The containers are stopped: finish the graceful deletion.
         let dp = DeleteParams {
@@ -476,7 +496,19 @@ async fn handle(shared: &Arc<Shared>, stop: &CancellationToken, pod: Pod) {
         .as_ref()
         .and_then(|s| s.phase.as_deref())
         .unwrap_or("Pending");
-    if matches!(phase, "Succeeded" | "Failed") || shared.running.lock().await.contains_key(&uid) {
+    if matches!(phase, "Succeeded" | "Failed") {
+        return;
+    }
+    if let Some(r) = shared.running.lock().await.get(&uid) {
+        // Running already: only ephemeral containers can have been added.
+        let wanted = ephemeral_containers(&pod);
+        r.ephemeral.send_if_modified(|have| {
+            let changed = *have != wanted;
+            if changed {
+                *have = wanted;
+            }
+            changed
+        });
         return;
     }
     let started_before = pod.status.as_ref().and_then(|s| s.pod_ip.clone());
@@ -497,11 +529,14 @@ async fn handle(shared: &Arc<Shared>, stop: &CancellationToken, pod: Pod) {
         }
     };
     let token = stop.child_token();
-    shared
-        .running
-        .lock()
-        .await
-        .insert(uid.clone(), token.clone());
+    let (ephemeral, ephemeral_rx) = watch::channel(ephemeral_containers(&pod));
+    shared.running.lock().await.insert(
+        uid.clone(),
+        Running {
+            stop: token.clone(),
+            ephemeral,
+        },
+    );
     tokio::spawn(run_pod(
         shared.clone(),
         api,
@@ -509,7 +544,7 @@ async fn handle(shared: &Arc<Shared>, stop: &CancellationToken, pod: Pod) {
         node,
         node_ip(&shared.config, index),
         ip,
-        token,
+        (token, ephemeral_rx),
     ));
 }
 
@@ -519,7 +554,8 @@ const CONFIG_RETRY: Duration = Duration::from_secs(2);
 
 /// Runs a pod's containers ([`containers::Lifecycle`]) until they end for good or the pod is
 /// deleted, writing the pod's status whenever it changes and a `BackOff` event when a
-/// container waits before a restart.
+/// container waits before a restart. Ephemeral containers sent on `ephemeral` start when they
+/// appear and run once (never restarted, never ready), reported apart.
 async fn run_pod(
     shared: Arc<Shared>,
     api: Api<Pod>,
@@ -527,7 +563,7 @@ async fn run_pod(
     node: String,
     host_ip: String,
     pod_ip: String,
-    stop: CancellationToken,
+    (stop, mut ephemeral): (CancellationToken, watch::Receiver<Vec<Container>>),
 ) {
     let Some(spec) = pod.spec.clone() else { return };
     let name = pod.metadata.name.clone().unwrap_or_default();
@@ -551,6 +587,8 @@ async fn run_pod(
         &errors,
         start,
     );
+    let mut debug = containers::Lifecycle::start(&[], Some("Never"), &[], start);
+    let mut debug_specs: Vec<Container> = Vec::new();
     let init_statuses: Vec<Value> = spec.init_containers.iter().flatten().map(|c| json!({
         "name": c.name, "image": c.image, "imageID": format!("sim://{}", c.image.clone().unwrap_or_default()),
         "containerID": containers::container_id(&uid, &c.name, 0), "ready": true, "restartCount": 0, "started": false,
@@ -561,7 +599,16 @@ async fn run_pod(
     let mut ready_since: Option<(bool, String)> = None;
     let mut sent: Option<Value> = None;
     loop {
+        let wanted = ephemeral.borrow_and_update().clone();
+        for c in wanted {
+            if !debug.has(&c.name) {
+                let error = config_error(&shared.client, &pod, &c, &allocatable).await;
+                debug.add(&c, error, Timestamp::now());
+                debug_specs.push(c);
+            }
+        }
         let now = Timestamp::now();
+        debug.advance(now);
         for happening in life.advance(now) {
             let containers::Happening::BackOff { container } = happening;
             back_offs
@@ -587,7 +634,7 @@ async fn run_pod(
             )
         };
         let phase = life.phase();
-        let status = json!({"status": {
+        let mut status = json!({"status": {
             "phase": phase, "hostIP": host_ip, "hostIPs": [{"ip": host_ip}], "podIP": pod_ip, "podIPs": [{"ip": pod_ip}],
             "startTime": start,
             "conditions": [
@@ -600,6 +647,10 @@ async fn run_pod(
             "initContainerStatuses": init_statuses,
             "containerStatuses": life.container_statuses(&uid, &name, &namespace),
         }});
+        if !debug_specs.is_empty() {
+            status["status"]["ephemeralContainerStatuses"] =
+                debug.ephemeral_statuses(&uid, &name, &namespace);
+        }
         if sent.as_ref() != Some(&status) {
             if api
                 .patch_status(&name, &PatchParams::default(), &Patch::Merge(&status))
@@ -614,26 +665,44 @@ async fn run_pod(
             return;
         }
         let blocked = life.blocked();
-        let mut wait = life.next_wake().map(|at| {
+        let debug_blocked = debug.blocked();
+        let wake = match (life.next_wake(), debug.next_wake()) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        let mut wait = wake.map(|at| {
             let d = at.duration_since(Timestamp::now());
             Duration::try_from(d).unwrap_or(Duration::ZERO)
         });
-        if !blocked.is_empty() {
+        if !blocked.is_empty() || !debug_blocked.is_empty() {
             wait = Some(wait.map_or(CONFIG_RETRY, |w| w.min(CONFIG_RETRY)));
         }
-        match wait {
-            Some(wait) => tokio::select! {
-                () = stop.cancelled() => return,
-                () = tokio::time::sleep(wait) => {}
-            },
-            None => {
-                stop.cancelled().await;
-                return;
+        // New ephemeral containers wake the loop too (a closed channel never does).
+        let added = async {
+            if ephemeral.changed().await.is_err() {
+                std::future::pending::<()>().await;
             }
+        };
+        let sleep = async {
+            match wait {
+                Some(wait) => tokio::time::sleep(wait).await,
+                None => std::future::pending::<()>().await,
+            }
+        };
+        tokio::select! {
+            () = stop.cancelled() => return,
+            () = sleep => {}
+            () = added => {}
         }
         for i in blocked {
             let error = config_error(&shared.client, &pod, &spec.containers[i], &allocatable).await;
             life.set_config_error(i, error, Timestamp::now());
+        }
+        for i in debug_blocked {
+            if let Some(c) = debug_specs.get(i) {
+                let error = config_error(&shared.client, &pod, c, &allocatable).await;
+                debug.set_config_error(i, error, Timestamp::now());
+            }
         }
     }
 }
