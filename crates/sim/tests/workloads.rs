@@ -217,11 +217,13 @@ fn a_daemonset_runs_on_every_node_it_tolerates_cordoned_ones_included() {
     env.apply("agent", DAEMONSET);
     env.ok(&["rollout", "status", "daemonset/agent", "--timeout=90s"]);
     let placed = |env: &Env| -> Vec<String> {
-        pods(env, "app=agent")
+        let mut nodes: Vec<String> = pods(env, "app=agent")
             .into_iter()
             .filter(|p| p.2)
             .map(|p| p.1)
-            .collect()
+            .collect();
+        nodes.sort();
+        nodes
     };
     assert_eq!(
         placed(&env),
@@ -299,7 +301,13 @@ spec:
 fn a_cronjob_makes_jobs_on_schedule_and_keeps_its_history_to_the_limit() {
     let env = Env::start();
     let refused = env.run(
-        &["create", "cronjob", "bad", "--image=busybox", "--schedule=61 * * * *"],
+        &[
+            "create",
+            "cronjob",
+            "bad",
+            "--image=busybox",
+            "--schedule=61 * * * *",
+        ],
         &[],
         None,
     );
@@ -317,7 +325,9 @@ fn a_cronjob_makes_jobs_on_schedule_and_keeps_its_history_to_the_limit() {
         .contains("True")
     });
     let job = env.jsonpath(&["jobs", "-l", "app=tick"], "{.items[0].metadata.name}");
-    let minutes = job.strip_prefix("tick-").and_then(|m| m.parse::<u64>().ok());
+    let minutes = job
+        .strip_prefix("tick-")
+        .and_then(|m| m.parse::<u64>().ok());
     assert!(minutes.is_some(), "named after its scheduled minute: {job}");
     assert_eq!(
         env.jsonpath(&["job", &job], "{.metadata.ownerReferences[0].kind}"),
@@ -343,13 +353,21 @@ fn a_cronjob_makes_jobs_on_schedule_and_keeps_its_history_to_the_limit() {
             && env
                 .jsonpath(&["jobs"], "{.items[*].metadata.name}")
                 .split_whitespace()
-                .all(|j| !j.starts_with("sweep-") || {
-                    // A run made after the deletion may be there; it has not succeeded.
-                    !env.jsonpath(&["job", j], "{.status.succeeded}").starts_with('1')
+                .all(|j| {
+                    !j.starts_with("sweep-") || {
+                        // A run made after the deletion may be there; it has not succeeded.
+                        !env.jsonpath(&["job", j], "{.status.succeeded}")
+                            .starts_with('1')
+                    }
                 })
     });
     // A Job made by hand from the template, as `kubectl create job --from` does.
     env.ok(&["create", "job", "by-hand", "--from=cronjob/tick"]);
-    env.ok(&["wait", "--for=condition=Complete", "job/by-hand", "--timeout=60s"]);
+    env.ok(&[
+        "wait",
+        "--for=condition=Complete",
+        "job/by-hand",
+        "--timeout=60s",
+    ]);
     assert_eq!(last_line(env.ok(&["logs", "job/by-hand"])), "tick");
 }

@@ -67,17 +67,16 @@ fn finite(container: &Container) -> Option<i32> {
         .collect();
     let base = |w: &str| w.rsplit('/').next().unwrap_or(w).to_owned();
     let first = base(argv.first()?);
-    let statements: Vec<String> = if matches!(first.as_str(), "sh" | "bash" | "ash" | "dash")
-        && argv.get(1) == Some(&"-c")
-    {
-        argv.get(2)?
-            .split([';', '\n', '&', '|'])
-            .map(|s| s.trim().to_owned())
-            .filter(|s| !s.is_empty())
-            .collect()
-    } else {
-        vec![argv.join(" ")]
-    };
+    let statements: Vec<String> =
+        if matches!(first.as_str(), "sh" | "bash" | "ash" | "dash") && argv.get(1) == Some(&"-c") {
+            argv.get(2)?
+                .split([';', '\n', '&', '|'])
+                .map(|s| s.trim().to_owned())
+                .filter(|s| !s.is_empty())
+                .collect()
+        } else {
+            vec![argv.join(" ")]
+        };
     let mut status = 0;
     for statement in &statements {
         let name = base(statement.split_whitespace().next()?);
@@ -446,7 +445,10 @@ mod tests {
         assert_eq!(program(&container("echo hi; sleep 5")), Program::Sleep(5));
         assert_eq!(program(&container("echo hi;exit 3")), Program::Exit(3));
         assert_eq!(program(&container("echo tick")), Program::Exit(0));
-        assert_eq!(program(&container("date; echo done && true")), Program::Exit(0));
+        assert_eq!(
+            program(&container("date; echo done && true")),
+            Program::Exit(0)
+        );
         assert_eq!(program(&container("echo x; false")), Program::Exit(1));
         assert_eq!(
             program(&container("while true; do echo x; done")),
