@@ -172,7 +172,7 @@ fn columns(rt: &ResourceType) -> Vec<Column> {
         ],
         ("apps", "controllerrevisions") => vec![
             col("Controller", "string", 0),
-            col("Revision", "integer", 0),
+            col("Revision", "string", 0),
             col("Age", "string", 0),
         ],
         ("batch", "cronjobs") => vec![
