@@ -8,10 +8,8 @@
 
 mod common;
 
-use std::io::{BufRead as _, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::Killed;
@@ -362,29 +360,12 @@ fn the_docs_commands_are_parsed_with_their_heredocs_and_background_jobs() {
 fn tensile_up(dir: &Path) -> Killed {
     let readme = repo_file("README.md");
     assert!(readme.contains("cargo run -p tensile-cli -- up\n"));
-    let mut child = Command::new(env!("CARGO_BIN_EXE_tensile"))
-        .arg("up")
-        .current_dir(dir)
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let out = Arc::new(Mutex::new(String::new()));
-    for stream in [
-        Box::new(child.stdout.take().unwrap()) as Box<dyn std::io::Read + Send>,
-        Box::new(child.stderr.take().unwrap()),
-    ] {
-        let out = out.clone();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stream).lines().map_while(Result::ok) {
-                let mut o = out.lock().unwrap();
-                o.push_str(&line);
-                o.push('\n');
-            }
-        });
-    }
-    let up = Killed(child);
+    let (up, out) = common::spawn_collecting(
+        Command::new(env!("CARGO_BIN_EXE_tensile"))
+            .arg("up")
+            .current_dir(dir)
+            .env("RUST_LOG", "warn"),
+    );
     common::until("tensile up to be ready", || {
         out.lock().unwrap().contains("ready in")
     });
@@ -438,9 +419,10 @@ fn shape(out: &str) -> String {
         keys.dedup();
         return keys.join(", ");
     }
-    // A line repeated while waiting (`Waiting for 1 pods to be ready...`) counts once.
+    // Progress lines (`Waiting for 1 pods to be ready...`) come as often as the wait took;
+    // they are left out.
     let mut lines: Vec<String> = Vec::new();
-    for line in out.lines() {
+    for line in out.lines().filter(|l| !l.starts_with("Waiting for ")) {
         let line = line.replace(|c: char| c.is_ascii_digit(), "0");
         if lines.last() != Some(&line) {
             lines.push(line);

@@ -21,32 +21,14 @@ fn temp_dir(what: &str) -> PathBuf {
 
 /// `tensile up` with `args`; its stdout collected as it comes.
 fn start_up(args: &[&str], kubeconfig: &Path) -> (Killed, Arc<Mutex<String>>) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_tensile"))
-        .arg("up")
-        .args(args)
-        .arg("--kubeconfig-out")
-        .arg(kubeconfig)
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let out = Arc::new(Mutex::new(String::new()));
-    for stream in [
-        Box::new(child.stdout.take().unwrap()) as Box<dyn std::io::Read + Send>,
-        Box::new(child.stderr.take().unwrap()),
-    ] {
-        let out = out.clone();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stream).lines() {
-                let Ok(line) = line else { return };
-                let mut o = out.lock().unwrap();
-                o.push_str(&line);
-                o.push('\n');
-            }
-        });
-    }
-    (Killed(child), out)
+    common::spawn_collecting(
+        Command::new(env!("CARGO_BIN_EXE_tensile"))
+            .arg("up")
+            .args(args)
+            .arg("--kubeconfig-out")
+            .arg(kubeconfig)
+            .env("RUST_LOG", "warn"),
+    )
 }
 
 fn text(out: &Arc<Mutex<String>>) -> String {

@@ -87,13 +87,16 @@ async fn a_deployment_runs_on_simulated_nodes_and_its_service_gets_endpoints() {
         80,
         "named targetPort resolved to the container port"
     );
+    // The EndpointSlice controller is another loop: its slice may lag the Endpoints.
     let slices: Api<EndpointSlice> = Api::namespaced(c.client.clone(), "default");
-    let s = slices
-        .list(&ListParams::default().labels("kubernetes.io/service-name=web"))
-        .await
-        .unwrap();
-    assert_eq!(s.items.len(), 1);
-    assert_eq!(s.items[0].endpoints.len(), 3);
+    eventually(30, "one slice with 3 endpoints", || async {
+        let s = slices
+            .list(&ListParams::default().labels("kubernetes.io/service-name=web"))
+            .await
+            .ok()?;
+        (s.items.len() == 1 && s.items[0].endpoints.len() == 3).then_some(())
+    })
+    .await;
 
     // Deleting the Deployment removes its ReplicaSet and pods (garbage collector, kubelet).
     deployments

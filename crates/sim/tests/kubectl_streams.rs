@@ -396,8 +396,9 @@ fn a_shell_with_and_without_a_terminal_kubectl_cp_and_attach_without_stdin() {
     drop(stdin);
     let seen = reader.join().unwrap();
     // The first prompt is not asserted: kubectl's WebSocket client drops what arrives before
-    // it has set up its streams ("Unknown stream id 1, discarding message"), and the
-    // simulated shell prompts at once (a real runtime takes longer to start the process).
+    // it has set up its streams ("Unknown stream id 1, discarding message"); the simulated
+    // shell waits a quarter second before it, as a process takes to start, which is enough
+    // on a quiet machine but promises nothing on a busy one.
     for want in [
         "hi\r\n/ # echo dropped^C\r\n",
         "/ # hostname\r\nweb\r\n",

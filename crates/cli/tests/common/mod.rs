@@ -16,6 +16,36 @@ impl Drop for Killed {
     }
 }
 
+/// Spawns `command` with its stdout and stderr collected, line by line, as they come.
+pub fn spawn_collecting(
+    command: &mut Command,
+) -> (Killed, std::sync::Arc<std::sync::Mutex<String>>) {
+    use std::io::BufRead as _;
+    let mut child = command
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let out = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+    for stream in [
+        Box::new(child.stdout.take().unwrap()) as Box<dyn std::io::Read + Send>,
+        Box::new(child.stderr.take().unwrap()),
+    ] {
+        let out = out.clone();
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(stream)
+                .lines()
+                .map_while(Result::ok)
+            {
+                let mut o = out.lock().unwrap();
+                o.push_str(&line);
+                o.push('\n');
+            }
+        });
+    }
+    (Killed(child), out)
+}
+
 pub fn kubectl(kubeconfig: &Path, args: &[&str]) -> (bool, String, String) {
     let out = Command::new("kubectl")
         .arg("--kubeconfig")

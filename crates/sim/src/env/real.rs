@@ -314,6 +314,12 @@ pub async fn start_with(
         ],
         &dir.join("kube-apiserver.log"),
     )?);
+    // kube-controller-manager gives up (and exits) when the API server is not healthy within
+    // its own short wait, which a busy machine can exceed: it starts once /readyz answers.
+    if let Err(e) = wait_ready(&config, cluster, &dir, false).await {
+        cluster_handle.keep_files = true;
+        return Err(e);
+    }
     children.push(spawn(
         bin,
         "kube-controller-manager",
@@ -349,7 +355,7 @@ pub async fn start_with(
         index: children.len() - 1,
     });
 
-    if let Err(e) = wait_ready(&config, cluster, &dir).await {
+    if let Err(e) = wait_ready(&config, cluster, &dir, true).await {
         cluster_handle.keep_files = true;
         return Err(e);
     }
@@ -579,7 +585,14 @@ async fn wait_scheduling(port: u16, cluster: &str, dir: &Path) -> Result<(), Rea
     }
 }
 
-async fn wait_ready(config: &str, cluster: &str, dir: &Path) -> Result<(), RealError> {
+/// Waits until kube-apiserver answers /readyz and, with `service_account`, until the default
+/// ServiceAccount exists (kube-controller-manager runs: pods can be created).
+async fn wait_ready(
+    config: &str,
+    cluster: &str,
+    dir: &Path,
+    service_account: bool,
+) -> Result<(), RealError> {
     let seconds = 60;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(seconds);
     let not_ready = || RealError::NotReady {
@@ -605,7 +618,7 @@ async fn wait_ready(config: &str, cluster: &str, dir: &Path) -> Result<(), RealE
             );
             if let Ok(req) = req
                 && client.request_text(req).await.is_ok()
-                && sa.get_opt("default").await.ok().flatten().is_some()
+                && (!service_account || sa.get_opt("default").await.ok().flatten().is_some())
             {
                 return Ok(());
             }

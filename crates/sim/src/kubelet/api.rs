@@ -138,21 +138,33 @@ fn stamp(line: &str, timestamps: bool) -> String {
     }
 }
 
+impl SimBackend {
+    /// Runs `argv` with the built-in shell in `container` of `pod`, over its file system.
+    async fn shell(
+        &self,
+        pod: &Pod,
+        container: &Container,
+        argv: Vec<String>,
+        io: &mut ExecIo,
+    ) -> ExitStatus {
+        let ctx = super::shell::Context {
+            pod,
+            container,
+            client: &self.shared.client,
+            allocatable: self.allocatable(),
+            fs: self.shared.files_of(pod, &container.name),
+        };
+        super::shell::exec(&ctx, argv, io).await
+    }
+}
+
 impl StreamBackend for SimBackend {
     async fn exec(&self, request: ExecRequest, mut io: ExecIo) -> ExitStatus {
         let (pod, container) = match self.container(&request.pod, &request.container) {
             Ok(x) => x,
             Err(e) => return ExitStatus::Error(e.to_string()),
         };
-        let fs = self.shared.files_of(&pod, &container.name);
-        let ctx = super::shell::Context {
-            pod: &pod,
-            container: &container,
-            client: &self.shared.client,
-            allocatable: self.allocatable(),
-            fs,
-        };
-        super::shell::exec(&ctx, request.command, &mut io).await
+        self.shell(&pod, &container, request.command, &mut io).await
     }
 
     async fn attach(&self, request: AttachRequest, mut io: ExecIo) -> ExitStatus {
@@ -165,15 +177,7 @@ impl StreamBackend for SimBackend {
         {
             // The main process is an interactive shell (`kubectl run -i -- sh`, `kubectl debug
             // -it`): the one attached to talks to that shell.
-            let fs = self.shared.files_of(&pod, &container.name);
-            let ctx = super::shell::Context {
-                pod: &pod,
-                container: &container,
-                client: &self.shared.client,
-                allocatable: self.allocatable(),
-                fs,
-            };
-            return super::shell::exec(&ctx, argv, &mut io).await;
+            return self.shell(&pod, &container, argv, &mut io).await;
         }
         write_out(&mut io, &format!("attached to {}\n", request.container)).await;
         if io.stdin.is_some() {

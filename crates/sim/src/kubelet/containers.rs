@@ -128,6 +128,25 @@ pub(super) struct Run {
     started_once: bool,
 }
 
+impl Run {
+    /// A container starting at `now`, or held by its configuration `error`.
+    fn new(container: &Container, error: Option<String>, now: Timestamp) -> Self {
+        Self {
+            name: container.name.clone(),
+            image: container.image.clone().unwrap_or_default(),
+            program: program(container),
+            attempt: 0,
+            started_once: error.is_none(),
+            state: match error {
+                Some(e) => State::ConfigError(e),
+                None => State::Running(now),
+            },
+            last: None,
+            back_off: Duration::ZERO,
+        }
+    }
+}
+
 /// Something a kubelet records an event for.
 #[derive(Clone, Debug, PartialEq)]
 pub(super) enum Happening {
@@ -153,22 +172,7 @@ impl Lifecycle {
         let runs = containers
             .iter()
             .enumerate()
-            .map(|(i, c)| {
-                let error = config_errors.get(i).cloned().flatten();
-                Run {
-                    name: c.name.clone(),
-                    image: c.image.clone().unwrap_or_default(),
-                    program: program(c),
-                    attempt: 0,
-                    started_once: error.is_none(),
-                    state: match error {
-                        Some(e) => State::ConfigError(e),
-                        None => State::Running(now),
-                    },
-                    last: None,
-                    back_off: Duration::ZERO,
-                }
-            })
+            .map(|(i, c)| Run::new(c, config_errors.get(i).cloned().flatten(), now))
             .collect();
         Self {
             policy: restart_policy.unwrap_or("Always").to_owned(),
@@ -179,19 +183,7 @@ impl Lifecycle {
     /// Starts one more container at `now` (an ephemeral container added to a running pod),
     /// held by `error` when its configuration has one.
     pub(super) fn add(&mut self, container: &Container, error: Option<String>, now: Timestamp) {
-        self.runs.push(Run {
-            name: container.name.clone(),
-            image: container.image.clone().unwrap_or_default(),
-            program: program(container),
-            attempt: 0,
-            started_once: error.is_none(),
-            state: match error {
-                Some(e) => State::ConfigError(e),
-                None => State::Running(now),
-            },
-            last: None,
-            back_off: Duration::ZERO,
-        });
+        self.runs.push(Run::new(container, error, now));
     }
 
     /// Whether a container of this name runs here.

@@ -434,6 +434,9 @@ impl Session<'_, '_> {
             return 0;
         };
         self.interactive = true;
+        // A real shell takes a moment to start; prompting at once can beat kubectl's WebSocket
+        // client to setting up its streams, which then drops the prompt ("Unknown stream id").
+        tokio::time::sleep(std::time::Duration::from_millis(250)).await;
         write_raw(io, self.prompt().as_bytes()).await;
         let mut line: Vec<u8> = Vec::new();
         let mut buf = [0u8; 1024];

@@ -19,11 +19,9 @@ use super::super::State;
 use super::super::meta;
 use super::super::resources::ids;
 use super::super::rest::DeleteOptions;
-use super::super::store::{Event, ObjKey};
+use super::super::store::ObjKey;
 use super::cron::Schedule;
-use super::{
-    Reconciler, all_keys, changed_owners, controller_of, create, delete, modify, run_loop,
-};
+use super::{controller_of, create, delete, modify, run_loop};
 
 /// Runs are due on the minute: a one-second tick is as close as the real controller's
 /// requeue at the next scheduled time.
@@ -304,22 +302,7 @@ async fn remove_job(state: &State, cj: &Value, key: &ObjKey, job: &Value) {
     }
 }
 
-impl Reconciler for CronJobs {
-    async fn resync(&mut self, state: &State) {
-        for key in all_keys(state, *ids::CRONJOBS) {
-            reconcile(state, &key).await;
-        }
-    }
-
-    async fn changed(&mut self, state: &State, events: Option<&[Arc<Event>]>) {
-        let Some(events) = events else {
-            return self.resync(state).await;
-        };
-        for key in changed_owners(events, *ids::CRONJOBS, *ids::JOBS, "CronJob") {
-            reconcile(state, &key).await;
-        }
-    }
-}
+owner_reconciler!(CronJobs, *ids::CRONJOBS, *ids::JOBS, "CronJob");
 
 #[cfg(test)]
 mod tests {

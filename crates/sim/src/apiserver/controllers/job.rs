@@ -13,11 +13,9 @@ use super::super::State;
 use super::super::meta;
 use super::super::resources::ids;
 use super::super::rest::DeleteOptions;
-use super::super::store::{Event, ObjKey};
+use super::super::store::ObjKey;
 use super::replicaset::{is_ready, owned_pods};
-use super::{
-    Reconciler, all_keys, changed_owners, create, delete, modify, pod_from_template, run_loop,
-};
+use super::{create, delete, modify, pod_from_template, run_loop};
 
 pub(super) async fn run(state: Arc<State>, stop: CancellationToken) {
     run_loop(state, stop, Duration::from_secs(10), Jobs).await;
@@ -191,22 +189,7 @@ async fn reconcile(state: &State, key: &ObjKey) {
     });
 }
 
-impl Reconciler for Jobs {
-    async fn resync(&mut self, state: &State) {
-        for key in all_keys(state, *ids::JOBS) {
-            reconcile(state, &key).await;
-        }
-    }
-
-    async fn changed(&mut self, state: &State, events: Option<&[Arc<Event>]>) {
-        let Some(events) = events else {
-            return self.resync(state).await;
-        };
-        for key in changed_owners(events, *ids::JOBS, *ids::PODS, "Job") {
-            reconcile(state, &key).await;
-        }
-    }
-}
+owner_reconciler!(Jobs, *ids::JOBS, *ids::PODS, "Job");
 
 #[cfg(test)]
 mod tests {

@@ -3,6 +3,35 @@
 //! sandbox need it. They run in-process on the store and write through the same code paths as
 //! REST clients (admission, validation, defaults).
 
+/// The `Reconciler` of a controller `$loop` whose `$res` objects own `$owned` ones (their
+/// controller reference names kind `$kind`): every object on a full pass and on each tick, the
+/// changed objects and the owners of changed owned objects on a batch of changes. The module
+/// has `async fn reconcile(state: &State, key: &ObjKey)`.
+macro_rules! owner_reconciler {
+    ($loop:ident, $res:expr, $owned:expr, $kind:literal) => {
+        impl super::Reconciler for $loop {
+            async fn resync(&mut self, state: &State) {
+                for key in super::all_keys(state, $res) {
+                    reconcile(state, &key).await;
+                }
+            }
+
+            async fn changed(
+                &mut self,
+                state: &State,
+                events: Option<&[std::sync::Arc<super::super::store::Event>]>,
+            ) {
+                let Some(events) = events else {
+                    return self.resync(state).await;
+                };
+                for key in super::changed_owners(events, $res, $owned, $kind) {
+                    reconcile(state, &key).await;
+                }
+            }
+        }
+    };
+}
+
 mod cron;
 mod cronjob;
 mod daemonset;

@@ -10,11 +10,8 @@ use super::super::State;
 use super::super::meta;
 use super::super::resources::ids;
 use super::super::rest::DeleteOptions;
-use super::super::store::{Event, ObjKey};
-use super::{
-    Reconciler, all_keys, changed_owners, controller_of, create, delete, modify, pod_from_template,
-    run_loop,
-};
+use super::super::store::ObjKey;
+use super::{controller_of, create, delete, modify, pod_from_template, run_loop};
 
 pub(super) async fn run(state: Arc<State>, stop: CancellationToken) {
     run_loop(state, stop, Duration::from_secs(10), ReplicaSets).await;
@@ -132,19 +129,4 @@ async fn reconcile(state: &State, key: &ObjKey) {
     });
 }
 
-impl Reconciler for ReplicaSets {
-    async fn resync(&mut self, state: &State) {
-        for key in all_keys(state, *ids::REPLICASETS) {
-            reconcile(state, &key).await;
-        }
-    }
-
-    async fn changed(&mut self, state: &State, events: Option<&[Arc<Event>]>) {
-        let Some(events) = events else {
-            return self.resync(state).await;
-        };
-        for key in changed_owners(events, *ids::REPLICASETS, *ids::PODS, "ReplicaSet") {
-            reconcile(state, &key).await;
-        }
-    }
-}
+owner_reconciler!(ReplicaSets, *ids::REPLICASETS, *ids::PODS, "ReplicaSet");

@@ -17,9 +17,9 @@ use super::super::State;
 use super::super::meta;
 use super::super::resources::ids;
 use super::super::rest::DeleteOptions;
-use super::super::store::{Event, ObjKey};
+use super::super::store::ObjKey;
 use super::replicaset::{is_ready, owned_pods};
-use super::{Reconciler, all_keys, changed_owners, create, delete, modify, run_loop};
+use super::{create, delete, modify, run_loop};
 
 pub(super) async fn run(state: Arc<State>, stop: CancellationToken) {
     run_loop(state, stop, Duration::from_secs(10), StatefulSets).await;
@@ -362,22 +362,7 @@ fn write_status(state: &State, key: &ObjKey, set: &Value, revision: &super::revi
     });
 }
 
-impl Reconciler for StatefulSets {
-    async fn resync(&mut self, state: &State) {
-        for key in all_keys(state, *ids::STATEFULSETS) {
-            reconcile(state, &key).await;
-        }
-    }
-
-    async fn changed(&mut self, state: &State, events: Option<&[Arc<Event>]>) {
-        let Some(events) = events else {
-            return self.resync(state).await;
-        };
-        for key in changed_owners(events, *ids::STATEFULSETS, *ids::PODS, "StatefulSet") {
-            reconcile(state, &key).await;
-        }
-    }
-}
+owner_reconciler!(StatefulSets, *ids::STATEFULSETS, *ids::PODS, "StatefulSet");
 
 #[cfg(test)]
 mod tests {
