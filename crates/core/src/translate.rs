@@ -871,7 +871,7 @@ pub(crate) mod tests {
         ]);
         let lower = lower_pod(&p, &cfg()).unwrap();
         let env = spec(&lower).containers[0].env.clone().unwrap();
-        let want = vec![
+        let want = [
             literal("UID", "uid-upper-1"),
             literal("NODE", "vk-1"),
             literal("GROUP", "pg-1"),

@@ -979,9 +979,7 @@ async fn downward_api_env_of_an_offloaded_pod_is_the_upper_pods_identity() {
     let (upper, lower) = (&env.clusters[0].client, &env.clusters[1].client);
     let upper_pods: Api<Pod> = Api::namespaced(upper.clone(), "default");
     let lower_pods: Api<Pod> = Api::namespaced(lower.clone(), "default");
-    let field = |name: &str, path: &str| {
-        json!({"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}})
-    };
+    let field = |name: &str, path: &str| json!({"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}});
     upper_pods
         .create(
             &PostParams::default(),
@@ -1013,7 +1011,10 @@ async fn downward_api_env_of_an_offloaded_pod_is_the_upper_pods_identity() {
     })
     .await;
     let copy = lower_pods.get("ident").await.unwrap();
-    assert_ne!(copy.metadata.uid, running.metadata.uid, "the copy is another object");
+    assert_ne!(
+        copy.metadata.uid, running.metadata.uid,
+        "the copy is another object"
+    );
 
     let mut exec = upper_pods
         .exec("ident", ["env"], &AttachParams::default().stderr(false))
@@ -1039,7 +1040,10 @@ async fn downward_api_env_of_an_offloaded_pod_is_the_upper_pods_identity() {
         ("NAME", "ident".to_owned()),
         ("NS", "default".to_owned()),
         // Where the pod really runs: the lower pod's IP, which is also the upper pod's.
-        ("IP", running.status.as_ref().unwrap().pod_ip.clone().unwrap()),
+        (
+            "IP",
+            running.status.as_ref().unwrap().pod_ip.clone().unwrap(),
+        ),
     ];
     for (name, value) in &want {
         assert_eq!(seen.get(name), Some(&value.as_str()), "{name} in:\n{out}");
