@@ -20,10 +20,15 @@
 //!   `default-scheduler`, or by the one the pod names in `tensile-kube.io/lower-scheduler-name`.
 //!   Copied verbatim (as the original did), a pod of a custom scheduler would wait downstairs
 //!   for ever, with no Unschedulable condition for the descheduler to act on.
+//!
+//! Changed on the way down: container env entries whose downward API `fieldRef` the lower
+//! kubelet would resolve to a value different from the upper pod's (the UID, `spec.nodeName`,
+//! labels and annotations that carry our marks or were tripped) become literal values of the
+//! upper pod, see [`pin_downward_env`].
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use k8s_openapi::api::core::v1::{Affinity, Container, Pod, PodSpec, Volume, VolumeMount};
+use k8s_openapi::api::core::v1::{Affinity, Container, EnvVar, Pod, PodSpec, Volume, VolumeMount};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use crate::cluster_selector::{ClusterSelector, ClusterSelectorError};
@@ -165,11 +170,103 @@ pub fn lower_pod(upper: &Pod, cfg: &TranslateConfig) -> Result<Pod, TranslateErr
     };
     let mut spec = lower_spec(spec, selector.as_ref());
     spec.scheduler_name = Some(lower_scheduler_name(upper).to_owned());
-    Ok(Pod {
+    let mut lower = Pod {
         metadata,
         spec: Some(spec),
         status: None,
-    })
+    };
+    let pinned = lower.spec.as_ref().map(|s| {
+        let pin = |env: &Option<Vec<EnvVar>>| pin_downward_env(env.as_deref(), upper, &lower);
+        (
+            s.containers.iter().map(|c| pin(&c.env)).collect::<Vec<_>>(),
+            s.init_containers
+                .iter()
+                .flatten()
+                .map(|c| pin(&c.env))
+                .collect::<Vec<_>>(),
+        )
+    });
+    if let (Some(spec), Some((containers, inits))) = (lower.spec.as_mut(), pinned) {
+        for (c, env) in spec.containers.iter_mut().zip(containers) {
+            c.env = env;
+        }
+        for (c, env) in spec.init_containers.iter_mut().flatten().zip(inits) {
+            c.env = env;
+        }
+    }
+    Ok(lower)
+}
+
+/// A downward API `fieldRef` path's value on a pod, as a kubelet resolves it, for the paths
+/// whose value can differ between an upper pod and its lower copy: `metadata.name`,
+/// `metadata.namespace`, `metadata.uid`, `metadata.labels['k']`, `metadata.annotations['k']`,
+/// `spec.nodeName` and `spec.serviceAccountName` (a missing one reads as empty, as in the
+/// kubelet). `None` for every other path: `status.podIP(s)` and `status.hostIP(s)` are the
+/// lower pod's own and true; what Kubernetes does not accept in env is left to it.
+pub fn downward_field_value(pod: &Pod, path: &str) -> Option<String> {
+    let meta = &pod.metadata;
+    let subscript = |prefix: &str| {
+        path.strip_prefix(prefix)
+            .and_then(|r| r.strip_prefix("['"))
+            .and_then(|r| r.strip_suffix("']"))
+    };
+    let entry = |map: Option<&BTreeMap<String, String>>, key: &str| {
+        map.and_then(|m| m.get(key)).cloned().unwrap_or_default()
+    };
+    if let Some(key) = subscript("metadata.labels") {
+        return Some(entry(meta.labels.as_ref(), key));
+    }
+    if let Some(key) = subscript("metadata.annotations") {
+        return Some(entry(meta.annotations.as_ref(), key));
+    }
+    let spec = pod.spec.as_ref();
+    let value = match path {
+        "metadata.name" => meta.name.clone(),
+        "metadata.namespace" => meta.namespace.clone(),
+        "metadata.uid" => meta.uid.clone(),
+        "spec.nodeName" => spec.and_then(|s| s.node_name.clone()),
+        "spec.serviceAccountName" => spec.and_then(|s| s.service_account_name.clone()),
+        _ => return None,
+    };
+    Some(value.unwrap_or_default())
+}
+
+/// A literal env value that the kubelet reads back as `text`: its `$(VAR)` expansion turns
+/// `$$` into `$`, so every `$` is doubled.
+fn env_literal(text: &str) -> String {
+    text.replace('$', "$$")
+}
+
+/// A container's env for the lower pod: every entry whose `valueFrom.fieldRef` resolves to
+/// a different value on `lower` than on `upper` becomes the upper value, written literally
+/// (`value:`). The kubelet resolves env when a container starts, so a value taken when the
+/// pod is copied down is what the upper pod's kubelet would have given: the UID and the node
+/// name never change, and label and annotation values are those the pod had when copied.
+/// Entries whose lower value is the truth keep their `fieldRef` (the pod's IPs, its host's,
+/// name, namespace and ServiceAccount, which the copy keeps, and labels the copy carries).
+pub fn pin_downward_env(env: Option<&[EnvVar]>, upper: &Pod, lower: &Pod) -> Option<Vec<EnvVar>> {
+    let env = env?;
+    Some(
+        env.iter()
+            .map(|var| {
+                let path = var
+                    .value_from
+                    .as_ref()
+                    .and_then(|from| from.field_ref.as_ref())
+                    .map(|r| r.field_path.as_str());
+                let upper_value = path.and_then(|p| downward_field_value(upper, p));
+                let lower_value = path.and_then(|p| downward_field_value(lower, p));
+                match upper_value {
+                    Some(value) if lower_value.as_ref() != Some(&value) => EnvVar {
+                        name: var.name.clone(),
+                        value: Some(env_literal(&value)),
+                        value_from: None,
+                    },
+                    _ => var.clone(),
+                }
+            })
+            .collect(),
+    )
 }
 
 /// The scheduler of the lower pod: the one named by [`ANNOTATION_LOWER_SCHEDULER_NAME`] (blank
@@ -726,6 +823,115 @@ pub(crate) mod tests {
         assert_eq!(
             spec(&lower).containers[0].env_from,
             spec(&p).containers[0].env_from
+        );
+    }
+
+    /// An env entry reading `path` through the downward API.
+    fn field_env(name: &str, path: &str) -> EnvVar {
+        serde_json::from_value(json!({"name": name,
+            "valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": path}}}))
+        .unwrap()
+    }
+
+    fn literal(name: &str, value: &str) -> EnvVar {
+        EnvVar {
+            name: name.into(),
+            value: Some(value.into()),
+            value_from: None,
+        }
+    }
+
+    #[test]
+    fn downward_env_that_would_differ_downstairs_is_the_upper_pods_value() {
+        let mut p = annotate(bound_pod(), "team", "a");
+        p.spec.as_mut().unwrap().containers[0].env = Some(vec![
+            field_env("UID", "metadata.uid"),
+            field_env("NODE", "spec.nodeName"),
+            // Tripped downstairs (an ignore-label): the upper value.
+            field_env(
+                "GROUP",
+                "metadata.labels['pod-group.scheduling.sigs.k8s.io']",
+            ),
+            // Our marks exist only downstairs: what the upper pod has (nothing).
+            field_env("VIRTUAL", "metadata.labels['virtual-pod']"),
+            field_env(
+                "OWNER_UID",
+                "metadata.annotations['tensile-kube.io/upper-uid']",
+            ),
+            // The same downstairs: still resolved by the lower kubelet, following changes.
+            field_env("APP", "metadata.labels['app']"),
+            field_env("TEAM", "metadata.annotations['team']"),
+            field_env("NAME", "metadata.name"),
+            field_env("NAMESPACE", "metadata.namespace"),
+            field_env("SA", "spec.serviceAccountName"),
+            field_env("IP", "status.podIP"),
+            field_env("IPS", "status.podIPs"),
+            field_env("HOST", "status.hostIP"),
+            literal("PLAIN", "x"),
+        ]);
+        let lower = lower_pod(&p, &cfg()).unwrap();
+        let env = spec(&lower).containers[0].env.clone().unwrap();
+        let want = [
+            literal("UID", "uid-upper-1"),
+            literal("NODE", "vk-1"),
+            literal("GROUP", "pg-1"),
+            literal("VIRTUAL", ""),
+            literal("OWNER_UID", ""),
+        ];
+        assert_eq!(env[..5], want[..]);
+        assert_eq!(env[5..], spec(&p).containers[0].env.as_ref().unwrap()[5..]);
+    }
+
+    #[test]
+    fn init_container_downward_env_is_pinned_too() {
+        let mut p = bound_pod();
+        p.spec.as_mut().unwrap().init_containers = Some(vec![
+            serde_json::from_value(json!({"name": "init", "image": "busybox"})).unwrap(),
+        ]);
+        p.spec.as_mut().unwrap().init_containers.as_mut().unwrap()[0].env =
+            Some(vec![field_env("NODE", "spec.nodeName")]);
+        let lower = lower_pod(&p, &cfg()).unwrap();
+        assert_eq!(
+            spec(&lower).init_containers.as_ref().unwrap()[0].env,
+            Some(vec![literal("NODE", "vk-1")])
+        );
+    }
+
+    #[test]
+    fn pinned_values_survive_the_kubelets_dollar_expansion() {
+        // The kubelet expands `$(VAR)` and reads `$$` as `$` in literal values.
+        let mut p = annotate(bound_pod(), ANNOTATION_UPPER_UID, "cost $(HOME) $5");
+        p.spec.as_mut().unwrap().containers[0].env = Some(vec![field_env(
+            "FORGED",
+            "metadata.annotations['tensile-kube.io/upper-uid']",
+        )]);
+        let lower = lower_pod(&p, &cfg()).unwrap();
+        assert_eq!(
+            spec(&lower).containers[0].env,
+            Some(vec![literal("FORGED", "cost $$(HOME) $$5")])
+        );
+    }
+
+    #[test]
+    fn downward_field_values_read_like_the_kubelet() {
+        let p = bound_pod();
+        let v = |path| downward_field_value(&p, path);
+        assert_eq!(v("metadata.uid").as_deref(), Some("uid-upper-1"));
+        assert_eq!(v("spec.nodeName").as_deref(), Some("vk-1"));
+        assert_eq!(v("metadata.labels['app']").as_deref(), Some("web"));
+        assert_eq!(v("metadata.labels['absent']").as_deref(), Some(""));
+        assert_eq!(v("metadata.annotations['team']").as_deref(), Some("a"));
+        assert_eq!(v("spec.serviceAccountName").as_deref(), Some("default"));
+        assert_eq!(v("status.podIP"), None);
+        assert_eq!(v("metadata.labels"), None, "whole maps are volume-only");
+        // Without a uid (never the case from an API server) nothing differs: kept.
+        let mut p = bound_pod();
+        p.metadata.uid = None;
+        p.spec.as_mut().unwrap().containers[0].env = Some(vec![field_env("UID", "metadata.uid")]);
+        let lower = lower_pod(&p, &cfg()).unwrap();
+        assert_eq!(
+            spec(&lower).containers[0].env,
+            Some(vec![field_env("UID", "metadata.uid")])
         );
     }
 

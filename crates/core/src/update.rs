@@ -10,7 +10,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use k8s_openapi::api::core::v1::{Container, EphemeralContainer, Pod, PodSpec, Toleration};
+use k8s_openapi::api::core::v1::{Container, EnvVar, EphemeralContainer, Pod, PodSpec, Toleration};
 use serde_json::{Map, Value, json};
 
 use crate::cluster_selector::ClusterSelector;
@@ -19,8 +19,8 @@ use crate::keys::{
     ANNOTATION_CLUSTER_SELECTOR, ANNOTATION_UPPER_UID, LABEL_OWNER, owner_label_value,
 };
 use crate::translate::{
-    TranslateConfig, TranslateError, drop_mounts, lower_pod, pod_key, synced_annotation_keys,
-    token_volume_names,
+    TranslateConfig, TranslateError, drop_mounts, lower_pod, pin_downward_env, pod_key,
+    synced_annotation_keys, token_volume_names,
 };
 
 /// What to do to a lower pod so it follows its upper pod.
@@ -138,15 +138,29 @@ pub fn lower_pod_update(
     }
 
     let mut spec = Map::new();
-    for (field, want_list, have_list) in [
-        ("containers", Some(&want.containers), Some(&have.containers)),
+    let upper_spec = upper.spec.as_ref().unwrap_or(&empty);
+    for (field, want_list, have_list, upper_list) in [
+        (
+            "containers",
+            Some(&want.containers),
+            Some(&have.containers),
+            Some(&upper_spec.containers),
+        ),
         (
             "initContainers",
             want.init_containers.as_ref(),
             have.init_containers.as_ref(),
+            upper_spec.init_containers.as_ref(),
         ),
     ] {
-        let changes = image_changes(field, want_list, have_list, &mut update.not_applicable);
+        let pinned = field_ref_env_names(upper_list);
+        let changes = image_changes(
+            field,
+            want_list,
+            have_list,
+            &pinned,
+            &mut update.not_applicable,
+        );
         if !changes.is_empty() {
             spec.insert(field.into(), Value::Array(changes));
         }
@@ -202,7 +216,7 @@ pub fn lower_pod_update(
         }
     }
 
-    update.ephemeral_containers = ephemeral_additions(upper, have);
+    update.ephemeral_containers = ephemeral_additions(upper, lower);
 
     let mut patch = Map::new();
     if !metadata.is_empty() {
@@ -251,6 +265,7 @@ fn image_changes(
     field: &str,
     want: Option<&Vec<Container>>,
     have: Option<&Vec<Container>>,
+    pinned: &BTreeMap<String, BTreeSet<String>>,
     not_applicable: &mut Vec<String>,
 ) -> Vec<Value> {
     let have: BTreeMap<&str, &Container> = have
@@ -273,11 +288,49 @@ fn image_changes(
         if w.resources != h.resources {
             not_applicable.push(format!("spec.{field}[{}].resources", w.name));
         }
-        if w.env != h.env || w.env_from != h.env_from {
+        let names = pinned.get(&w.name);
+        if comparable_env(w.env.as_deref(), names) != comparable_env(h.env.as_deref(), names)
+            || w.env_from != h.env_from
+        {
             not_applicable.push(format!("spec.{field}[{}].env", w.name));
         }
     }
     changes
+}
+
+/// Per container, the names of its upper env entries that read a `fieldRef`: the lower pod
+/// has them either as `fieldRef`s or as values pinned when it was created (see
+/// [`pin_downward_env`]), and a pinned value following a label changed since is no change
+/// of the pod's spec (the upper env cannot change).
+fn field_ref_env_names(upper: Option<&Vec<Container>>) -> BTreeMap<String, BTreeSet<String>> {
+    upper
+        .into_iter()
+        .flatten()
+        .map(|c| {
+            let names = c
+                .env
+                .iter()
+                .flatten()
+                .filter(|v| v.value_from.as_ref().is_some_and(|f| f.field_ref.is_some()))
+                .map(|v| v.name.clone())
+                .collect();
+            (c.name.clone(), names)
+        })
+        .collect()
+}
+
+/// An env list with the entries named in `pinned` reduced to their names.
+fn comparable_env(env: Option<&[EnvVar]>, pinned: Option<&BTreeSet<String>>) -> Vec<EnvVar> {
+    env.into_iter()
+        .flatten()
+        .map(|v| match pinned {
+            Some(names) if names.contains(&v.name) => EnvVar {
+                name: v.name.clone(),
+                ..EnvVar::default()
+            },
+            _ => v.clone(),
+        })
+        .collect()
 }
 
 /// `current` with the tolerations of `wanted` added; a wanted toleration equal to an existing
@@ -298,8 +351,10 @@ fn added_tolerations(current: &[Toleration], wanted: &[Toleration]) -> Vec<Toler
 
 /// The full ephemeral-container list the lower pod should get, when the upper pod has
 /// ephemeral containers (`kubectl debug`) the lower pod lacks. Existing ones are never changed.
-fn ephemeral_additions(upper: &Pod, have: &PodSpec) -> Option<Vec<EphemeralContainer>> {
+fn ephemeral_additions(upper: &Pod, lower: &Pod) -> Option<Vec<EphemeralContainer>> {
     let upper_spec = upper.spec.as_ref()?;
+    let empty = PodSpec::default();
+    let have = lower.spec.as_ref().unwrap_or(&empty);
     let present: BTreeSet<&str> = have
         .ephemeral_containers
         .iter()
@@ -312,7 +367,11 @@ fn ephemeral_additions(upper: &Pod, have: &PodSpec) -> Option<Vec<EphemeralConta
         .iter()
         .flatten()
         .filter(|c| !present.contains(c.name.as_str()))
-        .map(|c| strip_token_mounts(c.clone(), &dropped))
+        .map(|c| {
+            let mut c = strip_token_mounts(c.clone(), &dropped);
+            c.env = pin_downward_env(c.env.as_deref(), upper, lower);
+            c
+        })
         .collect();
     if new.is_empty() {
         return None;
@@ -562,6 +621,88 @@ mod tests {
                 .unwrap()
                 .ephemeral_containers
                 .is_none()
+        );
+    }
+
+    fn field_env(name: &str, path: &str) -> EnvVar {
+        serde_json::from_value(json!({"name": name,
+            "valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": path}}}))
+        .unwrap()
+    }
+
+    #[test]
+    fn pinned_downward_env_is_no_spec_change_when_labels_move_or_for_older_copies() {
+        let mut upper = bound_pod();
+        upper_mut(&mut upper).containers[0].env = Some(vec![
+            field_env("UID", "metadata.uid"),
+            field_env(
+                "GROUP",
+                "metadata.labels['pod-group.scheduling.sigs.k8s.io']",
+            ),
+        ]);
+        let lower = created_lower(&upper);
+        // The tripped label changes upstairs: the pinned value is what the container started
+        // with, as a kubelet would have; only the label record follows.
+        let mut moved = upper.clone();
+        moved
+            .metadata
+            .labels
+            .as_mut()
+            .unwrap()
+            .insert("pod-group.scheduling.sigs.k8s.io".into(), "pg-2".into());
+        let update = lower_pod_update(&moved, &lower, &cfg()).unwrap();
+        assert!(update.not_applicable.is_empty(), "{update:?}");
+        assert!(
+            update
+                .patch
+                .as_ref()
+                .is_some_and(|p| p.get("spec").is_none())
+        );
+        // A copy made before values were pinned keeps its fieldRefs without complaint.
+        let mut older = lower.clone();
+        older.spec.as_mut().unwrap().containers[0].env =
+            upper_mut(&mut upper.clone()).containers[0].env.clone();
+        let update = lower_pod_update(&upper, &older, &cfg()).unwrap();
+        assert!(
+            update.is_noop() && update.not_applicable.is_empty(),
+            "{update:?}"
+        );
+        // Any other env difference is still reported.
+        let mut other = lower.clone();
+        other.spec.as_mut().unwrap().containers[0]
+            .env
+            .as_mut()
+            .unwrap()
+            .push(field_env("EXTRA", "status.podIP"));
+        let update = lower_pod_update(&upper, &other, &cfg()).unwrap();
+        assert_eq!(update.not_applicable, ["spec.containers[web].env"]);
+    }
+
+    #[test]
+    fn ephemeral_container_downward_env_reads_the_upper_pod() {
+        let upper = bound_pod();
+        let lower = created_lower(&upper);
+        let mut upper = upper;
+        upper_mut(&mut upper).ephemeral_containers = Some(vec![
+            serde_json::from_value(json!({
+                "name": "debugger-y", "image": "busybox",
+                "env": [
+                    {"name": "NODE", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
+                    {"name": "UID", "valueFrom": {"fieldRef": {"fieldPath": "metadata.uid"}}},
+                    {"name": "IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}]
+            }))
+            .unwrap(),
+        ]);
+        let added = lower_pod_update(&upper, &lower, &cfg())
+            .unwrap()
+            .ephemeral_containers
+            .unwrap();
+        let env = added[0].env.clone().unwrap();
+        assert_eq!(env[0].value.as_deref(), Some("vk-1"));
+        assert_eq!(env[1].value.as_deref(), Some("uid-upper-1"));
+        assert!(
+            env[2].value_from.is_some(),
+            "the pod's IP is the lower one's"
         );
     }
 

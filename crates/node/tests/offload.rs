@@ -966,3 +966,91 @@ async fn a_pod_of_a_custom_upper_scheduler_runs_through_the_lower_default_schedu
     assert_eq!(spec.node_name, None);
     stop.cancel();
 }
+
+/// Issue 22 (downward API fidelity): an offloaded pod's containers see the upper pod's
+/// identity through env `fieldRef`s (its UID, the virtual node as its node, its labels
+/// without our marks), and the truth of where it runs for its IP.
+#[tokio::test]
+async fn downward_api_env_of_an_offloaded_pod_is_the_upper_pods_identity() {
+    use kube::api::AttachParams;
+    use std::collections::BTreeMap;
+    use tokio::io::AsyncReadExt;
+    let (env, stop) = start().await;
+    let (upper, lower) = (&env.clusters[0].client, &env.clusters[1].client);
+    let upper_pods: Api<Pod> = Api::namespaced(upper.clone(), "default");
+    let lower_pods: Api<Pod> = Api::namespaced(lower.clone(), "default");
+    let field = |name: &str, path: &str| json!({"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}});
+    upper_pods
+        .create(
+            &PostParams::default(),
+            &pod(
+                "ident",
+                "vk-lower",
+                json!({
+                    "metadata": {"labels": {"pod-group.scheduling.sigs.k8s.io": "pg-1"}},
+                    "spec": {"containers": [{"name": "c", "image": "nginx:1.27", "env": [
+                        field("UID", "metadata.uid"),
+                        field("NODE", "spec.nodeName"),
+                        field("APP", "metadata.labels['app']"),
+                        field("GROUP", "metadata.labels['pod-group.scheduling.sigs.k8s.io']"),
+                        field("VIRTUAL", "metadata.labels['virtual-pod']"),
+                        field("SA", "spec.serviceAccountName"),
+                        field("NAME", "metadata.name"),
+                        field("NS", "metadata.namespace"),
+                        field("IP", "status.podIP"),
+                    ]}]}
+                }),
+            ),
+        )
+        .await
+        .unwrap();
+    let running = eventually(30, "ident Running upstairs with its IP", || async {
+        let p = upper_pods.get_opt("ident").await.ok()??;
+        let status = p.status.as_ref()?;
+        (status.phase.as_deref() == Some("Running") && status.pod_ip.is_some()).then_some(p)
+    })
+    .await;
+    let copy = lower_pods.get("ident").await.unwrap();
+    assert_ne!(
+        copy.metadata.uid, running.metadata.uid,
+        "the copy is another object"
+    );
+
+    let mut exec = upper_pods
+        .exec("ident", ["env"], &AttachParams::default().stderr(false))
+        .await
+        .unwrap();
+    let mut out = String::new();
+    exec.stdout()
+        .unwrap()
+        .read_to_string(&mut out)
+        .await
+        .unwrap();
+    let status = exec.take_status().unwrap().await.unwrap();
+    assert_eq!(status.status.as_deref(), Some("Success"), "{status:?}");
+    let seen: BTreeMap<&str, &str> = out.lines().filter_map(|l| l.split_once('=')).collect();
+    let spec = running.spec.as_ref().unwrap();
+    let want = [
+        ("UID", running.metadata.uid.clone().unwrap()),
+        ("NODE", "vk-lower".to_owned()),
+        ("APP", "ident".to_owned()),
+        ("GROUP", "pg-1".to_owned()),
+        ("VIRTUAL", String::new()),
+        ("SA", spec.service_account_name.clone().unwrap()),
+        ("NAME", "ident".to_owned()),
+        ("NS", "default".to_owned()),
+        // Where the pod really runs: the lower pod's IP, which is also the upper pod's.
+        (
+            "IP",
+            running.status.as_ref().unwrap().pod_ip.clone().unwrap(),
+        ),
+    ];
+    for (name, value) in &want {
+        assert_eq!(seen.get(name), Some(&value.as_str()), "{name} in:\n{out}");
+    }
+    assert_eq!(
+        copy.status.as_ref().and_then(|s| s.pod_ip.as_deref()),
+        seen.get("IP").copied()
+    );
+    stop.cancel();
+}
