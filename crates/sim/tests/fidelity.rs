@@ -871,11 +871,12 @@ async fn scale_subresource_reads_and_writes_the_replicas() {
     .unwrap_err();
     assert_eq!((e.code, e.reason.as_str()), (405, "MethodNotAllowed"));
 
-    // The controller follows: the ReplicaSet is scaled to the Deployment's count. (A real
+    // The controller follows: the ReplicaSet is scaled to the Deployment's count. A real
     // kube-controller-manager sharing two cores with other tests' control planes once took
-    // over 30 s to get there.)
+    // over 30 s to get there, and once over 90 s (likely because the five quick scalings above
+    // make its writes conflict, and its work queue backs off per object, doubling each time).
     let replicasets: Api<ReplicaSet> = Api::namespaced(client, "default");
-    eventually(90, "the ReplicaSet scaled to 2", || {
+    eventually(240, "the ReplicaSet scaled to 2", || {
         let replicasets = replicasets.clone();
         async move {
             let list = replicasets
