@@ -305,22 +305,7 @@ async fn logs_and_exec_upstairs_reach_the_lower_pod() {
     let (env, stop) = start().await;
     let upper = &env.clusters[0].client;
     let upper_pods: Api<Pod> = Api::namespaced(upper.clone(), "default");
-    upper_pods
-        .create(
-            &PostParams::default(),
-            &pod(
-                "web",
-                "vk-lower",
-                json!({"spec": {"containers": [{"name": "c", "image": "nginx:1.27",
-        "command": ["sh", "-c", "echo hello from below; sleep 100000"]}]}}),
-            ),
-        )
-        .await
-        .unwrap();
-    eventually(30, "running", || async {
-        (phase(&upper_pods, "web").await? == "Running").then_some(())
-    })
-    .await;
+    running_web(&upper_pods, "echo hello from below; sleep 100000").await;
     let logs = upper_pods.logs("web", &LogParams::default()).await.unwrap();
     assert!(logs.contains("hello from below"), "{logs}");
     let mut exec = upper_pods
@@ -343,6 +328,26 @@ async fn logs_and_exec_upstairs_reach_the_lower_pod() {
     stop.cancel();
 }
 
+/// Pod `web` upstairs, bound to the virtual node, running `sh -c script`; once Running.
+async fn running_web(upper_pods: &Api<Pod>, script: &str) {
+    upper_pods
+        .create(
+            &PostParams::default(),
+            &pod(
+                "web",
+                "vk-lower",
+                json!({"spec": {"containers": [{"name": "c", "image": "nginx:1.27",
+                    "command": ["sh", "-c", script]}]}}),
+            ),
+        )
+        .await
+        .unwrap();
+    eventually(30, "running", || async {
+        (phase(upper_pods, "web").await? == "Running").then_some(())
+    })
+    .await;
+}
+
 /// `kubectl debug` upstairs: the ephemeral container added to the upper pod (through its
 /// `ephemeralcontainers` subresource) is added to the lower pod, runs there, its status comes
 /// back up, and its logs and exec go through the virtual node to it.
@@ -354,22 +359,7 @@ async fn an_ephemeral_container_added_upstairs_runs_in_the_lower_pod_and_reports
     let (upper, lower) = (&env.clusters[0].client, &env.clusters[1].client);
     let upper_pods: Api<Pod> = Api::namespaced(upper.clone(), "default");
     let lower_pods: Api<Pod> = Api::namespaced(lower.clone(), "default");
-    upper_pods
-        .create(
-            &PostParams::default(),
-            &pod(
-                "web",
-                "vk-lower",
-                json!({"spec": {"containers": [{"name": "c", "image": "nginx:1.27",
-                    "command": ["sh", "-c", "echo app; sleep 100000"]}]}}),
-            ),
-        )
-        .await
-        .unwrap();
-    eventually(30, "running", || async {
-        (phase(&upper_pods, "web").await? == "Running").then_some(())
-    })
-    .await;
+    running_web(&upper_pods, "echo app; sleep 100000").await;
     upper_pods
         .patch_subresource(
             "ephemeralcontainers",
