@@ -301,7 +301,6 @@ async fn a_restart_adopts_what_exists_and_two_nodes_share_a_lower_cluster() {
 #[tokio::test]
 async fn logs_and_exec_upstairs_reach_the_lower_pod() {
     use kube::api::{AttachParams, LogParams};
-    use tokio::io::AsyncReadExt;
     let (env, stop) = start().await;
     let upper = &env.clusters[0].client;
     let upper_pods: Api<Pod> = Api::namespaced(upper.clone(), "default");
@@ -316,12 +315,7 @@ async fn logs_and_exec_upstairs_reach_the_lower_pod() {
         )
         .await
         .unwrap();
-    let mut out = String::new();
-    exec.stdout()
-        .unwrap()
-        .read_to_string(&mut out)
-        .await
-        .unwrap();
+    let out = stdout_of(&mut exec).await;
     assert_eq!(out, "up and down\n");
     let status = exec.take_status().unwrap().await.unwrap();
     assert_eq!(status.status.as_deref(), Some("Success"));
@@ -348,13 +342,24 @@ async fn running_web(upper_pods: &Api<Pod>, script: &str) {
     .await;
 }
 
+/// All an exec wrote on stdout.
+async fn stdout_of(exec: &mut kube::api::AttachedProcess) -> String {
+    use tokio::io::AsyncReadExt;
+    let mut out = String::new();
+    exec.stdout()
+        .unwrap()
+        .read_to_string(&mut out)
+        .await
+        .unwrap();
+    out
+}
+
 /// `kubectl debug` upstairs: the ephemeral container added to the upper pod (through its
 /// `ephemeralcontainers` subresource) is added to the lower pod, runs there, its status comes
 /// back up, and its logs and exec go through the virtual node to it.
 #[tokio::test]
 async fn an_ephemeral_container_added_upstairs_runs_in_the_lower_pod_and_reports_back() {
     use kube::api::{AttachParams, LogParams};
-    use tokio::io::AsyncReadExt;
     let (env, stop) = start().await;
     let (upper, lower) = (&env.clusters[0].client, &env.clusters[1].client);
     let upper_pods: Api<Pod> = Api::namespaced(upper.clone(), "default");
@@ -408,12 +413,7 @@ async fn an_ephemeral_container_added_upstairs_runs_in_the_lower_pod_and_reports
         )
         .await
         .unwrap();
-    let mut out = String::new();
-    exec.stdout()
-        .unwrap()
-        .read_to_string(&mut out)
-        .await
-        .unwrap();
+    let out = stdout_of(&mut exec).await;
     assert_eq!(out, "in the debugger\n");
 
     // A second one is added next to the first, which stays as it was.
@@ -964,7 +964,6 @@ async fn a_pod_of_a_custom_upper_scheduler_runs_through_the_lower_default_schedu
 async fn downward_api_env_of_an_offloaded_pod_is_the_upper_pods_identity() {
     use kube::api::AttachParams;
     use std::collections::BTreeMap;
-    use tokio::io::AsyncReadExt;
     let (env, stop) = start().await;
     let (upper, lower) = (&env.clusters[0].client, &env.clusters[1].client);
     let upper_pods: Api<Pod> = Api::namespaced(upper.clone(), "default");
@@ -1010,12 +1009,7 @@ async fn downward_api_env_of_an_offloaded_pod_is_the_upper_pods_identity() {
         .exec("ident", ["env"], &AttachParams::default().stderr(false))
         .await
         .unwrap();
-    let mut out = String::new();
-    exec.stdout()
-        .unwrap()
-        .read_to_string(&mut out)
-        .await
-        .unwrap();
+    let out = stdout_of(&mut exec).await;
     let status = exec.take_status().unwrap().await.unwrap();
     assert_eq!(status.status.as_deref(), Some("Success"), "{status:?}");
     let seen: BTreeMap<&str, &str> = out.lines().filter_map(|l| l.split_once('=')).collect();

@@ -108,14 +108,7 @@ fn log_lines(pod: &Pod, c: &Container, attempt: i32) -> Vec<String> {
         pod.metadata.name.as_deref().unwrap_or_default(),
         c.image.as_deref().unwrap_or_default()
     )];
-    let words: Vec<String> = c
-        .command
-        .iter()
-        .flatten()
-        .chain(c.args.iter().flatten())
-        .cloned()
-        .collect();
-    let script = words.join(" ");
+    let script = super::containers::argv(c).join(" ");
     for part in script.split([';', '&']) {
         let part = part.trim();
         let at = if part.starts_with("echo ") {
@@ -233,12 +226,9 @@ fn shell_session(c: &Container) -> Option<Vec<String>> {
     if c.stdin != Some(true) {
         return None;
     }
-    let argv: Vec<String> = c
-        .command
-        .iter()
-        .flatten()
-        .chain(c.args.iter().flatten())
-        .cloned()
+    let argv: Vec<String> = super::containers::argv(c)
+        .into_iter()
+        .map(str::to_owned)
         .collect();
     let program = argv.first()?.rsplit('/').next()?;
     let flags_only = argv

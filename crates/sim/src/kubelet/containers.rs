@@ -23,6 +23,17 @@ pub(super) enum Program {
     Exit(i32),
 }
 
+/// A container's command line: its command, then its args.
+pub(super) fn argv(container: &Container) -> Vec<&str> {
+    container
+        .command
+        .iter()
+        .flatten()
+        .chain(container.args.iter().flatten())
+        .map(String::as_str)
+        .collect()
+}
+
 /// Commands that end by themselves (each statement of a script must be one for the script to
 /// end): shell built-ins, the usual file and text tools, and one-shot interpreters.
 const FINITE: &[&str] = &[
@@ -38,11 +49,8 @@ const FINITE: &[&str] = &[
 /// statement (`false` is 1); anything else (an image's own entrypoint, a server, a loop) runs
 /// for ever.
 pub(super) fn program(container: &Container) -> Program {
-    let words: Vec<&str> = container
-        .command
-        .iter()
-        .flatten()
-        .chain(container.args.iter().flatten())
+    let words: Vec<&str> = argv(container)
+        .into_iter()
         .flat_map(|s| s.split(|c: char| c.is_whitespace() || c == ';'))
         .filter(|w| !w.is_empty())
         .collect();
@@ -58,13 +66,7 @@ pub(super) fn program(container: &Container) -> Program {
 
 /// The exit status of a command that ends by itself, `None` for one that may not.
 fn finite(container: &Container) -> Option<i32> {
-    let argv: Vec<&str> = container
-        .command
-        .iter()
-        .flatten()
-        .chain(container.args.iter().flatten())
-        .map(String::as_str)
-        .collect();
+    let argv = argv(container);
     let base = |w: &str| w.rsplit('/').next().unwrap_or(w).to_owned();
     let first = base(argv.first()?);
     let statements: Vec<String> =
