@@ -137,6 +137,13 @@ pub const ANNOTATION_UPPER_UID: &str = "tensile-kube.io/upper-uid";
 /// Our annotation on lower pods: the annotation keys copied from the upper pod, so that a key
 /// removed upstairs is removed downstairs without touching keys written by the lower cluster.
 pub const ANNOTATION_SYNCED_ANNOTATIONS: &str = "tensile-kube.io/synced-annotations";
+/// Our label on the lower Secret holding an offloaded pod's upper service-account tokens
+/// ([`crate::identity`]): the upper pod's UID. The copy controllers leave such Secrets alone.
+pub const LABEL_TOKEN_OF: &str = "tensile-kube.io/token-of";
+/// Our annotation on a token Secret: the name of the pod it serves.
+pub const ANNOTATION_TOKEN_POD: &str = "tensile-kube.io/pod";
+/// Our annotation on a token Secret: when its earliest token is to be replaced (RFC 3339).
+pub const ANNOTATION_TOKEN_REFRESH_AT: &str = "tensile-kube.io/refresh-at";
 
 /// Our annotation on upper pods: the virtual nodes the pod's required node affinity excludes
 /// because the pod (or another pod of its owner) could not be placed in their lower clusters;

@@ -27,6 +27,7 @@ pub mod deschedule;
 pub mod events;
 pub mod extender;
 pub mod fit;
+pub mod identity;
 pub mod inject;
 pub mod keys;
 pub mod lease;

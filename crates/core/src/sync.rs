@@ -137,6 +137,7 @@ mod tests {
         TranslateConfig {
             owner: OWNER.into(),
             ignore_labels: Vec::new(),
+            upper_api: None,
         }
     }
 

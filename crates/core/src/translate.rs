@@ -33,6 +33,9 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use crate::cluster_selector::{ClusterSelector, ClusterSelectorError};
 use crate::deps::is_service_account_token_volume;
+use crate::identity::{
+    UpperApi, add_service_env, rewrite_token_volumes, token_needs, token_secret_name,
+};
 use crate::keys::{
     ANNOTATION_CONFIG_MIRROR, ANNOTATION_LOWER_SCHEDULER_NAME, ANNOTATION_SYNCED_ANNOTATIONS,
     ANNOTATION_TRIPPED_LABELS, ANNOTATION_UPPER_UID, DEFAULT_SCHEDULER, LABEL_OWNER,
@@ -47,6 +50,10 @@ pub struct TranslateConfig {
     /// `--ignore-labels`: pod label keys removed from lower pods and recorded in
     /// `tripped-labels`.
     pub ignore_labels: Vec<String>,
+    /// Upper identity ([`crate::identity`]): where pods reach the upper API server. `None`
+    /// keeps the original behaviour: token volumes are dropped and the lower cluster's own
+    /// ServiceAccount admission mounts lower tokens.
+    pub upper_api: Option<UpperApi>,
 }
 
 impl TranslateConfig {
@@ -55,6 +62,7 @@ impl TranslateConfig {
         Self {
             owner: owner.into(),
             ignore_labels: vec![crate::keys::DEFAULT_IGNORE_LABELS.to_owned()],
+            upper_api: None,
         }
     }
 }
@@ -168,7 +176,9 @@ pub fn lower_pod(upper: &Pod, cfg: &TranslateConfig) -> Result<Pod, TranslateErr
         annotations: Some(lower_annotations(upper, &tripped)),
         ..ObjectMeta::default()
     };
-    let mut spec = lower_spec(spec, selector.as_ref());
+    // With upper identity, token volumes read our per-pod Secret instead of being dropped.
+    let tokens = cfg.upper_api.as_ref().and(upper.metadata.uid.as_deref()).map(token_secret_name);
+    let mut spec = lower_spec(spec, selector.as_ref(), tokens.as_deref());
     spec.scheduler_name = Some(lower_scheduler_name(upper).to_owned());
     let mut lower = Pod {
         metadata,
@@ -193,6 +203,9 @@ pub fn lower_pod(upper: &Pod, cfg: &TranslateConfig) -> Result<Pod, TranslateErr
         for (c, env) in spec.init_containers.iter_mut().flatten().zip(inits) {
             c.env = env;
         }
+    }
+    if let (Some(api), Some(spec)) = (cfg.upper_api.as_ref(), lower.spec.as_mut()) {
+        add_service_env(spec, api);
     }
     Ok(lower)
 }
@@ -361,7 +374,13 @@ pub fn recovered_labels(lower: &ObjectMeta) -> Result<BTreeMap<String, String>, 
     Ok(labels)
 }
 
-fn lower_spec(upper: &PodSpec, selector: Option<&ClusterSelector>) -> PodSpec {
+/// The lower spec; `token_secret` names our Secret of upper tokens when the pod keeps its upper
+/// identity (its token volumes then read it), `None` drops the token volumes.
+fn lower_spec(
+    upper: &PodSpec,
+    selector: Option<&ClusterSelector>,
+    token_secret: Option<&str>,
+) -> PodSpec {
     let mut spec = upper.clone();
     spec.node_name = None;
     spec.ephemeral_containers = None;
@@ -369,7 +388,13 @@ fn lower_spec(upper: &PodSpec, selector: Option<&ClusterSelector>) -> PodSpec {
     spec.preemption_policy = None;
     spec.overhead = None;
 
-    let dropped = token_volume_names(upper);
+    let dropped = match token_secret {
+        Some(secret) => {
+            rewrite_token_volumes(&mut spec, secret, &token_needs(upper));
+            BTreeSet::new()
+        }
+        None => token_volume_names(upper),
+    };
     if !dropped.is_empty() {
         spec.volumes = non_empty(
             spec.volumes
@@ -685,6 +710,54 @@ pub(crate) mod tests {
                 .is_none()
         );
     }
+    #[test]
+    fn with_upper_identity_token_volumes_read_our_secret_and_env_names_the_upper_api() {
+        let p = bound_pod();
+        let cfg = TranslateConfig {
+            upper_api: Some(UpperApi {
+                host: "upper.example".into(),
+                port: 6443,
+            }),
+            ..cfg()
+        };
+        let lower = lower_pod(&p, &cfg).unwrap();
+        let s = spec(&lower);
+        let access = s
+            .volumes
+            .iter()
+            .flatten()
+            .find(|v| v.name.starts_with("kube-api-access-"))
+            .unwrap();
+        let secrets: Vec<_> = access
+            .projected
+            .as_ref()
+            .unwrap()
+            .sources
+            .iter()
+            .flatten()
+            .filter_map(|s| s.secret.as_ref())
+            .map(|s| s.name.as_str())
+            .collect();
+        assert_eq!(secrets, ["tensile-token-uid-upper-1"; 2]);
+        // The mount stays, so the lower ServiceAccount admission adds no token of its own.
+        assert!(
+            s.containers[0]
+                .volume_mounts
+                .iter()
+                .flatten()
+                .any(|m| m.name == access.name)
+        );
+        let env = s.containers[0].env.as_ref().unwrap();
+        assert_eq!(env[0].name, "KUBERNETES_SERVICE_HOST");
+        assert_eq!(env[0].value.as_deref(), Some("upper.example"));
+        // A copy made so is no change of the pod.
+        let mut stored = lower.clone();
+        stored.metadata.uid = Some("uid-lower-1".into());
+        stored.spec.as_mut().unwrap().node_name = Some("lower-node-3".into());
+        let update = crate::update::lower_pod_update(&p, &stored, &cfg).unwrap();
+        assert!(update.is_noop(), "{update:?}");
+    }
+
 
     #[test]
     fn checklist_26_cluster_selector_gives_node_selector_tolerations_and_required_affinity() {

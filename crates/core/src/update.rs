@@ -15,6 +15,7 @@ use serde_json::{Map, Value, json};
 
 use crate::cluster_selector::ClusterSelector;
 use crate::deps::is_owned_by;
+use crate::identity::with_service_env;
 use crate::keys::{
     ANNOTATION_CLUSTER_SELECTOR, ANNOTATION_UPPER_UID, LABEL_OWNER, owner_label_value,
 };
@@ -216,7 +217,7 @@ pub fn lower_pod_update(
         }
     }
 
-    update.ephemeral_containers = ephemeral_additions(upper, lower);
+    update.ephemeral_containers = ephemeral_additions(upper, lower, cfg);
 
     let mut patch = Map::new();
     if !metadata.is_empty() {
@@ -351,7 +352,11 @@ fn added_tolerations(current: &[Toleration], wanted: &[Toleration]) -> Vec<Toler
 
 /// The full ephemeral-container list the lower pod should get, when the upper pod has
 /// ephemeral containers (`kubectl debug`) the lower pod lacks. Existing ones are never changed.
-fn ephemeral_additions(upper: &Pod, lower: &Pod) -> Option<Vec<EphemeralContainer>> {
+fn ephemeral_additions(
+    upper: &Pod,
+    lower: &Pod,
+    cfg: &TranslateConfig,
+) -> Option<Vec<EphemeralContainer>> {
     let upper_spec = upper.spec.as_ref()?;
     let empty = PodSpec::default();
     let have = lower.spec.as_ref().unwrap_or(&empty);
@@ -361,7 +366,11 @@ fn ephemeral_additions(upper: &Pod, lower: &Pod) -> Option<Vec<EphemeralContaine
         .flatten()
         .map(|c| c.name.as_str())
         .collect();
-    let dropped = token_volume_names(upper_spec);
+    // With upper identity the token volumes stay (they read our Secret), and so do their mounts.
+    let dropped = match cfg.upper_api {
+        Some(_) => BTreeSet::new(),
+        None => token_volume_names(upper_spec),
+    };
     let new: Vec<EphemeralContainer> = upper_spec
         .ephemeral_containers
         .iter()
@@ -370,6 +379,9 @@ fn ephemeral_additions(upper: &Pod, lower: &Pod) -> Option<Vec<EphemeralContaine
         .map(|c| {
             let mut c = strip_token_mounts(c.clone(), &dropped);
             c.env = pin_downward_env(c.env.as_deref(), upper, lower);
+            if let Some(api) = &cfg.upper_api {
+                c.env = with_service_env(c.env.take(), api);
+            }
             c
         })
         .collect();
