@@ -12,12 +12,25 @@ use tensile_core::node::{
     NodeIdentity, kubelet_port, node_taint, parse_controllers, parse_node_label,
     parse_service_filter,
 };
+use tensile_core::identity::UpperApi;
 use tensile_core::translate::TranslateConfig;
-use tensile_node::clients::{ApiCalls, KubeconfigSource, build_client, build_client_with_server};
+use tensile_node::clients::{
+    ApiCalls, KubeconfigSource, build_client, build_client_with_server, load_config,
+    override_server,
+};
 use tensile_node::node::NodeLoop;
 use tensile_node::pods::PodSync;
 use tensile_node::{ClientCa, KubeletApi, Metrics, VirtualNode};
 use tokio_util::sync::CancellationToken;
+
+/// `--pod-identity`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum PodIdentity {
+    /// The upper cluster's.
+    Upper,
+    /// The lower cluster's.
+    Lower,
+}
 
 /// Flags of `tensile virtual-node` (the original's names and defaults).
 #[derive(Debug, clap::Args)]
@@ -138,6 +151,15 @@ pub struct VirtualNodeArgs {
     /// never; the node stays Ready, tainted NoSchedule, so nothing is evicted).
     #[arg(long)]
     not_ready_after_seconds: Option<u64>,
+    /// Whose Kubernetes API offloaded pods see: `upper` gives them ServiceAccount tokens the
+    /// upper cluster issued for the upper pod, its CA and KUBERNETES_SERVICE_HOST/PORT;
+    /// `lower` drops the upper tokens and lets the lower cluster mount its own (the original).
+    #[arg(long, value_enum, default_value = "upper")]
+    pod_identity: PodIdentity,
+    /// The upper API server as offloaded pods reach it (host:port, [IPv6]:port or an https URL),
+    /// for KUBERNETES_SERVICE_HOST/PORT (default: the server of the upper kubeconfig).
+    #[arg(long)]
+    upper_api_address: Option<String>,
     /// Address of the kubelet API (the port comes from KUBELET_PORT).
     #[arg(long, default_value = "0.0.0.0")]
     kubelet_address: IpAddr,
@@ -278,6 +300,21 @@ pub(crate) async fn assemble(
         )
     };
     let upper = upper_client().await.context("upper cluster client")?;
+    let upper_api = match args.pod_identity {
+        PodIdentity::Lower => None,
+        PodIdentity::Upper => Some(match &args.upper_api_address {
+            Some(text) => UpperApi::parse(text)?,
+            None => {
+                let mut config = load_config(&upper_source).await?;
+                if let Some(url) = master_uri.as_deref().filter(|u| !u.trim().is_empty()) {
+                    override_server(&mut config, url)?;
+                }
+                UpperApi::parse(&config.cluster_url.to_string()).context(
+                    "the upper kubeconfig's server cannot be given to pods; set --upper-api-address",
+                )?
+            }
+        }),
+    };
     // The same limits again, in a bucket of its own: events never wait for pods or delay them.
     let upper_events = upper_client()
         .await
@@ -384,6 +421,7 @@ pub(crate) async fn assemble(
             translate: TranslateConfig {
                 owner,
                 ignore_labels,
+                upper_api,
             },
             workers: args.pod_sync_workers,
             service_accounts: args.enable_serviceaccount,

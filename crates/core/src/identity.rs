@@ -22,7 +22,7 @@ use k8s_openapi::api::core::v1::{
     Container, EnvVar, KeyToPath, Pod, PodSpec, ProjectedVolumeSource, Secret, SecretProjection,
     Volume, VolumeProjection,
 };
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 
 use crate::deps::is_service_account_token_volume;
@@ -39,6 +39,69 @@ pub struct UpperApi {
     pub host: String,
     /// TCP port.
     pub port: u16,
+}
+
+/// Why an `--upper-api-address` cannot be used.
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "upper API address {text:?}: {why} (expected host:port, [IPv6]:port, host, or an https:// URL)"
+)]
+pub struct UpperApiError {
+    /// The text given.
+    pub text: String,
+    /// What is wrong with it.
+    pub why: &'static str,
+}
+
+impl UpperApi {
+    /// Reads `host:port`, `[IPv6]:port`, a bare host (port 443) or an `https://host[:port][/]`
+    /// URL (an API server URL, as in a kubeconfig).
+    pub fn parse(text: &str) -> Result<Self, UpperApiError> {
+        let fail = |why| UpperApiError {
+            text: text.to_owned(),
+            why,
+        };
+        let trimmed = text.trim();
+        let rest = match trimmed.split_once("://") {
+            Some(("https", rest)) => rest,
+            Some(_) => return Err(fail("only https reaches an API server from a pod")),
+            None => trimmed,
+        };
+        let authority = rest.split('/').next().unwrap_or_default();
+        let (host, port) = if let Some(v6) = authority.strip_prefix('[') {
+            let (host, after) = v6.split_once(']').ok_or_else(|| fail("unclosed '['"))?;
+            match after {
+                "" => (host, None),
+                _ => (
+                    host,
+                    Some(after.strip_prefix(':').ok_or_else(|| fail("junk after ']'"))?),
+                ),
+            }
+        } else {
+            match authority.rsplit_once(':') {
+                Some((host, _)) if host.contains(':') => {
+                    return Err(fail("an IPv6 address needs brackets: [addr]:port"));
+                }
+                Some((host, port)) => (host, Some(port)),
+                None => (authority, None),
+            }
+        };
+        if host.is_empty() {
+            return Err(fail("no host"));
+        }
+        let port = match port {
+            None => 443,
+            Some(p) => p
+                .parse::<u16>()
+                .ok()
+                .filter(|p| *p != 0)
+                .ok_or_else(|| fail("the port is not a number from 1 to 65535"))?,
+        };
+        Ok(UpperApi {
+            host: host.to_owned(),
+            port,
+        })
+    }
 }
 
 /// What the API server sets a projected token's `expirationSeconds` to when the pod names none.
@@ -299,14 +362,48 @@ pub enum TokenSecretError {
     MissingMetadata(&'static str),
 }
 
+/// The lower pod a token Secret belongs to: the Secret is garbage-collected with it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LowerPodRef<'a> {
+    /// Its name (the upper pod's).
+    pub name: &'a str,
+    /// Its UID in the lower cluster.
+    pub uid: &'a str,
+}
+
+impl LowerPodRef<'_> {
+    /// The owner reference naming it.
+    pub fn owner_reference(&self) -> OwnerReference {
+        OwnerReference {
+            api_version: "v1".to_owned(),
+            kind: "Pod".to_owned(),
+            name: self.name.to_owned(),
+            uid: self.uid.to_owned(),
+            ..OwnerReference::default()
+        }
+    }
+}
+
+/// Whether `secret` names `pod` among its owners.
+fn owned_by_pod(secret: &Secret, pod: LowerPodRef<'_>) -> bool {
+    secret
+        .metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .any(|r| r.kind == "Pod" && r.uid == pod.uid)
+}
+
 /// Our lower Secret for `upper` holding `tokens`, `ca_crt` (the upper cluster's CA bundle) and
-/// the namespace: owned by `owner`, labelled with the pod's UID, and annotated with its name and
-/// when the earliest token is due for refresh.
+/// the namespace: owned by `owner`, labelled with the pod's UID, annotated with its name and
+/// when the earliest token is due for refresh, and owned by the lower pod once it exists (the
+/// Secret is made before it, so the pod's volume is there when the kubelet mounts it).
 pub fn token_secret(
     upper: &Pod,
     owner: &str,
     tokens: &[IssuedToken],
     ca_crt: &str,
+    lower: Option<LowerPodRef<'_>>,
 ) -> Result<Secret, TokenSecretError> {
     let meta = &upper.metadata;
     let uid = meta
@@ -350,6 +447,7 @@ pub fn token_secret(
                 (LABEL_TOKEN_OF.to_owned(), uid.to_owned()),
             ])),
             annotations: Some(annotations),
+            owner_references: lower.map(|l| vec![l.owner_reference()]),
             ..ObjectMeta::default()
         },
         type_: Some("Opaque".to_owned()),
@@ -365,12 +463,31 @@ pub enum TokenStep {
     None,
     /// Request the tokens and write the Secret (missing, lacking a token, or due).
     Write,
+    /// The tokens are current but the Secret is not owned by the lower pod yet: add the owner
+    /// reference, then look again at this time.
+    Own(Timestamp),
     /// All is current; look again at this time.
     RecheckAt(Timestamp),
 }
 
-/// The [`TokenStep`] for `upper` given our current Secret for it (`None`: there is none).
-pub fn token_step(upper: &Pod, secret: Option<&Secret>, now: Timestamp) -> TokenStep {
+impl TokenStep {
+    /// When to look again, for the steps that leave the tokens as they are.
+    pub fn recheck_time(&self) -> Option<Timestamp> {
+        match self {
+            TokenStep::Own(at) | TokenStep::RecheckAt(at) => Some(*at),
+            TokenStep::None | TokenStep::Write => None,
+        }
+    }
+}
+
+/// The [`TokenStep`] for `upper` given our current Secret for it (`None`: there is none) and
+/// its lower pod, if that exists yet.
+pub fn token_step(
+    upper: &Pod,
+    secret: Option<&Secret>,
+    lower: Option<LowerPodRef<'_>>,
+    now: Timestamp,
+) -> TokenStep {
     let needs = upper.spec.as_ref().map(token_needs).unwrap_or_default();
     if needs.is_empty() {
         return TokenStep::None;
@@ -390,7 +507,10 @@ pub fn token_step(upper: &Pod, secret: Option<&Secret>, now: Timestamp) -> Token
         .and_then(|a| a.get(ANNOTATION_TOKEN_REFRESH_AT))
         .and_then(|t| t.parse::<Timestamp>().ok());
     match due {
-        Some(at) if has_all && at > now => TokenStep::RecheckAt(at),
+        Some(at) if has_all && at > now => match lower {
+            Some(pod) if !owned_by_pod(secret, pod) => TokenStep::Own(at),
+            _ => TokenStep::RecheckAt(at),
+        },
         _ => TokenStep::Write,
     }
 }
@@ -569,6 +689,26 @@ mod tests {
         assert_eq!(v6[3].value.as_deref(), Some("tcp://[fd00::1]:443"));
     }
 
+    #[test]
+    fn upper_api_addresses_are_read_in_every_usual_form() {
+        let ok = |t: &str| {
+            let a = UpperApi::parse(t).unwrap();
+            (a.host, a.port)
+        };
+        assert_eq!(ok("10.0.0.1:6443"), ("10.0.0.1".into(), 6443));
+        assert_eq!(ok("api.example"), ("api.example".into(), 443));
+        assert_eq!(ok("https://api.example:8443/"), ("api.example".into(), 8443));
+        assert_eq!(ok("[fd00::1]:6443"), ("fd00::1".into(), 6443));
+        assert_eq!(ok("[fd00::1]"), ("fd00::1".into(), 443));
+        for bad in ["http://a:80", "fd00::1:443", "a:0", "a:http", ":443", "[fd00::1", ""] {
+            assert!(UpperApi::parse(bad).is_err(), "{bad}");
+        }
+        assert_eq!(
+            UpperApi::parse("a:x").unwrap_err().to_string(),
+            "upper API address \"a:x\": the port is not a number from 1 to 65535 (expected host:port, [IPv6]:port, host, or an https:// URL)"
+        );
+    }
+
     fn ts(s: &str) -> Timestamp {
         s.parse().unwrap()
     }
@@ -614,9 +754,11 @@ mod tests {
                 issued("token-1", "2026-01-01T00:10:00Z", 600),
             ],
             "PEM",
+            None,
         )
         .unwrap();
         assert_eq!(s.metadata.name.as_deref(), Some("tensile-token-u-1"));
+        assert!(s.metadata.owner_references.is_none());
         assert_eq!(s.metadata.namespace.as_deref(), Some("shop"));
         let labels = s.metadata.labels.as_ref().unwrap();
         assert_eq!(labels[LABEL_OWNER], owner_label_value("vk-1"));
@@ -631,43 +773,62 @@ mod tests {
         let mut nameless = p.clone();
         nameless.metadata.uid = None;
         assert_eq!(
-            token_secret(&nameless, "vk-1", &[], "PEM").unwrap_err(),
+            token_secret(&nameless, "vk-1", &[], "PEM", None).unwrap_err(),
             TokenSecretError::MissingMetadata("uid")
         );
     }
 
     #[test]
-    fn a_secret_is_written_when_missing_incomplete_or_due_and_rechecked_otherwise() {
+    fn a_secret_is_written_when_missing_incomplete_or_due_owned_then_rechecked() {
         let p = pod(api_access_spec());
         let now = ts("2026-01-01T00:30:00Z");
-        assert_eq!(token_step(&p, None, now), TokenStep::Write);
-        let fresh = token_secret(
-            &p,
-            "vk-1",
-            &[issued("token-0", "2026-01-01T01:00:00Z", 3600)],
-            "PEM",
-        )
-        .unwrap();
+        let lower = LowerPodRef {
+            name: "web",
+            uid: "lower-1",
+        };
+        assert_eq!(token_step(&p, None, None, now), TokenStep::Write);
+        let tokens = [issued("token-0", "2026-01-01T01:00:00Z", 3600)];
+        let fresh = token_secret(&p, "vk-1", &tokens, "PEM", None).unwrap();
+        let due = ts("2026-01-01T00:48:00Z");
         assert_eq!(
-            token_step(&p, Some(&fresh), now),
-            TokenStep::RecheckAt(ts("2026-01-01T00:48:00Z"))
+            token_step(&p, Some(&fresh), None, now),
+            TokenStep::RecheckAt(due)
         );
         assert_eq!(
-            token_step(&p, Some(&fresh), ts("2026-01-01T00:48:00Z")),
+            token_step(&p, Some(&fresh), Some(lower), now),
+            TokenStep::Own(due)
+        );
+        let owned = token_secret(&p, "vk-1", &tokens, "PEM", Some(lower)).unwrap();
+        assert_eq!(
+            owned.metadata.owner_references.as_ref().unwrap()[0].uid,
+            "lower-1"
+        );
+        assert_eq!(
+            token_step(&p, Some(&owned), Some(lower), now),
+            TokenStep::RecheckAt(due)
+        );
+        assert_eq!(
+            token_step(&p, Some(&owned), Some(lower), due),
             TokenStep::Write
         );
-        let mut incomplete = fresh.clone();
+        let mut incomplete = owned.clone();
         incomplete.data.as_mut().unwrap().remove("token-0");
-        assert_eq!(token_step(&p, Some(&incomplete), now), TokenStep::Write);
-        let mut unreadable = fresh;
+        assert_eq!(
+            token_step(&p, Some(&incomplete), Some(lower), now),
+            TokenStep::Write
+        );
+        let mut unreadable = owned;
         unreadable
             .metadata
             .annotations
             .as_mut()
             .unwrap()
             .insert(ANNOTATION_TOKEN_REFRESH_AT.into(), "soon".into());
-        assert_eq!(token_step(&p, Some(&unreadable), now), TokenStep::Write);
+        assert_eq!(
+            token_step(&p, Some(&unreadable), Some(lower), now),
+            TokenStep::Write
+        );
         let no_token = pod(json!({"containers": [{"name": "c"}]}));
-        assert_eq!(token_step(&no_token, None, now), TokenStep::None);
+        assert_eq!(token_step(&no_token, None, None, now), TokenStep::None);
     }
 }

@@ -21,6 +21,7 @@ pub mod node;
 pub mod pods;
 mod queue;
 pub mod reach;
+pub mod tokens;
 pub mod volumes;
 
 use std::net::SocketAddr;

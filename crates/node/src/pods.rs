@@ -45,6 +45,7 @@ use crate::events::{EventSink, PodEvent};
 use crate::namespaces::LowerNamespaces;
 use crate::needs::Side;
 use crate::queue::{Hold, Holds, Queue, Receiver};
+use crate::tokens::Tokens;
 
 /// Where a pod sync spends its time: the Prometheus histogram `tensile_pod_sync_seconds`
 /// with `stage` `queue_wait` (a changed pod waiting for a worker), `reconcile` (one whole
@@ -77,7 +78,7 @@ impl SyncMetrics {
         let m = Self::default();
         registry.register(
             "tensile_pod_sync_seconds",
-            "Time a pod sync spends per stage: queue_wait, reconcile, lower_pod_create",
+            "Time a pod sync spends per stage: queue_wait, reconcile, lower_pod_create, upper_tokens",
             m.family.clone(),
         );
         m
@@ -154,6 +155,8 @@ struct Ctx {
     /// Pods whose Pending status is held back (see [`STATUS_COALESCE`]).
     held_statuses: Holds<Key>,
     queue: Queue<Key>,
+    /// Upper service-account tokens, with upper identity (`TranslateConfig::upper_api`).
+    tokens: Option<Tokens>,
 }
 
 /// How long a Pending status may wait upstairs for a newer one (`may_coalesce`): short next
@@ -309,10 +312,30 @@ pub async fn run_with_store(
         }
     };
     tokio::spawn(feed);
-    // Nothing is decided before both caches are complete: an absent lower pod must mean absent.
+    let tokens = cfg.translate.upper_api.is_some().then(|| {
+        Tokens::start(
+            cfg.upper.clone(),
+            cfg.lower.clone(),
+            cfg.translate.owner.clone(),
+            cfg.lower_name.clone(),
+            upper_objects.config_maps.clone(),
+            queue.clone(),
+            stop.clone(),
+        )
+    });
+    // Nothing is decided before the caches are complete: an absent lower pod must mean absent.
+    let tokens_ready = async {
+        if let Some(t) = &tokens {
+            t.wait_until_ready().await;
+        }
+    };
     tokio::select! {
         () = stop.cancelled() => return,
-        _ = futures::future::join(upper_pods.wait_until_ready(), lower_pods.wait_until_ready()) => {}
+        _ = futures::future::join3(
+            upper_pods.wait_until_ready(),
+            lower_pods.wait_until_ready(),
+            tokens_ready,
+        ) => {}
     }
     tokio::spawn(crate::mirror_events::run(
         crate::mirror_events::EventMirror {
@@ -339,6 +362,7 @@ pub async fn run_with_store(
         namespaces,
         held_statuses: Holds::new(STATUS_COALESCE),
         queue: queue.clone(),
+        tokens,
     });
     for k in ctx
         .upper_pods
@@ -537,9 +561,24 @@ async fn reconcile(ctx: &Ctx, key: &Key) -> Result<(), SyncError> {
         ))),
         PodStep::Sync { update, status } => {
             let status = status.filter(|s| !(may_coalesce(s) && ctx.hold_status(key)));
-            sync_existing(ctx, u, &update, status).await
+            sync_existing(ctx, u, &update, status).await?;
+            sync_tokens(ctx, u, l).await
         }
     }
+}
+
+/// Keeps the upper tokens of a pod whose lower copy exists current (with upper identity).
+async fn sync_tokens(ctx: &Ctx, u: &Pod, l: Option<&Pod>) -> Result<(), SyncError> {
+    let (Some(tokens), Some(l)) = (&ctx.tokens, l) else {
+        return Ok(());
+    };
+    if u.metadata.deletion_timestamp.is_some() || l.metadata.deletion_timestamp.is_some() {
+        return Ok(());
+    }
+    let t0 = std::time::Instant::now();
+    let result = tokens.sync(u, Some(l)).await;
+    ctx.metrics.observe("upper_tokens", t0.elapsed());
+    result.map_err(|e| SyncError(e.to_string()))
 }
 
 /// Carries a [`PodStep::Sync`] out: the lower patch, ephemeral containers, the upper status.
@@ -701,6 +740,13 @@ async fn create_lower_steps(ctx: &Ctx, u: &Pod) -> Result<(), SyncError> {
                 }
             }
             LowerKind::Pod => {
+                if let Some(tokens) = &ctx.tokens {
+                    // The token Secret first: the kubelet mounts it when the pod starts.
+                    let t0 = std::time::Instant::now();
+                    let written = tokens.sync(u, None).await;
+                    ctx.metrics.observe("upper_tokens", t0.elapsed());
+                    written.map_err(|e| SyncError(e.to_string()))?;
+                }
                 let pod = lower_pod(u, &ctx.cfg.translate).map_err(|e| SyncError(e.to_string()))?;
                 let t0 = std::time::Instant::now();
                 let created = ctx.lower_api(&ns).create(&pp, &pod).await;

@@ -239,3 +239,75 @@ mod tests {
         );
     }
 }
+
+/// Keys to put on a queue at a time of their own (a token's refresh): one sleeping task per
+/// key and time asked; asking again for the same time is free, and a new time supersedes the
+/// old one (whose task then wakes to nothing).
+pub struct Later<K> {
+    due: Arc<Mutex<HashMap<K, tokio::time::Instant>>>,
+    queue: Queue<K>,
+}
+
+impl<K> std::fmt::Debug for Later<K> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Later").finish_non_exhaustive()
+    }
+}
+
+impl<K: Clone + Eq + Hash + Send + 'static> Later<K> {
+    /// Adds to `queue`.
+    pub fn new(queue: Queue<K>) -> Self {
+        Self {
+            due: Arc::default(),
+            queue,
+        }
+    }
+
+    /// Puts `key` on the queue at `when`.
+    pub fn at(&self, key: K, when: tokio::time::Instant) {
+        {
+            let Ok(mut due) = self.due.lock() else { return };
+            if due.get(&key) == Some(&when) {
+                return;
+            }
+            due.insert(key.clone(), when);
+        }
+        let (due, queue) = (self.due.clone(), self.queue.clone());
+        tokio::spawn(async move {
+            tokio::time::sleep_until(when).await;
+            let still = due.lock().is_ok_and(|mut d| {
+                let current = d.get(&key) == Some(&when);
+                if current {
+                    d.remove(&key);
+                }
+                current
+            });
+            if still {
+                queue.add(key);
+            }
+        });
+    }
+}
+
+#[cfg(test)]
+mod later_tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_key_comes_once_at_its_latest_time() {
+        let (queue, rx) = Queue::<u32>::new();
+        let later = Later::new(queue.clone());
+        let t0 = tokio::time::Instant::now();
+        later.at(1, t0 + Duration::from_secs(10));
+        later.at(1, t0 + Duration::from_secs(10));
+        later.at(1, t0 + Duration::from_secs(20));
+        let stop = tokio_util::sync::CancellationToken::new();
+        let (key, _) = queue.next(&rx, &stop).await.unwrap_or_default();
+        assert_eq!(key, 1);
+        assert!(tokio::time::Instant::now() >= t0 + Duration::from_secs(20));
+        queue.done(key, true);
+        // Nothing else comes: the superseded time woke to nothing.
+        let more = tokio::time::timeout(Duration::from_secs(60), queue.next(&rx, &stop)).await;
+        assert!(more.is_err());
+    }
+}

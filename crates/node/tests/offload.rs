@@ -1038,3 +1038,175 @@ async fn downward_api_env_of_an_offloaded_pod_is_the_upper_pods_identity() {
     );
     stop.cancel();
 }
+
+/// Runs `argv` in upper pod `name` and returns its stdout (the command must succeed).
+async fn exec_out(pods: &Api<Pod>, name: &str, argv: &[&str]) -> String {
+    let mut exec = pods
+        .exec(
+            name,
+            argv.iter().copied(),
+            &kube::api::AttachParams::default().stderr(false),
+        )
+        .await
+        .unwrap();
+    let out = stdout_of(&mut exec).await;
+    let status = exec.take_status().unwrap().await.unwrap();
+    assert_eq!(status.status.as_deref(), Some("Success"), "{argv:?}: {status:?}");
+    out
+}
+
+/// `status` of a TokenReview of `token` for `audiences` in `cluster`.
+async fn token_review(cluster: &kube::Client, token: &str, audiences: &[&str]) -> serde_json::Value {
+    use k8s_openapi::api::authentication::v1::TokenReview;
+    let review: TokenReview = serde_json::from_value(json!({
+        "apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview",
+        "spec": {"token": token, "audiences": audiences}
+    }))
+    .unwrap();
+    let done = Api::<TokenReview>::all(cluster.clone())
+        .create(&PostParams::default(), &review)
+        .await
+        .unwrap();
+    serde_json::to_value(done.status).unwrap()
+}
+
+/// Issue 22 (upper identity): an offloaded pod's default token volume holds a token the upper
+/// cluster issued for the upper pod (a TokenReview upstairs authenticates it as the pod's
+/// ServiceAccount; the lower cluster does not know it), with the upper CA; an explicit
+/// projection gets its own audience; the containers' KUBERNETES_SERVICE_* name the upper API
+/// server; a due token is replaced; the Secret goes with the pod.
+#[tokio::test]
+async fn an_offloaded_pods_token_is_the_upper_clusters_for_its_service_account() {
+    use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+    use tensile_core::keys::ANNOTATION_TOKEN_REFRESH_AT;
+    const SA_DIR: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
+    let (env, stop) = start().await;
+    let (upper, lower) = (&env.clusters[0].client, &env.clusters[1].client);
+    let upper_pods: Api<Pod> = Api::namespaced(upper.clone(), "default");
+    let lower_pods: Api<Pod> = Api::namespaced(lower.clone(), "default");
+    let lower_secrets: Api<Secret> = Api::namespaced(lower.clone(), "default");
+    upper_pods
+        .create(
+            &PostParams::default(),
+            &pod(
+                "whoami",
+                "vk-lower",
+                json!({"spec": {
+                    "containers": [{"name": "c", "image": "nginx:1.27", "volumeMounts": [
+                        {"name": "vault", "mountPath": "/var/run/secrets/vault", "readOnly": true}]}],
+                    "volumes": [{"name": "vault", "projected": {"sources": [
+                        {"serviceAccountToken": {"path": "token", "audience": "vault", "expirationSeconds": 600}}]}}]
+                }}),
+            ),
+        )
+        .await
+        .unwrap();
+    let running = eventually(60, "whoami Running upstairs", || async {
+        let p = upper_pods.get_opt("whoami").await.ok()??;
+        (p.status.as_ref()?.phase.as_deref() == Some("Running")).then_some(p)
+    })
+    .await;
+    let upper_uid = running.metadata.uid.clone().unwrap();
+    let secret_name = format!("tensile-token-{upper_uid}");
+
+    // The lower pod mounts our Secret where the upper pod mounts its token volume.
+    let copy = lower_pods.get("whoami").await.unwrap();
+    let copy_volumes = serde_json::to_string(&copy.spec.as_ref().unwrap().volumes).unwrap();
+    assert!(copy_volumes.contains(&secret_name), "{copy_volumes}");
+    assert!(!copy_volumes.contains("serviceAccountToken"), "{copy_volumes}");
+    let lower_uid = copy.metadata.uid.clone().unwrap();
+    eventually(30, "the token Secret owned by the lower pod", || async {
+        let s = lower_secrets.get_opt(&secret_name).await.ok()??;
+        s.metadata
+            .owner_references
+            .iter()
+            .flatten()
+            .any(|r| r.uid == lower_uid)
+            .then_some(())
+    })
+    .await;
+
+    // The default token: the upper cluster's, for the pod's ServiceAccount, bound to the pod.
+    let token = exec_out(&upper_pods, "whoami", &["cat", &format!("{SA_DIR}/token")]).await;
+    let review = token_review(upper, token.trim(), &[]).await;
+    assert_eq!(review["authenticated"], json!(true), "{review}");
+    assert_eq!(
+        review["user"]["username"],
+        json!("system:serviceaccount:default:default"),
+        "{review}"
+    );
+    assert_eq!(
+        review["user"]["extra"]["authentication.kubernetes.io/pod-name"],
+        json!(["whoami"]),
+        "{review}"
+    );
+    let downstairs = token_review(lower, token.trim(), &[]).await;
+    assert_ne!(downstairs["authenticated"], json!(true), "{downstairs}");
+
+    // The upper CA and the namespace beside it.
+    let ca = exec_out(&upper_pods, "whoami", &["cat", &format!("{SA_DIR}/ca.crt")]).await;
+    let upper_ca = Api::<ConfigMap>::namespaced(upper.clone(), "default")
+        .get("kube-root-ca.crt")
+        .await
+        .unwrap();
+    assert_eq!(Some(&ca), upper_ca.data.as_ref().unwrap().get("ca.crt"));
+    let ns = exec_out(&upper_pods, "whoami", &["cat", &format!("{SA_DIR}/namespace")]).await;
+    assert_eq!(ns, "default");
+
+    // The explicit projection: its own audience, and nothing else.
+    let vault = exec_out(&upper_pods, "whoami", &["cat", "/var/run/secrets/vault/token"]).await;
+    assert_ne!(vault, token);
+    let for_vault = token_review(upper, vault.trim(), &["vault"]).await;
+    assert_eq!(for_vault["authenticated"], json!(true), "{for_vault}");
+    let for_api = token_review(upper, vault.trim(), &[]).await;
+    assert_ne!(for_api["authenticated"], json!(true), "{for_api}");
+
+    // In-cluster configuration reaches the upper API server.
+    let upper_server = kube::config::Kubeconfig::read_from(&env.clusters[0].kubeconfig)
+        .unwrap()
+        .clusters[0]
+        .cluster
+        .as_ref()
+        .unwrap()
+        .server
+        .clone()
+        .unwrap();
+    let env_out = exec_out(&upper_pods, "whoami", &["env"]).await;
+    let host = env_out
+        .lines()
+        .find_map(|l| l.strip_prefix("KUBERNETES_SERVICE_HOST="))
+        .unwrap();
+    let port = env_out
+        .lines()
+        .find_map(|l| l.strip_prefix("KUBERNETES_SERVICE_PORT="))
+        .unwrap();
+    assert!(
+        upper_server.contains(&format!("{host}:{port}")),
+        "{host}:{port} is not {upper_server}"
+    );
+
+    // A due token is replaced (the refresh time is put in the past, as time would).
+    lower_secrets
+        .patch(
+            &secret_name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"annotations": {ANNOTATION_TOKEN_REFRESH_AT: "2000-01-01T00:00:00Z"}}})),
+        )
+        .await
+        .unwrap();
+    let renewed = eventually(30, "a new token after the refresh time", || async {
+        let now = exec_out(&upper_pods, "whoami", &["cat", &format!("{SA_DIR}/token")]).await;
+        (now != token).then_some(now)
+    })
+    .await;
+    let review = token_review(upper, renewed.trim(), &[]).await;
+    assert_eq!(review["authenticated"], json!(true), "{review}");
+
+    // The Secret goes with the pod.
+    upper_pods
+        .delete("whoami", &DeleteParams::default())
+        .await
+        .unwrap();
+    gone(&lower_secrets, &secret_name, 60, "the token Secret").await;
+    stop.cancel();
+}

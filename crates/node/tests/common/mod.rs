@@ -62,6 +62,8 @@ pub struct NodeOptions {
     pub holder: Option<String>,
     /// The kubelet API's client CA (default: the upper cluster's CA).
     pub client_ca: Option<tensile_node::ClientCa>,
+    /// `--pod-identity upper` (the default) or `lower`.
+    pub upper_identity: bool,
 }
 
 impl NodeOptions {
@@ -77,6 +79,7 @@ impl NodeOptions {
             volumes: false,
             holder: None,
             client_ca: None,
+            upper_identity: true,
         }
     }
 
@@ -126,6 +129,12 @@ pub async fn try_spawn(
         }
     };
     let upper = client(0, "upper").await;
+    // As the binary's default: pods reach the upper API server where the node does.
+    let upper_server = kube::config::Kubeconfig::read_from(&env.clusters[0].kubeconfig)
+        .ok()
+        .and_then(|k| k.clusters.first()?.cluster.as_ref()?.server.clone())
+        .unwrap();
+    let upper_api = tensile_core::identity::UpperApi::parse(&upper_server).unwrap();
     let lower = match opts.lower.clone() {
         Some(l) => l,
         None => client(1, "lower").await,
@@ -161,7 +170,10 @@ pub async fn try_spawn(
             lower,
             node: name.into(),
             lower_name: "lower".into(),
-            translate: TranslateConfig::new(name),
+            translate: TranslateConfig {
+                upper_api: opts.upper_identity.then(|| upper_api.clone()),
+                ..TranslateConfig::new(name)
+            },
             workers: 8,
             service_accounts: opts.service_accounts,
         },

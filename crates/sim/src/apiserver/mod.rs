@@ -35,6 +35,7 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::{Arc, Mutex};
 
 use base64::Engine as _;
+use k8s_openapi::jiff::Timestamp;
 use base64::engine::general_purpose::STANDARD as B64;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
@@ -137,7 +138,7 @@ pub struct State {
     pub kubelet_client: Issued,
     /// The address clients reach it at.
     pub url: String,
-    tokens: Mutex<HashMap<String, UserInfo>>,
+    tokens: Mutex<HashMap<String, Token>>,
     metrics: metrics::MetricsCache,
     extenders: Mutex<Vec<controllers::SchedulerExtender>>,
     /// False during a simulated outage: every request gets 503 and watches end.
@@ -148,10 +149,84 @@ pub struct State {
     denials: Mutex<Vec<rbac::Denial>>,
 }
 
+/// The audience of tokens made for the API server itself (its `--api-audiences`, which default
+/// to its `--service-account-issuer`).
+pub const API_AUDIENCE: &str = "https://kubernetes.default.svc";
+
+/// What a bearer token stands for.
+#[derive(Clone, Debug)]
+struct Token {
+    user: UserInfo,
+    audiences: Vec<String>,
+    /// `None`: never expires (test users, the administrator).
+    expires: Option<Timestamp>,
+    /// The pod it is bound to (namespace, name, uid): it is valid only while that pod exists.
+    bound_pod: Option<(String, String, String)>,
+}
+
+/// An authenticated token: who, for which of the audiences asked, and the bound pod's name and
+/// uid when it is bound to one.
+#[derive(Clone, Debug)]
+pub struct Authenticated {
+    /// The user.
+    pub user: UserInfo,
+    /// The audiences asked for that the token carries.
+    pub audiences: Vec<String>,
+    /// The bound pod (name, uid).
+    pub pod: Option<(String, String)>,
+}
+
 impl State {
-    /// The user a bearer token belongs to.
+    /// The user a bearer token of the API server's audience belongs to.
     pub fn user_for_token(&self, token: &str) -> Option<UserInfo> {
-        self.tokens.lock().ok()?.get(token).cloned()
+        self.authenticate(token, &[]).ok().map(|a| a.user)
+    }
+
+    /// Authenticates `token` for `audiences` (none: the API server's), as a TokenReview does:
+    /// it must carry one of them, be unexpired, and its bound pod must still exist.
+    pub fn authenticate(&self, token: &str, audiences: &[String]) -> Result<Authenticated, String> {
+        let invalid = || "invalid bearer token".to_owned();
+        let known = self
+            .tokens
+            .lock()
+            .ok()
+            .and_then(|t| t.get(token).cloned())
+            .ok_or_else(invalid)?;
+        let wanted: Vec<String> = if audiences.is_empty() {
+            vec![API_AUDIENCE.to_owned()]
+        } else {
+            audiences.to_vec()
+        };
+        let matched: Vec<String> = wanted
+            .into_iter()
+            .filter(|a| known.audiences.contains(a))
+            .collect();
+        if matched.is_empty() {
+            return Err("token audiences is invalid for the target audiences".to_owned());
+        }
+        if known.expires.is_some_and(|e| e <= Timestamp::now()) {
+            return Err("service account token has expired".to_owned());
+        }
+        let pod = match &known.bound_pod {
+            Some((ns, name, uid)) => {
+                let live = self
+                    .store
+                    .get(*resources::ids::PODS, &store::ObjKey::new(ns, name))
+                    .is_some_and(|p| meta::meta_str(&p.object, "uid") == Some(uid.as_str()));
+                if !live {
+                    return Err(format!(
+                        "pod {name} ({uid}) the token is bound to no longer exists"
+                    ));
+                }
+                Some((name.clone(), uid.clone()))
+            }
+            None => None,
+        };
+        Ok(Authenticated {
+            user: known.user,
+            audiences: matched,
+            pod,
+        })
     }
 
     /// Whether the server answers (false during a simulated outage).
@@ -237,15 +312,36 @@ impl State {
         self.denials.lock().map(|d| d.clone()).unwrap_or_default()
     }
 
-    /// Issues a new bearer token for a user (TokenRequest, test users).
+    /// Issues a new bearer token for a user, of the API server's audience, that does not
+    /// expire (test users, the administrator).
     pub fn issue_token(&self, user: UserInfo) -> String {
+        self.issue_bound_token(user, vec![API_AUDIENCE.to_owned()], None, None)
+    }
+
+    /// Issues a token for `audiences`, valid until `expires` and while `bound_pod` (namespace,
+    /// name, uid) exists (TokenRequest).
+    pub(crate) fn issue_bound_token(
+        &self,
+        user: UserInfo,
+        audiences: Vec<String>,
+        expires: Option<Timestamp>,
+        bound_pod: Option<(String, String, String)>,
+    ) -> String {
         let token = format!(
             "{}.{}",
             meta::new_uid().replace('-', ""),
             meta::random_suffix(16)
         );
         if let Ok(mut tokens) = self.tokens.lock() {
-            tokens.insert(token.clone(), user);
+            tokens.insert(
+                token.clone(),
+                Token {
+                    user,
+                    audiences,
+                    expires,
+                    bound_pod,
+                },
+            );
         }
         token
     }

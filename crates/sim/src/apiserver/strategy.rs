@@ -1806,11 +1806,23 @@ pub(super) async fn create_only(
                 .pointer("/spec/token")
                 .and_then(Value::as_str)
                 .unwrap_or_default();
-            let status = match state.user_for_token(token) {
-                Some(u) => {
-                    json!({"authenticated": true, "user": {"username": u.username, "uid": u.uid, "groups": u.groups}, "audiences": ["https://kubernetes.default.svc"]})
+            let audiences: Vec<String> = body
+                .pointer("/spec/audiences")
+                .and_then(Value::as_array)
+                .map(|a| a.iter().filter_map(Value::as_str).map(str::to_owned).collect())
+                .unwrap_or_default();
+            let status = match state.authenticate(token, &audiences) {
+                Ok(a) => {
+                    let mut user = json!({"username": a.user.username, "uid": a.user.uid, "groups": a.user.groups});
+                    if let Some((name, uid)) = a.pod {
+                        user["extra"] = json!({
+                            "authentication.kubernetes.io/pod-name": [name],
+                            "authentication.kubernetes.io/pod-uid": [uid],
+                        });
+                    }
+                    json!({"authenticated": true, "user": user, "audiences": a.audiences})
                 }
-                None => json!({"authenticated": false, "error": "invalid bearer token"}),
+                Err(why) => json!({"authenticated": false, "error": why}),
             };
             let mut out = body;
             out["status"] = status;
@@ -1967,7 +1979,15 @@ pub(super) async fn subresource(
     }
 }
 
+/// `serviceaccounts/token`: a token of the ServiceAccount for the audiences asked (the API
+/// server's by default), expiring after `expirationSeconds` (at least 10 minutes), bound to a
+/// pod of that ServiceAccount when asked. Like kube-apiserver with its default
+/// `--service-account-extend-token-expiration`, a pod-bound token of the API server's audience
+/// asked for 3607 s (what `kube-api-access` volumes ask) lives a year.
 fn token_request(state: &State, ns: &str, sa: &str, body: Value) -> Result<(u16, Value), ApiError> {
+    const MIN_SECONDS: i64 = 600;
+    const EXTENDED_FROM: i64 = 3607;
+    const EXTENDED_TO: i64 = 365 * 24 * 3600;
     let account = state
         .store
         .get(*ids::SERVICEACCOUNTS, &ObjKey::new(ns, sa))
@@ -1975,17 +1995,91 @@ fn token_request(state: &State, ns: &str, sa: &str, body: Value) -> Result<(u16,
     let uid = meta::meta_str(&account.object, "uid")
         .unwrap_or_default()
         .to_owned();
-    let token = state.issue_token(super::service_account_user(ns, sa, uid));
     let seconds = body
         .pointer("/spec/expirationSeconds")
         .and_then(Value::as_i64)
         .unwrap_or(3600);
+    if seconds < MIN_SECONDS {
+        return Err(ApiError::invalid(
+            "authentication.k8s.io",
+            "TokenRequest",
+            sa,
+            &[(
+                "spec.expirationSeconds".into(),
+                format!("Invalid value: {seconds}: may not specify a duration less than 10 minutes"),
+            )],
+        ));
+    }
+    let mut audiences: Vec<String> = body
+        .pointer("/spec/audiences")
+        .and_then(Value::as_array)
+        .map(|a| a.iter().filter_map(Value::as_str).map(str::to_owned).collect())
+        .unwrap_or_default();
+    if audiences.is_empty() {
+        audiences.push(super::API_AUDIENCE.to_owned());
+    }
+    let bound = body.pointer("/spec/boundObjectRef").filter(|b| !b.is_null());
+    let bound_pod = match bound {
+        None => None,
+        Some(b) if b.get("kind").and_then(Value::as_str) == Some("Pod") => {
+            let name = b.get("name").and_then(Value::as_str).unwrap_or_default();
+            let pod = state
+                .store
+                .get(*ids::PODS, &ObjKey::new(ns, name))
+                .ok_or_else(|| ApiError::not_found("", "pods", name))?;
+            let pod_uid = meta::meta_str(&pod.object, "uid").unwrap_or_default();
+            if let Some(asked) = b.get("uid").and_then(Value::as_str)
+                && !asked.is_empty()
+                && asked != pod_uid
+            {
+                return Err(ApiError::conflict(
+                    "",
+                    "pods",
+                    name,
+                    &format!("the UID in the bound object reference ({asked}) does not match the UID in record. The object might have been deleted and then recreated"),
+                ));
+            }
+            let pod_sa = pod
+                .object
+                .pointer("/spec/serviceAccountName")
+                .and_then(Value::as_str)
+                .unwrap_or("default");
+            if pod_sa != sa {
+                return Err(ApiError::bad_request(format!(
+                    "cannot bind token for serviceaccount \"{sa}\" to pod running with different serviceaccount name."
+                )));
+            }
+            Some((ns.to_owned(), name.to_owned(), pod_uid.to_owned()))
+        }
+        Some(b) => {
+            return Err(ApiError::bad_request(format!(
+                "cannot bind token to object of type {}",
+                b.get("kind").and_then(Value::as_str).unwrap_or_default()
+            )));
+        }
+    };
+    let lifetime = if bound_pod.is_some()
+        && seconds == EXTENDED_FROM
+        && audiences == [super::API_AUDIENCE]
+    {
+        EXTENDED_TO
+    } else {
+        seconds
+    };
     let expires = Timestamp::now()
-        .checked_add(SignedDuration::from_secs(seconds))
+        .checked_add(SignedDuration::from_secs(lifetime))
         .unwrap_or_else(|_| Timestamp::now());
+    let token = state.issue_bound_token(
+        super::service_account_user(ns, sa, uid),
+        audiences.clone(),
+        Some(expires),
+        bound_pod,
+    );
     let mut out = body;
     out["apiVersion"] = json!("authentication.k8s.io/v1");
     out["kind"] = json!("TokenRequest");
+    out["spec"]["audiences"] = json!(audiences);
+    out["spec"]["expirationSeconds"] = json!(seconds);
     out["status"] = json!({"token": token, "expirationTimestamp": meta::time_string(expires)});
     Ok((201, out))
 }

@@ -321,7 +321,45 @@ pub(super) async fn volume_keys(
             Err(_) => Vec::new(),
         };
     }
-    Vec::new()
+    let mut keys = Vec::new();
+    for source in volume
+        .projected
+        .iter()
+        .flat_map(|p| p.sources.iter().flatten())
+    {
+        if let Some(cm) = &source.config_map {
+            match items(cm.items.as_ref()) {
+                Some(paths) => keys.extend(paths),
+                None => {
+                    let api = kube::Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(
+                        client.clone(),
+                        namespace,
+                    );
+                    if let Ok(cm) = api.get(&cm.name).await {
+                        keys.extend(cm.data.into_iter().flat_map(|d| d.into_keys()));
+                    }
+                }
+            }
+        }
+        if let Some(secret) = &source.secret {
+            match items(secret.items.as_ref()) {
+                Some(paths) => keys.extend(paths),
+                None => {
+                    let api = kube::Api::<k8s_openapi::api::core::v1::Secret>::namespaced(
+                        client.clone(),
+                        namespace,
+                    );
+                    if let Ok(s) = api.get(&secret.name).await {
+                        keys.extend(s.data.into_iter().flat_map(|d| d.into_keys()));
+                    }
+                }
+            }
+        }
+        if let Some(d) = &source.downward_api {
+            keys.extend(d.items.iter().flatten().map(|i| i.path.clone()));
+        }
+    }
+    keys
 }
 
 /// The content of file `path` in `container`, if it lies in a ConfigMap or Secret volume: read
@@ -366,35 +404,79 @@ pub(super) async fn volume_file(
     };
     if let Some(source) = &volume.config_map {
         let key = key_of(source.items.as_ref()).ok_or(MISSING)?;
-        let cm = kube::Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(
-            client.clone(),
-            namespace,
-        )
-        .get(&source.name)
-        .await
-        .map_err(|_| MISSING)?;
-        if let Some(text) = cm.data.as_ref().and_then(|d| d.get(&key)) {
-            return Ok(text.clone().into_bytes());
-        }
-        return cm
-            .binary_data
-            .and_then(|d| d.get(&key).map(|b| b.0.clone()))
+        return config_map_key(client, namespace, &source.name, &key)
+            .await
             .ok_or_else(|| MISSING.to_owned());
     }
     if let Some(source) = &volume.secret {
         let key = key_of(source.items.as_ref()).ok_or(MISSING)?;
         let name = source.secret_name.as_deref().ok_or(MISSING)?;
-        let secret =
-            kube::Api::<k8s_openapi::api::core::v1::Secret>::namespaced(client.clone(), namespace)
-                .get(name)
-                .await
-                .map_err(|_| MISSING)?;
-        return secret
-            .data
-            .and_then(|d| d.get(&key).map(|b| b.0.clone()))
+        return secret_key(client, namespace, name, &key)
+            .await
             .ok_or_else(|| MISSING.to_owned());
     }
+    // A projected volume: the first source that has the file, as the kubelet lays them out.
+    for source in volume
+        .projected
+        .iter()
+        .flat_map(|p| p.sources.iter().flatten())
+    {
+        if let Some(cm) = &source.config_map
+            && let Some(key) = key_of(cm.items.as_ref())
+            && let Some(bytes) = config_map_key(client, namespace, &cm.name, &key).await
+        {
+            return Ok(bytes);
+        }
+        if let Some(secret) = &source.secret
+            && let Some(key) = key_of(secret.items.as_ref())
+            && let Some(bytes) = secret_key(client, namespace, &secret.name, &key).await
+        {
+            return Ok(bytes);
+        }
+        if let Some(item) = source
+            .downward_api
+            .iter()
+            .flat_map(|d| d.items.iter().flatten())
+            .find(|i| i.path == relative)
+            && let Some(field) = &item.field_ref
+        {
+            return super::env::field_value(pod, &field.field_path).map(String::into_bytes);
+        }
+    }
     Err(MISSING.to_owned())
+}
+
+/// Key `key` of ConfigMap `namespace/name`, read now.
+async fn config_map_key(
+    client: &kube::Client,
+    namespace: &str,
+    name: &str,
+    key: &str,
+) -> Option<Vec<u8>> {
+    let cm =
+        kube::Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(client.clone(), namespace)
+            .get(name)
+            .await
+            .ok()?;
+    if let Some(text) = cm.data.as_ref().and_then(|d| d.get(key)) {
+        return Some(text.clone().into_bytes());
+    }
+    cm.binary_data.and_then(|d| d.get(key).map(|b| b.0.clone()))
+}
+
+/// Key `key` of Secret `namespace/name`, read now.
+async fn secret_key(
+    client: &kube::Client,
+    namespace: &str,
+    name: &str,
+    key: &str,
+) -> Option<Vec<u8>> {
+    let secret =
+        kube::Api::<k8s_openapi::api::core::v1::Secret>::namespaced(client.clone(), namespace)
+            .get(name)
+            .await
+            .ok()?;
+    secret.data.and_then(|d| d.get(key).map(|b| b.0.clone()))
 }
 
 /// What a simulated container uses: its requests, or a small default.

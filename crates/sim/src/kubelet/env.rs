@@ -228,7 +228,7 @@ fn expand(input: &str, lookup: impl Fn(&str) -> Option<String>) -> String {
 }
 
 /// A downward API field of the pod, as the kubelet resolves it for the environment.
-fn field_value(pod: &Pod, path: &str) -> Result<String, String> {
+pub(super) fn field_value(pod: &Pod, path: &str) -> Result<String, String> {
     let meta = &pod.metadata;
     let status = pod.status.as_ref();
     let spec = pod.spec.as_ref();

@@ -568,7 +568,7 @@ impl Session<'_, '_> {
         };
         let projected = volumes
             .filter(|v| v.name == mount.name)
-            .any(|v| v.config_map.is_some() || v.secret.is_some());
+            .any(|v| v.config_map.is_some() || v.secret.is_some() || v.projected.is_some());
         if projected {
             let inside = path
                 .strip_prefix(mount.mount_path.trim_end_matches('/'))

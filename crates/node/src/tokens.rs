@@ -1,0 +1,361 @@
+//! Upper service-account tokens of offloaded pods (the rules are `tensile_core::identity`): for
+//! each pod that mounts a token, one Secret of ours in the lower cluster, holding tokens the
+//! upper cluster issued for the upper pod (TokenRequest bound to it), the upper CA and the
+//! namespace. The pod controller writes it before the lower pod, and again when a token is due
+//! (the kubelet's rule) or the Secret went missing; it is owned by the lower pod, so the lower
+//! cluster's garbage collector removes it with the pod.
+//!
+//! One watch of our token Secrets downstairs (label selector) fills the cache the decisions
+//! read; a change of one puts its pod back on the pod controller's queue.
+
+use k8s_openapi::api::authentication::v1::{BoundObjectReference, TokenRequest, TokenRequestSpec};
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret, ServiceAccount};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use futures::{StreamExt as _, TryStreamExt as _};
+use kube::runtime::{WatchStreamExt as _, watcher};
+use serde_json::json;
+use tensile_core::deps::is_owned_by;
+use tensile_core::identity::{
+    IssuedToken, KEY_CA, LowerPodRef, TokenNeed, TokenStep, token_needs, token_secret,
+    token_secret_name, token_step,
+};
+use tensile_core::keys::{
+    ANNOTATION_TOKEN_POD, CONFIG_MAP_KUBE_ROOT_CA, LABEL_OWNER, LABEL_TOKEN_OF,
+    SERVICE_ACCOUNT_DEFAULT, owner_label_value,
+};
+use tokio_util::sync::CancellationToken;
+
+use crate::cache::{CompactCache, Key};
+use crate::clients::already_exists;
+use crate::queue::{Later, Queue};
+
+/// Why a pod's upper tokens could not be delivered; each names the pod and what failed.
+#[derive(Debug, thiserror::Error)]
+pub enum TokenError {
+    /// The upper cluster refused or failed the TokenRequest.
+    #[error(
+        "requesting a token of serviceaccount {namespace}/{service_account} for pod {pod} from the upper cluster: {source}"
+    )]
+    Request {
+        /// Namespace.
+        namespace: String,
+        /// The pod's ServiceAccount.
+        service_account: String,
+        /// Pod name.
+        pod: String,
+        /// The API error.
+        #[source]
+        source: kube::Error,
+    },
+    /// The upper answer had no token or expiry.
+    #[error(
+        "the upper cluster's TokenRequest for pod {namespace}/{pod} returned no token or no expiry"
+    )]
+    EmptyAnswer {
+        /// Namespace.
+        namespace: String,
+        /// Pod name.
+        pod: String,
+    },
+    /// The upper namespace has no root CA ConfigMap yet (its controller manager publishes it).
+    #[error(
+        "configmap {namespace}/kube-root-ca.crt (the upper cluster's CA, published by its controller manager) has no ca.crt yet"
+    )]
+    NoCa {
+        /// Namespace.
+        namespace: String,
+    },
+    /// The pod lacks metadata a Secret needs.
+    #[error("pod {namespace}/{pod}: {source}")]
+    Secret {
+        /// Namespace.
+        namespace: String,
+        /// Pod name.
+        pod: String,
+        /// What is missing.
+        #[source]
+        source: tensile_core::identity::TokenSecretError,
+    },
+    /// Writing our Secret downstairs failed.
+    #[error("writing secret {namespace}/{secret} in lower cluster {cluster}: {source}")]
+    Write {
+        /// Namespace.
+        namespace: String,
+        /// Secret name.
+        secret: String,
+        /// Lower cluster.
+        cluster: String,
+        /// The API error.
+        #[source]
+        source: kube::Error,
+    },
+    /// A Secret of the name exists downstairs and is not ours.
+    #[error("a secret {namespace}/{secret} that is not ours exists in lower cluster {cluster}")]
+    NotOurs {
+        /// Namespace.
+        namespace: String,
+        /// Secret name.
+        secret: String,
+        /// Lower cluster.
+        cluster: String,
+    },
+}
+
+/// The token side of the pod controller.
+pub struct Tokens {
+    upper: kube::Client,
+    lower: kube::Client,
+    owner: String,
+    lower_name: String,
+    /// Our token Secrets downstairs.
+    secrets: CompactCache<Secret>,
+    /// Every upper ConfigMap (the copy controller's cache): each namespace's root CA.
+    upper_config_maps: CompactCache<ConfigMap>,
+    later: Later<Key>,
+}
+
+impl std::fmt::Debug for Tokens {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tokens")
+            .field("owner", &self.owner)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Tokens {
+    /// Starts the watch of our token Secrets; their changes, and refresh times, go to `queue`.
+    pub fn start(
+        upper: kube::Client,
+        lower: kube::Client,
+        owner: String,
+        lower_name: String,
+        upper_config_maps: CompactCache<ConfigMap>,
+        queue: Queue<Key>,
+        stop: CancellationToken,
+    ) -> Self {
+        let secrets = CompactCache::new();
+        let selector = format!("{LABEL_OWNER}={},{LABEL_TOKEN_OF}", owner_label_value(&owner));
+        let events = crate::backoff::watch(
+            Api::<Secret>::all(lower.clone()),
+            watcher::Config::default().labels(&selector),
+        )
+        .inspect_ok({
+            let cache = secrets.clone();
+            move |e| cache.apply(e)
+        })
+        .touched_objects()
+        .boxed();
+        let feed = queue.clone();
+        tokio::spawn(async move {
+            crate::backoff::drain(events, &stop, "token secrets", |s: Secret| {
+                let pod = s
+                    .metadata
+                    .annotations
+                    .as_ref()
+                    .and_then(|a| a.get(ANNOTATION_TOKEN_POD));
+                if let (Some(ns), Some(pod)) = (s.metadata.namespace.clone(), pod) {
+                    feed.add((ns, pod.clone()));
+                }
+            })
+            .await;
+        });
+        Tokens {
+            upper,
+            lower,
+            owner,
+            lower_name,
+            secrets,
+            upper_config_maps,
+            later: Later::new(queue),
+        }
+    }
+
+    /// Waits for the first list of our token Secrets.
+    pub async fn wait_until_ready(&self) {
+        self.secrets.wait_until_ready().await;
+    }
+
+    /// Brings the token Secret of upper pod `u` (whose lower pod is `lower`, if it exists) up
+    /// to date: written when missing or due, owned by the lower pod, and looked at again when
+    /// its earliest token is due.
+    pub async fn sync(&self, u: &Pod, lower: Option<&Pod>) -> Result<(), TokenError> {
+        let (Some(ns), Some(name), Some(uid)) = (
+            u.metadata.namespace.as_deref(),
+            u.metadata.name.as_deref(),
+            u.metadata.uid.as_deref(),
+        ) else {
+            return Ok(());
+        };
+        let secret_name = token_secret_name(uid);
+        let current = self.secrets.get(ns, &secret_name);
+        let lower_ref = lower.and_then(|l| {
+            Some(LowerPodRef {
+                name: l.metadata.name.as_deref()?,
+                uid: l.metadata.uid.as_deref()?,
+            })
+        });
+        let due = match token_step(u, current.as_ref(), lower_ref, Timestamp::now()) {
+            TokenStep::None => return Ok(()),
+            TokenStep::RecheckAt(at) => at,
+            TokenStep::Own(at) => {
+                let Some(pod) = lower_ref else {
+                    return Ok(());
+                };
+                let patch = json!({"metadata": {"ownerReferences": [pod.owner_reference()]}});
+                self.secrets_api(ns)
+                    .patch(&secret_name, &PatchParams::default(), &Patch::Merge(&patch))
+                    .await
+                    .map_err(|source| self.write_error(ns, &secret_name, source))?;
+                at
+            }
+            TokenStep::Write => {
+                let secret = self.fresh_secret(u, ns, name, lower_ref).await?;
+                self.write(ns, &secret_name, &secret, current.is_some())
+                    .await?;
+                token_step(u, Some(&secret), lower_ref, Timestamp::now())
+                    .recheck_time()
+                    .unwrap_or_else(Timestamp::now)
+            }
+        };
+        self.later.at((ns.to_owned(), name.to_owned()), instant_at(due));
+        Ok(())
+    }
+
+    /// Our Secret for `u` with newly requested tokens.
+    async fn fresh_secret(
+        &self,
+        u: &Pod,
+        ns: &str,
+        name: &str,
+        lower: Option<LowerPodRef<'_>>,
+    ) -> Result<Secret, TokenError> {
+        let ca = self
+            .upper_config_maps
+            .get(ns, CONFIG_MAP_KUBE_ROOT_CA)
+            .and_then(|cm| cm.data?.remove(KEY_CA))
+            .ok_or_else(|| TokenError::NoCa {
+                namespace: ns.to_owned(),
+            })?;
+        let needs = u.spec.as_ref().map(token_needs).unwrap_or_default();
+        let mut tokens = Vec::with_capacity(needs.len());
+        for need in &needs {
+            tokens.push(self.request(u, ns, name, need).await?);
+        }
+        token_secret(u, &self.owner, &tokens, &ca, lower).map_err(|source| TokenError::Secret {
+            namespace: ns.to_owned(),
+            pod: name.to_owned(),
+            source,
+        })
+    }
+
+    /// One TokenRequest to the upper cluster, bound to the upper pod.
+    async fn request(
+        &self,
+        u: &Pod,
+        ns: &str,
+        name: &str,
+        need: &TokenNeed,
+    ) -> Result<IssuedToken, TokenError> {
+        let service_account = u
+            .spec
+            .as_ref()
+            .and_then(|s| s.service_account_name.as_deref())
+            .filter(|s| !s.is_empty())
+            .unwrap_or(SERVICE_ACCOUNT_DEFAULT);
+        let request = TokenRequest {
+            spec: TokenRequestSpec {
+                audiences: need.audience.iter().cloned().collect(),
+                expiration_seconds: Some(need.expiration_seconds),
+                bound_object_ref: Some(BoundObjectReference {
+                    api_version: Some("v1".into()),
+                    kind: Some("Pod".into()),
+                    name: Some(name.to_owned()),
+                    uid: u.metadata.uid.clone(),
+                }),
+            },
+            ..TokenRequest::default()
+        };
+        let issued = Timestamp::now();
+        let answer: TokenRequest = Api::<ServiceAccount>::namespaced(self.upper.clone(), ns)
+            .create_subresource("token", service_account, &PostParams::default(), &request)
+            .await
+            .map_err(|source| TokenError::Request {
+                namespace: ns.to_owned(),
+                service_account: service_account.to_owned(),
+                pod: name.to_owned(),
+                source,
+            })?;
+        let status = answer
+            .status
+            .filter(|s| !s.token.is_empty())
+            .ok_or_else(|| TokenError::EmptyAnswer {
+                namespace: ns.to_owned(),
+                pod: name.to_owned(),
+            })?;
+        Ok(IssuedToken {
+            key: need.key.clone(),
+            token: status.token,
+            issued,
+            expires: status.expiration_timestamp.0,
+            expiration_seconds: need.expiration_seconds,
+        })
+    }
+
+    /// Creates or replaces our Secret (`known`: the cache has it).
+    async fn write(
+        &self,
+        ns: &str,
+        secret_name: &str,
+        secret: &Secret,
+        known: bool,
+    ) -> Result<(), TokenError> {
+        let api = self.secrets_api(ns);
+        if !known {
+            match api.create(&PostParams::default(), secret).await {
+                Ok(_) => return Ok(()),
+                Err(e) if already_exists(&e) => {
+                    let existing = api
+                        .get(secret_name)
+                        .await
+                        .map_err(|source| self.write_error(ns, secret_name, source))?;
+                    if !is_owned_by(&existing.metadata, &self.owner) {
+                        return Err(TokenError::NotOurs {
+                            namespace: ns.to_owned(),
+                            secret: secret_name.to_owned(),
+                            cluster: self.lower_name.clone(),
+                        });
+                    }
+                }
+                Err(source) => return Err(self.write_error(ns, secret_name, source)),
+            }
+        }
+        // Every key we write is ours: a merge patch of the whole object replaces them all.
+        api.patch(secret_name, &PatchParams::default(), &Patch::Merge(secret))
+            .await
+            .map_err(|source| self.write_error(ns, secret_name, source))?;
+        Ok(())
+    }
+
+    fn secrets_api(&self, ns: &str) -> Api<Secret> {
+        Api::namespaced(self.lower.clone(), ns)
+    }
+
+    fn write_error(&self, ns: &str, secret: &str, source: kube::Error) -> TokenError {
+        TokenError::Write {
+            namespace: ns.to_owned(),
+            secret: secret.to_owned(),
+            cluster: self.lower_name.clone(),
+            source,
+        }
+    }
+}
+
+/// The moment of the monotonic clock at wall-clock time `at` (now, if it has passed).
+fn instant_at(at: Timestamp) -> tokio::time::Instant {
+    let wait = at
+        .duration_since(Timestamp::now())
+        .try_into()
+        .unwrap_or_default();
+    tokio::time::Instant::now() + wait
+}
