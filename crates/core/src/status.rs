@@ -58,6 +58,10 @@ pub fn upper_status(upper: &Pod, lower: &Pod, now: &Time) -> Option<PodStatus> {
     status.nominated_node_name = None;
 
     let mut conditions = status.conditions.take().unwrap_or_default();
+    // Readiness-gate conditions are set upstairs (the lower pod has copies of them, perhaps
+    // older ones): the upper pod keeps its own.
+    let gates = crate::update::readiness_gate_types(upper);
+    conditions.retain(|c| !gates.contains(c.type_.as_str()));
     let lower_types: BTreeSet<String> = conditions.iter().map(|c| c.type_.clone()).collect();
     conditions.extend(
         current

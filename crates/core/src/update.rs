@@ -10,7 +10,9 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use k8s_openapi::api::core::v1::{Container, EnvVar, EphemeralContainer, Pod, PodSpec, Toleration};
+use k8s_openapi::api::core::v1::{
+    Container, EnvVar, EphemeralContainer, Pod, PodCondition, PodSpec, Toleration,
+};
 use serde_json::{Map, Value, json};
 
 use crate::cluster_selector::ClusterSelector;
@@ -35,13 +37,54 @@ pub struct PodUpdate {
     /// Differences a running pod cannot take (e.g. `spec.containers[web].resources`); the pod
     /// would have to be re-created for them. For the user, not for the API server.
     pub not_applicable: Vec<String>,
+    /// Readiness-gate conditions set upstairs that the lower pod lacks or has otherwise, for a
+    /// strategic merge into its status: the lower kubelet counts them into `Ready`.
+    pub gate_conditions: Option<Vec<PodCondition>>,
 }
 
 impl PodUpdate {
     /// Whether no write is needed.
     pub fn is_noop(&self) -> bool {
-        self.patch.is_none() && self.ephemeral_containers.is_none()
+        self.patch.is_none()
+            && self.ephemeral_containers.is_none()
+            && self.gate_conditions.is_none()
     }
+}
+
+/// The types of the pod's readiness gates.
+pub fn readiness_gate_types(pod: &Pod) -> BTreeSet<&str> {
+    pod.spec
+        .iter()
+        .flat_map(|s| s.readiness_gates.iter().flatten())
+        .map(|g| g.condition_type.as_str())
+        .collect()
+}
+
+/// The upper pod's readiness-gate conditions that the lower pod does not have with the same
+/// status, reason and message; `None` when it has them all (or there are no gates).
+fn gate_conditions(upper: &Pod, lower: &Pod) -> Option<Vec<PodCondition>> {
+    let gates = readiness_gate_types(upper);
+    let conditions = |p: &Pod| {
+        p.status
+            .iter()
+            .flat_map(|s| s.conditions.iter().flatten())
+            .filter(|c| gates.contains(c.type_.as_str()))
+            .cloned()
+            .collect::<Vec<_>>()
+    };
+    let have = conditions(lower);
+    let differ: Vec<PodCondition> = conditions(upper)
+        .into_iter()
+        .filter(|u| {
+            !have.iter().any(|l| {
+                l.type_ == u.type_
+                    && l.status == u.status
+                    && l.reason == u.reason
+                    && l.message == u.message
+            })
+        })
+        .collect();
+    (!differ.is_empty()).then_some(differ)
 }
 
 /// Why an update cannot be computed.
@@ -218,6 +261,7 @@ pub fn lower_pod_update(
     }
 
     update.ephemeral_containers = ephemeral_additions(upper, lower, cfg);
+    update.gate_conditions = gate_conditions(upper, lower);
 
     let mut patch = Map::new();
     if !metadata.is_empty() {

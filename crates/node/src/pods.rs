@@ -619,6 +619,17 @@ async fn sync_existing(
             .await
             .map_err(|e| err("adding ephemeral containers to the lower pod", e))?;
     }
+    if let Some(conditions) = &update.gate_conditions {
+        // The lower kubelet counts them into the lower pod's Ready, which then comes back up.
+        ctx.lower_api(&ns)
+            .patch_status(
+                &name,
+                &PatchParams::default(),
+                &Patch::Strategic(json!({"status": {"conditions": conditions}})),
+            )
+            .await
+            .map_err(|e| err("setting readiness-gate conditions on the lower pod", e))?;
+    }
     if let Some(status) = status {
         ctx.upper_api(&ns)
             .patch_status(

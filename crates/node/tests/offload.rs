@@ -1210,3 +1210,85 @@ async fn an_offloaded_pods_token_is_the_upper_clusters_for_its_service_account()
     gone(&lower_secrets, &secret_name, 60, "the token Secret").await;
     stop.cancel();
 }
+
+/// The status of condition `type_` of `pod` (None: it has none).
+fn condition_status(pod: &Pod, type_: &str) -> Option<String> {
+    pod.status
+        .as_ref()?
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| c.type_ == type_)
+        .map(|c| c.status.clone())
+}
+
+/// Issue 22 (readiness gates): a pod with a readiness gate is not Ready until the gate's
+/// condition is set upstairs; set, it reaches the lower pod, whose kubelet counts it, and the
+/// pod becomes Ready upstairs; unset, it goes back.
+#[tokio::test]
+async fn a_readiness_gate_set_upstairs_makes_the_offloaded_pod_ready() {
+    const GATE: &str = "example.com/load-balancer-ready";
+    let (env, stop) = start().await;
+    let (upper, lower) = (&env.clusters[0].client, &env.clusters[1].client);
+    let upper_pods: Api<Pod> = Api::namespaced(upper.clone(), "default");
+    let lower_pods: Api<Pod> = Api::namespaced(lower.clone(), "default");
+    upper_pods
+        .create(
+            &PostParams::default(),
+            &pod(
+                "gated",
+                "vk-lower",
+                json!({"spec": {"readinessGates": [{"conditionType": GATE}]}}),
+            ),
+        )
+        .await
+        .unwrap();
+    eventually(60, "gated Running upstairs, its containers ready", || async {
+        let p = upper_pods.get_opt("gated").await.ok()??;
+        (p.status.as_ref()?.phase.as_deref() == Some("Running")
+            && condition_status(&p, "ContainersReady").as_deref() == Some("True"))
+        .then_some(())
+    })
+    .await;
+    let p = upper_pods.get("gated").await.unwrap();
+    assert_eq!(
+        condition_status(&p, "Ready").as_deref(),
+        Some("False"),
+        "not Ready while the gate is unset: {:?}",
+        p.status
+    );
+
+    let set_gate = |status: &'static str| {
+        let api = upper_pods.clone();
+        async move {
+            api.patch_status(
+                "gated",
+                &PatchParams::default(),
+                &Patch::Strategic(json!({"status": {"conditions": [
+                    {"type": GATE, "status": status, "lastTransitionTime": "2026-01-01T00:00:00Z"}]}})),
+            )
+            .await
+            .unwrap();
+        }
+    };
+    set_gate("True").await;
+    eventually(30, "gated Ready upstairs once the gate holds", || async {
+        let p = upper_pods.get_opt("gated").await.ok()??;
+        (condition_status(&p, "Ready").as_deref() == Some("True")).then_some(())
+    })
+    .await;
+    let copy = lower_pods.get("gated").await.unwrap();
+    assert_eq!(condition_status(&copy, GATE).as_deref(), Some("True"));
+    let p = upper_pods.get("gated").await.unwrap();
+    assert_eq!(condition_status(&p, GATE).as_deref(), Some("True"));
+
+    set_gate("False").await;
+    eventually(30, "gated not Ready once the gate fails", || async {
+        let p = upper_pods.get_opt("gated").await.ok()??;
+        (condition_status(&p, "Ready").as_deref() == Some("False")
+            && condition_status(&p, GATE).as_deref() == Some("False"))
+        .then_some(())
+    })
+    .await;
+    stop.cancel();
+}

@@ -156,6 +156,40 @@ struct Running {
     stop: CancellationToken,
     /// The pod's ephemeral containers as last seen, for the task to start the new ones.
     ephemeral: watch::Sender<Vec<Container>>,
+    /// The pod's readiness gates as last seen ([`gate_states`]).
+    gates: watch::Sender<Vec<(String, Option<String>)>>,
+}
+
+/// Each readiness gate of the pod with the status of its condition (`None`: no such condition
+/// yet). Others set these conditions; the kubelet only reads them into `Ready`.
+fn gate_states(pod: &Pod) -> Vec<(String, Option<String>)> {
+    let conditions = pod.status.as_ref().and_then(|s| s.conditions.as_ref());
+    pod.spec
+        .iter()
+        .flat_map(|s| s.readiness_gates.iter().flatten())
+        .map(|g| {
+            let status = conditions
+                .into_iter()
+                .flatten()
+                .find(|c| c.type_ == g.condition_type)
+                .map(|c| c.status.clone());
+            (g.condition_type.clone(), status)
+        })
+        .collect()
+}
+
+/// Why the readiness gates keep the pod from being Ready, as the kubelet says it; `None` when
+/// they all hold.
+fn gates_unmet(gates: &[(String, Option<String>)]) -> Option<String> {
+    gates.iter().find_map(|(gate, status)| match status.as_deref() {
+        Some("True") => None,
+        Some(other) => Some(format!(
+            "the status of pod readiness gate \"{gate}\" is not \"True\", but {other}"
+        )),
+        None => Some(format!(
+            "corresponding condition of pod readiness gate \"{gate}\" does not exist."
+        )),
+    })
 }
 
 /// A pod's ephemeral containers, as the containers they are run as (`kubectl debug`).
@@ -500,12 +534,21 @@ async fn handle(shared: &Arc<Shared>, stop: &CancellationToken, pod: Pod) {
         return;
     }
     if let Some(r) = shared.running.lock().await.get(&uid) {
-        // Running already: only ephemeral containers can have been added.
+        // Running already: only ephemeral containers can have been added, and readiness
+        // gates set.
         let wanted = ephemeral_containers(&pod);
         r.ephemeral.send_if_modified(|have| {
             let changed = *have != wanted;
             if changed {
                 *have = wanted;
+            }
+            changed
+        });
+        let gates = gate_states(&pod);
+        r.gates.send_if_modified(|have| {
+            let changed = *have != gates;
+            if changed {
+                *have = gates;
             }
             changed
         });
@@ -530,11 +573,13 @@ async fn handle(shared: &Arc<Shared>, stop: &CancellationToken, pod: Pod) {
     };
     let token = stop.child_token();
     let (ephemeral, ephemeral_rx) = watch::channel(ephemeral_containers(&pod));
+    let (gates, gates_rx) = watch::channel(gate_states(&pod));
     shared.running.lock().await.insert(
         uid.clone(),
         Running {
             stop: token.clone(),
             ephemeral,
+            gates,
         },
     );
     tokio::spawn(run_pod(
@@ -544,7 +589,7 @@ async fn handle(shared: &Arc<Shared>, stop: &CancellationToken, pod: Pod) {
         node,
         node_ip(&shared.config, index),
         ip,
-        (token, ephemeral_rx),
+        (token, ephemeral_rx, gates_rx),
     ));
 }
 
@@ -563,7 +608,11 @@ async fn run_pod(
     node: String,
     host_ip: String,
     pod_ip: String,
-    (stop, mut ephemeral): (CancellationToken, watch::Receiver<Vec<Container>>),
+    (stop, mut ephemeral, mut gates): (
+        CancellationToken,
+        watch::Receiver<Vec<Container>>,
+        watch::Receiver<Vec<(String, Option<String>)>>,
+    ),
 ) {
     let Some(spec) = pod.spec.clone() else { return };
     let name = pod.metadata.name.clone().unwrap_or_default();
@@ -616,12 +665,14 @@ async fn run_pod(
                 .await;
         }
         let unready = life.unready();
-        let ready = unready.is_empty();
+        let containers_ready = unready.is_empty();
+        let gates_unmet = gates_unmet(&gates.borrow_and_update());
+        let ready = containers_ready && gates_unmet.is_none();
         if ready_since.as_ref().is_none_or(|(r, _)| *r != ready) {
             ready_since = Some((ready, time_string(now)));
         }
         let since = ready_since.as_ref().map(|(_, t)| t.clone());
-        let (ready_status, reason, message) = if ready {
+        let (containers_status, reason, message) = if containers_ready {
             ("True", Value::Null, Value::Null)
         } else {
             (
@@ -633,6 +684,11 @@ async fn run_pod(
                 )),
             )
         };
+        // `Ready` also waits for the readiness gates, as the kubelet's GeneratePodReadyCondition.
+        let (ready_status, ready_reason, ready_message) = match (&gates_unmet, containers_ready) {
+            (Some(why), true) => ("False", json!("ReadinessGatesNotReady"), json!(why)),
+            _ => (containers_status, reason.clone(), message.clone()),
+        };
         let phase = life.phase();
         let mut status = json!({"status": {
             "phase": phase, "hostIP": host_ip, "hostIPs": [{"ip": host_ip}], "podIP": pod_ip, "podIPs": [{"ip": pod_ip}],
@@ -640,8 +696,8 @@ async fn run_pod(
             "conditions": [
                 {"type": "PodReadyToStartContainers", "status": "True", "lastProbeTime": null, "lastTransitionTime": start},
                 {"type": "Initialized", "status": "True", "lastProbeTime": null, "lastTransitionTime": start},
-                {"type": "Ready", "status": ready_status, "reason": reason, "message": message, "lastProbeTime": null, "lastTransitionTime": since},
-                {"type": "ContainersReady", "status": ready_status, "reason": reason, "message": message, "lastProbeTime": null, "lastTransitionTime": since},
+                {"type": "Ready", "status": ready_status, "reason": ready_reason, "message": ready_message, "lastProbeTime": null, "lastTransitionTime": since},
+                {"type": "ContainersReady", "status": containers_status, "reason": reason, "message": message, "lastProbeTime": null, "lastTransitionTime": since},
                 {"type": "PodScheduled", "status": "True", "lastProbeTime": null, "lastTransitionTime": start}
             ],
             "initContainerStatuses": init_statuses,
@@ -652,8 +708,10 @@ async fn run_pod(
                 debug.ephemeral_statuses(&uid, &name, &namespace);
         }
         if sent.as_ref() != Some(&status) {
+            // A strategic merge keyed by condition type, as the kubelet's status manager does:
+            // conditions others own (readiness gates, DisruptionTarget) are left as they are.
             if api
-                .patch_status(&name, &PatchParams::default(), &Patch::Merge(&status))
+                .patch_status(&name, &PatchParams::default(), &Patch::Strategic(&status))
                 .await
                 .is_err()
             {
@@ -689,10 +747,16 @@ async fn run_pod(
                 None => std::future::pending::<()>().await,
             }
         };
+        let gated = async {
+            if gates.changed().await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        };
         tokio::select! {
             () = stop.cancelled() => return,
             () = sleep => {}
             () = added => {}
+            () = gated => {}
         }
         for i in blocked {
             let error = config_error(&shared.client, &pod, &spec.containers[i], &allocatable).await;
