@@ -119,6 +119,40 @@ pub fn not_offloaded_conditions(
     Some(conditions)
 }
 
+/// The upper pod's conditions with `Ready` False because its lower cluster does not answer
+/// (`message` says which and why), as Kubernetes' node lifecycle controller marks the pods of
+/// an unreachable node: Services stop sending it traffic, nothing is evicted or deleted.
+/// `None` when it already says so, or the pod is terminal or has no status yet.
+pub fn unreachable_conditions(upper: &Pod, message: &str, now: &Time) -> Option<Vec<PodCondition>> {
+    if is_terminal(upper) {
+        return None;
+    }
+    let current = upper.status.as_ref()?.conditions.clone().unwrap_or_default();
+    let ready = current.iter().find(|c| c.type_ == "Ready");
+    if ready.is_some_and(|c| {
+        c.status == "False"
+            && c.reason.as_deref() == Some(crate::reach::REASON_UNREACHABLE)
+            && c.message.as_deref() == Some(message)
+    }) {
+        return None;
+    }
+    let last_transition_time = match ready {
+        Some(c) if c.status == "False" => c.last_transition_time.clone(),
+        _ => Some(now.clone()),
+    };
+    let mut conditions: Vec<PodCondition> =
+        current.iter().filter(|c| c.type_ != "Ready").cloned().collect();
+    conditions.push(PodCondition {
+        type_: "Ready".to_owned(),
+        status: "False".to_owned(),
+        reason: Some(crate::reach::REASON_UNREACHABLE.to_owned()),
+        message: Some(message.to_owned()),
+        last_transition_time,
+        ..PodCondition::default()
+    });
+    Some(conditions)
+}
+
 /// Our condition, keeping its transition time when its status did not change.
 fn condition(
     current: &PodStatus,
@@ -601,5 +635,30 @@ mod tests {
             assert!(!may_coalesce(&with(phase)), "{phase}");
         }
         assert!(!may_coalesce(&PodStatus::default()));
+    }
+
+    #[test]
+    fn an_unreachable_lower_cluster_makes_the_pod_not_ready_once_and_keeps_the_rest() {
+        let now = Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH);
+        let pod: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "p"},
+            "status": {"phase": "Running", "conditions": [
+                {"type": "Ready", "status": "True"},
+                {"type": "ContainersReady", "status": "True"}
+            ]}
+        }))
+        .unwrap();
+        let conditions = unreachable_conditions(&pod, "lower cluster x unreachable: refused", &now).unwrap();
+        let ready = conditions.iter().find(|c| c.type_ == "Ready").unwrap();
+        assert_eq!(ready.status, "False");
+        assert_eq!(ready.reason.as_deref(), Some("LowerClusterUnreachable"));
+        assert_eq!(ready.last_transition_time, Some(now.clone()));
+        assert!(conditions.iter().any(|c| c.type_ == "ContainersReady" && c.status == "True"));
+        let mut marked = pod.clone();
+        marked.status.as_mut().unwrap().conditions = Some(conditions);
+        assert_eq!(unreachable_conditions(&marked, "lower cluster x unreachable: refused", &now), None);
+        let mut done = pod;
+        done.status.as_mut().unwrap().phase = Some("Succeeded".into());
+        assert_eq!(unreachable_conditions(&done, "m", &now), None);
     }
 }

@@ -220,7 +220,7 @@ impl VirtualNode {
             lower,
             self.node,
             rx,
-            reach,
+            reach.clone(),
             node_events,
             stop.clone(),
         ));
@@ -230,7 +230,7 @@ impl VirtualNode {
             lower_pods,
             shared,
             for_pods,
-            sync_metrics,
+            (sync_metrics, reach),
             stop.clone(),
         ));
         let handle = tokio::spawn(async move {

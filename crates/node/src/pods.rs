@@ -32,7 +32,7 @@ use tensile_core::keys::{
     REASON_PROVIDER_FAILED,
 };
 use tensile_core::plan::{Existing, LowerKind, on_existing, pod_creation_plan};
-use tensile_core::status::{may_coalesce, not_offloaded_conditions};
+use tensile_core::status::{may_coalesce, not_offloaded_conditions, unreachable_conditions};
 use tensile_core::sync::{PodStep, pod_step};
 use tensile_core::translate::{TranslateConfig, lower_pod};
 use tensile_core::update::PodUpdate;
@@ -45,6 +45,7 @@ use crate::events::{EventSink, PodEvent};
 use crate::namespaces::LowerNamespaces;
 use crate::needs::Side;
 use crate::queue::{Hold, Holds, Queue, Receiver};
+use crate::reach::LowerReach;
 use crate::tokens::Tokens;
 
 /// Where a pod sync spends its time: the Prometheus histogram `tensile_pod_sync_seconds`
@@ -157,6 +158,8 @@ struct Ctx {
     queue: Queue<Key>,
     /// Upper service-account tokens, with upper identity (`TranslateConfig::upper_api`).
     tokens: Option<Tokens>,
+    /// Whether the lower cluster answers (the node loop's health check).
+    reach: LowerReach,
 }
 
 /// How long a Pending status may wait upstairs for a newer one (`may_coalesce`): short next
@@ -250,7 +253,7 @@ pub async fn run_with_store(
     lower_pods: CompactCache<Pod>,
     shared: Shared,
     lower_events: impl Stream<Item = watcher::Event<Pod>> + Send + 'static,
-    metrics: SyncMetrics,
+    (metrics, reach): (SyncMetrics, LowerReach),
     stop: CancellationToken,
 ) {
     let Shared {
@@ -363,7 +366,23 @@ pub async fn run_with_store(
         held_statuses: Holds::new(STATUS_COALESCE),
         queue: queue.clone(),
         tokens,
+        reach: reach.clone(),
     });
+    // Every pod's Ready follows the lower cluster's reachability.
+    {
+        let (ctx, mut changes, stop) = (ctx.clone(), reach.subscribe(), stop.clone());
+        tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    () = stop.cancelled() => return,
+                    changed = changes.changed() => if changed.is_err() { return },
+                }
+                for k in ctx.upper_pods.keys() {
+                    ctx.queue.add(k);
+                }
+            }
+        });
+    }
     for k in ctx
         .upper_pods
         .keys()
@@ -559,6 +578,23 @@ async fn reconcile(ctx: &Ctx, key: &Key) -> Result<(), SyncError> {
             "a pod {ns}/{name} that is not ours exists in lower cluster {}",
             ctx.cfg.lower_name
         ))),
+        // The lower pod's state is unknown: the upper pod is not Ready (nothing else changes).
+        PodStep::Sync { .. } if let Some(message) = ctx.reach.message() => {
+            let Some(conditions) =
+                unreachable_conditions(u, &message, &Time(Timestamp::now()))
+            else {
+                return Ok(());
+            };
+            ctx.upper_api(ns)
+                .patch_status(
+                    name,
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({"status": {"conditions": conditions}})),
+                )
+                .await
+                .map_err(|e| err("marking the upper pod not ready", e))?;
+            Ok(())
+        }
         PodStep::Sync { update, status } => {
             let status = status.filter(|s| !(may_coalesce(s) && ctx.hold_status(key)));
             sync_existing(ctx, u, &update, status).await?;

@@ -46,6 +46,8 @@ pub fn describe(e: &kube::Error) -> (Cause, String) {
 pub struct LowerReach {
     cluster: Arc<str>,
     down: Arc<RwLock<Option<String>>>,
+    /// Whether it is down, for those who act when that changes.
+    changes: tokio::sync::watch::Sender<bool>,
 }
 
 impl LowerReach {
@@ -54,6 +56,7 @@ impl LowerReach {
         Self {
             cluster: cluster.into(),
             down: Arc::new(RwLock::new(None)),
+            changes: tokio::sync::watch::Sender::new(false),
         }
     }
 
@@ -64,7 +67,23 @@ impl LowerReach {
 
     /// Records the last health check: `None` reachable, else the cause.
     pub fn set(&self, cause: Option<String>) {
+        let down = cause.is_some();
         *self.down.write().unwrap_or_else(PoisonError::into_inner) = cause;
+        self.changes.send_if_modified(|was| {
+            let changed = *was != down;
+            *was = down;
+            changed
+        });
+    }
+
+    /// Tells of each change between reachable (`false`) and not (`true`).
+    pub fn subscribe(&self) -> tokio::sync::watch::Receiver<bool> {
+        self.changes.subscribe()
+    }
+
+    /// The message for a pod or request while the cluster is down (`None`: it answers).
+    pub fn message(&self) -> Option<String> {
+        self.cause().map(|c| unreachable_message(&self.cluster, &c))
     }
 
     /// The cause, while the last health check failed.

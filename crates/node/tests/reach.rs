@@ -6,7 +6,7 @@ mod common;
 
 use common::{NodeOptions, eventually, phase, pod, start, try_spawn};
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{Event, Node, Pod};
+use k8s_openapi::api::core::v1::{Endpoints, Event, Node, Pod, Service};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::api::{Api, ListParams, LogParams, PostParams};
@@ -23,9 +23,37 @@ fn reachable_condition(n: &Node) -> Option<(String, String)> {
         .map(|c| (c.status.clone(), c.message.clone().unwrap_or_default()))
 }
 
+/// Whether `web`'s address is among the ready ones of Endpoints `web` (`Some(false)`: among the
+/// not-ready ones; `None`: in neither yet).
+async fn web_endpoint_ready(endpoints: &Api<Endpoints>) -> Option<bool> {
+    let e = endpoints.get_opt("web").await.ok()??;
+    let subsets = e.subsets.unwrap_or_default();
+    let has = |ready: bool| {
+        subsets.iter().any(|s| {
+            let list = if ready {
+                &s.addresses
+            } else {
+                &s.not_ready_addresses
+            };
+            list.iter()
+                .flatten()
+                .any(|a| a.target_ref.as_ref().and_then(|r| r.name.as_deref()) == Some("web"))
+        })
+    };
+    if has(true) {
+        Some(true)
+    } else if has(false) {
+        Some(false)
+    } else {
+        None
+    }
+}
+
 /// The lower API server stops answering: the node's condition and a Warning event name the
 /// lower cluster (by its kubeconfig context, `lower`) and the cause, and the kubelet API
-/// answers logs with 503 instead of 404 (which said the pod was gone).
+/// answers logs with 503 instead of 404 (which said the pod was gone). Its pods become not
+/// Ready upstairs (their Service's Endpoints drop them), are neither evicted nor deleted, and
+/// are Ready again when it answers again (issue 22, item 4).
 #[tokio::test]
 async fn an_outage_is_a_warning_event_a_named_condition_and_503_from_the_kubelet_api() {
     let (env, stop) = start().await;
@@ -34,10 +62,25 @@ async fn an_outage_is_a_warning_event_a_named_condition_and_503_from_the_kubelet
     pods.create(&PostParams::default(), &pod("web", "vk-lower", json!({})))
         .await
         .unwrap();
+    let service: Service = serde_json::from_value(json!({
+        "metadata": {"name": "web"},
+        "spec": {"selector": {"app": "web"}, "ports": [{"port": 80}]}
+    }))
+    .unwrap();
+    Api::<Service>::namespaced(upper.clone(), "default")
+        .create(&PostParams::default(), &service)
+        .await
+        .unwrap();
+    let endpoints: Api<Endpoints> = Api::namespaced(upper.clone(), "default");
     eventually(30, "web Running", || async {
         (phase(&pods, "web").await? == "Running").then_some(())
     })
     .await;
+    eventually(60, "web a ready endpoint of its Service", || async {
+        web_endpoint_ready(&endpoints).await?.then_some(())
+    })
+    .await;
+    let uid = pods.get("web").await.unwrap().metadata.uid;
     assert!(pods.logs("web", &LogParams::default()).await.is_ok());
 
     env.clusters[1].set_available(false);
@@ -91,8 +134,39 @@ async fn an_outage_is_a_warning_event_a_named_condition_and_503_from_the_kubelet
         Err(kube::Error::Api(s)) => assert_eq!(s.code, 503, "{s:?}"),
         other => panic!("logs during the outage: {other:?}"),
     }
+    let ready = eventually(30, "web not Ready upstairs", || async {
+        let p = pods.get_opt("web").await.ok()??;
+        let ready = p
+            .status?
+            .conditions?
+            .into_iter()
+            .find(|c| c.type_ == "Ready")?;
+        (ready.status == "False").then_some(ready)
+    })
+    .await;
+    assert_eq!(ready.reason.as_deref(), Some("LowerClusterUnreachable"));
+    assert!(
+        ready
+            .message
+            .as_deref()
+            .unwrap_or_default()
+            .starts_with("lower cluster lower unreachable: "),
+        "{ready:?}"
+    );
+    eventually(60, "web a not-ready endpoint", || async {
+        (!web_endpoint_ready(&endpoints).await?).then_some(())
+    })
+    .await;
+    let during = pods.get("web").await.unwrap();
+    assert_eq!(during.metadata.uid, uid, "the pod is the same one");
+    assert!(during.metadata.deletion_timestamp.is_none(), "not deleted");
 
     env.clusters[1].set_available(true);
+    eventually(60, "web Ready and a ready endpoint again", || async {
+        web_endpoint_ready(&endpoints).await?.then_some(())
+    })
+    .await;
+    assert_eq!(pods.get("web").await.unwrap().metadata.uid, uid);
     eventually(60, "logs again", || async {
         pods.logs("web", &LogParams::default()).await.ok()
     })
