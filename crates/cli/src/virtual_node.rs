@@ -8,11 +8,11 @@ use std::time::Duration;
 
 use anyhow::{Context as _, bail};
 use prometheus_client::registry::Registry;
+use tensile_core::identity::UpperApi;
 use tensile_core::node::{
     NodeIdentity, kubelet_port, node_taint, parse_controllers, parse_node_label,
     parse_service_filter,
 };
-use tensile_core::identity::UpperApi;
 use tensile_core::translate::TranslateConfig;
 use tensile_node::clients::{
     ApiCalls, KubeconfigSource, build_client, build_client_with_server, load_config,

@@ -224,6 +224,18 @@ fn checks() -> Vec<(&'static str, Expect)> {
         ),
         ("$K logs app -c dbg", Shows(&["hi from debug"])),
         ("$K debug -it app --image=busybox -- sh", Succeeds),
+        (
+            "TOKEN=$($K exec app -- cat /var/run/secrets/kubernetes.io/serviceaccount/token)",
+            Sets,
+        ),
+        (
+            r#"echo "{\"apiVersion\":\"authentication.k8s.io/v1\",\"kind\":\"TokenReview\",\"spec\":{\"token\":\"$TOKEN\"}}" | $K create -o jsonpath='{.status.user.username}' -f -"#,
+            Shows(&["system:serviceaccount:default:default"]),
+        ),
+        (
+            "$K exec app -- env | grep KUBERNETES_SERVICE",
+            Shows(&["KUBERNETES_SERVICE_HOST=", "KUBERNETES_SERVICE_PORT="]),
+        ),
     ]
 }
 

@@ -74,7 +74,11 @@ impl UpperApi {
                 "" => (host, None),
                 _ => (
                     host,
-                    Some(after.strip_prefix(':').ok_or_else(|| fail("junk after ']'"))?),
+                    Some(
+                        after
+                            .strip_prefix(':')
+                            .ok_or_else(|| fail("junk after ']'"))?,
+                    ),
                 ),
             }
         } else {
@@ -239,11 +243,7 @@ fn rewrite_projection(
             .filter(|cm| api_access && cm.name == keys::CONFIG_MAP_KUBE_ROOT_CA)
         {
             match &cm.items {
-                Some(items) => items
-                    .iter()
-                    .filter(|i| i.key == KEY_CA)
-                    .cloned()
-                    .collect(),
+                Some(items) => items.iter().filter(|i| i.key == KEY_CA).cloned().collect(),
                 None => vec![KeyToPath {
                     key: KEY_CA.to_owned(),
                     path: KEY_CA.to_owned(),
@@ -697,10 +697,21 @@ mod tests {
         };
         assert_eq!(ok("10.0.0.1:6443"), ("10.0.0.1".into(), 6443));
         assert_eq!(ok("api.example"), ("api.example".into(), 443));
-        assert_eq!(ok("https://api.example:8443/"), ("api.example".into(), 8443));
+        assert_eq!(
+            ok("https://api.example:8443/"),
+            ("api.example".into(), 8443)
+        );
         assert_eq!(ok("[fd00::1]:6443"), ("fd00::1".into(), 6443));
         assert_eq!(ok("[fd00::1]"), ("fd00::1".into(), 443));
-        for bad in ["http://a:80", "fd00::1:443", "a:0", "a:http", ":443", "[fd00::1", ""] {
+        for bad in [
+            "http://a:80",
+            "fd00::1:443",
+            "a:0",
+            "a:http",
+            ":443",
+            "[fd00::1",
+            "",
+        ] {
             assert!(UpperApi::parse(bad).is_err(), "{bad}");
         }
         assert_eq!(
@@ -765,7 +776,10 @@ mod tests {
         assert_eq!(labels[LABEL_TOKEN_OF], "u-1");
         let annotations = s.metadata.annotations.as_ref().unwrap();
         assert_eq!(annotations[ANNOTATION_TOKEN_POD], "web");
-        assert_eq!(annotations[ANNOTATION_TOKEN_REFRESH_AT], "2026-01-01T00:08:00Z");
+        assert_eq!(
+            annotations[ANNOTATION_TOKEN_REFRESH_AT],
+            "2026-01-01T00:08:00Z"
+        );
         let data = s.data.as_ref().unwrap();
         assert_eq!(data["token-1"].0, b"jwt-token-1");
         assert_eq!(data["ca.crt"].0, b"PEM");

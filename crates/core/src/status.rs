@@ -127,7 +127,12 @@ pub fn unreachable_conditions(upper: &Pod, message: &str, now: &Time) -> Option<
     if is_terminal(upper) {
         return None;
     }
-    let current = upper.status.as_ref()?.conditions.clone().unwrap_or_default();
+    let current = upper
+        .status
+        .as_ref()?
+        .conditions
+        .clone()
+        .unwrap_or_default();
     let ready = current.iter().find(|c| c.type_ == "Ready");
     if ready.is_some_and(|c| {
         c.status == "False"
@@ -140,8 +145,11 @@ pub fn unreachable_conditions(upper: &Pod, message: &str, now: &Time) -> Option<
         Some(c) if c.status == "False" => c.last_transition_time.clone(),
         _ => Some(now.clone()),
     };
-    let mut conditions: Vec<PodCondition> =
-        current.iter().filter(|c| c.type_ != "Ready").cloned().collect();
+    let mut conditions: Vec<PodCondition> = current
+        .iter()
+        .filter(|c| c.type_ != "Ready")
+        .cloned()
+        .collect();
     conditions.push(PodCondition {
         type_: "Ready".to_owned(),
         status: "False".to_owned(),
@@ -648,15 +656,23 @@ mod tests {
             ]}
         }))
         .unwrap();
-        let conditions = unreachable_conditions(&pod, "lower cluster x unreachable: refused", &now).unwrap();
+        let conditions =
+            unreachable_conditions(&pod, "lower cluster x unreachable: refused", &now).unwrap();
         let ready = conditions.iter().find(|c| c.type_ == "Ready").unwrap();
         assert_eq!(ready.status, "False");
         assert_eq!(ready.reason.as_deref(), Some("LowerClusterUnreachable"));
         assert_eq!(ready.last_transition_time, Some(now.clone()));
-        assert!(conditions.iter().any(|c| c.type_ == "ContainersReady" && c.status == "True"));
+        assert!(
+            conditions
+                .iter()
+                .any(|c| c.type_ == "ContainersReady" && c.status == "True")
+        );
         let mut marked = pod.clone();
         marked.status.as_mut().unwrap().conditions = Some(conditions);
-        assert_eq!(unreachable_conditions(&marked, "lower cluster x unreachable: refused", &now), None);
+        assert_eq!(
+            unreachable_conditions(&marked, "lower cluster x unreachable: refused", &now),
+            None
+        );
         let mut done = pod;
         done.status.as_mut().unwrap().phase = Some("Succeeded".into());
         assert_eq!(unreachable_conditions(&done, "m", &now), None);

@@ -7,9 +7,11 @@
 //!   ownerReferences, finalizers, managedFields, timestamps);
 //! - scheduling constraints written for the upper scheduler: nodeSelector, tolerations and
 //!   required node affinity come from the `clusterSelector` annotation instead;
-//! - the upper cluster's service-account credentials (legacy `default-token-*` secret volumes,
-//!   the projected `kube-api-access-*` volume) and their mounts: the lower cluster's own
-//!   ServiceAccount admission injects its own;
+//! - without upper identity (`--pod-identity lower`), the upper cluster's service-account
+//!   credentials (legacy `default-token-*` secret volumes, the projected `kube-api-access-*`
+//!   volume) and their mounts: the lower cluster's own ServiceAccount admission injects its
+//!   own. With it (the default) they stay, reading our Secret of upper tokens instead
+//!   ([`crate::identity`]), and containers get the upper API server's `KUBERNETES_SERVICE_*`;
 //! - fields lower admission computes and refuses when they disagree with its own objects
 //!   (`priority` and `preemptionPolicy` from the PriorityClass, `overhead` from the
 //!   RuntimeClass): the class names are kept, the computed values are left to the lower side;
@@ -177,7 +179,11 @@ pub fn lower_pod(upper: &Pod, cfg: &TranslateConfig) -> Result<Pod, TranslateErr
         ..ObjectMeta::default()
     };
     // With upper identity, token volumes read our per-pod Secret instead of being dropped.
-    let tokens = cfg.upper_api.as_ref().and(upper.metadata.uid.as_deref()).map(token_secret_name);
+    let tokens = cfg
+        .upper_api
+        .as_ref()
+        .and(upper.metadata.uid.as_deref())
+        .map(token_secret_name);
     let mut spec = lower_spec(spec, selector.as_ref(), tokens.as_deref());
     spec.scheduler_name = Some(lower_scheduler_name(upper).to_owned());
     let mut lower = Pod {
@@ -757,7 +763,6 @@ pub(crate) mod tests {
         let update = crate::update::lower_pod_update(&p, &stored, &cfg).unwrap();
         assert!(update.is_noop(), "{update:?}");
     }
-
 
     #[test]
     fn checklist_26_cluster_selector_gives_node_selector_tolerations_and_required_affinity() {

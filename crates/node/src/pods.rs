@@ -580,8 +580,7 @@ async fn reconcile(ctx: &Ctx, key: &Key) -> Result<(), SyncError> {
         ))),
         // The lower pod's state is unknown: the upper pod is not Ready (nothing else changes).
         PodStep::Sync { .. } if let Some(message) = ctx.reach.message() => {
-            let Some(conditions) =
-                unreachable_conditions(u, &message, &Time(Timestamp::now()))
+            let Some(conditions) = unreachable_conditions(u, &message, &Time(Timestamp::now()))
             else {
                 return Ok(());
             };

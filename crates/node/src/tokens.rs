@@ -8,11 +8,11 @@
 //! One watch of our token Secrets downstairs (label selector) fills the cache the decisions
 //! read; a change of one puts its pod back on the pod controller's queue.
 
+use futures::{StreamExt as _, TryStreamExt as _};
 use k8s_openapi::api::authentication::v1::{BoundObjectReference, TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret, ServiceAccount};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, Patch, PatchParams, PostParams};
-use futures::{StreamExt as _, TryStreamExt as _};
 use kube::runtime::{WatchStreamExt as _, watcher};
 use serde_json::json;
 use tensile_core::deps::is_owned_by;
@@ -135,7 +135,10 @@ impl Tokens {
         stop: CancellationToken,
     ) -> Self {
         let secrets = CompactCache::new();
-        let selector = format!("{LABEL_OWNER}={},{LABEL_TOKEN_OF}", owner_label_value(&owner));
+        let selector = format!(
+            "{LABEL_OWNER}={},{LABEL_TOKEN_OF}",
+            owner_label_value(&owner)
+        );
         let events = crate::backoff::watch(
             Api::<Secret>::all(lower.clone()),
             watcher::Config::default().labels(&selector),
@@ -218,7 +221,8 @@ impl Tokens {
                     .unwrap_or_else(Timestamp::now)
             }
         };
-        self.later.at((ns.to_owned(), name.to_owned()), instant_at(due));
+        self.later
+            .at((ns.to_owned(), name.to_owned()), instant_at(due));
         Ok(())
     }
 

@@ -1051,12 +1051,20 @@ async fn exec_out(pods: &Api<Pod>, name: &str, argv: &[&str]) -> String {
         .unwrap();
     let out = stdout_of(&mut exec).await;
     let status = exec.take_status().unwrap().await.unwrap();
-    assert_eq!(status.status.as_deref(), Some("Success"), "{argv:?}: {status:?}");
+    assert_eq!(
+        status.status.as_deref(),
+        Some("Success"),
+        "{argv:?}: {status:?}"
+    );
     out
 }
 
 /// `status` of a TokenReview of `token` for `audiences` in `cluster`.
-async fn token_review(cluster: &kube::Client, token: &str, audiences: &[&str]) -> serde_json::Value {
+async fn token_review(
+    cluster: &kube::Client,
+    token: &str,
+    audiences: &[&str],
+) -> serde_json::Value {
     use k8s_openapi::api::authentication::v1::TokenReview;
     let review: TokenReview = serde_json::from_value(json!({
         "apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview",
@@ -1113,7 +1121,10 @@ async fn an_offloaded_pods_token_is_the_upper_clusters_for_its_service_account()
     let copy = lower_pods.get("whoami").await.unwrap();
     let copy_volumes = serde_json::to_string(&copy.spec.as_ref().unwrap().volumes).unwrap();
     assert!(copy_volumes.contains(&secret_name), "{copy_volumes}");
-    assert!(!copy_volumes.contains("serviceAccountToken"), "{copy_volumes}");
+    assert!(
+        !copy_volumes.contains("serviceAccountToken"),
+        "{copy_volumes}"
+    );
     let lower_uid = copy.metadata.uid.clone().unwrap();
     eventually(30, "the token Secret owned by the lower pod", || async {
         let s = lower_secrets.get_opt(&secret_name).await.ok()??;
@@ -1150,11 +1161,21 @@ async fn an_offloaded_pods_token_is_the_upper_clusters_for_its_service_account()
         .await
         .unwrap();
     assert_eq!(Some(&ca), upper_ca.data.as_ref().unwrap().get("ca.crt"));
-    let ns = exec_out(&upper_pods, "whoami", &["cat", &format!("{SA_DIR}/namespace")]).await;
+    let ns = exec_out(
+        &upper_pods,
+        "whoami",
+        &["cat", &format!("{SA_DIR}/namespace")],
+    )
+    .await;
     assert_eq!(ns, "default");
 
     // The explicit projection: its own audience, and nothing else.
-    let vault = exec_out(&upper_pods, "whoami", &["cat", "/var/run/secrets/vault/token"]).await;
+    let vault = exec_out(
+        &upper_pods,
+        "whoami",
+        &["cat", "/var/run/secrets/vault/token"],
+    )
+    .await;
     assert_ne!(vault, token);
     let for_vault = token_review(upper, vault.trim(), &["vault"]).await;
     assert_eq!(for_vault["authenticated"], json!(true), "{for_vault}");
@@ -1243,12 +1264,16 @@ async fn a_readiness_gate_set_upstairs_makes_the_offloaded_pod_ready() {
         )
         .await
         .unwrap();
-    eventually(60, "gated Running upstairs, its containers ready", || async {
-        let p = upper_pods.get_opt("gated").await.ok()??;
-        (p.status.as_ref()?.phase.as_deref() == Some("Running")
-            && condition_status(&p, "ContainersReady").as_deref() == Some("True"))
-        .then_some(())
-    })
+    eventually(
+        60,
+        "gated Running upstairs, its containers ready",
+        || async {
+            let p = upper_pods.get_opt("gated").await.ok()??;
+            (p.status.as_ref()?.phase.as_deref() == Some("Running")
+                && condition_status(&p, "ContainersReady").as_deref() == Some("True"))
+            .then_some(())
+        },
+    )
     .await;
     let p = upper_pods.get("gated").await.unwrap();
     assert_eq!(

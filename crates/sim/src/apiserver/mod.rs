@@ -35,8 +35,8 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::{Arc, Mutex};
 
 use base64::Engine as _;
-use k8s_openapi::jiff::Timestamp;
 use base64::engine::general_purpose::STANDARD as B64;
+use k8s_openapi::jiff::Timestamp;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 

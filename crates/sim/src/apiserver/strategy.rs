@@ -1809,7 +1809,12 @@ pub(super) async fn create_only(
             let audiences: Vec<String> = body
                 .pointer("/spec/audiences")
                 .and_then(Value::as_array)
-                .map(|a| a.iter().filter_map(Value::as_str).map(str::to_owned).collect())
+                .map(|a| {
+                    a.iter()
+                        .filter_map(Value::as_str)
+                        .map(str::to_owned)
+                        .collect()
+                })
                 .unwrap_or_default();
             let status = match state.authenticate(token, &audiences) {
                 Ok(a) => {
@@ -2006,19 +2011,28 @@ fn token_request(state: &State, ns: &str, sa: &str, body: Value) -> Result<(u16,
             sa,
             &[(
                 "spec.expirationSeconds".into(),
-                format!("Invalid value: {seconds}: may not specify a duration less than 10 minutes"),
+                format!(
+                    "Invalid value: {seconds}: may not specify a duration less than 10 minutes"
+                ),
             )],
         ));
     }
     let mut audiences: Vec<String> = body
         .pointer("/spec/audiences")
         .and_then(Value::as_array)
-        .map(|a| a.iter().filter_map(Value::as_str).map(str::to_owned).collect())
+        .map(|a| {
+            a.iter()
+                .filter_map(Value::as_str)
+                .map(str::to_owned)
+                .collect()
+        })
         .unwrap_or_default();
     if audiences.is_empty() {
         audiences.push(super::API_AUDIENCE.to_owned());
     }
-    let bound = body.pointer("/spec/boundObjectRef").filter(|b| !b.is_null());
+    let bound = body
+        .pointer("/spec/boundObjectRef")
+        .filter(|b| !b.is_null());
     let bound_pod = match bound {
         None => None,
         Some(b) if b.get("kind").and_then(Value::as_str) == Some("Pod") => {
@@ -2036,7 +2050,9 @@ fn token_request(state: &State, ns: &str, sa: &str, body: Value) -> Result<(u16,
                     "",
                     "pods",
                     name,
-                    &format!("the UID in the bound object reference ({asked}) does not match the UID in record. The object might have been deleted and then recreated"),
+                    &format!(
+                        "the UID in the bound object reference ({asked}) does not match the UID in record. The object might have been deleted and then recreated"
+                    ),
                 ));
             }
             let pod_sa = pod
@@ -2058,14 +2074,12 @@ fn token_request(state: &State, ns: &str, sa: &str, body: Value) -> Result<(u16,
             )));
         }
     };
-    let lifetime = if bound_pod.is_some()
-        && seconds == EXTENDED_FROM
-        && audiences == [super::API_AUDIENCE]
-    {
-        EXTENDED_TO
-    } else {
-        seconds
-    };
+    let lifetime =
+        if bound_pod.is_some() && seconds == EXTENDED_FROM && audiences == [super::API_AUDIENCE] {
+            EXTENDED_TO
+        } else {
+            seconds
+        };
     let expires = Timestamp::now()
         .checked_add(SignedDuration::from_secs(lifetime))
         .unwrap_or_else(|_| Timestamp::now());

@@ -181,15 +181,17 @@ fn gate_states(pod: &Pod) -> Vec<(String, Option<String>)> {
 /// Why the readiness gates keep the pod from being Ready, as the kubelet says it; `None` when
 /// they all hold.
 fn gates_unmet(gates: &[(String, Option<String>)]) -> Option<String> {
-    gates.iter().find_map(|(gate, status)| match status.as_deref() {
-        Some("True") => None,
-        Some(other) => Some(format!(
-            "the status of pod readiness gate \"{gate}\" is not \"True\", but {other}"
-        )),
-        None => Some(format!(
-            "corresponding condition of pod readiness gate \"{gate}\" does not exist."
-        )),
-    })
+    gates
+        .iter()
+        .find_map(|(gate, status)| match status.as_deref() {
+            Some("True") => None,
+            Some(other) => Some(format!(
+                "the status of pod readiness gate \"{gate}\" is not \"True\", but {other}"
+            )),
+            None => Some(format!(
+                "corresponding condition of pod readiness gate \"{gate}\" does not exist."
+            )),
+        })
 }
 
 /// A pod's ephemeral containers, as the containers they are run as (`kubectl debug`).
