@@ -157,12 +157,15 @@ struct Running {
     /// The pod's ephemeral containers as last seen, for the task to start the new ones.
     ephemeral: watch::Sender<Vec<Container>>,
     /// The pod's readiness gates as last seen ([`gate_states`]).
-    gates: watch::Sender<Vec<(String, Option<String>)>>,
+    gates: watch::Sender<GateStates>,
 }
+
+/// Each readiness gate's condition type and that condition's status (`None`: not set yet).
+type GateStates = Vec<(String, Option<String>)>;
 
 /// Each readiness gate of the pod with the status of its condition (`None`: no such condition
 /// yet). Others set these conditions; the kubelet only reads them into `Ready`.
-fn gate_states(pod: &Pod) -> Vec<(String, Option<String>)> {
+fn gate_states(pod: &Pod) -> GateStates {
     let conditions = pod.status.as_ref().and_then(|s| s.conditions.as_ref());
     pod.spec
         .iter()
@@ -613,7 +616,7 @@ async fn run_pod(
     (stop, mut ephemeral, mut gates): (
         CancellationToken,
         watch::Receiver<Vec<Container>>,
-        watch::Receiver<Vec<(String, Option<String>)>>,
+        watch::Receiver<GateStates>,
     ),
 ) {
     let Some(spec) = pod.spec.clone() else { return };
