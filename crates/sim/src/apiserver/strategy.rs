@@ -1806,16 +1806,7 @@ pub(super) async fn create_only(
                 .pointer("/spec/token")
                 .and_then(Value::as_str)
                 .unwrap_or_default();
-            let audiences: Vec<String> = body
-                .pointer("/spec/audiences")
-                .and_then(Value::as_array)
-                .map(|a| {
-                    a.iter()
-                        .filter_map(Value::as_str)
-                        .map(str::to_owned)
-                        .collect()
-                })
-                .unwrap_or_default();
+            let audiences = spec_audiences(&body);
             let status = match state.authenticate(token, &audiences) {
                 Ok(a) => {
                     let mut user = json!({"username": a.user.username, "uid": a.user.uid, "groups": a.user.groups});
@@ -1984,6 +1975,19 @@ pub(super) async fn subresource(
     }
 }
 
+/// `spec.audiences` of a TokenRequest or TokenReview (absent: none).
+fn spec_audiences(body: &Value) -> Vec<String> {
+    body.pointer("/spec/audiences")
+        .and_then(Value::as_array)
+        .map(|a| {
+            a.iter()
+                .filter_map(Value::as_str)
+                .map(str::to_owned)
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 /// `serviceaccounts/token`: a token of the ServiceAccount for the audiences asked (the API
 /// server's by default), expiring after `expirationSeconds` (at least 10 minutes), bound to a
 /// pod of that ServiceAccount when asked. Like kube-apiserver with its default
@@ -2017,16 +2021,7 @@ fn token_request(state: &State, ns: &str, sa: &str, body: Value) -> Result<(u16,
             )],
         ));
     }
-    let mut audiences: Vec<String> = body
-        .pointer("/spec/audiences")
-        .and_then(Value::as_array)
-        .map(|a| {
-            a.iter()
-                .filter_map(Value::as_str)
-                .map(str::to_owned)
-                .collect()
-        })
-        .unwrap_or_default();
+    let mut audiences = spec_audiences(&body);
     if audiences.is_empty() {
         audiences.push(super::API_AUDIENCE.to_owned());
     }
