@@ -5,7 +5,7 @@
 //! the API server adds, explicit `serviceAccountToken` projections, legacy token Secret
 //! volumes) would be filled by the upper kubelet with tokens the upper cluster issued for the
 //! pod. Downstairs the lower kubelet would fill them from the lower cluster. So each such
-//! volume is rewritten to read one Secret of ours per pod ([`token_secret_name`]): a token per
+//! volume is rewritten to read one Secret of ours per pod ([`identity_secret_name`]): a token per
 //! distinct (audience, expiry) the pod asks for, requested from the upper cluster with
 //! TokenRequest bound to the upper pod, the upper cluster's CA (`ca.crt`, from its
 //! `kube-root-ca.crt`) and the namespace. The virtual node requests them before the lower pod
@@ -19,16 +19,16 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{
-    Container, EnvVar, KeyToPath, Pod, PodSpec, ProjectedVolumeSource, Secret, SecretProjection,
-    Volume, VolumeProjection,
+    Container, DownwardAPIProjection, DownwardAPIVolumeSource, EnvVar, KeyToPath, Pod, PodSpec,
+    ProjectedVolumeSource, Secret, SecretProjection, Volume, VolumeProjection,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 
 use crate::deps::is_service_account_token_volume;
 use crate::keys::{
-    self, ANNOTATION_TOKEN_POD, ANNOTATION_TOKEN_REFRESH_AT, ANNOTATION_UPPER_UID, LABEL_OWNER,
-    LABEL_TOKEN_OF, owner_label_value,
+    self, ANNOTATION_TOKEN_POD, ANNOTATION_TOKEN_REFRESH_AT, ANNOTATION_UPPER_UID,
+    LABEL_IDENTITY_OF, LABEL_OWNER, owner_label_value,
 };
 
 /// Where offloaded pods reach the upper API server: `KUBERNETES_SERVICE_HOST` and
@@ -116,7 +116,9 @@ pub const KUBE_API_ACCESS_EXPIRATION_SECONDS: i64 = 3607;
 /// The kubelet replaces a token older than this, whatever its expiry (`maxTTL` of its token
 /// manager), and so do we.
 pub const MAX_TOKEN_AGE: SignedDuration = SignedDuration::from_hours(24);
-/// Keys of [`token_secret_name`] besides the tokens.
+/// Keys of the tokens in [`identity_secret_name`]: `token-0`, `token-1`, ...
+pub const TOKEN_KEY_PREFIX: &str = "token-";
+/// Keys of [`identity_secret_name`] besides the tokens.
 pub const KEY_CA: &str = "ca.crt";
 /// The namespace file of a legacy token Secret.
 pub const KEY_NAMESPACE: &str = "namespace";
@@ -133,8 +135,8 @@ pub struct TokenNeed {
 }
 
 /// The name of our lower Secret holding the upper credentials of the pod with `upper_uid`.
-pub fn token_secret_name(upper_uid: &str) -> String {
-    format!("tensile-token-{upper_uid}")
+pub fn identity_secret_name(upper_uid: &str) -> String {
+    format!("tensile-identity-{upper_uid}")
 }
 
 fn is_kube_api_access(volume: &Volume) -> bool {
@@ -176,7 +178,7 @@ pub fn token_needs(spec: &PodSpec) -> Vec<TokenNeed> {
         .map(|(i, (audience, expiration_seconds))| TokenNeed {
             audience,
             expiration_seconds,
-            key: format!("token-{i}"),
+            key: format!("{TOKEN_KEY_PREFIX}{i}"),
         })
         .collect()
 }
@@ -394,15 +396,27 @@ fn owned_by_pod(secret: &Secret, pod: LowerPodRef<'_>) -> bool {
         .any(|r| r.kind == "Pod" && r.uid == pod.uid)
 }
 
-/// Our lower Secret for `upper` holding `tokens`, `ca_crt` (the upper cluster's CA bundle) and
-/// the namespace: owned by `owner`, labelled with the pod's UID, annotated with its name and
-/// when the earliest token is due for refresh, and owned by the lower pod once it exists (the
-/// Secret is made before it, so the pod's volume is there when the kubelet mounts it).
-pub fn token_secret(
+/// The tokens an identity Secret is written with.
+#[derive(Clone, Copy, Debug)]
+pub enum Tokens<'a> {
+    /// Newly issued ones, with the upper CA bundle.
+    Fresh(&'a [IssuedToken], &'a str),
+    /// Those of the current Secret (tokens, CA and refresh time), still good.
+    Kept(&'a Secret),
+    /// The pod mounts no token.
+    None,
+}
+
+/// Our lower Secret for `upper`: its `tokens` (with the CA and the namespace) and the values of
+/// its pinned downward API items (`downward`, see [`downward_pins`]); owned by `owner`,
+/// labelled with the pod's UID, annotated with its name and when the earliest token is due for
+/// refresh, and owned by the lower pod once it exists (the Secret is made before it, so the
+/// pod's volumes are there when the kubelet mounts them).
+pub fn identity_secret(
     upper: &Pod,
     owner: &str,
-    tokens: &[IssuedToken],
-    ca_crt: &str,
+    tokens: Tokens<'_>,
+    downward: &[DownwardPin],
     lower: Option<LowerPodRef<'_>>,
 ) -> Result<Secret, TokenSecretError> {
     let meta = &upper.metadata;
@@ -418,33 +432,63 @@ pub fn token_secret(
         .namespace
         .as_deref()
         .ok_or(TokenSecretError::MissingMetadata("namespace"))?;
-    let refresh = tokens
-        .iter()
-        .map(|t| refresh_at(t.issued, t.expires, t.expiration_seconds))
-        .min();
-    let mut data: BTreeMap<String, ByteString> = tokens
-        .iter()
-        .map(|t| (t.key.clone(), ByteString(t.token.clone().into_bytes())))
-        .collect();
-    data.insert(KEY_CA.to_owned(), ByteString(ca_crt.as_bytes().to_vec()));
-    data.insert(
-        KEY_NAMESPACE.to_owned(),
-        ByteString(namespace.as_bytes().to_vec()),
-    );
+    let mut data: BTreeMap<String, ByteString> = BTreeMap::new();
     let mut annotations = BTreeMap::from([
         (ANNOTATION_TOKEN_POD.to_owned(), name.to_owned()),
         (ANNOTATION_UPPER_UID.to_owned(), uid.to_owned()),
     ]);
-    if let Some(at) = refresh {
-        annotations.insert(ANNOTATION_TOKEN_REFRESH_AT.to_owned(), at.to_string());
+    let mut refresh = None;
+    match tokens {
+        Tokens::Fresh(issued, ca_crt) => {
+            refresh = issued
+                .iter()
+                .map(|t| refresh_at(t.issued, t.expires, t.expiration_seconds))
+                .min()
+                .map(|t| t.to_string());
+            data.extend(
+                issued
+                    .iter()
+                    .map(|t| (t.key.clone(), ByteString(t.token.clone().into_bytes()))),
+            );
+            data.insert(KEY_CA.to_owned(), ByteString(ca_crt.as_bytes().to_vec()));
+        }
+        Tokens::Kept(current) => {
+            refresh = current
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(ANNOTATION_TOKEN_REFRESH_AT))
+                .cloned();
+            data.extend(
+                current
+                    .data
+                    .iter()
+                    .flatten()
+                    .filter(|(k, _)| k.starts_with(TOKEN_KEY_PREFIX) || *k == KEY_CA)
+                    .map(|(k, v)| (k.clone(), v.clone())),
+            );
+        }
+        Tokens::None => {}
     }
+    if let Some(at) = refresh {
+        annotations.insert(ANNOTATION_TOKEN_REFRESH_AT.to_owned(), at);
+    }
+    data.insert(
+        KEY_NAMESPACE.to_owned(),
+        ByteString(namespace.as_bytes().to_vec()),
+    );
+    data.extend(
+        downward
+            .iter()
+            .map(|p| (p.key.clone(), ByteString(p.value.clone().into_bytes()))),
+    );
     Ok(Secret {
         metadata: ObjectMeta {
-            name: Some(token_secret_name(uid)),
+            name: Some(identity_secret_name(uid)),
             namespace: Some(namespace.to_owned()),
             labels: Some(BTreeMap::from([
                 (LABEL_OWNER.to_owned(), owner_label_value(owner)),
-                (LABEL_TOKEN_OF.to_owned(), uid.to_owned()),
+                (LABEL_IDENTITY_OF.to_owned(), uid.to_owned()),
             ])),
             annotations: Some(annotations),
             owner_references: lower.map(|l| vec![l.owner_reference()]),
@@ -456,62 +500,274 @@ pub fn token_secret(
     })
 }
 
-/// What to do about the token Secret of a pod whose lower copy exists.
+/// What to do about the identity Secret of a pod.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum TokenStep {
-    /// The pod mounts no token: nothing.
+pub enum IdentityStep {
+    /// The pod needs none: nothing.
     None,
-    /// Request the tokens and write the Secret (missing, lacking a token, or due).
-    Write,
-    /// The tokens are current but the Secret is not owned by the lower pod yet: add the owner
-    /// reference, then look again at this time.
-    Own(Timestamp),
-    /// All is current; look again at this time.
-    RecheckAt(Timestamp),
+    /// Write the Secret: missing, a token lacking or due (`tokens`: request new ones), or a
+    /// pinned downward API value changed upstairs (labels, annotations).
+    Write {
+        /// Request new tokens (else the current ones are kept).
+        tokens: bool,
+    },
+    /// All is current but the Secret is not owned by the lower pod yet: add the owner
+    /// reference, then look again at the refresh time, if there is one.
+    Own(Option<Timestamp>),
+    /// All is current; look again at the refresh time, if there is one.
+    RecheckAt(Option<Timestamp>),
 }
 
-impl TokenStep {
+impl IdentityStep {
     /// When to look again, for the steps that leave the tokens as they are.
     pub fn recheck_time(&self) -> Option<Timestamp> {
         match self {
-            TokenStep::Own(at) | TokenStep::RecheckAt(at) => Some(*at),
-            TokenStep::None | TokenStep::Write => None,
+            IdentityStep::Own(at) | IdentityStep::RecheckAt(at) => *at,
+            IdentityStep::None | IdentityStep::Write { .. } => None,
         }
     }
 }
 
-/// The [`TokenStep`] for `upper` given our current Secret for it (`None`: there is none) and
-/// its lower pod, if that exists yet.
-pub fn token_step(
+/// The [`IdentityStep`] for `upper` (whose pinned downward items are `downward`) given our
+/// current Secret for it (`None`: there is none) and its lower pod, if that exists yet.
+pub fn identity_step(
     upper: &Pod,
+    downward: &[DownwardPin],
     secret: Option<&Secret>,
     lower: Option<LowerPodRef<'_>>,
     now: Timestamp,
-) -> TokenStep {
+) -> IdentityStep {
     let needs = upper.spec.as_ref().map(token_needs).unwrap_or_default();
-    if needs.is_empty() {
-        return TokenStep::None;
+    if needs.is_empty() && downward.is_empty() {
+        return IdentityStep::None;
     }
     let Some(secret) = secret else {
-        return TokenStep::Write;
+        return IdentityStep::Write {
+            tokens: !needs.is_empty(),
+        };
     };
-    let has_all = needs
-        .iter()
-        .map(|n| n.key.as_str())
-        .chain([KEY_CA])
-        .all(|k| secret.data.as_ref().is_some_and(|d| d.contains_key(k)));
+    let data = secret.data.as_ref();
+    let has = |k: &str| data.is_some_and(|d| d.contains_key(k));
     let due = secret
         .metadata
         .annotations
         .as_ref()
         .and_then(|a| a.get(ANNOTATION_TOKEN_REFRESH_AT))
         .and_then(|t| t.parse::<Timestamp>().ok());
-    match due {
-        Some(at) if has_all && at > now => match lower {
-            Some(pod) if !owned_by_pod(secret, pod) => TokenStep::Own(at),
-            _ => TokenStep::RecheckAt(at),
-        },
-        _ => TokenStep::Write,
+    let tokens_good = needs.is_empty()
+        || (needs.iter().all(|n| has(&n.key)) && has(KEY_CA) && due.is_some_and(|at| at > now));
+    if !tokens_good {
+        return IdentityStep::Write { tokens: true };
+    }
+    let downward_current = downward.iter().all(|p| {
+        data.and_then(|d| d.get(&p.key))
+            .is_some_and(|v| v.0 == p.value.as_bytes())
+    });
+    if !downward_current {
+        return IdentityStep::Write { tokens: false };
+    }
+    let at = if needs.is_empty() { None } else { due };
+    match lower {
+        Some(pod) if !owned_by_pod(secret, pod) => IdentityStep::Own(at),
+        _ => IdentityStep::RecheckAt(at),
+    }
+}
+
+/// A downward API item of a pod's volumes whose file would read differently on the lower copy
+/// (the UID, the whole label and annotation maps, single labels the copy drops or our own
+/// keys): our Secret holds the upper pod's value under `key`, projected at the item's path.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DownwardPin {
+    /// Key in our Secret (`downward-0`, ... in volume and item order).
+    pub key: String,
+    /// The file's content, as the kubelet writes it for the upper pod.
+    pub value: String,
+}
+
+/// Whether a downward API `fieldPath` of a volume can read differently on the lower copy: the
+/// UID always, the label and annotation maps always (they carry our marks), a single label
+/// when it is an ignore-label or ours, a single annotation when it is ours. Decided from the
+/// path alone, so a pod's volume layout never changes while it lives.
+fn downward_path_differs(path: &str, ignore_labels: &[String]) -> bool {
+    let subscript = |prefix: &str| {
+        path.strip_prefix(prefix)
+            .and_then(|r| r.strip_prefix("['"))
+            .and_then(|r| r.strip_suffix("']"))
+    };
+    if let Some(key) = subscript("metadata.labels") {
+        return ignore_labels.iter().any(|l| l == key)
+            || [keys::LABEL_VIRTUAL_POD, LABEL_OWNER].contains(&key);
+    }
+    if let Some(key) = subscript("metadata.annotations") {
+        return [
+            keys::ANNOTATION_TRIPPED_LABELS,
+            ANNOTATION_UPPER_UID,
+            keys::ANNOTATION_SYNCED_ANNOTATIONS,
+        ]
+        .contains(&key);
+    }
+    matches!(
+        path,
+        "metadata.uid" | "metadata.labels" | "metadata.annotations"
+    )
+}
+
+/// The content of a downward API volume file for `path` on `pod`, as the kubelet writes it:
+/// label and annotation maps as sorted `key="value"` lines (Go's `%q` quoting).
+pub fn downward_file(pod: &Pod, path: &str) -> Option<String> {
+    let map = match path {
+        "metadata.labels" => pod.metadata.labels.as_ref(),
+        "metadata.annotations" => pod.metadata.annotations.as_ref(),
+        _ => return crate::translate::downward_field_value(pod, path),
+    };
+    Some(
+        map.into_iter()
+            .flatten()
+            .map(|(k, v)| format!("{k}={}", go_quote(v)))
+            .collect::<Vec<_>>()
+            .join("\n"),
+    )
+}
+
+/// Go's `strconv.Quote` for the text of label and annotation values.
+fn go_quote(text: &str) -> String {
+    let mut out = String::with_capacity(text.len() + 2);
+    out.push('"');
+    for c in text.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\t' => out.push_str("\\t"),
+            '\r' => out.push_str("\\r"),
+            '\u{7}' => out.push_str("\\a"),
+            '\u{8}' => out.push_str("\\b"),
+            '\u{c}' => out.push_str("\\f"),
+            '\u{b}' => out.push_str("\\v"),
+            c if (c as u32) < 0x20 || c == '\u{7f}' => {
+                out.push_str(&format!("\\x{:02x}", c as u32));
+            }
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
+/// The downward API items of `upper`'s volumes (standalone and projected) that read the
+/// upper pod's values from our Secret, with those values, in volume and item order.
+pub fn downward_pins(upper: &Pod, ignore_labels: &[String]) -> Vec<DownwardPin> {
+    downward_items(upper.spec.as_ref(), ignore_labels)
+        .into_iter()
+        .enumerate()
+        .map(|(i, path)| DownwardPin {
+            key: format!("downward-{i}"),
+            value: downward_file(upper, &path).unwrap_or_default(),
+        })
+        .collect()
+}
+
+/// The field paths of the pinned items, in volume and item order.
+fn downward_items(spec: Option<&PodSpec>, ignore_labels: &[String]) -> Vec<String> {
+    let mut out = Vec::new();
+    for volume in spec.iter().flat_map(|s| s.volumes.iter().flatten()) {
+        let items = volume
+            .downward_api
+            .iter()
+            .flat_map(|d| d.items.iter().flatten())
+            .chain(
+                volume
+                    .projected
+                    .iter()
+                    .flat_map(|p| p.sources.iter().flatten())
+                    .filter_map(|s| s.downward_api.as_ref())
+                    .flat_map(|d| d.items.iter().flatten()),
+            );
+        for item in items {
+            if let Some(field) = &item.field_ref
+                && downward_path_differs(&field.field_path, ignore_labels)
+            {
+                out.push(field.field_path.clone());
+            }
+        }
+    }
+    out
+}
+
+/// Rewrites the downward API volumes of a lower spec copied from `upper_spec`: each pinned item
+/// ([`downward_items`]) becomes the same file projected from Secret `secret`; a standalone
+/// `downwardAPI` volume with pinned items becomes a projected volume of the rest and them.
+pub(crate) fn rewrite_downward_volumes(spec: &mut PodSpec, secret: &str, ignore_labels: &[String]) {
+    let mut n = 0usize;
+    let mut split = |source: &DownwardAPIVolumeSource| -> Vec<VolumeProjection> {
+        let mut kept = Vec::new();
+        let mut pinned = Vec::new();
+        for item in source.items.iter().flatten() {
+            let differs = item
+                .field_ref
+                .as_ref()
+                .is_some_and(|f| downward_path_differs(&f.field_path, ignore_labels));
+            if differs {
+                pinned.push(KeyToPath {
+                    key: format!("downward-{n}"),
+                    path: item.path.clone(),
+                    mode: item.mode,
+                });
+                n += 1;
+            } else {
+                kept.push(item.clone());
+            }
+        }
+        let mut out = Vec::new();
+        if !kept.is_empty() || pinned.is_empty() {
+            out.push(VolumeProjection {
+                downward_api: Some(DownwardAPIProjection { items: Some(kept) }),
+                ..VolumeProjection::default()
+            });
+        }
+        if !pinned.is_empty() {
+            out.push(VolumeProjection {
+                secret: Some(SecretProjection {
+                    name: secret.to_owned(),
+                    items: Some(pinned),
+                    optional: None,
+                }),
+                ..VolumeProjection::default()
+            });
+        }
+        out
+    };
+    for volume in spec.volumes.iter_mut().flatten() {
+        if let Some(source) = volume.downward_api.take() {
+            let sources = split(&source);
+            let untouched = sources.len() == 1 && sources[0].downward_api.is_some();
+            if untouched {
+                volume.downward_api = Some(source);
+            } else {
+                volume.projected = Some(ProjectedVolumeSource {
+                    default_mode: source.default_mode,
+                    sources: Some(sources),
+                });
+            }
+            continue;
+        }
+        if let Some(projected) = volume.projected.as_mut() {
+            let sources = projected.sources.take().unwrap_or_default();
+            let mut out = Vec::with_capacity(sources.len());
+            for source in sources {
+                match &source.downward_api {
+                    Some(d) => {
+                        let as_volume = DownwardAPIVolumeSource {
+                            items: d.items.clone(),
+                            default_mode: None,
+                        };
+                        out.extend(split(&as_volume));
+                    }
+                    None => out.push(source),
+                }
+            }
+            projected.sources = Some(out);
+        }
     }
 }
 
@@ -586,13 +842,13 @@ mod tests {
     fn projected_tokens_and_the_root_ca_read_our_secret_and_the_rest_is_kept() {
         let mut spec = pod(api_access_spec()).spec.unwrap();
         let needs = token_needs(&spec);
-        rewrite_token_volumes(&mut spec, "tensile-token-u-1", &needs);
+        rewrite_token_volumes(&mut spec, "tensile-identity-u-1", &needs);
         let volume = serde_json::to_value(&spec.volumes.as_ref().unwrap()[0]).unwrap();
         assert_eq!(
             volume,
             json!({"name": "kube-api-access-x1", "projected": {"defaultMode": 420, "sources": [
-                {"secret": {"name": "tensile-token-u-1", "items": [{"key": "token-0", "path": "token"}]}},
-                {"secret": {"name": "tensile-token-u-1", "items": [{"key": "ca.crt", "path": "ca.crt"}]}},
+                {"secret": {"name": "tensile-identity-u-1", "items": [{"key": "token-0", "path": "token"}]}},
+                {"secret": {"name": "tensile-identity-u-1", "items": [{"key": "ca.crt", "path": "ca.crt"}]}},
                 {"downwardAPI": {"items": [{"path": "namespace", "fieldRef": {"apiVersion": "v1", "fieldPath": "metadata.namespace"}}]}}
             ]}})
         );
@@ -643,9 +899,9 @@ mod tests {
         .unwrap();
         let needs = token_needs(&spec);
         assert_eq!(needs[0].expiration_seconds, 3607);
-        rewrite_token_volumes(&mut spec, "tensile-token-u-1", &needs);
+        rewrite_token_volumes(&mut spec, "tensile-identity-u-1", &needs);
         let secret = spec.volumes.as_ref().unwrap()[0].secret.as_ref().unwrap();
-        assert_eq!(secret.secret_name.as_deref(), Some("tensile-token-u-1"));
+        assert_eq!(secret.secret_name.as_deref(), Some("tensile-identity-u-1"));
         assert_eq!(secret.default_mode, Some(420));
     }
 
@@ -757,23 +1013,26 @@ mod tests {
     #[test]
     fn the_secret_carries_our_marks_the_tokens_the_ca_and_the_earliest_refresh() {
         let p = pod(api_access_spec());
-        let s = token_secret(
+        let s = identity_secret(
             &p,
             "vk-1",
-            &[
-                issued("token-0", "2026-01-01T01:00:00Z", 3600),
-                issued("token-1", "2026-01-01T00:10:00Z", 600),
-            ],
-            "PEM",
+            Tokens::Fresh(
+                &[
+                    issued("token-0", "2026-01-01T01:00:00Z", 3600),
+                    issued("token-1", "2026-01-01T00:10:00Z", 600),
+                ],
+                "PEM",
+            ),
+            &[],
             None,
         )
         .unwrap();
-        assert_eq!(s.metadata.name.as_deref(), Some("tensile-token-u-1"));
+        assert_eq!(s.metadata.name.as_deref(), Some("tensile-identity-u-1"));
         assert!(s.metadata.owner_references.is_none());
         assert_eq!(s.metadata.namespace.as_deref(), Some("shop"));
         let labels = s.metadata.labels.as_ref().unwrap();
         assert_eq!(labels[LABEL_OWNER], owner_label_value("vk-1"));
-        assert_eq!(labels[LABEL_TOKEN_OF], "u-1");
+        assert_eq!(labels[LABEL_IDENTITY_OF], "u-1");
         let annotations = s.metadata.annotations.as_ref().unwrap();
         assert_eq!(annotations[ANNOTATION_TOKEN_POD], "web");
         assert_eq!(
@@ -787,7 +1046,7 @@ mod tests {
         let mut nameless = p.clone();
         nameless.metadata.uid = None;
         assert_eq!(
-            token_secret(&nameless, "vk-1", &[], "PEM", None).unwrap_err(),
+            identity_secret(&nameless, "vk-1", Tokens::None, &[], None).unwrap_err(),
             TokenSecretError::MissingMetadata("uid")
         );
     }
@@ -800,36 +1059,40 @@ mod tests {
             name: "web",
             uid: "lower-1",
         };
-        assert_eq!(token_step(&p, None, None, now), TokenStep::Write);
+        assert_eq!(
+            identity_step(&p, &[], None, None, now),
+            IdentityStep::Write { tokens: true }
+        );
         let tokens = [issued("token-0", "2026-01-01T01:00:00Z", 3600)];
-        let fresh = token_secret(&p, "vk-1", &tokens, "PEM", None).unwrap();
+        let fresh = identity_secret(&p, "vk-1", Tokens::Fresh(&tokens, "PEM"), &[], None).unwrap();
         let due = ts("2026-01-01T00:48:00Z");
         assert_eq!(
-            token_step(&p, Some(&fresh), None, now),
-            TokenStep::RecheckAt(due)
+            identity_step(&p, &[], Some(&fresh), None, now),
+            IdentityStep::RecheckAt(Some(due))
         );
         assert_eq!(
-            token_step(&p, Some(&fresh), Some(lower), now),
-            TokenStep::Own(due)
+            identity_step(&p, &[], Some(&fresh), Some(lower), now),
+            IdentityStep::Own(Some(due))
         );
-        let owned = token_secret(&p, "vk-1", &tokens, "PEM", Some(lower)).unwrap();
+        let owned =
+            identity_secret(&p, "vk-1", Tokens::Fresh(&tokens, "PEM"), &[], Some(lower)).unwrap();
         assert_eq!(
             owned.metadata.owner_references.as_ref().unwrap()[0].uid,
             "lower-1"
         );
         assert_eq!(
-            token_step(&p, Some(&owned), Some(lower), now),
-            TokenStep::RecheckAt(due)
+            identity_step(&p, &[], Some(&owned), Some(lower), now),
+            IdentityStep::RecheckAt(Some(due))
         );
         assert_eq!(
-            token_step(&p, Some(&owned), Some(lower), due),
-            TokenStep::Write
+            identity_step(&p, &[], Some(&owned), Some(lower), due),
+            IdentityStep::Write { tokens: true }
         );
         let mut incomplete = owned.clone();
         incomplete.data.as_mut().unwrap().remove("token-0");
         assert_eq!(
-            token_step(&p, Some(&incomplete), Some(lower), now),
-            TokenStep::Write
+            identity_step(&p, &[], Some(&incomplete), Some(lower), now),
+            IdentityStep::Write { tokens: true }
         );
         let mut unreadable = owned;
         unreadable
@@ -839,10 +1102,122 @@ mod tests {
             .unwrap()
             .insert(ANNOTATION_TOKEN_REFRESH_AT.into(), "soon".into());
         assert_eq!(
-            token_step(&p, Some(&unreadable), Some(lower), now),
-            TokenStep::Write
+            identity_step(&p, &[], Some(&unreadable), Some(lower), now),
+            IdentityStep::Write { tokens: true }
         );
         let no_token = pod(json!({"containers": [{"name": "c"}]}));
-        assert_eq!(token_step(&no_token, None, None, now), TokenStep::None);
+        assert_eq!(
+            identity_step(&no_token, &[], None, None, now),
+            IdentityStep::None
+        );
+    }
+
+    #[test]
+    fn downward_items_that_would_show_the_copy_read_our_secret_and_the_rest_stay() {
+        let mut p = pod(json!({
+            "containers": [{"name": "c"}],
+            "volumes": [
+                {"name": "info", "downwardAPI": {"defaultMode": 420, "items": [
+                    {"path": "uid", "fieldRef": {"fieldPath": "metadata.uid"}},
+                    {"path": "name", "fieldRef": {"fieldPath": "metadata.name"}},
+                    {"path": "labels", "fieldRef": {"fieldPath": "metadata.labels"}},
+                    {"path": "app", "fieldRef": {"fieldPath": "metadata.labels['app']"}},
+                    {"path": "group", "fieldRef": {"fieldPath": "metadata.labels['pod-group.scheduling.sigs.k8s.io']"}},
+                ]}},
+                {"name": "only-name", "downwardAPI": {"items": [
+                    {"path": "name", "fieldRef": {"fieldPath": "metadata.name"}}]}},
+                {"name": "mixed", "projected": {"sources": [
+                    {"configMap": {"name": "c"}},
+                    {"downwardAPI": {"items": [
+                        {"path": "annotations", "fieldRef": {"fieldPath": "metadata.annotations"}}]}}
+                ]}}
+            ]
+        }));
+        p.metadata.labels = Some(BTreeMap::from([
+            ("app".into(), "web".into()),
+            ("pod-group.scheduling.sigs.k8s.io".into(), "pg \"1\"".into()),
+        ]));
+        p.metadata.annotations = Some(BTreeMap::from([("note".into(), "a\nb".into())]));
+        let ignore = vec![keys::DEFAULT_IGNORE_LABELS.to_owned()];
+        let pins = downward_pins(&p, &ignore);
+        let pairs: Vec<_> = pins
+            .iter()
+            .map(|p| (p.key.as_str(), p.value.as_str()))
+            .collect();
+        assert_eq!(
+            pairs,
+            vec![
+                ("downward-0", "u-1"),
+                (
+                    "downward-1",
+                    "app=\"web\"\npod-group.scheduling.sigs.k8s.io=\"pg \\\"1\\\"\""
+                ),
+                ("downward-2", "pg \"1\""),
+                ("downward-3", "note=\"a\\nb\""),
+            ]
+        );
+        let mut spec = p.spec.clone().unwrap();
+        rewrite_downward_volumes(&mut spec, "s", &ignore);
+        let volumes = serde_json::to_value(&spec.volumes).unwrap();
+        assert_eq!(
+            volumes,
+            json!([
+                {"name": "info", "projected": {"defaultMode": 420, "sources": [
+                    {"downwardAPI": {"items": [
+                        {"path": "name", "fieldRef": {"fieldPath": "metadata.name"}},
+                        {"path": "app", "fieldRef": {"fieldPath": "metadata.labels['app']"}}]}},
+                    {"secret": {"name": "s", "items": [
+                        {"key": "downward-0", "path": "uid"},
+                        {"key": "downward-1", "path": "labels"},
+                        {"key": "downward-2", "path": "group"}]}}
+                ]}},
+                {"name": "only-name", "downwardAPI": {"items": [
+                    {"path": "name", "fieldRef": {"fieldPath": "metadata.name"}}]}},
+                {"name": "mixed", "projected": {"sources": [
+                    {"configMap": {"name": "c"}},
+                    {"secret": {"name": "s", "items": [{"key": "downward-3", "path": "annotations"}]}}
+                ]}}
+            ])
+        );
+    }
+
+    #[test]
+    fn a_changed_pinned_value_rewrites_the_secret_without_new_tokens() {
+        let mut p = pod(json!({
+            "containers": [{"name": "c"}],
+            "volumes": [{"name": "info", "downwardAPI": {"items": [
+                {"path": "labels", "fieldRef": {"fieldPath": "metadata.labels"}}]}}]
+        }));
+        p.metadata.labels = Some(BTreeMap::from([("app".into(), "web".into())]));
+        let now = ts("2026-01-01T00:00:00Z");
+        let pins = downward_pins(&p, &[]);
+        assert_eq!(
+            identity_step(&p, &pins, None, None, now),
+            IdentityStep::Write { tokens: false }
+        );
+        let secret = identity_secret(&p, "vk-1", Tokens::None, &pins, None).unwrap();
+        assert_eq!(
+            identity_step(&p, &pins, Some(&secret), None, now),
+            IdentityStep::RecheckAt(None)
+        );
+        p.metadata.labels = Some(BTreeMap::from([("app".into(), "api".into())]));
+        let changed = downward_pins(&p, &[]);
+        assert_eq!(
+            identity_step(&p, &changed, Some(&secret), None, now),
+            IdentityStep::Write { tokens: false }
+        );
+        // Kept tokens are carried over with their refresh time.
+        let with_token = pod(api_access_spec());
+        let fresh = identity_secret(
+            &with_token,
+            "vk-1",
+            Tokens::Fresh(&[issued("token-0", "2026-01-01T01:00:00Z", 3600)], "PEM"),
+            &[],
+            None,
+        )
+        .unwrap();
+        let kept = identity_secret(&with_token, "vk-1", Tokens::Kept(&fresh), &[], None).unwrap();
+        assert_eq!(kept.data, fresh.data);
+        assert_eq!(kept.metadata.annotations, fresh.metadata.annotations);
     }
 }

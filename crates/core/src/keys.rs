@@ -139,7 +139,7 @@ pub const ANNOTATION_UPPER_UID: &str = "tensile-kube.io/upper-uid";
 pub const ANNOTATION_SYNCED_ANNOTATIONS: &str = "tensile-kube.io/synced-annotations";
 /// Our label on the lower Secret holding an offloaded pod's upper service-account tokens
 /// ([`crate::identity`]): the upper pod's UID. The copy controllers leave such Secrets alone.
-pub const LABEL_TOKEN_OF: &str = "tensile-kube.io/token-of";
+pub const LABEL_IDENTITY_OF: &str = "tensile-kube.io/identity-of";
 /// Our annotation on a token Secret: the name of the pod it serves.
 pub const ANNOTATION_TOKEN_POD: &str = "tensile-kube.io/pod";
 /// Our annotation on a token Secret: when its earliest token is to be replaced (RFC 3339).

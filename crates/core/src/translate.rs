@@ -36,7 +36,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use crate::cluster_selector::{ClusterSelector, ClusterSelectorError};
 use crate::deps::is_service_account_token_volume;
 use crate::identity::{
-    UpperApi, add_service_env, rewrite_token_volumes, token_needs, token_secret_name,
+    UpperApi, add_service_env, identity_secret_name, rewrite_downward_volumes,
+    rewrite_token_volumes, token_needs,
 };
 use crate::keys::{
     ANNOTATION_CONFIG_MIRROR, ANNOTATION_LOWER_SCHEDULER_NAME, ANNOTATION_SYNCED_ANNOTATIONS,
@@ -183,8 +184,12 @@ pub fn lower_pod(upper: &Pod, cfg: &TranslateConfig) -> Result<Pod, TranslateErr
         .upper_api
         .as_ref()
         .and(upper.metadata.uid.as_deref())
-        .map(token_secret_name);
+        .map(identity_secret_name);
     let mut spec = lower_spec(spec, selector.as_ref(), tokens.as_deref());
+    if let Some(secret) = &tokens {
+        // Downward API files that would show the copy read the upper pod's values from it too.
+        rewrite_downward_volumes(&mut spec, secret, &cfg.ignore_labels);
+    }
     spec.scheduler_name = Some(lower_scheduler_name(upper).to_owned());
     let mut lower = Pod {
         metadata,
@@ -744,7 +749,7 @@ pub(crate) mod tests {
             .filter_map(|s| s.secret.as_ref())
             .map(|s| s.name.as_str())
             .collect();
-        assert_eq!(secrets, ["tensile-token-uid-upper-1"; 2]);
+        assert_eq!(secrets, ["tensile-identity-uid-upper-1"; 2]);
         // The mount stays, so the lower ServiceAccount admission adds no token of its own.
         assert!(
             s.containers[0]

@@ -29,7 +29,7 @@ use kube::{Resource, ResourceExt as _};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tensile_core::deps::{CopyAction, CopyKind, DependencyCopy, dependency_action};
-use tensile_core::keys::{LABEL_OWNER, LABEL_TOKEN_OF, owner_label_value};
+use tensile_core::keys::{LABEL_IDENTITY_OF, LABEL_OWNER, owner_label_value};
 use tensile_core::plan::LowerKind;
 use tensile_core::services::{ServiceFilter, endpoints_action, service_action};
 use tensile_core::volumes::claim_action;
@@ -304,7 +304,7 @@ where
     };
     // Our token Secrets (`crate::tokens`) are not copies of anything: the pod controller keeps them.
     let ours = format!(
-        "{LABEL_OWNER}={},!{LABEL_TOKEN_OF}",
+        "{LABEL_OWNER}={},!{LABEL_IDENTITY_OF}",
         owner_label_value(&cfg.owner)
     );
     let upper_events = watch(

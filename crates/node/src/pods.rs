@@ -46,7 +46,7 @@ use crate::namespaces::LowerNamespaces;
 use crate::needs::Side;
 use crate::queue::{Hold, Holds, Queue, Receiver};
 use crate::reach::LowerReach;
-use crate::tokens::Tokens;
+use crate::tokens::IdentitySecrets;
 
 /// Where a pod sync spends its time: the Prometheus histogram `tensile_pod_sync_seconds`
 /// with `stage` `queue_wait` (a changed pod waiting for a worker), `reconcile` (one whole
@@ -157,7 +157,7 @@ struct Ctx {
     held_statuses: Holds<Key>,
     queue: Queue<Key>,
     /// Upper service-account tokens, with upper identity (`TranslateConfig::upper_api`).
-    tokens: Option<Tokens>,
+    tokens: Option<IdentitySecrets>,
     /// Whether the lower cluster answers (the node loop's health check).
     reach: LowerReach,
 }
@@ -316,10 +316,13 @@ pub async fn run_with_store(
     };
     tokio::spawn(feed);
     let tokens = cfg.translate.upper_api.is_some().then(|| {
-        Tokens::start(
+        IdentitySecrets::start(
             cfg.upper.clone(),
             cfg.lower.clone(),
-            cfg.translate.owner.clone(),
+            (
+                cfg.translate.owner.clone(),
+                cfg.translate.ignore_labels.clone(),
+            ),
             cfg.lower_name.clone(),
             upper_objects.config_maps.clone(),
             queue.clone(),

@@ -17,11 +17,11 @@ use kube::runtime::{WatchStreamExt as _, watcher};
 use serde_json::json;
 use tensile_core::deps::is_owned_by;
 use tensile_core::identity::{
-    IssuedToken, KEY_CA, LowerPodRef, TokenNeed, TokenStep, token_needs, token_secret,
-    token_secret_name, token_step,
+    DownwardPin, IdentityStep, IssuedToken, KEY_CA, LowerPodRef, TokenNeed, Tokens, downward_pins,
+    identity_secret, identity_secret_name, identity_step, token_needs,
 };
 use tensile_core::keys::{
-    ANNOTATION_TOKEN_POD, CONFIG_MAP_KUBE_ROOT_CA, LABEL_OWNER, LABEL_TOKEN_OF,
+    ANNOTATION_TOKEN_POD, CONFIG_MAP_KUBE_ROOT_CA, LABEL_IDENTITY_OF, LABEL_OWNER,
     SERVICE_ACCOUNT_DEFAULT, owner_label_value,
 };
 use tokio_util::sync::CancellationToken;
@@ -103,10 +103,12 @@ pub enum TokenError {
 }
 
 /// The token side of the pod controller.
-pub struct Tokens {
+pub struct IdentitySecrets {
     upper: kube::Client,
     lower: kube::Client,
     owner: String,
+    /// `--ignore-labels`: labels the lower copy lacks, pinned in downward API files.
+    ignore_labels: Vec<String>,
     lower_name: String,
     /// Our token Secrets downstairs.
     secrets: CompactCache<Secret>,
@@ -115,20 +117,20 @@ pub struct Tokens {
     later: Later<Key>,
 }
 
-impl std::fmt::Debug for Tokens {
+impl std::fmt::Debug for IdentitySecrets {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Tokens")
+        f.debug_struct("IdentitySecrets")
             .field("owner", &self.owner)
             .finish_non_exhaustive()
     }
 }
 
-impl Tokens {
+impl IdentitySecrets {
     /// Starts the watch of our token Secrets; their changes, and refresh times, go to `queue`.
     pub fn start(
         upper: kube::Client,
         lower: kube::Client,
-        owner: String,
+        (owner, ignore_labels): (String, Vec<String>),
         lower_name: String,
         upper_config_maps: CompactCache<ConfigMap>,
         queue: Queue<Key>,
@@ -136,7 +138,7 @@ impl Tokens {
     ) -> Self {
         let secrets = CompactCache::new();
         let selector = format!(
-            "{LABEL_OWNER}={},{LABEL_TOKEN_OF}",
+            "{LABEL_OWNER}={},{LABEL_IDENTITY_OF}",
             owner_label_value(&owner)
         );
         let events = crate::backoff::watch(
@@ -163,10 +165,11 @@ impl Tokens {
             })
             .await;
         });
-        Tokens {
+        IdentitySecrets {
             upper,
             lower,
             owner,
+            ignore_labels,
             lower_name,
             secrets,
             upper_config_maps,
@@ -190,7 +193,7 @@ impl Tokens {
         ) else {
             return Ok(());
         };
-        let secret_name = token_secret_name(uid);
+        let secret_name = identity_secret_name(uid);
         let current = self.secrets.get(ns, &secret_name);
         let lower_ref = lower.and_then(|l| {
             Some(LowerPodRef {
@@ -198,10 +201,11 @@ impl Tokens {
                 uid: l.metadata.uid.as_deref()?,
             })
         });
-        let due = match token_step(u, current.as_ref(), lower_ref, Timestamp::now()) {
-            TokenStep::None => return Ok(()),
-            TokenStep::RecheckAt(at) => at,
-            TokenStep::Own(at) => {
+        let pins = downward_pins(u, &self.ignore_labels);
+        let due = match identity_step(u, &pins, current.as_ref(), lower_ref, Timestamp::now()) {
+            IdentityStep::None => return Ok(()),
+            IdentityStep::RecheckAt(at) => at,
+            IdentityStep::Own(at) => {
                 let Some(pod) = lower_ref else {
                     return Ok(());
                 };
@@ -212,28 +216,48 @@ impl Tokens {
                     .map_err(|source| self.write_error(ns, &secret_name, source))?;
                 at
             }
-            TokenStep::Write => {
-                let secret = self.fresh_secret(u, ns, name, lower_ref).await?;
+            IdentityStep::Write { tokens } => {
+                let secret = if tokens {
+                    let (issued, ca) = self.fresh_tokens(u, ns, name).await?;
+                    self.secret(u, Tokens::Fresh(&issued, &ca), &pins, lower_ref)?
+                } else {
+                    let kept = current.as_ref().map_or(Tokens::None, Tokens::Kept);
+                    self.secret(u, kept, &pins, lower_ref)?
+                };
                 self.write(ns, &secret_name, &secret, current.is_some())
                     .await?;
-                token_step(u, Some(&secret), lower_ref, Timestamp::now())
-                    .recheck_time()
-                    .unwrap_or_else(Timestamp::now)
+                identity_step(u, &pins, Some(&secret), lower_ref, Timestamp::now()).recheck_time()
             }
         };
-        self.later
-            .at((ns.to_owned(), name.to_owned()), instant_at(due));
+        if let Some(at) = due {
+            self.later
+                .at((ns.to_owned(), name.to_owned()), instant_at(at));
+        }
         Ok(())
     }
 
-    /// Our Secret for `u` with newly requested tokens.
-    async fn fresh_secret(
+    /// Our Secret for `u`.
+    fn secret(
+        &self,
+        u: &Pod,
+        tokens: Tokens<'_>,
+        pins: &[DownwardPin],
+        lower: Option<LowerPodRef<'_>>,
+    ) -> Result<Secret, TokenError> {
+        identity_secret(u, &self.owner, tokens, pins, lower).map_err(|source| TokenError::Secret {
+            namespace: u.metadata.namespace.clone().unwrap_or_default(),
+            pod: u.metadata.name.clone().unwrap_or_default(),
+            source,
+        })
+    }
+
+    /// Newly requested tokens for `u`, and the upper CA.
+    async fn fresh_tokens(
         &self,
         u: &Pod,
         ns: &str,
         name: &str,
-        lower: Option<LowerPodRef<'_>>,
-    ) -> Result<Secret, TokenError> {
+    ) -> Result<(Vec<IssuedToken>, String), TokenError> {
         let ca = self
             .upper_config_maps
             .get(ns, CONFIG_MAP_KUBE_ROOT_CA)
@@ -246,11 +270,7 @@ impl Tokens {
         for need in &needs {
             tokens.push(self.request(u, ns, name, need).await?);
         }
-        token_secret(u, &self.owner, &tokens, &ca, lower).map_err(|source| TokenError::Secret {
-            namespace: ns.to_owned(),
-            pod: name.to_owned(),
-            source,
-        })
+        Ok((tokens, ca))
     }
 
     /// One TokenRequest to the upper cluster, bound to the upper pod.

@@ -1115,7 +1115,7 @@ async fn an_offloaded_pods_token_is_the_upper_clusters_for_its_service_account()
     })
     .await;
     let upper_uid = running.metadata.uid.clone().unwrap();
-    let secret_name = format!("tensile-token-{upper_uid}");
+    let secret_name = format!("tensile-identity-{upper_uid}");
 
     // The lower pod mounts our Secret where the upper pod mounts its token volume.
     let copy = lower_pods.get("whoami").await.unwrap();
@@ -1313,6 +1313,86 @@ async fn a_readiness_gate_set_upstairs_makes_the_offloaded_pod_ready() {
         (condition_status(&p, "Ready").as_deref() == Some("False")
             && condition_status(&p, GATE).as_deref() == Some("False"))
         .then_some(())
+    })
+    .await;
+    stop.cancel();
+}
+
+/// Issue 22 (downward API fidelity, volumes): the files of a pod's downward API volume show the
+/// upper pod: its UID, its labels and annotations without our marks, a label the copy drops;
+/// a label changed upstairs reaches the file.
+#[tokio::test]
+async fn downward_api_volumes_of_an_offloaded_pod_show_the_upper_pod() {
+    use tensile_core::identity::downward_file;
+    let (env, stop) = start().await;
+    let upper = &env.clusters[0].client;
+    let upper_pods: Api<Pod> = Api::namespaced(upper.clone(), "default");
+    let item = |path: &str, field: &str| json!({"path": path, "fieldRef": {"fieldPath": field}});
+    upper_pods
+        .create(
+            &PostParams::default(),
+            &pod(
+                "files",
+                "vk-lower",
+                json!({
+                    "metadata": {"labels": {"pod-group.scheduling.sigs.k8s.io": "pg-1"},
+                                 "annotations": {"team": "a"}},
+                    "spec": {
+                        "containers": [{"name": "c", "image": "nginx:1.27", "volumeMounts": [
+                            {"name": "info", "mountPath": "/etc/info"}]}],
+                        "volumes": [{"name": "info", "downwardAPI": {"items": [
+                            item("uid", "metadata.uid"),
+                            item("labels", "metadata.labels"),
+                            item("annotations", "metadata.annotations"),
+                            item("name", "metadata.name"),
+                            item("group", "metadata.labels['pod-group.scheduling.sigs.k8s.io']"),
+                        ]}}]
+                    }
+                }),
+            ),
+        )
+        .await
+        .unwrap();
+    let running = eventually(60, "files Running upstairs", || async {
+        let p = upper_pods.get_opt("files").await.ok()??;
+        (p.status.as_ref()?.phase.as_deref() == Some("Running")).then_some(p)
+    })
+    .await;
+    let cat = |file: &'static str| {
+        let pods = upper_pods.clone();
+        async move { exec_out(&pods, "files", &["cat", &format!("/etc/info/{file}")]).await }
+    };
+    assert_eq!(cat("uid").await, running.metadata.uid.clone().unwrap());
+    let labels = cat("labels").await;
+    assert_eq!(
+        Some(labels.clone()),
+        downward_file(&running, "metadata.labels")
+    );
+    assert!(!labels.contains("virtual-pod"), "{labels}");
+    assert!(
+        labels.contains("pod-group.scheduling.sigs.k8s.io=\"pg-1\""),
+        "{labels}"
+    );
+    let annotations = cat("annotations").await;
+    assert_eq!(
+        Some(annotations.clone()),
+        downward_file(&running, "metadata.annotations")
+    );
+    assert!(!annotations.contains("tensile-kube.io"), "{annotations}");
+    assert_eq!(cat("name").await, "files");
+    assert_eq!(cat("group").await, "pg-1");
+
+    upper_pods
+        .patch(
+            "files",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"tier": "web"}}})),
+        )
+        .await
+        .unwrap();
+    eventually(60, "the new label in the labels file", || async {
+        let now = exec_out(&upper_pods, "files", &["cat", "/etc/info/labels"]).await;
+        now.contains("tier=\"web\"").then_some(())
     })
     .await;
     stop.cancel();

@@ -415,6 +415,15 @@ pub(super) async fn volume_file(
             .await
             .ok_or_else(|| MISSING.to_owned());
     }
+    if let Some(item) = volume
+        .downward_api
+        .iter()
+        .flat_map(|d| d.items.iter().flatten())
+        .find(|i| i.path == relative)
+        && let Some(field) = &item.field_ref
+    {
+        return super::env::field_value(pod, &field.field_path).map(String::into_bytes);
+    }
     // A projected volume: the first source that has the file, as the kubelet lays them out.
     for source in volume
         .projected

@@ -566,9 +566,12 @@ impl Session<'_, '_> {
         let Some(mount) = mount else {
             return Place::Plain;
         };
-        let projected = volumes
-            .filter(|v| v.name == mount.name)
-            .any(|v| v.config_map.is_some() || v.secret.is_some() || v.projected.is_some());
+        let projected = volumes.filter(|v| v.name == mount.name).any(|v| {
+            v.config_map.is_some()
+                || v.secret.is_some()
+                || v.projected.is_some()
+                || v.downward_api.is_some()
+        });
         if projected {
             let inside = path
                 .strip_prefix(mount.mount_path.trim_end_matches('/'))
