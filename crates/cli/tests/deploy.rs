@@ -397,6 +397,8 @@ fn every_request_of_every_component_is_granted_by_the_shipped_rbac() {
                 format!("--nodename=vk-{name}"),
                 "--disable-taint".into(),
                 "--kubelet-address=127.0.0.1".into(),
+                // As shipped: the election Lease is written through the shipped Role too.
+                "--leader-elect".into(),
                 format!("--kubeconfig={}", vn.display()),
                 format!("--client-kubeconfig={}", lower_kc.display()),
             ],
@@ -415,6 +417,7 @@ fn every_request_of_every_component_is_granted_by_the_shipped_rbac() {
         "--address=127.0.0.1".into(),
         format!("--port={scheduler_port}"),
         format!("--write-ca={}", ca_file.display()),
+        "--leader-elect".into(),
         format!("--kubeconfig={}", as_account("tensile-scheduler").display()),
     ];
     for (name, _, lower_kc) in &lowers {
@@ -447,6 +450,7 @@ fn every_request_of_every_component_is_granted_by_the_shipped_rbac() {
         &[
             "descheduler".into(),
             "--unschedulable-threshold=2s".into(),
+            "--leader-elect".into(),
             format!(
                 "--kubeconfig={}",
                 as_account("tensile-descheduler").display()
