@@ -107,7 +107,7 @@ pub enum Leadership {
     /// No `--leader-elect`: the process works alone.
     Alone,
     /// This process leads.
-    Leader(tensile_node::leader::Leader),
+    Leader(Box<tensile_node::leader::Leader>),
     /// A shutdown signal came while it stood by.
     Stopped,
 }
@@ -142,7 +142,7 @@ pub async fn lead(
     let acquire = election.acquire(&stop);
     tokio::pin!(acquire);
     tokio::select! {
-        leader = &mut acquire => Ok(leader.map_or(Leadership::Stopped, Leadership::Leader)),
+        leader = &mut acquire => Ok(leader.map_or(Leadership::Stopped, |l| Leadership::Leader(Box::new(l)))),
         signal = crate::shutdown_signal() => {
             signal?;
             Ok(Leadership::Stopped)
@@ -165,7 +165,7 @@ pub async fn run_until_stopped(
             let renewing = CancellationToken::new();
             (
                 Some(renewing.clone()),
-                Some(tokio::spawn(leader.hold(renewing))),
+                Some(tokio::spawn((*leader).hold(renewing))),
             )
         }
         Leadership::Alone | Leadership::Stopped => (None, None),
@@ -223,10 +223,14 @@ mod tests {
             .unwrap()
             .args;
         assert!(a.leader_elect);
-        assert_eq!(a.timings().unwrap(), tensile_core::lease::Timings::default());
-        let bad = <Only as clap::Parser>::try_parse_from(["x", "--leader-elect-renew-deadline=20s"])
-            .unwrap()
-            .args;
+        assert_eq!(
+            a.timings().unwrap(),
+            tensile_core::lease::Timings::default()
+        );
+        let bad =
+            <Only as clap::Parser>::try_parse_from(["x", "--leader-elect-renew-deadline=20s"])
+                .unwrap()
+                .args;
         assert!(bad.timings().is_err());
     }
 }

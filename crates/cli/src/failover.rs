@@ -69,11 +69,7 @@ fn with<T>(seen: &Shared, f: impl FnOnce(&mut Seen) -> T) -> anyhow::Result<T> {
 }
 
 /// One replica: `tensile virtual-node --leader-elect` with the README's flags.
-fn replica(
-    env: &TestEnv,
-    log: &Path,
-    kubelet_port: u16,
-) -> anyhow::Result<tokio::process::Child> {
+fn replica(env: &TestEnv, log: &Path, kubelet_port: u16) -> anyhow::Result<tokio::process::Child> {
     let exe = std::env::current_exe().context("finding the tensile binary")?;
     tokio::process::Command::new(exe)
         .args(["virtual-node", "--nodename", NODE, "--leader-elect"])
@@ -247,7 +243,10 @@ pub async fn run(args: FailoverArgs) -> anyhow::Result<()> {
         .context("starting the clusters")?;
     let seen: Shared = Arc::default();
     let watches = watch_all(&env, &seen);
-    let logs = [env.dir().join("replica-a.log"), env.dir().join("replica-b.log")];
+    let logs = [
+        env.dir().join("replica-a.log"),
+        env.dir().join("replica-b.log"),
+    ];
     let ports = [free_port()?, free_port()?];
 
     // The first replica leads once it registered the node with its kubelet port.

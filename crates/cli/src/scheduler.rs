@@ -155,8 +155,13 @@ pub async fn run(args: SchedulerArgs) -> anyhow::Result<()> {
     let config = config(&args).await?;
     // A standby does not listen: the Service sends kube-scheduler to the leader only (its
     // readiness probe fails meanwhile). A new leader lists the lower clusters again.
-    let leadership =
-        crate::common::lead(&args.leader, &config.upper, "tensile-scheduler", "scheduler").await?;
+    let leadership = crate::common::lead(
+        &args.leader,
+        &config.upper,
+        "tensile-scheduler",
+        "scheduler",
+    )
+    .await?;
     if matches!(leadership, crate::common::Leadership::Stopped) {
         return Ok(());
     }

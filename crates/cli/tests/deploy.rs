@@ -671,7 +671,12 @@ fn while_the_webhook_is_down_only_virtual_pods_are_refused() {
     assert!(ok, "an ordinary pod is admitted: {err}");
     let (ok, _, err) = kubectl(
         &upper,
-        &["run", "virtual", "--image=nginx:1.27", "--labels=virtual-pod=true"],
+        &[
+            "run",
+            "virtual",
+            "--image=nginx:1.27",
+            "--labels=virtual-pod=true",
+        ],
     );
     assert!(!ok, "a virtual pod is refused while the webhook is down");
     assert!(

@@ -20,8 +20,7 @@ use crate::cluster_selector::{ClusterSelector, ClusterSelectorError};
 use crate::keys::{
     ANNOTATION_CLUSTER_SELECTOR, ANNOTATION_EXCLUDED_NODES, EFFECT_NO_EXECUTE,
     LABEL_CREATE_BY_DESCHEDULER, LABEL_HOSTNAME, LABEL_VIRTUAL_POD, NAMESPACE_KUBE_SYSTEM,
-    RESOURCE_VIRTUAL_POD,
-    TAINT_NOT_READY, TAINT_UNREACHABLE, VALUE_TRUE,
+    RESOURCE_VIRTUAL_POD, TAINT_NOT_READY, TAINT_UNREACHABLE, VALUE_TRUE,
 };
 
 /// Default of `--ignore-selector-keys`: selector keys that stay in the upper pod.
@@ -595,14 +594,18 @@ mod tests {
 
     #[test]
     fn a_mutated_pod_asks_for_the_extenders_marker_once_and_counts_it_nowhere() {
-        let p = pod(json!({"metadata": {"name": "p", "labels": {"virtual-pod": "true"}},
+        let p = pod(
+            json!({"metadata": {"name": "p", "labels": {"virtual-pod": "true"}},
             "spec": {"containers": [
                 {"name": "a", "image": "i", "resources": {"requests": {"cpu": "1"}}},
-                {"name": "b", "image": "i"}]}}));
+                {"name": "b", "image": "i"}]}}),
+        );
         let once = mutate(&p, &Mutation::default()).unwrap();
         let spec = once.spec.as_ref().unwrap();
         let r = spec.containers[0].resources.as_ref().unwrap();
-        let one = Some(&k8s_openapi::apimachinery::pkg::api::resource::Quantity("1".into()));
+        let one = Some(&k8s_openapi::apimachinery::pkg::api::resource::Quantity(
+            "1".into(),
+        ));
         assert_eq!(r.requests.as_ref().unwrap().get(RESOURCE_VIRTUAL_POD), one);
         assert_eq!(r.limits.as_ref().unwrap().get(RESOURCE_VIRTUAL_POD), one);
         assert!(spec.containers[1].resources.is_none());

@@ -133,7 +133,10 @@ pub fn elect(
     };
     if !ours {
         new.acquire_time = Some(now);
-        let had_holder = old.holder_identity.as_deref().is_some_and(|h| !h.is_empty());
+        let had_holder = old
+            .holder_identity
+            .as_deref()
+            .is_some_and(|h| !h.is_empty());
         let transitions = old.lease_transitions.unwrap_or(0);
         new.lease_transitions = Some(if had_holder {
             transitions.saturating_add(1)
@@ -276,7 +279,11 @@ mod tests {
         assert!(t(s(10), s(10), s(2)).check().is_err());
         assert!(t(s(15), s(10), s(10)).check().is_err());
         assert!(t(s(15), s(10), s(0)).check().is_err());
-        assert!(t(std::time::Duration::from_millis(1500), s(1), s(0)).check().is_err());
+        assert!(
+            t(std::time::Duration::from_millis(1500), s(1), s(0))
+                .check()
+                .is_err()
+        );
         assert!(t(s(3), s(2), s(1)).check().is_ok());
     }
 }

@@ -571,7 +571,10 @@ pub(crate) mod tests {
             .requests
             .as_mut()
             .unwrap()
-            .insert("cpu".into(), k8s_openapi::apimachinery::pkg::api::resource::Quantity("1".into()));
+            .insert(
+                "cpu".into(),
+                k8s_openapi::apimachinery::pkg::api::resource::Quantity("1".into()),
+            );
         let lower = lower_pod(&upper, &cfg()).unwrap();
         let r = spec(&lower).containers[0].resources.as_ref().unwrap();
         assert_eq!(

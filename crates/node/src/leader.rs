@@ -281,7 +281,9 @@ impl Leader {
         )
         .await;
         match released {
-            Ok(Ok(_)) => tracing::info!(lease = %format!("{}/{}", self.election.namespace, self.election.name), "gave leadership up"),
+            Ok(Ok(_)) => {
+                tracing::info!(lease = %format!("{}/{}", self.election.namespace, self.election.name), "gave leadership up")
+            }
             Ok(Err(e)) => tracing::debug!(error = %e, "releasing the leader election lease"),
             Err(_) => tracing::debug!("releasing the leader election lease timed out"),
         }

@@ -377,9 +377,11 @@ async fn the_tightest_fitting_cluster_scores_highest() {
     let tight = upper_node(&upper, "vk-b-tight", virtual_labels("tight")).await;
     let cpu_only = |name: &str| {
         let mut p = pod(name, "1", json!({}));
-        p.spec.as_mut().unwrap().containers[0].resources =
-            Some(serde_json::from_value(json!({"requests": {"cpu": "1", RESOURCE_VIRTUAL_POD: "1"},
-                "limits": {RESOURCE_VIRTUAL_POD: "1"}})).unwrap());
+        p.spec.as_mut().unwrap().containers[0].resources = Some(
+            serde_json::from_value(json!({"requests": {"cpu": "1", RESOURCE_VIRTUAL_POD: "1"},
+                "limits": {RESOURCE_VIRTUAL_POD: "1"}}))
+            .unwrap(),
+        );
         p
     };
     let (status, scores) = s
@@ -913,13 +915,19 @@ async fn while_the_extender_is_down_ordinary_pods_are_still_scheduled() {
     let on_virtual = json!({"spec": {"nodeSelector": {"type": "virtual-kubelet"}}});
     let on_plain = json!({"spec": {"nodeSelector": {"role": "plain"}}});
     // Both kinds are scheduled while it answers.
-    pods.create(&PostParams::default(), &pod("virtual-1", "1", on_virtual.clone()))
-        .await
-        .unwrap();
+    pods.create(
+        &PostParams::default(),
+        &pod("virtual-1", "1", on_virtual.clone()),
+    )
+    .await
+    .unwrap();
     assert_eq!(bound_to(&pods, "virtual-1").await, "vk-c1");
-    pods.create(&PostParams::default(), &ordinary_pod("ordinary-1", "1", on_plain.clone()))
-        .await
-        .unwrap();
+    pods.create(
+        &PostParams::default(),
+        &ordinary_pod("ordinary-1", "1", on_plain.clone()),
+    )
+    .await
+    .unwrap();
     assert_eq!(bound_to(&pods, "ordinary-1").await, "plain");
 
     let Setup { env, ext, _stop } = s;
@@ -933,12 +941,18 @@ async fn while_the_extender_is_down_ordinary_pods_are_still_scheduled() {
     pods.create(&PostParams::default(), &pod("virtual-2", "1", on_virtual))
         .await
         .unwrap();
-    pods.create(&PostParams::default(), &ordinary_pod("ordinary-2", "1", on_plain))
-        .await
-        .unwrap();
+    pods.create(
+        &PostParams::default(),
+        &ordinary_pod("ordinary-2", "1", on_plain),
+    )
+    .await
+    .unwrap();
     assert_eq!(bound_to(&pods, "ordinary-2").await, "plain");
     // The reason names the extender that did not answer.
     let why = not_scheduled(&pods, "virtual-2").await;
     assert!(why.contains(&address), "{why}");
-    assert_eq!(pods.get("virtual-2").await.unwrap().spec.unwrap().node_name, None);
+    assert_eq!(
+        pods.get("virtual-2").await.unwrap().spec.unwrap().node_name,
+        None
+    );
 }
