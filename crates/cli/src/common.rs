@@ -106,15 +106,26 @@ impl LeaderElectArgs {
 pub enum Leadership {
     /// No `--leader-elect`: the process works alone.
     Alone,
-    /// This process leads.
-    Leader(Box<tensile_node::leader::Leader>),
+    /// This process leads, and renews the Lease in the background.
+    Leader(Holding),
     /// A shutdown signal came while it stood by.
     Stopped,
+}
+
+/// The renewal of a held Lease, running from the moment it was acquired.
+#[derive(Debug)]
+pub struct Holding {
+    renewing: CancellationToken,
+    task: tokio::task::JoinHandle<()>,
 }
 
 /// With `--leader-elect`, stands by until this process holds the election Lease
 /// (`default_name` unless `--leader-elect-resource-name`) of the upper cluster, or a shutdown
 /// signal comes. Nothing else of the component has started meanwhile: a standby writes nothing.
+/// Once it leads, the Lease is renewed at once, in the background, while the component starts;
+/// if leadership is lost (at any time, start-up included) the process exits at once with
+/// status 1, so no write of an old leader follows a new leader's (Kubernetes restarts it as a
+/// standby).
 pub async fn lead(
     args: &LeaderElectArgs,
     upper: &kube::Client,
@@ -141,60 +152,45 @@ pub async fn lead(
     let stop = CancellationToken::new();
     let acquire = election.acquire(&stop);
     tokio::pin!(acquire);
-    tokio::select! {
-        leader = &mut acquire => Ok(leader.map_or(Leadership::Stopped, |l| Leadership::Leader(Box::new(l)))),
+    let leader = tokio::select! {
+        leader = &mut acquire => leader,
         signal = crate::shutdown_signal() => {
             signal?;
-            Ok(Leadership::Stopped)
+            None
         }
+    };
+    let Some(leader) = leader else {
+        return Ok(Leadership::Stopped);
+    };
+    let renewing = CancellationToken::new();
+    let task = tokio::spawn(hold_or_exit(leader, renewing.clone()));
+    Ok(Leadership::Leader(Holding { renewing, task }))
+}
+
+/// Renews until `renewing` is cancelled (then gives the Lease up); exits the process when
+/// leadership is lost.
+async fn hold_or_exit(leader: tensile_node::leader::Leader, renewing: CancellationToken) {
+    if let Err(lost) = leader.hold(renewing).await {
+        tracing::error!("{lost}; exiting");
+        let _ = std::io::Write::write_fmt(&mut std::io::stderr(), format_args!("error: {lost}\n"));
+        std::process::exit(1);
     }
 }
 
-/// Runs until a shutdown signal (then `stop` is cancelled, the component gets `grace` to finish
-/// in `done`, and the lease is given up after it stopped writing), or until leadership is lost:
-/// then the process exits at once, non-zero, so no write of an old leader follows a new
-/// leader's (Kubernetes restarts it as a standby).
+/// Runs until a shutdown signal; then `stop` is cancelled, the component gets `grace` to finish
+/// in `done`, and only then, once it stopped writing, is the Lease given up.
 pub async fn run_until_stopped(
     leadership: Leadership,
     stop: CancellationToken,
     done: impl std::future::Future<Output = ()>,
     grace: Duration,
 ) -> anyhow::Result<()> {
-    let (renewing, hold) = match leadership {
-        Leadership::Leader(leader) => {
-            let renewing = CancellationToken::new();
-            (
-                Some(renewing.clone()),
-                Some(tokio::spawn((*leader).hold(renewing))),
-            )
-        }
-        Leadership::Alone | Leadership::Stopped => (None, None),
-    };
-    let lost = async {
-        match hold {
-            Some(h) => h.await,
-            None => std::future::pending().await,
-        }
-    };
-    tokio::pin!(lost);
-    tokio::select! {
-        signal = crate::shutdown_signal() => signal?,
-        lost = &mut lost => {
-            let why = match lost {
-                Ok(Err(lost)) => lost.to_string(),
-                Ok(Ok(())) => "the lease was given up".to_owned(),
-                Err(e) => format!("the lease task failed: {e}"),
-            };
-            tracing::error!("{why}; exiting");
-            let _ = std::io::Write::write_fmt(&mut std::io::stderr(), format_args!("error: {why}\n"));
-            std::process::exit(1);
-        }
-    }
+    crate::shutdown_signal().await?;
     stop.cancel();
     let _ = tokio::time::timeout(grace, done).await;
-    if let Some(renewing) = renewing {
-        renewing.cancel();
-        let _ = tokio::time::timeout(Duration::from_secs(3), lost).await;
+    if let Leadership::Leader(holding) = leadership {
+        holding.renewing.cancel();
+        let _ = tokio::time::timeout(Duration::from_secs(3), holding.task).await;
     }
     Ok(())
 }
