@@ -11,6 +11,10 @@
 //! renew deadline is shorter than the lease duration, the old leader has stopped before a
 //! standby may take the lease. Times in the Lease are compared with this host's clock: keep the
 //! clocks of the hosts synchronised (NTP), as Kubernetes' own node leases assume.
+//!
+//! Not a crate: kube-leader-election 0.44 depends on kube 4; kube-lease-manager 0.13 fits kube 5
+//! but is configured by a duration and a grace period (no renew deadline after which a leader
+//! stops) and applies the Lease server-side instead of writing with the resourceVersion read.
 
 use std::time::Duration;
 
