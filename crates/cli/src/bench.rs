@@ -35,6 +35,9 @@ enum Bench {
     /// Three lower clusters with fragmented free room and a burst of mixed-size pods, with and
     /// without the descheduler and the scheduler extender.
     Fragmentation(crate::fragmentation::FragmentationArgs),
+    /// Two virtual-node replicas with --leader-elect; the leader is killed in the middle of a
+    /// burst: takeover time, and no pod lost, duplicated or deleted.
+    Failover(crate::failover::FailoverArgs),
 }
 
 #[derive(Debug, clap::Args)]
@@ -62,6 +65,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     match args.what {
         Bench::Offload(a) => offload(a).await,
         Bench::Fragmentation(a) => crate::fragmentation::run(a).await,
+        Bench::Failover(a) => crate::failover::run(a).await,
     }
 }
 

@@ -7,6 +7,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 use tensile_node::clients::{ApiCalls, KubeconfigSource, build_client};
 use tensile_placement::serve::ServingCert;
+use tokio_util::sync::CancellationToken;
 
 /// A Go duration flag (`90s`, `3m`, `1h30m`), positive.
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
@@ -63,6 +64,137 @@ pub fn serving_cert(
     })
 }
 
+/// `--leader-elect` and its settings, named as kube-controller-manager names them.
+#[derive(Clone, Debug, clap::Args)]
+pub struct LeaderElectArgs {
+    /// Run as one of several replicas: only the holder of a `coordination.k8s.io` Lease works;
+    /// the others stand by and take over when it stops renewing.
+    #[arg(long, default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
+    pub leader_elect: bool,
+    /// How long a standby waits after the leader's last renewal before it takes over.
+    #[arg(long, default_value = "15s", value_parser = parse_duration)]
+    pub leader_elect_lease_duration: Duration,
+    /// How long the leader keeps trying to renew before it stops (exits).
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    pub leader_elect_renew_deadline: Duration,
+    /// Time between two tries to renew or to acquire the lease.
+    #[arg(long, default_value = "2s", value_parser = parse_duration)]
+    pub leader_elect_retry_period: Duration,
+    /// Name of the election Lease (default: one per component, see docs/flags.md).
+    #[arg(long)]
+    pub leader_elect_resource_name: Option<String>,
+    /// Namespace of the election Lease (default: $POD_NAMESPACE, else kube-system).
+    #[arg(long, env = "POD_NAMESPACE", default_value = "kube-system")]
+    pub leader_elect_resource_namespace: String,
+}
+
+impl LeaderElectArgs {
+    /// The timings, checked.
+    pub fn timings(&self) -> anyhow::Result<tensile_core::lease::Timings> {
+        let t = tensile_core::lease::Timings {
+            lease_duration: self.leader_elect_lease_duration,
+            renew_deadline: self.leader_elect_renew_deadline,
+            retry_period: self.leader_elect_retry_period,
+        };
+        t.check().map_err(anyhow::Error::msg)?;
+        Ok(t)
+    }
+}
+
+/// What [`lead`] came to.
+#[derive(Debug)]
+pub enum Leadership {
+    /// No `--leader-elect`: the process works alone.
+    Alone,
+    /// This process leads, and renews the Lease in the background.
+    Leader(Holding),
+    /// A shutdown signal came while it stood by.
+    Stopped,
+}
+
+/// The renewal of a held Lease, running from the moment it was acquired.
+#[derive(Debug)]
+pub struct Holding {
+    renewing: CancellationToken,
+    task: tokio::task::JoinHandle<()>,
+}
+
+/// With `--leader-elect`, stands by until this process holds the election Lease
+/// (`default_name` unless `--leader-elect-resource-name`) of the upper cluster, or a shutdown
+/// signal comes. Nothing else of the component has started meanwhile: a standby writes nothing.
+/// Once it leads, the Lease is renewed at once, in the background, while the component starts;
+/// if leadership is lost (at any time, start-up included) the process exits at once with
+/// status 1, so no write of an old leader follows a new leader's (Kubernetes restarts it as a
+/// standby).
+pub async fn lead(
+    args: &LeaderElectArgs,
+    upper: &kube::Client,
+    default_name: &str,
+    identity_prefix: &str,
+) -> anyhow::Result<Leadership> {
+    if !args.leader_elect {
+        return Ok(Leadership::Alone);
+    }
+    let timings = args.timings()?;
+    let name = args
+        .leader_elect_resource_name
+        .clone()
+        .filter(|n| !n.is_empty())
+        .unwrap_or_else(|| default_name.to_owned());
+    let election = tensile_node::leader::LeaderElection::new(
+        upper.clone(),
+        &args.leader_elect_resource_namespace,
+        &name,
+        tensile_node::node::holder_identity(identity_prefix),
+        timings,
+    );
+    tracing::info!(lease = %format!("{}/{name}", args.leader_elect_resource_namespace), identity = %election.identity(), "running for leader");
+    let stop = CancellationToken::new();
+    let acquire = election.acquire(&stop);
+    tokio::pin!(acquire);
+    let leader = tokio::select! {
+        leader = &mut acquire => leader,
+        signal = crate::shutdown_signal() => {
+            signal?;
+            None
+        }
+    };
+    let Some(leader) = leader else {
+        return Ok(Leadership::Stopped);
+    };
+    let renewing = CancellationToken::new();
+    let task = tokio::spawn(hold_or_exit(leader, renewing.clone()));
+    Ok(Leadership::Leader(Holding { renewing, task }))
+}
+
+/// Renews until `renewing` is cancelled (then gives the Lease up); exits the process when
+/// leadership is lost.
+async fn hold_or_exit(leader: tensile_node::leader::Leader, renewing: CancellationToken) {
+    if let Err(lost) = leader.hold(renewing).await {
+        tracing::error!("{lost}; exiting");
+        let _ = std::io::Write::write_fmt(&mut std::io::stderr(), format_args!("error: {lost}\n"));
+        std::process::exit(1);
+    }
+}
+
+/// Runs until a shutdown signal; then `stop` is cancelled, the component gets `grace` to finish
+/// in `done`, and only then, once it stopped writing, is the Lease given up.
+pub async fn run_until_stopped(
+    leadership: Leadership,
+    stop: CancellationToken,
+    done: impl std::future::Future<Output = ()>,
+    grace: Duration,
+) -> anyhow::Result<()> {
+    crate::shutdown_signal().await?;
+    stop.cancel();
+    let _ = tokio::time::timeout(grace, done).await;
+    if let Leadership::Leader(holding) = leadership {
+        holding.renewing.cancel();
+        let _ = tokio::time::timeout(Duration::from_secs(3), holding.task).await;
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -74,5 +206,27 @@ mod tests {
         assert_eq!(parse_duration("1h30m"), Ok(Duration::from_secs(5400)));
         assert!(parse_duration("soon").is_err());
         assert!(parse_duration("0s").is_err());
+    }
+
+    #[test]
+    fn leader_election_flags_default_to_kube_controller_managers() {
+        #[derive(clap::Parser)]
+        struct Only {
+            #[command(flatten)]
+            args: LeaderElectArgs,
+        }
+        let a = <Only as clap::Parser>::try_parse_from(["x", "--leader-elect"])
+            .unwrap()
+            .args;
+        assert!(a.leader_elect);
+        assert_eq!(
+            a.timings().unwrap(),
+            tensile_core::lease::Timings::default()
+        );
+        let bad =
+            <Only as clap::Parser>::try_parse_from(["x", "--leader-elect-renew-deadline=20s"])
+                .unwrap()
+                .args;
+        assert!(bad.timings().is_err());
     }
 }

@@ -62,6 +62,8 @@ pub struct DeschedulerArgs {
     /// klog verbosity (accepted; use RUST_LOG).
     #[arg(long = "v")]
     pub verbosity: Option<u8>,
+    #[command(flatten)]
+    pub leader: crate::common::LeaderElectArgs,
 }
 
 /// `maxPodLifeTimeSeconds` of an enabled PodLifeTime strategy, from the policy's YAML.
@@ -128,12 +130,23 @@ pub async fn run(args: DeschedulerArgs) -> anyhow::Result<()> {
     }
     let config = config(&args)?;
     let client = client(upper_source(args.kubeconfig.as_ref()), 100.0, 200, "upper").await?;
+    // A new leader carries on the move intents the old one left (they are in ConfigMaps).
+    let leadership =
+        crate::common::lead(&args.leader, &client, "tensile-descheduler", "descheduler").await?;
+    if matches!(leadership, crate::common::Leadership::Stopped) {
+        return Ok(());
+    }
     let stop = CancellationToken::new();
     let task = tokio::spawn(run_descheduler(config, client, stop.clone()));
-    crate::shutdown_signal().await?;
-    stop.cancel();
-    let _ = tokio::time::timeout(Duration::from_secs(5), task).await;
-    Ok(())
+    crate::common::run_until_stopped(
+        leadership,
+        stop,
+        async {
+            let _ = task.await;
+        },
+        Duration::from_secs(5),
+    )
+    .await
 }
 
 #[cfg(test)]

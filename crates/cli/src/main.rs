@@ -4,6 +4,7 @@
 mod bench;
 mod common;
 mod descheduler;
+mod failover;
 mod fragmentation;
 mod sandbox;
 mod scheduler;

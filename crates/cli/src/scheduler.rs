@@ -57,6 +57,8 @@ pub struct SchedulerArgs {
     /// Burst of every client.
     #[arg(long, default_value_t = 100)]
     pub kube_api_burst: u32,
+    #[command(flatten)]
+    pub leader: crate::common::LeaderElectArgs,
 }
 
 /// `ID=KUBECONFIG`.
@@ -151,15 +153,33 @@ async fn config(args: &SchedulerArgs) -> anyhow::Result<ExtenderConfig> {
 
 pub async fn run(args: SchedulerArgs) -> anyhow::Result<()> {
     let config = config(&args).await?;
+    // A standby does not listen: the Service sends kube-scheduler to the leader only (its
+    // readiness probe fails meanwhile). A new leader lists the lower clusters again.
+    let leadership = crate::common::lead(
+        &args.leader,
+        &config.upper,
+        "tensile-scheduler",
+        "scheduler",
+    )
+    .await?;
+    if matches!(leadership, crate::common::Leadership::Stopped) {
+        return Ok(());
+    }
     let stop = CancellationToken::new();
     let running = extender::start(config, stop.clone())
         .await
         .context("starting the scheduler extender")?;
     tracing::info!(addr = %running.addr, clusters = args.clusters.len(), "scheduler extender running");
-    crate::shutdown_signal().await?;
-    stop.cancel();
-    let _ = tokio::time::timeout(Duration::from_secs(10), running.handle).await;
-    Ok(())
+    let handle = running.handle;
+    crate::common::run_until_stopped(
+        leadership,
+        stop,
+        async {
+            let _ = handle.await;
+        },
+        Duration::from_secs(10),
+    )
+    .await
 }
 
 #[cfg(test)]

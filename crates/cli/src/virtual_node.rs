@@ -167,6 +167,8 @@ pub struct VirtualNodeArgs {
     /// context of --client-kubeconfig).
     #[arg(long)]
     lower_cluster_name: Option<String>,
+    #[command(flatten)]
+    leader: crate::common::LeaderElectArgs,
 }
 
 /// The lower cluster's name in messages: `--lower-cluster-name`, else the current context of
@@ -246,6 +248,28 @@ pub async fn run(args: VirtualNodeArgs) -> anyhow::Result<()> {
         bail!("--client-kubeconfig is required: the kubeconfig of the lower cluster");
     };
     let upper_source = crate::common::upper_source(args.kubeconfig.as_ref());
+    // A standby builds nothing and writes nothing until it leads; the leader's kubelet API,
+    // node addresses and daemon endpoints are then this process's (written at its start).
+    let election_client = build_client_with_server(
+        upper_source.clone(),
+        env("MASTER_URI").as_deref(),
+        args.kube_api_qps,
+        args.kube_api_burst,
+        "upper",
+        &ApiCalls::new(&mut Registry::default()),
+    )
+    .await
+    .context("upper cluster client for leader election")?;
+    let leadership = crate::common::lead(
+        &args.leader,
+        &election_client,
+        &format!("tensile-virtual-node-{}", args.nodename),
+        &args.nodename,
+    )
+    .await?;
+    if matches!(leadership, crate::common::Leadership::Stopped) {
+        return Ok(());
+    }
     let vn = assemble(
         &args,
         upper_source,
@@ -261,10 +285,16 @@ pub async fn run(args: VirtualNodeArgs) -> anyhow::Result<()> {
         .await
         .context("starting the virtual node")?;
     tracing::info!(node = %args.nodename, ?listen, metrics = ?running.metrics_addr, "virtual node running");
-    crate::shutdown_signal().await?;
-    stop.cancel();
-    let _ = tokio::time::timeout(Duration::from_secs(10), running.handle).await;
-    Ok(())
+    let handle = running.handle;
+    crate::common::run_until_stopped(
+        leadership,
+        stop,
+        async {
+            let _ = handle.await;
+        },
+        Duration::from_secs(10),
+    )
+    .await
 }
 
 /// The virtual node that `args` describe, its clients built from the two sources. `env` reads the
@@ -411,6 +441,7 @@ pub(crate) async fn assemble(
             lease_renew: Duration::from_secs(10),
             heartbeat: Duration::from_secs(60),
             holder_identity: tensile_node::node::holder_identity(&args.nodename),
+            leader_elected: args.leader.leader_elect,
         },
         pods: PodSync {
             upper_events,

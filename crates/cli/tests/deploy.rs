@@ -397,6 +397,8 @@ fn every_request_of_every_component_is_granted_by_the_shipped_rbac() {
                 format!("--nodename=vk-{name}"),
                 "--disable-taint".into(),
                 "--kubelet-address=127.0.0.1".into(),
+                // As shipped: the election Lease is written through the shipped Role too.
+                "--leader-elect".into(),
                 format!("--kubeconfig={}", vn.display()),
                 format!("--client-kubeconfig={}", lower_kc.display()),
             ],
@@ -415,6 +417,7 @@ fn every_request_of_every_component_is_granted_by_the_shipped_rbac() {
         "--address=127.0.0.1".into(),
         format!("--port={scheduler_port}"),
         format!("--write-ca={}", ca_file.display()),
+        "--leader-elect".into(),
         format!("--kubeconfig={}", as_account("tensile-scheduler").display()),
     ];
     for (name, _, lower_kc) in &lowers {
@@ -447,6 +450,7 @@ fn every_request_of_every_component_is_granted_by_the_shipped_rbac() {
         &[
             "descheduler".into(),
             "--unschedulable-threshold=2s".into(),
+            "--leader-elect".into(),
             format!(
                 "--kubeconfig={}",
                 as_account("tensile-descheduler").display()
@@ -634,4 +638,51 @@ spec:
         logs(&dir)
     );
     drop(running);
+}
+
+/// The webhook's failure policy as shipped (`failurePolicy: Fail`, `objectSelector`
+/// `virtual-pod=true`): with no webhook answering, creating a virtual pod fails with the
+/// webhook named, and every other pod is admitted as if there were no webhook.
+#[test]
+fn while_the_webhook_is_down_only_virtual_pods_are_refused() {
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let env = runtime
+        .block_on(TestEnv::start_with(vec![ClusterSpec::new("upper", 0)]))
+        .unwrap();
+    let upper = env.clusters[0].kubeconfig.clone();
+    let mut config: Value = serde_saphyr::from_str(
+        &std::fs::read_to_string(deploy_dir("webhook/mutating-webhook-configuration.yaml"))
+            .unwrap(),
+    )
+    .unwrap();
+    // Nothing listens there.
+    let dead = free_port();
+    for hook in config["webhooks"].as_array_mut().unwrap() {
+        hook["clientConfig"] = json!({"url": format!("https://127.0.0.1:{dead}/mutate")});
+    }
+    let file = env.dir().join("webhook-configuration.json");
+    std::fs::write(&file, config.to_string()).unwrap();
+    let (ok, _, err) = kubectl(&upper, &["apply", "-f", &file.display().to_string()]);
+    assert!(ok, "{err}");
+    let (ok, _, err) = kubectl(
+        &upper,
+        &["run", "ordinary", "--image=nginx:1.27", "--labels=app=web"],
+    );
+    assert!(ok, "an ordinary pod is admitted: {err}");
+    let (ok, _, err) = kubectl(
+        &upper,
+        &[
+            "run",
+            "virtual",
+            "--image=nginx:1.27",
+            "--labels=virtual-pod=true",
+        ],
+    );
+    assert!(!ok, "a virtual pod is refused while the webhook is down");
+    assert!(
+        err.contains("failed calling webhook \"pods.webhook.tensile-kube.io\""),
+        "{err}"
+    );
+    let (_, names, _) = kubectl(&upper, &["get", "pods", "-o", "name"]);
+    assert_eq!(names.trim(), "pod/ordinary");
 }

@@ -20,7 +20,7 @@ use crate::cluster_selector::{ClusterSelector, ClusterSelectorError};
 use crate::keys::{
     ANNOTATION_CLUSTER_SELECTOR, ANNOTATION_EXCLUDED_NODES, EFFECT_NO_EXECUTE,
     LABEL_CREATE_BY_DESCHEDULER, LABEL_HOSTNAME, LABEL_VIRTUAL_POD, NAMESPACE_KUBE_SYSTEM,
-    TAINT_NOT_READY, TAINT_UNREACHABLE, VALUE_TRUE,
+    RESOURCE_VIRTUAL_POD, TAINT_NOT_READY, TAINT_UNREACHABLE, VALUE_TRUE,
 };
 
 /// Default of `--ignore-selector-keys`: selector keys that stay in the upper pod.
@@ -106,7 +106,35 @@ pub fn mutate(pod: &Pod, mutation: &Mutation<'_>) -> Result<Pod, ClusterSelector
         exclude_nodes(&mut out, mutation.excluded_nodes);
     }
     inject(&mut out, &mutation.ignore_keys)?;
+    mark_for_extender(&mut out);
     Ok(out)
+}
+
+/// Adds [`RESOURCE_VIRTUAL_POD`] (request and limit 1) to the first container, unless a
+/// container already asks for it: the scheduler extender is then called for this pod.
+pub fn mark_for_extender(pod: &mut Pod) {
+    let Some(spec) = pod.spec.as_mut() else {
+        return;
+    };
+    let asks = spec.containers.iter().any(|c| {
+        c.resources.as_ref().is_some_and(|r| {
+            [r.requests.as_ref(), r.limits.as_ref()]
+                .into_iter()
+                .flatten()
+                .any(|m| m.contains_key(RESOURCE_VIRTUAL_POD))
+        })
+    });
+    let Some(first) = spec.containers.first_mut().filter(|_| !asks) else {
+        return;
+    };
+    let resources = first.resources.get_or_insert_with(Default::default);
+    // An extended resource must have its limit equal to its request.
+    for map in [&mut resources.requests, &mut resources.limits] {
+        map.get_or_insert_with(BTreeMap::new).insert(
+            RESOURCE_VIRTUAL_POD.to_owned(),
+            k8s_openapi::apimachinery::pkg::api::resource::Quantity("1".to_owned()),
+        );
+    }
 }
 
 /// Moves nodeSelector entries and required node-affinity expressions whose keys are not
@@ -561,6 +589,31 @@ mod tests {
             Some(
                 r#"{"nodeSelector":{"disk":"ssd"},"tolerations":[{"key":"node.kubernetes.io/unreachable","operator":"Exists","effect":"NoExecute","tolerationSeconds":300}]}"#
             )
+        );
+    }
+
+    #[test]
+    fn a_mutated_pod_asks_for_the_extenders_marker_once_and_counts_it_nowhere() {
+        let p = pod(
+            json!({"metadata": {"name": "p", "labels": {"virtual-pod": "true"}},
+            "spec": {"containers": [
+                {"name": "a", "image": "i", "resources": {"requests": {"cpu": "1"}}},
+                {"name": "b", "image": "i"}]}}),
+        );
+        let once = mutate(&p, &Mutation::default()).unwrap();
+        let spec = once.spec.as_ref().unwrap();
+        let r = spec.containers[0].resources.as_ref().unwrap();
+        let one = Some(&k8s_openapi::apimachinery::pkg::api::resource::Quantity(
+            "1".into(),
+        ));
+        assert_eq!(r.requests.as_ref().unwrap().get(RESOURCE_VIRTUAL_POD), one);
+        assert_eq!(r.limits.as_ref().unwrap().get(RESOURCE_VIRTUAL_POD), one);
+        assert!(spec.containers[1].resources.is_none());
+        assert_eq!(mutate(&once, &Mutation::default()).unwrap(), once);
+        // Not a node resource: a pod's requests are what they were.
+        assert_eq!(
+            crate::resources::pod_requests(&once).unwrap(),
+            crate::resources::pod_requests(&p).unwrap()
         );
     }
 

@@ -5,6 +5,14 @@
 /// Label on pods. Upper cluster: opt-in for the webhook. Lower cluster: always set on pods we
 /// create.
 pub const LABEL_VIRTUAL_POD: &str = "virtual-pod";
+/// An extended resource the webhook adds (1, request and limit) to the first container of every
+/// pod it mutates at creation: kube-scheduler calls the extender only for pods that request one
+/// of its `managedResources`, so ordinary pods never depend on the extender
+/// (deploy/scheduler/kube-scheduler-config.yaml). A marker, not a quantity of anything: no node
+/// offers it, it counts in no fit or capacity ([`crate::resources::pod_requests`] leaves it
+/// out, as kube-scheduler does with `ignoredByScheduler` and the kubelet with resources its
+/// node lacks), and the lower pod does not carry it.
+pub const RESOURCE_VIRTUAL_POD: &str = "tensile-kube.io/virtual-pod";
 /// The value of [`LABEL_VIRTUAL_POD`] and of [`ANNOTATION_GLOBAL`].
 pub const VALUE_TRUE: &str = "true";
 

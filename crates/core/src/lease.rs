@@ -1,8 +1,11 @@
-//! Who holds a virtual node's Lease (`kube-node-lease/<node>`). Two processes started with the
-//! same `--nodename` would overwrite each other's kubelet endpoint, pods and lease; the second
-//! one refuses to start while the first still renews the lease.
+//! Who holds a Lease. A virtual node's (`kube-node-lease/<node>`): two processes started with
+//! the same `--nodename` would overwrite each other's kubelet endpoint, pods and lease; the
+//! second one refuses to start while the first still renews the lease. And the election Lease
+//! of `--leader-elect`: [`elect`] decides, from the lease read and the time, whether this
+//! process may write it (take or renew leadership) or must wait.
 
 use k8s_openapi::api::coordination::v1::LeaseSpec;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 
 /// Another process's hold on the lease.
@@ -42,10 +45,122 @@ pub fn held_by_other(spec: Option<&LeaseSpec>, me: &str, now: Timestamp) -> Opti
     })
 }
 
+/// The three timings of `--leader-elect`, as kube-controller-manager names them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Timings {
+    /// How long a standby waits after the last renewal before it takes the lease
+    /// (`--leader-elect-lease-duration`).
+    pub lease_duration: std::time::Duration,
+    /// How long the leader keeps trying to renew before it gives up leadership
+    /// (`--leader-elect-renew-deadline`).
+    pub renew_deadline: std::time::Duration,
+    /// The time between two tries, to renew or to acquire (`--leader-elect-retry-period`).
+    pub retry_period: std::time::Duration,
+}
+
+impl Default for Timings {
+    /// kube-controller-manager's defaults: 15 s, 10 s, 2 s.
+    fn default() -> Self {
+        Self {
+            lease_duration: std::time::Duration::from_secs(15),
+            renew_deadline: std::time::Duration::from_secs(10),
+            retry_period: std::time::Duration::from_secs(2),
+        }
+    }
+}
+
+impl Timings {
+    /// The rules that keep two leaders apart: a leader stops before its lease may be taken
+    /// (renew deadline < lease duration), and tries more than once before it stops (retry
+    /// period < renew deadline). Whole seconds: the Lease counts in seconds.
+    pub fn check(&self) -> Result<(), String> {
+        if self.lease_duration.subsec_nanos() != 0 || self.lease_duration.as_secs() == 0 {
+            return Err(format!(
+                "--leader-elect-lease-duration {:?} must be a whole number of seconds, at least 1",
+                self.lease_duration
+            ));
+        }
+        if i32::try_from(self.lease_duration.as_secs()).is_err() {
+            return Err("--leader-elect-lease-duration is too long".to_owned());
+        }
+        if self.renew_deadline >= self.lease_duration {
+            return Err(format!(
+                "--leader-elect-renew-deadline {:?} must be shorter than --leader-elect-lease-duration {:?}: a leader that cannot renew must stop before another may take over",
+                self.renew_deadline, self.lease_duration
+            ));
+        }
+        if self.retry_period.is_zero() || self.retry_period >= self.renew_deadline {
+            return Err(format!(
+                "--leader-elect-retry-period {:?} must be positive and shorter than --leader-elect-renew-deadline {:?}",
+                self.retry_period, self.renew_deadline
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// What a process may do with an election Lease.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Election {
+    /// Write this spec: a renewal of our own hold, or the acquisition of a free or expired
+    /// lease. Written with the resourceVersion read (or created when there was none), so of
+    /// two processes deciding alike only one succeeds.
+    Write(LeaseSpec),
+    /// Another process holds it; look again by `until` at the latest.
+    Wait(HeldBy),
+}
+
+/// The decision of `me` at `now` on the election Lease `spec` (None: it does not exist yet).
+/// Renewing keeps `acquireTime` and the transition count; acquiring counts one transition
+/// more when the lease had another holder.
+pub fn elect(
+    spec: Option<&LeaseSpec>,
+    me: &str,
+    now: Timestamp,
+    lease_duration_seconds: i32,
+) -> Election {
+    if let Some(held) = held_by_other(spec, me, now) {
+        return Election::Wait(held);
+    }
+    let old = spec.cloned().unwrap_or_default();
+    let ours = old.holder_identity.as_deref() == Some(me);
+    let now = MicroTime(now);
+    let mut new = LeaseSpec {
+        holder_identity: Some(me.to_owned()),
+        lease_duration_seconds: Some(lease_duration_seconds),
+        renew_time: Some(now.clone()),
+        ..old.clone()
+    };
+    if !ours {
+        new.acquire_time = Some(now);
+        let had_holder = old
+            .holder_identity
+            .as_deref()
+            .is_some_and(|h| !h.is_empty());
+        let transitions = old.lease_transitions.unwrap_or(0);
+        new.lease_transitions = Some(if had_holder {
+            transitions.saturating_add(1)
+        } else {
+            transitions
+        });
+    }
+    Election::Write(new)
+}
+
+/// The spec that gives our hold up (no holder, a duration of 1 s), so that a standby takes
+/// over at its next try instead of after the lease duration; None when the lease is not ours.
+pub fn release(spec: &LeaseSpec, me: &str, now: Timestamp) -> Option<LeaseSpec> {
+    (spec.holder_identity.as_deref() == Some(me)).then(|| LeaseSpec {
+        holder_identity: None,
+        lease_duration_seconds: Some(1),
+        renew_time: Some(MicroTime(now)),
+        ..spec.clone()
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 
     fn at(secs: i64) -> Timestamp {
         Timestamp::from_second(1_700_000_000 + secs).unwrap()
@@ -95,5 +210,80 @@ mod tests {
             ..LeaseSpec::default()
         };
         assert!(held_by_other(Some(&s), "vk@host-b", at(10)).is_some());
+    }
+
+    fn written(e: Election) -> LeaseSpec {
+        match e {
+            Election::Write(s) => s,
+            Election::Wait(h) => panic!("expected a write, got a wait for {h:?}"),
+        }
+    }
+
+    #[test]
+    fn a_missing_or_free_lease_is_acquired_without_a_transition() {
+        let s = written(elect(None, "b", at(5), 15));
+        assert_eq!(s.holder_identity.as_deref(), Some("b"));
+        assert_eq!(s.acquire_time, Some(MicroTime(at(5))));
+        assert_eq!(s.renew_time, Some(MicroTime(at(5))));
+        assert_eq!(s.lease_duration_seconds, Some(15));
+        assert_eq!(s.lease_transitions, Some(0));
+        let released = release(&s, "b", at(6)).unwrap();
+        let again = written(elect(Some(&released), "c", at(6), 15));
+        assert_eq!(again.holder_identity.as_deref(), Some("c"));
+        assert_eq!(again.lease_transitions, Some(0));
+    }
+
+    #[test]
+    fn the_holder_renews_and_keeps_its_acquisition() {
+        let first = written(elect(None, "a", at(0), 15));
+        let renewed = written(elect(Some(&first), "a", at(2), 15));
+        assert_eq!(renewed.acquire_time, Some(MicroTime(at(0))));
+        assert_eq!(renewed.renew_time, Some(MicroTime(at(2))));
+        assert_eq!(renewed.lease_transitions, Some(0));
+    }
+
+    #[test]
+    fn a_standby_waits_for_the_lease_duration_then_takes_over() {
+        let held = written(elect(None, "a", at(0), 15));
+        match elect(Some(&held), "b", at(14), 15) {
+            Election::Wait(h) => {
+                assert_eq!(h.holder, "a");
+                assert_eq!(h.until, at(15));
+            }
+            Election::Write(s) => panic!("took a fresh lease: {s:?}"),
+        }
+        let taken = written(elect(Some(&held), "b", at(15), 15));
+        assert_eq!(taken.holder_identity.as_deref(), Some("b"));
+        assert_eq!(taken.acquire_time, Some(MicroTime(at(15))));
+        assert_eq!(taken.lease_transitions, Some(1));
+    }
+
+    #[test]
+    fn only_the_holder_releases() {
+        let held = written(elect(None, "a", at(0), 15));
+        assert_eq!(release(&held, "b", at(1)), None);
+        let released = release(&held, "a", at(1)).unwrap();
+        assert_eq!(released.holder_identity, None);
+        assert_eq!(held_by_other(Some(&released), "b", at(1)), None);
+    }
+
+    #[test]
+    fn timings_keep_two_leaders_apart() {
+        let s = std::time::Duration::from_secs;
+        assert_eq!(Timings::default().check(), Ok(()));
+        let t = |d, r, p| Timings {
+            lease_duration: d,
+            renew_deadline: r,
+            retry_period: p,
+        };
+        assert!(t(s(10), s(10), s(2)).check().is_err());
+        assert!(t(s(15), s(10), s(10)).check().is_err());
+        assert!(t(s(15), s(10), s(0)).check().is_err());
+        assert!(
+            t(std::time::Duration::from_millis(1500), s(1), s(0))
+                .check()
+                .is_err()
+        );
+        assert!(t(s(3), s(2), s(1)).check().is_ok());
     }
 }

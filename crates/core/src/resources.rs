@@ -479,12 +479,17 @@ fn container_requests(
         return Ok(vector);
     };
     let label = || format!("{kind} {:?}", container.name);
+    // The extender's marker is not a node resource.
+    let marker = |name: &String| name == crate::keys::RESOURCE_VIRTUAL_POD;
     for (name, quantity) in resources.requests.iter().flatten() {
+        if marker(name) {
+            continue;
+        }
         let nanos = pod_quantity(pod, Some(label()), "resources.requests", name, quantity)?;
         vector.set(name.clone(), nanos);
     }
     for (name, quantity) in resources.limits.iter().flatten() {
-        if !vector.contains(name) {
+        if !vector.contains(name) && !marker(name) {
             let nanos = pod_quantity(pod, Some(label()), "resources.limits", name, quantity)?;
             vector.set(name.clone(), nanos);
         }

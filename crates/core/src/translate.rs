@@ -398,6 +398,23 @@ fn lower_spec(
     spec.priority = None;
     spec.preemption_policy = None;
     spec.overhead = None;
+    // The scheduler extender's marker means nothing downstairs, where no node offers it.
+    for c in spec
+        .containers
+        .iter_mut()
+        .chain(spec.init_containers.iter_mut().flatten())
+    {
+        if let Some(r) = c.resources.as_mut() {
+            for map in [&mut r.requests, &mut r.limits] {
+                if let Some(m) = map.as_mut() {
+                    m.remove(crate::keys::RESOURCE_VIRTUAL_POD);
+                    if m.is_empty() {
+                        *map = None;
+                    }
+                }
+            }
+        }
+    }
 
     let dropped = match token_secret {
         Some(secret) => {
@@ -576,6 +593,31 @@ pub(crate) mod tests {
 
     fn spec(p: &Pod) -> &PodSpec {
         p.spec.as_ref().unwrap()
+    }
+
+    #[test]
+    fn the_extenders_marker_stays_upstairs() {
+        let mut upper = bound_pod();
+        crate::inject::mark_for_extender(&mut upper);
+        let s = upper.spec.as_mut().unwrap();
+        s.containers[0]
+            .resources
+            .as_mut()
+            .unwrap()
+            .requests
+            .as_mut()
+            .unwrap()
+            .insert(
+                "cpu".into(),
+                k8s_openapi::apimachinery::pkg::api::resource::Quantity("1".into()),
+            );
+        let lower = lower_pod(&upper, &cfg()).unwrap();
+        let r = spec(&lower).containers[0].resources.as_ref().unwrap();
+        assert_eq!(
+            r.requests.as_ref().unwrap().keys().collect::<Vec<_>>(),
+            ["cpu"]
+        );
+        assert_eq!(r.limits, None);
     }
 
     #[test]

@@ -11,6 +11,7 @@ pub mod clients;
 pub mod copies;
 pub mod events;
 pub mod kubelet_auth;
+pub mod leader;
 pub mod lower_backend;
 mod lower_portforward;
 pub mod metrics;
@@ -112,8 +113,11 @@ impl VirtualNode {
     /// the node loop and the pod controller; runs until `stop`.
     pub async fn start(mut self, stop: CancellationToken) -> Result<Running, StartError> {
         // Before anything is served or written: a second process for the same node would
-        // overwrite the first one's kubelet endpoint.
-        node::check_lease(&self.pods.upper, &self.node).await?;
+        // overwrite the first one's kubelet endpoint. An elected leader skips the check: the
+        // election lease decided, and the node lease of a leader that died stays fresh for 40 s.
+        if !self.node.leader_elected {
+            node::check_lease(&self.pods.upper, &self.node).await?;
+        }
         let reach = reach::LowerReach::new(self.pods.lower_name.clone());
         let upper_pods = cache::CompactCache::<k8s_openapi::api::core::v1::Pod>::new();
         let lower_pods = cache::CompactCache::<k8s_openapi::api::core::v1::Pod>::new();

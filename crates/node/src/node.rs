@@ -40,6 +40,9 @@ pub struct NodeLoop {
     /// This process's `holderIdentity` on the node's Lease ([`holder_identity`]): another
     /// process holding a fresh lease makes this one refuse to start.
     pub holder_identity: String,
+    /// Started by `--leader-elect` after winning the election lease: then the node lease is
+    /// taken over whoever holds it, instead of refusing to start.
+    pub leader_elected: bool,
 }
 
 /// A `holderIdentity` naming this process: the node name, the host and the process id, and a

@@ -16,6 +16,7 @@ use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, ServerName};
 use serde_json::{Value, json};
+use tensile_core::keys::RESOURCE_VIRTUAL_POD;
 use tensile_placement::extender::{self, ExtenderConfig, LowerClusterClient, Running};
 use tensile_placement::serve::ServingCert;
 use tensile_sim::env::{ClusterSpec, TestEnv, eventually};
@@ -170,8 +171,19 @@ fn virtual_labels(cluster: &str) -> Value {
     json!({"type": "virtual-kubelet", "clusterID": cluster})
 }
 
-/// A pod requesting `cpu` (and 64Mi), merged with `extra`.
+/// A pod requesting `cpu` (and 64Mi), merged with `extra`, marked as the webhook marks virtual
+/// pods: kube-scheduler calls the extender for it (managedResources).
 fn pod(name: &str, cpu: &str, extra: Value) -> Pod {
+    let mut p = serde_json::to_value(ordinary_pod(name, cpu, extra)).unwrap();
+    let marker = json!({"spec": {"containers": [{"name": "c", "image": "i", "resources": {
+        "requests": {"cpu": cpu, "memory": "64Mi", RESOURCE_VIRTUAL_POD: "1"},
+        "limits": {RESOURCE_VIRTUAL_POD: "1"}}}]}});
+    json_patch::merge(&mut p, &marker);
+    serde_json::from_value(p).unwrap()
+}
+
+/// [`pod`] without the webhook's mark: the extender is never asked about it.
+fn ordinary_pod(name: &str, cpu: &str, extra: Value) -> Pod {
     let mut p = json!({"apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": name, "namespace": "default"},
         "spec": {"containers": [{"name": "c", "image": "i",
@@ -365,8 +377,11 @@ async fn the_tightest_fitting_cluster_scores_highest() {
     let tight = upper_node(&upper, "vk-b-tight", virtual_labels("tight")).await;
     let cpu_only = |name: &str| {
         let mut p = pod(name, "1", json!({}));
-        p.spec.as_mut().unwrap().containers[0].resources =
-            Some(serde_json::from_value(json!({"requests": {"cpu": "1"}})).unwrap());
+        p.spec.as_mut().unwrap().containers[0].resources = Some(
+            serde_json::from_value(json!({"requests": {"cpu": "1", RESOURCE_VIRTUAL_POD: "1"},
+                "limits": {RESOURCE_VIRTUAL_POD: "1"}}))
+            .unwrap(),
+        );
         p
     };
     let (status, scores) = s
@@ -456,7 +471,8 @@ async fn lower_copy(lower: &kube::Client, upper_pod: &Pod) {
         .unwrap()["cpu"]
         .0
         .clone();
-    let copy = pod(
+    // Without the extender's marker, as the virtual node's translation leaves it upstairs.
+    let copy = ordinary_pod(
         &name,
         &cpu,
         json!({"metadata": {"annotations": {"tensile-kube.io/upper-uid": uid}}}),
@@ -882,4 +898,61 @@ async fn post(addr: SocketAddr, ca_pem: &str, path: &str, body: Vec<u8>) -> (u16
         .to_bytes()
         .to_vec();
     (status, body)
+}
+
+/// The failure policy of the shipped configuration: the extender manages the webhook's marker
+/// resource and is not ignorable. With the extender gone, a pod without the marker is
+/// scheduled as if there were no extender; a marked (virtual) pod waits, Pending with the
+/// reason, rather than being placed blind.
+#[tokio::test]
+async fn while_the_extender_is_down_ordinary_pods_are_still_scheduled() {
+    let s = setup(&[("c1", &["4"])], extender::DEFAULT_RESERVATION_TTL).await;
+    let upper = s.upper();
+    upper_node(&upper, "plain", json!({"role": "plain"})).await;
+    upper_node(&upper, "vk-c1", virtual_labels("c1")).await;
+    s.wire(false).await;
+    let pods: Api<Pod> = Api::namespaced(upper.clone(), "default");
+    let on_virtual = json!({"spec": {"nodeSelector": {"type": "virtual-kubelet"}}});
+    let on_plain = json!({"spec": {"nodeSelector": {"role": "plain"}}});
+    // Both kinds are scheduled while it answers.
+    pods.create(
+        &PostParams::default(),
+        &pod("virtual-1", "1", on_virtual.clone()),
+    )
+    .await
+    .unwrap();
+    assert_eq!(bound_to(&pods, "virtual-1").await, "vk-c1");
+    pods.create(
+        &PostParams::default(),
+        &ordinary_pod("ordinary-1", "1", on_plain.clone()),
+    )
+    .await
+    .unwrap();
+    assert_eq!(bound_to(&pods, "ordinary-1").await, "plain");
+
+    let Setup { env, ext, _stop } = s;
+    let address = ext.addr.to_string();
+    drop(_stop);
+    tokio::time::timeout(Duration::from_secs(30), ext.handle)
+        .await
+        .expect("the extender stops")
+        .unwrap();
+    let pods: Api<Pod> = Api::namespaced(env.clusters[0].client.clone(), "default");
+    pods.create(&PostParams::default(), &pod("virtual-2", "1", on_virtual))
+        .await
+        .unwrap();
+    pods.create(
+        &PostParams::default(),
+        &ordinary_pod("ordinary-2", "1", on_plain),
+    )
+    .await
+    .unwrap();
+    assert_eq!(bound_to(&pods, "ordinary-2").await, "plain");
+    // The reason names the extender that did not answer.
+    let why = not_scheduled(&pods, "virtual-2").await;
+    assert!(why.contains(&address), "{why}");
+    assert_eq!(
+        pods.get("virtual-2").await.unwrap().spec.unwrap().node_name,
+        None
+    );
 }

@@ -74,8 +74,12 @@ fn checklist_81_83_85_a_virtual_pod_gets_a_json_patch_moving_its_constraints() {
             {"key": "node.kubernetes.io/unreachable", "operator": "Exists", "effect": "NoExecute"}
         ])
     );
+    // The marker that makes kube-scheduler call the extender for this pod, and nothing else.
     assert_eq!(
-        patched["spec"]["containers"], pod["spec"]["containers"],
+        patched["spec"]["containers"],
+        json!([{"name": "c", "image": "nginx", "resources": {
+            "requests": {"tensile-kube.io/virtual-pod": "1"},
+            "limits": {"tensile-kube.io/virtual-pod": "1"}}}]),
         "everything else untouched"
     );
     // Idempotent: the mutated pod passes through with no patch.

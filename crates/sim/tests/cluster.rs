@@ -434,6 +434,7 @@ async fn the_scheduler_calls_extenders_to_filter_and_prioritize() {
         node_cache_capable: true,
         ignorable: false,
         ca_pem: None,
+        managed_resources: Vec::new(),
     }])
     .await
     .unwrap();

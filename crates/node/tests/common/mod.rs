@@ -163,6 +163,7 @@ pub async fn try_spawn(
                 .holder
                 .clone()
                 .unwrap_or_else(|| format!("{name}_test")),
+            leader_elected: false,
         },
         pods: PodSync {
             upper_events: upper.clone(),

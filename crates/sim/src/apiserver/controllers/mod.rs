@@ -119,9 +119,31 @@ pub struct SchedulerExtender {
     pub ignorable: bool,
     /// CA of an `https` extender.
     pub ca_pem: Option<String>,
+    /// `managedResources` names: when any is given, only pods whose containers (or init
+    /// containers) request or limit one of them are sent to it, as kube-scheduler's
+    /// `IsInterested`. Written back with `ignoredByScheduler: true`; the simulated fit never
+    /// counts tensile's marker (`tensile_core::resources::pod_requests` leaves it out), which is
+    /// what that setting does for it in kube-scheduler.
+    pub managed_resources: Vec<String>,
 }
 
 impl SchedulerExtender {
+    /// Whether the scheduler calls this extender for `pod` (JSON): it manages no resource,
+    /// or a container of the pod asks for one it manages.
+    pub fn is_interested(&self, pod: &serde_json::Value) -> bool {
+        if self.managed_resources.is_empty() {
+            return true;
+        }
+        ["/spec/containers", "/spec/initContainers"]
+            .into_iter()
+            .filter_map(|p| pod.pointer(p).and_then(serde_json::Value::as_array))
+            .flatten()
+            .flat_map(|c| ["/resources/requests", "/resources/limits"].map(|f| c.pointer(f)))
+            .flatten()
+            .filter_map(serde_json::Value::as_object)
+            .any(|m| self.managed_resources.iter().any(|r| m.contains_key(r)))
+    }
+
     /// This extender as an entry of a KubeSchedulerConfiguration's `extenders` (JSON), the
     /// inverse of [`SchedulerExtender::from_scheduler_config`].
     pub fn to_scheduler_config(&self) -> serde_json::Value {
@@ -146,12 +168,20 @@ impl SchedulerExtender {
                 "caData": base64::engine::general_purpose::STANDARD.encode(ca),
             });
         }
+        if !self.managed_resources.is_empty() {
+            e["managedResources"] = self
+                .managed_resources
+                .iter()
+                .map(|name| serde_json::json!({"name": name, "ignoredByScheduler": true}))
+                .collect();
+        }
         e
     }
 
     /// The `extenders` of a KubeSchedulerConfiguration (as JSON), read as kube-scheduler
     /// reads them: `urlPrefix`, the three verbs, `weight`, `nodeCacheCapable`, `ignorable`,
-    /// and `tlsConfig.caData` (base64 of PEM). An entry without `urlPrefix` is an error.
+    /// `managedResources` names, and `tlsConfig.caData` (base64 of PEM). An entry without
+    /// `urlPrefix` is an error.
     pub fn from_scheduler_config(config: &serde_json::Value) -> Result<Vec<Self>, String> {
         use base64::Engine as _;
         let text = |e: &serde_json::Value, key: &str| {
@@ -198,6 +228,14 @@ impl SchedulerExtender {
                     node_cache_capable: flag(e, "nodeCacheCapable"),
                     ignorable: flag(e, "ignorable"),
                     ca_pem,
+                    managed_resources: e
+                        .get("managedResources")
+                        .and_then(serde_json::Value::as_array)
+                        .into_iter()
+                        .flatten()
+                        .filter_map(|r| r.get("name").and_then(serde_json::Value::as_str))
+                        .map(str::to_owned)
+                        .collect(),
                 })
             })
             .collect()
@@ -552,6 +590,7 @@ mod tests {
                 node_cache_capable: false,
                 ignorable: true,
                 ca_pem: Some("PEM".into()),
+                managed_resources: Vec::new(),
             }
         );
         assert_eq!(got[1].weight, 1);
@@ -566,7 +605,8 @@ mod tests {
             {"urlPrefix": "https://x:1", "filterVerb": "filter", "prioritizeVerb": "p",
              "bindVerb": "bind", "weight": 5, "nodeCacheCapable": true,
              "tlsConfig": {"caData": "UEVN"}},
-            {"urlPrefix": "http://y", "ignorable": true}
+            {"urlPrefix": "http://y", "ignorable": true,
+             "managedResources": [{"name": "example.com/r", "ignoredByScheduler": true}]}
         ]});
         let read = SchedulerExtender::from_scheduler_config(&config).unwrap();
         let written: Vec<_> = read

@@ -191,7 +191,13 @@ impl Scheduler {
             total,
             failures,
         } = self.feasible(pod, vols.as_ref())?;
-        let extenders = state.scheduler_extenders();
+        // kube-scheduler's IsInterested: an extender managing resources sees only the pods
+        // that ask for one.
+        let extenders: Vec<_> = state
+            .scheduler_extenders()
+            .into_iter()
+            .filter(|e| e.is_interested(pod_json))
+            .collect();
         let mut extender_reasons: BTreeMap<String, usize> = BTreeMap::new();
         for ext in extenders.iter().filter(|e| e.filter_verb.is_some()) {
             if candidates.is_empty() {
@@ -393,7 +399,7 @@ fn field<'v>(value: &'v Value, name: &str) -> Option<&'v Value> {
 /// retried quietly.
 async fn bind(state: &State, key: &ObjKey, pod: &Value, node: &str) -> Result<(), Option<String>> {
     for ext in state.scheduler_extenders() {
-        let Some(verb) = ext.bind_verb.as_deref() else {
+        let Some(verb) = ext.bind_verb.as_deref().filter(|_| ext.is_interested(pod)) else {
             continue;
         };
         // kube-scheduler's ExtenderBindingArgs, Go field names as keys.

@@ -1,0 +1,419 @@
+//! `tensile bench failover`: two `tensile virtual-node --leader-elect` processes for one node;
+//! the leader is killed (SIGKILL) in the middle of a burst of pods. Measures the takeover (kill
+//! to the standby holding the election Lease, and to its first write: the Node's kubelet
+//! endpoint pointing at it), and checks what the takeover must never do: every pod exists
+//! exactly once downstairs, no lower pod of ours is deleted, every upper pod ends Running. A
+//! violation is an error (exit status 1), so `crates/cli/tests/failover.rs` runs this program.
+
+#![allow(clippy::print_stdout)] // the report is what the command prints
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, bail};
+use futures::StreamExt;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::api::{Api, PostParams};
+use kube::runtime::{WatchStreamExt, watcher};
+use serde_json::json;
+use tensile_sim::env::{ClusterSpec, TestEnv};
+use tensile_sim::kubelet::{SimKubeletConfig, SimNode};
+
+/// Flags of `tensile bench failover`.
+#[derive(Debug, clap::Args)]
+pub struct FailoverArgs {
+    /// Pods of the burst.
+    #[arg(long, default_value_t = 200)]
+    pods: usize,
+    /// Concurrent creations upstairs.
+    #[arg(long, default_value_t = 8)]
+    concurrency: usize,
+    /// Kill the leader when this many of the burst's lower pods exist (default: half).
+    #[arg(long)]
+    kill_after: Option<usize>,
+    /// How long to wait for every upper pod to be Running after the kill.
+    #[arg(long, default_value = "300s", value_parser = crate::common::parse_duration)]
+    timeout: Duration,
+}
+
+const NODE: &str = "vk";
+const LEASE: &str = "tensile-virtual-node-vk";
+const LEASE_NAMESPACE: &str = "kube-system";
+
+/// What the watches saw, with when.
+#[derive(Default)]
+struct Seen {
+    /// Lower pods of the burst by name: every UID seen.
+    lower_uids: BTreeMap<String, BTreeSet<String>>,
+    /// Lower pods of the burst deleted (watch DELETED events).
+    lower_deleted: Vec<String>,
+    /// Upper pods Running.
+    upper_running: BTreeSet<String>,
+    /// The election Lease's holder, and since when.
+    holder: Option<(String, Instant)>,
+    /// The Node's kubelet port, and since when.
+    kubelet_port: Option<(i32, Instant)>,
+}
+
+type Shared = Arc<Mutex<Seen>>;
+
+fn with<T>(seen: &Shared, f: impl FnOnce(&mut Seen) -> T) -> anyhow::Result<T> {
+    let mut s = seen
+        .lock()
+        .map_err(|_| anyhow::anyhow!("a watch task panicked"))?;
+    Ok(f(&mut s))
+}
+
+/// One replica: `tensile virtual-node --leader-elect` with the README's flags.
+fn replica(env: &TestEnv, log: &Path, kubelet_port: u16) -> anyhow::Result<tokio::process::Child> {
+    let exe = std::env::current_exe().context("finding the tensile binary")?;
+    tokio::process::Command::new(exe)
+        .args(["virtual-node", "--nodename", NODE, "--leader-elect"])
+        .arg("--kubeconfig")
+        .arg(&env.clusters[0].kubeconfig)
+        .arg("--client-kubeconfig")
+        .arg(&env.clusters[1].kubeconfig)
+        .args(["--kubelet-address", "127.0.0.1"])
+        .env("KUBELET_PORT", kubelet_port.to_string())
+        .env("VKUBELET_POD_IP", "127.0.0.1")
+        .env_remove("POD_NAMESPACE")
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(log).with_context(|| format!("creating {}", log.display()))?)
+        .kill_on_drop(true)
+        .spawn()
+        .context("starting tensile virtual-node")
+}
+
+/// Waits, up to `secs`, until `check` says yes; the replicas' logs are the error's detail.
+async fn wait_for(
+    what: &str,
+    secs: u64,
+    logs: &[PathBuf],
+    mut check: impl FnMut() -> anyhow::Result<bool>,
+) -> anyhow::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    loop {
+        if check()? {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            let tails: Vec<String> = logs
+                .iter()
+                .map(|l| {
+                    let text = std::fs::read_to_string(l).unwrap_or_default();
+                    let lines: Vec<&str> = text.lines().collect();
+                    format!(
+                        "--- {}\n{}",
+                        l.display(),
+                        lines[lines.len().saturating_sub(15)..].join("\n")
+                    )
+                })
+                .collect();
+            bail!(
+                "timed out after {secs} s waiting for {what}\n{}",
+                tails.join("\n")
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// The pid in a holder identity `<node>_<host>_<pid>_<random>`.
+fn holder_pid(holder: &str) -> Option<u32> {
+    holder.rsplit('_').nth(1)?.parse().ok()
+}
+
+/// Watches what the benchmark checks, recording into `seen`.
+fn watch_all(env: &TestEnv, seen: &Shared) -> Vec<tokio::task::JoinHandle<()>> {
+    let (upper, lower) = (
+        env.clusters[0].client.clone(),
+        env.clusters[1].client.clone(),
+    );
+    let mut tasks = Vec::new();
+    let s = seen.clone();
+    tasks.push(tokio::spawn(async move {
+        let api: Api<Pod> = Api::namespaced(lower, "default");
+        let mut events = watcher(api, watcher::Config::default())
+            .default_backoff()
+            .boxed();
+        while let Some(event) = events.next().await {
+            let Ok(event) = event else { continue };
+            let Ok(mut s) = s.lock() else { return };
+            match event {
+                watcher::Event::Apply(p) | watcher::Event::InitApply(p) => {
+                    if let (Some(name), Some(uid)) = (p.metadata.name, p.metadata.uid)
+                        && name.starts_with("burst-")
+                    {
+                        s.lower_uids.entry(name).or_default().insert(uid);
+                    }
+                }
+                watcher::Event::Delete(p) => {
+                    if let Some(name) = p.metadata.name.filter(|n| n.starts_with("burst-")) {
+                        s.lower_deleted.push(name);
+                    }
+                }
+                watcher::Event::Init | watcher::Event::InitDone => {}
+            }
+        }
+    }));
+    let s = seen.clone();
+    let pods = upper.clone();
+    tasks.push(tokio::spawn(async move {
+        let api: Api<Pod> = Api::namespaced(pods, "default");
+        let mut events = watcher(api, watcher::Config::default())
+            .default_backoff()
+            .applied_objects()
+            .boxed();
+        while let Some(p) = events.next().await {
+            let Ok(p) = p else { continue };
+            if p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
+                && let Some(name) = p.metadata.name
+                && let Ok(mut s) = s.lock()
+            {
+                s.upper_running.insert(name);
+            }
+        }
+    }));
+    let s = seen.clone();
+    let leases = upper.clone();
+    tasks.push(tokio::spawn(async move {
+        let api: Api<Lease> = Api::namespaced(leases, LEASE_NAMESPACE);
+        let mut events = watcher(api, watcher::Config::default())
+            .default_backoff()
+            .applied_objects()
+            .boxed();
+        while let Some(l) = events.next().await {
+            let Ok(l) = l else { continue };
+            if l.metadata.name.as_deref() != Some(LEASE) {
+                continue;
+            }
+            let holder = l.spec.and_then(|s| s.holder_identity).unwrap_or_default();
+            if let Ok(mut s) = s.lock()
+                && s.holder.as_ref().map(|(h, _)| h) != Some(&holder)
+            {
+                s.holder = Some((holder, Instant::now()));
+            }
+        }
+    }));
+    let s = seen.clone();
+    tasks.push(tokio::spawn(async move {
+        let api: Api<Node> = Api::all(upper);
+        let mut events = watcher(api, watcher::Config::default())
+            .default_backoff()
+            .applied_objects()
+            .boxed();
+        while let Some(n) = events.next().await {
+            let Ok(n) = n else { continue };
+            if n.metadata.name.as_deref() != Some(NODE) {
+                continue;
+            }
+            let port = n
+                .status
+                .and_then(|s| s.daemon_endpoints)
+                .and_then(|d| d.kubelet_endpoint)
+                .map(|e| e.port);
+            if let (Some(port), Ok(mut s)) = (port, s.lock())
+                && s.kubelet_port.map(|(p, _)| p) != Some(port)
+            {
+                s.kubelet_port = Some((port, Instant::now()));
+            }
+        }
+    }));
+    tasks
+}
+
+pub async fn run(args: FailoverArgs) -> anyhow::Result<()> {
+    let n = args.pods;
+    let kill_after = args.kill_after.unwrap_or(n / 2).clamp(1, n.max(1));
+    let mut lower_spec = ClusterSpec::new("lower", 0);
+    lower_spec.kubelet = Some(SimKubeletConfig {
+        nodes: (1..=n.div_ceil(100).max(2))
+            .map(|i| SimNode::new(format!("lower-node-{i}"), "64", "256Gi"))
+            .collect(),
+        kubelet_api: false,
+        ..Default::default()
+    });
+    let env = TestEnv::start_with(vec![ClusterSpec::new("upper", 0), lower_spec])
+        .await
+        .context("starting the clusters")?;
+    let seen: Shared = Arc::default();
+    let watches = watch_all(&env, &seen);
+    let logs = [
+        env.dir().join("replica-a.log"),
+        env.dir().join("replica-b.log"),
+    ];
+    let ports = [free_port()?, free_port()?];
+
+    // The first replica leads once it registered the node with its kubelet port.
+    let mut a = replica(&env, &logs[0], ports[0])?;
+    let a_pid = a.id().context("replica a exited at once")?;
+    wait_for("replica a to lead and register the node", 60, &logs, || {
+        with(&seen, |s| {
+            s.holder.as_ref().and_then(|(h, _)| holder_pid(h)) == Some(a_pid)
+                && s.kubelet_port.map(|(p, _)| p) == Some(i32::from(ports[0]))
+        })
+    })
+    .await?;
+    let mut b = replica(&env, &logs[1], ports[1])?;
+    let b_pid = b.id().context("replica b exited at once")?;
+    wait_for("replica b to stand by", 60, &logs, || {
+        Ok(std::fs::read_to_string(&logs[1])?.contains("standing by"))
+    })
+    .await?;
+
+    let creator: Api<Pod> = Api::namespaced(env.clusters[0].client.clone(), "default");
+    let concurrency = args.concurrency.max(1);
+    let burst = tokio::spawn(async move {
+        futures::stream::iter(0..n)
+            .map(|i| {
+                let api = creator.clone();
+                async move {
+                    // Placed by the upper scheduler: the virtual node is the only node.
+                    let pod: Pod = serde_json::from_value(json!({
+                        "apiVersion": "v1", "kind": "Pod",
+                        "metadata": {"name": format!("burst-{i}")},
+                        "spec": {"tolerations": [{"key": tensile_core::keys::TAINT_VIRTUAL_KUBELET,
+                            "operator": "Exists"}],
+                            "containers": [{"name": "c", "image": "nginx:1.27",
+                            "resources": {"requests": {"cpu": "10m"}}}]}}))?;
+                    api.create(&PostParams::default(), &pod).await?;
+                    anyhow::Ok(())
+                }
+            })
+            .buffer_unordered(concurrency)
+            .filter(|r| futures::future::ready(r.is_err()))
+            .count()
+            .await
+    });
+    let start = Instant::now();
+    wait_for(
+        &format!("{kill_after} lower pods before the kill"),
+        120,
+        &logs,
+        || with(&seen, |s| s.lower_uids.len() >= kill_after),
+    )
+    .await?;
+    a.start_kill().context("killing the leader")?;
+    let killed = Instant::now();
+    let (lower_at_kill, running_at_kill) =
+        with(&seen, |s| (s.lower_uids.len(), s.upper_running.len()))?;
+    let _ = a.wait().await;
+
+    wait_for("replica b to take the lease over", 60, &logs, || {
+        with(&seen, |s| {
+            s.holder.as_ref().and_then(|(h, _)| holder_pid(h)) == Some(b_pid)
+        })
+    })
+    .await?;
+    wait_for(
+        "the node's kubelet endpoint to point at replica b",
+        60,
+        &logs,
+        || {
+            with(&seen, |s| {
+                s.kubelet_port.map(|(p, _)| p) == Some(i32::from(ports[1]))
+            })
+        },
+    )
+    .await?;
+    let failures = burst.await.context("the burst task")?;
+    if failures > 0 {
+        bail!("{failures} pod creations failed upstairs");
+    }
+    wait_for(
+        &format!("all {n} upper pods Running"),
+        args.timeout.as_secs(),
+        &logs,
+        || with(&seen, |s| s.upper_running.len() >= n),
+    )
+    .await?;
+    let all_running = killed.elapsed();
+    if let Some(status) = b.try_wait()? {
+        bail!("the new leader exited: {status}");
+    }
+    // The lower cluster as it is now, by one LIST, against what the watch saw.
+    let listed = Api::<Pod>::namespaced(env.clusters[1].client.clone(), "default")
+        .list(&kube::api::ListParams::default())
+        .await
+        .context("listing the lower pods")?;
+    let listed: BTreeSet<String> = listed
+        .items
+        .into_iter()
+        .filter_map(|p| p.metadata.name)
+        .filter(|n| n.starts_with("burst-"))
+        .collect();
+    let (acquired, first_write, twice, deleted, seen_lower) = with(&seen, |s| {
+        let at = |t: Instant| t.saturating_duration_since(killed);
+        (
+            s.holder.as_ref().map(|(_, t)| at(*t)),
+            s.kubelet_port.map(|(_, t)| at(t)),
+            s.lower_uids
+                .iter()
+                .filter(|(_, uids)| uids.len() > 1)
+                .map(|(n, _)| n.clone())
+                .collect::<Vec<_>>(),
+            s.lower_deleted.clone(),
+            s.lower_uids.len(),
+        )
+    })?;
+    for w in watches {
+        w.abort();
+    }
+    let _ = b.kill().await;
+
+    println!(
+        "failover benchmark on {}: {n} pods ({concurrency} concurrent creates) upstairs through one virtual node run by 2 replicas with --leader-elect (defaults: lease 15s, renew deadline 10s, retry 2s)",
+        if tensile_sim::env::real::bin_dir().is_some() {
+            "real control planes (TENSILE_K8S_BIN)"
+        } else {
+            "simulated clusters"
+        }
+    );
+    println!(
+        "leader killed (SIGKILL) {:.2?} into the burst, with {lower_at_kill} lower pods created and {running_at_kill} upper pods Running",
+        killed.saturating_duration_since(start)
+    );
+    let secs = |d: Option<Duration>| d.map_or(f64::NAN, |d| d.as_secs_f64());
+    println!(
+        "takeover: kill -> election lease held by the standby {:.2} s",
+        secs(acquired)
+    );
+    println!(
+        "takeover: kill -> first write of the new leader (node kubelet endpoint rewritten) {:.2} s",
+        secs(first_write)
+    );
+    println!(
+        "kill -> all {n} upper pods Running {:.2} s",
+        all_running.as_secs_f64()
+    );
+    println!(
+        "lower pods: {} listed, {seen_lower} seen, {} created more than once, {} deleted",
+        listed.len(),
+        twice.len(),
+        deleted.len()
+    );
+    if listed.len() != n || seen_lower != n {
+        bail!(
+            "expected {n} lower pods, listed {} and seen {seen_lower}",
+            listed.len()
+        );
+    }
+    if !twice.is_empty() {
+        bail!("lower pods created more than once: {twice:?}");
+    }
+    if !deleted.is_empty() {
+        bail!("lower pods deleted during the failover: {deleted:?}");
+    }
+    Ok(())
+}
+
+fn free_port() -> anyhow::Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}
