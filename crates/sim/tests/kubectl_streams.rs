@@ -374,15 +374,39 @@ fn a_shell_with_and_without_a_terminal_kubectl_cp_and_attach_without_stdin() {
     );
     let mut stdin = child.0.stdin.take().unwrap();
     let mut stdout = child.0.stdout.take().unwrap();
-    let reader = std::thread::spawn(move || {
-        let mut seen = Vec::new();
-        let _ = stdout.read_to_end(&mut seen);
-        String::from_utf8_lossy(&seen).into_owned()
+    let output = std::sync::Arc::new(std::sync::Mutex::new(Vec::<u8>::new()));
+    let reader = std::thread::spawn({
+        let output = output.clone();
+        move || {
+            let mut buf = [0u8; 4096];
+            while let Ok(n) = stdout.read(&mut buf) {
+                if n == 0 {
+                    break;
+                }
+                output.lock().unwrap().extend_from_slice(&buf[..n]);
+            }
+            String::from_utf8_lossy(&output.lock().unwrap()).into_owned()
+        }
     });
+    // Keys typed before kubectl has put the terminal in raw mode are the local terminal's
+    // (Ctrl-C would interrupt kubectl itself): press Enter until a prompt answers (the first
+    // one may be dropped, see below), then type.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !String::from_utf8_lossy(&output.lock().unwrap()).contains("/ # ") {
+        assert!(Instant::now() < deadline, "no prompt within 30 s");
+        stdin.write_all(b"\r").unwrap();
+        stdin.flush().unwrap();
+        std::thread::park_timeout(Duration::from_millis(500));
+    }
     let typed: &[&[u8]] = &[b"echo hi\r", b"echo dropped\x03", b"hostname\r", b"\x04"];
     for keys in typed {
-        stdin.write_all(keys).unwrap();
-        stdin.flush().unwrap();
+        if let Err(e) = stdin.write_all(keys).and_then(|()| stdin.flush()) {
+            let mut err = String::new();
+            if let Some(mut stderr) = child.0.stderr.take() {
+                let _ = stderr.read_to_string(&mut err);
+            }
+            panic!("typing {keys:?}: {e}; the session ended early: {err}");
+        }
         std::thread::park_timeout(Duration::from_millis(300));
     }
     let deadline = Instant::now() + Duration::from_secs(30);

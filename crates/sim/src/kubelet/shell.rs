@@ -139,8 +139,14 @@ struct Session<'a, 'b> {
     interactive: bool,
 }
 
+/// How long a process takes to start in a container (the runtime's exec). Output sent at once
+/// can beat kubectl's WebSocket client to setting up its streams, which then drops it ("Unknown
+/// stream id 1, discarding message"): a prompt, or the start of `kubectl cp`'s tar stream.
+const PROCESS_START: std::time::Duration = std::time::Duration::from_millis(250);
+
 /// Runs `argv` as `kubectl exec` asked.
 pub(super) async fn exec(ctx: &Context<'_>, argv: Vec<String>, io: &mut ExecIo) -> ExitStatus {
+    tokio::time::sleep(PROCESS_START).await;
     let mut session = Session {
         ctx,
         cwd: ctx
@@ -434,9 +440,6 @@ impl Session<'_, '_> {
             return 0;
         };
         self.interactive = true;
-        // A real shell takes a moment to start; prompting at once can beat kubectl's WebSocket
-        // client to setting up its streams, which then drops the prompt ("Unknown stream id").
-        tokio::time::sleep(std::time::Duration::from_millis(250)).await;
         write_raw(io, self.prompt().as_bytes()).await;
         let mut line: Vec<u8> = Vec::new();
         let mut buf = [0u8; 1024];
