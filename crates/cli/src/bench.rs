@@ -59,6 +59,9 @@ struct OffloadArgs {
     /// reported RSS is then the wrapper's process).
     #[arg(long)]
     node_wrapper: Option<String>,
+    /// `--pod-identity` of the virtual node (default: none given, so `upper`, the default).
+    #[arg(long)]
+    pod_identity: Option<String>,
 }
 
 pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
@@ -364,6 +367,10 @@ async fn offload(args: OffloadArgs) -> anyhow::Result<()> {
     if let Some(workers) = args.workers {
         tuned.push(format!("--pod-sync-workers {workers}"));
         command.args(["--pod-sync-workers", &workers.to_string()]);
+    }
+    if let Some(identity) = &args.pod_identity {
+        tuned.push(format!("--pod-identity {identity}"));
+        command.args(["--pod-identity", identity]);
     }
     let mut child = command
         .args(["--kubelet-address", "127.0.0.1"])
