@@ -1,13 +1,72 @@
 //! What the component subcommands share: Go duration flags, where the upper cluster's
-//! kubeconfig comes from, clients, serving certificates.
+//! kubeconfig comes from, clients, serving certificates, the metrics and probes listener.
 
+use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
+use prometheus_client::registry::Registry;
 use tensile_node::clients::{ApiCalls, KubeconfigSource, build_client};
+use tensile_node::metrics::Readiness;
 use tensile_placement::serve::ServingCert;
 use tokio_util::sync::CancellationToken;
+
+/// `--metrics-addr` of the webhook, the descheduler and the scheduler extender.
+#[derive(Debug, Clone, clap::Args)]
+pub struct MetricsArgs {
+    /// Plain-HTTP listener (`host:port` or `:port`) for Prometheus `/metrics`, `/healthz` and
+    /// `/readyz`; also on a standby, whose `/readyz` answers 503. Empty: none.
+    #[arg(long, default_value = "")]
+    pub metrics_addr: String,
+}
+
+/// `--metrics-addr` as node-cli took it: `host:port` or `:port` (all addresses); empty: off.
+pub fn metrics_addr(value: &str) -> anyhow::Result<Option<SocketAddr>> {
+    if value.is_empty() {
+        return Ok(None);
+    }
+    let full = if value.starts_with(':') {
+        format!("0.0.0.0{value}")
+    } else {
+        value.to_owned()
+    };
+    full.parse()
+        .map(Some)
+        .with_context(|| format!("invalid --metrics-addr {value:?}: expected host:port or :port"))
+}
+
+/// What `/readyz` answers while a `--leader-elect` standby waits for the Lease.
+pub const STANDBY: &str = "standby: not the leader";
+
+/// Starts the `--metrics-addr` listener of `registry` (none when the flag is empty) before
+/// anything else, so that a standby answers its probes too; `/readyz` answers 503 with
+/// [`STANDBY`] under `--leader-elect`, else with `starting`, until the component sets it ready.
+pub async fn serve_metrics(
+    args: &MetricsArgs,
+    leader_elect: bool,
+    registry: Registry,
+    stop: &CancellationToken,
+) -> anyhow::Result<(Readiness, Option<SocketAddr>)> {
+    let readiness = Readiness::not_ready(if leader_elect { STANDBY } else { "starting" });
+    let bound = match metrics_addr(&args.metrics_addr)? {
+        Some(addr) => Some(
+            tensile_node::metrics::serve_probes(
+                addr,
+                Arc::new(registry),
+                readiness.clone(),
+                stop.clone(),
+            )
+            .await?,
+        ),
+        None => None,
+    };
+    if let Some(addr) = bound {
+        tracing::info!(%addr, "metrics and probes serving");
+    }
+    Ok((readiness, bound))
+}
 
 /// A Go duration flag (`90s`, `3m`, `1h30m`), positive.
 pub fn parse_duration(text: &str) -> Result<Duration, String> {

@@ -188,21 +188,6 @@ fn lower_cluster_name(args: &VirtualNodeArgs, source: &KubeconfigSource) -> Stri
         .unwrap_or_else(|| "lower".to_owned())
 }
 
-/// `--metrics-addr` as node-cli took it: `host:port` or `:port` (all addresses); empty: off.
-fn metrics_addr(value: &str) -> anyhow::Result<Option<SocketAddr>> {
-    if value.is_empty() {
-        return Ok(None);
-    }
-    let full = if value.starts_with(':') {
-        format!("0.0.0.0{value}")
-    } else {
-        value.to_owned()
-    };
-    full.parse()
-        .map(Some)
-        .with_context(|| format!("invalid --metrics-addr {value:?}: expected host:port or :port"))
-}
-
 fn env(name: &str) -> Option<String> {
     std::env::var(name).ok().filter(|v| !v.is_empty())
 }
@@ -307,7 +292,7 @@ pub(crate) async fn assemble(
     env: &dyn Fn(&str) -> Option<String>,
     kubelet_listen: Option<SocketAddr>,
 ) -> anyhow::Result<VirtualNode> {
-    let metrics_listen = metrics_addr(&args.metrics_addr)?;
+    let metrics_listen = crate::common::metrics_addr(&args.metrics_addr)?;
     let controllers = parse_controllers(&args.enable_controllers);
     for unknown in &controllers.unknown {
         tracing::warn!("--enable-controllers: unknown controller {unknown:?} ignored");

@@ -123,6 +123,7 @@ async fn setup(lowers: Lowers<'_>, ttl: Duration) -> Setup {
             listen: "127.0.0.1:0".parse().unwrap(),
             cert: ServingCert::generate("tensile-scheduler", &["127.0.0.1".to_owned()]).unwrap(),
             client_ca_pem: None,
+            metrics: Default::default(),
         },
         stop.clone(),
     )
@@ -632,6 +633,7 @@ fn c1_only(upper: kube::Client, c1: kube::Client, client_ca_pem: Option<String>)
         listen: "127.0.0.1:0".parse().unwrap(),
         cert: ServingCert::generate("tensile-scheduler", &["127.0.0.1".to_owned()]).unwrap(),
         client_ca_pem,
+        metrics: Default::default(),
     }
 }
 
