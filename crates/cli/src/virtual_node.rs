@@ -245,6 +245,22 @@ pub async fn run(args: VirtualNodeArgs) -> anyhow::Result<()> {
     )
     .await
     .context("upper cluster client for leader election")?;
+    // A standby answers its probes on --metrics-addr (`/readyz` 503) until it leads; the
+    // node's own listener then takes the port over.
+    let standby_probes = CancellationToken::new();
+    let standby_listener = match crate::common::metrics_addr(&args.metrics_addr)? {
+        Some(addr) if args.leader.leader_elect => Some(
+            tensile_node::metrics::serve_probes_joinable(
+                addr,
+                std::sync::Arc::new(Registry::default()),
+                tensile_node::metrics::Readiness::not_ready(crate::common::STANDBY),
+                standby_probes.clone(),
+            )
+            .await?
+            .1,
+        ),
+        _ => None,
+    };
     let leadership = crate::common::lead(
         &args.leader,
         &election_client,
@@ -264,6 +280,11 @@ pub async fn run(args: VirtualNodeArgs) -> anyhow::Result<()> {
     )
     .await?;
     let listen = vn.kubelet.as_ref().map(|k| k.listen);
+    standby_probes.cancel();
+    if let Some(task) = standby_listener {
+        // Ends once its listener is closed, so the node can bind the same port.
+        let _ = task.await;
+    }
     let stop = CancellationToken::new();
     let running = vn
         .start(stop.clone())

@@ -92,6 +92,18 @@ pub async fn serve_probes(
     readiness: Readiness,
     stop: CancellationToken,
 ) -> Result<SocketAddr, MetricsError> {
+    Ok(serve_routes(addr, registry, readiness, None, stop).await?.0)
+}
+
+/// [`serve_probes`], with the listener's task: it ends, and the port is free again, once `stop`
+/// is cancelled. For a process that hands the port over to another listener (a virtual node's
+/// standby, once it leads).
+pub async fn serve_probes_joinable(
+    addr: SocketAddr,
+    registry: Arc<Registry>,
+    readiness: Readiness,
+    stop: CancellationToken,
+) -> Result<(SocketAddr, tokio::task::JoinHandle<()>), MetricsError> {
     serve_routes(addr, registry, readiness, None, stop).await
 }
 
@@ -107,7 +119,9 @@ pub async fn serve<B: KubeletBackend + 'static>(
         let backend = backend.clone();
         Box::pin(async move { stats_summary(&*backend).await })
     });
-    serve_routes(addr, registry, readiness, Some(stats), stop).await
+    Ok(serve_routes(addr, registry, readiness, Some(stats), stop)
+        .await?
+        .0)
 }
 
 async fn serve_routes(
@@ -116,14 +130,14 @@ async fn serve_routes(
     readiness: Readiness,
     stats: Option<StatsFn>,
     stop: CancellationToken,
-) -> Result<SocketAddr, MetricsError> {
+) -> Result<(SocketAddr, tokio::task::JoinHandle<()>), MetricsError> {
     let listener = TcpListener::bind(addr)
         .await
         .map_err(|source| MetricsError { addr, source })?;
     let bound = listener
         .local_addr()
         .map_err(|source| MetricsError { addr, source })?;
-    tokio::spawn(async move {
+    let task = tokio::spawn(async move {
         loop {
             let (tcp, _) = tokio::select! {
                 () = stop.cancelled() => return,
@@ -156,7 +170,7 @@ async fn serve_routes(
             });
         }
     });
-    Ok(bound)
+    Ok((bound, task))
 }
 
 const TEXT: &str = "text/plain; charset=utf-8";
