@@ -598,7 +598,7 @@ async fn calls_and_reservations_show_in_the_metrics() {
         .await
         .unwrap();
     let (status, answer) = s
-        .post("/filter", &args_with_nodes(&a, &[node.clone()]))
+        .post("/filter", &args_with_nodes(&a, std::slice::from_ref(&node)))
         .await;
     assert_eq!((status, kept(&answer)), (200, vec!["vk-c1".to_owned()]));
     let (status, _) = s.post("/prioritize", &args_with_nodes(&a, &[node])).await;
