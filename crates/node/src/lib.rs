@@ -227,6 +227,7 @@ impl VirtualNode {
                 workers: 4,
                 services: self.services.take(),
                 volumes: self.volumes.then(|| self.node.identity.name.clone()),
+                metrics: sync_metrics.clone(),
             },
             shared.clone(),
             stop.clone(),
