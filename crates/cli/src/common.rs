@@ -93,7 +93,7 @@ pub fn upper_source(path: Option<&PathBuf>) -> KubeconfigSource {
 }
 
 /// A client of `source` limited to `qps`/`burst`, its API calls counted under `cluster` in a
-/// registry of its own (the components that use this serve no metrics).
+/// registry of its own: the webhook's, descheduler's and extender's API calls are not served.
 pub async fn client(
     source: KubeconfigSource,
     qps: f32,
@@ -257,6 +257,54 @@ pub async fn run_until_stopped(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn metrics_addr_takes_host_port_or_port_and_empty_is_off() {
+        assert_eq!(metrics_addr("").unwrap(), None);
+        assert_eq!(
+            metrics_addr(":10255").unwrap(),
+            Some("0.0.0.0:10255".parse().unwrap())
+        );
+        assert_eq!(
+            metrics_addr("127.0.0.1:9").unwrap(),
+            Some("127.0.0.1:9".parse().unwrap())
+        );
+        assert!(
+            metrics_addr("10255")
+                .unwrap_err()
+                .to_string()
+                .contains("expected host:port or :port")
+        );
+    }
+
+    /// What a `--leader-elect` descheduler or extender serves while it stands by (alive, not
+    /// ready), then as it works (ready, its metrics).
+    #[tokio::test]
+    async fn a_standby_is_alive_and_not_ready() {
+        let stop = CancellationToken::new();
+        let args = MetricsArgs {
+            metrics_addr: "127.0.0.1:0".into(),
+        };
+        let mut registry = Registry::default();
+        let metrics = tensile_placement::metrics::DeschedulerMetrics::new(&mut registry);
+        let (readiness, addr) = serve_metrics(&args, true, registry, &stop).await.unwrap();
+        let addr = addr.unwrap();
+        let get = |path| tensile_sim::env::http_get(addr, path);
+        assert_eq!(get("/healthz").await.unwrap(), (200, "ok".into()));
+        assert_eq!(get("/readyz").await.unwrap(), (503, STANDBY.into()));
+        readiness.set_ready();
+        assert_eq!(get("/readyz").await.unwrap(), (200, "ok".into()));
+        metrics.gave_up();
+        let (status, text) = get("/metrics").await.unwrap();
+        assert_eq!(status, 200);
+        assert_eq!(
+            tensile_sim::env::metric_value(&text, "tensile_descheduler_give_ups_total"),
+            Some(1.0),
+            "{text}"
+        );
+        assert_eq!(get("/nothing").await.unwrap().0, 404);
+        stop.cancel();
+    }
 
     #[test]
     fn go_durations() {
