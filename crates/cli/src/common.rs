@@ -1,13 +1,72 @@
 //! What the component subcommands share: Go duration flags, where the upper cluster's
-//! kubeconfig comes from, clients, serving certificates.
+//! kubeconfig comes from, clients, serving certificates, the metrics and probes listener.
 
+use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
+use prometheus_client::registry::Registry;
 use tensile_node::clients::{ApiCalls, KubeconfigSource, build_client};
+use tensile_node::metrics::Readiness;
 use tensile_placement::serve::ServingCert;
 use tokio_util::sync::CancellationToken;
+
+/// `--metrics-addr` of the webhook, the descheduler and the scheduler extender.
+#[derive(Debug, Clone, clap::Args)]
+pub struct MetricsArgs {
+    /// Plain-HTTP listener (`host:port` or `:port`) for Prometheus `/metrics`, `/healthz` and
+    /// `/readyz`; also on a standby, whose `/readyz` answers 503. Empty: none.
+    #[arg(long, default_value = "")]
+    pub metrics_addr: String,
+}
+
+/// `--metrics-addr` as node-cli took it: `host:port` or `:port` (all addresses); empty: off.
+pub fn metrics_addr(value: &str) -> anyhow::Result<Option<SocketAddr>> {
+    if value.is_empty() {
+        return Ok(None);
+    }
+    let full = if value.starts_with(':') {
+        format!("0.0.0.0{value}")
+    } else {
+        value.to_owned()
+    };
+    full.parse()
+        .map(Some)
+        .with_context(|| format!("invalid --metrics-addr {value:?}: expected host:port or :port"))
+}
+
+/// What `/readyz` answers while a `--leader-elect` standby waits for the Lease.
+pub const STANDBY: &str = "standby: not the leader";
+
+/// Starts the `--metrics-addr` listener of `registry` (none when the flag is empty) before
+/// anything else, so that a standby answers its probes too; `/readyz` answers 503 with
+/// [`STANDBY`] under `--leader-elect`, else with `starting`, until the component sets it ready.
+pub async fn serve_metrics(
+    args: &MetricsArgs,
+    leader_elect: bool,
+    registry: Registry,
+    stop: &CancellationToken,
+) -> anyhow::Result<(Readiness, Option<SocketAddr>)> {
+    let readiness = Readiness::not_ready(if leader_elect { STANDBY } else { "starting" });
+    let bound = match metrics_addr(&args.metrics_addr)? {
+        Some(addr) => Some(
+            tensile_node::metrics::serve_probes(
+                addr,
+                Arc::new(registry),
+                readiness.clone(),
+                stop.clone(),
+            )
+            .await?,
+        ),
+        None => None,
+    };
+    if let Some(addr) = bound {
+        tracing::info!(%addr, "metrics and probes serving");
+    }
+    Ok((readiness, bound))
+}
 
 /// A Go duration flag (`90s`, `3m`, `1h30m`), positive.
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
@@ -34,7 +93,7 @@ pub fn upper_source(path: Option<&PathBuf>) -> KubeconfigSource {
 }
 
 /// A client of `source` limited to `qps`/`burst`, its API calls counted under `cluster` in a
-/// registry of its own (the components that use this serve no metrics).
+/// registry of its own: the webhook's, descheduler's and extender's API calls are not served.
 pub async fn client(
     source: KubeconfigSource,
     qps: f32,
@@ -198,6 +257,54 @@ pub async fn run_until_stopped(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn metrics_addr_takes_host_port_or_port_and_empty_is_off() {
+        assert_eq!(metrics_addr("").unwrap(), None);
+        assert_eq!(
+            metrics_addr(":10255").unwrap(),
+            Some("0.0.0.0:10255".parse().unwrap())
+        );
+        assert_eq!(
+            metrics_addr("127.0.0.1:9").unwrap(),
+            Some("127.0.0.1:9".parse().unwrap())
+        );
+        assert!(
+            metrics_addr("10255")
+                .unwrap_err()
+                .to_string()
+                .contains("expected host:port or :port")
+        );
+    }
+
+    /// What a `--leader-elect` descheduler or extender serves while it stands by (alive, not
+    /// ready), then as it works (ready, its metrics).
+    #[tokio::test]
+    async fn a_standby_is_alive_and_not_ready() {
+        let stop = CancellationToken::new();
+        let args = MetricsArgs {
+            metrics_addr: "127.0.0.1:0".into(),
+        };
+        let mut registry = Registry::default();
+        let metrics = tensile_placement::metrics::DeschedulerMetrics::new(&mut registry);
+        let (readiness, addr) = serve_metrics(&args, true, registry, &stop).await.unwrap();
+        let addr = addr.unwrap();
+        let get = |path| tensile_sim::env::http_get(addr, path);
+        assert_eq!(get("/healthz").await.unwrap(), (200, "ok".into()));
+        assert_eq!(get("/readyz").await.unwrap(), (503, STANDBY.into()));
+        readiness.set_ready();
+        assert_eq!(get("/readyz").await.unwrap(), (200, "ok".into()));
+        metrics.gave_up();
+        let (status, text) = get("/metrics").await.unwrap();
+        assert_eq!(status, 200);
+        assert_eq!(
+            tensile_sim::env::metric_value(&text, "tensile_descheduler_give_ups_total"),
+            Some(1.0),
+            "{text}"
+        );
+        assert_eq!(get("/nothing").await.unwrap().0, 404);
+        stop.cancel();
+    }
 
     #[test]
     fn go_durations() {

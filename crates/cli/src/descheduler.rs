@@ -11,6 +11,7 @@ use serde_json::Value;
 use tensile_core::deschedule::Policy;
 use tensile_core::keys::{LABEL_NODE_TYPE, VALUE_NODE_TYPE_VIRTUAL};
 use tensile_placement::descheduler::{DeschedulerConfig, run as run_descheduler};
+use tensile_placement::metrics::DeschedulerMetrics;
 use tokio_util::sync::CancellationToken;
 
 use crate::common::{client, parse_duration, upper_source};
@@ -64,6 +65,8 @@ pub struct DeschedulerArgs {
     pub verbosity: Option<u8>,
     #[command(flatten)]
     pub leader: crate::common::LeaderElectArgs,
+    #[command(flatten)]
+    pub metrics: crate::common::MetricsArgs,
 }
 
 /// `maxPodLifeTimeSeconds` of an enabled PodLifeTime strategy, from the policy's YAML.
@@ -119,6 +122,7 @@ pub fn config(args: &DeschedulerArgs) -> anyhow::Result<DeschedulerConfig> {
         moves_per_second: args.moves_per_second,
         burst: args.moves_burst,
         namespace: args.namespace.clone(),
+        ..DeschedulerConfig::default()
     })
 }
 
@@ -128,14 +132,24 @@ pub async fn run(args: DeschedulerArgs) -> anyhow::Result<()> {
             "--descheduling-interval is accepted for compatibility: pods are looked at when they change"
         );
     }
-    let config = config(&args)?;
+    let mut config = config(&args)?;
     let client = client(upper_source(args.kubeconfig.as_ref()), 100.0, 200, "upper").await?;
+    // Served from the start, so that a standby answers its probes (`/readyz` 503).
+    let probes = CancellationToken::new();
+    let mut registry = prometheus_client::registry::Registry::default();
+    config.metrics = DeschedulerMetrics::new(&mut registry);
+    let (readiness, _) =
+        crate::common::serve_metrics(&args.metrics, args.leader.leader_elect, registry, &probes)
+            .await?;
+    config.readiness = Some(readiness.clone());
     // A new leader carries on the move intents the old one left (they are in ConfigMaps).
     let leadership =
         crate::common::lead(&args.leader, &client, "tensile-descheduler", "descheduler").await?;
     if matches!(leadership, crate::common::Leadership::Stopped) {
         return Ok(());
     }
+    // Ready once its watches have listed (`run` sets it).
+    readiness.set_not_ready("starting: listing pods, nodes and move intents");
     let stop = CancellationToken::new();
     let task = tokio::spawn(run_descheduler(config, client, stop.clone()));
     crate::common::run_until_stopped(

@@ -8,6 +8,7 @@
 #![allow(clippy::print_stdout)] // the report is what the command prints
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::{Arc, Mutex};
@@ -69,7 +70,12 @@ fn with<T>(seen: &Shared, f: impl FnOnce(&mut Seen) -> T) -> anyhow::Result<T> {
 }
 
 /// One replica: `tensile virtual-node --leader-elect` with the README's flags.
-fn replica(env: &TestEnv, log: &Path, kubelet_port: u16) -> anyhow::Result<tokio::process::Child> {
+fn replica(
+    env: &TestEnv,
+    log: &Path,
+    kubelet_port: u16,
+    metrics_port: u16,
+) -> anyhow::Result<tokio::process::Child> {
     let exe = std::env::current_exe().context("finding the tensile binary")?;
     tokio::process::Command::new(exe)
         .args(["virtual-node", "--nodename", NODE, "--leader-elect"])
@@ -78,6 +84,7 @@ fn replica(env: &TestEnv, log: &Path, kubelet_port: u16) -> anyhow::Result<tokio
         .arg("--client-kubeconfig")
         .arg(&env.clusters[1].kubeconfig)
         .args(["--kubelet-address", "127.0.0.1"])
+        .arg(format!("--metrics-addr=127.0.0.1:{metrics_port}"))
         .env("KUBELET_PORT", kubelet_port.to_string())
         .env("VKUBELET_POD_IP", "127.0.0.1")
         .env_remove("POD_NAMESPACE")
@@ -248,9 +255,10 @@ pub async fn run(args: FailoverArgs) -> anyhow::Result<()> {
         env.dir().join("replica-b.log"),
     ];
     let ports = [free_port()?, free_port()?];
+    let metrics_ports = [free_port()?, free_port()?];
 
     // The first replica leads once it registered the node with its kubelet port.
-    let mut a = replica(&env, &logs[0], ports[0])?;
+    let mut a = replica(&env, &logs[0], ports[0], metrics_ports[0])?;
     let a_pid = a.id().context("replica a exited at once")?;
     wait_for("replica a to lead and register the node", 60, &logs, || {
         with(&seen, |s| {
@@ -259,12 +267,27 @@ pub async fn run(args: FailoverArgs) -> anyhow::Result<()> {
         })
     })
     .await?;
-    let mut b = replica(&env, &logs[1], ports[1])?;
+    let mut b = replica(&env, &logs[1], ports[1], metrics_ports[1])?;
     let b_pid = b.id().context("replica b exited at once")?;
     wait_for("replica b to stand by", 60, &logs, || {
         Ok(std::fs::read_to_string(&logs[1])?.contains("standing by"))
     })
     .await?;
+    // The probes: the standby is alive and not ready, the leader ready.
+    let probe = |i: usize, path: &'static str| {
+        tensile_sim::env::http_get(SocketAddr::from(([127, 0, 0, 1], metrics_ports[i])), path)
+    };
+    let standby_probes = (
+        probe(1, "/healthz").await.context("replica b's /healthz")?,
+        probe(1, "/readyz").await.context("replica b's /readyz")?,
+    );
+    if standby_probes != ((200, "ok".into()), (503, crate::common::STANDBY.into())) {
+        bail!("the standby answers its probes with {standby_probes:?}");
+    }
+    let leader_ready = probe(0, "/readyz").await.context("replica a's /readyz")?;
+    if leader_ready.0 != 200 {
+        bail!("the leader answers /readyz with {leader_ready:?}");
+    }
 
     let creator: Api<Pod> = Api::namespaced(env.clusters[0].client.clone(), "default");
     let concurrency = args.concurrency.max(1);
@@ -321,6 +344,16 @@ pub async fn run(args: FailoverArgs) -> anyhow::Result<()> {
         },
     )
     .await?;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        match probe(1, "/readyz").await {
+            Ok((200, _)) => break,
+            other if Instant::now() > deadline => {
+                bail!("the new leader answers /readyz with {other:?}")
+            }
+            _ => tokio::time::sleep(Duration::from_millis(50)).await,
+        }
+    }
     let failures = burst.await.context("the burst task")?;
     if failures > 0 {
         bail!("{failures} pod creations failed upstairs");

@@ -176,6 +176,7 @@ impl Sandbox {
                     listen: SocketAddr::new(spec.address, 0),
                     cert: ServingCert::generate("tensile-scheduler", &[spec.address.to_string()])?,
                     client_ca_pem: None,
+                    metrics: Default::default(),
                 },
                 stop.clone(),
             )

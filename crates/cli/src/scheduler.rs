@@ -11,6 +11,7 @@ use anyhow::{Context as _, bail};
 use clap::Args;
 use tensile_node::clients::KubeconfigSource;
 use tensile_placement::extender::{self, ExtenderConfig, LowerClusterClient};
+use tensile_placement::metrics::ExtenderMetrics;
 use tokio_util::sync::CancellationToken;
 
 /// Flags of `tensile scheduler`.
@@ -59,6 +60,8 @@ pub struct SchedulerArgs {
     pub kube_api_burst: u32,
     #[command(flatten)]
     pub leader: crate::common::LeaderElectArgs,
+    #[command(flatten)]
+    pub metrics: crate::common::MetricsArgs,
 }
 
 /// `ID=KUBECONFIG`.
@@ -148,11 +151,19 @@ async fn config(args: &SchedulerArgs) -> anyhow::Result<ExtenderConfig> {
         listen: SocketAddr::new(args.address, args.port),
         cert,
         client_ca_pem,
+        metrics: ExtenderMetrics::default(),
     })
 }
 
 pub async fn run(args: SchedulerArgs) -> anyhow::Result<()> {
-    let config = config(&args).await?;
+    let mut config = config(&args).await?;
+    // Served from the start, so that a standby answers its probes (`/readyz` 503).
+    let probes = CancellationToken::new();
+    let mut registry = prometheus_client::registry::Registry::default();
+    config.metrics = ExtenderMetrics::new(&mut registry);
+    let (readiness, _) =
+        crate::common::serve_metrics(&args.metrics, args.leader.leader_elect, registry, &probes)
+            .await?;
     // A standby does not listen: the Service sends kube-scheduler to the leader only (its
     // readiness probe fails meanwhile). A new leader lists the lower clusters again.
     let leadership = crate::common::lead(
@@ -170,6 +181,13 @@ pub async fn run(args: SchedulerArgs) -> anyhow::Result<()> {
         .await
         .context("starting the scheduler extender")?;
     tracing::info!(addr = %running.addr, clusters = args.clusters.len(), "scheduler extender running");
+    // Ready once every cluster's watches have listed: before, it fails their virtual nodes.
+    readiness.set_not_ready("starting: listing the lower clusters' nodes and pods");
+    tokio::spawn(ready_when_synced(
+        running.extender.clone(),
+        readiness,
+        stop.clone(),
+    ));
     let handle = running.handle;
     crate::common::run_until_stopped(
         leadership,
@@ -180,6 +198,26 @@ pub async fn run(args: SchedulerArgs) -> anyhow::Result<()> {
         Duration::from_secs(10),
     )
     .await
+}
+
+/// Sets `readiness` once the extender's watches have listed. The watches report no event for
+/// it, so this looks twice a second (cheap: one lock).
+async fn ready_when_synced(
+    extender: extender::Extender,
+    readiness: tensile_node::metrics::Readiness,
+    stop: CancellationToken,
+) {
+    let mut tick = tokio::time::interval(Duration::from_millis(500));
+    loop {
+        tokio::select! {
+            () = stop.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        if extender.synced() {
+            readiness.set_ready();
+            return;
+        }
+    }
 }
 
 #[cfg(test)]

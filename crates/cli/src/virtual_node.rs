@@ -188,21 +188,6 @@ fn lower_cluster_name(args: &VirtualNodeArgs, source: &KubeconfigSource) -> Stri
         .unwrap_or_else(|| "lower".to_owned())
 }
 
-/// `--metrics-addr` as node-cli took it: `host:port` or `:port` (all addresses); empty: off.
-fn metrics_addr(value: &str) -> anyhow::Result<Option<SocketAddr>> {
-    if value.is_empty() {
-        return Ok(None);
-    }
-    let full = if value.starts_with(':') {
-        format!("0.0.0.0{value}")
-    } else {
-        value.to_owned()
-    };
-    full.parse()
-        .map(Some)
-        .with_context(|| format!("invalid --metrics-addr {value:?}: expected host:port or :port"))
-}
-
 fn env(name: &str) -> Option<String> {
     std::env::var(name).ok().filter(|v| !v.is_empty())
 }
@@ -260,6 +245,22 @@ pub async fn run(args: VirtualNodeArgs) -> anyhow::Result<()> {
     )
     .await
     .context("upper cluster client for leader election")?;
+    // A standby answers its probes on --metrics-addr (`/readyz` 503) until it leads; the
+    // node's own listener then takes the port over.
+    let standby_probes = CancellationToken::new();
+    let standby_listener = match crate::common::metrics_addr(&args.metrics_addr)? {
+        Some(addr) if args.leader.leader_elect => Some(
+            tensile_node::metrics::serve_probes_joinable(
+                addr,
+                std::sync::Arc::new(Registry::default()),
+                tensile_node::metrics::Readiness::not_ready(crate::common::STANDBY),
+                standby_probes.clone(),
+            )
+            .await?
+            .1,
+        ),
+        _ => None,
+    };
     let leadership = crate::common::lead(
         &args.leader,
         &election_client,
@@ -279,6 +280,11 @@ pub async fn run(args: VirtualNodeArgs) -> anyhow::Result<()> {
     )
     .await?;
     let listen = vn.kubelet.as_ref().map(|k| k.listen);
+    standby_probes.cancel();
+    if let Some(task) = standby_listener {
+        // Ends once its listener is closed, so the node can bind the same port.
+        let _ = task.await;
+    }
     let stop = CancellationToken::new();
     let running = vn
         .start(stop.clone())
@@ -307,7 +313,7 @@ pub(crate) async fn assemble(
     env: &dyn Fn(&str) -> Option<String>,
     kubelet_listen: Option<SocketAddr>,
 ) -> anyhow::Result<VirtualNode> {
-    let metrics_listen = metrics_addr(&args.metrics_addr)?;
+    let metrics_listen = crate::common::metrics_addr(&args.metrics_addr)?;
     let controllers = parse_controllers(&args.enable_controllers);
     for unknown in &controllers.unknown {
         tracing::warn!("--enable-controllers: unknown controller {unknown:?} ignored");

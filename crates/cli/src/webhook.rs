@@ -12,6 +12,7 @@ use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use kube::Api;
 use kube::api::PostParams;
 use tensile_core::inject::{DEFAULT_IGNORE_SELECTOR_KEYS, parse_ignore_keys};
+use tensile_placement::metrics::WebhookMetrics;
 use tensile_placement::serve::{Server, tls_config};
 use tensile_placement::webhook::{Webhook, WebhookConfig};
 use tokio_util::sync::CancellationToken;
@@ -59,6 +60,8 @@ pub struct WebhookArgs {
     /// webhooks at start (needs get and update on it).
     #[arg(long)]
     pub webhook_configuration: Option<String>,
+    #[command(flatten)]
+    pub metrics: crate::common::MetricsArgs,
     /// klog verbosity (accepted; use RUST_LOG).
     #[arg(long = "v")]
     pub verbosity: Option<u8>,
@@ -70,10 +73,12 @@ pub struct WebhookArgs {
     pub vmodule: Option<String>,
 }
 
-/// Starts the webhook from its flags; `client` is the upper cluster.
+/// Starts the webhook from its flags; `client` is the upper cluster. Its answers are counted in
+/// `metrics`.
 pub async fn start(
     args: &WebhookArgs,
     client: kube::Client,
+    metrics: WebhookMetrics,
     stop: &CancellationToken,
 ) -> anyhow::Result<Server> {
     let cert = crate::common::serving_cert(
@@ -95,7 +100,9 @@ pub async fn start(
         ignore_keys: parse_ignore_keys(&args.ignore_selector_keys),
         exclusion_window: args.exclusion_window,
     };
-    let webhook = Webhook::with_claims(config, client.clone(), stop).await;
+    let webhook = Webhook::with_claims(config, client.clone(), stop)
+        .await
+        .with_metrics(metrics);
     let listen = SocketAddr::new(args.address, args.port);
     let server = Server::start(listen, tls, Arc::new(webhook)).await?;
     if let Some(name) = &args.webhook_configuration {
@@ -144,7 +151,13 @@ pub async fn run(args: WebhookArgs) -> anyhow::Result<()> {
     )
     .await?;
     let stop = CancellationToken::new();
-    let _server = start(&args, client, &stop).await?;
+    let mut registry = prometheus_client::registry::Registry::default();
+    let metrics = WebhookMetrics::new(&mut registry);
+    let (readiness, _) =
+        crate::common::serve_metrics(&args.metrics, false, registry, &stop).await?;
+    // Ready once serving: the claims have listed by then (`Webhook::with_claims`).
+    let _server = start(&args, client, metrics, &stop).await?;
+    readiness.set_ready();
     crate::shutdown_signal().await?;
     stop.cancel();
     Ok(())

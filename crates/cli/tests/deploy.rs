@@ -133,6 +133,38 @@ fn the_manifests_render_refer_to_what_they_ship_and_start_real_subcommands() {
             spec["securityContext"]["runAsNonRoot"], true,
             "{name} runs as root"
         );
+        // Probes on the plain-HTTP --metrics-addr port: liveness on every component (a
+        // standby answers /healthz), readiness only where a not-Ready standby is wanted or
+        // there is none (docs/operations.md#high-availability).
+        let metrics_port = container["ports"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["name"] == "metrics")
+            .unwrap_or_else(|| panic!("{name} has no port named metrics"))["containerPort"]
+            .clone();
+        assert!(
+            args.contains(&format!("--metrics-addr=:{metrics_port}")),
+            "{name}: --metrics-addr is not its metrics port {metrics_port}"
+        );
+        assert_eq!(
+            container["livenessProbe"]["httpGet"],
+            json!({"path": "/healthz", "port": "metrics"}),
+            "{name}'s liveness probe"
+        );
+        let ready = &container["readinessProbe"]["httpGet"];
+        if name == "tensile-webhook" || name == "tensile-scheduler" {
+            assert_eq!(
+                ready,
+                &json!({"path": "/readyz", "port": "metrics"}),
+                "{name}"
+            );
+        } else {
+            assert!(
+                ready.is_null(),
+                "{name}: a readiness probe would stall its rollouts"
+            );
+        }
     }
 }
 

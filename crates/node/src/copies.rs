@@ -56,6 +56,8 @@ pub struct CopySync {
     pub services: Option<ServiceFilter>,
     /// Mirror volumes and claim bindings (`PVControllers`) for the virtual node of this name.
     pub volumes: Option<String>,
+    /// Each copy sync is timed here (stage `copy`), each volume sync too (`volume`).
+    pub metrics: crate::pods::SyncMetrics,
 }
 
 impl Debug for CopySync {
@@ -192,6 +194,7 @@ pub async fn run(cfg: CopySync, shared: Shared, stop: CancellationToken) {
                     lower: cfg.lower.clone(),
                     owner: cfg.owner.clone(),
                     node_name,
+                    metrics: cfg.metrics.clone(),
                 },
                 claims.clone(),
             );
@@ -362,7 +365,9 @@ where
         tasks.push(tokio::spawn(async move {
             while let Some((key, _)) = queue.next(&rx, &stop).await {
                 let (kind, decide, lower) = &*ctx;
+                let t0 = std::time::Instant::now();
                 let result = sync(kind, decide, lower, &key).await;
+                kind.cfg.metrics.observe("copy", t0.elapsed());
                 if let Err(e) = &result {
                     tracing::warn!(error = %e, "copy sync failed");
                 }

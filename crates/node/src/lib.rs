@@ -181,7 +181,19 @@ impl VirtualNode {
         // After the kubelet API, whose refusal counters join the registry.
         let metrics_addr = match self.metrics.listen {
             Some(addr) => {
-                Some(metrics::serve(addr, Arc::new(registry), backend.clone(), stop.clone()).await?)
+                // Ready once served: the listener starts after the kubelet API, and a standby
+                // does not get here.
+                let ready = metrics::Readiness::ready();
+                Some(
+                    metrics::serve(
+                        addr,
+                        Arc::new(registry),
+                        ready,
+                        backend.clone(),
+                        stop.clone(),
+                    )
+                    .await?,
+                )
             }
             None => None,
         };
@@ -215,6 +227,7 @@ impl VirtualNode {
                 workers: 4,
                 services: self.services.take(),
                 volumes: self.volumes.then(|| self.node.identity.name.clone()),
+                metrics: sync_metrics.clone(),
             },
             shared.clone(),
             stop.clone(),

@@ -39,6 +39,8 @@ pub struct EventMirror {
     pub owner: String,
     /// The lower cluster's name, shown as the mirrors' source.
     pub lower_cluster: String,
+    /// Each mirroring is timed here (stage `event_mirror`).
+    pub metrics: crate::pods::SyncMetrics,
 }
 
 impl std::fmt::Debug for EventMirror {
@@ -141,7 +143,9 @@ pub async fn run(
         let (ctx, queue, rx, stop) = (ctx.clone(), queue.clone(), rx.clone(), stop.clone());
         tasks.push(tokio::spawn(async move {
             while let Some((key, _)) = queue.next(&rx, &stop).await {
+                let t0 = std::time::Instant::now();
                 let result = ctx.sync(&key).await;
+                ctx.cfg.metrics.observe("event_mirror", t0.elapsed());
                 if let Err(e) = &result {
                     tracing::debug!(error = %e, "event mirror");
                 }

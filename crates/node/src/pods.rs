@@ -50,8 +50,11 @@ use crate::tokens::IdentitySecrets;
 
 /// Where a pod sync spends its time: the Prometheus histogram `tensile_pod_sync_seconds`
 /// with `stage` `queue_wait` (a changed pod waiting for a worker), `reconcile` (one whole
-/// reconcile, API calls included) and `lower_pod_create` (the lower API server's answer to
-/// the pod create alone). Clones share the histograms.
+/// reconcile, API calls included), `lower_pod_create` (the lower API server's answer to the
+/// pod create alone), `upper_tokens` (a pod's tokens from the upper cluster), `upper_status`
+/// (the upper API server's answer to the status written up), and the syncs of what pods need:
+/// `copy` (one ConfigMap, Secret, Service, Endpoints or claim copy), `event_mirror` (one lower
+/// event mirrored up) and `volume` (one volume). Clones share the histograms.
 #[derive(Clone, Debug)]
 pub struct SyncMetrics {
     family: Family<StageLabel, Histogram, fn() -> Histogram>,
@@ -79,13 +82,13 @@ impl SyncMetrics {
         let m = Self::default();
         registry.register(
             "tensile_pod_sync_seconds",
-            "Time a pod sync spends per stage: queue_wait, reconcile, lower_pod_create, upper_tokens",
+            "Time a pod sync spends per stage: queue_wait, reconcile, lower_pod_create, upper_tokens, upper_status, copy, event_mirror, volume",
             m.family.clone(),
         );
         m
     }
 
-    fn observe(&self, stage: &'static str, d: std::time::Duration) {
+    pub(crate) fn observe(&self, stage: &'static str, d: std::time::Duration) {
         self.family
             .get_or_create(&StageLabel { stage })
             .observe(d.as_secs_f64());
@@ -349,6 +352,7 @@ pub async fn run_with_store(
             lower: cfg.lower.clone(),
             owner: cfg.translate.owner.clone(),
             lower_cluster: cfg.lower_name.clone(),
+            metrics: metrics.clone(),
         },
         upper_pods.clone(),
         lower_pods.clone(),
@@ -669,14 +673,17 @@ async fn sync_existing(
             .map_err(|e| err("setting readiness-gate conditions on the lower pod", e))?;
     }
     if let Some(status) = status {
-        ctx.upper_api(&ns)
+        let t0 = std::time::Instant::now();
+        let written = ctx
+            .upper_api(&ns)
             .patch_status(
                 &name,
                 &PatchParams::default(),
                 &Patch::Merge(json!({"status": status})),
             )
-            .await
-            .map_err(|e| err("updating the upper pod status", e))?;
+            .await;
+        ctx.metrics.observe("upper_status", t0.elapsed());
+        written.map_err(|e| err("updating the upper pod status", e))?;
     }
     Ok(())
 }

@@ -44,9 +44,9 @@ pub enum TokenError {
         service_account: String,
         /// Pod name.
         pod: String,
-        /// The API error.
+        /// The API error (boxed: it would make every `Result` of this module large).
         #[source]
-        source: kube::Error,
+        source: Box<kube::Error>,
     },
     /// The upper answer had no token or expiry.
     #[error(
@@ -86,9 +86,9 @@ pub enum TokenError {
         secret: String,
         /// Lower cluster.
         cluster: String,
-        /// The API error.
+        /// The API error (boxed: it would make every `Result` of this module large).
         #[source]
-        source: kube::Error,
+        source: Box<kube::Error>,
     },
     /// A Secret of the name exists downstairs and is not ours.
     #[error("a secret {namespace}/{secret} that is not ours exists in lower cluster {cluster}")]
@@ -308,7 +308,7 @@ impl IdentitySecrets {
                 namespace: ns.to_owned(),
                 service_account: service_account.to_owned(),
                 pod: name.to_owned(),
-                source,
+                source: Box::new(source),
             })?;
         let status = answer
             .status
@@ -370,7 +370,7 @@ impl IdentitySecrets {
             namespace: ns.to_owned(),
             secret: secret.to_owned(),
             cluster: self.lower_name.clone(),
-            source,
+            source: Box::new(source),
         }
     }
 }

@@ -31,6 +31,8 @@ pub struct VolumeSync {
     pub owner: String,
     /// The virtual node's name: upper volumes are pinned to it.
     pub node_name: String,
+    /// Each volume sync is timed here (stage `volume`).
+    pub metrics: crate::pods::SyncMetrics,
 }
 
 impl std::fmt::Debug for VolumeSync {
@@ -178,7 +180,9 @@ impl VolumeController {
         let ctx = Arc::new((cfg, claims, upper_volumes, lower_volumes));
         while let Some((name, _)) = queue.next(&rx, &stop).await {
             let (cfg, claims, upper, lower) = &*ctx;
+            let t0 = std::time::Instant::now();
             let result = sync(cfg, claims, upper, lower, &name).await;
+            cfg.metrics.observe("volume", t0.elapsed());
             if let Err(e) = &result {
                 tracing::warn!(error = %e, "volume sync failed");
             }

@@ -751,6 +751,16 @@ async fn checklist_65_66_67_stats_summary_on_both_ports_and_the_other_paths() {
         metrics.contains("tensile_pod_sync_seconds_bucket{"),
         "{metrics}"
     );
+    // The pod was created downstairs and its status came up: both stages are timed.
+    for stage in ["lower_pod_create", "upper_status"] {
+        let series = format!("tensile_pod_sync_seconds_count{{stage=\"{stage}\"}}");
+        assert!(
+            tensile_sim::env::metric_value(&metrics, &series).is_some_and(|n| n >= 1.0),
+            "{series} in\n{metrics}"
+        );
+    }
+    assert_eq!(plain("/healthz").await.unwrap(), "ok");
+    assert_eq!(plain("/readyz").await.unwrap(), "ok");
 
     // Unknown paths 404; /pods lists the node's pods (the original answered 501).
     let e = via_proxy(&env, "/no/such/path").await.unwrap_err();

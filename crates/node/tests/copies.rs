@@ -7,7 +7,9 @@ mod common;
 
 use std::time::Instant;
 
-use common::{clusters, eventually, gone, phase, pod, run_pod_spec, spawn_node};
+use common::{
+    NodeOptions, clusters, eventually, gone, phase, pod, run_pod_spec, spawn, spawn_node,
+};
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};
 use kube::api::{Api, AttachParams, DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::json;
@@ -238,7 +240,9 @@ async fn checklist_75_at_start_copies_without_an_original_or_a_pod_needing_them_
 async fn a_copy_goes_when_its_last_pod_goes_and_comes_back_when_needed_again() {
     let env = clusters().await;
     let (upper, lower) = (&env.clusters[0].client, &env.clusters[1].client);
-    let _node = spawn_node(&env, "vk-lower").await;
+    let mut opts = NodeOptions::new("vk-lower");
+    opts.metrics = true;
+    let node = spawn(&env, opts).await;
     Api::<ConfigMap>::namespaced(upper.clone(), "default")
         .create(&PostParams::default(), &config_map("cfg", "v1", json!({})))
         .await
@@ -265,6 +269,17 @@ async fn a_copy_goes_when_its_last_pod_goes_and_comes_back_when_needed_again() {
     .await;
     run_pod(upper, "c", volumes).await;
     assert_eq!(data(&low_cms, "cfg").await.as_deref(), Some("v1"));
+    // Every copy sync is timed: created, kept, deleted, created again.
+    let (status, metrics) = tensile_sim::env::http_get(node.metrics.unwrap(), "/metrics")
+        .await
+        .unwrap();
+    assert_eq!(status, 200);
+    let series = r#"tensile_pod_sync_seconds_count{stage="copy"}"#;
+    assert!(
+        tensile_sim::env::metric_value(&metrics, series).is_some_and(|n| n >= 3.0),
+        "{series} in\n{metrics}"
+    );
+    node.stop.cancel();
 }
 
 #[tokio::test]

@@ -46,9 +46,12 @@ use tensile_core::keys::{
 use tensile_node::cache::CompactCache;
 use tensile_node::clients::{TokenBucket, already_exists, delete_exact};
 use tensile_node::events::{EventSink, PodEvent};
+use tensile_node::metrics::Readiness;
 use tokio::sync::{Semaphore, mpsc};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
+
+use crate::metrics::DeschedulerMetrics;
 
 /// Label of the ConfigMaps holding a move in progress (its intent).
 pub const LABEL_MOVE: &str = "tensile-kube.io/move";
@@ -80,6 +83,10 @@ pub struct DeschedulerConfig {
     pub burst: u32,
     /// Namespace of the move intents (the descheduler's own).
     pub namespace: String,
+    /// Moves and give-ups are counted here.
+    pub metrics: DeschedulerMetrics,
+    /// Set ready once the watches have listed (`/readyz` of `--metrics-addr`).
+    pub readiness: Option<Readiness>,
 }
 
 impl Default for DeschedulerConfig {
@@ -92,6 +99,8 @@ impl Default for DeschedulerConfig {
             moves_per_second: 10.0,
             burst: 20,
             namespace: "kube-system".into(),
+            metrics: DeschedulerMetrics::default(),
+            readiness: None,
         }
     }
 }
@@ -205,6 +214,9 @@ pub async fn run(
     shared.pods.wait_until_ready().await;
     shared.nodes.wait_until_ready().await;
     shared.moves.wait_until_ready().await;
+    if let Some(readiness) = &shared.config.readiness {
+        readiness.set_ready();
+    }
 
     let mut timers = Timers::default();
     // Everything listed at start is looked at once; intents left by an earlier run (or by a
@@ -522,7 +534,8 @@ impl Shared {
     }
 
     /// Tells the pod once why it stays.
-    fn tell_once(&self, pod: &Pod, reason: &str, note: String) {
+    /// Whether this was the first time for the pod.
+    fn tell_once(&self, pod: &Pod, reason: &str, note: String) -> bool {
         let uid = pod.metadata.uid.clone().unwrap_or_default();
         let first = self.told.lock().is_ok_and(|mut t| {
             // Bounded: forgetting only means telling a pod a second time.
@@ -535,6 +548,7 @@ impl Shared {
             tracing::info!(pod = ?key_of(pod), reason, note, "not moved");
             self.event(pod, true, reason, note);
         }
+        first
     }
 
     /// A free move for `node` now, or when one will be.
@@ -614,13 +628,16 @@ async fn consider(shared: &Shared, key: &PodKey) -> (Option<Instant>, Option<Str
     };
     let attempts = deschedule::attempts_owed(&pod, &intents);
     if attempts >= shared.config.policy.max_attempts {
-        shared.tell_once(
+        // Counted once per pod, as the event is told once.
+        if shared.tell_once(
             &pod,
             "DeschedulingGaveUp",
             format!(
                 "{trigger} on virtual node {node}; moved {attempts} times already, the descheduler gives up"
             ),
-        );
+        ) {
+            shared.config.metrics.gave_up();
+        }
         return (None, None);
     }
     if let Err(at) = shared.take_move(&node) {
@@ -635,7 +652,13 @@ async fn consider(shared: &Shared, key: &PodKey) -> (Option<Instant>, Option<Str
         return (None, None);
     };
     match write_intent(shared, &name, &m).await {
-        Ok(()) => (None, Some(name)),
+        Ok(()) => {
+            shared
+                .config
+                .metrics
+                .moved(matches!(handling, Handling::ThroughOwner(_)));
+            (None, Some(name))
+        }
         Err(e) => {
             tracing::warn!(error = %e, "move not started; retried");
             (Some(Instant::now() + RETRY), None)

@@ -39,6 +39,7 @@ use tensile_core::extender::{Demand, LowerCluster, Reservations, Room, Verdict, 
 use tensile_node::cache::ListedKeys;
 use tokio_util::sync::CancellationToken;
 
+use crate::metrics::ExtenderMetrics;
 use crate::serve::{Handler, Reply, ServeError, Server, ServingCert, tls_config};
 
 /// kube-scheduler's own default for the TTL of an assumed pod is 15 minutes for a binding that
@@ -82,6 +83,8 @@ pub struct ExtenderConfig {
     /// `tlsConfig.certData`/`keyData`. Without it anyone who reaches the port can have pods
     /// bound.
     pub client_ca_pem: Option<String>,
+    /// Request latencies and reservations are counted here.
+    pub metrics: ExtenderMetrics,
 }
 
 impl std::fmt::Debug for ExtenderConfig {
@@ -117,10 +120,11 @@ pub async fn start(cfg: ExtenderConfig, stop: CancellationToken) -> Result<Runni
              whoever reaches it can have pods bound; restrict access to kube-scheduler"
         );
     }
-    let extender = Extender::new(
+    let extender = Extender::with_metrics(
         cfg.upper.clone(),
         cfg.clusters.iter().map(|c| c.id.clone()),
         cfg.reservation_ttl,
+        cfg.metrics,
     );
     let server = Server::start(cfg.listen, tls, Arc::new(extender.clone())).await?;
     let addr = server.addr();
@@ -173,6 +177,7 @@ impl std::fmt::Debug for Extender {
 struct Shared {
     upper: kube::Client,
     ttl: Duration,
+    metrics: ExtenderMetrics,
     state: Mutex<State>,
 }
 
@@ -235,6 +240,16 @@ impl Extender {
         clusters: impl IntoIterator<Item = String>,
         ttl: Duration,
     ) -> Self {
+        Self::with_metrics(upper, clusters, ttl, ExtenderMetrics::default())
+    }
+
+    /// [`Extender::new`], counting in `metrics`.
+    pub fn with_metrics(
+        upper: kube::Client,
+        clusters: impl IntoIterator<Item = String>,
+        ttl: Duration,
+        metrics: ExtenderMetrics,
+    ) -> Self {
         let clusters = clusters
             .into_iter()
             .map(|id| {
@@ -253,6 +268,7 @@ impl Extender {
             shared: Arc::new(Shared {
                 upper,
                 ttl,
+                metrics,
                 state: Mutex::new(State {
                     clusters,
                     reservations: Reservations::new(),
@@ -282,6 +298,15 @@ impl Extender {
     /// Whether the upper node watch has seen the node `name`.
     pub fn knows_upper_node(&self, name: &str) -> bool {
         self.state().upper_nodes.contains_key(name)
+    }
+
+    /// Sets the reservations gauge of every cluster from `state`.
+    fn publish_reservations(&self, state: &State) {
+        for id in state.clusters.keys() {
+            self.shared
+                .metrics
+                .set_reservations(id, state.reservations.count(id));
+        }
     }
 
     /// How many reservations `cluster` holds now.
@@ -620,6 +645,7 @@ impl Extender {
                     && state.reservations.release(&uid).is_some()
                 {
                     tracing::debug!(cluster = %id, %uid, "reservation released: its lower pod exists");
+                    self.publish_reservations(state);
                 }
             }
             watcher::Event::Delete(p) => cluster.lower.remove_pod(
@@ -684,15 +710,28 @@ impl Handler for Extender {
             .unwrap_or_default()
             .to_owned();
         Box::pin(async move {
-            match verb.as_str() {
-                "filter" => self.filter_or_prioritize(Verb::Filter, &body).await,
-                "prioritize" => self.filter_or_prioritize(Verb::Prioritize, &body).await,
-                "bind" => self.bind(&body).await,
-                _ => Reply::error(
-                    StatusCode::NOT_FOUND,
-                    &format!("{verb:?}: the extender serves filter, prioritize and bind"),
+            let started = Instant::now();
+            let (label, reply) = match verb.as_str() {
+                "filter" => (
+                    "filter",
+                    self.filter_or_prioritize(Verb::Filter, &body).await,
                 ),
-            }
+                "prioritize" => (
+                    "prioritize",
+                    self.filter_or_prioritize(Verb::Prioritize, &body).await,
+                ),
+                "bind" => ("bind", self.bind(&body).await),
+                _ => {
+                    return Reply::error(
+                        StatusCode::NOT_FOUND,
+                        &format!("{verb:?}: the extender serves filter, prioritize and bind"),
+                    );
+                }
+            };
+            self.shared.metrics.observe(label, started.elapsed());
+            // Every verb may have expired, placed or released reservations.
+            self.publish_reservations(&self.state());
+            reply
         })
     }
 }

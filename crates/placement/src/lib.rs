@@ -5,5 +5,6 @@
 
 pub mod descheduler;
 pub mod extender;
+pub mod metrics;
 pub mod serve;
 pub mod webhook;

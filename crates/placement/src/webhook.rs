@@ -28,6 +28,7 @@ use tensile_core::keys::{ANNOTATION_SELECTED_NODE, ANNOTATION_UNSCHEDULABLE_NODE
 use tensile_node::cache::CompactCache;
 use tokio_util::sync::CancellationToken;
 
+use crate::metrics::{self, WebhookMetrics};
 use crate::serve::{Handler, Reply};
 
 /// Default of `--exclusion-window`: how long a workload stays off a virtual node its pod
@@ -59,6 +60,7 @@ pub struct Webhook {
     config: WebhookConfig,
     exclusions: Mutex<HashMap<String, BTreeMap<String, Instant>>>,
     claims: Option<CompactCache<PersistentVolumeClaim>>,
+    metrics: WebhookMetrics,
 }
 
 impl Webhook {
@@ -68,6 +70,7 @@ impl Webhook {
             config,
             exclusions: Mutex::default(),
             claims: None,
+            metrics: WebhookMetrics::default(),
         }
     }
 
@@ -94,7 +97,15 @@ impl Webhook {
             config,
             exclusions: Mutex::default(),
             claims: Some(cache),
+            metrics: WebhookMetrics::default(),
         }
+    }
+
+    /// The same webhook, counting its answers in `metrics`.
+    #[must_use]
+    pub fn with_metrics(mut self, metrics: WebhookMetrics) -> Self {
+        self.metrics = metrics;
+        self
     }
 
     /// The virtual nodes `owner` is currently excluded from.
@@ -144,6 +155,16 @@ impl Webhook {
 
     /// Answers one AdmissionReview body: `Err` (HTTP 400) when it is not one.
     pub fn review(&self, body: &[u8]) -> Result<Value, String> {
+        let started = Instant::now();
+        let (answer, decision) = match self.answer(body) {
+            Ok((answer, decision)) => (Ok(answer), decision),
+            Err(e) => (Err(e), metrics::Decision::Invalid),
+        };
+        self.metrics.observe(decision, started.elapsed());
+        answer
+    }
+
+    fn answer(&self, body: &[u8]) -> Result<(Value, metrics::Decision), String> {
         let review: Value =
             serde_json::from_slice(body).map_err(|e| format!("the body is not JSON: {e}"))?;
         let api_version = review
@@ -172,14 +193,23 @@ impl Webhook {
             .and_then(Value::as_str)
             .filter(|u| !u.is_empty())
             .ok_or("the AdmissionReview request has no uid")?;
-        let response = match self.decide(request) {
+        let decision = self.decide(request);
+        let counted = match &decision {
+            Ok(Decision::Allow) => metrics::Decision::Allowed,
+            Ok(Decision::Patch(_)) => metrics::Decision::Patched,
+            Err(_) => metrics::Decision::Denied,
+        };
+        let response = match decision {
             Ok(Decision::Allow) => json!({"uid": uid, "allowed": true}),
             Ok(Decision::Patch(patch)) => json!({"uid": uid, "allowed": true,
                 "patchType": "JSONPatch", "patch": BASE64.encode(serde_json::to_vec(&patch).unwrap_or_default())}),
             Err(reason) => json!({"uid": uid, "allowed": false,
                 "status": {"status": "Failure", "message": reason, "reason": "BadRequest", "code": 400}}),
         };
-        Ok(json!({"apiVersion": api_version, "kind": "AdmissionReview", "response": response}))
+        Ok((
+            json!({"apiVersion": api_version, "kind": "AdmissionReview", "response": response}),
+            counted,
+        ))
     }
 
     fn decide(&self, request: &Value) -> Result<Decision, String> {

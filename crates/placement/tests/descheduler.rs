@@ -6,6 +6,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
 
 use std::collections::BTreeSet;
+use std::sync::Arc;
 
 use futures::TryStreamExt as _;
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
@@ -15,8 +16,10 @@ use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::watcher;
 use serde_json::json;
 use tensile_core::deschedule::Policy;
+use tensile_node::metrics::{Readiness, serve_probes};
 use tensile_placement::descheduler::{self, DeschedulerConfig, LABEL_MOVE};
-use tensile_sim::env::{ClusterSpec, TestEnv, eventually};
+use tensile_placement::metrics::DeschedulerMetrics;
+use tensile_sim::env::{ClusterSpec, TestEnv, eventually, http_get, metric_value};
 use tokio_util::sync::CancellationToken;
 
 const NODE: &str = "vk-refusing";
@@ -97,12 +100,24 @@ async fn refuse_everything(client: kube::Client, stop: CancellationToken) {
 /// Starts a descheduler that moves pods Unschedulable for a second, at most `max_attempts`
 /// times each.
 fn start_descheduler(client: &kube::Client, max_attempts: u32) -> CancellationToken {
+    start_counted(client, max_attempts, DeschedulerMetrics::default(), None)
+}
+
+/// [`start_descheduler`], counting in `metrics` and setting `readiness` once it has listed.
+fn start_counted(
+    client: &kube::Client,
+    max_attempts: u32,
+    metrics: DeschedulerMetrics,
+    readiness: Option<Readiness>,
+) -> CancellationToken {
     let config = DeschedulerConfig {
         policy: Policy {
             unschedulable_for: k8s_openapi::jiff::SignedDuration::from_secs(1),
             max_attempts,
             ..Policy::default()
         },
+        metrics,
+        readiness,
         ..DeschedulerConfig::default()
     };
     let stop = CancellationToken::new();
@@ -161,7 +176,25 @@ async fn a_controllers_pod_the_lower_cluster_keeps_refusing_moves_at_most_max_at
             .collect::<Vec<_>>()
     };
 
-    let first = start_descheduler(&client, 2);
+    // Both runs count in one registry, served as `--metrics-addr` serves it.
+    let mut registry = prometheus_client::registry::Registry::default();
+    let metrics = DeschedulerMetrics::new(&mut registry);
+    let readiness = Readiness::not_ready("starting");
+    let probes = CancellationToken::new();
+    let addr = serve_probes(
+        "127.0.0.1:0".parse().unwrap(),
+        Arc::new(registry),
+        readiness.clone(),
+        probes.clone(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(http_get(addr, "/readyz").await.unwrap().0, 503);
+    let first = start_counted(&client, 2, metrics.clone(), Some(readiness.clone()));
+    eventually(30, "ready once listed", || async {
+        (http_get(addr, "/readyz").await.ok()? == (200, "ok".to_owned())).then_some(())
+    })
+    .await;
     eventually(60, "the first replacement carries one move", || async {
         live()
             .await
@@ -172,7 +205,7 @@ async fn a_controllers_pod_the_lower_cluster_keeps_refusing_moves_at_most_max_at
     .await;
     // A restart forgets nothing: the count is on the pod.
     first.cancel();
-    let second = start_descheduler(&client, 2);
+    let second = start_counted(&client, 2, metrics, Some(readiness));
     let gave_up = eventually(60, "the descheduler gives up on the pod", || async {
         let told = events(&client, "DeschedulingGaveUp", "stuck-").await;
         (!told.is_empty()).then_some(told)
@@ -189,6 +222,19 @@ async fn a_controllers_pod_the_lower_cluster_keeps_refusing_moves_at_most_max_at
         (events(&client, "Rescheduled", "stuck-").await.len() == 2).then_some(())
     })
     .await;
+    let (status, text) = http_get(addr, "/metrics").await.unwrap();
+    assert_eq!(status, 200);
+    assert_eq!(
+        metric_value(&text, r#"tensile_descheduler_moves_total{via="owner"}"#),
+        Some(2.0),
+        "{text}"
+    );
+    assert_eq!(
+        metric_value(&text, "tensile_descheduler_give_ups_total"),
+        Some(1.0),
+        "{text}"
+    );
+    probes.cancel();
     second.cancel();
     lower.cancel();
 }

@@ -17,9 +17,11 @@ use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, ServerName};
 use serde_json::{Value, json};
 use tensile_core::keys::RESOURCE_VIRTUAL_POD;
+use tensile_node::metrics::{Readiness, serve_probes};
 use tensile_placement::extender::{self, ExtenderConfig, LowerClusterClient, Running};
+use tensile_placement::metrics::ExtenderMetrics;
 use tensile_placement::serve::ServingCert;
-use tensile_sim::env::{ClusterSpec, TestEnv, eventually};
+use tensile_sim::env::{ClusterSpec, TestEnv, eventually, http_get, metric_value};
 use tensile_sim::kubelet::{SimKubeletConfig, SimNode};
 use tokio_util::sync::CancellationToken;
 
@@ -29,6 +31,8 @@ type Lowers<'a> = &'a [(&'a str, &'a [&'a str])];
 struct Setup {
     env: TestEnv,
     ext: Running,
+    /// Its `/metrics`.
+    metrics: SocketAddr,
     _stop: tokio_util::sync::DropGuard,
 }
 
@@ -109,6 +113,16 @@ async fn setup(lowers: Lowers<'_>, ttl: Duration) -> Setup {
     }
     let env = TestEnv::start_with(specs).await.unwrap();
     let stop = CancellationToken::new();
+    let mut registry = prometheus_client::registry::Registry::default();
+    let metrics = ExtenderMetrics::new(&mut registry);
+    let metrics_addr = serve_probes(
+        "127.0.0.1:0".parse().unwrap(),
+        Arc::new(registry),
+        Readiness::ready(),
+        stop.clone(),
+    )
+    .await
+    .unwrap();
     let ext = extender::start(
         ExtenderConfig {
             upper: env.clusters[0].client.clone(),
@@ -123,6 +137,7 @@ async fn setup(lowers: Lowers<'_>, ttl: Duration) -> Setup {
             listen: "127.0.0.1:0".parse().unwrap(),
             cert: ServingCert::generate("tensile-scheduler", &["127.0.0.1".to_owned()]).unwrap(),
             client_ca_pem: None,
+            metrics,
         },
         stop.clone(),
     )
@@ -131,6 +146,7 @@ async fn setup(lowers: Lowers<'_>, ttl: Duration) -> Setup {
     let setup = Setup {
         env,
         ext,
+        metrics: metrics_addr,
         _stop: stop.drop_guard(),
     };
     // The lower nodes registered, then the extender listed them.
@@ -561,6 +577,74 @@ async fn bind_rechecks_the_fit_and_reserves_until_the_lower_pod_exists() {
     );
 }
 
+/// `--metrics-addr` of the extender: each call is timed by verb, and the reservations gauge
+/// follows a bind until its lower pod appears.
+#[tokio::test]
+async fn calls_and_reservations_show_in_the_metrics() {
+    let s = setup(&[("c1", &["4"])], extender::DEFAULT_RESERVATION_TTL).await;
+    let scrape = || async {
+        let (status, text) = http_get(s.metrics, "/metrics").await.unwrap();
+        assert_eq!(status, 200);
+        text
+    };
+    let upper = s.upper();
+    let node = upper_node(&upper, "vk-c1", virtual_labels("c1")).await;
+    let pods: Api<Pod> = Api::namespaced(upper.clone(), "default");
+    let a = pods
+        .create(
+            &PostParams::default(),
+            &pod("a", "3", json!({"spec": {"schedulerName": "manual"}})),
+        )
+        .await
+        .unwrap();
+    let (status, answer) = s
+        .post("/filter", &args_with_nodes(&a, std::slice::from_ref(&node)))
+        .await;
+    assert_eq!((status, kept(&answer)), (200, vec!["vk-c1".to_owned()]));
+    let (status, _) = s.post("/prioritize", &args_with_nodes(&a, &[node])).await;
+    assert_eq!(status, 200);
+    let bind = json!({"PodName": "a", "PodNamespace": "default", "PodUID": a.metadata.uid,
+        "Node": "vk-c1"});
+    let (_, answer) = s.post("/bind", &serde_json::to_vec(&bind).unwrap()).await;
+    assert_eq!(answer, json!({"error": ""}));
+
+    let text = scrape().await;
+    for (series, want) in [
+        (
+            r#"tensile_extender_request_seconds_count{verb="filter"}"#,
+            1.0,
+        ),
+        (
+            r#"tensile_extender_request_seconds_count{verb="prioritize"}"#,
+            1.0,
+        ),
+        (
+            r#"tensile_extender_request_seconds_count{verb="bind"}"#,
+            1.0,
+        ),
+        (r#"tensile_extender_reservations{cluster="c1"}"#, 1.0),
+    ] {
+        assert_eq!(
+            metric_value(&text, series),
+            Some(want),
+            "{series} in\n{text}"
+        );
+    }
+    lower_copy(&s.lower("c1"), &pods.get("a").await.unwrap()).await;
+    eventually(30, "the reservations gauge back to 0", || async {
+        (metric_value(
+            &scrape().await,
+            r#"tensile_extender_reservations{cluster="c1"}"#,
+        ) == Some(0.0))
+        .then_some(())
+    })
+    .await;
+    assert_eq!(
+        http_get(s.metrics, "/healthz").await.unwrap(),
+        (200, "ok".into())
+    );
+}
+
 #[tokio::test]
 async fn a_reservation_lapses_after_its_ttl() {
     let s = setup(&[("c1", &["4"])], Duration::from_secs(1)).await;
@@ -632,6 +716,7 @@ fn c1_only(upper: kube::Client, c1: kube::Client, client_ca_pem: Option<String>)
         listen: "127.0.0.1:0".parse().unwrap(),
         cert: ServingCert::generate("tensile-scheduler", &["127.0.0.1".to_owned()]).unwrap(),
         client_ca_pem,
+        metrics: Default::default(),
     }
 }
 
@@ -930,7 +1015,9 @@ async fn while_the_extender_is_down_ordinary_pods_are_still_scheduled() {
     .unwrap();
     assert_eq!(bound_to(&pods, "ordinary-1").await, "plain");
 
-    let Setup { env, ext, _stop } = s;
+    let Setup {
+        env, ext, _stop, ..
+    } = s;
     let address = ext.addr.to_string();
     drop(_stop);
     tokio::time::timeout(Duration::from_secs(30), ext.handle)

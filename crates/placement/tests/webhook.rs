@@ -15,9 +15,12 @@ use kube::api::{Api, Patch, PatchParams, PostParams};
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use serde_json::{Value, json};
+use tensile_node::metrics::{Readiness, serve_probes};
+use tensile_placement::metrics::WebhookMetrics;
 use tensile_placement::serve::{Server, ServingCert, tls_config};
 use tensile_placement::webhook::{Webhook, WebhookConfig};
 use tensile_sim::apiserver::{ApiServer, ApiServerConfig};
+use tensile_sim::env::{http_get, metric_value};
 use tokio_util::sync::CancellationToken;
 
 fn review(operation: &str, object: Value) -> Vec<u8> {
@@ -497,5 +500,76 @@ async fn the_sim_api_server_calls_the_shipped_configuration_on_pod_create() {
         next.metadata.annotations.unwrap()["tensile-kube.io/excluded-nodes"],
         "vk-a"
     );
+    stop.cancel();
+}
+
+/// `--metrics-addr` of the webhook: every answer is timed and counted by decision, and the
+/// probes answer (`/readyz` 503 until the component says it is ready).
+#[tokio::test]
+async fn admissions_show_in_the_metrics_and_the_probes_answer() {
+    let mut registry = prometheus_client::registry::Registry::default();
+    let metrics = WebhookMetrics::new(&mut registry);
+    let webhook = Webhook::new(WebhookConfig::default()).with_metrics(metrics);
+    let readiness = Readiness::not_ready("starting");
+    let stop = CancellationToken::new();
+    let addr = serve_probes(
+        "127.0.0.1:0".parse().unwrap(),
+        Arc::new(registry),
+        readiness.clone(),
+        stop.clone(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        http_get(addr, "/healthz").await.unwrap(),
+        (200, "ok".into())
+    );
+    assert_eq!(
+        http_get(addr, "/readyz").await.unwrap(),
+        (503, "starting".into())
+    );
+    readiness.set_ready();
+    assert_eq!(http_get(addr, "/readyz").await.unwrap(), (200, "ok".into()));
+
+    let pod = virtual_pod(json!({"containers": [], "nodeSelector": {"disk": "ssd"}}));
+    let (response, _) = answer(&webhook, &review("CREATE", pod.clone()), &pod);
+    assert!(response.get("patch").is_some());
+    let plain = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"},
+        "spec": {"containers": []}});
+    answer(&webhook, &review("CREATE", plain.clone()), &plain);
+    let bad = virtual_pod(json!({"containers": []}));
+    let mut bad_review: Value = serde_json::from_slice(&review("CREATE", bad)).unwrap();
+    bad_review["request"]["object"]["metadata"]["annotations"] =
+        json!({"clusterSelector": "{not json"});
+    let refused = webhook
+        .review(&serde_json::to_vec(&bad_review).unwrap())
+        .unwrap();
+    assert_eq!(refused["response"]["allowed"], false, "{refused}");
+    assert!(webhook.review(b"not json").is_err());
+
+    let (status, text) = http_get(addr, "/metrics").await.unwrap();
+    assert_eq!(status, 200);
+    for (series, want) in [
+        (
+            r#"tensile_webhook_decisions_total{decision="patched"}"#,
+            1.0,
+        ),
+        (
+            r#"tensile_webhook_decisions_total{decision="allowed"}"#,
+            1.0,
+        ),
+        (r#"tensile_webhook_decisions_total{decision="denied"}"#, 1.0),
+        (
+            r#"tensile_webhook_decisions_total{decision="invalid"}"#,
+            1.0,
+        ),
+        ("tensile_webhook_admission_seconds_count", 4.0),
+    ] {
+        assert_eq!(
+            metric_value(&text, series),
+            Some(want),
+            "{series} in\n{text}"
+        );
+    }
     stop.cancel();
 }

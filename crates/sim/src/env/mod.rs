@@ -484,6 +484,39 @@ where
     }
 }
 
+/// GET `path` of a plain-HTTP listener (a component's `--metrics-addr`) over HTTP/1.0, which
+/// every server closes after one answer: status and body.
+pub async fn http_get(addr: std::net::SocketAddr, path: &str) -> std::io::Result<(u16, String)> {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let mut tcp = tokio::net::TcpStream::connect(addr).await?;
+    tcp.write_all(format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes())
+        .await?;
+    let mut raw = Vec::new();
+    tcp.read_to_end(&mut raw).await?;
+    let raw = String::from_utf8_lossy(&raw);
+    let bad = || std::io::Error::new(std::io::ErrorKind::InvalidData, format!("not HTTP: {raw}"));
+    let status = raw
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(bad)?;
+    let body = raw.split_once("\r\n\r\n").ok_or_else(bad)?.1.to_owned();
+    Ok((status, body))
+}
+
+/// The value of one series (`name{labels}` exactly as the text exposition writes it) in the
+/// text of a `/metrics` answer.
+pub fn metric_value(text: &str, series: &str) -> Option<f64> {
+    text.lines().find_map(|line| {
+        line.strip_prefix(series)?
+            .strip_prefix(' ')?
+            .split(' ')
+            .next()?
+            .parse()
+            .ok()
+    })
+}
+
 /// The local port `kubectl port-forward ... :PORT` chose, read from its stdout ("Forwarding
 /// from 127.0.0.1:N -> PORT"). The rest of its output is drained in the background: kubectl
 /// keeps writing "Handling connection" lines and dies of a closed pipe otherwise.
