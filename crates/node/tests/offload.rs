@@ -1039,6 +1039,19 @@ async fn downward_api_env_of_an_offloaded_pod_is_the_upper_pods_identity() {
     stop.cancel();
 }
 
+/// Creates pod `name` on `vk-lower` (the default pod merged with `extra`) and waits until it
+/// is Running upstairs.
+async fn create_running(pods: &Api<Pod>, name: &str, extra: serde_json::Value) -> Pod {
+    pods.create(&PostParams::default(), &pod(name, "vk-lower", extra))
+        .await
+        .unwrap();
+    eventually(60, &format!("{name} Running upstairs"), || async {
+        let p = pods.get_opt(name).await.ok()??;
+        (p.status.as_ref()?.phase.as_deref() == Some("Running")).then_some(p)
+    })
+    .await
+}
+
 /// Runs `argv` in upper pod `name` and returns its stdout (the command must succeed).
 async fn exec_out(pods: &Api<Pod>, name: &str, argv: &[&str]) -> String {
     let mut exec = pods
@@ -1093,26 +1106,16 @@ async fn an_offloaded_pods_token_is_the_upper_clusters_for_its_service_account()
     let upper_pods: Api<Pod> = Api::namespaced(upper.clone(), "default");
     let lower_pods: Api<Pod> = Api::namespaced(lower.clone(), "default");
     let lower_secrets: Api<Secret> = Api::namespaced(lower.clone(), "default");
-    upper_pods
-        .create(
-            &PostParams::default(),
-            &pod(
-                "whoami",
-                "vk-lower",
-                json!({"spec": {
-                    "containers": [{"name": "c", "image": "nginx:1.27", "volumeMounts": [
-                        {"name": "vault", "mountPath": "/var/run/secrets/vault", "readOnly": true}]}],
-                    "volumes": [{"name": "vault", "projected": {"sources": [
-                        {"serviceAccountToken": {"path": "token", "audience": "vault", "expirationSeconds": 600}}]}}]
-                }}),
-            ),
-        )
-        .await
-        .unwrap();
-    let running = eventually(60, "whoami Running upstairs", || async {
-        let p = upper_pods.get_opt("whoami").await.ok()??;
-        (p.status.as_ref()?.phase.as_deref() == Some("Running")).then_some(p)
-    })
+    let running = create_running(
+        &upper_pods,
+        "whoami",
+        json!({"spec": {
+            "containers": [{"name": "c", "image": "nginx:1.27", "volumeMounts": [
+                {"name": "vault", "mountPath": "/var/run/secrets/vault", "readOnly": true}]}],
+            "volumes": [{"name": "vault", "projected": {"sources": [
+                {"serviceAccountToken": {"path": "token", "audience": "vault", "expirationSeconds": 600}}]}}]
+        }}),
+    )
     .await;
     let upper_uid = running.metadata.uid.clone().unwrap();
     let secret_name = format!("tensile-identity-{upper_uid}");
@@ -1328,35 +1331,25 @@ async fn downward_api_volumes_of_an_offloaded_pod_show_the_upper_pod() {
     let upper = &env.clusters[0].client;
     let upper_pods: Api<Pod> = Api::namespaced(upper.clone(), "default");
     let item = |path: &str, field: &str| json!({"path": path, "fieldRef": {"fieldPath": field}});
-    upper_pods
-        .create(
-            &PostParams::default(),
-            &pod(
-                "files",
-                "vk-lower",
-                json!({
-                    "metadata": {"labels": {"pod-group.scheduling.sigs.k8s.io": "pg-1"},
-                                 "annotations": {"team": "a"}},
-                    "spec": {
-                        "containers": [{"name": "c", "image": "nginx:1.27", "volumeMounts": [
-                            {"name": "info", "mountPath": "/etc/info"}]}],
-                        "volumes": [{"name": "info", "downwardAPI": {"items": [
-                            item("uid", "metadata.uid"),
-                            item("labels", "metadata.labels"),
-                            item("annotations", "metadata.annotations"),
-                            item("name", "metadata.name"),
-                            item("group", "metadata.labels['pod-group.scheduling.sigs.k8s.io']"),
-                        ]}}]
-                    }
-                }),
-            ),
-        )
-        .await
-        .unwrap();
-    let running = eventually(60, "files Running upstairs", || async {
-        let p = upper_pods.get_opt("files").await.ok()??;
-        (p.status.as_ref()?.phase.as_deref() == Some("Running")).then_some(p)
-    })
+    let running = create_running(
+        &upper_pods,
+        "files",
+        json!({
+            "metadata": {"labels": {"pod-group.scheduling.sigs.k8s.io": "pg-1"},
+                         "annotations": {"team": "a"}},
+            "spec": {
+                "containers": [{"name": "c", "image": "nginx:1.27", "volumeMounts": [
+                    {"name": "info", "mountPath": "/etc/info"}]}],
+                "volumes": [{"name": "info", "downwardAPI": {"items": [
+                    item("uid", "metadata.uid"),
+                    item("labels", "metadata.labels"),
+                    item("annotations", "metadata.annotations"),
+                    item("name", "metadata.name"),
+                    item("group", "metadata.labels['pod-group.scheduling.sigs.k8s.io']"),
+                ]}}]
+            }
+        }),
+    )
     .await;
     let cat = |file: &'static str| {
         let pods = upper_pods.clone();
