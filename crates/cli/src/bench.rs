@@ -64,6 +64,22 @@ struct OffloadArgs {
     pod_identity: Option<String>,
 }
 
+/// An upper cluster without nodes and a lower one with a large simulated node per 100 pods
+/// (at least two), for a burst of `pods` through one virtual node.
+pub(crate) async fn burst_clusters(pods: usize) -> anyhow::Result<TestEnv> {
+    let mut lower_spec = ClusterSpec::new("lower", 0);
+    lower_spec.kubelet = Some(SimKubeletConfig {
+        nodes: (1..=pods.div_ceil(100).max(2))
+            .map(|i| SimNode::new(format!("lower-node-{i}"), "64", "256Gi"))
+            .collect(),
+        kubelet_api: false,
+        ..Default::default()
+    });
+    TestEnv::start_with(vec![ClusterSpec::new("upper", 0), lower_spec])
+        .await
+        .context("starting the clusters")
+}
+
 pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     match args.what {
         Bench::Offload(a) => offload(a).await,
@@ -317,17 +333,7 @@ fn server_latency(
 async fn offload(args: OffloadArgs) -> anyhow::Result<()> {
     let n = args.pods;
     let lower_nodes = n.div_ceil(100).max(2);
-    let mut lower_spec = ClusterSpec::new("lower", 0);
-    lower_spec.kubelet = Some(SimKubeletConfig {
-        nodes: (1..=lower_nodes)
-            .map(|i| SimNode::new(format!("lower-node-{i}"), "64", "256Gi"))
-            .collect(),
-        kubelet_api: false,
-        ..Default::default()
-    });
-    let env = TestEnv::start_with(vec![ClusterSpec::new("upper", 0), lower_spec])
-        .await
-        .context("starting the simulated clusters")?;
+    let env = burst_clusters(n).await?;
     let (upper, lower) = (
         env.clusters[0].client.clone(),
         env.clusters[1].client.clone(),

@@ -21,8 +21,7 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use serde_json::json;
-use tensile_sim::env::{ClusterSpec, TestEnv};
-use tensile_sim::kubelet::{SimKubeletConfig, SimNode};
+use tensile_sim::env::TestEnv;
 
 /// Flags of `tensile bench failover`.
 #[derive(Debug, clap::Args)]
@@ -237,17 +236,7 @@ fn watch_all(env: &TestEnv, seen: &Shared) -> Vec<tokio::task::JoinHandle<()>> {
 pub async fn run(args: FailoverArgs) -> anyhow::Result<()> {
     let n = args.pods;
     let kill_after = args.kill_after.unwrap_or(n / 2).clamp(1, n.max(1));
-    let mut lower_spec = ClusterSpec::new("lower", 0);
-    lower_spec.kubelet = Some(SimKubeletConfig {
-        nodes: (1..=n.div_ceil(100).max(2))
-            .map(|i| SimNode::new(format!("lower-node-{i}"), "64", "256Gi"))
-            .collect(),
-        kubelet_api: false,
-        ..Default::default()
-    });
-    let env = TestEnv::start_with(vec![ClusterSpec::new("upper", 0), lower_spec])
-        .await
-        .context("starting the clusters")?;
+    let env = crate::bench::burst_clusters(n).await?;
     let seen: Shared = Arc::default();
     let watches = watch_all(&env, &seen);
     let logs = [

@@ -285,81 +285,97 @@ pub(super) async fn volume_keys(
     else {
         return Vec::new();
     };
-    let items = |items: Option<&Vec<k8s_openapi::api::core::v1::KeyToPath>>| {
-        items.map(|i| i.iter().map(|k| k.path.clone()).collect::<Vec<_>>())
-    };
-    if let Some(source) = &volume.config_map {
-        if let Some(paths) = items(source.items.as_ref()) {
-            return paths;
-        }
-        let api = kube::Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(
-            client.clone(),
-            namespace,
-        );
-        return match api.get(&source.name).await {
-            Ok(cm) => cm
-                .data
-                .iter()
-                .flat_map(|d| d.keys())
-                .chain(cm.binary_data.iter().flat_map(|d| d.keys()))
-                .cloned()
-                .collect(),
-            Err(_) => Vec::new(),
-        };
-    }
-    if let Some(source) = &volume.secret {
-        if let Some(paths) = items(source.items.as_ref()) {
-            return paths;
-        }
-        let Some(name) = source.secret_name.as_deref() else {
-            return Vec::new();
-        };
-        let api =
-            kube::Api::<k8s_openapi::api::core::v1::Secret>::namespaced(client.clone(), namespace);
-        return match api.get(name).await {
-            Ok(secret) => secret.data.iter().flat_map(|d| d.keys()).cloned().collect(),
-            Err(_) => Vec::new(),
-        };
-    }
     let mut keys = Vec::new();
+    if let Some(cm) = &volume.config_map {
+        keys.extend(
+            listed(
+                cm.items.as_ref(),
+                config_map_keys(client, namespace, &cm.name),
+            )
+            .await,
+        );
+    }
+    if let Some(secret) = &volume.secret
+        && let Some(name) = secret.secret_name.as_deref()
+    {
+        keys.extend(listed(secret.items.as_ref(), secret_keys(client, namespace, name)).await);
+    }
+    keys.extend(
+        volume
+            .downward_api
+            .iter()
+            .flat_map(|d| d.items.iter().flatten())
+            .map(|i| i.path.clone()),
+    );
     for source in volume
         .projected
         .iter()
         .flat_map(|p| p.sources.iter().flatten())
     {
         if let Some(cm) = &source.config_map {
-            match items(cm.items.as_ref()) {
-                Some(paths) => keys.extend(paths),
-                None => {
-                    let api = kube::Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(
-                        client.clone(),
-                        namespace,
-                    );
-                    if let Ok(cm) = api.get(&cm.name).await {
-                        keys.extend(cm.data.into_iter().flat_map(|d| d.into_keys()));
-                    }
-                }
-            }
+            keys.extend(
+                listed(
+                    cm.items.as_ref(),
+                    config_map_keys(client, namespace, &cm.name),
+                )
+                .await,
+            );
         }
         if let Some(secret) = &source.secret {
-            match items(secret.items.as_ref()) {
-                Some(paths) => keys.extend(paths),
-                None => {
-                    let api = kube::Api::<k8s_openapi::api::core::v1::Secret>::namespaced(
-                        client.clone(),
-                        namespace,
-                    );
-                    if let Ok(s) = api.get(&secret.name).await {
-                        keys.extend(s.data.into_iter().flat_map(|d| d.into_keys()));
-                    }
-                }
-            }
+            keys.extend(
+                listed(
+                    secret.items.as_ref(),
+                    secret_keys(client, namespace, &secret.name),
+                )
+                .await,
+            );
         }
         if let Some(d) = &source.downward_api {
             keys.extend(d.items.iter().flatten().map(|i| i.path.clone()));
         }
     }
     keys
+}
+
+/// The files a ConfigMap or Secret source lays out: its `items` paths when it names some,
+/// else every key of the object (`all`, read only then).
+async fn listed(
+    items: Option<&Vec<k8s_openapi::api::core::v1::KeyToPath>>,
+    all: impl std::future::Future<Output = Vec<String>>,
+) -> Vec<String> {
+    match items {
+        Some(items) => items.iter().map(|k| k.path.clone()).collect(),
+        None => all.await,
+    }
+}
+
+/// The keys of ConfigMap `namespace/name` (none when it cannot be read).
+async fn config_map_keys(client: &kube::Client, namespace: &str, name: &str) -> Vec<String> {
+    let api =
+        kube::Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(client.clone(), namespace);
+    match api.get(name).await {
+        Ok(cm) => cm
+            .data
+            .into_iter()
+            .flat_map(BTreeMap::into_keys)
+            .chain(cm.binary_data.into_iter().flat_map(BTreeMap::into_keys))
+            .collect(),
+        Err(_) => Vec::new(),
+    }
+}
+
+/// The keys of Secret `namespace/name` (none when it cannot be read).
+async fn secret_keys(client: &kube::Client, namespace: &str, name: &str) -> Vec<String> {
+    let api =
+        kube::Api::<k8s_openapi::api::core::v1::Secret>::namespaced(client.clone(), namespace);
+    match api.get(name).await {
+        Ok(secret) => secret
+            .data
+            .into_iter()
+            .flat_map(BTreeMap::into_keys)
+            .collect(),
+        Err(_) => Vec::new(),
+    }
 }
 
 /// The content of file `path` in `container`, if it lies in a ConfigMap or Secret volume: read
