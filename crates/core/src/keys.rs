@@ -138,8 +138,15 @@ pub const EVENT_RESCHEDULED: &str = "Rescheduled";
 
 /// Our ownership label: the owner id (by default the virtual node's name, see
 /// [`owner_label_value`]) of the virtual node that created a lower object. Nothing without it, or
-/// with another value, is ever changed or deleted by us.
+/// with another value, is ever changed or deleted by us. Upstairs it also marks the Secret of a
+/// component's CA and serving certificate (`--tls-secret`), valued with the component
+/// ([`OWNER_WEBHOOK`], [`OWNER_SCHEDULER`]).
 pub const LABEL_OWNER: &str = "tensile-kube.io/owner";
+/// [`LABEL_OWNER`] of the webhook's `--tls-secret`, and the common name of its certificates.
+pub const OWNER_WEBHOOK: &str = "tensile-webhook";
+/// [`LABEL_OWNER`] of the scheduler extender's `--tls-secret`, and the common name of its
+/// certificates.
+pub const OWNER_SCHEDULER: &str = "tensile-scheduler";
 /// Our annotation on lower objects: the UID of the upper object they mirror.
 pub const ANNOTATION_UPPER_UID: &str = "tensile-kube.io/upper-uid";
 /// Our annotation on lower pods: the annotation keys copied from the upper pod, so that a key

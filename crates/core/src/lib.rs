@@ -13,6 +13,7 @@
 //! - [`translate`]: upper pod -> lower pod, and lower copies of the objects it needs.
 //! - [`node`]: the virtual Node object, its conditions and taints, flag/env parsing.
 //! - [`lease`]: whether another process holds the virtual node's Lease.
+//! - [`certs`]: when a serving certificate kept in a Secret, and its CA, are renewed.
 //! - [`reach`]: why a cluster could not be reached, in words, and when to say so in an Event.
 //! - [`plan`]: creation order of a pod's lower objects and what to do with existing ones.
 //! - [`update`]: which upper pod changes may be applied to the lower pod.
@@ -21,6 +22,7 @@
 #![forbid(unsafe_code)]
 
 pub mod capacity;
+pub mod certs;
 pub mod cluster_selector;
 pub mod deps;
 pub mod deschedule;

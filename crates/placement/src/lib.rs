@@ -7,4 +7,5 @@ pub mod descheduler;
 pub mod extender;
 pub mod metrics;
 pub mod serve;
+pub mod tls_secret;
 pub mod webhook;

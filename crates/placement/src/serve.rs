@@ -1,6 +1,7 @@
-//! The HTTPS server the webhook and the scheduler extender share: TLS with a given certificate
-//! or one issued by a CA generated at start (its certificate is what a
-//! `MutatingWebhookConfiguration`'s `caBundle` or an extender's `tlsConfig.caData` needs),
+//! The HTTPS server the webhook and the scheduler extender share: TLS with a given certificate,
+//! one issued by a CA generated at start, or one kept in a Secret and replaced while serving
+//! ([`LiveCert`], `crate::tls_secret`) (its CA is what a `MutatingWebhookConfiguration`'s
+//! `caBundle` or an extender's `tlsConfig.caData` needs),
 //! optional required client certificates, `/healthz`, and JSON POST handlers. TLS, the accept
 //! loop and the connection limits (TLS handshake, request headers) are `tensile_kubelet::tls`,
 //! shared with the kubelet API. Bodies are bounded in size (413) and in time (408), and a handler
@@ -10,7 +11,7 @@ use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -22,6 +23,10 @@ use rcgen::{
     BasicConstraints, CertificateParams, CertifiedIssuer, DistinguishedName, DnType,
     ExtendedKeyUsagePurpose, IsCa, KeyPair, KeyUsagePurpose,
 };
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::server::{ClientHello, ResolvesServerCert};
+use rustls::sign::CertifiedKey;
 use tensile_kubelet::tls::ConnectionLimits;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
@@ -134,6 +139,97 @@ impl ServingCert {
             cert_pem,
         })
     }
+}
+
+/// The certificate a server presents, replaceable while it serves (a certificate renewed in its
+/// Secret): new handshakes get the new one, open connections keep theirs. Clones share it.
+#[derive(Clone)]
+pub struct LiveCert {
+    inner: Arc<RwLock<(ServingCert, Arc<CertifiedKey>)>>,
+}
+
+impl std::fmt::Debug for LiveCert {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LiveCert").finish_non_exhaustive()
+    }
+}
+
+fn certified_key(cert: &ServingCert) -> Result<Arc<CertifiedKey>, ServeError> {
+    let chain = CertificateDer::pem_slice_iter(cert.cert_pem.as_bytes())
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| tls_error("serving certificate", e))?;
+    if chain.is_empty() {
+        return Err(ServeError::Tls(
+            "serving certificate: no certificate in the PEM".into(),
+        ));
+    }
+    let key = PrivateKeyDer::from_pem_slice(cert.key_pem.as_bytes())
+        .map_err(|e| tls_error("serving key", e))?;
+    CertifiedKey::from_der(chain, key, &rustls::crypto::ring::default_provider())
+        .map(Arc::new)
+        .map_err(|e| tls_error("serving certificate and key", e))
+}
+
+impl LiveCert {
+    /// Presents `cert` until replaced.
+    pub fn new(cert: ServingCert) -> Result<Self, ServeError> {
+        let key = certified_key(&cert)?;
+        Ok(Self {
+            inner: Arc::new(RwLock::new((cert, key))),
+        })
+    }
+
+    /// What is presented now.
+    pub fn current(&self) -> ServingCert {
+        self.inner
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .0
+            .clone()
+    }
+
+    /// Presents `cert` from the next handshake on; one that cannot be used is refused and the
+    /// current one stays.
+    pub fn replace(&self, cert: ServingCert) -> Result<(), ServeError> {
+        let key = certified_key(&cert)?;
+        *self
+            .inner
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = (cert, key);
+        Ok(())
+    }
+}
+
+impl std::fmt::Debug for Resolver {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Resolver")
+    }
+}
+
+/// Hands rustls the [`LiveCert`]'s certificate at each handshake.
+struct Resolver(LiveCert);
+
+impl ResolvesServerCert for Resolver {
+    fn resolve(&self, _: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
+        Some(
+            self.0
+                .inner
+                .read()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .1
+                .clone(),
+        )
+    }
+}
+
+/// [`tls_config`] presenting whatever `cert` holds at each handshake.
+pub fn tls_config_live(
+    cert: &LiveCert,
+    client_ca: Option<&str>,
+) -> Result<Arc<rustls::ServerConfig>, ServeError> {
+    let mut config = Arc::unwrap_or_clone(tls_config(&cert.current(), client_ca)?);
+    config.cert_resolver = Arc::new(Resolver(cert.clone()));
+    Ok(Arc::new(config))
 }
 
 /// Builds the rustls configuration: `client_ca` set means client certificates are required and
