@@ -10,7 +10,8 @@ use anyhow::Context as _;
 use prometheus_client::registry::Registry;
 use tensile_node::clients::{ApiCalls, KubeconfigSource, build_client};
 use tensile_node::metrics::Readiness;
-use tensile_placement::serve::ServingCert;
+use tensile_placement::serve::{LiveCert, ServingCert};
+use tensile_placement::tls_secret::{SecretName, TlsSecretConfig};
 use tokio_util::sync::CancellationToken;
 
 /// `--metrics-addr` of the webhook, the descheduler and the scheduler extender.
@@ -107,20 +108,100 @@ pub async fn client(
         .with_context(|| format!("{cluster} cluster client from {source}"))
 }
 
-/// The serving certificate of a component: the given files (`flags` names them), or a
-/// generated CA and certificate for `sans` when neither is given.
-pub fn serving_cert(
+/// Where a component's serving certificate comes from.
+#[derive(Debug)]
+pub enum CertSource {
+    /// Files given on the command line (cert-manager's, say): served as they are, nothing
+    /// watched; the certificate itself is what clients are told to trust.
+    Files(ServingCert),
+    /// `--tls-secret`: kept in that Secret of the upper cluster, shared by every replica and
+    /// restart, renewed before it expires.
+    Secret(SecretName),
+    /// Neither: a CA and a certificate generated at this start.
+    Generated(ServingCert),
+}
+
+/// Where the serving certificate comes from: the given files (`flags` names them), which take
+/// precedence, else `secret`, else a CA and certificate generated now for `sans`.
+pub fn cert_source(
     cert: Option<&PathBuf>,
     key: Option<&PathBuf>,
     flags: (&str, &str),
+    secret: Option<&SecretName>,
     common_name: &str,
     sans: &[String],
-) -> anyhow::Result<ServingCert> {
-    Ok(match (cert, key) {
-        (Some(c), Some(k)) => ServingCert::from_files(c, k)?,
-        (None, None) => ServingCert::generate(common_name, sans)?,
+) -> anyhow::Result<CertSource> {
+    Ok(match (cert, key, secret) {
+        (Some(c), Some(k), secret) => {
+            if let Some(s) = secret {
+                tracing::info!(secret = %s, "serving the certificate of {} and {}: they take precedence over --tls-secret", flags.0, flags.1);
+            }
+            CertSource::Files(ServingCert::from_files(c, k)?)
+        }
+        (None, None, Some(s)) => CertSource::Secret(s.clone()),
+        (None, None, None) => CertSource::Generated(ServingCert::generate(common_name, sans)?),
         _ => anyhow::bail!("{} and {} go together", flags.0, flags.1),
     })
+}
+
+/// A serving certificate being served: what the server presents (replaced as its Secret
+/// changes) and the CA bundle clients are to trust (changing only with `--tls-secret`).
+#[derive(Debug)]
+pub struct Serving {
+    /// Presented by the server.
+    pub cert: LiveCert,
+    /// The CAs to trust, PEM.
+    pub bundle: tokio::sync::watch::Receiver<String>,
+}
+
+/// Starts serving from `source`: with a Secret, reads it from `upper` (creating or renewing it,
+/// as `owner`, for `sans`) and keeps watching it until `stop`.
+pub async fn serve_cert(
+    source: CertSource,
+    upper: &kube::Client,
+    owner: &str,
+    sans: &[String],
+    stop: &CancellationToken,
+) -> anyhow::Result<Serving> {
+    let fixed = |cert: ServingCert| -> anyhow::Result<Serving> {
+        // The sender goes: the bundle never changes.
+        let (_, bundle) = tokio::sync::watch::channel(cert.ca_pem.clone());
+        Ok(Serving {
+            cert: LiveCert::new(cert)?,
+            bundle,
+        })
+    };
+    match source {
+        CertSource::Files(cert) | CertSource::Generated(cert) => fixed(cert),
+        CertSource::Secret(secret) => {
+            let kept = tensile_placement::tls_secret::start(
+                upper.clone(),
+                TlsSecretConfig {
+                    secret,
+                    owner: owner.to_owned(),
+                    names: sans.to_vec(),
+                    policy: tensile_core::certs::Policy::default(),
+                },
+                stop.clone(),
+            )
+            .await?;
+            Ok(Serving {
+                cert: kept.cert,
+                bundle: kept.bundle,
+            })
+        }
+    }
+}
+
+/// `--tls-secret`, the same on the webhook and the extender.
+#[derive(Debug, Clone, clap::Args)]
+pub struct TlsSecretArgs {
+    /// Keep the CA and serving certificate in this Secret of the upper cluster
+    /// (NAMESPACE/NAME, type kubernetes.io/tls): created when missing, shared by every replica
+    /// and restart, renewed before it expires. Refused if the Secret exists and is not ours.
+    /// Given certificate files take precedence.
+    #[arg(long, value_name = "NAMESPACE/NAME")]
+    pub tls_secret: Option<SecretName>,
 }
 
 /// `--leader-elect` and its settings, named as kube-controller-manager names them.

@@ -12,10 +12,11 @@ use base64::Engine as _;
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use kube::api::{Api, PostParams};
 use serde_json::{Value, json};
+use tensile_core::keys::{OWNER_SCHEDULER, OWNER_WEBHOOK};
 use tensile_node::clients::KubeconfigSource;
 use tensile_placement::descheduler::DeschedulerConfig;
 use tensile_placement::extender::{DEFAULT_RESERVATION_TTL, ExtenderConfig, LowerClusterClient};
-use tensile_placement::serve::{Server, ServingCert, tls_config};
+use tensile_placement::serve::{Server, tls_config_live};
 use tensile_placement::webhook::{Webhook, WebhookConfig};
 use tensile_sim::apiserver::ApiServer;
 use tensile_sim::apiserver::controllers::SchedulerExtender;
@@ -174,7 +175,15 @@ impl Sandbox {
                     clusters,
                     reservation_ttl: DEFAULT_RESERVATION_TTL,
                     listen: SocketAddr::new(spec.address, 0),
-                    cert: ServingCert::generate("tensile-scheduler", &[spec.address.to_string()])?,
+                    cert: serve_from_secret(
+                        &client,
+                        SCHEDULER_SECRET,
+                        OWNER_SCHEDULER,
+                        spec.address,
+                        &stop,
+                    )
+                    .await?
+                    .cert,
                     client_ca_pem: None,
                     metrics: Default::default(),
                 },
@@ -250,34 +259,68 @@ impl Sandbox {
     }
 }
 
+/// Where the sandbox keeps the webhook's CA and serving certificate, as the shipped manifests
+/// do (`--tls-secret`): `tensile up` exercises the Secret, its watch and the caBundle it keeps.
+const WEBHOOK_SECRET: &str = "kube-system/tensile-webhook-tls";
+/// The same for the scheduler extender.
+const SCHEDULER_SECRET: &str = "kube-system/tensile-scheduler-tls";
+
+/// A serving certificate for `address`, kept in `secret` of the upper cluster.
+async fn serve_from_secret(
+    client: &kube::Client,
+    secret: &str,
+    owner: &str,
+    address: IpAddr,
+    stop: &CancellationToken,
+) -> anyhow::Result<crate::common::Serving> {
+    let secret = secret.parse().map_err(anyhow::Error::msg)?;
+    crate::common::serve_cert(
+        crate::common::CertSource::Secret(secret),
+        client,
+        owner,
+        &[address.to_string()],
+        stop,
+    )
+    .await
+    .with_context(|| format!("the serving certificate of {owner}"))
+}
+
 /// Serves the webhook on loopback and registers the shipped configuration, called by URL (the
-/// sandbox has no service network).
+/// sandbox has no service network), with the CA bundle of its Secret, kept current.
 async fn start_webhook(
     client: &kube::Client,
     address: IpAddr,
     stop: &CancellationToken,
 ) -> anyhow::Result<Server> {
-    let cert = ServingCert::generate("tensile-webhook", &[address.to_string()])?;
+    let serving = serve_from_secret(client, WEBHOOK_SECRET, OWNER_WEBHOOK, address, stop).await?;
     let webhook = Webhook::with_claims(WebhookConfig::default(), client.clone(), stop).await;
     let server = Server::start(
         SocketAddr::new(address, 0),
-        tls_config(&cert, None)?,
+        tls_config_live(&serving.cert, None)?,
         Arc::new(webhook),
     )
     .await?;
     let mut config: Value = serde_saphyr::from_str(WEBHOOK_CONFIGURATION)
         .context("the shipped webhook configuration")?;
     let url = format!("https://{}/mutate", server.addr());
+    let bundle = serving.bundle.borrow().clone();
     for hook in config["webhooks"].as_array_mut().into_iter().flatten() {
         hook["clientConfig"] = json!({"url": url,
-            "caBundle": base64::engine::general_purpose::STANDARD.encode(&cert.ca_pem)});
+            "caBundle": base64::engine::general_purpose::STANDARD.encode(&bundle)});
     }
     let config: MutatingWebhookConfiguration =
         serde_json::from_value(config).context("the shipped webhook configuration")?;
+    let name = config.metadata.name.clone().unwrap_or_default();
     Api::<MutatingWebhookConfiguration>::all(client.clone())
         .create(&PostParams::default(), &config)
         .await
         .context("registering the webhook")?;
+    tokio::spawn(crate::webhook::keep_ca_bundle(
+        client.clone(),
+        name,
+        serving.bundle,
+        stop.clone(),
+    ));
     Ok(server)
 }
 

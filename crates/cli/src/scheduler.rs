@@ -4,15 +4,18 @@
 
 use std::collections::BTreeSet;
 use std::net::{IpAddr, SocketAddr};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{Context as _, bail};
 use clap::Args;
+use tensile_core::keys::OWNER_SCHEDULER;
 use tensile_node::clients::KubeconfigSource;
 use tensile_placement::extender::{self, ExtenderConfig, LowerClusterClient};
 use tensile_placement::metrics::ExtenderMetrics;
 use tokio_util::sync::CancellationToken;
+
+use crate::common::CertSource;
 
 /// Flags of `tensile scheduler`.
 #[derive(Debug, Args)]
@@ -30,22 +33,26 @@ pub struct SchedulerArgs {
     /// Listen port.
     #[arg(long, default_value_t = 10262)]
     pub port: u16,
-    /// Serving certificate (PEM). Without it and --tls-private-key-file, a CA and a
-    /// certificate for the Service name are generated at start (see --write-ca).
+    /// Serving certificate (PEM). Without it and --tls-private-key-file, the CA and
+    /// certificate of --tls-secret, else a CA and a certificate for the Service name generated
+    /// at start (see --write-ca).
     #[arg(long)]
     pub tls_cert_file: Option<PathBuf>,
     /// Serving key (PEM).
     #[arg(long)]
     pub tls_private_key_file: Option<PathBuf>,
-    /// More names or addresses for a generated certificate (repeatable), e.g. the Service's
-    /// ClusterIP when kube-scheduler cannot resolve cluster DNS names.
+    #[command(flatten)]
+    pub tls: crate::common::TlsSecretArgs,
+    /// More names or addresses for a generated certificate or --tls-secret's (repeatable), e.g.
+    /// the Service's ClusterIP when kube-scheduler cannot resolve cluster DNS names.
     #[arg(long = "tls-san", value_name = "NAME")]
     pub tls_san: Vec<String>,
     /// Require client certificates signed by this CA (PEM), i.e. kube-scheduler's
     /// `tlsConfig.certData`/`keyData`; without it anyone who reaches the port can have pods bound.
     #[arg(long)]
     pub client_ca_file: Option<PathBuf>,
-    /// Write the generated CA (what kube-scheduler's `tlsConfig.caData` needs) to this file.
+    /// Write the CA (what kube-scheduler's `tlsConfig.caData` needs) to this file; with
+    /// --tls-secret, once leading and again whenever its CA bundle changes.
     #[arg(long)]
     pub write_ca: Option<PathBuf>,
     /// How long room stays reserved for a pod bound to a virtual node whose lower pod has not
@@ -94,25 +101,44 @@ fn generated_sans(address: IpAddr, extra: &[String]) -> Vec<String> {
     sans
 }
 
-/// The extender's configuration from its flags (clients built, certificate loaded).
-async fn config(args: &SchedulerArgs) -> anyhow::Result<ExtenderConfig> {
+/// What the extender is built from: its flags read, its clients built.
+struct Prepared {
+    upper: kube::Client,
+    clusters: Vec<LowerClusterClient>,
+    client_ca_pem: Option<String>,
+    cert: CertSource,
+    sans: Vec<String>,
+}
+
+impl std::fmt::Debug for Prepared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Prepared")
+            .field("clusters", &self.clusters)
+            .field("cert", &self.cert)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The extender's configuration from its flags (clients built, certificate files read or a
+/// certificate generated; a `--tls-secret` is read once leading).
+async fn config(args: &SchedulerArgs) -> anyhow::Result<Prepared> {
     let mut seen = BTreeSet::new();
     for (id, _) in &args.clusters {
         if !seen.insert(id) {
             bail!("--cluster {id} is given twice");
         }
     }
-    let cert = crate::common::serving_cert(
+    let sans = generated_sans(args.address, &args.tls_san);
+    let cert = crate::common::cert_source(
         args.tls_cert_file.as_ref(),
         args.tls_private_key_file.as_ref(),
         ("--tls-cert-file", "--tls-private-key-file"),
-        "tensile-scheduler",
-        &generated_sans(args.address, &args.tls_san),
+        args.tls.tls_secret.as_ref(),
+        OWNER_SCHEDULER,
+        &sans,
     )?;
-    if let Some(path) = &args.write_ca {
-        std::fs::write(path, &cert.ca_pem)
-            .with_context(|| format!("writing the CA to {}", path.display()))?;
-        tracing::info!(path = %path.display(), "CA of the serving certificate written");
+    if let (Some(path), CertSource::Files(c) | CertSource::Generated(c)) = (&args.write_ca, &cert) {
+        write_ca(path, &c.ca_pem)?;
     }
     let upper = crate::common::client(
         crate::common::upper_source(args.kubeconfig.as_ref()),
@@ -144,23 +170,52 @@ async fn config(args: &SchedulerArgs) -> anyhow::Result<ExtenderConfig> {
                 .with_context(|| format!("reading --client-ca-file {}", p.display()))
         })
         .transpose()?;
-    Ok(ExtenderConfig {
+    Ok(Prepared {
         upper,
         clusters,
-        reservation_ttl: args.reservation_ttl,
-        listen: SocketAddr::new(args.address, args.port),
-        cert,
         client_ca_pem,
-        metrics: ExtenderMetrics::default(),
+        cert,
+        sans,
     })
 }
 
+/// Writes the CA bundle to `path` whole (a temporary file renamed), so kube-scheduler's
+/// tooling never reads half of it.
+fn write_ca(path: &Path, pem: &str) -> anyhow::Result<()> {
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".tmp");
+    let tmp = PathBuf::from(tmp);
+    std::fs::write(&tmp, pem)
+        .and_then(|()| std::fs::rename(&tmp, path))
+        .with_context(|| format!("writing the CA to {}", path.display()))?;
+    tracing::info!(path = %path.display(), "CA of the serving certificate written");
+    Ok(())
+}
+
+/// Rewrites `--write-ca` whenever the CA bundle of `--tls-secret` changes, until `stop`.
+async fn keep_ca_file(
+    path: PathBuf,
+    mut bundle: tokio::sync::watch::Receiver<String>,
+    stop: CancellationToken,
+) {
+    loop {
+        tokio::select! {
+            () = stop.cancelled() => return,
+            changed = bundle.changed() => if changed.is_err() { return },
+        }
+        let pem = bundle.borrow_and_update().clone();
+        if let Err(e) = write_ca(&path, &pem) {
+            tracing::error!(error = %format!("{e:#}"), "the CA bundle changed");
+        }
+    }
+}
+
 pub async fn run(args: SchedulerArgs) -> anyhow::Result<()> {
-    let mut config = config(&args).await?;
+    let prepared = config(&args).await?;
     // Served from the start, so that a standby answers its probes (`/readyz` 503).
     let probes = CancellationToken::new();
     let mut registry = prometheus_client::registry::Registry::default();
-    config.metrics = ExtenderMetrics::new(&mut registry);
+    let metrics = ExtenderMetrics::new(&mut registry);
     let (readiness, _) =
         crate::common::serve_metrics(&args.metrics, args.leader.leader_elect, registry, &probes)
             .await?;
@@ -168,7 +223,7 @@ pub async fn run(args: SchedulerArgs) -> anyhow::Result<()> {
     // readiness probe fails meanwhile). A new leader lists the lower clusters again.
     let leadership = crate::common::lead(
         &args.leader,
-        &config.upper,
+        &prepared.upper,
         "tensile-scheduler",
         "scheduler",
     )
@@ -177,6 +232,33 @@ pub async fn run(args: SchedulerArgs) -> anyhow::Result<()> {
         return Ok(());
     }
     let stop = CancellationToken::new();
+    // A standby writes nothing: the Secret is read (or created, or renewed) once leading.
+    let from_secret = matches!(prepared.cert, CertSource::Secret(_));
+    let serving = crate::common::serve_cert(
+        prepared.cert,
+        &prepared.upper,
+        OWNER_SCHEDULER,
+        &prepared.sans,
+        &stop,
+    )
+    .await?;
+    if let (Some(path), true) = (&args.write_ca, from_secret) {
+        write_ca(path, &serving.bundle.borrow().clone())?;
+        tokio::spawn(keep_ca_file(
+            path.clone(),
+            serving.bundle.clone(),
+            stop.clone(),
+        ));
+    }
+    let config = ExtenderConfig {
+        upper: prepared.upper,
+        clusters: prepared.clusters,
+        reservation_ttl: args.reservation_ttl,
+        listen: SocketAddr::new(args.address, args.port),
+        cert: serving.cert,
+        client_ca_pem: prepared.client_ca_pem,
+        metrics,
+    };
     let running = extender::start(config, stop.clone())
         .await
         .context("starting the scheduler extender")?;

@@ -40,7 +40,7 @@ use tensile_node::cache::ListedKeys;
 use tokio_util::sync::CancellationToken;
 
 use crate::metrics::ExtenderMetrics;
-use crate::serve::{Handler, Reply, ServeError, Server, ServingCert, tls_config};
+use crate::serve::{Handler, LiveCert, Reply, ServeError, Server, tls_config_live};
 
 /// kube-scheduler's own default for the TTL of an assumed pod is 15 minutes for a binding that
 /// never comes back; a lower pod normally appears within a second of the upper binding, so two
@@ -77,8 +77,8 @@ pub struct ExtenderConfig {
     pub reservation_ttl: Duration,
     /// Where to serve HTTPS.
     pub listen: SocketAddr,
-    /// Serving certificate.
-    pub cert: ServingCert,
+    /// Serving certificate (replaced while serving when it comes from a Secret).
+    pub cert: LiveCert,
     /// When set, clients must present a certificate signed by this CA (PEM): kube-scheduler's
     /// `tlsConfig.certData`/`keyData`. Without it anyone who reaches the port can have pods
     /// bound.
@@ -112,7 +112,7 @@ pub struct Running {
 
 /// Starts the watches and the HTTPS server; runs until `stop`.
 pub async fn start(cfg: ExtenderConfig, stop: CancellationToken) -> Result<Running, ServeError> {
-    let tls = tls_config(&cfg.cert, cfg.client_ca_pem.as_deref())?;
+    let tls = tls_config_live(&cfg.cert, cfg.client_ca_pem.as_deref())?;
     if cfg.client_ca_pem.is_none() && !cfg.listen.ip().is_loopback() {
         tracing::warn!(
             listen = %cfg.listen,
@@ -156,7 +156,7 @@ pub async fn start(cfg: ExtenderConfig, stop: CancellationToken) -> Result<Runni
     tracing::info!(%addr, "scheduler extender serving");
     Ok(Running {
         addr,
-        ca_pem: cfg.cert.ca_pem,
+        ca_pem: cfg.cert.current().ca_pem,
         extender,
         handle,
     })

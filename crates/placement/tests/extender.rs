@@ -20,7 +20,7 @@ use tensile_core::keys::RESOURCE_VIRTUAL_POD;
 use tensile_node::metrics::{Readiness, serve_probes};
 use tensile_placement::extender::{self, ExtenderConfig, LowerClusterClient, Running};
 use tensile_placement::metrics::ExtenderMetrics;
-use tensile_placement::serve::ServingCert;
+use tensile_placement::serve::{LiveCert, ServingCert};
 use tensile_sim::env::{ClusterSpec, TestEnv, eventually, http_get, metric_value};
 use tensile_sim::kubelet::{SimKubeletConfig, SimNode};
 use tokio_util::sync::CancellationToken;
@@ -135,7 +135,10 @@ async fn setup(lowers: Lowers<'_>, ttl: Duration) -> Setup {
                 .collect(),
             reservation_ttl: ttl,
             listen: "127.0.0.1:0".parse().unwrap(),
-            cert: ServingCert::generate("tensile-scheduler", &["127.0.0.1".to_owned()]).unwrap(),
+            cert: LiveCert::new(
+                ServingCert::generate("tensile-scheduler", &["127.0.0.1".to_owned()]).unwrap(),
+            )
+            .unwrap(),
             client_ca_pem: None,
             metrics,
         },
@@ -714,7 +717,10 @@ fn c1_only(upper: kube::Client, c1: kube::Client, client_ca_pem: Option<String>)
         }],
         reservation_ttl: extender::DEFAULT_RESERVATION_TTL,
         listen: "127.0.0.1:0".parse().unwrap(),
-        cert: ServingCert::generate("tensile-scheduler", &["127.0.0.1".to_owned()]).unwrap(),
+        cert: LiveCert::new(
+            ServingCert::generate("tensile-scheduler", &["127.0.0.1".to_owned()]).unwrap(),
+        )
+        .unwrap(),
         client_ca_pem,
         metrics: Default::default(),
     }
