@@ -406,6 +406,8 @@ fn every_request_of_every_component_is_granted_by_the_shipped_rbac() {
             "--address=127.0.0.1".into(),
             format!("--port={webhook_port}"),
             "--webhook-configuration=tensile-webhook".into(),
+            // As shipped: the Secret is created, watched and read through the shipped Role.
+            "--tls-secret=kube-system/tensile-webhook-tls".into(),
             format!("--kubeconfig={}", as_account("tensile-webhook").display()),
         ],
         &[],
@@ -450,6 +452,7 @@ fn every_request_of_every_component_is_granted_by_the_shipped_rbac() {
         format!("--port={scheduler_port}"),
         format!("--write-ca={}", ca_file.display()),
         "--leader-elect".into(),
+        "--tls-secret=kube-system/tensile-scheduler-tls".into(),
         format!("--kubeconfig={}", as_account("tensile-scheduler").display()),
     ];
     for (name, _, lower_kc) in &lowers {
