@@ -574,14 +574,11 @@ impl Keeper {
                 issuer: leaf.issuer.and_then(|i| kept.iter().position(|&k| k == i)),
                 ..leaf.clone()
             }),
-            (renew, old) => {
+            (_, old) => {
                 let mut names: BTreeSet<String> =
                     self.config.names.iter().map(|n| normal_name(n)).collect();
                 if let Some(old) = old {
                     names.extend(old.names.iter().cloned());
-                }
-                if let Some(why) = renew {
-                    tracing::info!(secret = %self.config.secret, reason = %why, "issuing a new serving certificate");
                 }
                 let ca = cas
                     .get(signer)
@@ -627,7 +624,7 @@ impl Keeper {
         secret
     }
 
-    fn log_write(&self, before: Option<&Material>, after: &Material) {
+    fn log_write(&self, before: Option<&Material>, after: &Material, plan: Option<&Plan>) {
         let before_cas: Vec<&[u8]> = before
             .map(|m| m.cas.iter().map(|c| c.der.as_slice()).collect())
             .unwrap_or_default();
@@ -649,7 +646,24 @@ impl Keeper {
                  stops signing"
             );
         }
-        tracing::info!(secret = %self.config.secret, cas = after.cas.len(), "wrote the CA and serving certificate");
+        match (before, plan.and_then(|p| p.renew)) {
+            (None, _) => tracing::info!(
+                secret = %self.config.secret,
+                from_memory = self.memory.is_some(),
+                "created the Secret: CA and serving certificate"
+            ),
+            (Some(_), Some(why)) => tracing::info!(
+                secret = %self.config.secret,
+                reason = %why,
+                cas = after.cas.len(),
+                "renewed the serving certificate"
+            ),
+            (Some(_), None) => tracing::info!(
+                secret = %self.config.secret,
+                cas = after.cas.len(),
+                "changed the CA bundle"
+            ),
+        }
     }
 
     /// Brings the Secret to what the plan wants, starting from `seed`, and returns what it
@@ -687,7 +701,7 @@ impl Keeper {
                 match self.api.create(&PostParams::default(), &secret).await {
                     Ok(created) => {
                         self.writes += 1;
-                        self.log_write(None, &material);
+                        self.log_write(None, &material, None);
                         seen = Some(Some(created));
                         continue;
                     }
@@ -719,7 +733,7 @@ impl Keeper {
             {
                 Ok(written) => {
                     self.writes += 1;
-                    self.log_write(Some(&material), &renewed);
+                    self.log_write(Some(&material), &renewed, Some(&plan));
                     seen = Some(Some(written));
                 }
                 // Changed (another replica renewed it first) or deleted since read: read again.
