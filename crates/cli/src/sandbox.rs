@@ -258,7 +258,7 @@ async fn start_webhook(
     stop: &CancellationToken,
 ) -> anyhow::Result<Server> {
     let cert = ServingCert::generate("tensile-webhook", &[address.to_string()])?;
-    let webhook = Webhook::with_claims(WebhookConfig::default(), client.clone(), stop).await;
+    let webhook = Webhook::connected(WebhookConfig::default(), client.clone(), stop).await;
     let server = Server::start(
         SocketAddr::new(address, 0),
         tls_config(&cert, None)?,
