@@ -499,13 +499,14 @@ async fn lower_copy(lower: &kube::Client, upper_pod: &Pod) {
         .unwrap();
 }
 
-#[tokio::test]
-async fn bind_rechecks_the_fit_and_reserves_until_the_lower_pod_exists() {
+/// Cluster c1 with one 4-CPU node, its virtual node `vk-c1`, and two 3-CPU pods `a` and `b`
+/// that the test binds through the extender (they are not for the upper scheduler): room for
+/// one of them.
+async fn two_pods_for_one_room() -> (Setup, Api<Pod>, Pod, Pod) {
     let s = setup(&[("c1", &["4"])], extender::DEFAULT_RESERVATION_TTL).await;
     let upper = s.upper();
     upper_node(&upper, "vk-c1", virtual_labels("c1")).await;
-    let pods: Api<Pod> = Api::namespaced(upper.clone(), "default");
-    // Not for the upper scheduler: the test binds them through the extender.
+    let pods: Api<Pod> = Api::namespaced(upper, "default");
     let manual = json!({"spec": {"schedulerName": "manual"}});
     let a = pods
         .create(&PostParams::default(), &pod("a", "3", manual.clone()))
@@ -515,21 +516,29 @@ async fn bind_rechecks_the_fit_and_reserves_until_the_lower_pod_exists() {
         .create(&PostParams::default(), &pod("b", "3", manual))
         .await
         .unwrap();
-    let bind = |p: &Pod| {
-        serde_json::to_vec(
-            &json!({"PodName": p.metadata.name, "PodNamespace": "default",
-            "PodUID": p.metadata.uid, "Node": "vk-c1"}),
-        )
-        .unwrap()
-    };
+    (s, pods, a, b)
+}
+
+/// The body of a `/bind` of `p` to `vk-c1`.
+fn bind_body(p: &Pod) -> Vec<u8> {
+    serde_json::to_vec(
+        &json!({"PodName": p.metadata.name, "PodNamespace": "default",
+        "PodUID": p.metadata.uid, "Node": "vk-c1"}),
+    )
+    .unwrap()
+}
+
+#[tokio::test]
+async fn bind_rechecks_the_fit_and_reserves_until_the_lower_pod_exists() {
+    let (s, pods, a, b) = two_pods_for_one_room().await;
     // No filter call came first: the extender reads the pod itself.
-    let (status, answer) = s.post("/bind", &bind(&a)).await;
+    let (status, answer) = s.post("/bind", &bind_body(&a)).await;
     assert_eq!((status, &answer), (200, &json!({"error": ""})));
     assert_eq!(bound_to(&pods, "a").await, "vk-c1");
     assert_eq!(s.ext.extender.reservations("c1"), 1);
 
     let refused = "lower cluster c1: 0/1 nodes are available: 1 Insufficient cpu.";
-    let (_, answer) = s.post("/bind", &bind(&b)).await;
+    let (_, answer) = s.post("/bind", &bind_body(&b)).await;
     assert_eq!(
         answer["error"],
         format!("{refused} (1 pod(s) not yet on a lower node counted first)")
@@ -545,7 +554,7 @@ async fn bind_rechecks_the_fit_and_reserves_until_the_lower_pod_exists() {
     .await;
     let lower_pods: Api<Pod> = Api::namespaced(s.lower("c1"), "default");
     bound_to(&lower_pods, "a").await;
-    let (_, answer) = s.post("/bind", &bind(&b)).await;
+    let (_, answer) = s.post("/bind", &bind_body(&b)).await;
     assert_eq!(answer["error"], refused);
 
     // Room freed downstairs: b binds.
@@ -554,7 +563,7 @@ async fn bind_rechecks_the_fit_and_reserves_until_the_lower_pod_exists() {
         .await
         .unwrap();
     eventually(30, "b bound once the lower pod is gone", || async {
-        let (_, answer) = s.post("/bind", &bind(&b)).await;
+        let (_, answer) = s.post("/bind", &bind_body(&b)).await;
         (answer["error"] == "").then_some(())
     })
     .await;
@@ -582,27 +591,9 @@ async fn bind_rechecks_the_fit_and_reserves_until_the_lower_pod_exists() {
 /// promise their room again. A bound pod deleted upstairs frees its room at once.
 #[tokio::test]
 async fn a_new_extender_counts_the_pods_its_predecessor_bound() {
-    let s = setup(&[("c1", &["4"])], extender::DEFAULT_RESERVATION_TTL).await;
+    let (s, pods, a, b) = two_pods_for_one_room().await;
     let upper = s.upper();
-    upper_node(&upper, "vk-c1", virtual_labels("c1")).await;
-    let pods: Api<Pod> = Api::namespaced(upper.clone(), "default");
-    let manual = json!({"spec": {"schedulerName": "manual"}});
-    let a = pods
-        .create(&PostParams::default(), &pod("a", "3", manual.clone()))
-        .await
-        .unwrap();
-    let b = pods
-        .create(&PostParams::default(), &pod("b", "3", manual))
-        .await
-        .unwrap();
-    let bind = |p: &Pod| {
-        serde_json::to_vec(
-            &json!({"PodName": p.metadata.name, "PodNamespace": "default",
-            "PodUID": p.metadata.uid, "Node": "vk-c1"}),
-        )
-        .unwrap()
-    };
-    let (_, answer) = s.post("/bind", &bind(&a)).await;
+    let (_, answer) = s.post("/bind", &bind_body(&a)).await;
     assert_eq!(answer, json!({"error": ""}));
     assert_eq!(bound_to(&pods, "a").await, "vk-c1");
 
@@ -616,7 +607,7 @@ async fn a_new_extender_counts_the_pods_its_predecessor_bound() {
         (ext.synced() && ext.reservations("c1") == 1).then_some(())
     })
     .await;
-    let (_, answer) = post(next.addr, &next.ca_pem, "/bind", bind(&b)).await;
+    let (_, answer) = post(next.addr, &next.ca_pem, "/bind", bind_body(&b)).await;
     let answer: Value = serde_json::from_slice(&answer).unwrap();
     assert_eq!(
         answer["error"],
@@ -630,7 +621,7 @@ async fn a_new_extender_counts_the_pods_its_predecessor_bound() {
         .await
         .unwrap();
     eventually(30, "b bound once a is gone", || async {
-        let (_, answer) = post(next.addr, &next.ca_pem, "/bind", bind(&b)).await;
+        let (_, answer) = post(next.addr, &next.ca_pem, "/bind", bind_body(&b)).await;
         let answer: Value = serde_json::from_slice(&answer).ok()?;
         (answer["error"] == "").then_some(())
     })
