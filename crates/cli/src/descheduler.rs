@@ -54,9 +54,14 @@ pub struct DeschedulerArgs {
     /// Burst of --moves-per-second.
     #[arg(long, default_value_t = 20)]
     pub moves_burst: u32,
-    /// Namespace of re-creation intents (default: $POD_NAMESPACE, else kube-system).
+    /// Namespace of move intents and exclusion records (default: $POD_NAMESPACE, else
+    /// kube-system); the webhook's --exclusions-namespace.
     #[arg(long, env = "POD_NAMESPACE", default_value = "kube-system")]
     pub namespace: String,
+    /// How long a workload stays off a virtual node one of its pods was moved away from (Go
+    /// duration).
+    #[arg(long, default_value = "3m", value_parser = crate::common::parse_duration)]
+    pub exclusion_window: Duration,
     /// Accepted for compatibility: the descheduler is event driven, not periodic.
     #[arg(long = "descheduling-interval", alias = "descheduling_interval")]
     pub descheduling_interval: Option<String>,
@@ -122,6 +127,7 @@ pub fn config(args: &DeschedulerArgs) -> anyhow::Result<DeschedulerConfig> {
         moves_per_second: args.moves_per_second,
         burst: args.moves_burst,
         namespace: args.namespace.clone(),
+        exclusion_window: args.exclusion_window,
         ..DeschedulerConfig::default()
     })
 }

@@ -293,7 +293,7 @@ async fn start_webhook(
     stop: &CancellationToken,
 ) -> anyhow::Result<Server> {
     let serving = serve_from_secret(client, WEBHOOK_SECRET, OWNER_WEBHOOK, address, stop).await?;
-    let webhook = Webhook::with_claims(WebhookConfig::default(), client.clone(), stop).await;
+    let webhook = Webhook::connected(WebhookConfig::default(), client.clone(), stop).await;
     let server = Server::start(
         SocketAddr::new(address, 0),
         tls_config_live(&serving.cert, None)?,

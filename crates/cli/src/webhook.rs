@@ -55,10 +55,10 @@ pub struct WebhookArgs {
     /// Node selector and node affinity keys that stay in the upper pod.
     #[arg(long, default_value = DEFAULT_IGNORE_SELECTOR_KEYS)]
     pub ignore_selector_keys: String,
-    /// How long a workload stays off a virtual node the descheduler marked one of its pods
-    /// unschedulable on (Go duration).
-    #[arg(long, default_value = "3m", value_parser = crate::common::parse_duration)]
-    pub exclusion_window: Duration,
+    /// Namespace of the descheduler's exclusion records (its --namespace): which virtual
+    /// nodes a workload is kept off after one of its pods was moved away from them.
+    #[arg(long, default_value = "kube-system")]
+    pub exclusions_namespace: String,
     /// Write the CA of the serving certificate into this MutatingWebhookConfiguration's
     /// webhooks at start, and with --tls-secret whenever its CA bundle changes (needs get and
     /// update on it).
@@ -105,9 +105,9 @@ pub async fn start(
     let tls = tls_config_live(&serving.cert, client_ca.as_deref())?;
     let config = WebhookConfig {
         ignore_keys: parse_ignore_keys(&args.ignore_selector_keys),
-        exclusion_window: args.exclusion_window,
+        exclusions_namespace: args.exclusions_namespace.clone(),
     };
-    let webhook = Webhook::with_claims(config, client.clone(), stop)
+    let webhook = Webhook::connected(config, client.clone(), stop)
         .await
         .with_metrics(metrics);
     let listen = SocketAddr::new(args.address, args.port);
@@ -215,7 +215,7 @@ pub async fn run(args: WebhookArgs) -> anyhow::Result<()> {
     let metrics = WebhookMetrics::new(&mut registry);
     let (readiness, _) =
         crate::common::serve_metrics(&args.metrics, false, registry, &stop).await?;
-    // Ready once serving: the claims have listed by then (`Webhook::with_claims`).
+    // Ready once serving: the claims and exclusions have listed by then (`Webhook::connected`).
     let _server = start(&args, client, metrics, &stop).await?;
     readiness.set_ready();
     crate::shutdown_signal().await?;

@@ -322,6 +322,66 @@ pub enum MoveHow {
     },
 }
 
+/// The name of the record of the virtual nodes the controller with this UID is kept off.
+///
+/// The record is a ConfigMap in the descheduler's namespace whose data maps each node to the
+/// time (RFC 3339) until which it stays excluded. It is written before the moved pod is
+/// deleted and read by every webhook replica from a watch, so the replacement is kept off the
+/// node whichever replica admits it, and whenever that replica started.
+pub fn exclusions_name(controller_uid: &str) -> String {
+    format!("tensile-exclusions-{controller_uid}")
+}
+
+/// Until when `node` stays excluded after a move at `now`: `window` from now, or the later
+/// time already recorded (`recorded`, unparsable values ignored).
+pub fn exclusion_until(
+    recorded: Option<&str>,
+    now: Timestamp,
+    window: SignedDuration,
+) -> Timestamp {
+    let fresh = now.saturating_add(window).unwrap_or(now);
+    recorded
+        .and_then(|r| r.parse::<Timestamp>().ok())
+        .map_or(fresh, |r| r.max(fresh))
+}
+
+/// The nodes of a record (node -> until) that are still excluded at `now`.
+pub fn excluded_now(record: &BTreeMap<String, String>, now: Timestamp) -> Vec<String> {
+    record
+        .iter()
+        .filter(|(_, until)| until.parse::<Timestamp>().is_ok_and(|u| u > now))
+        .map(|(node, _)| node.clone())
+        .collect()
+}
+
+/// What to do with a record (node -> until) at `now`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ExclusionsCleanup {
+    /// Nothing has lapsed; look again at this time.
+    Keep(Timestamp),
+    /// These nodes lapsed (or hold no time); the rest lapse at the given time.
+    Drop(Vec<String>, Timestamp),
+    /// Every node lapsed: the record goes.
+    Delete,
+}
+
+/// What lapsed in a record at `now`, and when the next node does.
+pub fn exclusions_cleanup(record: &BTreeMap<String, String>, now: Timestamp) -> ExclusionsCleanup {
+    let mut lapsed = Vec::new();
+    let mut next: Option<Timestamp> = None;
+    for (node, until) in record {
+        match until.parse::<Timestamp>() {
+            Ok(u) if u > now => next = Some(next.map_or(u, |n| n.min(u))),
+            _ => lapsed.push(node.clone()),
+        }
+    }
+    match (next, lapsed.is_empty()) {
+        (None, _) => ExclusionsCleanup::Delete,
+        (Some(at), true) => ExclusionsCleanup::Keep(at),
+        (Some(at), false) => ExclusionsCleanup::Drop(lapsed, at),
+    }
+}
+
 /// The name of the intent of a move of the pod with this UID (one move per pod at a time).
 pub fn move_name(uid: &str) -> String {
     format!("tensile-move-{uid}")
@@ -496,6 +556,69 @@ pub fn handover_patch(m: &Move, pod: &Pod) -> serde_json::Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_exclusion_lasts_its_window_and_never_shortens_a_recorded_one() {
+        let now = at("2026-11-22T10:00:00Z");
+        let window = SignedDuration::from_secs(180);
+        assert_eq!(
+            exclusion_until(None, now, window),
+            at("2026-11-22T10:03:00Z")
+        );
+        assert_eq!(
+            exclusion_until(Some("2026-11-22T10:01:00Z"), now, window),
+            at("2026-11-22T10:03:00Z")
+        );
+        assert_eq!(
+            exclusion_until(Some("2026-11-22T11:00:00Z"), now, window),
+            at("2026-11-22T11:00:00Z"),
+            "a longer exclusion written by a run with a longer window stays"
+        );
+        assert_eq!(
+            exclusion_until(Some("garbage"), now, window),
+            at("2026-11-22T10:03:00Z")
+        );
+    }
+
+    #[test]
+    fn only_unlapsed_nodes_are_excluded_and_lapsed_ones_are_cleaned_up() {
+        let record: BTreeMap<String, String> = [
+            ("vk-a", "2026-11-22T10:03:00Z"),
+            ("vk-b", "2026-11-22T10:01:00Z"),
+            ("vk-c", "not a time"),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect();
+        assert_eq!(
+            excluded_now(&record, at("2026-11-22T10:00:00Z")),
+            ["vk-a", "vk-b"]
+        );
+        assert_eq!(excluded_now(&record, at("2026-11-22T10:02:00Z")), ["vk-a"]);
+        assert_eq!(
+            exclusions_cleanup(&record, at("2026-11-22T10:00:00Z")),
+            ExclusionsCleanup::Drop(vec!["vk-c".into()], at("2026-11-22T10:01:00Z"))
+        );
+        let clean: BTreeMap<String, String> = record
+            .iter()
+            .filter(|(k, _)| *k != "vk-c")
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        assert_eq!(
+            exclusions_cleanup(&clean, at("2026-11-22T10:00:00Z")),
+            ExclusionsCleanup::Keep(at("2026-11-22T10:01:00Z"))
+        );
+        assert_eq!(
+            exclusions_cleanup(&clean, at("2026-11-22T10:03:00Z")),
+            ExclusionsCleanup::Delete,
+            "the record lapses when its last node does"
+        );
+        assert_eq!(
+            exclusions_cleanup(&BTreeMap::new(), at("2026-11-22T10:00:00Z")),
+            ExclusionsCleanup::Delete
+        );
+        assert_eq!(exclusions_name("rs-1"), "tensile-exclusions-rs-1");
+    }
     use crate::inject::required_terms;
     use crate::keys::{ANNOTATION_CLUSTER_SELECTOR, ANNOTATION_EXCLUDED_NODES, LABEL_HOSTNAME};
     use pretty_assertions::assert_eq;

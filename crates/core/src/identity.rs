@@ -22,7 +22,7 @@ use k8s_openapi::api::core::v1::{
     Container, DownwardAPIProjection, DownwardAPIVolumeSource, EnvVar, KeyToPath, Pod, PodSpec,
     ProjectedVolumeSource, Secret, SecretProjection, Volume, VolumeProjection,
 };
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 
 use crate::deps::is_service_account_token_volume;
@@ -364,36 +364,38 @@ pub enum TokenSecretError {
     MissingMetadata(&'static str),
 }
 
-/// The lower pod a token Secret belongs to: the Secret is garbage-collected with it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct LowerPodRef<'a> {
-    /// Its name (the upper pod's).
-    pub name: &'a str,
-    /// Its UID in the lower cluster.
-    pub uid: &'a str,
-}
-
-impl LowerPodRef<'_> {
-    /// The owner reference naming it.
-    pub fn owner_reference(&self) -> OwnerReference {
-        OwnerReference {
-            api_version: "v1".to_owned(),
-            kind: "Pod".to_owned(),
-            name: self.name.to_owned(),
-            uid: self.uid.to_owned(),
-            ..OwnerReference::default()
-        }
-    }
-}
-
-/// Whether `secret` names `pod` among its owners.
-fn owned_by_pod(secret: &Secret, pod: LowerPodRef<'_>) -> bool {
-    secret
+/// Whether our identity Secret `secret` is still needed: the lower pod that mounts it exists
+/// (even while it terminates), or its upper pod exists, is not finished and is not being
+/// deleted (its lower pod is about to be made, or made again).
+///
+/// The virtual node deletes the Secret itself once this is false. An owner reference to the
+/// lower pod would let the lower garbage collector do it, but costs a third lower write per
+/// pod (the Secret is made before the pod, so the reference is only known after).
+pub fn identity_secret_needed(secret: &Secret, upper: Option<&Pod>, lower: Option<&Pod>) -> bool {
+    let Some(of) = secret
         .metadata
-        .owner_references
-        .iter()
-        .flatten()
-        .any(|r| r.kind == "Pod" && r.uid == pod.uid)
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(LABEL_IDENTITY_OF))
+    else {
+        return false;
+    };
+    let mounted = lower.is_some_and(|l| {
+        l.metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(ANNOTATION_UPPER_UID))
+            == Some(of)
+    });
+    let wanted = upper.is_some_and(|u| {
+        u.metadata.uid.as_ref() == Some(of)
+            && u.metadata.deletion_timestamp.is_none()
+            && !matches!(
+                u.status.as_ref().and_then(|s| s.phase.as_deref()),
+                Some("Succeeded" | "Failed")
+            )
+    });
+    mounted || wanted
 }
 
 /// The tokens an identity Secret is written with.
@@ -410,14 +412,13 @@ pub enum Tokens<'a> {
 /// Our lower Secret for `upper`: its `tokens` (with the CA and the namespace) and the values of
 /// its pinned downward API items (`downward`, see [`downward_pins`]); owned by `owner`,
 /// labelled with the pod's UID, annotated with its name and when the earliest token is due for
-/// refresh, and owned by the lower pod once it exists (the Secret is made before it, so the
-/// pod's volumes are there when the kubelet mounts them).
+/// refresh. It is made before the lower pod, so the pod's volumes are there when the kubelet
+/// mounts them, and deleted when [`identity_secret_needed`] says so.
 pub fn identity_secret(
     upper: &Pod,
     owner: &str,
     tokens: Tokens<'_>,
     downward: &[DownwardPin],
-    lower: Option<LowerPodRef<'_>>,
 ) -> Result<Secret, TokenSecretError> {
     let meta = &upper.metadata;
     let uid = meta
@@ -491,7 +492,6 @@ pub fn identity_secret(
                 (LABEL_IDENTITY_OF.to_owned(), uid.to_owned()),
             ])),
             annotations: Some(annotations),
-            owner_references: lower.map(|l| vec![l.owner_reference()]),
             ..ObjectMeta::default()
         },
         type_: Some("Opaque".to_owned()),
@@ -511,9 +511,6 @@ pub enum IdentityStep {
         /// Request new tokens (else the current ones are kept).
         tokens: bool,
     },
-    /// All is current but the Secret is not owned by the lower pod yet: add the owner
-    /// reference, then look again at the refresh time, if there is one.
-    Own(Option<Timestamp>),
     /// All is current; look again at the refresh time, if there is one.
     RecheckAt(Option<Timestamp>),
 }
@@ -522,19 +519,18 @@ impl IdentityStep {
     /// When to look again, for the steps that leave the tokens as they are.
     pub fn recheck_time(&self) -> Option<Timestamp> {
         match self {
-            IdentityStep::Own(at) | IdentityStep::RecheckAt(at) => *at,
+            IdentityStep::RecheckAt(at) => *at,
             IdentityStep::None | IdentityStep::Write { .. } => None,
         }
     }
 }
 
 /// The [`IdentityStep`] for `upper` (whose pinned downward items are `downward`) given our
-/// current Secret for it (`None`: there is none) and its lower pod, if that exists yet.
+/// current Secret for it (`None`: there is none).
 pub fn identity_step(
     upper: &Pod,
     downward: &[DownwardPin],
     secret: Option<&Secret>,
-    lower: Option<LowerPodRef<'_>>,
     now: Timestamp,
 ) -> IdentityStep {
     let needs = upper.spec.as_ref().map(token_needs).unwrap_or_default();
@@ -566,11 +562,7 @@ pub fn identity_step(
     if !downward_current {
         return IdentityStep::Write { tokens: false };
     }
-    let at = if needs.is_empty() { None } else { due };
-    match lower {
-        Some(pod) if !owned_by_pod(secret, pod) => IdentityStep::Own(at),
-        _ => IdentityStep::RecheckAt(at),
-    }
+    IdentityStep::RecheckAt(if needs.is_empty() { None } else { due })
 }
 
 /// A downward API item of a pod's volumes whose file would read differently on the lower copy
@@ -1024,7 +1016,6 @@ mod tests {
                 "PEM",
             ),
             &[],
-            None,
         )
         .unwrap();
         assert_eq!(s.metadata.name.as_deref(), Some("tensile-identity-u-1"));
@@ -1046,55 +1037,37 @@ mod tests {
         let mut nameless = p.clone();
         nameless.metadata.uid = None;
         assert_eq!(
-            identity_secret(&nameless, "vk-1", Tokens::None, &[], None).unwrap_err(),
+            identity_secret(&nameless, "vk-1", Tokens::None, &[]).unwrap_err(),
             TokenSecretError::MissingMetadata("uid")
         );
     }
 
     #[test]
-    fn a_secret_is_written_when_missing_incomplete_or_due_owned_then_rechecked() {
+    fn a_secret_is_written_when_missing_incomplete_or_due_then_rechecked() {
         let p = pod(api_access_spec());
         let now = ts("2026-01-01T00:30:00Z");
-        let lower = LowerPodRef {
-            name: "web",
-            uid: "lower-1",
-        };
         assert_eq!(
-            identity_step(&p, &[], None, None, now),
+            identity_step(&p, &[], None, now),
             IdentityStep::Write { tokens: true }
         );
         let tokens = [issued("token-0", "2026-01-01T01:00:00Z", 3600)];
-        let fresh = identity_secret(&p, "vk-1", Tokens::Fresh(&tokens, "PEM"), &[], None).unwrap();
+        let fresh = identity_secret(&p, "vk-1", Tokens::Fresh(&tokens, "PEM"), &[]).unwrap();
         let due = ts("2026-01-01T00:48:00Z");
         assert_eq!(
-            identity_step(&p, &[], Some(&fresh), None, now),
+            identity_step(&p, &[], Some(&fresh), now),
             IdentityStep::RecheckAt(Some(due))
         );
         assert_eq!(
-            identity_step(&p, &[], Some(&fresh), Some(lower), now),
-            IdentityStep::Own(Some(due))
-        );
-        let owned =
-            identity_secret(&p, "vk-1", Tokens::Fresh(&tokens, "PEM"), &[], Some(lower)).unwrap();
-        assert_eq!(
-            owned.metadata.owner_references.as_ref().unwrap()[0].uid,
-            "lower-1"
-        );
-        assert_eq!(
-            identity_step(&p, &[], Some(&owned), Some(lower), now),
-            IdentityStep::RecheckAt(Some(due))
-        );
-        assert_eq!(
-            identity_step(&p, &[], Some(&owned), Some(lower), due),
+            identity_step(&p, &[], Some(&fresh), due),
             IdentityStep::Write { tokens: true }
         );
-        let mut incomplete = owned.clone();
+        let mut incomplete = fresh.clone();
         incomplete.data.as_mut().unwrap().remove("token-0");
         assert_eq!(
-            identity_step(&p, &[], Some(&incomplete), Some(lower), now),
+            identity_step(&p, &[], Some(&incomplete), now),
             IdentityStep::Write { tokens: true }
         );
-        let mut unreadable = owned;
+        let mut unreadable = fresh;
         unreadable
             .metadata
             .annotations
@@ -1102,14 +1075,66 @@ mod tests {
             .unwrap()
             .insert(ANNOTATION_TOKEN_REFRESH_AT.into(), "soon".into());
         assert_eq!(
-            identity_step(&p, &[], Some(&unreadable), Some(lower), now),
+            identity_step(&p, &[], Some(&unreadable), now),
             IdentityStep::Write { tokens: true }
         );
         let no_token = pod(json!({"containers": [{"name": "c"}]}));
-        assert_eq!(
-            identity_step(&no_token, &[], None, None, now),
-            IdentityStep::None
+        assert_eq!(identity_step(&no_token, &[], None, now), IdentityStep::None);
+    }
+
+    #[test]
+    fn a_secret_is_kept_while_its_lower_pod_exists_or_its_upper_pod_still_runs() {
+        let upper = pod(api_access_spec());
+        let secret = identity_secret(&upper, "vk-1", Tokens::None, &[]).unwrap();
+        let lower: Pod = serde_json::from_value(json!({"metadata": {"name": "web",
+            "annotations": {ANNOTATION_UPPER_UID: "u-1"}}}))
+        .unwrap();
+        let mut other_lower = lower.clone();
+        other_lower
+            .metadata
+            .annotations
+            .as_mut()
+            .unwrap()
+            .insert(ANNOTATION_UPPER_UID.into(), "u-2".into());
+        // Before the lower pod is made, and while both exist.
+        assert!(identity_secret_needed(&secret, Some(&upper), None));
+        assert!(identity_secret_needed(&secret, Some(&upper), Some(&lower)));
+        // The upper pod is deleted: kept until its lower pod is gone.
+        let mut deleting = upper.clone();
+        deleting.metadata.deletion_timestamp = Some(
+            k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(ts("2026-01-01T00:00:00Z")),
         );
+        assert!(identity_secret_needed(
+            &secret,
+            Some(&deleting),
+            Some(&lower)
+        ));
+        assert!(identity_secret_needed(&secret, None, Some(&lower)));
+        assert!(!identity_secret_needed(&secret, Some(&deleting), None));
+        assert!(!identity_secret_needed(&secret, None, None));
+        // A finished pod's Secret goes with its lower pod.
+        let mut failed = upper.clone();
+        failed.status = Some(k8s_openapi::api::core::v1::PodStatus {
+            phase: Some("Failed".into()),
+            ..Default::default()
+        });
+        assert!(!identity_secret_needed(&secret, Some(&failed), None));
+        // A pod re-created under the same name (another UID) does not keep the old one.
+        let mut again = upper.clone();
+        again.metadata.uid = Some("u-2".into());
+        assert!(!identity_secret_needed(
+            &secret,
+            Some(&again),
+            Some(&other_lower)
+        ));
+        // Without our label it is not an identity Secret of ours.
+        let mut unlabelled = secret.clone();
+        unlabelled.metadata.labels = None;
+        assert!(!identity_secret_needed(
+            &unlabelled,
+            Some(&upper),
+            Some(&lower)
+        ));
     }
 
     #[test]
@@ -1192,18 +1217,18 @@ mod tests {
         let now = ts("2026-01-01T00:00:00Z");
         let pins = downward_pins(&p, &[]);
         assert_eq!(
-            identity_step(&p, &pins, None, None, now),
+            identity_step(&p, &pins, None, now),
             IdentityStep::Write { tokens: false }
         );
-        let secret = identity_secret(&p, "vk-1", Tokens::None, &pins, None).unwrap();
+        let secret = identity_secret(&p, "vk-1", Tokens::None, &pins).unwrap();
         assert_eq!(
-            identity_step(&p, &pins, Some(&secret), None, now),
+            identity_step(&p, &pins, Some(&secret), now),
             IdentityStep::RecheckAt(None)
         );
         p.metadata.labels = Some(BTreeMap::from([("app".into(), "api".into())]));
         let changed = downward_pins(&p, &[]);
         assert_eq!(
-            identity_step(&p, &changed, Some(&secret), None, now),
+            identity_step(&p, &changed, Some(&secret), now),
             IdentityStep::Write { tokens: false }
         );
         // Kept tokens are carried over with their refresh time.
@@ -1213,10 +1238,9 @@ mod tests {
             "vk-1",
             Tokens::Fresh(&[issued("token-0", "2026-01-01T01:00:00Z", 3600)], "PEM"),
             &[],
-            None,
         )
         .unwrap();
-        let kept = identity_secret(&with_token, "vk-1", Tokens::Kept(&fresh), &[], None).unwrap();
+        let kept = identity_secret(&with_token, "vk-1", Tokens::Kept(&fresh), &[]).unwrap();
         assert_eq!(kept.data, fresh.data);
         assert_eq!(kept.metadata.annotations, fresh.metadata.annotations);
     }

@@ -491,6 +491,22 @@ impl Ctx {
 }
 
 async fn reconcile(ctx: &Ctx, key: &Key) -> Result<(), SyncError> {
+    let result = reconcile_pod(ctx, key).await;
+    if let Some(tokens) = &ctx.tokens {
+        // From the caches as they are now: a lower pod the step just deleted still holds its
+        // Secret until its delete event brings the key back.
+        let (ns, name) = key;
+        let (upper, lower) = (ctx.upper_pods.get(ns, name), ctx.lower_pods.get(ns, name));
+        tokens
+            .collect(key, upper.as_ref(), lower.as_ref())
+            .await
+            .map_err(|e| SyncError(e.to_string()))?;
+    }
+    result
+}
+
+/// One step of the pod `key` (see [`pod_step`]).
+async fn reconcile_pod(ctx: &Ctx, key: &Key) -> Result<(), SyncError> {
     let (ns, name) = key;
     let upper = ctx.upper_pods.get(ns, name);
     let lower = ctx.lower_pods.get(ns, name);
@@ -618,7 +634,7 @@ async fn sync_tokens(ctx: &Ctx, u: &Pod, l: Option<&Pod>) -> Result<(), SyncErro
         return Ok(());
     }
     let t0 = std::time::Instant::now();
-    let result = tokens.sync(u, Some(l)).await;
+    let result = tokens.sync(u).await;
     ctx.metrics.observe("upper_tokens", t0.elapsed());
     result.map_err(|e| SyncError(e.to_string()))
 }
@@ -799,7 +815,7 @@ async fn create_lower_steps(ctx: &Ctx, u: &Pod) -> Result<(), SyncError> {
                 if let Some(tokens) = &ctx.tokens {
                     // The token Secret first: the kubelet mounts it when the pod starts.
                     let t0 = std::time::Instant::now();
-                    let written = tokens.sync(u, None).await;
+                    let written = tokens.sync(u).await;
                     ctx.metrics.observe("upper_tokens", t0.elapsed());
                     written.map_err(|e| SyncError(e.to_string()))?;
                 }

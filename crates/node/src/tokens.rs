@@ -2,23 +2,28 @@
 //! each pod that mounts a token, one Secret of ours in the lower cluster, holding tokens the
 //! upper cluster issued for the upper pod (TokenRequest bound to it), the upper CA and the
 //! namespace. The pod controller writes it before the lower pod, and again when a token is due
-//! (the kubelet's rule) or the Secret went missing; it is owned by the lower pod, so the lower
-//! cluster's garbage collector removes it with the pod.
+//! (the kubelet's rule) or the Secret went missing, and deletes it once neither the lower pod
+//! that mounts it nor a running upper pod needs it (`identity_secret_needed`). Deleting it
+//! ourselves rather than through an owner reference to the lower pod saves a lower write per
+//! pod: the reference can only be added after the pod exists.
 //!
 //! One watch of our token Secrets downstairs (label selector) fills the cache the decisions
-//! read; a change of one puts its pod back on the pod controller's queue.
+//! read, and an index of them by pod name (so orphans are found after a restart); a change of
+//! one puts its pod back on the pod controller's queue.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use futures::{StreamExt as _, TryStreamExt as _};
 use k8s_openapi::api::authentication::v1::{BoundObjectReference, TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret, ServiceAccount};
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::runtime::{WatchStreamExt as _, watcher};
-use serde_json::json;
 use tensile_core::deps::is_owned_by;
 use tensile_core::identity::{
-    DownwardPin, IdentityStep, IssuedToken, KEY_CA, LowerPodRef, TokenNeed, Tokens, downward_pins,
-    identity_secret, identity_secret_name, identity_step, token_needs,
+    DownwardPin, IdentityStep, IssuedToken, KEY_CA, TokenNeed, Tokens, downward_pins,
+    identity_secret, identity_secret_name, identity_secret_needed, identity_step, token_needs,
 };
 use tensile_core::keys::{
     ANNOTATION_TOKEN_POD, CONFIG_MAP_KUBE_ROOT_CA, LABEL_IDENTITY_OF, LABEL_OWNER,
@@ -112,6 +117,8 @@ pub struct IdentitySecrets {
     lower_name: String,
     /// Our token Secrets downstairs.
     secrets: CompactCache<Secret>,
+    /// Their names by the (namespace, name) of their pod.
+    by_pod: Arc<Mutex<HashMap<Key, BTreeSet<String>>>>,
     /// Every upper ConfigMap (the copy controller's cache): each namespace's root CA.
     upper_config_maps: CompactCache<ConfigMap>,
     later: Later<Key>,
@@ -137,6 +144,7 @@ impl IdentitySecrets {
         stop: CancellationToken,
     ) -> Self {
         let secrets = CompactCache::new();
+        let by_pod: Arc<Mutex<HashMap<Key, BTreeSet<String>>>> = Arc::default();
         let selector = format!(
             "{LABEL_OWNER}={},{LABEL_IDENTITY_OF}",
             owner_label_value(&owner)
@@ -146,8 +154,11 @@ impl IdentitySecrets {
             watcher::Config::default().labels(&selector),
         )
         .inspect_ok({
-            let cache = secrets.clone();
-            move |e| cache.apply(e)
+            let (cache, index) = (secrets.clone(), by_pod.clone());
+            move |e| {
+                cache.apply(e);
+                index_secrets(&index, e);
+            }
         })
         .touched_objects()
         .boxed();
@@ -172,9 +183,51 @@ impl IdentitySecrets {
             ignore_labels,
             lower_name,
             secrets,
+            by_pod,
             upper_config_maps,
             later: Later::new(queue),
         }
+    }
+
+    /// Deletes the identity Secrets of pod `key` that neither its lower pod nor its upper pod
+    /// needs any more (UID precondition: only the Secret judged).
+    pub async fn collect(
+        &self,
+        key: &Key,
+        upper: Option<&Pod>,
+        lower: Option<&Pod>,
+    ) -> Result<(), TokenError> {
+        let names: Vec<String> = self
+            .by_pod
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(key)
+            .map(|n| n.iter().cloned().collect())
+            .unwrap_or_default();
+        let (ns, _) = key;
+        for name in names {
+            let Some(secret) = self.secrets.get(ns, &name) else {
+                continue;
+            };
+            if identity_secret_needed(&secret, upper, lower) {
+                continue;
+            }
+            let params = DeleteParams {
+                preconditions: Some(Preconditions {
+                    uid: secret.metadata.uid.clone(),
+                    resource_version: None,
+                }),
+                ..DeleteParams::default()
+            };
+            match self.secrets_api(ns).delete(&name, &params).await {
+                Ok(_) => {
+                    tracing::debug!(namespace = %ns, secret = %name, "identity secret deleted")
+                }
+                Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {}
+                Err(source) => return Err(self.write_error(ns, &name, source)),
+            }
+        }
+        Ok(())
     }
 
     /// Waits for the first list of our token Secrets.
@@ -182,10 +235,9 @@ impl IdentitySecrets {
         self.secrets.wait_until_ready().await;
     }
 
-    /// Brings the token Secret of upper pod `u` (whose lower pod is `lower`, if it exists) up
-    /// to date: written when missing or due, owned by the lower pod, and looked at again when
-    /// its earliest token is due.
-    pub async fn sync(&self, u: &Pod, lower: Option<&Pod>) -> Result<(), TokenError> {
+    /// Brings the token Secret of upper pod `u` up to date: written when missing or due, and
+    /// looked at again when its earliest token is due.
+    pub async fn sync(&self, u: &Pod) -> Result<(), TokenError> {
         let (Some(ns), Some(name), Some(uid)) = (
             u.metadata.namespace.as_deref(),
             u.metadata.name.as_deref(),
@@ -195,38 +247,21 @@ impl IdentitySecrets {
         };
         let secret_name = identity_secret_name(uid);
         let current = self.secrets.get(ns, &secret_name);
-        let lower_ref = lower.and_then(|l| {
-            Some(LowerPodRef {
-                name: l.metadata.name.as_deref()?,
-                uid: l.metadata.uid.as_deref()?,
-            })
-        });
         let pins = downward_pins(u, &self.ignore_labels);
-        let due = match identity_step(u, &pins, current.as_ref(), lower_ref, Timestamp::now()) {
+        let due = match identity_step(u, &pins, current.as_ref(), Timestamp::now()) {
             IdentityStep::None => return Ok(()),
             IdentityStep::RecheckAt(at) => at,
-            IdentityStep::Own(at) => {
-                let Some(pod) = lower_ref else {
-                    return Ok(());
-                };
-                let patch = json!({"metadata": {"ownerReferences": [pod.owner_reference()]}});
-                self.secrets_api(ns)
-                    .patch(&secret_name, &PatchParams::default(), &Patch::Merge(&patch))
-                    .await
-                    .map_err(|source| self.write_error(ns, &secret_name, source))?;
-                at
-            }
             IdentityStep::Write { tokens } => {
                 let secret = if tokens {
                     let (issued, ca) = self.fresh_tokens(u, ns, name).await?;
-                    self.secret(u, Tokens::Fresh(&issued, &ca), &pins, lower_ref)?
+                    self.secret(u, Tokens::Fresh(&issued, &ca), &pins)?
                 } else {
                     let kept = current.as_ref().map_or(Tokens::None, Tokens::Kept);
-                    self.secret(u, kept, &pins, lower_ref)?
+                    self.secret(u, kept, &pins)?
                 };
                 self.write(ns, &secret_name, &secret, current.is_some())
                     .await?;
-                identity_step(u, &pins, Some(&secret), lower_ref, Timestamp::now()).recheck_time()
+                identity_step(u, &pins, Some(&secret), Timestamp::now()).recheck_time()
             }
         };
         if let Some(at) = due {
@@ -242,9 +277,8 @@ impl IdentitySecrets {
         u: &Pod,
         tokens: Tokens<'_>,
         pins: &[DownwardPin],
-        lower: Option<LowerPodRef<'_>>,
     ) -> Result<Secret, TokenError> {
-        identity_secret(u, &self.owner, tokens, pins, lower).map_err(|source| TokenError::Secret {
+        identity_secret(u, &self.owner, tokens, pins).map_err(|source| TokenError::Secret {
             namespace: u.metadata.namespace.clone().unwrap_or_default(),
             pod: u.metadata.name.clone().unwrap_or_default(),
             source,
@@ -372,6 +406,38 @@ impl IdentitySecrets {
             cluster: self.lower_name.clone(),
             source: Box::new(source),
         }
+    }
+}
+
+/// Keeps the index of our Secrets by their pod's (namespace, name) in step with the watch.
+fn index_secrets(index: &Mutex<HashMap<Key, BTreeSet<String>>>, event: &watcher::Event<Secret>) {
+    let mut index = index.lock().unwrap_or_else(PoisonError::into_inner);
+    let entry = |s: &Secret| {
+        let pod = s.metadata.annotations.as_ref()?.get(ANNOTATION_TOKEN_POD)?;
+        Some((
+            (s.metadata.namespace.clone()?, pod.clone()),
+            s.metadata.name.clone()?,
+        ))
+    };
+    match event {
+        // A re-list starts over.
+        watcher::Event::Init => index.clear(),
+        watcher::Event::Apply(s) | watcher::Event::InitApply(s) => {
+            if let Some((pod, name)) = entry(s) {
+                index.entry(pod).or_default().insert(name);
+            }
+        }
+        watcher::Event::Delete(s) => {
+            if let Some((pod, name)) = entry(s)
+                && let Some(names) = index.get_mut(&pod)
+            {
+                names.remove(&name);
+                if names.is_empty() {
+                    index.remove(&pod);
+                }
+            }
+        }
+        watcher::Event::InitDone => {}
     }
 }
 

@@ -1128,17 +1128,10 @@ async fn an_offloaded_pods_token_is_the_upper_clusters_for_its_service_account()
         !copy_volumes.contains("serviceAccountToken"),
         "{copy_volumes}"
     );
-    let lower_uid = copy.metadata.uid.clone().unwrap();
-    eventually(30, "the token Secret owned by the lower pod", || async {
-        let s = lower_secrets.get_opt(&secret_name).await.ok()??;
-        s.metadata
-            .owner_references
-            .iter()
-            .flatten()
-            .any(|r| r.uid == lower_uid)
-            .then_some(())
-    })
-    .await;
+    // Made before the pod, without an owner reference: we delete it ourselves.
+    let secret = lower_secrets.get(&secret_name).await.unwrap();
+    assert_eq!(secret.metadata.owner_references, None);
+    assert!(secret.metadata.creation_timestamp <= copy.metadata.creation_timestamp);
 
     // The default token: the upper cluster's, for the pod's ServiceAccount, bound to the pod.
     let token = exec_out(&upper_pods, "whoami", &["cat", &format!("{SA_DIR}/token")]).await;
@@ -1232,6 +1225,44 @@ async fn an_offloaded_pods_token_is_the_upper_clusters_for_its_service_account()
         .await
         .unwrap();
     gone(&lower_secrets, &secret_name, 60, "the token Secret").await;
+    gone(&lower_pods, "whoami", 60, "the lower pod").await;
+
+    // One left behind (a virtual node that stopped between the pod's delete and the Secret's)
+    // is found by its pod name and deleted; one that is not ours is left alone.
+    let mut orphan = secret.clone();
+    orphan.metadata = serde_json::from_value(json!({"name": "tensile-identity-gone-uid",
+        "labels": secret.metadata.labels.clone().unwrap()
+            .into_iter()
+            .map(|(k, v)| if k == "tensile-kube.io/identity-of" { (k, "gone-uid".to_owned()) } else { (k, v) })
+            .collect::<std::collections::BTreeMap<_, _>>(),
+        "annotations": {"tensile-kube.io/pod": "ghost"}}))
+    .unwrap();
+    lower_secrets
+        .create(&PostParams::default(), &orphan)
+        .await
+        .unwrap();
+    let mut foreign = orphan.clone();
+    foreign.metadata.name = Some("tensile-identity-not-ours".into());
+    foreign.metadata.labels =
+        Some([("tensile-kube.io/identity-of".to_owned(), "x".to_owned())].into());
+    lower_secrets
+        .create(&PostParams::default(), &foreign)
+        .await
+        .unwrap();
+    gone(
+        &lower_secrets,
+        "tensile-identity-gone-uid",
+        60,
+        "the orphaned token Secret",
+    )
+    .await;
+    assert!(
+        lower_secrets
+            .get_opt("tensile-identity-not-ours")
+            .await
+            .unwrap()
+            .is_some()
+    );
     stop.cancel();
 }
 

@@ -34,12 +34,14 @@ use std::time::Duration;
 
 use futures::StreamExt as _;
 use k8s_openapi::api::core::v1::{ConfigMap, Node, ObjectReference, Pod};
-use k8s_openapi::jiff::Timestamp;
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::runtime::WatchStreamExt as _;
 use kube::runtime::watcher;
 use serde_json::json;
-use tensile_core::deschedule::{self, Handling, Move, MoveHow, MoveStep, Policy};
+use tensile_core::deschedule::{
+    self, ExclusionsCleanup, Handling, Move, MoveHow, MoveStep, Policy,
+};
 use tensile_core::keys::{
     ANNOTATION_UNSCHEDULABLE_NODE, EVENT_RESCHEDULED, LABEL_NODE_TYPE, VALUE_NODE_TYPE_VIRTUAL,
 };
@@ -53,8 +55,14 @@ use tokio_util::sync::CancellationToken;
 
 use crate::metrics::DeschedulerMetrics;
 
-/// Label of the ConfigMaps holding a move in progress (its intent).
+/// Label of the descheduler's ConfigMaps: `true` on a move in progress (its intent),
+/// [`VALUE_EXCLUSIONS`] on the record of the nodes a controller is kept off.
 pub const LABEL_MOVE: &str = "tensile-kube.io/move";
+/// [`LABEL_MOVE`] of an exclusions record (`tensile_core::deschedule::exclusions_name`).
+pub const VALUE_EXCLUSIONS: &str = "exclusions";
+/// Default of `--exclusion-window`: how long a workload stays off a virtual node one of its
+/// pods was moved away from (the original's freeze window was 3 minutes).
+pub const DEFAULT_EXCLUSION_WINDOW: Duration = Duration::from_secs(180);
 /// Key of the intent's JSON in such a ConfigMap.
 const MOVE_KEY: &str = "move.json";
 /// Moves and steps in flight at once.
@@ -81,8 +89,10 @@ pub struct DeschedulerConfig {
     pub moves_per_second: f64,
     /// Burst of `moves_per_second`.
     pub burst: u32,
-    /// Namespace of the move intents (the descheduler's own).
+    /// Namespace of the move intents and exclusion records (the descheduler's own).
     pub namespace: String,
+    /// How long a controller stays off a node one of its pods was moved away from.
+    pub exclusion_window: Duration,
     /// Moves and give-ups are counted here.
     pub metrics: DeschedulerMetrics,
     /// Set ready once the watches have listed (`/readyz` of `--metrics-addr`).
@@ -99,6 +109,7 @@ impl Default for DeschedulerConfig {
             moves_per_second: 10.0,
             burst: 20,
             namespace: "kube-system".into(),
+            exclusion_window: DEFAULT_EXCLUSION_WINDOW,
             metrics: DeschedulerMetrics::default(),
             readiness: None,
         }
@@ -124,16 +135,33 @@ pub enum MoveError {
     /// An intent could not be encoded.
     #[error("move intent {0}: {1}")]
     Intent(String, String),
+    /// The exclusions record of a controller could not be written.
+    #[error(
+        "recording that controller {controller} stays off {node} (ConfigMap {record}): {source}"
+    )]
+    Exclusion {
+        /// UID of the controller.
+        controller: String,
+        /// The node it stays off.
+        node: String,
+        /// Name of the record.
+        record: String,
+        /// The API error.
+        #[source]
+        source: kube::Error,
+    },
 }
 
 /// Namespace and name of a pod.
 type PodKey = (String, String);
 
-/// What a timer is for: a pod that may become due, or a move intent to carry on.
+/// What a timer is for: a pod that may become due, a move intent to carry on, or an
+/// exclusions record to clean up.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 enum Key {
     Pod(PodKey),
     Move(String),
+    Exclusions(String),
 }
 
 /// A change seen on a watch.
@@ -142,6 +170,8 @@ enum Touched {
     Pod(PodKey, Option<String>),
     /// A move intent (by ConfigMap name).
     Move(String),
+    /// An exclusions record (by ConfigMap name).
+    Exclusions(String),
 }
 
 struct Limits {
@@ -227,6 +257,12 @@ pub async fn run(
     let mut intents: HashMap<String, (PodKey, Option<String>)> = HashMap::new();
     for cm in shared.moves.state() {
         let name = cm.metadata.name.clone().unwrap_or_default();
+        if is_exclusions(&cm) {
+            if !shared.config.dry_run {
+                timers.set(Key::Exclusions(name), Instant::now());
+            }
+            continue;
+        }
         note_intent(&shared, &name, &mut intents);
         if !shared.config.dry_run {
             timers.set(Key::Move(name), Instant::now());
@@ -261,6 +297,11 @@ pub async fn run(
                         }
                     }
                 }
+                Touched::Exclusions(name) => {
+                    if !shared.config.dry_run {
+                        timers.set(Key::Exclusions(name), Instant::now());
+                    }
+                }
                 Touched::Move(name) => {
                     note_intent(&shared, &name, &mut intents);
                     if intents.contains_key(&name) && !shared.config.dry_run {
@@ -293,6 +334,7 @@ pub async fn run(
                         let (retry, drive) = match &key {
                             Key::Pod(pod) => consider(&shared, pod).await,
                             Key::Move(name) => (carry_on(&shared, name).await, None),
+                            Key::Exclusions(name) => (clean_exclusions(&shared, name).await, None),
                         };
                         let _ = done.send((key, retry, drive));
                     });
@@ -375,7 +417,8 @@ fn watch_pods(shared: &Arc<Shared>, stop: &CancellationToken, tx: mpsc::Unbounde
 fn watch_moves(shared: &Arc<Shared>, stop: &CancellationToken, tx: mpsc::UnboundedSender<Touched>) {
     let events = tensile_node::backoff::watch(
         Api::<ConfigMap>::namespaced(shared.client.clone(), &shared.config.namespace),
-        watcher::Config::default().labels(&format!("{LABEL_MOVE}=true")),
+        // One watch for both kinds of our ConfigMaps.
+        watcher::Config::default().labels(&format!("{LABEL_MOVE} in (true,{VALUE_EXCLUSIONS})")),
     );
     let (shared, stop) = (shared.clone(), stop.clone());
     tokio::spawn(async move {
@@ -390,7 +433,13 @@ fn watch_moves(shared: &Arc<Shared>, stop: &CancellationToken, tx: mpsc::Unbound
             &stop,
             "move intents",
             |cm: ConfigMap| {
-                let _ = tx.send(Touched::Move(cm.metadata.name.unwrap_or_default()));
+                let exclusions = is_exclusions(&cm);
+                let name = cm.metadata.name.unwrap_or_default();
+                let _ = tx.send(if exclusions {
+                    Touched::Exclusions(name)
+                } else {
+                    Touched::Move(name)
+                });
             },
         )
         .await;
@@ -419,6 +468,15 @@ fn note_intent(
             intents.remove(name);
         }
     }
+}
+
+/// Whether `cm` is an exclusions record rather than a move intent.
+fn is_exclusions(cm: &ConfigMap) -> bool {
+    cm.metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(LABEL_MOVE))
+        .is_some_and(|v| v == VALUE_EXCLUSIONS)
 }
 
 /// The move an intent holds and when it was written (the API server's time).
@@ -578,7 +636,12 @@ impl Shared {
 
     /// Every move intent with when it was written.
     fn intents(&self) -> Vec<(Move, Timestamp)> {
-        self.moves.state().iter().filter_map(decode_move).collect()
+        self.moves
+            .state()
+            .iter()
+            .filter(|cm| !is_exclusions(cm))
+            .filter_map(decode_move)
+            .collect()
     }
 
     fn intent_api(&self) -> Api<ConfigMap> {
@@ -772,9 +835,13 @@ async fn carry_on(shared: &Shared, name: &str) -> Option<Instant> {
     }
 }
 
-/// Marks the moved pod with the node it failed on (the webhook records it for the pod's
-/// owner), then deletes it, both only while it is the pod with the move's UID.
+/// Records that the moved pod's controller stays off the node, marks the pod with the node it
+/// failed on (the original's annotation), then deletes it, both only while it is the pod with
+/// the move's UID.
 async fn delete_moved(shared: &Shared, m: &Move) -> Result<(), MoveError> {
+    if let MoveHow::ThroughOwner { controller } = &m.how {
+        record_exclusion(shared, controller, &m.node).await?;
+    }
     let api: Api<Pod> = Api::namespaced(shared.client.clone(), &m.namespace);
     let patch = json!({"metadata": {"uid": m.uid,
         "annotations": {ANNOTATION_UNSCHEDULABLE_NODE: m.node}}});
@@ -801,6 +868,93 @@ async fn delete_moved(shared: &Shared, m: &Move) -> Result<(), MoveError> {
         );
     }
     Ok(())
+}
+
+/// Writes into the controller's exclusions record that it stays off `node` for the window
+/// (a merge patch of one key, so no read is needed; created when missing).
+async fn record_exclusion(shared: &Shared, controller: &str, node: &str) -> Result<(), MoveError> {
+    let name = deschedule::exclusions_name(controller);
+    let recorded = shared
+        .moves
+        .get(&shared.config.namespace, &name)
+        .and_then(|cm| cm.data?.get(node).cloned());
+    let window = SignedDuration::try_from(shared.config.exclusion_window)
+        .unwrap_or(SignedDuration::from_secs(180));
+    let until = deschedule::exclusion_until(recorded.as_deref(), Timestamp::now(), window);
+    let record = json!({"metadata": {"name": name, "labels": {LABEL_MOVE: VALUE_EXCLUSIONS}},
+        "data": {node: until.to_string()}});
+    let fail = |source| MoveError::Exclusion {
+        controller: controller.to_owned(),
+        node: node.to_owned(),
+        record: name.clone(),
+        source,
+    };
+    let api = shared.intent_api();
+    for _ in 0..2 {
+        match api
+            .patch(&name, &PatchParams::default(), &Patch::Merge(&record))
+            .await
+        {
+            Ok(_) => return Ok(()),
+            Err(kube::Error::Api(s)) if s.code == 404 => {}
+            Err(e) => return Err(fail(e)),
+        }
+        let cm: ConfigMap = serde_json::from_value(record.clone())
+            .map_err(|e| MoveError::Intent(name.clone(), e.to_string()))?;
+        match api.create(&PostParams::default(), &cm).await {
+            Ok(_) => return Ok(()),
+            // Created meanwhile (a previous attempt): patch it.
+            Err(e) if already_exists(&e) => {}
+            Err(e) => return Err(fail(e)),
+        }
+    }
+    Ok(())
+}
+
+/// Drops the lapsed nodes of an exclusions record, or the record once all have lapsed
+/// (preconditions: the record read). Returns when to look again.
+async fn clean_exclusions(shared: &Shared, name: &str) -> Option<Instant> {
+    if shared.config.dry_run {
+        return None;
+    }
+    let cm = shared.moves.get(&shared.config.namespace, name)?;
+    let record = cm.data.clone().unwrap_or_default();
+    let now = Timestamp::now();
+    let api = shared.intent_api();
+    let result = match deschedule::exclusions_cleanup(&record, now) {
+        ExclusionsCleanup::Keep(at) => return Some(instant_of(at)),
+        ExclusionsCleanup::Delete => {
+            // Only the version read: a node recorded meanwhile keeps the record.
+            let params = kube::api::DeleteParams {
+                preconditions: Some(kube::api::Preconditions {
+                    uid: cm.metadata.uid.clone(),
+                    resource_version: cm.metadata.resource_version.clone(),
+                }),
+                ..kube::api::DeleteParams::default()
+            };
+            api.delete(name, &params).await.map(|_| None)
+        }
+        ExclusionsCleanup::Drop(lapsed, at) => {
+            let data: serde_json::Map<String, serde_json::Value> = lapsed
+                .into_iter()
+                .map(|n| (n, serde_json::Value::Null))
+                .collect();
+            let patch = json!({"metadata": {"resourceVersion": cm.metadata.resource_version},
+                "data": data});
+            api.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+                .map(|_| Some(instant_of(at)))
+        }
+    };
+    match result {
+        Ok(next) => next,
+        // Changed or gone meanwhile: its watch event looks again.
+        Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => None,
+        Err(e) => {
+            tracing::warn!(error = %e, record = name, "cannot clean up an exclusions record; retried");
+            Some(Instant::now() + RETRY)
+        }
+    }
 }
 
 /// Creates the replacement of a re-created pod once the moved pod is gone. `None` when done.

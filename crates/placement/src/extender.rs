@@ -13,6 +13,10 @@
 //!   (annotation `tensile-kube.io/upper-uid`) is seen, or its TTL lapses. So a burst of pods
 //!   cannot over-commit a lower cluster, even while the upper scheduler's filter calls run ahead
 //!   of its bindings.
+//! - Reservations are also rebuilt from one watch of the upper pods that are bound and still
+//!   Pending: a pod bound to a virtual node whose lower pod is not seen holds one. So a new
+//!   leader (or a restarted extender) counts the pods its predecessor bound, and a pod deleted
+//!   before its lower pod appeared frees its room at once.
 //!
 //! Wire format: kube-scheduler's `k8s.io/kube-scheduler/extender/v1` types. They have no JSON
 //! tags, so kube-scheduler sends Go field names (`Pod`, `Nodes`, `NodeNames`, `PodName`, ...)
@@ -143,6 +147,11 @@ pub async fn start(cfg: ExtenderConfig, stop: CancellationToken) -> Result<Runni
     }
     tasks.push(tokio::spawn(watch_upper_nodes(
         extender.clone(),
+        cfg.upper.clone(),
+        stop.clone(),
+    )));
+    tasks.push(tokio::spawn(watch_bound_upper_pods(
+        extender.clone(),
         cfg.upper,
         stop.clone(),
     )));
@@ -179,6 +188,8 @@ struct Shared {
     ttl: Duration,
     metrics: ExtenderMetrics,
     state: Mutex<State>,
+    /// Told when the upper node watch has listed (a bound pod's cluster is its node's).
+    upper_nodes_listed: tokio::sync::Notify,
 }
 
 struct ClusterState {
@@ -277,6 +288,7 @@ impl Extender {
                     learned_nodes: HashMap::new(),
                     recent: HashMap::new(),
                 }),
+                upper_nodes_listed: tokio::sync::Notify::new(),
             }),
         }
     }
@@ -674,6 +686,56 @@ impl Extender {
                     .upper_nodes
                     .remove(n.metadata.name.as_deref().unwrap_or_default());
             }
+            watcher::Event::InitDone => self.shared.upper_nodes_listed.notify_waiters(),
+            watcher::Event::Init => {}
+        }
+    }
+
+    /// A bound, Pending upper pod: it holds a reservation unless its lower pod is seen. Gone
+    /// (deleted, or no longer Pending: its lower pod exists by then), it holds none.
+    fn on_bound_upper_pod(&self, event: &watcher::Event<Pod>) {
+        let mut guard = self.state();
+        let state = &mut *guard;
+        match event {
+            watcher::Event::Apply(p) | watcher::Event::InitApply(p) => {
+                let (Some(uid), Some(node)) = (
+                    p.metadata.uid.as_deref(),
+                    p.spec.as_ref().and_then(|s| s.node_name.as_deref()),
+                ) else {
+                    return;
+                };
+                let Judged::Cluster(id) = Self::judge(state, node, None) else {
+                    return;
+                };
+                let seen = state
+                    .clusters
+                    .get(&id)
+                    .is_some_and(|c| c.lower.has_upper_uid(uid));
+                if seen || state.reservations.contains(uid) {
+                    return;
+                }
+                match Demand::of_upper_pod(p) {
+                    Ok(demand) => {
+                        tracing::debug!(%uid, cluster = %id, "reservation of a bound pod rebuilt");
+                        state.reservations.reserve(
+                            uid,
+                            &id,
+                            demand,
+                            Instant::now() + self.shared.ttl,
+                        );
+                        self.publish_reservations(state);
+                    }
+                    Err(e) => tracing::debug!(%uid, error = %e, "bound pod not counted"),
+                }
+            }
+            watcher::Event::Delete(p) => {
+                if let Some(uid) = p.metadata.uid.as_deref()
+                    && state.reservations.release(uid).is_some()
+                {
+                    tracing::debug!(%uid, "reservation released: the upper pod left Pending");
+                    self.publish_reservations(state);
+                }
+            }
             watcher::Event::Init | watcher::Event::InitDone => {}
         }
     }
@@ -764,6 +826,29 @@ async fn watch_upper_nodes(ext: Extender, upper: kube::Client, stop: Cancellatio
     let stream = tensile_node::backoff::watch(Api::<Node>::all(upper), watcher::Config::default());
     tensile_node::backoff::drain(Box::pin(stream), &stop, "upper nodes", |e| {
         ext.on_upper_node(&e);
+    })
+    .await;
+}
+
+/// The upper pods bound to a node and still Pending (few: they leave the selection once Running).
+async fn watch_bound_upper_pods(ext: Extender, upper: kube::Client, stop: CancellationToken) {
+    // Their cluster is their node's: wait until the upper nodes have listed.
+    loop {
+        let listed = ext.shared.upper_nodes_listed.notified();
+        if ext.state().upper_listed.synced() {
+            break;
+        }
+        tokio::select! {
+            () = stop.cancelled() => return,
+            () = listed => {}
+        }
+    }
+    let stream = tensile_node::backoff::watch(
+        Api::<Pod>::all(upper),
+        watcher::Config::default().fields("status.phase=Pending,spec.nodeName!="),
+    );
+    tensile_node::backoff::drain(Box::pin(stream), &stop, "bound upper pods", |e| {
+        ext.on_bound_upper_pod(&e);
     })
     .await;
 }

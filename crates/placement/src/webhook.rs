@@ -1,102 +1,135 @@
 //! `tensile webhook`: the mutating admission webhook (AdmissionReview `admission.k8s.io/v1`,
 //! `v1beta1` also read). The rules are `tensile_core::inject`; this module decodes reviews,
-//! remembers which virtual nodes a workload recently failed on, reads upper claims from one
-//! watch, and answers with an RFC 6902 JSONPatch.
+//! reads upper claims and the descheduler's exclusion records (which virtual nodes a workload
+//! recently failed on) from one watch each, and answers with an RFC 6902 JSONPatch.
+//!
+//! It keeps no state of its own: every replica answers the same from the same objects, so it
+//! runs as many replicas as wanted and a restart loses nothing.
 //!
 //! Answers: a CREATE of a pod it mutates gets `allowed: true` and a patch (none when nothing
 //! changed); a request that is not a pod, or a pod that does not decode, or whose
 //! `clusterSelector` annotation is malformed, gets `allowed: false` with the reason, which the
 //! API server shows to the user; a body that is not an AdmissionReview gets HTTP 400.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::BTreeSet;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Instant;
 
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use bytes::Bytes;
 use futures::TryStreamExt as _;
 use http::StatusCode;
-use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
+use k8s_openapi::api::core::v1::{ConfigMap, PersistentVolumeClaim, Pod};
+use k8s_openapi::jiff::Timestamp;
 use kube::Api;
 use kube::runtime::watcher;
 use serde_json::{Value, json};
+use tensile_core::deschedule;
 use tensile_core::inject::{self, Mutation};
-use tensile_core::keys::{ANNOTATION_SELECTED_NODE, ANNOTATION_UNSCHEDULABLE_NODE};
+use tensile_core::keys::ANNOTATION_SELECTED_NODE;
 use tensile_node::cache::CompactCache;
 use tokio_util::sync::CancellationToken;
 
+use crate::descheduler::{LABEL_MOVE, VALUE_EXCLUSIONS};
 use crate::metrics::{self, WebhookMetrics};
 use crate::serve::{Handler, Reply};
-
-/// Default of `--exclusion-window`: how long a workload stays off a virtual node its pod
-/// could not be placed on (the original's freeze window was 3 minutes).
-pub const DEFAULT_EXCLUSION_WINDOW: Duration = Duration::from_secs(180);
 
 /// How the webhook mutates pods.
 #[derive(Debug, Clone)]
 pub struct WebhookConfig {
     /// Selector keys that stay in the upper pod (`--ignore-selector-keys`).
     pub ignore_keys: BTreeSet<String>,
-    /// How long an owner stays excluded from a virtual node after the descheduler marked one
-    /// of its pods `unschedulable-node` there.
-    pub exclusion_window: Duration,
+    /// Where the descheduler keeps its exclusion records (its `--namespace`).
+    pub exclusions_namespace: String,
 }
 
 impl Default for WebhookConfig {
     fn default() -> Self {
         Self {
             ignore_keys: inject::parse_ignore_keys(inject::DEFAULT_IGNORE_SELECTOR_KEYS),
-            exclusion_window: DEFAULT_EXCLUSION_WINDOW,
+            exclusions_namespace: "kube-system".into(),
         }
     }
 }
 
-/// The webhook's state: configuration, recent exclusions per owner, the upper claims.
+/// The webhook: configuration and what it reads from the upper cluster.
 #[derive(Debug)]
 pub struct Webhook {
     config: WebhookConfig,
-    exclusions: Mutex<HashMap<String, BTreeMap<String, Instant>>>,
+    /// The descheduler's exclusion records.
+    exclusions: Option<CompactCache<ConfigMap>>,
     claims: Option<CompactCache<PersistentVolumeClaim>>,
     metrics: WebhookMetrics,
 }
 
+/// A cache filled by one watch until `stop`.
+fn watched<K>(
+    api: Api<K>,
+    config: watcher::Config,
+    what: &'static str,
+    stop: &CancellationToken,
+) -> CompactCache<K>
+where
+    K: kube::Resource
+        + Clone
+        + std::fmt::Debug
+        + serde::Serialize
+        + serde::de::DeserializeOwned
+        + Send
+        + Sync
+        + 'static,
+{
+    let cache: CompactCache<K> = CompactCache::new();
+    let events = tensile_node::backoff::watch(api, config);
+    let (filler, stop) = (cache.clone(), stop.clone());
+    tokio::spawn(async move {
+        let events = events.inspect_ok(move |e| filler.apply(e));
+        tensile_node::backoff::drain(Box::pin(events), &stop, what, |_| {}).await;
+    });
+    cache
+}
+
 impl Webhook {
-    /// A webhook without a cluster connection: it never pins pods to a claim's node.
+    /// A webhook without a cluster connection: it never pins pods to a claim's node and
+    /// knows no exclusions.
     pub fn new(config: WebhookConfig) -> Self {
         Self {
             config,
-            exclusions: Mutex::default(),
+            exclusions: None,
             claims: None,
             metrics: WebhookMetrics::default(),
         }
     }
 
-    /// A webhook that reads upper claims from one watch of `client`'s cluster; resolves once
-    /// the watch has listed (so no pod is admitted with a claim the webhook has not seen).
-    pub async fn with_claims(
+    /// A webhook that reads upper claims and the descheduler's exclusion records from one
+    /// watch each of `client`'s cluster; resolves once both have listed (so no pod is admitted
+    /// with a claim or an exclusion the webhook has not seen).
+    pub async fn connected(
         config: WebhookConfig,
         client: kube::Client,
         stop: &CancellationToken,
     ) -> Self {
-        let cache: CompactCache<PersistentVolumeClaim> = CompactCache::new();
-        let events = tensile_node::backoff::watch(
-            Api::<PersistentVolumeClaim>::all(client),
+        let claims = watched(
+            Api::<PersistentVolumeClaim>::all(client.clone()),
             watcher::Config::default(),
+            "persistentvolumeclaims",
+            stop,
         );
-        let (filler, stop) = (cache.clone(), stop.clone());
-        tokio::spawn(async move {
-            let events = events.inspect_ok(move |e| filler.apply(e));
-            tensile_node::backoff::drain(Box::pin(events), &stop, "persistentvolumeclaims", |_| {})
-                .await;
-        });
-        cache.wait_until_ready().await;
+        let exclusions = watched(
+            Api::<ConfigMap>::namespaced(client, &config.exclusions_namespace),
+            watcher::Config::default().labels(&format!("{LABEL_MOVE}={VALUE_EXCLUSIONS}")),
+            "exclusion records",
+            stop,
+        );
+        claims.wait_until_ready().await;
+        exclusions.wait_until_ready().await;
         Self {
             config,
-            exclusions: Mutex::default(),
-            claims: Some(cache),
+            exclusions: Some(exclusions),
+            claims: Some(claims),
             metrics: WebhookMetrics::default(),
         }
     }
@@ -108,29 +141,19 @@ impl Webhook {
         self
     }
 
-    /// The virtual nodes `owner` is currently excluded from.
+    /// The virtual nodes the controller with UID `owner` is currently kept off.
     pub fn excluded_for(&self, owner: &str) -> Vec<String> {
-        let Ok(mut all) = self.exclusions.lock() else {
-            return Vec::new();
-        };
-        let window = self.config.exclusion_window;
-        let now = Instant::now();
-        // Expired entries go whenever the map is read, so it cannot grow without bound.
-        all.retain(|_, nodes| {
-            nodes.retain(|_, at| now.duration_since(*at) < window);
-            !nodes.is_empty()
-        });
-        all.get(owner)
-            .map(|n| n.keys().cloned().collect())
+        self.exclusions
+            .as_ref()
+            .and_then(|c| {
+                c.get(
+                    &self.config.exclusions_namespace,
+                    &deschedule::exclusions_name(owner),
+                )
+            })
+            .and_then(|cm| cm.data)
+            .map(|record| deschedule::excluded_now(&record, Timestamp::now()))
             .unwrap_or_default()
-    }
-
-    fn exclude(&self, owner: &str, node: &str) {
-        if let Ok(mut all) = self.exclusions.lock() {
-            all.entry(owner.to_owned())
-                .or_default()
-                .insert(node.to_owned(), Instant::now());
-        }
     }
 
     /// The virtual node the first claim of `pod` with a `selected-node` is on.
@@ -230,7 +253,9 @@ impl Webhook {
             .get("operation")
             .and_then(Value::as_str)
             .unwrap_or_default();
-        if !matches!(operation, "CREATE" | "UPDATE") {
+        // An UPDATE is never mutated (older configurations registered it for the
+        // descheduler's mark, which the exclusion records replace).
+        if operation != "CREATE" {
             return Ok(Decision::Allow);
         }
         let raw = request
@@ -249,22 +274,7 @@ impl Webhook {
             tracing::debug!(pod = ?pod.metadata.name, namespace, reason = %why, "not mutated");
             return Ok(Decision::Allow);
         }
-        let owner = tensile_core::deschedule::controller_uid(&pod);
-        if operation == "UPDATE" {
-            // The descheduler marks a pod it is about to delete; its owner's replacement must
-            // not go back to that node.
-            let node = pod
-                .metadata
-                .annotations
-                .as_ref()
-                .and_then(|a| a.get(ANNOTATION_UNSCHEDULABLE_NODE))
-                .filter(|n| !n.is_empty());
-            if let (Some(owner), Some(node)) = (owner, node) {
-                tracing::info!(owner, node = %node, "owner excluded from virtual node");
-                self.exclude(owner, node);
-            }
-            return Ok(Decision::Allow);
-        }
+        let owner = deschedule::controller_uid(&pod);
         let excluded = owner.map(|o| self.excluded_for(o)).unwrap_or_default();
         let selected = self.selected_node(&pod, namespace);
         let mutated = inject::mutate(

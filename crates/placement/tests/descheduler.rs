@@ -8,6 +8,8 @@
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD as B64;
 use futures::TryStreamExt as _;
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use k8s_openapi::api::apps::v1::ReplicaSet;
@@ -17,8 +19,9 @@ use kube::runtime::watcher;
 use serde_json::json;
 use tensile_core::deschedule::Policy;
 use tensile_node::metrics::{Readiness, serve_probes};
-use tensile_placement::descheduler::{self, DeschedulerConfig, LABEL_MOVE};
+use tensile_placement::descheduler::{self, DeschedulerConfig, LABEL_MOVE, VALUE_EXCLUSIONS};
 use tensile_placement::metrics::DeschedulerMetrics;
+use tensile_placement::webhook::{Webhook, WebhookConfig};
 use tensile_sim::env::{ClusterSpec, TestEnv, eventually, http_get, metric_value};
 use tokio_util::sync::CancellationToken;
 
@@ -110,16 +113,30 @@ fn start_counted(
     metrics: DeschedulerMetrics,
     readiness: Option<Readiness>,
 ) -> CancellationToken {
-    let config = DeschedulerConfig {
+    start_with(
+        client,
+        DeschedulerConfig {
+            metrics,
+            readiness,
+            ..config(max_attempts)
+        },
+    )
+}
+
+/// The configuration of [`start_descheduler`].
+fn config(max_attempts: u32) -> DeschedulerConfig {
+    DeschedulerConfig {
         policy: Policy {
             unschedulable_for: k8s_openapi::jiff::SignedDuration::from_secs(1),
             max_attempts,
             ..Policy::default()
         },
-        metrics,
-        readiness,
         ..DeschedulerConfig::default()
-    };
+    }
+}
+
+/// Runs a descheduler with `config` until the returned token is cancelled.
+fn start_with(client: &kube::Client, config: DeschedulerConfig) -> CancellationToken {
     let stop = CancellationToken::new();
     let (client, token) = (client.clone(), stop.clone());
     tokio::spawn(async move { descheduler::run(config, client, token).await });
@@ -307,6 +324,98 @@ async fn a_refused_replacement_is_created_once_the_refusal_ends_without_a_restar
             .then_some(())
     })
     .await;
+    running.cancel();
+    lower.cancel();
+}
+
+/// Issue 21: the webhook keeps no state, so it runs as many replicas as wanted. Before it
+/// deletes a moved pod, the descheduler records in a ConfigMap that the pod's controller stays
+/// off the node; a webhook started after the move keeps the controller's next pod off it, and
+/// the record goes once the window has passed.
+#[tokio::test]
+async fn a_moved_workload_is_kept_off_the_node_by_a_webhook_started_after_the_move() {
+    let (env, lower) = refusing_cluster().await;
+    let client = env.clusters[0].client.clone();
+    let rs: ReplicaSet = serde_json::from_value(json!({"metadata": {"name": "away"},
+        "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "away"}},
+            "template": {"metadata": {"labels": {"app": "away"}},
+                "spec": {"nodeName": NODE, "containers": [{"name": "c", "image": "nginx:1.27"}]}}}}))
+    .unwrap();
+    let rs = Api::<ReplicaSet>::namespaced(client.clone(), "default")
+        .create(&PostParams::default(), &rs)
+        .await
+        .unwrap();
+    let rs_uid = rs.metadata.uid.unwrap();
+    let window = std::time::Duration::from_secs(15);
+    let moved_at = k8s_openapi::jiff::Timestamp::now();
+    let running = start_with(
+        &client,
+        DeschedulerConfig {
+            exclusion_window: window,
+            ..config(1)
+        },
+    );
+    let records: Api<ConfigMap> = Api::namespaced(client.clone(), "kube-system");
+    let name = format!("tensile-exclusions-{rs_uid}");
+    let record = eventually(60, "the exclusion recorded", || async {
+        records
+            .get_opt(&name)
+            .await
+            .unwrap()
+            .filter(|cm| cm.data.as_ref().is_some_and(|d| d.contains_key(NODE)))
+    })
+    .await;
+    assert_eq!(
+        record.metadata.labels.as_ref().unwrap()[LABEL_MOVE],
+        VALUE_EXCLUSIONS
+    );
+    let until: k8s_openapi::jiff::Timestamp = record.data.as_ref().unwrap()[NODE].parse().unwrap();
+    assert!(
+        until >= moved_at + k8s_openapi::jiff::SignedDuration::from_secs(15),
+        "excluded until {until}, the window from the move"
+    );
+
+    // A webhook replica that never saw the move.
+    let stop = CancellationToken::new();
+    let webhook = Webhook::connected(WebhookConfig::default(), client.clone(), &stop).await;
+    assert_eq!(webhook.excluded_for(&rs_uid), [NODE]);
+    let next = json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "away-next", "labels": {"virtual-pod": "true"},
+            "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "away",
+                "uid": rs_uid, "controller": true}]},
+        "spec": {"containers": [{"name": "c", "image": "nginx:1.27"}]}});
+    let review = json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+        "request": {"uid": "r1", "kind": {"group": "", "version": "v1", "kind": "Pod"},
+            "namespace": "default", "operation": "CREATE", "object": next}});
+    let answer = webhook
+        .review(&serde_json::to_vec(&review).unwrap())
+        .unwrap();
+    let patch = answer["response"]["patch"].as_str().unwrap();
+    let patch = String::from_utf8(B64.decode(patch).unwrap()).unwrap();
+    assert!(
+        patch.contains("NotIn") && patch.contains(NODE),
+        "the next pod is kept off {NODE}: {patch}"
+    );
+
+    // The window passes: the record goes, and nothing is excluded any more.
+    eventually(60, "the record removed after its window", || async {
+        records
+            .get_opt(&name)
+            .await
+            .unwrap()
+            .is_none()
+            .then_some(())
+    })
+    .await;
+    assert!(
+        k8s_openapi::jiff::Timestamp::now() >= until,
+        "removed only once lapsed"
+    );
+    eventually(30, "the webhook forgets the exclusion", || async {
+        webhook.excluded_for(&rs_uid).is_empty().then_some(())
+    })
+    .await;
+    stop.cancel();
     running.cancel();
     lower.cancel();
 }

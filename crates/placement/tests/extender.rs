@@ -502,13 +502,14 @@ async fn lower_copy(lower: &kube::Client, upper_pod: &Pod) {
         .unwrap();
 }
 
-#[tokio::test]
-async fn bind_rechecks_the_fit_and_reserves_until_the_lower_pod_exists() {
+/// Cluster c1 with one 4-CPU node, its virtual node `vk-c1`, and two 3-CPU pods `a` and `b`
+/// that the test binds through the extender (they are not for the upper scheduler): room for
+/// one of them.
+async fn two_pods_for_one_room() -> (Setup, Api<Pod>, Pod, Pod) {
     let s = setup(&[("c1", &["4"])], extender::DEFAULT_RESERVATION_TTL).await;
     let upper = s.upper();
     upper_node(&upper, "vk-c1", virtual_labels("c1")).await;
-    let pods: Api<Pod> = Api::namespaced(upper.clone(), "default");
-    // Not for the upper scheduler: the test binds them through the extender.
+    let pods: Api<Pod> = Api::namespaced(upper, "default");
     let manual = json!({"spec": {"schedulerName": "manual"}});
     let a = pods
         .create(&PostParams::default(), &pod("a", "3", manual.clone()))
@@ -518,21 +519,29 @@ async fn bind_rechecks_the_fit_and_reserves_until_the_lower_pod_exists() {
         .create(&PostParams::default(), &pod("b", "3", manual))
         .await
         .unwrap();
-    let bind = |p: &Pod| {
-        serde_json::to_vec(
-            &json!({"PodName": p.metadata.name, "PodNamespace": "default",
-            "PodUID": p.metadata.uid, "Node": "vk-c1"}),
-        )
-        .unwrap()
-    };
+    (s, pods, a, b)
+}
+
+/// The body of a `/bind` of `p` to `vk-c1`.
+fn bind_body(p: &Pod) -> Vec<u8> {
+    serde_json::to_vec(
+        &json!({"PodName": p.metadata.name, "PodNamespace": "default",
+        "PodUID": p.metadata.uid, "Node": "vk-c1"}),
+    )
+    .unwrap()
+}
+
+#[tokio::test]
+async fn bind_rechecks_the_fit_and_reserves_until_the_lower_pod_exists() {
+    let (s, pods, a, b) = two_pods_for_one_room().await;
     // No filter call came first: the extender reads the pod itself.
-    let (status, answer) = s.post("/bind", &bind(&a)).await;
+    let (status, answer) = s.post("/bind", &bind_body(&a)).await;
     assert_eq!((status, &answer), (200, &json!({"error": ""})));
     assert_eq!(bound_to(&pods, "a").await, "vk-c1");
     assert_eq!(s.ext.extender.reservations("c1"), 1);
 
     let refused = "lower cluster c1: 0/1 nodes are available: 1 Insufficient cpu.";
-    let (_, answer) = s.post("/bind", &bind(&b)).await;
+    let (_, answer) = s.post("/bind", &bind_body(&b)).await;
     assert_eq!(
         answer["error"],
         format!("{refused} (1 pod(s) not yet on a lower node counted first)")
@@ -548,7 +557,7 @@ async fn bind_rechecks_the_fit_and_reserves_until_the_lower_pod_exists() {
     .await;
     let lower_pods: Api<Pod> = Api::namespaced(s.lower("c1"), "default");
     bound_to(&lower_pods, "a").await;
-    let (_, answer) = s.post("/bind", &bind(&b)).await;
+    let (_, answer) = s.post("/bind", &bind_body(&b)).await;
     assert_eq!(answer["error"], refused);
 
     // Room freed downstairs: b binds.
@@ -557,7 +566,7 @@ async fn bind_rechecks_the_fit_and_reserves_until_the_lower_pod_exists() {
         .await
         .unwrap();
     eventually(30, "b bound once the lower pod is gone", || async {
-        let (_, answer) = s.post("/bind", &bind(&b)).await;
+        let (_, answer) = s.post("/bind", &bind_body(&b)).await;
         (answer["error"] == "").then_some(())
     })
     .await;
@@ -578,6 +587,56 @@ async fn bind_rechecks_the_fit_and_reserves_until_the_lower_pod_exists() {
             .contains("it was replaced"),
         "{answer}"
     );
+}
+
+/// Issue 21: a new leader (or a restarted extender) counts the pods its predecessor bound whose
+/// lower pods have not appeared yet, from the bound Pending upper pods; without that it would
+/// promise their room again. A bound pod deleted upstairs frees its room at once.
+#[tokio::test]
+async fn a_new_extender_counts_the_pods_its_predecessor_bound() {
+    let (s, pods, a, b) = two_pods_for_one_room().await;
+    let upper = s.upper();
+    let (_, answer) = s.post("/bind", &bind_body(&a)).await;
+    assert_eq!(answer, json!({"error": ""}));
+    assert_eq!(bound_to(&pods, "a").await, "vk-c1");
+
+    // The leader is gone; a new one starts from the clusters alone.
+    let stop = CancellationToken::new();
+    let next = extender::start(c1_only(upper.clone(), s.lower("c1"), None), stop.clone())
+        .await
+        .unwrap();
+    let ext = next.extender.clone();
+    eventually(30, "the new extender counts a", || async {
+        (ext.synced() && ext.reservations("c1") == 1).then_some(())
+    })
+    .await;
+    let (_, answer) = post(next.addr, &next.ca_pem, "/bind", bind_body(&b)).await;
+    let answer: Value = serde_json::from_slice(&answer).unwrap();
+    assert_eq!(
+        answer["error"],
+        "lower cluster c1: 0/1 nodes are available: 1 Insufficient cpu. \
+         (1 pod(s) not yet on a lower node counted first)"
+    );
+    assert_eq!(pods.get("b").await.unwrap().spec.unwrap().node_name, None);
+
+    // a is deleted before its lower pod appeared: its room is free again.
+    pods.delete("a", &DeleteParams::default().grace_period(0))
+        .await
+        .unwrap();
+    eventually(30, "b bound once a is gone", || async {
+        let (_, answer) = post(next.addr, &next.ca_pem, "/bind", bind_body(&b)).await;
+        let answer: Value = serde_json::from_slice(&answer).ok()?;
+        (answer["error"] == "").then_some(())
+    })
+    .await;
+    assert_eq!(bound_to(&pods, "b").await, "vk-c1");
+    // b's lower pod appears: nothing stays reserved.
+    lower_copy(&s.lower("c1"), &pods.get("b").await.unwrap()).await;
+    eventually(30, "no reservation left", || async {
+        (ext.reservations("c1") == 0).then_some(())
+    })
+    .await;
+    stop.cancel();
 }
 
 /// `--metrics-addr` of the extender: each call is timed by verb, and the reservations gauge

@@ -10,8 +10,8 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper_util::rt::TokioIo;
 use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
-use k8s_openapi::api::core::v1::{Endpoints, PersistentVolumeClaim, Pod, Service};
-use kube::api::{Api, Patch, PatchParams, PostParams};
+use k8s_openapi::api::core::v1::{ConfigMap, Endpoints, PersistentVolumeClaim, Pod, Service};
+use kube::api::{Api, PostParams};
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use serde_json::{Value, json};
@@ -172,32 +172,19 @@ fn checklist_88_unexpected_requests_are_refused_with_a_reason() {
 }
 
 #[test]
-fn a_node_marked_by_the_descheduler_is_excluded_for_the_owners_next_pod() {
+fn the_descheduler_mark_alone_excludes_nothing_and_an_update_is_never_mutated() {
+    // Exclusions come from the descheduler's records (a watch), not from what one replica
+    // happened to see: the mark on an UPDATE changes nothing.
     let webhook = Webhook::new(WebhookConfig::default());
     let mut marked = virtual_pod(json!({"nodeName": "vk-a", "containers": []}));
     marked["metadata"]["annotations"] = json!({"unschedulable-node": "vk-a"});
     let (update, _) = answer(&webhook, &review("UPDATE", marked.clone()), &marked);
     assert_eq!(update["allowed"], true);
     assert_eq!(update.get("patch"), None, "an UPDATE is never mutated");
-
-    let next = virtual_pod(json!({"containers": [],
-        "tolerations": [{"key": "node.kubernetes.io/unreachable", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 300}]}));
+    let next = virtual_pod(json!({"containers": []}));
     let (_, patched) = answer(&webhook, &review("CREATE", next.clone()), &next);
-    assert_eq!(
-        patched["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"],
-        json!({"nodeSelectorTerms": [{"matchExpressions": [
-            {"key": "kubernetes.io/hostname", "operator": "NotIn", "values": ["vk-a"]}]}]}),
-        "the exclusion stays upstairs, where the upper scheduler sees it"
-    );
-    assert_eq!(
-        patched["metadata"]["annotations"]["tensile-kube.io/excluded-nodes"],
-        "vk-a"
-    );
-    // A pod of another owner is not affected.
-    let mut other = next.clone();
-    other["metadata"]["ownerReferences"][0]["uid"] = json!("rs-2");
-    let (_, patched) = answer(&webhook, &review("CREATE", other.clone()), &other);
     assert_eq!(patched["spec"].get("affinity"), None);
+    assert!(webhook.excluded_for("rs-1").is_empty());
 }
 
 /// One HTTPS request to the server, optionally with a client certificate.
@@ -339,7 +326,7 @@ async fn the_sim_api_server_calls_the_shipped_configuration_on_pod_create() {
         .await
         .unwrap();
     let webhook =
-        Arc::new(Webhook::with_claims(WebhookConfig::default(), client.clone(), &stop).await);
+        Arc::new(Webhook::connected(WebhookConfig::default(), client.clone(), &stop).await);
     let cert = ServingCert::generate(
         "tensile-webhook",
         &["tensile-webhook.kube-system.svc".into()],
@@ -467,8 +454,8 @@ async fn the_sim_api_server_calls_the_shipped_configuration_on_pod_create() {
         status.message
     );
 
-    // The UPDATE that marks a pod records the exclusion synchronously: the owner's next pod
-    // avoids that node.
+    // The descheduler's exclusion record for a controller (as it writes it before deleting
+    // the moved pod): the controller's next pod avoids that node, and other nodes lapse.
     let owned = |name: &str| {
         let mut p = pod(
             name,
@@ -482,16 +469,24 @@ async fn the_sim_api_server_calls_the_shipped_configuration_on_pod_create() {
         ]);
         p
     };
-    pods.create(&PostParams::default(), &owned("web-1"))
+    let soon =
+        k8s_openapi::jiff::Timestamp::now() + k8s_openapi::jiff::SignedDuration::from_secs(600);
+    let record: ConfigMap = serde_json::from_value(json!({"metadata": {
+            "name": "tensile-exclusions-rs-uid-1", "labels": {"tensile-kube.io/move": "exclusions"}},
+        "data": {"vk-a": soon.to_string(), "vk-lapsed": "2020-01-01T00:00:00Z"}}))
+    .unwrap();
+    Api::<ConfigMap>::namespaced(client.clone(), "kube-system")
+        .create(&PostParams::default(), &record)
         .await
         .unwrap();
-    pods.patch(
-        "web-1",
-        &PatchParams::default(),
-        &Patch::Merge(json!({"metadata": {"annotations": {"unschedulable-node": "vk-a"}}})),
-    )
-    .await
-    .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while webhook.excluded_for("rs-uid-1").is_empty() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the record never reached the webhook"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
     let next = pods
         .create(&PostParams::default(), &owned("web-2"))
         .await
