@@ -553,10 +553,14 @@ impl RealCluster {
     }
 }
 
+/// How long a control-plane process may take to become ready. Tests run three real clusters'
+/// worth of processes at a time on two cores, and a start-up can take over a minute then.
+const READY_SECONDS: u64 = 120;
+
 /// Waits until kube-scheduler answers /readyz (its informers synced: it schedules from then
 /// on). Its serving certificate is self-signed, and /readyz needs no credentials.
 async fn wait_scheduling(port: u16, cluster: &str, dir: &Path) -> Result<(), RealError> {
-    let seconds = 60;
+    let seconds = READY_SECONDS;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(seconds);
     let client = format!("https://127.0.0.1:{port}")
         .parse::<http::Uri>()
@@ -593,7 +597,7 @@ async fn wait_ready(
     dir: &Path,
     service_account: bool,
 ) -> Result<(), RealError> {
-    let seconds = 60;
+    let seconds = READY_SECONDS;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(seconds);
     let not_ready = || RealError::NotReady {
         cluster: cluster.to_owned(),
