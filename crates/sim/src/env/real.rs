@@ -311,6 +311,9 @@ pub async fn start_with(
             format!("--proxy-client-cert-file={}", s(&fp_crt)),
             format!("--proxy-client-key-file={}", s(&fp_key)),
             "--enable-aggregator-routing=true".into(),
+            // About a tenth of a test cluster's start-up CPU; the tests never depend on API
+            // priority and fairness (max-requests-inflight still applies).
+            "--enable-priority-and-fairness=false".into(),
         ],
         &dir.join("kube-apiserver.log"),
     )?);
