@@ -91,6 +91,25 @@ impl std::fmt::Debug for ServingCert {
     }
 }
 
+/// What a serving certificate for `names` says, whoever signs it (a generated CA, or the CA of
+/// `--tls-secret`): server authentication, and the issuer's key identifier.
+pub(crate) fn serving_params(
+    common_name: &str,
+    names: Vec<String>,
+) -> Result<CertificateParams, rcgen::Error> {
+    let mut params = CertificateParams::new(names)?;
+    let mut dn = DistinguishedName::new();
+    dn.push(DnType::CommonName, common_name);
+    params.distinguished_name = dn;
+    params.key_usages = vec![
+        KeyUsagePurpose::DigitalSignature,
+        KeyUsagePurpose::KeyEncipherment,
+    ];
+    params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+    params.use_authority_key_identifier_extension = true;
+    Ok(params)
+}
+
 impl ServingCert {
     /// A fresh CA and a certificate it issues for `sans` (DNS names or IP addresses).
     pub fn generate(common_name: &str, sans: &[String]) -> Result<Self, ServeError> {
@@ -104,17 +123,8 @@ impl ServingCert {
         let ca_key = KeyPair::generate().map_err(|e| tls_error("generating a CA key", e))?;
         let ca = CertifiedIssuer::self_signed(ca_params, ca_key)
             .map_err(|e| tls_error("signing the CA", e))?;
-        let mut params = CertificateParams::new(sans.to_vec())
+        let params = serving_params(common_name, sans.to_vec())
             .map_err(|e| tls_error("serving certificate names", e))?;
-        let mut dn = DistinguishedName::new();
-        dn.push(DnType::CommonName, common_name);
-        params.distinguished_name = dn;
-        params.key_usages = vec![
-            KeyUsagePurpose::DigitalSignature,
-            KeyUsagePurpose::KeyEncipherment,
-        ];
-        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
-        params.use_authority_key_identifier_extension = true;
         let key = KeyPair::generate().map_err(|e| tls_error("generating a key", e))?;
         let cert = params
             .signed_by(&key, &ca)

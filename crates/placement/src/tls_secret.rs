@@ -28,8 +28,8 @@ use kube::Api;
 use kube::api::PostParams;
 use kube::runtime::watcher;
 use rcgen::{
-    BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa,
-    Issuer, KeyPair, KeyUsagePurpose, PublicKeyData as _,
+    BasicConstraints, CertificateParams, DistinguishedName, DnType, IsCa, Issuer, KeyPair,
+    KeyUsagePurpose, PublicKeyData as _,
 };
 use rustls::pki_types::CertificateDer;
 use rustls::pki_types::pem::PemObject as _;
@@ -522,17 +522,9 @@ impl Keeper {
         let ca_key = KeyPair::from_pem(&ca.key_pem).map_err(|e| self.issue_error(e))?;
         let signer = Issuer::from_ca_cert_der(&CertificateDer::from(ca.der.as_slice()), ca_key)
             .map_err(|e| self.issue_error(e))?;
-        let mut params = CertificateParams::new(names.iter().cloned().collect::<Vec<_>>())
-            .map_err(|e| self.issue_error(e))?;
-        let mut dn = DistinguishedName::new();
-        dn.push(DnType::CommonName, self.config.owner.clone());
-        params.distinguished_name = dn;
-        params.key_usages = vec![
-            KeyUsagePurpose::DigitalSignature,
-            KeyUsagePurpose::KeyEncipherment,
-        ];
-        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
-        params.use_authority_key_identifier_extension = true;
+        let mut params =
+            crate::serve::serving_params(&self.config.owner, names.iter().cloned().collect())
+                .map_err(|e| self.issue_error(e))?;
         set_validity(&mut params, &validity);
         let key = KeyPair::generate().map_err(|e| self.issue_error(e))?;
         let cert = params
