@@ -8,13 +8,12 @@
 
 use std::path::Path;
 use std::process::{Command, Stdio};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as B64;
+use rustls_pki_types::CertificateDer;
 use rustls_pki_types::pem::PemObject;
-use rustls_pki_types::{CertificateDer, ServerName};
 use serde_json::{Value, json};
 use tensile_sim::env::{ClusterSpec, TestEnv};
 
@@ -68,31 +67,15 @@ fn secret_key(kc: &Path, name: &str, key: &str) -> String {
 /// The leaf certificate (DER) that `port` presents to a client trusting `ca_pem`, or why the
 /// handshake failed.
 fn presented(port: u16, ca_pem: &str) -> Result<Vec<u8>, String> {
-    let mut roots = rustls::RootCertStore::empty();
-    for c in CertificateDer::pem_slice_iter(ca_pem.as_bytes()) {
-        roots.add(c.unwrap()).unwrap();
-    }
-    let config = rustls::ClientConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .unwrap()
-    .with_root_certificates(roots)
-    .with_no_client_auth();
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .unwrap();
-    runtime.block_on(async {
-        let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
-            .await
-            .map_err(|e| e.to_string())?;
-        let tls = tokio_rustls::TlsConnector::from(Arc::new(config))
-            .connect(ServerName::try_from("localhost").unwrap(), tcp)
-            .await
-            .map_err(|e| e.to_string())?;
-        Ok(tls.get_ref().1.peer_certificates().unwrap()[0].to_vec())
-    })
+    runtime.block_on(tensile_sim::env::presented_certificate(
+        std::net::SocketAddr::from(([127, 0, 0, 1], port)),
+        "localhost",
+        ca_pem,
+    ))
 }
 
 fn der(pem: &str) -> Vec<u8> {

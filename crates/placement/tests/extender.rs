@@ -1012,17 +1012,7 @@ async fn a_burst_never_over_commits_a_lower_cluster() {
 
 /// POSTs to the extender over TLS, trusting `ca_pem`.
 async fn post(addr: SocketAddr, ca_pem: &str, path: &str, body: Vec<u8>) -> (u16, Vec<u8>) {
-    let mut roots = rustls::RootCertStore::empty();
-    for cert in CertificateDer::pem_slice_iter(ca_pem.as_bytes()) {
-        roots.add(cert.unwrap()).unwrap();
-    }
-    let config = rustls::ClientConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .unwrap()
-    .with_root_certificates(roots)
-    .with_no_client_auth();
+    let config = tensile_sim::env::client_trusting(ca_pem);
     let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
     let tls = tokio_rustls::TlsConnector::from(Arc::new(config))
         .connect(ServerName::try_from("127.0.0.1").unwrap(), tcp)

@@ -15,8 +15,8 @@ use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::jiff::SignedDuration;
 use kube::Api;
 use kube::api::{DeleteParams, PostParams};
+use rustls_pki_types::CertificateDer;
 use rustls_pki_types::pem::PemObject;
-use rustls_pki_types::{CertificateDer, ServerName};
 use serde_json::json;
 use tensile_core::certs::Policy;
 use tensile_placement::serve::{Handler, Reply, Server, tls_config_live};
@@ -79,23 +79,7 @@ async fn replica(client: kube::Client, config: TlsSecretConfig) -> Result<Replic
 /// The leaf certificate `addr` presents in a handshake that verifies it against `trusted` (PEM),
 /// or why the handshake failed.
 async fn presented(addr: SocketAddr, trusted: &str) -> Result<Vec<u8>, String> {
-    let mut roots = rustls::RootCertStore::empty();
-    for c in CertificateDer::pem_slice_iter(trusted.as_bytes()) {
-        roots.add(c.unwrap()).unwrap();
-    }
-    let config = rustls::ClientConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .unwrap()
-    .with_root_certificates(roots)
-    .with_no_client_auth();
-    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
-    let tls = tokio_rustls::TlsConnector::from(Arc::new(config))
-        .connect(ServerName::try_from("localhost").unwrap(), tcp)
-        .await
-        .map_err(|e| e.to_string())?;
-    Ok(tls.get_ref().1.peer_certificates().unwrap()[0].to_vec())
+    tensile_sim::env::presented_certificate(addr, "localhost", trusted).await
 }
 
 fn pem_der(pem: &str) -> Vec<u8> {

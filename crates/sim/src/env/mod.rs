@@ -464,6 +464,50 @@ async fn schedulable(
     }
 }
 
+/// A TLS client configuration trusting the certificates of `ca_pem` (a bundle), for tests'
+/// HTTPS calls to the components.
+#[allow(clippy::unwrap_used, clippy::expect_used)] // a test's set-up
+pub fn client_trusting(ca_pem: &str) -> rustls::ClientConfig {
+    use rustls_pki_types::pem::PemObject as _;
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in rustls_pki_types::CertificateDer::pem_slice_iter(ca_pem.as_bytes()) {
+        roots
+            .add(cert.expect("a PEM certificate"))
+            .expect("a CA certificate");
+    }
+    rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .expect("the default protocol versions")
+    .with_root_certificates(roots)
+    .with_no_client_auth()
+}
+
+/// The leaf certificate (DER) that `addr` presents in a handshake for `server_name` verified
+/// against `ca_pem`, or why the handshake failed.
+pub async fn presented_certificate(
+    addr: std::net::SocketAddr,
+    server_name: &str,
+    ca_pem: &str,
+) -> Result<Vec<u8>, String> {
+    let name = rustls_pki_types::ServerName::try_from(server_name.to_owned())
+        .map_err(|e| e.to_string())?;
+    let tcp = tokio::net::TcpStream::connect(addr)
+        .await
+        .map_err(|e| e.to_string())?;
+    let tls = tokio_rustls::TlsConnector::from(std::sync::Arc::new(client_trusting(ca_pem)))
+        .connect(name, tcp)
+        .await
+        .map_err(|e| e.to_string())?;
+    tls.get_ref()
+        .1
+        .peer_certificates()
+        .and_then(|c| c.first())
+        .map(|c| c.to_vec())
+        .ok_or_else(|| "no certificate presented".to_owned())
+}
+
 /// Polls `check` every 50 ms until it returns `Some`, and panics naming `what` after `secs`
 /// seconds: how tests wait on a condition, with a deadline and never a bare sleep.
 #[allow(clippy::panic)] // a test's failure
