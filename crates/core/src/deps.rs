@@ -407,6 +407,26 @@ pub fn lower_namespace(name: &str, owner: &str) -> Namespace {
     }
 }
 
+/// The label prefix of Pod Security admission (`enforce`, `audit`, `warn` and their
+/// `-version`s): a lower namespace carries the upper namespace's, so the lower cluster admits
+/// offloaded pods at the same level as the upper one did.
+pub const POD_SECURITY_LABEL_PREFIX: &str = "pod-security.kubernetes.io/";
+
+/// [`lower_namespace`] for the upper namespace `upper` (when it could be read): with its
+/// `pod-security.kubernetes.io/*` labels, and nothing else of it.
+pub fn lower_namespace_of(name: &str, owner: &str, upper: Option<&Namespace>) -> Namespace {
+    let mut ns = lower_namespace(name, owner);
+    let pod_security = upper
+        .and_then(|u| u.metadata.labels.as_ref())
+        .into_iter()
+        .flatten()
+        .filter(|(k, _)| k.starts_with(POD_SECURITY_LABEL_PREFIX));
+    if let Some(labels) = ns.metadata.labels.as_mut() {
+        labels.extend(pod_security.map(|(k, v)| (k.clone(), v.clone())));
+    }
+    ns
+}
+
 /// Whether node `owner` owns the lower object with metadata `meta`: the check every writer makes
 /// before updating or deleting a lower object. Objects without our label are never ours.
 pub fn is_owned_by(meta: &ObjectMeta, owner: &str) -> bool {
@@ -1239,6 +1259,39 @@ mod tests {
         }))
         .unwrap();
         assert_eq!(ns, expected);
+    }
+
+    #[test]
+    fn a_lower_namespace_carries_the_upper_namespaces_pod_security_labels_only() {
+        let upper: Namespace = serde_json::from_value(json!({
+            "metadata": {"name": "shop", "uid": "u", "labels": {
+                "pod-security.kubernetes.io/enforce": "restricted",
+                "pod-security.kubernetes.io/enforce-version": "v1.34",
+                "pod-security.kubernetes.io/warn": "baseline",
+                "kubernetes.io/metadata.name": "shop",
+                "team": "payments",
+            }, "annotations": {"a": "b"}},
+        }))
+        .unwrap();
+        let ns = lower_namespace_of("shop", OWNER, Some(&upper));
+        let expected: Namespace = serde_json::from_value(json!({
+            "metadata": {
+                "name": "shop",
+                "labels": {
+                    (keys::LABEL_OWNER): OWNER,
+                    "pod-security.kubernetes.io/enforce": "restricted",
+                    "pod-security.kubernetes.io/enforce-version": "v1.34",
+                    "pod-security.kubernetes.io/warn": "baseline",
+                },
+                "annotations": {(keys::ANNOTATION_GLOBAL): "true"},
+            },
+        }))
+        .unwrap();
+        assert_eq!(ns, expected);
+        assert_eq!(
+            lower_namespace_of("shop", OWNER, None),
+            lower_namespace("shop", OWNER)
+        );
     }
 
     #[test]

@@ -9,6 +9,7 @@
 //! - [`capacity`]: the live capacity model of a lower cluster, fed by node and pod events.
 //! - [`fit`]: the fit predicates shared by the scheduler extender, descheduler and capacity.
 //! - [`deps`]: which ConfigMaps, Secrets, PVCs and ServiceAccount a pod needs.
+//! - [`absent`]: optional references missing upstairs are missing downstairs too.
 //! - [`events`]: lower events about our pods mirrored onto the upper pods.
 //! - [`translate`]: upper pod -> lower pod, and lower copies of the objects it needs.
 //! - [`node`]: the virtual Node object, its conditions and taints, flag/env parsing.
@@ -21,6 +22,7 @@
 //! - [`services`]: lower copies of upper Services and Endpoints.
 #![forbid(unsafe_code)]
 
+pub mod absent;
 pub mod capacity;
 pub mod certs;
 pub mod cluster_selector;

@@ -1,8 +1,9 @@
 //! The order in which a pod's lower objects are created, and what to do when one of them
 //! already exists. Dependencies come before the pod (checklist 22 and 30, fixed: the original
 //! created ConfigMaps and PVCs asynchronously, after the pod), and an existing object decides
-//! by ownership whether it is ours to keep in sync, someone else's to use as it is, or a
-//! conflict to report.
+//! by ownership whether it is ours to keep in sync, a namespace to use as it is, or a conflict
+//! to report: a lower ConfigMap, Secret, ServiceAccount or claim that is not ours is never used
+//! for an upper pod (its content is the lower cluster's, not the pod's; see docs/security.md).
 
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -35,7 +36,7 @@ pub struct Step {
     /// Its name (the namespace's name for [`LowerKind::Namespace`]).
     pub name: String,
     /// Whether the pod can start without it (an optional reference): a missing upper object
-    /// is then skipped instead of holding the pod back.
+    /// is then left out of the lower pod ([`crate::absent`]) instead of holding the pod back.
     pub optional: bool,
 }
 
@@ -70,14 +71,14 @@ pub fn creation_plan(namespace: &str, pod_name: &str, deps: &PodDependencies) ->
 pub enum Existing {
     /// Ours, for this upper object: adopt it (after a restart, or a create that raced).
     Ours,
-    /// Not ours, and a shared kind (namespace, ConfigMap, Secret, ServiceAccount, PVC): use it
-    /// as it is and never overwrite it (checklist 33).
+    /// A namespace that is not ours: used as it is (a namespace holds objects, it is no data
+    /// a pod reads), never changed (checklist 22 and 33).
     UseAsIs,
     /// A pod of ours left from an earlier upper pod of the same name (another UID): delete it
     /// with a UID precondition, then create ours.
     Stale,
-    /// A pod that is not ours holds the name: report a conflict on the upper pod, touch
-    /// nothing.
+    /// An object that is not ours holds the name: never used and never overwritten
+    /// (checklist 33); the pod is not created and waits, the conflict reported on it.
     Conflict,
 }
 
@@ -99,7 +100,11 @@ pub fn on_existing(
         LowerKind::Pod if recorded_uid.map(String::as_str) == Some(upper_uid) => Existing::Ours,
         LowerKind::Pod => Existing::Stale,
         _ if ours => Existing::Ours,
-        _ => Existing::UseAsIs,
+        LowerKind::Namespace => Existing::UseAsIs,
+        LowerKind::ServiceAccount
+        | LowerKind::ConfigMap
+        | LowerKind::Secret
+        | LowerKind::PersistentVolumeClaim => Existing::Conflict,
     }
 }
 
@@ -196,8 +201,11 @@ mod tests {
         assert!(plan.iter().all(|s| s.kind != LowerKind::ServiceAccount));
     }
 
+    /// Checklist 33 said existing lower objects are used as they are and never overwritten;
+    /// never overwritten still holds, but one that is not ours (no owner mark, or another
+    /// node's) is no longer used either: the pod waits on a conflict.
     #[test]
-    fn checklist_33_existing_lower_objects_that_are_not_ours_are_used_as_they_are() {
+    fn checklist_33_existing_lower_objects_that_are_not_ours_are_never_used() {
         for kind in [
             LowerKind::ConfigMap,
             LowerKind::Secret,
@@ -206,11 +214,11 @@ mod tests {
         ] {
             assert_eq!(
                 on_existing(kind, &meta(None, None), "vk-1", "u1"),
-                Existing::UseAsIs
+                Existing::Conflict
             );
             assert_eq!(
                 on_existing(kind, &meta(Some("vk-2"), Some("u1")), "vk-1", "u1"),
-                Existing::UseAsIs
+                Existing::Conflict
             );
             assert_eq!(
                 on_existing(kind, &meta(Some("vk-1"), Some("u0")), "vk-1", "u1"),

@@ -37,7 +37,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::cache::{CompactCache, Key};
 use crate::clients::{already_exists, delete_exact};
-use crate::namespaces::LowerNamespaces;
+use crate::namespaces::{LowerNamespaces, NamespaceError};
 use crate::needs::Needs;
 use crate::queue::Queue;
 
@@ -72,14 +72,35 @@ impl Debug for CopySync {
 
 /// A lower write failed; the key is retried with backoff.
 #[derive(Debug, thiserror::Error)]
-#[error("{what} {kind} {namespace}/{name} in the lower cluster: {source}")]
-pub struct CopyError {
-    what: &'static str,
-    kind: &'static str,
-    namespace: String,
-    name: String,
-    #[source]
-    source: kube::Error,
+pub enum CopyError {
+    /// A write to the lower cluster.
+    #[error("{what} {kind} {namespace}/{name} in the lower cluster: {source}")]
+    Write {
+        /// What was being done.
+        what: &'static str,
+        /// The kind of the copy.
+        kind: &'static str,
+        /// Its namespace.
+        namespace: String,
+        /// Its name.
+        name: String,
+        /// The API server's answer.
+        #[source]
+        source: kube::Error,
+    },
+    /// The copy's namespace could not be made to exist downstairs.
+    #[error("{kind} {namespace}/{name}: {source}")]
+    Namespace {
+        /// The kind of the copy.
+        kind: &'static str,
+        /// Its namespace.
+        namespace: String,
+        /// Its name.
+        name: String,
+        /// Why.
+        #[source]
+        source: NamespaceError,
+    },
 }
 
 /// ConfigMaps, Secrets and (with `PVControllers`) claims as this controller's watches see them:
@@ -122,12 +143,12 @@ pub struct Shared {
 }
 
 impl Shared {
-    /// Empty caches for the lower cluster of `lower`, our marks `owner`.
-    pub fn new(lower: kube::Client, owner: String) -> Self {
+    /// Empty caches for the clusters of `upper` and `lower`, our marks `owner`.
+    pub fn new(upper: kube::Client, lower: kube::Client, owner: String) -> Self {
         Shared {
             upper: Dependencies::default(),
             copies: Dependencies::default(),
-            namespaces: Arc::new(LowerNamespaces::new(lower, owner)),
+            namespaces: Arc::new(LowerNamespaces::new(upper, lower, owner)),
             needs: Arc::default(),
         }
     }
@@ -397,7 +418,7 @@ where
     let copy = lower.get(ns, name);
     let api: Api<K> = Api::namespaced(kind.cfg.lower.clone(), ns);
     let err = |what: &'static str| {
-        move |source| CopyError {
+        move |source| CopyError::Write {
             what,
             kind: kind.name,
             namespace: ns.clone(),
@@ -416,7 +437,12 @@ where
         kind.namespaces
             .ensure(ns)
             .await
-            .map_err(err("creating the namespace of"))?;
+            .map_err(|source| CopyError::Namespace {
+                kind: kind.name,
+                namespace: ns.clone(),
+                name: name.clone(),
+                source,
+            })?;
         match api.create(&PostParams::default(), &desired).await {
             // Ours arrives through the watch; anyone else's is never touched.
             Err(e) if already_exists(&e) => Ok(()),

@@ -218,7 +218,11 @@ impl VirtualNode {
             tx,
             stop.clone(),
         ));
-        let shared = copies::Shared::new(lower.clone(), self.pods.translate.owner.clone());
+        let shared = copies::Shared::new(
+            upper.clone(),
+            lower.clone(),
+            self.pods.translate.owner.clone(),
+        );
         let copies = tokio::spawn(copies::run(
             copies::CopySync {
                 upper: upper.clone(),

@@ -1,19 +1,47 @@
 //! Lower namespaces made to exist before anything is created in them, shared by every
 //! controller of one virtual node, so a burst of pods or Services in a new namespace asks the
-//! lower API server once, not once per object.
+//! lower API server once, not once per object. A namespace we create carries the upper
+//! namespace's Pod Security labels, so the lower cluster admits offloaded pods at the level the
+//! upper one did.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{Api, PostParams};
-use tensile_core::deps::lower_namespace;
+use tensile_core::deps::lower_namespace_of;
 use tokio::sync::OnceCell;
 
 use crate::clients::already_exists;
 
+/// Why a lower namespace could not be made to exist.
+#[derive(Debug, thiserror::Error)]
+pub enum NamespaceError {
+    /// The upper namespace (its Pod Security labels) could not be read.
+    #[error(
+        "reading namespace {name} in the upper cluster (for its pod-security labels): {source}"
+    )]
+    Upper {
+        /// The namespace.
+        name: String,
+        /// The upper API server's answer.
+        #[source]
+        source: kube::Error,
+    },
+    /// The lower API server refused the creation.
+    #[error("creating namespace {name} in the lower cluster: {source}")]
+    Lower {
+        /// The namespace.
+        name: String,
+        /// The lower API server's answer.
+        #[source]
+        source: kube::Error,
+    },
+}
+
 /// The lower namespaces known to exist.
 pub struct LowerNamespaces {
+    upper: kube::Client,
     lower: kube::Client,
     owner: String,
     known: Mutex<HashMap<String, Arc<OnceCell<()>>>>,
@@ -28,9 +56,11 @@ impl std::fmt::Debug for LowerNamespaces {
 }
 
 impl LowerNamespaces {
-    /// For the lower cluster of `lower`, namespaces created carry the marks of node `owner`.
-    pub fn new(lower: kube::Client, owner: String) -> Self {
+    /// For the lower cluster of `lower`, namespaces created carry the marks of node `owner` and
+    /// the Pod Security labels of their namesakes in the cluster of `upper`.
+    pub fn new(upper: kube::Client, lower: kube::Client, owner: String) -> Self {
         LowerNamespaces {
+            upper,
             lower,
             owner,
             known: Mutex::default(),
@@ -40,7 +70,7 @@ impl LowerNamespaces {
     /// Creates namespace `name` in the lower cluster unless it is known to exist (an existing
     /// one, ours or not, is used as it is). Concurrent callers for one namespace wait for the
     /// first one's answer.
-    pub async fn ensure(&self, name: &str) -> Result<(), kube::Error> {
+    pub async fn ensure(&self, name: &str) -> Result<(), NamespaceError> {
         let once = match self.known.lock() {
             Ok(mut known) => known.entry(name.to_owned()).or_default().clone(),
             // A panicked holder left the map as it was: a fresh cell only costs one request.
@@ -51,11 +81,24 @@ impl LowerNamespaces {
                 .clone(),
         };
         once.get_or_try_init(|| async {
+            // Never weaker than upstairs: a namespace whose labels cannot be read is not created
+            // (one already gone upstairs has none to give).
+            let upper = Api::<Namespace>::all(self.upper.clone())
+                .get_opt(name)
+                .await
+                .map_err(|source| NamespaceError::Upper {
+                    name: name.to_owned(),
+                    source,
+                })?;
+            let namespace = lower_namespace_of(name, &self.owner, upper.as_ref());
             match Api::<Namespace>::all(self.lower.clone())
-                .create(&PostParams::default(), &lower_namespace(name, &self.owner))
+                .create(&PostParams::default(), &namespace)
                 .await
             {
-                Err(e) if !already_exists(&e) => Err(e),
+                Err(e) if !already_exists(&e) => Err(NamespaceError::Lower {
+                    name: name.to_owned(),
+                    source: e,
+                }),
                 _ => Ok(()),
             }
         })

@@ -10,9 +10,8 @@ use std::sync::{Arc, Mutex};
 use futures::SinkExt as _;
 use futures::channel::mpsc::{Receiver as EventReceiver, channel};
 use futures::{Stream, StreamExt, TryStreamExt};
-use k8s_openapi::api::core::v1::{
-    ConfigMap, PersistentVolumeClaim, Pod, PodStatus, Secret, ServiceAccount,
-};
+use k8s_openapi::NamespaceResourceScope;
+use k8s_openapi::api::core::v1::{Pod, PodStatus};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::Resource;
@@ -23,6 +22,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 use serde_json::json;
+use tensile_core::absent::{Absent, drop_absent};
 use tensile_core::deps::{
     is_owned_by, lower_config_map, lower_pvc, lower_secret, lower_service_account, pod_dependencies,
 };
@@ -735,41 +735,47 @@ async fn create_lower_steps(ctx: &Ctx, u: &Pod) -> Result<(), SyncError> {
     let owner = ctx.cfg.translate.owner.clone();
     let deps = pod_dependencies(u);
     let plan = pod_creation_plan(u, &deps).ok_or_else(|| SyncError("pod without name".into()))?;
-    let (upper, lower) = (ctx.cfg.upper.clone(), ctx.cfg.lower.clone());
+    let upper = ctx.cfg.upper.clone();
     let pp = PostParams::default();
+    // Optional references whose object the upper cluster does not have (or never lets go):
+    // left out of the lower pod, so a lower object of the same name is never read.
+    let mut absent = Absent::default();
     for step in plan {
-        let what = format!("{:?} {}", step.kind, step.name);
-        let created = match step.kind {
-            LowerKind::Namespace => ctx.namespaces.ensure(&ns).await,
-            LowerKind::ServiceAccount if !ctx.cfg.service_accounts => continue,
-            LowerKind::ServiceAccount => Api::<ServiceAccount>::namespaced(lower.clone(), &ns)
-                .create(&pp, &lower_service_account(&step.name, &ns, &owner))
+        let missing = |kind: &str| {
+            SyncError(format!(
+                "{kind} {ns}/{} not found in the upper cluster; the pod waits for it",
+                step.name
+            ))
+        };
+        match step.kind {
+            LowerKind::Namespace => ctx
+                .namespaces
+                .ensure(&ns)
                 .await
-                .map(|_| ()),
+                .map_err(|e| err(&format!("lower cluster {}", ctx.cfg.lower_name), e))?,
+            // The operator creates lower ServiceAccounts by hand: theirs is the one to use.
+            LowerKind::ServiceAccount if !ctx.cfg.service_accounts => {}
+            LowerKind::ServiceAccount => {
+                let account = lower_service_account(&step.name, &ns, &owner);
+                create_ours(ctx, step.kind, &ns, &account).await?;
+            }
             // Our copy is there already (another pod needs it too): the copy controller keeps it
             // current, so there is nothing to create.
             LowerKind::ConfigMap | LowerKind::Secret | LowerKind::PersistentVolumeClaim
-                if ctx.copies.contains(step.kind, &ns, &step.name) =>
-            {
-                continue;
-            }
+                if ctx.copies.contains(step.kind, &ns, &step.name) => {}
             LowerKind::ConfigMap => match ctx
                 .upper_objects
                 .config_maps
                 .get_or_fetch(&Api::namespaced(upper.clone(), &ns), &ns, &step.name)
                 .await
             {
-                Ok(Some(cm)) => Api::<ConfigMap>::namespaced(lower.clone(), &ns)
-                    .create(&pp, &lower_config_map(&cm, &owner))
-                    .await
-                    .map(|_| ()),
-                Ok(None) if step.optional => continue,
-                Ok(None) => {
-                    return Err(SyncError(format!(
-                        "configmap {ns}/{} not found in the upper cluster",
-                        step.name
-                    )));
+                Ok(Some(cm)) => {
+                    create_ours(ctx, step.kind, &ns, &lower_config_map(&cm, &owner)).await?
                 }
+                Ok(None) if step.optional => {
+                    absent.config_maps.insert(step.name.clone());
+                }
+                Ok(None) => return Err(missing("configmap")),
                 Err(e) => return Err(err(&format!("reading configmap {ns}/{}", step.name), e)),
             },
             LowerKind::Secret => match ctx
@@ -779,20 +785,18 @@ async fn create_lower_steps(ctx: &Ctx, u: &Pod) -> Result<(), SyncError> {
                 .await
             {
                 Ok(Some(s)) => match lower_secret(&s, &owner) {
-                    Ok(copy) => Api::<Secret>::namespaced(lower.clone(), &ns)
-                        .create(&pp, &copy)
-                        .await
-                        .map(|_| ()),
-                    // Service-account tokens belong to the upper cluster: never copied.
-                    Err(_) => continue,
+                    Ok(copy) => create_ours(ctx, step.kind, &ns, &copy).await?,
+                    // Service-account tokens belong to the upper cluster: never copied, so
+                    // missing downstairs by design.
+                    Err(_) if step.optional => {
+                        absent.secrets.insert(step.name.clone());
+                    }
+                    Err(e) => return Err(SyncError(format!("{e}; the pod waits"))),
                 },
-                Ok(None) if step.optional => continue,
-                Ok(None) => {
-                    return Err(SyncError(format!(
-                        "secret {ns}/{} not found in the upper cluster",
-                        step.name
-                    )));
+                Ok(None) if step.optional => {
+                    absent.secrets.insert(step.name.clone());
                 }
+                Ok(None) => return Err(missing("secret")),
                 Err(e) => return Err(err(&format!("reading secret {ns}/{}", step.name), e)),
             },
             LowerKind::PersistentVolumeClaim => {
@@ -802,12 +806,12 @@ async fn create_lower_steps(ctx: &Ctx, u: &Pod) -> Result<(), SyncError> {
                     .get_or_fetch(&Api::namespaced(upper.clone(), &ns), &ns, &step.name)
                     .await
                 {
-                    Ok(Some(pvc)) => Api::<PersistentVolumeClaim>::namespaced(lower.clone(), &ns)
-                        .create(&pp, &lower_pvc(&pvc, &owner))
-                        .await
-                        .map(|_| ()),
-                    // As the original: a claim missing upstairs is skipped (the pod waits for it).
-                    Ok(None) => continue,
+                    Ok(Some(pvc)) => {
+                        create_ours(ctx, step.kind, &ns, &lower_pvc(&pvc, &owner)).await?
+                    }
+                    // As a kubelet waits for a claim (the original skipped it, and the lower pod
+                    // mounted a lower claim of that name).
+                    Ok(None) => return Err(missing("persistentvolumeclaim")),
                     Err(e) => return Err(err(&format!("reading claim {ns}/{}", step.name), e)),
                 }
             }
@@ -819,12 +823,16 @@ async fn create_lower_steps(ctx: &Ctx, u: &Pod) -> Result<(), SyncError> {
                     ctx.metrics.observe("upper_tokens", t0.elapsed());
                     written.map_err(|e| SyncError(e.to_string()))?;
                 }
-                let pod = lower_pod(u, &ctx.cfg.translate).map_err(|e| SyncError(e.to_string()))?;
+                let mut pod =
+                    lower_pod(u, &ctx.cfg.translate).map_err(|e| SyncError(e.to_string()))?;
+                if let Some(spec) = pod.spec.as_mut() {
+                    drop_absent(spec, &absent);
+                }
                 let t0 = std::time::Instant::now();
                 let created = ctx.lower_api(&ns).create(&pp, &pod).await;
                 ctx.metrics.observe("lower_pod_create", t0.elapsed());
                 match created {
-                    Ok(_) => Ok(()),
+                    Ok(_) => {}
                     Err(e) if already_exists(&e) => {
                         let existing = ctx
                             .lower_api(&ns)
@@ -833,7 +841,7 @@ async fn create_lower_steps(ctx: &Ctx, u: &Pod) -> Result<(), SyncError> {
                             .map_err(|e| err("reading the existing lower pod", e))?;
                         let uid = u.metadata.uid.clone().unwrap_or_default();
                         match on_existing(LowerKind::Pod, &existing.metadata, &owner, &uid) {
-                            Existing::Ours => Ok(()),
+                            Existing::Ours => {}
                             Existing::Stale => {
                                 delete_lower(ctx, &existing, Some(0)).await?;
                                 return Err(SyncError(format!(
@@ -848,23 +856,71 @@ async fn create_lower_steps(ctx: &Ctx, u: &Pod) -> Result<(), SyncError> {
                             }
                         }
                     }
-                    Err(e) => Err(e),
+                    Err(e) => {
+                        return Err(err(
+                            &format!(
+                                "creating pod {ns}/{name} in lower cluster {}",
+                                ctx.cfg.lower_name
+                            ),
+                            e,
+                        ));
+                    }
                 }
-            }
-        };
-        match created {
-            Ok(()) => {}
-            // An existing namespace, ConfigMap, Secret, ServiceAccount or claim is used as it is.
-            Err(e) if already_exists(&e) => {}
-            Err(e) => {
-                return Err(err(
-                    &format!("creating {what} in lower cluster {}", ctx.cfg.lower_name),
-                    e,
-                ));
             }
         }
     }
     Ok(())
+}
+
+/// Creates our lower `object` of `kind` in `ns`. One of that name that exists already is used
+/// only when it is ours (a copy another pod made, or a create that raced); one that is not ours
+/// is never used nor touched: the pod waits until it is gone (docs/security.md).
+async fn create_ours<K>(ctx: &Ctx, kind: LowerKind, ns: &str, object: &K) -> Result<(), SyncError>
+where
+    K: Resource<Scope = NamespaceResourceScope, DynamicType = ()>
+        + Clone
+        + std::fmt::Debug
+        + serde::Serialize
+        + serde::de::DeserializeOwned,
+{
+    let api: Api<K> = Api::namespaced(ctx.cfg.lower.clone(), ns);
+    let name = object.meta().name.clone().unwrap_or_default();
+    let what = kind_name(kind);
+    let cluster = &ctx.cfg.lower_name;
+    match api.create(&PostParams::default(), object).await {
+        Ok(_) => Ok(()),
+        Err(e) if already_exists(&e) => {
+            let existing = api.get(&name).await.map_err(|e| {
+                err(
+                    &format!("reading the existing {what} {ns}/{name} in lower cluster {cluster}"),
+                    e,
+                )
+            })?;
+            match on_existing(kind, existing.meta(), &ctx.cfg.translate.owner, "") {
+                Existing::Ours | Existing::UseAsIs => Ok(()),
+                Existing::Stale | Existing::Conflict => Err(SyncError(format!(
+                    "a {what} {ns}/{name} that is not ours exists in lower cluster {cluster}: it is \
+                     never used for an upper pod, and the pod waits until it is gone"
+                ))),
+            }
+        }
+        Err(e) => Err(err(
+            &format!("creating {what} {ns}/{name} in lower cluster {cluster}"),
+            e,
+        )),
+    }
+}
+
+/// A kind's name in messages, as `kubectl` spells it.
+fn kind_name(kind: LowerKind) -> &'static str {
+    match kind {
+        LowerKind::Namespace => "Namespace",
+        LowerKind::ServiceAccount => "ServiceAccount",
+        LowerKind::ConfigMap => "ConfigMap",
+        LowerKind::Secret => "Secret",
+        LowerKind::PersistentVolumeClaim => "PersistentVolumeClaim",
+        LowerKind::Pod => "Pod",
+    }
 }
 
 #[cfg(test)]
