@@ -1421,3 +1421,177 @@ async fn downward_api_volumes_of_an_offloaded_pod_show_the_upper_pod() {
     .await;
     stop.cancel();
 }
+
+/// The message of the upper pod's `tensile-kube.io/Offloaded` condition when it is False.
+async fn not_offloaded_message(pods: &Api<Pod>, name: &str) -> Option<String> {
+    let p = pods.get_opt(name).await.ok()??;
+    let c = p
+        .status?
+        .conditions?
+        .into_iter()
+        .find(|c| c.type_ == "tensile-kube.io/Offloaded" && c.status == "False")?;
+    c.message
+}
+
+/// Issue 27 item 1: an offloaded pod sees nothing of the lower cluster that is not a copy this
+/// node made. A lower object that is not ours is never used: the pod waits (not created
+/// downstairs) with a Warning event and a condition naming the object and the lower cluster,
+/// and runs once the object is gone. An optional reference whose object is missing upstairs is
+/// missing downstairs too, whatever the lower cluster holds under that name.
+#[tokio::test]
+async fn lower_objects_that_are_not_ours_never_reach_an_offloaded_pod() {
+    use k8s_openapi::api::core::v1::{Event, PersistentVolumeClaim, Secret, ServiceAccount};
+    let (env, stop) = start().await;
+    let (upper, lower) = (&env.clusters[0].client, &env.clusters[1].client);
+    let pp = PostParams::default();
+    let upper_pods: Api<Pod> = Api::namespaced(upper.clone(), "default");
+    let lower_pods: Api<Pod> = Api::namespaced(lower.clone(), "default");
+    let lower_secrets: Api<Secret> = Api::namespaced(lower.clone(), "default");
+    let secret = |name: &str, value: &str| -> Secret {
+        serde_json::from_value(json!({"metadata": {"name": name}, "stringData": {"k": value}}))
+            .unwrap()
+    };
+    // The lower cluster's own objects, which no upper tenant may reach: `only-below` exists
+    // only there; `s` exists in both clusters with different content; so does `robot`.
+    lower_secrets
+        .create(&pp, &secret("only-below", "lower-value"))
+        .await
+        .unwrap();
+    lower_secrets
+        .create(&pp, &secret("s", "lower-s"))
+        .await
+        .unwrap();
+    Api::<Secret>::namespaced(upper.clone(), "default")
+        .create(&pp, &secret("s", "upper-s"))
+        .await
+        .unwrap();
+    let claim: PersistentVolumeClaim = serde_json::from_value(json!({
+        "metadata": {"name": "below-only"},
+        "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}}
+    }))
+    .unwrap();
+    Api::<PersistentVolumeClaim>::namespaced(lower.clone(), "default")
+        .create(&pp, &claim)
+        .await
+        .unwrap();
+    let account: ServiceAccount =
+        serde_json::from_value(json!({"metadata": {"name": "robot"}})).unwrap();
+    for cluster in [upper, lower] {
+        Api::<ServiceAccount>::namespaced(cluster.clone(), "default")
+            .create(&pp, &account)
+            .await
+            .unwrap();
+    }
+
+    // (a) optional references to `only-below`: env var, envFrom, a volume.
+    let optional = json!({"spec": {
+        "containers": [{"name": "c", "image": "nginx:1.27",
+            "envFrom": [{"secretRef": {"name": "only-below", "optional": true}}],
+            "env": [{"name": "OPT", "valueFrom": {"secretKeyRef":
+                {"name": "only-below", "key": "k", "optional": true}}}],
+            "volumeMounts": [{"name": "o", "mountPath": "/o"}]}],
+        "volumes": [{"name": "o", "secret": {"secretName": "only-below", "optional": true}}]}});
+    // (b) a volume of `s`, (c) a claim that exists only downstairs, (d) `robot`.
+    let waiting = [
+        (
+            "decoy",
+            json!({"spec": {"containers": [{"name": "c", "image": "nginx:1.27",
+                "volumeMounts": [{"name": "s", "mountPath": "/s"}]}],
+                "volumes": [{"name": "s", "secret": {"secretName": "s"}}]}}),
+            "Secret default/s that is not ours exists in lower cluster lower",
+        ),
+        (
+            "claim",
+            json!({"spec": {"volumes": [{"name": "d",
+                "persistentVolumeClaim": {"claimName": "below-only"}}]}}),
+            "persistentvolumeclaim default/below-only not found in the upper cluster",
+        ),
+        (
+            "robot",
+            json!({"spec": {"serviceAccountName": "robot"}}),
+            "ServiceAccount default/robot that is not ours exists in lower cluster lower",
+        ),
+    ];
+    for (name, extra, _) in &waiting {
+        upper_pods
+            .create(&pp, &pod(name, "vk-lower", extra.clone()))
+            .await
+            .unwrap();
+    }
+    create_running(&upper_pods, "optional", optional).await;
+    let env_seen = exec_out(&upper_pods, "optional", &["env"]).await;
+    assert!(
+        !env_seen.contains("lower-value"),
+        "the lower Secret reached the pod:\n{env_seen}"
+    );
+    assert!(!env_seen.contains("OPT="), "{env_seen}");
+    let copy = lower_pods.get("optional").await.unwrap();
+    let spec = copy.spec.unwrap();
+    assert_eq!(spec.containers[0].env_from, None);
+    let volume = spec.volumes.unwrap().into_iter().find(|v| v.name == "o");
+    assert!(
+        volume
+            .as_ref()
+            .is_some_and(|v| v.empty_dir.is_some() && v.secret.is_none()),
+        "{volume:?}"
+    );
+
+    let events: Api<Event> = Api::namespaced(upper.clone(), "default");
+    for (name, _, why) in &waiting {
+        let message = eventually(30, &format!("{name} held back with a reason"), || async {
+            not_offloaded_message(&upper_pods, name)
+                .await
+                .filter(|m| m.contains(why))
+        })
+        .await;
+        eprintln!("{name}: {message}");
+        eventually(30, &format!("a Warning event on {name}"), || async {
+            let list = events.list(&ListParams::default()).await.ok()?;
+            list.items
+                .into_iter()
+                .find(|e| {
+                    e.involved_object.name.as_deref() == Some(*name)
+                        && e.type_.as_deref() == Some("Warning")
+                        && e.message.as_deref().is_some_and(|m| m.contains(why))
+                })
+                .map(drop)
+        })
+        .await;
+        assert!(
+            lower_pods.get_opt(name).await.unwrap().is_none(),
+            "{name} was created downstairs"
+        );
+    }
+    // The lower Secret is the lower cluster's: neither used nor touched.
+    let theirs = lower_secrets.get("s").await.unwrap();
+    assert_eq!(
+        theirs.data.unwrap()["k"].0,
+        b"lower-s",
+        "the lower Secret was overwritten"
+    );
+    assert!(
+        theirs
+            .metadata
+            .labels
+            .unwrap_or_default()
+            .get("tensile-kube.io/owner")
+            .is_none()
+    );
+
+    // Once the lower administrator deletes theirs, the pod runs with the upper content.
+    lower_secrets
+        .delete("s", &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually(60, "decoy Running upstairs", || async {
+        (phase(&upper_pods, "decoy").await? == "Running").then_some(())
+    })
+    .await;
+    assert_eq!(
+        exec_out(&upper_pods, "decoy", &["cat", "/s/k"])
+            .await
+            .trim(),
+        "upper-s"
+    );
+    stop.cancel();
+}
