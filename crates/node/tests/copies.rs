@@ -30,7 +30,8 @@ async fn data(api: &Api<ConfigMap>, name: &str) -> Option<String> {
 }
 
 /// Upper: ConfigMap `cfg` and Secret `sec`, used by pod `web` on `vk-lower`; `theirs`, an
-/// upper ConfigMap whose lower namesake was made by someone else. Returns once `web` runs.
+/// upper ConfigMap whose lower namesake was made by someone else, used by pod `blocked` (which
+/// therefore waits). Returns once `web` runs.
 async fn offloaded_with_dependencies(upper: &kube::Client, lower: &kube::Client) {
     let pp = PostParams::default();
     let up_cms: Api<ConfigMap> = Api::namespaced(upper.clone(), "default");
@@ -56,16 +57,36 @@ async fn offloaded_with_dependencies(upper: &kube::Client, lower: &kube::Client)
         )
         .await
         .unwrap();
+    // `theirs` is needed by a pod too, which therefore waits (a lower object that is not ours
+    // is never used, issue 27): the copy controller sees it needed and must still leave it.
+    Api::<Pod>::namespaced(upper.clone(), "default")
+        .create(
+            &pp,
+            &pod(
+                "blocked",
+                "vk-lower",
+                json!({"spec": {"volumes": [{"name": "t", "configMap": {"name": "theirs"}}]}}),
+            ),
+        )
+        .await
+        .unwrap();
     run_pod(
         upper,
         "web",
         json!([
             {"name": "c", "configMap": {"name": "cfg"}},
-            {"name": "t", "configMap": {"name": "theirs"}},
             {"name": "s", "secret": {"secretName": "sec"}}
         ]),
     )
     .await;
+    assert!(
+        Api::<Pod>::namespaced(lower.clone(), "default")
+            .get_opt("blocked")
+            .await
+            .unwrap()
+            .is_none(),
+        "a pod needing a lower object that is not ours is not created downstairs"
+    );
 }
 
 /// Creates pod `name` with `volumes` on `vk-lower` and waits until it runs.
@@ -288,6 +309,14 @@ async fn a_pods_config_maps_and_secrets_are_read_from_the_shared_watch_cache_not
     let node = common::spawn(&env, common::NodeOptions::new("vk-lower")).await;
     let (upper, lower) = (&env.clusters[0].client, &env.clusters[1].client);
     offloaded_with_dependencies(upper, lower).await;
+    // `blocked` retries its create while the lower `theirs` is in its way: it goes, so that
+    // the lower creates counted below are the pods' of this test.
+    let upper_pods: Api<Pod> = Api::namespaced(upper.clone(), "default");
+    upper_pods
+        .delete("blocked", &DeleteParams::default())
+        .await
+        .unwrap();
+    gone(&upper_pods, "blocked", 30, "blocked deleted").await;
     // Changing the originals and seeing the copies follow proves the controller's upper
     // caches hold them (the copies are written from those caches).
     let merge = |v: serde_json::Value| Patch::Merge(v);

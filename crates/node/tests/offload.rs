@@ -1437,10 +1437,13 @@ async fn not_offloaded_message(pods: &Api<Pod>, name: &str) -> Option<String> {
 /// node made. A lower object that is not ours is never used: the pod waits (not created
 /// downstairs) with a Warning event and a condition naming the object and the lower cluster,
 /// and runs once the object is gone. An optional reference whose object is missing upstairs is
-/// missing downstairs too, whatever the lower cluster holds under that name.
+/// missing downstairs too, whatever the lower cluster holds under that name. And (item 7) a
+/// lower namespace the node creates carries the upper namespace's Pod Security labels.
 #[tokio::test]
 async fn lower_objects_that_are_not_ours_never_reach_an_offloaded_pod() {
-    use k8s_openapi::api::core::v1::{Event, PersistentVolumeClaim, Secret, ServiceAccount};
+    use k8s_openapi::api::core::v1::{
+        Event, Namespace, PersistentVolumeClaim, Secret, ServiceAccount,
+    };
     let (env, stop) = start().await;
     let (upper, lower) = (&env.clusters[0].client, &env.clusters[1].client);
     let pp = PostParams::default();
@@ -1518,6 +1521,26 @@ async fn lower_objects_that_are_not_ours_never_reach_an_offloaded_pod() {
             .await
             .unwrap();
     }
+    // Item 7: a namespace new downstairs carries the upper one's Pod Security labels.
+    let namespaces = |c: &kube::Client| Api::<Namespace>::all(c.clone());
+    let psa = json!({"pod-security.kubernetes.io/enforce": "baseline",
+        "pod-security.kubernetes.io/warn": "restricted", "team": "a"});
+    namespaces(upper)
+        .create(
+            &pp,
+            &serde_json::from_value(json!({"metadata": {"name": "psa", "labels": psa}})).unwrap(),
+        )
+        .await
+        .unwrap();
+    let psa_pods: Api<Pod> = Api::namespaced(upper.clone(), "psa");
+    // Until the upper ServiceAccount controller has made `default` there.
+    eventually(30, "a pod created in namespace psa", || async {
+        psa_pods
+            .create(&pp, &pod("p", "vk-lower", json!({})))
+            .await
+            .ok()
+    })
+    .await;
     create_running(&upper_pods, "optional", optional).await;
     let env_seen = exec_out(&upper_pods, "optional", &["env"]).await;
     assert!(
@@ -1562,6 +1585,29 @@ async fn lower_objects_that_are_not_ours_never_reach_an_offloaded_pod() {
             "{name} was created downstairs"
         );
     }
+    let labels = eventually(30, "namespace psa downstairs", || async {
+        namespaces(lower)
+            .get_opt("psa")
+            .await
+            .ok()??
+            .metadata
+            .labels
+    })
+    .await;
+    assert_eq!(
+        labels
+            .get("pod-security.kubernetes.io/enforce")
+            .map(String::as_str),
+        Some("baseline")
+    );
+    assert_eq!(
+        labels
+            .get("pod-security.kubernetes.io/warn")
+            .map(String::as_str),
+        Some("restricted")
+    );
+    assert_eq!(labels.get("team"), None, "only the Pod Security labels");
+
     // The lower Secret is the lower cluster's: neither used nor touched.
     let theirs = lower_secrets.get("s").await.unwrap();
     assert_eq!(
