@@ -4,14 +4,14 @@
 //! every change puts the pod's key on a work queue; a reconcile reads both caches, asks
 //! `tensile-core` what should be, and writes only the difference.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 
 use futures::SinkExt as _;
 use futures::channel::mpsc::{Receiver as EventReceiver, channel};
 use futures::{Stream, StreamExt, TryStreamExt};
 use k8s_openapi::NamespaceResourceScope;
-use k8s_openapi::api::core::v1::{Pod, PodStatus};
+use k8s_openapi::api::core::v1::{EphemeralContainer, Pod, PodSpec, PodStatus};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::Resource;
@@ -31,7 +31,9 @@ use tensile_core::keys::{
     EVENT_PROVIDER_UPDATE_FAILED, EVENT_PROVIDER_UPDATE_SUCCESS, REASON_NOT_OFFLOADED,
     REASON_PROVIDER_FAILED,
 };
-use tensile_core::plan::{Existing, LowerKind, on_existing, pod_creation_plan};
+use tensile_core::plan::{
+    Existing, LowerKind, Step, creation_plan, on_existing, pod_creation_plan,
+};
 use tensile_core::status::{may_coalesce, not_offloaded_conditions, unreachable_conditions};
 use tensile_core::sync::{PodStep, pod_step};
 use tensile_core::translate::{TranslateConfig, lower_pod};
@@ -619,7 +621,7 @@ async fn reconcile_pod(ctx: &Ctx, key: &Key) -> Result<(), SyncError> {
         }
         PodStep::Sync { update, status } => {
             let status = status.filter(|s| !(may_coalesce(s) && ctx.hold_status(key)));
-            sync_existing(ctx, u, &update, status).await?;
+            sync_existing(ctx, (u, l), &update, status).await?;
             sync_tokens(ctx, u, l).await
         }
     }
@@ -642,7 +644,7 @@ async fn sync_tokens(ctx: &Ctx, u: &Pod, l: Option<&Pod>) -> Result<(), SyncErro
 /// Carries a [`PodStep::Sync`] out: the lower patch, ephemeral containers, the upper status.
 async fn sync_existing(
     ctx: &Ctx,
-    u: &Pod,
+    (u, l): (&Pod, Option<&Pod>),
     update: &PodUpdate,
     status: Option<Box<PodStatus>>,
 ) -> Result<(), SyncError> {
@@ -666,6 +668,13 @@ async fn sync_existing(
         }
     }
     if let Some(ephemeral) = &update.ephemeral_containers {
+        let ephemeral = match ephemeral_dependencies(ctx, &ns, l, ephemeral).await {
+            Ok(e) => e,
+            Err(e) => {
+                ctx.event(u, true, EVENT_PROVIDER_UPDATE_FAILED, e.to_string());
+                return Err(e);
+            }
+        };
         let patch = json!({"spec": {"ephemeralContainers": ephemeral}});
         ctx.lower_api(&ns)
             .patch_subresource(
@@ -704,6 +713,45 @@ async fn sync_existing(
     Ok(())
 }
 
+/// The ephemeral containers for the lower pod (`all`: those it has, then the new ones), once
+/// the ConfigMaps and Secrets the new ones reference have our copies downstairs, and with their
+/// optional references to objects missing upstairs dropped, as for the pod's own containers: a
+/// container added with `kubectl debug` reads no lower object that is not ours either.
+async fn ephemeral_dependencies(
+    ctx: &Ctx,
+    ns: &str,
+    lower: Option<&Pod>,
+    all: &[EphemeralContainer],
+) -> Result<Vec<EphemeralContainer>, SyncError> {
+    let present: BTreeSet<&str> = lower
+        .and_then(|l| l.spec.as_ref())
+        .into_iter()
+        .flat_map(|s| s.ephemeral_containers.iter().flatten())
+        .map(|c| c.name.as_str())
+        .collect();
+    let (mut kept, new): (Vec<_>, Vec<_>) = all
+        .iter()
+        .cloned()
+        .partition(|c| present.contains(c.name.as_str()));
+    let mut spec = PodSpec {
+        ephemeral_containers: Some(new),
+        ..PodSpec::default()
+    };
+    let probe = Pod {
+        spec: Some(spec.clone()),
+        ..Pod::default()
+    };
+    let mut absent = Absent::default();
+    for step in creation_plan(ns, "", &pod_dependencies(&probe)) {
+        if matches!(step.kind, LowerKind::ConfigMap | LowerKind::Secret) {
+            dependency(ctx, ns, &step, &mut absent).await?;
+        }
+    }
+    drop_absent(&mut spec, &absent);
+    kept.extend(spec.ephemeral_containers.unwrap_or_default());
+    Ok(kept)
+}
+
 async fn delete_lower(ctx: &Ctx, l: &Pod, grace: Option<i64>) -> Result<(), SyncError> {
     let (ns, name) = key_of(l).ok_or_else(|| SyncError("pod without name".into()))?;
     let grace = grace.and_then(|g| u32::try_from(g.max(0)).ok());
@@ -735,18 +783,11 @@ async fn create_lower_steps(ctx: &Ctx, u: &Pod) -> Result<(), SyncError> {
     let owner = ctx.cfg.translate.owner.clone();
     let deps = pod_dependencies(u);
     let plan = pod_creation_plan(u, &deps).ok_or_else(|| SyncError("pod without name".into()))?;
-    let upper = ctx.cfg.upper.clone();
     let pp = PostParams::default();
     // Optional references whose object the upper cluster does not have (or never lets go):
     // left out of the lower pod, so a lower object of the same name is never read.
     let mut absent = Absent::default();
     for step in plan {
-        let missing = |kind: &str| {
-            SyncError(format!(
-                "{kind} {ns}/{} not found in the upper cluster; the pod waits for it",
-                step.name
-            ))
-        };
         match step.kind {
             LowerKind::Namespace => ctx
                 .namespaces
@@ -759,61 +800,8 @@ async fn create_lower_steps(ctx: &Ctx, u: &Pod) -> Result<(), SyncError> {
                 let account = lower_service_account(&step.name, &ns, &owner);
                 create_ours(ctx, step.kind, &ns, &account).await?;
             }
-            // Our copy is there already (another pod needs it too): the copy controller keeps it
-            // current, so there is nothing to create.
-            LowerKind::ConfigMap | LowerKind::Secret | LowerKind::PersistentVolumeClaim
-                if ctx.copies.contains(step.kind, &ns, &step.name) => {}
-            LowerKind::ConfigMap => match ctx
-                .upper_objects
-                .config_maps
-                .get_or_fetch(&Api::namespaced(upper.clone(), &ns), &ns, &step.name)
-                .await
-            {
-                Ok(Some(cm)) => {
-                    create_ours(ctx, step.kind, &ns, &lower_config_map(&cm, &owner)).await?
-                }
-                Ok(None) if step.optional => {
-                    absent.config_maps.insert(step.name.clone());
-                }
-                Ok(None) => return Err(missing("configmap")),
-                Err(e) => return Err(err(&format!("reading configmap {ns}/{}", step.name), e)),
-            },
-            LowerKind::Secret => match ctx
-                .upper_objects
-                .secrets
-                .get_or_fetch(&Api::namespaced(upper.clone(), &ns), &ns, &step.name)
-                .await
-            {
-                Ok(Some(s)) => match lower_secret(&s, &owner) {
-                    Ok(copy) => create_ours(ctx, step.kind, &ns, &copy).await?,
-                    // Service-account tokens belong to the upper cluster: never copied, so
-                    // missing downstairs by design.
-                    Err(_) if step.optional => {
-                        absent.secrets.insert(step.name.clone());
-                    }
-                    Err(e) => return Err(SyncError(format!("{e}; the pod waits"))),
-                },
-                Ok(None) if step.optional => {
-                    absent.secrets.insert(step.name.clone());
-                }
-                Ok(None) => return Err(missing("secret")),
-                Err(e) => return Err(err(&format!("reading secret {ns}/{}", step.name), e)),
-            },
-            LowerKind::PersistentVolumeClaim => {
-                match ctx
-                    .upper_objects
-                    .claims
-                    .get_or_fetch(&Api::namespaced(upper.clone(), &ns), &ns, &step.name)
-                    .await
-                {
-                    Ok(Some(pvc)) => {
-                        create_ours(ctx, step.kind, &ns, &lower_pvc(&pvc, &owner)).await?
-                    }
-                    // As a kubelet waits for a claim (the original skipped it, and the lower pod
-                    // mounted a lower claim of that name).
-                    Ok(None) => return Err(missing("persistentvolumeclaim")),
-                    Err(e) => return Err(err(&format!("reading claim {ns}/{}", step.name), e)),
-                }
+            LowerKind::ConfigMap | LowerKind::Secret | LowerKind::PersistentVolumeClaim => {
+                dependency(ctx, &ns, &step, &mut absent).await?;
             }
             LowerKind::Pod => {
                 if let Some(tokens) = &ctx.tokens {
@@ -868,6 +856,81 @@ async fn create_lower_steps(ctx: &Ctx, u: &Pod) -> Result<(), SyncError> {
                 }
             }
         }
+    }
+    Ok(())
+}
+
+/// Makes our copy of the ConfigMap, Secret or claim of `step` exist in the lower cluster, or
+/// records in `absent` an optional ConfigMap or Secret that the upper cluster does not have (or
+/// never lets go: service-account tokens), so the lower pod is built without it.
+async fn dependency(
+    ctx: &Ctx,
+    ns: &str,
+    step: &Step,
+    absent: &mut Absent,
+) -> Result<(), SyncError> {
+    let owner = &ctx.cfg.translate.owner;
+    let upper = &ctx.cfg.upper;
+    let missing = |kind: &str| {
+        SyncError(format!(
+            "{kind} {ns}/{} not found in the upper cluster; the pod waits for it",
+            step.name
+        ))
+    };
+    match step.kind {
+        // Our copy is there already (another pod needs it too): the copy controller keeps it
+        // current, so there is nothing to create.
+        LowerKind::ConfigMap | LowerKind::Secret | LowerKind::PersistentVolumeClaim
+            if ctx.copies.contains(step.kind, ns, &step.name) => {}
+        LowerKind::ConfigMap => match ctx
+            .upper_objects
+            .config_maps
+            .get_or_fetch(&Api::namespaced(upper.clone(), ns), ns, &step.name)
+            .await
+        {
+            Ok(Some(cm)) => create_ours(ctx, step.kind, ns, &lower_config_map(&cm, owner)).await?,
+            Ok(None) if step.optional => {
+                absent.config_maps.insert(step.name.clone());
+            }
+            Ok(None) => return Err(missing("configmap")),
+            Err(e) => return Err(err(&format!("reading configmap {ns}/{}", step.name), e)),
+        },
+        LowerKind::Secret => match ctx
+            .upper_objects
+            .secrets
+            .get_or_fetch(&Api::namespaced(upper.clone(), ns), ns, &step.name)
+            .await
+        {
+            Ok(Some(s)) => match lower_secret(&s, owner) {
+                Ok(copy) => create_ours(ctx, step.kind, ns, &copy).await?,
+                // Service-account tokens belong to the upper cluster: never copied, so
+                // missing downstairs by design.
+                Err(_) if step.optional => {
+                    absent.secrets.insert(step.name.clone());
+                }
+                Err(e) => return Err(SyncError(format!("{e}; the pod waits"))),
+            },
+            Ok(None) if step.optional => {
+                absent.secrets.insert(step.name.clone());
+            }
+            Ok(None) => return Err(missing("secret")),
+            Err(e) => return Err(err(&format!("reading secret {ns}/{}", step.name), e)),
+        },
+        LowerKind::PersistentVolumeClaim => {
+            match ctx
+                .upper_objects
+                .claims
+                .get_or_fetch(&Api::namespaced(upper.clone(), ns), ns, &step.name)
+                .await
+            {
+                Ok(Some(pvc)) => create_ours(ctx, step.kind, ns, &lower_pvc(&pvc, owner)).await?,
+                // As a kubelet waits for a claim (the original skipped it, and the lower pod
+                // mounted a lower claim of that name).
+                Ok(None) => return Err(missing("persistentvolumeclaim")),
+                Err(e) => return Err(err(&format!("reading claim {ns}/{}", step.name), e)),
+            }
+        }
+        LowerKind::Namespace | LowerKind::ServiceAccount | LowerKind::Pod => {}
     }
     Ok(())
 }

@@ -1559,6 +1559,28 @@ async fn lower_objects_that_are_not_ours_never_reach_an_offloaded_pod() {
         "{volume:?}"
     );
 
+    // The same for a container added with `kubectl debug`.
+    upper_pods
+        .patch_subresource(
+            "ephemeralcontainers",
+            "optional",
+            &PatchParams::default(),
+            &Patch::Strategic(json!({"spec": {"ephemeralContainers": [{
+                "name": "dbg", "image": "busybox:1.36", "command": ["sleep", "100000"],
+                "envFrom": [{"secretRef": {"name": "only-below", "optional": true}}]}]}})),
+        )
+        .await
+        .unwrap();
+    let dbg = eventually(30, "the ephemeral container downstairs", || async {
+        let p = lower_pods.get_opt("optional").await.ok()??;
+        p.spec?
+            .ephemeral_containers?
+            .into_iter()
+            .find(|c| c.name == "dbg")
+    })
+    .await;
+    assert_eq!(dbg.env_from, None, "{dbg:?}");
+
     let events: Api<Event> = Api::namespaced(upper.clone(), "default");
     for (name, _, why) in &waiting {
         let message = eventually(30, &format!("{name} held back with a reason"), || async {
@@ -1616,12 +1638,11 @@ async fn lower_objects_that_are_not_ours_never_reach_an_offloaded_pod() {
         "the lower Secret was overwritten"
     );
     assert!(
-        theirs
+        !theirs
             .metadata
             .labels
             .unwrap_or_default()
-            .get("tensile-kube.io/owner")
-            .is_none()
+            .contains_key("tensile-kube.io/owner")
     );
 
     // Once the lower administrator deletes theirs, the pod runs with the upper content.
