@@ -9,7 +9,7 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use crate::deps::{Need, PodDependencies, is_owned_by};
-use crate::keys::{ANNOTATION_UPPER_UID, SERVICE_ACCOUNT_DEFAULT};
+use crate::keys::{ANNOTATION_UPPER_UID, LABEL_OWNER, SERVICE_ACCOUNT_DEFAULT};
 
 /// The kinds of lower objects created for a pod.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -77,13 +77,22 @@ pub enum Existing {
     /// A pod of ours left from an earlier upper pod of the same name (another UID): delete it
     /// with a UID precondition, then create ours.
     Stale,
+    /// Another virtual node's copy of the very same upper object (its recorded upper UID is the
+    /// one we copy): two virtual nodes on one lower cluster share it. Used as it is, never
+    /// changed; its owner keeps it in sync.
+    Sibling,
     /// An object that is not ours holds the name: never used and never overwritten
     /// (checklist 33); the pod is not created and waits, the conflict reported on it.
     Conflict,
 }
 
 /// The decision for an existing lower object of `kind` when creating for the upper object
-/// with `upper_uid`. AlreadyExists is never an error by itself (checklist 22, fixed).
+/// with `upper_uid` (empty when the copy mirrors no upper object, as a ServiceAccount).
+/// AlreadyExists is never an error by itself (checklist 22, fixed).
+///
+/// A copy carrying another virtual node's owner mark and our upper object's UID is that
+/// object's copy: UIDs are unique, so it holds what the pod would read upstairs (a node of
+/// another upper cluster sharing the lower cluster never has that UID).
 pub fn on_existing(
     kind: LowerKind,
     existing: &ObjectMeta,
@@ -101,6 +110,16 @@ pub fn on_existing(
         LowerKind::Pod => Existing::Stale,
         _ if ours => Existing::Ours,
         LowerKind::Namespace => Existing::UseAsIs,
+        LowerKind::ConfigMap | LowerKind::Secret | LowerKind::PersistentVolumeClaim
+            if !upper_uid.is_empty()
+                && recorded_uid.map(String::as_str) == Some(upper_uid)
+                && existing
+                    .labels
+                    .as_ref()
+                    .is_some_and(|l| l.contains_key(LABEL_OWNER)) =>
+        {
+            Existing::Sibling
+        }
         LowerKind::ServiceAccount
         | LowerKind::ConfigMap
         | LowerKind::Secret
@@ -121,7 +140,7 @@ pub fn pod_creation_plan(pod: &Pod, deps: &PodDependencies) -> Option<Vec<Step>>
 mod tests {
     use super::*;
     use crate::deps::pod_dependencies;
-    use crate::keys::{LABEL_OWNER, owner_label_value};
+    use crate::keys::owner_label_value;
     use crate::translate::tests::pod;
     use serde_json::json;
     use std::collections::BTreeMap;
@@ -216,8 +235,14 @@ mod tests {
                 on_existing(kind, &meta(None, None), "vk-1", "u1"),
                 Existing::Conflict
             );
+            // Another node's copy of another upper object, or an object with a forged UID
+            // but no owner mark: not the object the pod reads upstairs.
             assert_eq!(
-                on_existing(kind, &meta(Some("vk-2"), Some("u1")), "vk-1", "u1"),
+                on_existing(kind, &meta(Some("vk-2"), Some("u0")), "vk-1", "u1"),
+                Existing::Conflict
+            );
+            assert_eq!(
+                on_existing(kind, &meta(None, Some("u1")), "vk-1", "u1"),
                 Existing::Conflict
             );
             assert_eq!(
@@ -225,6 +250,35 @@ mod tests {
                 Existing::Ours
             );
         }
+    }
+
+    #[test]
+    fn another_nodes_copy_of_the_same_upper_object_is_shared_and_nothing_else_is() {
+        for kind in [
+            LowerKind::ConfigMap,
+            LowerKind::Secret,
+            LowerKind::PersistentVolumeClaim,
+        ] {
+            assert_eq!(
+                on_existing(kind, &meta(Some("vk-2"), Some("u1")), "vk-1", "u1"),
+                Existing::Sibling
+            );
+            // A copy that mirrors no upper object never matches an empty UID.
+            assert_eq!(
+                on_existing(kind, &meta(Some("vk-2"), Some("")), "vk-1", ""),
+                Existing::Conflict
+            );
+        }
+        // ServiceAccounts mirror no upper object: another node's is not ours to use.
+        assert_eq!(
+            on_existing(
+                LowerKind::ServiceAccount,
+                &meta(Some("vk-2"), Some("u1")),
+                "vk-1",
+                "u1"
+            ),
+            Existing::Conflict
+        );
     }
 
     #[test]

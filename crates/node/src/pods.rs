@@ -27,9 +27,9 @@ use tensile_core::deps::{
     is_owned_by, lower_config_map, lower_pvc, lower_secret, lower_service_account, pod_dependencies,
 };
 use tensile_core::keys::{
-    EVENT_PROVIDER_CREATE_FAILED, EVENT_PROVIDER_CREATE_SUCCESS, EVENT_PROVIDER_DELETE_SUCCESS,
-    EVENT_PROVIDER_UPDATE_FAILED, EVENT_PROVIDER_UPDATE_SUCCESS, REASON_NOT_OFFLOADED,
-    REASON_PROVIDER_FAILED,
+    ANNOTATION_UPPER_UID, EVENT_PROVIDER_CREATE_FAILED, EVENT_PROVIDER_CREATE_SUCCESS,
+    EVENT_PROVIDER_DELETE_SUCCESS, EVENT_PROVIDER_UPDATE_FAILED, EVENT_PROVIDER_UPDATE_SUCCESS,
+    REASON_NOT_OFFLOADED, REASON_PROVIDER_FAILED,
 };
 use tensile_core::plan::{
     Existing, LowerKind, Step, creation_plan, on_existing, pod_creation_plan,
@@ -959,8 +959,14 @@ where
                     e,
                 )
             })?;
-            match on_existing(kind, existing.meta(), &ctx.cfg.translate.owner, "") {
-                Existing::Ours | Existing::UseAsIs => Ok(()),
+            let upper_uid = object
+                .meta()
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(ANNOTATION_UPPER_UID))
+                .map_or("", String::as_str);
+            match on_existing(kind, existing.meta(), &ctx.cfg.translate.owner, upper_uid) {
+                Existing::Ours | Existing::UseAsIs | Existing::Sibling => Ok(()),
                 Existing::Stale | Existing::Conflict => Err(SyncError(format!(
                     "a {what} {ns}/{name} that is not ours exists in lower cluster {cluster}: it is \
                      never used for an upper pod, and the pod waits until it is gone"

@@ -237,11 +237,27 @@ async fn a_restart_adopts_what_exists_and_two_nodes_share_a_lower_cluster() {
     let upper = env.clusters[0].client.clone();
     let lower = env.clusters[1].client.clone();
     let upper_pods: Api<Pod> = Api::namespaced(upper.clone(), "default");
+    // Pods of both nodes mount one ConfigMap: the second node uses the first one's copy of it
+    // (the same upper object), which is not its own.
+    let shared: serde_json::Value = serde_json::from_str(
+        r#"{"spec": {"volumes": [{"name": "s", "configMap": {"name": "shared"}}],
+            "containers": [{"name": "c", "image": "nginx:1.27",
+                "volumeMounts": [{"name": "s", "mountPath": "/etc/shared"}]}]}}"#,
+    )
+    .unwrap();
+    Api::<k8s_openapi::api::core::v1::ConfigMap>::namespaced(upper.clone(), "default")
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": "shared"}, "data": {"k": "v"}}))
+                .unwrap(),
+        )
+        .await
+        .unwrap();
     for i in 0..5 {
         upper_pods
             .create(
                 &PostParams::default(),
-                &pod(&format!("p{i}"), "vk-lower", json!({})),
+                &pod(&format!("p{i}"), "vk-lower", shared.clone()),
             )
             .await
             .unwrap();
@@ -258,7 +274,7 @@ async fn a_restart_adopts_what_exists_and_two_nodes_share_a_lower_cluster() {
     // A second virtual node on the same lower cluster, and a restart of the first.
     let second = spawn_node(&env, "vk-other").await;
     upper_pods
-        .create(&PostParams::default(), &pod("q0", "vk-other", json!({})))
+        .create(&PostParams::default(), &pod("q0", "vk-other", shared))
         .await
         .unwrap();
     first.cancel();
