@@ -596,6 +596,7 @@ async fn raw_request(s: &Setup, token: &str) -> String {
     )
     .await
     .unwrap();
+    tls.flush().await.unwrap();
     String::from_utf8_lossy(&until_closed(tls).await).into_owned()
 }
 

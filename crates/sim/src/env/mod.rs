@@ -560,6 +560,8 @@ pub async fn https_exchange_unverified(
         .await
         .map_err(|e| e.to_string())?;
     tls.write_all(request).await.map_err(|e| e.to_string())?;
+    // What rustls could not hand to the socket yet would wait for the next write.
+    tls.flush().await.map_err(|e| e.to_string())?;
     let mut response = Vec::new();
     // A server closing without close_notify still sent its answer.
     let _ = tls.read_to_end(&mut response).await;
