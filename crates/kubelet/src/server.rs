@@ -169,7 +169,7 @@ fn tls_config(
 fn client_cert(chain: Option<&[CertificateDer<'_>]>, checker: &ClientCertChecker) -> ClientCert {
     match chain {
         Some(chain @ [end_entity, ..]) => match checker.check(chain) {
-            Ok(()) => cert_user(end_entity).into(),
+            Ok(()) => certificate_user(end_entity).into(),
             Err(refused) => ClientCert::Refused(refused),
         },
         _ => ClientCert::None,
@@ -182,7 +182,7 @@ fn client_cert(chain: Option<&[CertificateDer<'_>]>, checker: &ClientCertChecker
 /// one overwrites `CommonName` in `FillFromRDNSequence`) and the groups every O in order. No CN,
 /// or an empty one, is no user. Reading another CN than the API server does would authorize a
 /// certificate under a name its issuer did not mean.
-fn cert_user(cert: &CertificateDer<'_>) -> Option<User> {
+pub fn certificate_user(cert: &CertificateDer<'_>) -> Option<User> {
     use x509_parser::oid_registry::{OID_X509_COMMON_NAME, OID_X509_ORGANIZATION_NAME};
     let (_, parsed) = x509_parser::parse_x509_certificate(cert.as_ref()).ok()?;
     let mut name = None;
@@ -573,7 +573,7 @@ mod tests {
             (cn(), "kube-apiserver-kubelet-client"),
             (DnType::CustomDnType(vec![2, 5, 4, 10]), "group-b"),
         ]);
-        let user = cert_user(&cert).unwrap();
+        let user = certificate_user(&cert).unwrap();
         assert_eq!(user.name, "kube-apiserver-kubelet-client");
         assert_eq!(user.groups, ["group-a", "group-b"]);
     }
@@ -581,13 +581,16 @@ mod tests {
     #[test]
     fn a_certificate_without_a_cn_or_with_an_empty_one_has_no_user() {
         assert_eq!(
-            cert_user(&cert_with(&[(DnType::OrganizationName, "o")])),
+            certificate_user(&cert_with(&[(DnType::OrganizationName, "o")])),
             None
         );
-        assert_eq!(cert_user(&cert_with(&[(DnType::CommonName, "")])), None);
+        assert_eq!(
+            certificate_user(&cert_with(&[(DnType::CommonName, "")])),
+            None
+        );
         // An empty last CN wins over an earlier one, as in Go.
         assert_eq!(
-            cert_user(&cert_with(&[(DnType::CommonName, "a"), (cn(), "")])),
+            certificate_user(&cert_with(&[(DnType::CommonName, "a"), (cn(), "")])),
             None
         );
     }
