@@ -140,16 +140,12 @@ impl<K: std::hash::Hash + Eq + Clone, V: Clone> Cache<K, V> {
 }
 
 /// The cache key of a bearer token: its SHA-256, so the caches hold 32 bytes per token whatever
-/// a client sends, and no token in memory longer than its request.
-fn token_key(token: &str) -> [u8; 32] {
-    let mut key = [0u8; 32];
-    if let Some(suite) = rustls::crypto::ring::cipher_suite::TLS13_AES_128_GCM_SHA256.tls13() {
-        let digest = suite.common.hash_provider.hash(token.as_bytes());
-        let bytes = digest.as_ref();
-        let n = bytes.len().min(32);
-        key[..n].copy_from_slice(&bytes[..n]);
-    }
-    key
+/// a client sends, and no token in memory longer than its request. None (never expected) if no
+/// SHA-256 is at hand: then nothing is cached rather than tokens sharing a key.
+fn token_key(token: &str) -> Option<[u8; 32]> {
+    let suite = rustls::crypto::ring::cipher_suite::TLS13_AES_128_GCM_SHA256.tls13()?;
+    let digest = suite.common.hash_provider.hash(token.as_bytes());
+    digest.as_ref().try_into().ok()
 }
 
 /// How the kubelet API checks requests.
@@ -369,11 +365,13 @@ impl WebhookAuth {
 
     async fn token_user(&self, token: &str) -> Result<Option<User>, AuthError> {
         let key = token_key(token);
-        if let Some(user) = self.tokens.get(&key) {
-            return Ok(Some(user));
-        }
-        if self.bad_tokens.get(&key).is_some() {
-            return Ok(None);
+        if let Some(key) = &key {
+            if let Some(user) = self.tokens.get(key) {
+                return Ok(Some(user));
+            }
+            if self.bad_tokens.get(key).is_some() {
+                return Ok(None);
+            }
         }
         let Ok(_permit) = self.token_permits.try_acquire() else {
             return Err(AuthError::TooManyReviews);
@@ -398,9 +396,10 @@ impl WebhookAuth {
                 uid: u.uid,
                 groups: u.groups.unwrap_or_default(),
             });
-        match &user {
-            Some(u) => self.tokens.put(key, u.clone(), self.ttls.authenticated),
-            None => self.bad_tokens.put(key, (), self.ttls.unauthenticated),
+        match (key, &user) {
+            (Some(key), Some(u)) => self.tokens.put(key, u.clone(), self.ttls.authenticated),
+            (Some(key), None) => self.bad_tokens.put(key, (), self.ttls.unauthenticated),
+            (None, _) => {}
         }
         Ok(user)
     }
@@ -562,6 +561,15 @@ impl WebhookAuth {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn tokens_are_keyed_by_their_sha256() {
+        // SHA-256("abc"), FIPS 180-2's example.
+        let key = token_key("abc").unwrap();
+        assert_eq!(key[..4], [0xba, 0x78, 0x16, 0xbf]);
+        assert_eq!(key[28..], [0xf2, 0x00, 0x15, 0xad]);
+        assert_ne!(token_key("abd"), token_key("abc"));
+    }
 
     #[test]
     fn paths_map_to_the_kubelets_subresources() {
