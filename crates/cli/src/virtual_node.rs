@@ -15,7 +15,7 @@ use tensile_core::node::{
 };
 use tensile_core::translate::TranslateConfig;
 use tensile_node::clients::{
-    ApiCalls, KubeconfigSource, build_client, build_client_with_server, load_config,
+    ApiCalls, KubeconfigSource, UpperClients, build_client, build_client_with_server, load_config,
     override_server,
 };
 use tensile_node::node::NodeLoop;
@@ -85,8 +85,8 @@ pub struct VirtualNodeArgs {
     /// `Linux` or `Windows`; the node is reported as linux.
     #[arg(long, default_value = "Linux")]
     os: String,
-    /// Plain-HTTP listener (`host:port` or `:port`) for Prometheus `/metrics` and the stats
-    /// summary JSON at `/stats/summary`.
+    /// Plain-HTTP listener (`host:port` or `:port`) for Prometheus `/metrics`, `/healthz` and
+    /// `/readyz` (the stats summary is on the kubelet port, with credentials).
     #[arg(long, default_value = "")]
     metrics_addr: String,
     /// Taint key (deprecated in node-cli; `VKUBELET_TAINT_KEY`).
@@ -119,16 +119,16 @@ pub struct VirtualNodeArgs {
     /// Turn the kubelet API's authentication and authorization OFF.
     #[arg(long, default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
     no_verify_clients: bool,
-    /// Bearer tokens through TokenReview (always on here).
+    /// Bearer tokens through TokenReview on the kubelet port; false: only client certificates.
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
     authentication_token_webhook: bool,
-    /// Ignored: caches use the kubelet's TTLs.
+    /// How long TokenReview answers are cached, authenticated or not (kubelet default 2m).
     #[arg(long)]
     authentication_token_webhook_cache_ttl: Option<String>,
-    /// Ignored: caches use the kubelet's TTLs.
+    /// How long allowed SubjectAccessReview answers are cached (kubelet default 5m).
     #[arg(long)]
     authorization_webhook_cache_authorized_ttl: Option<String>,
-    /// Ignored: caches use the kubelet's TTLs.
+    /// How long denied SubjectAccessReview answers are cached (kubelet default 30s).
     #[arg(long)]
     authorization_webhook_cache_unauthorized_ttl: Option<String>,
     /// Accepted for compatibility; the log level is set with RUST_LOG.
@@ -212,16 +212,6 @@ pub async fn run(args: VirtualNodeArgs) -> anyhow::Result<()> {
         (args.full_resync_period != "1m", "--full-resync-period"),
         (args.cluster_domain != "cluster.local", "--cluster-domain"),
         (args.startup_timeout != "0", "--startup-timeout"),
-        (
-            !args.authentication_token_webhook,
-            "--authentication-token-webhook=false",
-        ),
-        (
-            args.authentication_token_webhook_cache_ttl.is_some()
-                || args.authorization_webhook_cache_authorized_ttl.is_some()
-                || args.authorization_webhook_cache_unauthorized_ttl.is_some(),
-            "--authentication-token-webhook-cache-ttl and --authorization-webhook-cache-*-ttl",
-        ),
     ] {
         if set {
             tracing::warn!(
@@ -325,17 +315,23 @@ pub(crate) async fn assemble(
     let mut registry = Registry::default();
     let calls = ApiCalls::new(&mut registry);
     let master_uri = env("MASTER_URI");
-    let upper_client = || {
-        build_client_with_server(
-            upper_source.clone(),
-            master_uri.as_deref(),
-            args.kube_api_qps,
-            args.kube_api_burst,
-            "upper",
-            &calls,
-        )
-    };
-    let upper = upper_client().await.context("upper cluster client")?;
+    let review_ttls = review_ttls(args)?;
+    // Each with its own bucket at the same limits: the lease and node status, the kubelet
+    // port's reviews and events never wait behind pod sync or each other.
+    let UpperClients {
+        work: upper,
+        events: upper_events,
+        heartbeat,
+        reviews,
+    } = UpperClients::build(
+        &upper_source,
+        master_uri.as_deref(),
+        args.kube_api_qps,
+        args.kube_api_burst,
+        &calls,
+    )
+    .await
+    .context("upper cluster client")?;
     let upper_api = match args.pod_identity {
         PodIdentity::Lower => None,
         PodIdentity::Upper => Some(match &args.upper_api_address {
@@ -351,10 +347,6 @@ pub(crate) async fn assemble(
             }
         }),
     };
-    // The same limits again, in a bucket of its own: events never wait for pods or delay them.
-    let upper_events = upper_client()
-        .await
-        .context("upper cluster client for events")?;
     let lower_name = lower_cluster_name(args, &lower_source);
     let lower = build_client(
         lower_source,
@@ -440,6 +432,7 @@ pub(crate) async fn assemble(
         SocketAddr::new(args.kubelet_address, u16::try_from(port).unwrap_or(10250))
     });
     Ok(VirtualNode {
+        heartbeat,
         node: NodeLoop {
             identity,
             owner: owner.clone(),
@@ -468,6 +461,9 @@ pub(crate) async fn assemble(
             cert,
             client_ca,
             auth_disabled: args.no_verify_clients,
+            token_reviews: args.authentication_token_webhook,
+            review_ttls,
+            reviews,
         }),
         metrics: Metrics {
             registry,
@@ -476,6 +472,39 @@ pub(crate) async fn assemble(
         services,
         volumes: controllers.volumes,
     })
+}
+
+/// The review cache TTLs of the kubelet's flags (a TTL of 0 caches nothing), else its defaults.
+fn review_ttls(args: &VirtualNodeArgs) -> anyhow::Result<tensile_core::guard::ReviewTtls> {
+    let parse = |flag: &str, text: &Option<String>| -> anyhow::Result<Option<Duration>> {
+        match text.as_deref().map(str::trim) {
+            None => Ok(None),
+            Some("0" | "0s") => Ok(Some(Duration::ZERO)),
+            Some(t) => crate::common::parse_duration(t)
+                .map(Some)
+                .map_err(|e| anyhow::anyhow!("--{flag}: {e}")),
+        }
+    };
+    let mut ttls = tensile_core::guard::ReviewTtls::default();
+    if let Some(d) = parse(
+        "authentication-token-webhook-cache-ttl",
+        &args.authentication_token_webhook_cache_ttl,
+    )? {
+        ttls = ttls.with_token_ttl(d);
+    }
+    if let Some(d) = parse(
+        "authorization-webhook-cache-authorized-ttl",
+        &args.authorization_webhook_cache_authorized_ttl,
+    )? {
+        ttls.allowed = d;
+    }
+    if let Some(d) = parse(
+        "authorization-webhook-cache-unauthorized-ttl",
+        &args.authorization_webhook_cache_unauthorized_ttl,
+    )? {
+        ttls.denied = d;
+    }
+    Ok(ttls)
 }
 
 /// `args` read as the command line of `tensile virtual-node` (its environment defaults apply).
@@ -496,6 +525,40 @@ mod tests {
     use super::*;
 
     const KUBECONFIG: &str = "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster: {server: 'https://127.0.0.1:6443'}\ncontexts:\n- name: lower-east\n  context: {cluster: c, user: u}\nusers:\n- name: u\n  user: {token: t}\ncurrent-context: lower-east\n";
+
+    #[test]
+    fn the_kubelets_review_cache_flags_set_the_ttls() {
+        let ttls = review_ttls(&parse_args(["--nodename", "vk-1"]).unwrap()).unwrap();
+        assert_eq!(ttls, tensile_core::guard::ReviewTtls::default());
+        let args = parse_args([
+            "--nodename",
+            "vk-1",
+            "--authentication-token-webhook-cache-ttl",
+            "10s",
+            "--authorization-webhook-cache-authorized-ttl",
+            "1m",
+            "--authorization-webhook-cache-unauthorized-ttl",
+            "0",
+        ])
+        .unwrap();
+        let ttls = review_ttls(&args).unwrap();
+        assert_eq!(ttls.authenticated, Duration::from_secs(10));
+        assert_eq!(ttls.unauthenticated, Duration::from_secs(10));
+        assert_eq!(ttls.allowed, Duration::from_secs(60));
+        assert_eq!(ttls.denied, Duration::ZERO);
+        let bad = parse_args([
+            "--nodename",
+            "vk-1",
+            "--authentication-token-webhook-cache-ttl",
+            "soon",
+        ])
+        .unwrap();
+        let e = review_ttls(&bad).unwrap_err().to_string();
+        assert!(
+            e.contains("--authentication-token-webhook-cache-ttl"),
+            "{e}"
+        );
+    }
 
     #[test]
     fn the_lower_cluster_is_named_by_its_context_unless_a_flag_says_otherwise() {

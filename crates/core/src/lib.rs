@@ -20,6 +20,7 @@
 //! - [`update`]: which upper pod changes may be applied to the lower pod.
 //! - [`status`]: lower pod -> upper pod status.
 //! - [`services`]: lower copies of upper Services and Endpoints.
+//! - [`guard`]: review caches, accept back-off and rate-limited warnings of the listeners.
 #![forbid(unsafe_code)]
 
 pub mod absent;
@@ -31,6 +32,7 @@ pub mod deschedule;
 pub mod events;
 pub mod extender;
 pub mod fit;
+pub mod guard;
 pub mod identity;
 pub mod inject;
 pub mod keys;

@@ -2,11 +2,13 @@
 //! client certificates verified against a CA (the TLS layer checks the chain; the user is the
 //! subject's CN, its groups the O values), bearer tokens through a `TokenReview`, and every
 //! request authorized by a `SubjectAccessReview` on `nodes/<node>` with the subresource the
-//! path maps to. Decisions are cached (tokens 2 min; allowed 5 min, denied 30 s). Anonymous
-//! requests get 401 and denied ones 403, unless the operator turned authentication off.
+//! path maps to. Decisions are cached as the kubelet caches them (tokens 2 min, authenticated or
+//! not; allowed 5 min, denied 30 s; bounded), and at most [`MAX_REVIEWS_IN_FLIGHT`] reviews of
+//! each kind are asked at once: more get 429 with `Retry-After`, so a flood of bogus tokens
+//! costs the API server a bounded rate. Anonymous requests get 401 and denied ones 403, unless
+//! the operator turned authentication off.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec};
@@ -14,6 +16,8 @@ use k8s_openapi::api::authorization::v1::{
     ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec,
 };
 use kube::api::{Api, PostParams};
+use tensile_core::guard::{ReviewTtls, TtlCache};
+use tokio::sync::Semaphore;
 
 pub use crate::tls::CertRefusal;
 
@@ -83,6 +87,10 @@ pub enum AuthError {
     /// The API server could not be asked: 500.
     #[error("{0}")]
     Review(String),
+    /// Too many reviews in flight already: 429, to be retried after
+    /// [`RETRY_AFTER_SECONDS`].
+    #[error("too many requests are being authenticated or authorized: retry later")]
+    TooManyReviews,
 }
 
 impl AuthError {
@@ -92,42 +100,52 @@ impl AuthError {
             Self::Unauthenticated => 401,
             Self::Forbidden { .. } => 403,
             Self::Review(_) => 500,
+            Self::TooManyReviews => 429,
         }
     }
 }
 
-struct Cache<K, V> {
-    entries: Mutex<HashMap<K, (V, Instant)>>,
-}
+/// Entries of each review cache: a flood of unique tokens cannot grow memory past this, and
+/// negative answers never push out positive ones (they are kept apart).
+const CACHE_ENTRIES: usize = 4096;
 
-impl<K: std::hash::Hash + Eq, V: Clone> Cache<K, V> {
+/// Reviews of each kind (TokenReview, SubjectAccessReview) in flight at once; a request that
+/// would need one more is answered 429 at once rather than queued behind the rate limit.
+pub const MAX_REVIEWS_IN_FLIGHT: usize = 16;
+
+/// What a 429 asks the client to wait, in seconds.
+pub const RETRY_AFTER_SECONDS: u64 = 1;
+
+/// A cache of review answers, shared by requests.
+struct Cache<K, V>(Mutex<TtlCache<K, V>>);
+
+impl<K: std::hash::Hash + Eq + Clone, V: Clone> Cache<K, V> {
     fn new() -> Self {
-        Self {
-            entries: Mutex::new(HashMap::new()),
-        }
+        Self(Mutex::new(TtlCache::new(CACHE_ENTRIES)))
     }
 
     fn get(&self, k: &K) -> Option<V> {
-        let mut entries = self.entries.lock().ok()?;
-        match entries.get(k) {
-            Some((v, until)) if *until > Instant::now() => Some(v.clone()),
-            Some(_) => {
-                entries.remove(k);
-                None
-            }
-            None => None,
-        }
+        self.0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(k, Instant::now())
     }
 
     fn put(&self, k: K, v: V, ttl: Duration) {
-        if let Ok(mut entries) = self.entries.lock() {
-            // Bounded: forget everything rather than grow without limit under a token flood.
-            if entries.len() > 10_000 {
-                entries.clear();
-            }
-            entries.insert(k, (v, Instant::now() + ttl));
-        }
+        self.0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(k, v, ttl, Instant::now());
     }
+}
+
+/// The cache key of a bearer token: its SHA-256, so the caches hold 32 bytes per token whatever
+/// a client sends, and no token in memory longer than its request. None (never expected) if no
+/// SHA-256 is at hand: then nothing is cached rather than tokens sharing a key.
+fn token_key(token: &str) -> Option<[u8; 32]> {
+    let suite = rustls::crypto::ring::cipher_suite::TLS13_AES_128_GCM_SHA256.tls13()?;
+    let digest = suite.common.hash_provider.hash(token.as_bytes());
+    digest.as_ref().try_into().ok()
 }
 
 /// How the kubelet API checks requests.
@@ -236,6 +254,8 @@ pub enum RefusalReason {
     Forbidden,
     /// The reviews could not be made: 500.
     ReviewFailed,
+    /// Too many reviews in flight: 429.
+    Throttled,
 }
 
 impl RefusalReason {
@@ -248,17 +268,19 @@ impl RefusalReason {
             Self::BadToken => "bad_token",
             Self::Forbidden => "forbidden",
             Self::ReviewFailed => "review_failed",
+            Self::Throttled => "throttled",
         }
     }
 
     /// Every reason.
-    pub const ALL: [Self; 6] = [
+    pub const ALL: [Self; 7] = [
         Self::NoCredentials,
         Self::UnknownCa,
         Self::BadCertificate,
         Self::BadToken,
         Self::Forbidden,
         Self::ReviewFailed,
+        Self::Throttled,
     ];
 }
 
@@ -277,26 +299,61 @@ pub struct Refusal {
 /// it must not block.
 pub type RefusalHook = Arc<dyn Fn(&Refusal) + Send + Sync>;
 
-/// TokenReview/SubjectAccessReview against an API server, cached.
+/// TokenReview/SubjectAccessReview against an API server, cached as the kubelet caches them
+/// and bounded: at most [`MAX_REVIEWS_IN_FLIGHT`] of each kind at once, the rest answered 429.
 #[allow(missing_debug_implementations)] // holds a client and token caches: nothing to show
 pub struct WebhookAuth {
     client: kube::Client,
     node: String,
-    tokens: Cache<String, Option<User>>,
-    decisions: Cache<(User, &'static str, &'static str), bool>,
+    /// Bearer tokens are reviewed (`--authentication-token-webhook`); when off, a token is no
+    /// credential.
+    token_reviews: bool,
+    ttls: ReviewTtls,
+    /// Authenticated tokens, by [`token_key`].
+    tokens: Cache<[u8; 32], User>,
+    /// Tokens the API server did not authenticate, apart so a flood of them evicts no user.
+    bad_tokens: Cache<[u8; 32], ()>,
+    allowed: Cache<(User, &'static str, &'static str), ()>,
+    denied: Cache<(User, &'static str, &'static str), ()>,
+    token_permits: Semaphore,
+    access_permits: Semaphore,
     refusals: Option<RefusalHook>,
 }
 
 impl WebhookAuth {
-    /// Reviews against the API server of `client`, for node `node`.
+    /// Reviews against the API server of `client`, for node `node`. `client` should be one of
+    /// its own (its own rate limit): reviews asked for by anyone who reaches the port must not
+    /// wait in front of, or delay, the node's lease and status.
     pub fn new(client: kube::Client, node: impl Into<String>) -> Self {
         Self {
             client,
             node: node.into(),
+            token_reviews: true,
+            ttls: ReviewTtls::default(),
             tokens: Cache::new(),
-            decisions: Cache::new(),
+            bad_tokens: Cache::new(),
+            allowed: Cache::new(),
+            denied: Cache::new(),
+            token_permits: Semaphore::new(MAX_REVIEWS_IN_FLIGHT),
+            access_permits: Semaphore::new(MAX_REVIEWS_IN_FLIGHT),
             refusals: None,
         }
+    }
+
+    /// Whether bearer tokens are reviewed (`--authentication-token-webhook`, on by default):
+    /// when off, only client certificates authenticate, and a request with a token alone is a
+    /// 401 without asking the API server.
+    #[must_use]
+    pub fn with_token_reviews(mut self, on: bool) -> Self {
+        self.token_reviews = on;
+        self
+    }
+
+    /// How long answers are cached (the kubelet's defaults unless the flags say otherwise).
+    #[must_use]
+    pub fn with_ttls(mut self, ttls: ReviewTtls) -> Self {
+        self.ttls = ttls;
+        self
     }
 
     /// Tells `hook` of every refused request.
@@ -307,9 +364,18 @@ impl WebhookAuth {
     }
 
     async fn token_user(&self, token: &str) -> Result<Option<User>, AuthError> {
-        if let Some(cached) = self.tokens.get(&token.to_owned()) {
-            return Ok(cached);
+        let key = token_key(token);
+        if let Some(key) = &key {
+            if let Some(user) = self.tokens.get(key) {
+                return Ok(Some(user));
+            }
+            if self.bad_tokens.get(key).is_some() {
+                return Ok(None);
+            }
         }
+        let Ok(_permit) = self.token_permits.try_acquire() else {
+            return Err(AuthError::TooManyReviews);
+        };
         let review = TokenReview {
             spec: TokenReviewSpec {
                 token: Some(token.to_owned()),
@@ -330,8 +396,11 @@ impl WebhookAuth {
                 uid: u.uid,
                 groups: u.groups.unwrap_or_default(),
             });
-        self.tokens
-            .put(token.to_owned(), user.clone(), Duration::from_secs(120));
+        match (key, &user) {
+            (Some(key), Some(u)) => self.tokens.put(key, u.clone(), self.ttls.authenticated),
+            (Some(key), None) => self.bad_tokens.put(key, (), self.ttls.unauthenticated),
+            (None, _) => {}
+        }
         Ok(user)
     }
 
@@ -342,9 +411,15 @@ impl WebhookAuth {
         subresource: &'static str,
     ) -> Result<bool, AuthError> {
         let key = (user.clone(), verb, subresource);
-        if let Some(d) = self.decisions.get(&key) {
-            return Ok(d);
+        if self.allowed.get(&key).is_some() {
+            return Ok(true);
         }
+        if self.denied.get(&key).is_some() {
+            return Ok(false);
+        }
+        let Ok(_permit) = self.access_permits.try_acquire() else {
+            return Err(AuthError::TooManyReviews);
+        };
         let review = SubjectAccessReview {
             spec: SubjectAccessReviewSpec {
                 user: Some(user.name.clone()),
@@ -367,12 +442,11 @@ impl WebhookAuth {
             .await
             .map_err(|e| AuthError::Review(format!("subject access review failed: {e}")))?;
         let allowed = reviewed.status.is_some_and(|s| s.allowed);
-        let ttl = if allowed {
-            Duration::from_secs(300)
+        if allowed {
+            self.allowed.put(key, (), self.ttls.allowed);
         } else {
-            Duration::from_secs(30)
-        };
-        self.decisions.put(key, allowed, ttl);
+            self.denied.put(key, (), self.ttls.denied);
+        }
         Ok(allowed)
     }
 }
@@ -408,6 +482,7 @@ impl Auth {
                 subresource: attrs.subresources.first().copied().unwrap_or("proxy"),
             },
             RefusalReason::ReviewFailed => r.review.unwrap_or(AuthError::Unauthenticated),
+            RefusalReason::Throttled => AuthError::TooManyReviews,
             _ => AuthError::Unauthenticated,
         })
     }
@@ -432,6 +507,9 @@ impl Refused {
     }
 
     fn review(e: AuthError) -> Self {
+        if e == AuthError::TooManyReviews {
+            return Self::new(RefusalReason::Throttled);
+        }
         Self {
             review: Some(e),
             ..Self::new(RefusalReason::ReviewFailed)
@@ -447,7 +525,9 @@ impl WebhookAuth {
         attrs: &Attributes,
     ) -> Result<User, Refused> {
         // A refused certificate is no credential: a token may still authenticate the request,
-        // as with the kubelet's authenticators.
+        // as with the kubelet's authenticators. With token reviews off, a token is none either
+        // (the kubelet has no token authenticator then).
+        let bearer = bearer.filter(|_| self.token_reviews);
         let (user, by_cert) = match (cert, bearer) {
             (ClientCert::Verified(u), _) => (u.clone(), true),
             (_, Some(token)) => match self.token_user(token).await.map_err(Refused::review)? {
@@ -481,6 +561,15 @@ impl WebhookAuth {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn tokens_are_keyed_by_their_sha256() {
+        // SHA-256("abc"), FIPS 180-2's example.
+        let key = token_key("abc").unwrap();
+        assert_eq!(key[..4], [0xba, 0x78, 0x16, 0xbf]);
+        assert_eq!(key[28..], [0xf2, 0x00, 0x15, 0xad]);
+        assert_ne!(token_key("abd"), token_key("abc"));
+    }
 
     #[test]
     fn paths_map_to_the_kubelets_subresources() {

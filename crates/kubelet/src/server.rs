@@ -169,24 +169,39 @@ fn tls_config(
 fn client_cert(chain: Option<&[CertificateDer<'_>]>, checker: &ClientCertChecker) -> ClientCert {
     match chain {
         Some(chain @ [end_entity, ..]) => match checker.check(chain) {
-            Ok(()) => cert_user(end_entity).into(),
+            Ok(()) => certificate_user(end_entity).into(),
             Err(refused) => ClientCert::Refused(refused),
         },
         _ => ClientCert::None,
     }
 }
 
-/// The user of a verified client certificate: CN, and the O values as groups.
-fn cert_user(cert: &CertificateDer<'_>) -> Option<User> {
+/// The user of a verified client certificate as Go's kubelet reads it (k8s.io/apiserver's
+/// `x509.CommonNameUserConversion` over crypto/x509's `pkix.Name`): of each RDN only its first
+/// attribute counts, attributes that are not strings are skipped, the name is the LAST CN (each
+/// one overwrites `CommonName` in `FillFromRDNSequence`) and the groups every O in order. No CN,
+/// or an empty one, is no user. Reading another CN than the API server does would authorize a
+/// certificate under a name its issuer did not mean.
+pub fn certificate_user(cert: &CertificateDer<'_>) -> Option<User> {
+    use x509_parser::oid_registry::{OID_X509_COMMON_NAME, OID_X509_ORGANIZATION_NAME};
     let (_, parsed) = x509_parser::parse_x509_certificate(cert.as_ref()).ok()?;
-    let subject = parsed.subject();
-    let name = subject.iter_common_name().next()?.as_str().ok()?.to_owned();
-    let groups = subject
-        .iter_organization()
-        .filter_map(|o| o.as_str().ok().map(str::to_owned))
-        .collect();
+    let mut name = None;
+    let mut groups = Vec::new();
+    for rdn in parsed.subject().iter() {
+        let Some(attribute) = rdn.iter().next() else {
+            continue;
+        };
+        let Ok(value) = attribute.as_str() else {
+            continue;
+        };
+        if *attribute.attr_type() == OID_X509_COMMON_NAME {
+            name = Some(value);
+        } else if *attribute.attr_type() == OID_X509_ORGANIZATION_NAME {
+            groups.push(value.to_owned());
+        }
+    }
     Some(User {
-        name,
+        name: name.filter(|n| !n.is_empty())?.to_owned(),
         uid: None,
         groups,
     })
@@ -336,10 +351,17 @@ pub async fn handle<B: KubeletBackend>(
         .map(str::to_owned);
     let attrs = attributes(req.method(), req.uri().path());
     if let Err(e) = ctx.auth.check(cert, bearer.as_deref(), &attrs).await {
-        return text(
+        let mut r = text(
             StatusCode::from_u16(e.status()).unwrap_or(StatusCode::FORBIDDEN),
             e.to_string(),
         );
+        if e == crate::auth::AuthError::TooManyReviews {
+            r.headers_mut().insert(
+                header::RETRY_AFTER,
+                HeaderValue::from(crate::auth::RETRY_AFTER_SECONDS),
+            );
+        }
+        return r;
     }
     let Some((route, methods)) = route(req.uri().path()) else {
         return text(StatusCode::NOT_FOUND, "404 page not found\n");
@@ -521,4 +543,55 @@ fn port_forward<B: KubeletBackend>(
         }
     });
     response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rcgen::{CertificateParams, DnType, KeyPair};
+
+    fn cert_with(subject: &[(DnType, &str)]) -> CertificateDer<'static> {
+        let mut params = CertificateParams::default();
+        params.distinguished_name = rcgen::DistinguishedName::new();
+        for (ty, value) in subject {
+            params.distinguished_name.push(ty.clone(), *value);
+        }
+        let key = KeyPair::generate().unwrap();
+        params.self_signed(&key).unwrap().der().clone()
+    }
+
+    /// The CN attribute type again, under another rcgen key: rcgen keeps one value per key.
+    fn cn() -> DnType {
+        DnType::CustomDnType(vec![2, 5, 4, 3])
+    }
+
+    #[test]
+    fn of_several_cns_the_last_is_the_user_as_for_gos_kubelet() {
+        let cert = cert_with(&[
+            (DnType::CommonName, "system:node:first"),
+            (DnType::OrganizationName, "group-a"),
+            (cn(), "kube-apiserver-kubelet-client"),
+            (DnType::CustomDnType(vec![2, 5, 4, 10]), "group-b"),
+        ]);
+        let user = certificate_user(&cert).unwrap();
+        assert_eq!(user.name, "kube-apiserver-kubelet-client");
+        assert_eq!(user.groups, ["group-a", "group-b"]);
+    }
+
+    #[test]
+    fn a_certificate_without_a_cn_or_with_an_empty_one_has_no_user() {
+        assert_eq!(
+            certificate_user(&cert_with(&[(DnType::OrganizationName, "o")])),
+            None
+        );
+        assert_eq!(
+            certificate_user(&cert_with(&[(DnType::CommonName, "")])),
+            None
+        );
+        // An empty last CN wins over an earlier one, as in Go.
+        assert_eq!(
+            certificate_user(&cert_with(&[(DnType::CommonName, "a"), (cn(), "")])),
+            None
+        );
+    }
 }

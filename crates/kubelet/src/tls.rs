@@ -17,6 +17,7 @@ use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
 use rustls::{DigitallySignedStruct, DistinguishedName, RootCertStore, SignatureScheme};
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer, UnixTime};
+use tensile_core::guard::{WarnLimiter, accept_backoff};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::TlsAcceptor;
@@ -81,6 +82,81 @@ pub async fn serve_connection<S, B>(
             .serve_connection(TokioIo::new(tls), service)
             .with_upgrades()
             .await;
+    }
+}
+
+/// Serves HTTP/1.1 on a plain connection within `limits.header_read_timeout` (the plain
+/// listeners: metrics and probes). A client that does not send a request's headers in time, or
+/// an idle keep-alive connection, is closed.
+pub async fn serve_plain_connection<I, S, B>(io: I, limits: &ConnectionLimits, service: S)
+where
+    I: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    S: hyper::service::Service<http::Request<hyper::body::Incoming>, Response = http::Response<B>>
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+    S::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+    B: hyper::body::Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let _ = hyper::server::conn::http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.header_read_timeout)
+        .serve_connection(TokioIo::new(io), service)
+        .await;
+}
+
+/// The errors of an accept loop so far: how long to back off, and when to warn again.
+#[derive(Debug)]
+pub struct AcceptErrors {
+    /// Which listener, for the warning.
+    what: &'static str,
+    consecutive: u32,
+    warn: WarnLimiter,
+}
+
+/// At most one warning about failed accepts per this period.
+const ACCEPT_WARN_EVERY: Duration = Duration::from_secs(10);
+
+impl AcceptErrors {
+    /// For the listener named `what` (in warnings).
+    pub fn new(what: &'static str) -> Self {
+        Self {
+            what,
+            consecutive: 0,
+            warn: WarnLimiter::new(ACCEPT_WARN_EVERY),
+        }
+    }
+}
+
+/// The next connection of `listener`. After a failed accept (EMFILE when the process is out of
+/// file descriptors, ...) it waits ([`accept_backoff`]: 5 ms doubling to 1 s) before trying
+/// again, and warns at most once per 10 s with the number of failures held back: a loop that
+/// retried at once spun a core and wrote millions of warnings. Cancel-safe.
+pub async fn accept_backing_off(
+    listener: &TcpListener,
+    errors: &mut AcceptErrors,
+) -> (TcpStream, std::net::SocketAddr) {
+    loop {
+        match listener.accept().await {
+            Ok(accepted) => {
+                errors.consecutive = 0;
+                return accepted;
+            }
+            Err(e) => {
+                errors.consecutive = errors.consecutive.saturating_add(1);
+                if let Some(held_back) = errors.warn.allow(std::time::Instant::now()) {
+                    tracing::warn!(
+                        listener = errors.what,
+                        error = %e,
+                        held_back,
+                        "accepting a connection failed; backing off (held_back: failures not logged since the last warning)"
+                    );
+                }
+                tokio::time::sleep(accept_backoff(errors.consecutive)).await;
+            }
+        }
     }
 }
 
@@ -410,9 +486,10 @@ impl ClientCertVerifier for ClientCertChecker {
     }
 }
 
-/// Accepts connections on `listener` until `stop`, completes each TLS handshake (within
-/// `limits.handshake_timeout`) and hands the stream to `serve` in its own task; a connection
-/// still open at `stop` is dropped.
+/// Accepts connections on `listener` until `stop` (backing off after accept errors, see
+/// [`accept_backing_off`]), completes each TLS handshake (within `limits.handshake_timeout`)
+/// and hands the stream to `serve` in its own task; a connection still open at `stop` is
+/// dropped.
 pub fn accept_loop<F, Fut>(
     listener: TcpListener,
     tls: Arc<rustls::ServerConfig>,
@@ -425,12 +502,12 @@ pub fn accept_loop<F, Fut>(
 {
     let acceptor = TlsAcceptor::from(tls);
     tokio::spawn(async move {
+        let mut errors = AcceptErrors::new("https");
         loop {
-            let accepted = tokio::select! {
+            let (tcp, _) = tokio::select! {
                 () = stop.cancelled() => return,
-                a = listener.accept() => a,
+                a = accept_backing_off(&listener, &mut errors) => a,
             };
-            let Ok((tcp, _)) = accepted else { continue };
             let _ = tcp.set_nodelay(true);
             let (acceptor, serve, stop) = (acceptor.clone(), serve.clone(), stop.clone());
             tokio::spawn(async move {

@@ -62,8 +62,12 @@ impl Ca {
     }
 }
 
-/// An API server that knows two tokens and allows alice and the API server's identity.
-async fn fake_apiserver(reviews: Arc<AtomicUsize>) -> String {
+/// An API server that knows two tokens and allows alice and the API server's identity; it
+/// counts SubjectAccessReviews in `reviews` and TokenReviews in `token_reviews`.
+async fn fake_apiserver_counting(
+    reviews: Arc<AtomicUsize>,
+    token_reviews: Arc<AtomicUsize>,
+) -> String {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move {
@@ -71,10 +75,10 @@ async fn fake_apiserver(reviews: Arc<AtomicUsize>) -> String {
             let Ok((tcp, _)) = listener.accept().await else {
                 return;
             };
-            let reviews = reviews.clone();
+            let (reviews, token_reviews) = (reviews.clone(), token_reviews.clone());
             tokio::spawn(async move {
                 let svc = service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
-                    let reviews = reviews.clone();
+                    let (reviews, token_reviews) = (reviews.clone(), token_reviews.clone());
                     async move {
                         let path = req.uri().path().to_owned();
                         let mut body: Value = serde_json::from_slice(
@@ -82,6 +86,7 @@ async fn fake_apiserver(reviews: Arc<AtomicUsize>) -> String {
                         )
                         .unwrap();
                         if path.ends_with("/tokenreviews") {
+                            token_reviews.fetch_add(1, Ordering::SeqCst);
                             // As a real API server: a review without a token is a bad request.
                             if body["spec"]["token"]
                                 .as_str()
@@ -137,6 +142,7 @@ struct Setup {
     addr: SocketAddr,
     ca: Ca,
     reviews: Arc<AtomicUsize>,
+    token_reviews: Arc<AtomicUsize>,
     _server: KubeletServer,
 }
 
@@ -145,15 +151,28 @@ async fn setup(auth_on: bool) -> Setup {
 }
 
 async fn setup_with(auth_on: bool, streaming: StreamingConfig) -> Setup {
+    let reviews = Arc::new(AtomicUsize::new(0));
+    let token_reviews = Arc::new(AtomicUsize::new(0));
+    let url = fake_apiserver_counting(reviews.clone(), token_reviews.clone()).await;
+    let auth = auth_on.then(|| {
+        let client = kube::Client::try_from(kube::Config::new(url.parse().unwrap())).unwrap();
+        WebhookAuth::new(client, "node-1")
+    });
+    setup_auth(auth, streaming, reviews, token_reviews).await
+}
+
+/// A server whose authentication is `auth` (None: off).
+async fn setup_auth(
+    auth: Option<WebhookAuth>,
+    streaming: StreamingConfig,
+    reviews: Arc<AtomicUsize>,
+    token_reviews: Arc<AtomicUsize>,
+) -> Setup {
     let ca = Ca::new("cluster-ca");
     let (cert, key) = ca.issue("node-1", None, true);
-    let reviews = Arc::new(AtomicUsize::new(0));
-    let url = fake_apiserver(reviews.clone()).await;
-    let client = kube::Client::try_from(kube::Config::new(url.parse().unwrap())).unwrap();
-    let auth = if auth_on {
-        Auth::Webhook(Box::new(WebhookAuth::new(client, "node-1")))
-    } else {
-        Auth::Disabled
+    let auth = match auth {
+        Some(w) => Auth::Webhook(Box::new(w)),
+        None => Auth::Disabled,
     };
     let config = KubeletServerConfig {
         listen: "127.0.0.1:0".parse().unwrap(),
@@ -169,6 +188,7 @@ async fn setup_with(auth_on: bool, streaming: StreamingConfig) -> Setup {
         addr: server.addr(),
         ca,
         reviews,
+        token_reviews,
         _server: server,
     }
 }
@@ -514,4 +534,119 @@ async fn garbage_gets_400_and_the_server_goes_on() {
     let cert = s.ca.issue("kube-apiserver-kubelet-client", None, false);
     let (code, _, _) = request(&s, "GET", "/pods", None, Some(cert)).await.unwrap();
     assert_eq!(code, 200);
+}
+
+/// `--authentication-token-webhook=false`: a bearer token is no credential, even one the API
+/// server would accept; the API server is not asked. Client certificates still work.
+#[tokio::test]
+async fn with_token_reviews_off_a_token_gets_401_without_a_review() {
+    let reviews = Arc::new(AtomicUsize::new(0));
+    let token_reviews = Arc::new(AtomicUsize::new(0));
+    let url = fake_apiserver_counting(reviews.clone(), token_reviews.clone()).await;
+    let client = kube::Client::try_from(kube::Config::new(url.parse().unwrap())).unwrap();
+    let auth = WebhookAuth::new(client, "node-1").with_token_reviews(false);
+    let s = setup_auth(
+        Some(auth),
+        StreamingConfig::default(),
+        reviews,
+        token_reviews,
+    )
+    .await;
+    let (code, body, _) = request(&s, "GET", "/pods", Some("alice-token"), None)
+        .await
+        .unwrap();
+    assert_eq!((code, body.as_str()), (401, "Unauthorized"));
+    assert_eq!(s.token_reviews.load(Ordering::SeqCst), 0);
+    let apiserver = s.ca.issue(
+        "kube-apiserver-kubelet-client",
+        Some("system:masters"),
+        false,
+    );
+    let (code, body, _) = request(&s, "GET", "/pods", Some("alice-token"), Some(apiserver))
+        .await
+        .unwrap();
+    assert_eq!(code, 200, "{body}");
+}
+
+/// A token the API server did not authenticate is not reviewed again while cached.
+#[tokio::test]
+async fn an_unknown_token_is_reviewed_once_while_its_answer_is_cached() {
+    let s = setup(true).await;
+    for _ in 0..3 {
+        assert_eq!(
+            request(&s, "GET", "/pods", Some("nobody"), None)
+                .await
+                .unwrap()
+                .0,
+            401
+        );
+    }
+    assert_eq!(s.token_reviews.load(Ordering::SeqCst), 1);
+}
+
+/// One request over its own TLS connection: the raw response head and body.
+async fn raw_request(s: &Setup, token: &str) -> String {
+    use tokio::io::AsyncWriteExt;
+    let mut tls = tls_connect(s).await;
+    tls.write_all(
+        format!(
+            "GET /pods HTTP/1.1\r\nHost: node-1\r\nAuthorization: Bearer {token}\r\nConnection: close\r\n\r\n"
+        )
+        .as_bytes(),
+    )
+    .await
+    .unwrap();
+    tls.flush().await.unwrap();
+    String::from_utf8_lossy(&until_closed(tls).await).into_owned()
+}
+
+/// An API server that takes requests and never answers: every review stays in flight.
+async fn silent_apiserver() -> String {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((tcp, _)) = listener.accept().await {
+            held.push(tcp);
+        }
+    });
+    format!("http://{addr}")
+}
+
+/// A flood of unknown tokens: at most MAX_REVIEWS_IN_FLIGHT TokenReviews are asked at once;
+/// the requests beyond get 429 with Retry-After at once instead of queueing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reviews_beyond_the_bound_get_429_with_retry_after() {
+    let url = silent_apiserver().await;
+    let client = kube::Client::try_from(kube::Config::new(url.parse().unwrap())).unwrap();
+    let s = Arc::new(
+        setup_auth(
+            Some(WebhookAuth::new(client, "node-1")),
+            StreamingConfig::default(),
+            Arc::default(),
+            Arc::default(),
+        )
+        .await,
+    );
+    let extra = 5;
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let mut tasks = Vec::new();
+    for i in 0..tensile_kubelet::auth::MAX_REVIEWS_IN_FLIGHT + extra {
+        let (s, tx) = (s.clone(), tx.clone());
+        tasks.push(tokio::spawn(async move {
+            let _ = tx.send(raw_request(&s, &format!("bogus-{i}")).await);
+        }));
+    }
+    for _ in 0..extra {
+        let response = common::within(30, "a 429", rx.recv()).await.unwrap();
+        assert!(
+            response.starts_with("HTTP/1.1 429") && response.contains("retry-after: 1\r\n"),
+            "{response}"
+        );
+    }
+    // The others are still waiting for the silent API server.
+    assert!(rx.try_recv().is_err());
+    for t in tasks {
+        t.abort();
+    }
 }

@@ -275,6 +275,48 @@ pub async fn build_client_with_server(
     client_from_config(config, qps, burst, cluster, calls)
 }
 
+/// A virtual node's clients of the upper cluster: the same identity, QPS and burst, each with
+/// its own token bucket, so one kind of traffic never waits behind another. A kubelet renews
+/// its lease on a client of its own for the same reason: before, a flood of bogus bearer tokens
+/// on the kubelet port (one TokenReview each) queued in front of the lease and made the node
+/// NotReady.
+#[derive(Clone)]
+#[allow(missing_debug_implementations)] // kube clients: nothing to show
+pub struct UpperClients {
+    /// Pod sync, dependency copies and everything else.
+    pub work: Client,
+    /// Events (never wait for pods or delay them).
+    pub events: Client,
+    /// The node's Lease and status.
+    pub heartbeat: Client,
+    /// The kubelet port's TokenReviews and SubjectAccessReviews.
+    pub reviews: Client,
+}
+
+impl UpperClients {
+    /// Four clients of `source` (its server replaced by `server` when given), each limited to
+    /// `qps` and `burst` as [`build_client`] says.
+    pub async fn build(
+        source: &KubeconfigSource,
+        server: Option<&str>,
+        qps: f32,
+        burst: u32,
+        calls: &ApiCalls,
+    ) -> Result<Self, ClientError> {
+        let mut config = load_config(source).await?;
+        if let Some(url) = server.filter(|url| !url.trim().is_empty()) {
+            override_server(&mut config, url)?;
+        }
+        let client = || client_from_config(config.clone(), qps, burst, "upper", calls);
+        Ok(Self {
+            work: client()?,
+            events: client()?,
+            heartbeat: client()?,
+            reviews: client()?,
+        })
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Token bucket
 

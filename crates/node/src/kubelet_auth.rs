@@ -113,7 +113,7 @@ impl KubeletAuthWatch {
         }
         registry.register(
             "tensile_kubelet_auth_refusals",
-            "Requests the kubelet API refused, by reason: no_credentials, unknown_ca (a client certificate not of the trusted CA), bad_certificate, bad_token, forbidden, review_failed",
+            "Requests the kubelet API refused, by reason: no_credentials, unknown_ca (a client certificate not of the trusted CA), bad_certificate, bad_token, forbidden, review_failed, throttled (too many reviews in flight: 429)",
             family.clone(),
         );
         Self {

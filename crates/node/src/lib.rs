@@ -32,7 +32,6 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 /// The kubelet API of the virtual node.
-#[derive(Debug)]
 pub struct KubeletApi {
     /// Where to listen (the advertised port is the bound one).
     pub listen: SocketAddr,
@@ -42,6 +41,26 @@ pub struct KubeletApi {
     pub client_ca: ClientCa,
     /// Authentication and authorization off (only when the operator asks for it).
     pub auth_disabled: bool,
+    /// Bearer tokens are reviewed (`--authentication-token-webhook`); when false only client
+    /// certificates authenticate.
+    pub token_reviews: bool,
+    /// How long review answers are cached (the kubelet's defaults, or its flags).
+    pub review_ttls: tensile_core::guard::ReviewTtls,
+    /// The upper client of TokenReviews and SubjectAccessReviews, with a rate limit of its own
+    /// ([`clients::UpperClients::reviews`]): anyone who reaches the port makes them.
+    pub reviews: kube::Client,
+}
+
+impl std::fmt::Debug for KubeletApi {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KubeletApi")
+            .field("listen", &self.listen)
+            .field("client_ca", &self.client_ca)
+            .field("auth_disabled", &self.auth_disabled)
+            .field("token_reviews", &self.token_reviews)
+            .field("review_ttls", &self.review_ttls)
+            .finish_non_exhaustive()
+    }
 }
 
 /// The CA client certificates on the kubelet API must chain to.
@@ -60,7 +79,7 @@ pub struct Metrics {
     /// Registry with the caller's metrics (the clients' API call counters); the pod sync
     /// histograms are added to it.
     pub registry: prometheus_client::registry::Registry,
-    /// Where to serve `/metrics` and `/stats/summary` over plain HTTP (`--metrics-addr`).
+    /// Where to serve `/metrics`, `/healthz` and `/readyz` over plain HTTP (`--metrics-addr`).
     pub listen: Option<SocketAddr>,
 }
 
@@ -90,10 +109,12 @@ pub struct Running {
 }
 
 /// Everything a virtual node runs, wired together.
-#[derive(Debug)]
 pub struct VirtualNode {
     /// The node loop settings.
     pub node: node::NodeLoop,
+    /// The upper client of the node's Lease and status, with a rate limit of its own
+    /// ([`clients::UpperClients::heartbeat`]): nothing else the node does can starve them.
+    pub heartbeat: kube::Client,
     /// The pod controller settings.
     pub pods: pods::PodSync,
     /// The kubelet API, if served.
@@ -108,6 +129,18 @@ pub struct VirtualNode {
     pub volumes: bool,
 }
 
+impl std::fmt::Debug for VirtualNode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("VirtualNode")
+            .field("node", &self.node)
+            .field("pods", &self.pods)
+            .field("kubelet", &self.kubelet)
+            .field("metrics", &self.metrics)
+            .field("volumes", &self.volumes)
+            .finish_non_exhaustive()
+    }
+}
+
 impl VirtualNode {
     /// Starts the kubelet API (its port is then advertised on the node), the capacity tracker,
     /// the node loop and the pod controller; runs until `stop`.
@@ -116,7 +149,7 @@ impl VirtualNode {
         // overwrite the first one's kubelet endpoint. An elected leader skips the check: the
         // election lease decided, and the node lease of a leader that died stays fresh for 40 s.
         if !self.node.leader_elected {
-            node::check_lease(&self.pods.upper, &self.node).await?;
+            node::check_lease(&self.heartbeat, &self.node).await?;
         }
         let reach = reach::LowerReach::new(self.pods.lower_name.clone());
         let upper_pods = cache::CompactCache::<k8s_openapi::api::core::v1::Pod>::new();
@@ -158,9 +191,11 @@ impl VirtualNode {
                     None => tensile_kubelet::Auth::Disabled,
                     Some(w) => tensile_kubelet::Auth::Webhook(Box::new(
                         tensile_kubelet::WebhookAuth::new(
-                            self.pods.upper.clone(),
+                            k.reviews.clone(),
                             self.node.identity.name.clone(),
                         )
+                        .with_token_reviews(k.token_reviews)
+                        .with_ttls(k.review_ttls)
                         .with_refusal_hook(w.hook()),
                     )),
                 };
@@ -184,16 +219,7 @@ impl VirtualNode {
                 // Ready once served: the listener starts after the kubelet API, and a standby
                 // does not get here.
                 let ready = metrics::Readiness::ready();
-                Some(
-                    metrics::serve(
-                        addr,
-                        Arc::new(registry),
-                        ready,
-                        backend.clone(),
-                        stop.clone(),
-                    )
-                    .await?,
-                )
+                Some(metrics::serve_probes(addr, Arc::new(registry), ready, stop.clone()).await?)
             }
             None => None,
         };
@@ -237,7 +263,7 @@ impl VirtualNode {
             stop.clone(),
         ));
         let node_loop = tokio::spawn(node::run_node(
-            upper,
+            self.heartbeat.clone(),
             lower,
             self.node,
             rx,

@@ -1,14 +1,14 @@
 //! Plain-HTTP listeners for Prometheus and probes, shared by every component's
 //! `--metrics-addr`: `/metrics` (OpenMetrics text of a registry), `/healthz` (the process
-//! answers) and `/readyz` (it can do its job: see [`Readiness`]). The virtual node's adds, as the
-//! original served there, the stats summary JSON (`/stats/summary`, the same as the kubelet
-//! port's). Plain HTTP because Prometheus scrapes it from inside the cluster, like the kubelet's
-//! read-only port; it carries no pod data beyond usage numbers.
+//! answers) and `/readyz` (it can do its job: see [`Readiness`]); nothing else. Plain HTTP
+//! without credentials because Prometheus and probes use it, so it carries no pod data: the
+//! stats summary (pod names, namespaces, UIDs) is served only on the authenticated kubelet port
+//! (the original also served it here). Connections get the kubelet port's limits (a client that
+//! does not send its request's headers in time is closed) and the accept loop backs off after
+//! errors.
 
 use std::convert::Infallible;
-use std::future::Future;
 use std::net::SocketAddr;
-use std::pin::Pin;
 use std::sync::{Arc, RwLock};
 
 use bytes::Bytes;
@@ -16,9 +16,8 @@ use http::{Method, Request, Response, StatusCode, header};
 use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper::service::service_fn;
-use hyper_util::rt::{TokioExecutor, TokioIo};
 use prometheus_client::registry::Registry;
-use tensile_kubelet::KubeletBackend;
+use tensile_kubelet::tls::{AcceptErrors, ConnectionLimits, accept_backing_off};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
@@ -82,7 +81,6 @@ impl Readiness {
 }
 
 type Reply = Response<Full<Bytes>>;
-type StatsFn = Arc<dyn Fn() -> Pin<Box<dyn Future<Output = Reply> + Send>> + Send + Sync>;
 
 /// Binds `addr` and serves `/metrics` of `registry`, `/healthz` and `/readyz` of `readiness`
 /// until `stop`; returns the bound address.
@@ -92,7 +90,11 @@ pub async fn serve_probes(
     readiness: Readiness,
     stop: CancellationToken,
 ) -> Result<SocketAddr, MetricsError> {
-    Ok(serve_routes(addr, registry, readiness, None, stop).await?.0)
+    Ok(
+        serve_routes(addr, registry, readiness, ConnectionLimits::default(), stop)
+            .await?
+            .0,
+    )
 }
 
 /// [`serve_probes`], with the listener's task: it ends, and the port is free again, once `stop`
@@ -104,31 +106,14 @@ pub async fn serve_probes_joinable(
     readiness: Readiness,
     stop: CancellationToken,
 ) -> Result<(SocketAddr, tokio::task::JoinHandle<()>), MetricsError> {
-    serve_routes(addr, registry, readiness, None, stop).await
-}
-
-/// The virtual node's listener: [`serve_probes`] plus `/stats/summary` of `backend`.
-pub async fn serve<B: KubeletBackend + 'static>(
-    addr: SocketAddr,
-    registry: Arc<Registry>,
-    readiness: Readiness,
-    backend: Arc<B>,
-    stop: CancellationToken,
-) -> Result<SocketAddr, MetricsError> {
-    let stats: StatsFn = Arc::new(move || {
-        let backend = backend.clone();
-        Box::pin(async move { stats_summary(&*backend).await })
-    });
-    Ok(serve_routes(addr, registry, readiness, Some(stats), stop)
-        .await?
-        .0)
+    serve_routes(addr, registry, readiness, ConnectionLimits::default(), stop).await
 }
 
 async fn serve_routes(
     addr: SocketAddr,
     registry: Arc<Registry>,
     readiness: Readiness,
-    stats: Option<StatsFn>,
+    limits: ConnectionLimits,
     stop: CancellationToken,
 ) -> Result<(SocketAddr, tokio::task::JoinHandle<()>), MetricsError> {
     let listener = TcpListener::bind(addr)
@@ -138,34 +123,23 @@ async fn serve_routes(
         .local_addr()
         .map_err(|source| MetricsError { addr, source })?;
     let task = tokio::spawn(async move {
+        let mut errors = AcceptErrors::new("metrics");
         loop {
             let (tcp, _) = tokio::select! {
                 () = stop.cancelled() => return,
-                a = listener.accept() => match a {
-                    Ok(a) => a,
-                    Err(e) => {
-                        tracing::warn!(error = %e, "metrics listener accept");
-                        continue;
-                    }
-                },
+                a = accept_backing_off(&listener, &mut errors) => a,
             };
-            let (registry, readiness, stats) = (registry.clone(), readiness.clone(), stats.clone());
+            let (registry, readiness) = (registry.clone(), readiness.clone());
             let svc = service_fn(move |req| {
-                let (registry, readiness, stats) =
-                    (registry.clone(), readiness.clone(), stats.clone());
-                async move {
-                    Ok::<_, Infallible>(route(req, &registry, &readiness, stats.as_ref()).await)
-                }
+                let (registry, readiness) = (registry.clone(), readiness.clone());
+                async move { Ok::<_, Infallible>(route(&req, &registry, &readiness)) }
             });
             let stop = stop.clone();
             tokio::spawn(async move {
-                let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
-                let conn = builder.serve_connection(TokioIo::new(tcp), svc);
+                // HTTP/1.1 only (Prometheus and probes speak it), with the header timeout.
                 tokio::select! {
                     () = stop.cancelled() => {}
-                    r = conn => if let Err(e) = r {
-                        tracing::debug!(error = %e, "metrics connection");
-                    },
+                    () = tensile_kubelet::tls::serve_plain_connection(tcp, &limits, svc) => {}
                 }
             });
         }
@@ -184,30 +158,7 @@ fn reply(status: StatusCode, content_type: &str, body: impl Into<Bytes>) -> Repl
     r
 }
 
-async fn stats_summary<B: KubeletBackend>(backend: &B) -> Reply {
-    match backend.stats().await {
-        Ok(summary) => match serde_json::to_vec(&summary) {
-            Ok(body) => reply(StatusCode::OK, "application/json", body),
-            Err(e) => reply(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                TEXT,
-                format!("encoding the stats summary: {e}\n"),
-            ),
-        },
-        Err(e) => reply(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            TEXT,
-            format!("stats summary from the lower cluster: {e}\n"),
-        ),
-    }
-}
-
-async fn route(
-    req: Request<Incoming>,
-    registry: &Registry,
-    readiness: &Readiness,
-    stats: Option<&StatsFn>,
-) -> Reply {
+fn route(req: &Request<Incoming>, registry: &Registry, readiness: &Readiness) -> Reply {
     if req.method() != Method::GET {
         let mut r = reply(
             StatusCode::METHOD_NOT_ALLOWED,
@@ -234,10 +185,6 @@ async fn route(
                 ),
             }
         }
-        "/stats/summary" | "/stats/summary/" if stats.is_some() => match stats {
-            Some(stats) => stats().await,
-            None => reply(StatusCode::NOT_FOUND, TEXT, "no stats here\n"),
-        },
         "/healthz" => reply(StatusCode::OK, TEXT, "ok"),
         "/readyz" => match readiness.check() {
             Ok(()) => reply(StatusCode::OK, TEXT, "ok"),
@@ -247,13 +194,102 @@ async fn route(
             StatusCode::NOT_FOUND,
             TEXT,
             format!(
-                "{other} not found: this listener serves /metrics, {}/healthz and /readyz\n",
-                if stats.is_some() {
-                    "/stats/summary, "
-                } else {
-                    ""
-                }
+                "{other} not found: this listener serves /metrics, /healthz and /readyz (the stats summary is on the kubelet port, with credentials)\n"
             ),
         ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpStream;
+
+    /// Everything the server sends until it closes the connection.
+    async fn until_closed(mut tcp: TcpStream) -> String {
+        let mut got = Vec::new();
+        let mut buf = [0u8; 4096];
+        loop {
+            match tcp.read(&mut buf).await {
+                Ok(0) | Err(_) => return String::from_utf8_lossy(&got).into_owned(),
+                Ok(n) => got.extend_from_slice(&buf[..n]),
+            }
+        }
+    }
+
+    async fn get(addr: SocketAddr, path: &str) -> String {
+        let mut tcp = TcpStream::connect(addr).await.unwrap();
+        tcp.write_all(
+            format!("GET {path} HTTP/1.1\r\nHost: m\r\nConnection: close\r\n\r\n").as_bytes(),
+        )
+        .await
+        .unwrap();
+        until_closed(tcp).await
+    }
+
+    async fn listener(limits: ConnectionLimits) -> (SocketAddr, CancellationToken) {
+        let stop = CancellationToken::new();
+        let (addr, _) = serve_routes(
+            "127.0.0.1:0".parse().unwrap(),
+            Arc::new(Registry::default()),
+            Readiness::ready(),
+            limits,
+            stop.clone(),
+        )
+        .await
+        .unwrap();
+        (addr, stop)
+    }
+
+    /// Only the probes and metrics: the stats summary (pod names, namespaces, UIDs) is not
+    /// served without credentials.
+    #[tokio::test]
+    async fn only_metrics_and_probes_are_served() {
+        let (addr, stop) = listener(ConnectionLimits::default()).await;
+        for path in ["/metrics", "/healthz", "/readyz"] {
+            let r = get(addr, path).await;
+            assert!(r.starts_with("HTTP/1.1 200"), "{path}: {r}");
+        }
+        for path in [
+            "/stats/summary",
+            "/stats/summary/",
+            "/pods",
+            "/metrics/resource",
+        ] {
+            let r = get(addr, path).await;
+            assert!(r.starts_with("HTTP/1.1 404"), "{path}: {r}");
+        }
+        stop.cancel();
+    }
+
+    /// A client that never finishes its request's headers is closed once the header timeout
+    /// passes; the listener goes on serving.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn half_sent_headers_are_cut_off() {
+        let limits = ConnectionLimits {
+            header_read_timeout: Duration::from_millis(300),
+            ..ConnectionLimits::default()
+        };
+        let (addr, stop) = listener(limits).await;
+        let mut tcp = TcpStream::connect(addr).await.unwrap();
+        tcp.write_all(b"GET /metrics HTTP/1.1\r\nHost: m\r\n")
+            .await
+            .unwrap();
+        let closed = tokio::time::timeout(Duration::from_secs(20), until_closed(tcp)).await;
+        assert!(
+            closed.is_ok(),
+            "the half-sent request was still open after 20 s"
+        );
+        // Silent from the start.
+        let tcp = TcpStream::connect(addr).await.unwrap();
+        let closed = tokio::time::timeout(Duration::from_secs(20), until_closed(tcp)).await;
+        assert!(
+            closed.is_ok(),
+            "a silent connection was still open after 20 s"
+        );
+        assert!(get(addr, "/healthz").await.starts_with("HTTP/1.1 200"));
+        stop.cancel();
     }
 }

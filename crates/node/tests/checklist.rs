@@ -694,7 +694,7 @@ async fn checklist_63_64_exec_through_the_virtual_node_with_terminal_resizes() {
 }
 
 #[tokio::test]
-async fn checklist_65_66_67_stats_summary_on_both_ports_and_the_other_paths() {
+async fn checklist_65_66_67_stats_summary_on_the_kubelet_port_only_and_the_other_paths() {
     let (env, node, _pods) = logging_pod().await;
     let summary: serde_json::Value = eventually(60, "stats of the pod", || async {
         let s: serde_json::Value =
@@ -713,7 +713,8 @@ async fn checklist_65_66_67_stats_summary_on_both_ports_and_the_other_paths() {
     assert_eq!(summary["node"]["cpu"]["usageNanoCores"], cpu);
     assert_eq!(summary["node"]["memory"]["workingSetBytes"], memory);
 
-    // The metrics address: the same summary, and Prometheus metrics.
+    // The metrics address: Prometheus metrics and probes, never the stats summary (pod names,
+    // namespaces, UIDs without credentials).
     let plain = |path: &'static str| {
         let addr = node.metrics.unwrap();
         async move {
@@ -730,9 +731,11 @@ async fn checklist_65_66_67_stats_summary_on_both_ports_and_the_other_paths() {
         node.calls
             .count("lower", tensile_node::clients::Verb::List, "pods")
     };
+    let e = plain("/stats/summary").await.unwrap_err();
+    assert!(matches!(&e, kube::Error::Api(s) if s.code == 404), "{e:?}");
     let lists_before = lower_pod_lists();
     let second: serde_json::Value =
-        serde_json::from_str(&plain("/stats/summary").await.unwrap()).unwrap();
+        serde_json::from_str(&via_proxy(&env, "/stats/summary").await.unwrap()).unwrap();
     assert_eq!(second["node"]["nodeName"], summary["node"]["nodeName"]);
     // Stats come from the pod controller's watch cache: a scrape (metrics-server's, every
     // 10-60 s) LISTs only the metrics API, never the lower pods.

@@ -1,5 +1,6 @@
 //! The kubelet API refusing the upper API server's client certificate is said, not silent
-//! (issue 19, item 7): on the simulator and on real control planes.
+//! (issue 19, item 7), and a flood of bogus tokens on it does not starve the node's lease
+//! (issue 27, item 4): on the simulator and on real control planes.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
 
 mod common;
@@ -142,5 +143,93 @@ async fn the_api_servers_certificate_of_the_trusted_ca_raises_no_warning() {
             .is_some_and(|r| r.starts_with("KubeletClient"))),
         "{list:?}"
     );
+    node.stop.cancel();
+}
+
+/// The status code of `GET /pods` on the kubelet port at `addr` with bearer token `token`, over
+/// a connection of its own (0: no answer).
+async fn bogus_request(addr: std::net::SocketAddr, token: &str) -> u16 {
+    let request = format!(
+        "GET /pods HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {token}\r\nConnection: close\r\n\r\n"
+    );
+    tensile_sim::env::https_exchange_unverified(addr, request.as_bytes())
+        .await
+        .ok()
+        .and_then(|r| r.strip_prefix("HTTP/1.1 ")?.get(..3)?.parse().ok())
+        .unwrap_or(0)
+}
+
+/// Issue 27, item 4: waves of 150 parallel requests with unique bogus bearer tokens on the
+/// kubelet port (each a TokenReview upstairs), at `--kube-api-qps 5`, do not starve the node:
+/// its Lease keeps being renewed within its 40 s duration while they last (before, the
+/// reviews queued in front of it on one rate-limited client and the node went NotReady). The
+/// reviews beyond the bound are answered 429 at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_of_bogus_tokens_does_not_starve_the_lease() {
+    use k8s_openapi::api::coordination::v1::Lease;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let env = clusters().await;
+    let mut opts = NodeOptions::new("vk-lower");
+    opts.upper_qps = 5.0;
+    opts.lease_renew = std::time::Duration::from_secs(2);
+    let node = spawn(&env, opts).await;
+    let leases: Api<Lease> = Api::namespaced(env.clusters[0].client.clone(), "kube-node-lease");
+    let renewed = || async {
+        leases
+            .get_opt("vk-lower")
+            .await
+            .ok()??
+            .spec?
+            .renew_time
+            .map(|t| t.0)
+    };
+    eventually(60, "the node's lease", renewed).await;
+
+    let kubelet = node.kubelet;
+    let flood = tokio_util::sync::CancellationToken::new();
+    let (answered, throttled) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let waves = {
+        let (flood, answered, throttled) = (flood.clone(), answered.clone(), throttled.clone());
+        tokio::spawn(async move {
+            let mut wave = 0;
+            while !flood.is_cancelled() {
+                wave += 1;
+                let tokens: Vec<String> = (0..150).map(|i| format!("bogus-{wave}-{i}")).collect();
+                let codes =
+                    futures::future::join_all(tokens.iter().map(|t| bogus_request(kubelet, t)))
+                        .await;
+                for code in codes {
+                    if matches!(code, 401 | 429) {
+                        answered.fetch_add(1, Ordering::SeqCst);
+                    }
+                    if code == 429 {
+                        throttled.fetch_add(1, Ordering::SeqCst);
+                    }
+                }
+            }
+        })
+    };
+    eventually(60, "a first wave of the flood to be answered", || async {
+        (answered.load(Ordering::SeqCst) >= 150).then_some(())
+    })
+    .await;
+    // Three renewals in a row, each within the lease's duration, while the flood goes on.
+    for round in 1..=3 {
+        let before = renewed().await.unwrap();
+        eventually(
+            40,
+            &format!("renewal {round} of the lease during the flood"),
+            || async { (renewed().await? > before).then_some(()) },
+        )
+        .await;
+    }
+    assert!(!waves.is_finished(), "the flood stopped early");
+    assert!(
+        throttled.load(Ordering::SeqCst) > 0,
+        "no review was refused with 429"
+    );
+    flood.cancel();
+    let _ = waves.await;
     node.stop.cancel();
 }

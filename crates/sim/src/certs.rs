@@ -204,14 +204,9 @@ pub fn server_config(
 
 /// The subject of a verified client certificate: (common name, organizations).
 pub fn client_identity(cert: &CertificateDer<'_>) -> Option<(String, Vec<String>)> {
-    let (_, parsed) = x509_parser::parse_x509_certificate(cert.as_ref()).ok()?;
-    let subject = parsed.subject();
-    let cn = subject.iter_common_name().next()?.as_str().ok()?.to_owned();
-    let orgs = subject
-        .iter_organization()
-        .filter_map(|o| o.as_str().ok().map(str::to_owned))
-        .collect();
-    Some((cn, orgs))
+    // As a real API server reads it (of several CNs the last), the same rule as the kubelet's.
+    let user = tensile_kubelet::server::certificate_user(cert)?;
+    Some((user.name, user.groups))
 }
 
 #[cfg(test)]

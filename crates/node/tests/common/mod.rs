@@ -64,6 +64,10 @@ pub struct NodeOptions {
     pub client_ca: Option<tensile_node::ClientCa>,
     /// `--pod-identity upper` (the default) or `lower`.
     pub upper_identity: bool,
+    /// `--kube-api-qps` (and burst: twice it) of the upper clients (default 500).
+    pub upper_qps: f32,
+    /// `--authentication-token-webhook` (default true).
+    pub token_reviews: bool,
 }
 
 impl NodeOptions {
@@ -80,6 +84,8 @@ impl NodeOptions {
             holder: None,
             client_ca: None,
             upper_identity: true,
+            upper_qps: 500.0,
+            token_reviews: true,
         }
     }
 
@@ -128,7 +134,18 @@ pub async fn try_spawn(
                 .unwrap()
         }
     };
-    let upper = client(0, "upper").await;
+    // The upper clients as the binary builds them: one bucket each at the same limits.
+    let upper_text = std::fs::read_to_string(&env.clusters[0].kubeconfig).unwrap();
+    let uppers = tensile_node::clients::UpperClients::build(
+        &KubeconfigSource::Text(upper_text),
+        None,
+        opts.upper_qps,
+        0,
+        &calls,
+    )
+    .await
+    .unwrap();
+    let upper = uppers.work.clone();
     // As the binary's default: pods reach the upper API server where the node does.
     let upper_server = kube::config::Kubeconfig::read_from(&env.clusters[0].kubeconfig)
         .ok()
@@ -144,6 +161,7 @@ pub async fn try_spawn(
     // Not loopback: API servers refuse nodes/proxy to loopback kubelets.
     let address = tensile_sim::env::testhost::address().unwrap().to_string();
     let vn = VirtualNode {
+        heartbeat: uppers.heartbeat,
         node: NodeLoop {
             identity: NodeIdentity {
                 name: name.into(),
@@ -166,7 +184,7 @@ pub async fn try_spawn(
             leader_elected: false,
         },
         pods: PodSync {
-            upper_events: upper.clone(),
+            upper_events: uppers.events,
             upper,
             lower,
             node: name.into(),
@@ -187,6 +205,9 @@ pub async fn try_spawn(
                 tensile_node::ClientCa::Pem(env.clusters[0].ca_pem().to_owned())
             }),
             auth_disabled: false,
+            token_reviews: opts.token_reviews,
+            review_ttls: Default::default(),
+            reviews: uppers.reviews,
         }),
         metrics: Metrics {
             registry,

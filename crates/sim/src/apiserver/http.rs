@@ -60,12 +60,13 @@ pub(super) async fn serve(
     stop: CancellationToken,
 ) {
     let acceptor = tls.map(TlsAcceptor::from);
+    let mut errors = tensile_kubelet::tls::AcceptErrors::new("sim api server");
     loop {
-        let accepted = tokio::select! {
+        // Backs off after accept errors (out of file descriptors) rather than spinning.
+        let (tcp, _peer) = tokio::select! {
             () = stop.cancelled() => return,
-            accepted = listener.accept() => accepted,
+            accepted = tensile_kubelet::tls::accept_backing_off(&listener, &mut errors) => accepted,
         };
-        let Ok((tcp, _peer)) = accepted else { continue };
         let _ = tcp.set_nodelay(true);
         let state = state.clone();
         let acceptor = acceptor.clone();

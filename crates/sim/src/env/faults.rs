@@ -65,12 +65,12 @@ async fn accept(
     available: Arc<watch::Sender<bool>>,
     stop: CancellationToken,
 ) {
+    let mut errors = tensile_kubelet::tls::AcceptErrors::new("fault proxy");
     loop {
-        let conn = tokio::select! {
+        let (client, _) = tokio::select! {
             () = stop.cancelled() => return,
-            c = listener.accept() => c,
+            c = tensile_kubelet::tls::accept_backing_off(&listener, &mut errors) => c,
         };
-        let Ok((client, _)) = conn else { continue };
         if !*available.borrow() {
             drop(client);
             continue;
