@@ -74,19 +74,24 @@ fn with<T>(seen: &Shared, f: impl FnOnce(&mut Seen) -> T) -> anyhow::Result<T> {
     Ok(f(&mut s))
 }
 
-/// One replica: `tensile virtual-node` with the README's flags, and `--leader-elect`.
+/// One replica: `tensile virtual-node` with the README's flags; with `--leader-elect` when
+/// `pod` names the Deployment's pod it stands for (`POD_NAME`: two pods are two places, and
+/// the standby waits for the lease duration). Without, a process on this host.
 fn replica(
     env: &TestEnv,
     log: &Path,
     kubelet_port: u16,
     metrics_port: u16,
-    leader_elect: bool,
+    pod: Option<&str>,
 ) -> anyhow::Result<tokio::process::Child> {
     let exe = std::env::current_exe().context("finding the tensile binary")?;
-    tokio::process::Command::new(exe)
-        .args(["virtual-node", "--nodename", NODE])
-        .args(leader_elect.then_some("--leader-elect"))
-        .arg("--kubeconfig")
+    let mut cmd = tokio::process::Command::new(exe);
+    cmd.args(["virtual-node", "--nodename", NODE]);
+    match pod {
+        Some(pod) => cmd.arg("--leader-elect").env("POD_NAME", pod),
+        None => cmd.env_remove("POD_NAME"),
+    };
+    cmd.arg("--kubeconfig")
         .arg(&env.clusters[0].kubeconfig)
         .arg("--client-kubeconfig")
         .arg(&env.clusters[1].kubeconfig)
@@ -266,7 +271,7 @@ pub async fn run(args: FailoverArgs) -> anyhow::Result<()> {
     let metrics_ports = [free_port()?, free_port()?];
 
     // The first replica leads once it registered the node with its kubelet port.
-    let mut a = replica(&env, &logs[0], ports[0], metrics_ports[0], true)?;
+    let mut a = replica(&env, &logs[0], ports[0], metrics_ports[0], Some("vk-a"))?;
     let a_pid = a.id().context("replica a exited at once")?;
     wait_for("replica a to lead and register the node", 60, &logs, || {
         with(&seen, |s| {
@@ -275,7 +280,7 @@ pub async fn run(args: FailoverArgs) -> anyhow::Result<()> {
         })
     })
     .await?;
-    let mut b = replica(&env, &logs[1], ports[1], metrics_ports[1], true)?;
+    let mut b = replica(&env, &logs[1], ports[1], metrics_ports[1], Some("vk-b"))?;
     let b_pid = b.id().context("replica b exited at once")?;
     wait_for("replica b to stand by", 60, &logs, || {
         Ok(std::fs::read_to_string(&logs[1])?.contains("standing by"))
@@ -463,7 +468,7 @@ async fn run_restart(args: FailoverArgs) -> anyhow::Result<()> {
     let watches = watch_all(&env, &seen, ("kube-node-lease", NODE));
     let logs = [env.dir().join("first.log"), env.dir().join("restarted.log")];
     let (port, metrics_port) = (free_port()?, free_port()?);
-    let mut a = replica(&env, &logs[0], port, metrics_port, false)?;
+    let mut a = replica(&env, &logs[0], port, metrics_port, None)?;
     let a_pid = a.id().context("the first process exited at once")?;
     wait_for("the node registered, its lease held", 60, &logs, || {
         with(&seen, |s| {
@@ -498,17 +503,22 @@ async fn run_restart(args: FailoverArgs) -> anyhow::Result<()> {
             .into_iter()
             .filter_map(|p| p.metadata.name)
             .collect();
-    let mut b = replica(&env, &logs[1], port, metrics_port, false)?;
+    let mut b = replica(&env, &logs[1], port, metrics_port, None)?;
     let restarted = Instant::now();
     let b_pid = b.id().context("the restarted process exited at once")?;
-    wait_for("the restarted process to hold the node lease", 60, &logs, || {
-        if let Some(status) = b.try_wait()? {
-            bail!("the restarted process exited: {status}");
-        }
-        with(&seen, |s| {
-            s.holder.as_ref().and_then(|(h, _)| holder_pid(h)) == Some(b_pid)
-        })
-    })
+    wait_for(
+        "the restarted process to hold the node lease",
+        60,
+        &logs,
+        || {
+            if let Some(status) = b.try_wait()? {
+                bail!("the restarted process exited: {status}");
+            }
+            with(&seen, |s| {
+                s.holder.as_ref().and_then(|(h, _)| holder_pid(h)) == Some(b_pid)
+            })
+        },
+    )
     .await?;
     let failures = burst.await.context("the burst task")?;
     if failures > 0 {

@@ -47,13 +47,15 @@ pub fn held_by_other(spec: Option<&LeaseSpec>, me: &str, now: Timestamp) -> Opti
     })
 }
 
-/// The parts of a node-lease `holderIdentity` written by `tensile virtual-node`:
-/// `<node>_<host>_<scope>_<pid>_<process>[.<n>]`. `host` is the pod (`<name>.<namespace>`, from
+/// The parts of a `holderIdentity` written by tensile (node leases, election leases):
+/// `<name>_<host>_<scope>_<pid>_<process>[.<n>]`, `name` the node's or the component's. `host` is the pod (`<name>.<namespace>`, from
 /// the downward API) or the host name; `scope` says where `pid` means something: [`SCOPE_POD`]
 /// (the pod's container), or the kernel boot and PID namespace (`<boot>.<pidns>`), or
 /// [`SCOPE_UNKNOWN`]; `process` is random per process, so a process knows its own identities.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct HolderId<'a> {
+    /// The node or component (a DNS name: no `_`).
+    pub name: &'a str,
     /// The pod or host.
     pub host: &'a str,
     /// Where the pid is valid.
@@ -69,22 +71,26 @@ pub const SCOPE_POD: &str = "pod";
 /// The scope of a holder that could not tell its boot or PID namespace: its pid says nothing.
 pub const SCOPE_UNKNOWN: &str = "unknown";
 
-/// Reads a `holderIdentity` of `node` back (None: another format, e.g. an older version's or
-/// another program's). Parsed from the right: host names may contain what node names may.
-pub fn parse_holder<'a>(node: &str, holder: &'a str) -> Option<HolderId<'a>> {
-    let rest = holder.strip_prefix(node)?.strip_prefix('_')?;
+/// Reads a `holderIdentity` back (None: another format, e.g. an older version's or another
+/// program's). The name ends at the first `_`; the rest is parsed from the right, so a host
+/// name with a `_` is read whole.
+pub fn parse_holder(holder: &str) -> Option<HolderId<'_>> {
+    let (name, rest) = holder.split_once('_')?;
     let mut parts = rest.rsplitn(4, '_');
     let last = parts.next()?;
     let pid = parts.next()?.parse().ok()?;
     let scope = parts.next()?;
     let host = parts.next()?;
     let process = last.split_once('.').map_or(last, |(p, _)| p);
-    (!host.is_empty() && !scope.is_empty() && !process.is_empty()).then_some(HolderId {
-        host,
-        scope,
-        pid,
-        process,
-    })
+    (!name.is_empty() && !host.is_empty() && !scope.is_empty() && !process.is_empty()).then_some(
+        HolderId {
+            name,
+            host,
+            scope,
+            pid,
+            process,
+        },
+    )
 }
 
 /// Where the holder of a node's lease runs, seen from the process about to start the node.
@@ -113,7 +119,7 @@ pub fn locate_holder(
     let (Some(h), Some(me)) = (holder, me) else {
         return HolderIs::Elsewhere;
     };
-    if h.host != me.host || h.scope != me.scope || me.scope == SCOPE_UNKNOWN {
+    if h.name != me.name || h.host != me.host || h.scope != me.scope || me.scope == SCOPE_UNKNOWN {
         return HolderIs::Elsewhere;
     }
     if h.pid == me.pid && h.process == me.process {
@@ -205,6 +211,17 @@ pub fn elect(
     if let Some(held) = held_by_other(spec, me, now) {
         return Election::Wait(held);
     }
+    Election::Write(take(spec, me, now, lease_duration_seconds))
+}
+
+/// The spec by which `me` holds the lease from `now`: a renewal of its own hold, or an
+/// acquisition (whoever held it: [`elect`] or [`locate_holder`] decided it may be taken).
+pub fn take(
+    spec: Option<&LeaseSpec>,
+    me: &str,
+    now: Timestamp,
+    lease_duration_seconds: i32,
+) -> LeaseSpec {
     let old = spec.cloned().unwrap_or_default();
     let ours = old.holder_identity.as_deref() == Some(me);
     let now = MicroTime(now);
@@ -227,7 +244,7 @@ pub fn elect(
             transitions
         });
     }
-    Election::Write(new)
+    new
 }
 
 /// The spec that gives our hold up (no holder, a duration of 1 s), so that a standby takes
@@ -373,8 +390,9 @@ mod tests {
     #[test]
     fn holder_identities_are_read_back_from_the_right() {
         assert_eq!(
-            parse_holder("vk", "vk_host_a.b_my_ns_1f2e3d4c.4026531836_42_0a1b2c.3"),
+            parse_holder("vk_host_a.b_my_ns_1f2e3d4c.4026531836_42_0a1b2c.3"),
             Some(HolderId {
+                name: "vk",
                 host: "host_a.b_my_ns",
                 scope: "1f2e3d4c.4026531836",
                 pid: 42,
@@ -382,26 +400,26 @@ mod tests {
             })
         );
         assert_eq!(
-            parse_holder("vk", "vk_vn-5d9f-x2.tensile_pod_1_abcdef").map(|h| (h.host, h.scope)),
+            parse_holder("vk_vn-5d9f-x2.tensile_pod_1_abcdef").map(|h| (h.host, h.scope)),
             Some(("vn-5d9f-x2.tensile", SCOPE_POD))
         );
         for other in [
             "vk_test",
-            "vk-2_h_s_1_p",
+            "_h_s_1_p",
             "vk_h_s_notapid_p",
             "vk__s_1_p",
             "vk_h_s_1_",
             "vk@host",
             "",
         ] {
-            assert_eq!(parse_holder("vk", other), None, "{other}");
+            assert_eq!(parse_holder(other), None, "{other}");
         }
     }
 
     #[test]
     fn a_holder_is_located_from_host_scope_pid_and_process() {
-        let me = parse_holder("vk", "vk_h_b.1_100_aaaaaa.1");
-        let at = |s| parse_holder("vk", s);
+        let me = parse_holder("vk_h_b.1_100_aaaaaa.1");
+        let at = parse_holder;
         let never = |_| panic!("no need to look at the pid");
         // Another start in this process.
         assert_eq!(
@@ -426,7 +444,12 @@ mod tests {
             HolderIs::LiveHere
         );
         // Another host, boot or PID namespace, or an identity we cannot read: wait.
-        for other in ["vk_g_b.1_7_bbbbbb", "vk_h_b.2_7_bbbbbb", "vk_test"] {
+        for other in [
+            "vk_g_b.1_7_bbbbbb",
+            "vk_h_b.2_7_bbbbbb",
+            "vk2_h_b.1_7_bbbbbb",
+            "vk_test",
+        ] {
             assert_eq!(
                 locate_holder(at(other), me, never),
                 HolderIs::Elsewhere,
@@ -447,16 +470,16 @@ mod tests {
 
     #[test]
     fn an_older_container_of_the_same_pod_is_gone() {
-        let me = parse_holder("vk", "vk_vn-1.ns_pod_1_aaaaaa");
+        let me = parse_holder("vk_vn-1.ns_pod_1_aaaaaa");
         let never = |_| panic!("no need to look at the pid");
         for older in ["vk_vn-1.ns_pod_1_bbbbbb", "vk_vn-1.ns_pod_9_bbbbbb"] {
             assert_eq!(
-                locate_holder(parse_holder("vk", older), me, never),
+                locate_holder(parse_holder(older), me, never),
                 HolderIs::DeadHere
             );
         }
         assert_eq!(
-            locate_holder(parse_holder("vk", "vk_vn-2.ns_pod_1_bbbbbb"), me, never),
+            locate_holder(parse_holder("vk_vn-2.ns_pod_1_bbbbbb"), me, never),
             HolderIs::Elsewhere
         );
     }

@@ -113,6 +113,13 @@ fn pid_running(pid: u32) -> Option<bool> {
     Some(std::fs::read_link(format!("/proc/{pid}/exe")).map_or(true, |exe| exe == me))
 }
 
+/// Where the holder of a lease runs, seen from `me`, both identities of [`holder_identity`]
+/// (another format: [`HolderIs::Elsewhere`]).
+pub fn locate(holder: &str, me: &str) -> tensile_core::lease::HolderIs {
+    use tensile_core::lease::{locate_holder, parse_holder};
+    locate_holder(parse_holder(holder), parse_holder(me), pid_running)
+}
+
 /// Another process holds the node's Lease: this one must not run the node too.
 #[derive(Debug, thiserror::Error)]
 #[error(
@@ -170,10 +177,9 @@ pub async fn check_lease(
     cfg: &NodeLoop,
     stop: &CancellationToken,
 ) -> Result<(), LeaseCheckError> {
-    use tensile_core::lease::{HolderIs, locate_holder, parse_holder};
+    use tensile_core::lease::HolderIs;
     let leases: Api<Lease> = Api::namespaced(upper.clone(), "kube-node-lease");
     let name = &cfg.identity.name;
-    let me = parse_holder(name, &cfg.holder_identity);
     let mut waiting_for: Option<String> = None;
     loop {
         let lease = leases
@@ -193,7 +199,6 @@ pub async fn check_lease(
             }
             return Ok(());
         };
-        let holder = parse_holder(name, &held.holder);
         let refuse = |place: String| LeaseHeld {
             node: name.clone(),
             holder: held.holder.clone(),
@@ -201,10 +206,10 @@ pub async fn check_lease(
             renewed: held.renewed,
             until: held.until,
         };
-        match locate_holder(holder, me, pid_running) {
+        match locate(&held.holder, &cfg.holder_identity) {
             HolderIs::ThisProcess => return Err(refuse("in this process".to_owned()).into()),
             HolderIs::LiveHere => {
-                let pid = holder.map_or(0, |h| h.pid);
+                let pid = tensile_core::lease::parse_holder(&held.holder).map_or(0, |h| h.pid);
                 return Err(refuse(format!("process {pid} on this host, running")).into());
             }
             HolderIs::DeadHere => {
