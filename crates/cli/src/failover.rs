@@ -459,7 +459,8 @@ impl LowerPods {
 
 /// `--restart`: one `tensile virtual-node` without `--leader-elect`, killed (SIGKILL) in the
 /// middle of the burst and started again at once with the same flags, as an operator or a
-/// container restart would. Its predecessor gone, it takes the node lease over at once.
+/// container restart would. Its predecessor gone, it takes the node lease over at once. Before,
+/// a second process started while the first runs must be refused.
 async fn run_restart(args: FailoverArgs) -> anyhow::Result<()> {
     let n = args.pods;
     let kill_after = args.kill_after.unwrap_or(n / 2).clamp(1, n.max(1));
@@ -477,6 +478,18 @@ async fn run_restart(args: FailoverArgs) -> anyhow::Result<()> {
         })
     })
     .await?;
+    // A second live process with the same flags on this host is refused, before it serves or
+    // writes anything.
+    let second_log = env.dir().join("second.log");
+    let mut second = replica(&env, &second_log, port, metrics_port, None)?;
+    let status = tokio::time::timeout(Duration::from_secs(60), second.wait())
+        .await
+        .context("a second process for the node did not exit")?
+        .context("waiting for the second process")?;
+    let refusal = std::fs::read_to_string(&second_log).unwrap_or_default();
+    if status.success() || !refusal.contains("already run by another process") {
+        bail!("a second process for the node was not refused ({status}):\n{refusal}");
+    }
     let concurrency = args.concurrency.max(1);
     let burst = burst(&env, n, concurrency);
     let start = Instant::now();
@@ -555,6 +568,7 @@ async fn run_restart(args: FailoverArgs) -> anyhow::Result<()> {
         "restart benchmark on {}: {n} pods ({concurrency} concurrent creates) upstairs through one virtual node (no --leader-elect)",
         backend()
     );
+    println!("a second live process for the node on this host: refused ({status})");
     println!(
         "killed (SIGKILL) {:.2?} into the burst, with {lower_at_kill} lower pods created and {running_at_kill} upper pods Running; restarted {:.2?} after the kill",
         killed.saturating_duration_since(start),
