@@ -103,11 +103,19 @@ fn pid_scope() -> Option<String> {
     (!boot.is_empty() && !ns.is_empty()).then(|| format!("{boot}.{ns}"))
 }
 
-/// Whether another process with this pid runs here and may be a virtual node: it exists, and
-/// runs our program (or we cannot see which program; then it may). None without procfs.
+/// Whether another process with this pid runs here and may be a virtual node: it exists, is
+/// not a zombie (killed, not yet reaped), and runs our program (or we cannot see which
+/// program; then it may). None without procfs.
 fn pid_running(pid: u32) -> Option<bool> {
     let me = std::fs::read_link("/proc/self/exe").ok()?;
-    if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return Some(false);
+    };
+    // "pid (comm) state ...": the state follows the last ')'.
+    let state = stat
+        .rsplit_once(')')
+        .and_then(|(_, rest)| rest.trim_start().chars().next());
+    if matches!(state, Some('Z' | 'X')) {
         return Some(false);
     }
     Some(std::fs::read_link(format!("/proc/{pid}/exe")).map_or(true, |exe| exe == me))
@@ -551,6 +559,42 @@ async fn renew_lease(leases: &Api<Lease>, name: &str, me: &str, node_uid: Option
 mod tests {
     use super::*;
     use serde_json::json;
+
+    /// A pid is a possible holder only while a process of our program has it: this process
+    /// is; another program, a killed and unreaped child (a zombie) or no process is not.
+    #[test]
+    #[allow(clippy::unwrap_used)] // test code
+    fn a_pid_runs_a_possible_holder_only_while_our_program_has_it() {
+        assert_eq!(pid_running(std::process::id()), Some(true));
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        assert_eq!(pid_running(child.id()), Some(false), "another program");
+        child.kill().unwrap();
+        let zombie = || {
+            std::fs::read_to_string(format!("/proc/{}/stat", child.id())).is_ok_and(|s| {
+                s.rsplit_once(')')
+                    .is_some_and(|(_, r)| r.trim_start().starts_with('Z'))
+            })
+        };
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while !zombie() {
+            assert!(std::time::Instant::now() < deadline, "the child never died");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert_eq!(pid_running(child.id()), Some(false), "a zombie");
+        child.wait().unwrap();
+        assert_eq!(pid_running(child.id()), Some(false), "gone");
+        let me = holder_identity("vk");
+        let again = holder_identity("vk");
+        assert_ne!(me, again);
+        assert_eq!(
+            locate(&again, &me),
+            tensile_core::lease::HolderIs::ThisProcess,
+            "{me} {again}"
+        );
+    }
 
     #[test]
     fn a_relist_drops_lower_nodes_and_pods_deleted_while_the_watch_was_down() {
