@@ -38,6 +38,10 @@ pub struct FailoverArgs {
     /// How long to wait for every upper pod to be Running after the kill.
     #[arg(long, default_value = "300s", value_parser = crate::common::parse_duration)]
     timeout: Duration,
+    /// A crash restart instead: one process without --leader-elect, killed and started again
+    /// at once with the same flags.
+    #[arg(long)]
+    restart: bool,
 }
 
 const NODE: &str = "vk";
@@ -49,6 +53,8 @@ const LEASE_NAMESPACE: &str = "kube-system";
 struct Seen {
     /// Lower pods of the burst by name: every UID seen.
     lower_uids: BTreeMap<String, BTreeSet<String>>,
+    /// When each lower pod of the burst was first seen.
+    lower_first_seen: BTreeMap<String, Instant>,
     /// Lower pods of the burst deleted (watch DELETED events).
     lower_deleted: Vec<String>,
     /// Upper pods Running.
@@ -68,17 +74,24 @@ fn with<T>(seen: &Shared, f: impl FnOnce(&mut Seen) -> T) -> anyhow::Result<T> {
     Ok(f(&mut s))
 }
 
-/// One replica: `tensile virtual-node --leader-elect` with the README's flags.
+/// One replica: `tensile virtual-node` with the README's flags; with `--leader-elect` when
+/// `pod` names the Deployment's pod it stands for (`POD_NAME`: two pods are two places, and
+/// the standby waits for the lease duration). Without, a process on this host.
 fn replica(
     env: &TestEnv,
     log: &Path,
     kubelet_port: u16,
     metrics_port: u16,
+    pod: Option<&str>,
 ) -> anyhow::Result<tokio::process::Child> {
     let exe = std::env::current_exe().context("finding the tensile binary")?;
-    tokio::process::Command::new(exe)
-        .args(["virtual-node", "--nodename", NODE, "--leader-elect"])
-        .arg("--kubeconfig")
+    let mut cmd = tokio::process::Command::new(exe);
+    cmd.args(["virtual-node", "--nodename", NODE]);
+    match pod {
+        Some(pod) => cmd.arg("--leader-elect").env("POD_NAME", pod),
+        None => cmd.env_remove("POD_NAME"),
+    };
+    cmd.arg("--kubeconfig")
         .arg(&env.clusters[0].kubeconfig)
         .arg("--client-kubeconfig")
         .arg(&env.clusters[1].kubeconfig)
@@ -129,13 +142,18 @@ async fn wait_for(
     }
 }
 
-/// The pid in a holder identity `<node>_<host>_<pid>_<random>`.
+/// The pid in a holder identity `<node>_<host>_<scope>_<pid>_<process>`.
 fn holder_pid(holder: &str) -> Option<u32> {
     holder.rsplit('_').nth(1)?.parse().ok()
 }
 
 /// Watches what the benchmark checks, recording into `seen`.
-fn watch_all(env: &TestEnv, seen: &Shared) -> Vec<tokio::task::JoinHandle<()>> {
+/// `lease` is the Lease whose holder is recorded: (namespace, name).
+fn watch_all(
+    env: &TestEnv,
+    seen: &Shared,
+    lease: (&'static str, &'static str),
+) -> Vec<tokio::task::JoinHandle<()>> {
     let (upper, lower) = (
         env.clusters[0].client.clone(),
         env.clusters[1].client.clone(),
@@ -155,6 +173,9 @@ fn watch_all(env: &TestEnv, seen: &Shared) -> Vec<tokio::task::JoinHandle<()>> {
                     if let (Some(name), Some(uid)) = (p.metadata.name, p.metadata.uid)
                         && name.starts_with("burst-")
                     {
+                        s.lower_first_seen
+                            .entry(name.clone())
+                            .or_insert_with(Instant::now);
                         s.lower_uids.entry(name).or_default().insert(uid);
                     }
                 }
@@ -188,14 +209,14 @@ fn watch_all(env: &TestEnv, seen: &Shared) -> Vec<tokio::task::JoinHandle<()>> {
     let s = seen.clone();
     let leases = upper.clone();
     tasks.push(tokio::spawn(async move {
-        let api: Api<Lease> = Api::namespaced(leases, LEASE_NAMESPACE);
+        let api: Api<Lease> = Api::namespaced(leases, lease.0);
         let mut events = watcher(api, watcher::Config::default())
             .default_backoff()
             .applied_objects()
             .boxed();
         while let Some(l) = events.next().await {
             let Ok(l) = l else { continue };
-            if l.metadata.name.as_deref() != Some(LEASE) {
+            if l.metadata.name.as_deref() != Some(lease.1) {
                 continue;
             }
             let holder = l.spec.and_then(|s| s.holder_identity).unwrap_or_default();
@@ -234,11 +255,14 @@ fn watch_all(env: &TestEnv, seen: &Shared) -> Vec<tokio::task::JoinHandle<()>> {
 }
 
 pub async fn run(args: FailoverArgs) -> anyhow::Result<()> {
+    if args.restart {
+        return run_restart(args).await;
+    }
     let n = args.pods;
     let kill_after = args.kill_after.unwrap_or(n / 2).clamp(1, n.max(1));
     let env = crate::bench::burst_clusters(n).await?;
     let seen: Shared = Arc::default();
-    let watches = watch_all(&env, &seen);
+    let watches = watch_all(&env, &seen, (LEASE_NAMESPACE, LEASE));
     let logs = [
         env.dir().join("replica-a.log"),
         env.dir().join("replica-b.log"),
@@ -247,7 +271,7 @@ pub async fn run(args: FailoverArgs) -> anyhow::Result<()> {
     let metrics_ports = [free_port()?, free_port()?];
 
     // The first replica leads once it registered the node with its kubelet port.
-    let mut a = replica(&env, &logs[0], ports[0], metrics_ports[0])?;
+    let mut a = replica(&env, &logs[0], ports[0], metrics_ports[0], Some("vk-a"))?;
     let a_pid = a.id().context("replica a exited at once")?;
     wait_for("replica a to lead and register the node", 60, &logs, || {
         with(&seen, |s| {
@@ -256,7 +280,7 @@ pub async fn run(args: FailoverArgs) -> anyhow::Result<()> {
         })
     })
     .await?;
-    let mut b = replica(&env, &logs[1], ports[1], metrics_ports[1])?;
+    let mut b = replica(&env, &logs[1], ports[1], metrics_ports[1], Some("vk-b"))?;
     let b_pid = b.id().context("replica b exited at once")?;
     wait_for("replica b to stand by", 60, &logs, || {
         Ok(std::fs::read_to_string(&logs[1])?.contains("standing by"))
@@ -278,30 +302,8 @@ pub async fn run(args: FailoverArgs) -> anyhow::Result<()> {
         bail!("the leader answers /readyz with {leader_ready:?}");
     }
 
-    let creator: Api<Pod> = Api::namespaced(env.clusters[0].client.clone(), "default");
     let concurrency = args.concurrency.max(1);
-    let burst = tokio::spawn(async move {
-        futures::stream::iter(0..n)
-            .map(|i| {
-                let api = creator.clone();
-                async move {
-                    // Placed by the upper scheduler: the virtual node is the only node.
-                    let pod: Pod = serde_json::from_value(json!({
-                        "apiVersion": "v1", "kind": "Pod",
-                        "metadata": {"name": format!("burst-{i}")},
-                        "spec": {"tolerations": [{"key": tensile_core::keys::TAINT_VIRTUAL_KUBELET,
-                            "operator": "Exists"}],
-                            "containers": [{"name": "c", "image": "nginx:1.27",
-                            "resources": {"requests": {"cpu": "10m"}}}]}}))?;
-                    api.create(&PostParams::default(), &pod).await?;
-                    anyhow::Ok(())
-                }
-            })
-            .buffer_unordered(concurrency)
-            .filter(|r| futures::future::ready(r.is_err()))
-            .count()
-            .await
-    });
+    let burst = burst(&env, n, concurrency);
     let start = Instant::now();
     wait_for(
         &format!("{kill_after} lower pods before the kill"),
@@ -358,29 +360,12 @@ pub async fn run(args: FailoverArgs) -> anyhow::Result<()> {
     if let Some(status) = b.try_wait()? {
         bail!("the new leader exited: {status}");
     }
-    // The lower cluster as it is now, by one LIST, against what the watch saw.
-    let listed = Api::<Pod>::namespaced(env.clusters[1].client.clone(), "default")
-        .list(&kube::api::ListParams::default())
-        .await
-        .context("listing the lower pods")?;
-    let listed: BTreeSet<String> = listed
-        .items
-        .into_iter()
-        .filter_map(|p| p.metadata.name)
-        .filter(|n| n.starts_with("burst-"))
-        .collect();
-    let (acquired, first_write, twice, deleted, seen_lower) = with(&seen, |s| {
+    let lower = LowerPods::now(&env, &seen).await?;
+    let (acquired, first_write) = with(&seen, |s| {
         let at = |t: Instant| t.saturating_duration_since(killed);
         (
             s.holder.as_ref().map(|(_, t)| at(*t)),
             s.kubelet_port.map(|(_, t)| at(t)),
-            s.lower_uids
-                .iter()
-                .filter(|(_, uids)| uids.len() > 1)
-                .map(|(n, _)| n.clone())
-                .collect::<Vec<_>>(),
-            s.lower_deleted.clone(),
-            s.lower_uids.len(),
         )
     })?;
     for w in watches {
@@ -390,11 +375,7 @@ pub async fn run(args: FailoverArgs) -> anyhow::Result<()> {
 
     println!(
         "failover benchmark on {}: {n} pods ({concurrency} concurrent creates) upstairs through one virtual node run by 2 replicas with --leader-elect (defaults: lease 15s, renew deadline 10s, retry 2s)",
-        if tensile_sim::env::real::bin_dir().is_some() {
-            "real control planes (TENSILE_K8S_BIN)"
-        } else {
-            "simulated clusters"
-        }
+        backend()
     );
     println!(
         "leader killed (SIGKILL) {:.2?} into the burst, with {lower_at_kill} lower pods created and {running_at_kill} upper pods Running",
@@ -413,25 +394,236 @@ pub async fn run(args: FailoverArgs) -> anyhow::Result<()> {
         "kill -> all {n} upper pods Running {:.2} s",
         all_running.as_secs_f64()
     );
-    println!(
-        "lower pods: {} listed, {seen_lower} seen, {} created more than once, {} deleted",
-        listed.len(),
-        twice.len(),
-        deleted.len()
-    );
-    if listed.len() != n || seen_lower != n {
-        bail!(
-            "expected {n} lower pods, listed {} and seen {seen_lower}",
-            listed.len()
+    lower.check(n)
+}
+
+/// The burst's lower pods at the end: listed now, and what the watch saw.
+struct LowerPods {
+    listed: usize,
+    seen: usize,
+    twice: Vec<String>,
+    deleted: Vec<String>,
+}
+
+impl LowerPods {
+    /// The lower cluster as it is now, by one LIST, against what the watch saw.
+    async fn now(env: &TestEnv, seen: &Shared) -> anyhow::Result<Self> {
+        let listed = Api::<Pod>::namespaced(env.clusters[1].client.clone(), "default")
+            .list(&kube::api::ListParams::default())
+            .await
+            .context("listing the lower pods")?;
+        let listed = listed
+            .items
+            .into_iter()
+            .filter_map(|p| p.metadata.name)
+            .filter(|n| n.starts_with("burst-"))
+            .count();
+        with(seen, |s| Self {
+            listed,
+            seen: s.lower_uids.len(),
+            twice: s
+                .lower_uids
+                .iter()
+                .filter(|(_, uids)| uids.len() > 1)
+                .map(|(n, _)| n.clone())
+                .collect(),
+            deleted: s.lower_deleted.clone(),
+        })
+    }
+
+    /// Prints the last line of the report; an error when a pod is missing, doubled or deleted.
+    fn check(&self, n: usize) -> anyhow::Result<()> {
+        println!(
+            "lower pods: {} listed, {} seen, {} created more than once, {} deleted",
+            self.listed,
+            self.seen,
+            self.twice.len(),
+            self.deleted.len()
         );
+        if self.listed != n || self.seen != n {
+            bail!(
+                "expected {n} lower pods, listed {} and seen {}",
+                self.listed,
+                self.seen
+            );
+        }
+        if !self.twice.is_empty() {
+            bail!("lower pods created more than once: {:?}", self.twice);
+        }
+        if !self.deleted.is_empty() {
+            bail!("lower pods deleted during the failover: {:?}", self.deleted);
+        }
+        Ok(())
     }
-    if !twice.is_empty() {
-        bail!("lower pods created more than once: {twice:?}");
+}
+
+/// `--restart`: one `tensile virtual-node` without `--leader-elect`, killed (SIGKILL) in the
+/// middle of the burst and started again at once with the same flags, as an operator or a
+/// container restart would. Its predecessor gone, it takes the node lease over at once. Before,
+/// a second process started while the first runs must be refused.
+async fn run_restart(args: FailoverArgs) -> anyhow::Result<()> {
+    let n = args.pods;
+    let kill_after = args.kill_after.unwrap_or(n / 2).clamp(1, n.max(1));
+    let env = crate::bench::burst_clusters(n).await?;
+    let seen: Shared = Arc::default();
+    let watches = watch_all(&env, &seen, ("kube-node-lease", NODE));
+    let logs = [env.dir().join("first.log"), env.dir().join("restarted.log")];
+    let (port, metrics_port) = (free_port()?, free_port()?);
+    let mut a = replica(&env, &logs[0], port, metrics_port, None)?;
+    let a_pid = a.id().context("the first process exited at once")?;
+    wait_for("the node registered, its lease held", 60, &logs, || {
+        with(&seen, |s| {
+            s.holder.as_ref().and_then(|(h, _)| holder_pid(h)) == Some(a_pid)
+                && s.kubelet_port.map(|(p, _)| p) == Some(i32::from(port))
+        })
+    })
+    .await?;
+    // A second live process with the same flags on this host is refused, before it serves or
+    // writes anything.
+    let second_log = env.dir().join("second.log");
+    let mut second = replica(&env, &second_log, port, metrics_port, None)?;
+    let status = tokio::time::timeout(Duration::from_secs(60), second.wait())
+        .await
+        .context("a second process for the node did not exit")?
+        .context("waiting for the second process")?;
+    let refusal = std::fs::read_to_string(&second_log).unwrap_or_default();
+    if status.success() || !refusal.contains("already run by another process") {
+        bail!("a second process for the node was not refused ({status}):\n{refusal}");
     }
-    if !deleted.is_empty() {
-        bail!("lower pods deleted during the failover: {deleted:?}");
+    let concurrency = args.concurrency.max(1);
+    let burst = burst(&env, n, concurrency);
+    let start = Instant::now();
+    wait_for(
+        &format!("{kill_after} lower pods before the kill"),
+        120,
+        &logs,
+        || with(&seen, |s| s.lower_uids.len() >= kill_after),
+    )
+    .await?;
+    a.start_kill().context("killing the virtual node")?;
+    let killed = Instant::now();
+    let _ = a.wait().await;
+    let (lower_at_kill, running_at_kill) =
+        with(&seen, |s| (s.lower_uids.len(), s.upper_running.len()))?;
+    // What the dead process created, by one LIST: the first create of the new one is the first
+    // pod seen that is not among them (a watch event of the old one may come late).
+    let before: BTreeSet<String> =
+        Api::<Pod>::namespaced(env.clusters[1].client.clone(), "default")
+            .list(&kube::api::ListParams::default())
+            .await
+            .context("listing the lower pods after the kill")?
+            .items
+            .into_iter()
+            .filter_map(|p| p.metadata.name)
+            .collect();
+    let mut b = replica(&env, &logs[1], port, metrics_port, None)?;
+    let restarted = Instant::now();
+    let b_pid = b.id().context("the restarted process exited at once")?;
+    wait_for(
+        "the restarted process to hold the node lease",
+        60,
+        &logs,
+        || {
+            if let Some(status) = b.try_wait()? {
+                bail!("the restarted process exited: {status}");
+            }
+            with(&seen, |s| {
+                s.holder.as_ref().and_then(|(h, _)| holder_pid(h)) == Some(b_pid)
+            })
+        },
+    )
+    .await?;
+    let failures = burst.await.context("the burst task")?;
+    if failures > 0 {
+        bail!("{failures} pod creations failed upstairs");
     }
-    Ok(())
+    wait_for(
+        &format!("all {n} upper pods Running"),
+        args.timeout.as_secs(),
+        &logs,
+        || with(&seen, |s| s.upper_running.len() >= n),
+    )
+    .await?;
+    let all_running = restarted.elapsed();
+    if let Some(status) = b.try_wait()? {
+        bail!("the restarted process exited: {status}");
+    }
+    let lower = LowerPods::now(&env, &seen).await?;
+    let (lease, first_create) = with(&seen, |s| {
+        let after = |t: Instant| t.checked_duration_since(restarted);
+        (
+            s.holder.as_ref().and_then(|(_, t)| after(*t)),
+            s.lower_first_seen
+                .iter()
+                .filter(|(name, _)| !before.contains(*name))
+                .filter_map(|(_, t)| after(*t))
+                .min(),
+        )
+    })?;
+    for w in watches {
+        w.abort();
+    }
+    let _ = b.kill().await;
+    println!(
+        "restart benchmark on {}: {n} pods ({concurrency} concurrent creates) upstairs through one virtual node (no --leader-elect)",
+        backend()
+    );
+    println!("a second live process for the node on this host: refused ({status})");
+    println!(
+        "killed (SIGKILL) {:.2?} into the burst, with {lower_at_kill} lower pods created and {running_at_kill} upper pods Running; restarted {:.2?} after the kill",
+        killed.saturating_duration_since(start),
+        restarted.saturating_duration_since(killed)
+    );
+    let secs = |d: Option<Duration>| d.map_or(f64::NAN, |d| d.as_secs_f64());
+    println!(
+        "restart -> node lease held by the new process {:.2} s",
+        secs(lease)
+    );
+    println!(
+        "restart -> first lower pod created {:.2} s",
+        secs(first_create)
+    );
+    println!(
+        "restart -> all {n} upper pods Running {:.2} s",
+        all_running.as_secs_f64()
+    );
+    lower.check(n)
+}
+
+/// Which backend the clusters run on, for the report.
+fn backend() -> &'static str {
+    if tensile_sim::env::real::bin_dir().is_some() {
+        "real control planes (TENSILE_K8S_BIN)"
+    } else {
+        "simulated clusters"
+    }
+}
+
+/// Creates `n` pods upstairs, `concurrency` at a time, in the background; counts the failures.
+fn burst(env: &TestEnv, n: usize, concurrency: usize) -> tokio::task::JoinHandle<usize> {
+    let creator: Api<Pod> = Api::namespaced(env.clusters[0].client.clone(), "default");
+    tokio::spawn(async move {
+        futures::stream::iter(0..n)
+            .map(|i| {
+                let api = creator.clone();
+                async move {
+                    // Placed by the upper scheduler: the virtual node is the only node.
+                    let pod: Pod = serde_json::from_value(json!({
+                        "apiVersion": "v1", "kind": "Pod",
+                        "metadata": {"name": format!("burst-{i}")},
+                        "spec": {"tolerations": [{"key": tensile_core::keys::TAINT_VIRTUAL_KUBELET,
+                            "operator": "Exists"}],
+                            "containers": [{"name": "c", "image": "nginx:1.27",
+                            "resources": {"requests": {"cpu": "10m"}}}]}}))?;
+                    api.create(&PostParams::default(), &pod).await?;
+                    anyhow::Ok(())
+                }
+            })
+            .buffer_unordered(concurrency)
+            .filter(|r| futures::future::ready(r.is_err()))
+            .count()
+            .await
+    })
 }
 
 fn free_port() -> anyhow::Result<u16> {

@@ -1,6 +1,8 @@
 //! Who holds a Lease. A virtual node's (`kube-node-lease/<node>`): two processes started with
 //! the same `--nodename` would overwrite each other's kubelet endpoint, pods and lease; the
-//! second one refuses to start while the first still renews the lease. And the election Lease
+//! second one must not start while the first still runs. [`locate_holder`] tells a live holder
+//! (refuse) from a dead predecessor on the same host or pod (take over at once) and from one
+//! this process cannot look at (wait until its lease lapses). And the election Lease
 //! of `--leader-elect`: [`elect`] decides, from the lease read and the time, whether this
 //! process may write it (take or renew leadership) or must wait.
 
@@ -43,6 +45,93 @@ pub fn held_by_other(spec: Option<&LeaseSpec>, me: &str, now: Timestamp) -> Opti
         renewed,
         until,
     })
+}
+
+/// The parts of a `holderIdentity` written by tensile (node leases, election leases):
+/// `<name>_<host>_<scope>_<pid>_<process>[.<n>]`, `name` the node's or the component's. `host` is the pod (`<name>.<namespace>`, from
+/// the downward API) or the host name; `scope` says where `pid` means something: [`SCOPE_POD`]
+/// (the pod's container), or the kernel boot and PID namespace (`<boot>.<pidns>`), or
+/// [`SCOPE_UNKNOWN`]; `process` is random per process, so a process knows its own identities.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HolderId<'a> {
+    /// The node or component (a DNS name: no `_`).
+    pub name: &'a str,
+    /// The pod or host.
+    pub host: &'a str,
+    /// Where the pid is valid.
+    pub scope: &'a str,
+    /// The process id.
+    pub pid: u32,
+    /// Random per process.
+    pub process: &'a str,
+}
+
+/// The scope of a holder running in a pod: the pod's own container.
+pub const SCOPE_POD: &str = "pod";
+/// The scope of a holder that could not tell its boot or PID namespace: its pid says nothing.
+pub const SCOPE_UNKNOWN: &str = "unknown";
+
+/// Reads a `holderIdentity` back (None: another format, e.g. an older version's or another
+/// program's). The name ends at the first `_`; the rest is parsed from the right, so a host
+/// name with a `_` is read whole.
+pub fn parse_holder(holder: &str) -> Option<HolderId<'_>> {
+    let (name, rest) = holder.split_once('_')?;
+    let mut parts = rest.rsplitn(4, '_');
+    let last = parts.next()?;
+    let pid = parts.next()?.parse().ok()?;
+    let scope = parts.next()?;
+    let host = parts.next()?;
+    let process = last.split_once('.').map_or(last, |(p, _)| p);
+    (!name.is_empty() && !host.is_empty() && !scope.is_empty() && !process.is_empty()).then_some(
+        HolderId {
+            name,
+            host,
+            scope,
+            pid,
+            process,
+        },
+    )
+}
+
+/// Where the holder of a node's lease runs, seen from the process about to start the node.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HolderIs {
+    /// This very process (another start of the node in it): refuse.
+    ThisProcess,
+    /// Another live process here (same host, same PID namespace): refuse.
+    LiveHere,
+    /// A process here that is gone (crashed, killed, its container restarted): take over now.
+    DeadHere,
+    /// Somewhere this process cannot look (another host or pod, or an identity it cannot
+    /// read): wait until the lease lapses.
+    Elsewhere,
+}
+
+/// Where `holder` runs, seen from `me` (both parsed by [`parse_holder`]). `running(pid)` says
+/// whether another process with that pid runs here and may be the holder (None: cannot tell).
+/// A pod runs one container of a name at a time, so an older process of the same pod is gone;
+/// in one PID namespace a pid that is ours, or that no process has, is gone too.
+pub fn locate_holder(
+    holder: Option<HolderId<'_>>,
+    me: Option<HolderId<'_>>,
+    running: impl FnOnce(u32) -> Option<bool>,
+) -> HolderIs {
+    let (Some(h), Some(me)) = (holder, me) else {
+        return HolderIs::Elsewhere;
+    };
+    if h.name != me.name || h.host != me.host || h.scope != me.scope || me.scope == SCOPE_UNKNOWN {
+        return HolderIs::Elsewhere;
+    }
+    if h.pid == me.pid && h.process == me.process {
+        return HolderIs::ThisProcess;
+    }
+    if me.scope == SCOPE_POD || h.pid == me.pid {
+        return HolderIs::DeadHere;
+    }
+    match running(h.pid) {
+        Some(false) => HolderIs::DeadHere,
+        Some(true) | None => HolderIs::LiveHere,
+    }
 }
 
 /// The three timings of `--leader-elect`, as kube-controller-manager names them.
@@ -122,6 +211,17 @@ pub fn elect(
     if let Some(held) = held_by_other(spec, me, now) {
         return Election::Wait(held);
     }
+    Election::Write(take(spec, me, now, lease_duration_seconds))
+}
+
+/// The spec by which `me` holds the lease from `now`: a renewal of its own hold, or an
+/// acquisition (whoever held it: [`elect`] or [`locate_holder`] decided it may be taken).
+pub fn take(
+    spec: Option<&LeaseSpec>,
+    me: &str,
+    now: Timestamp,
+    lease_duration_seconds: i32,
+) -> LeaseSpec {
     let old = spec.cloned().unwrap_or_default();
     let ours = old.holder_identity.as_deref() == Some(me);
     let now = MicroTime(now);
@@ -144,7 +244,7 @@ pub fn elect(
             transitions
         });
     }
-    Election::Write(new)
+    new
 }
 
 /// The spec that gives our hold up (no holder, a duration of 1 s), so that a standby takes
@@ -285,5 +385,102 @@ mod tests {
                 .is_err()
         );
         assert!(t(s(3), s(2), s(1)).check().is_ok());
+    }
+
+    #[test]
+    fn holder_identities_are_read_back_from_the_right() {
+        assert_eq!(
+            parse_holder("vk_host_a.b_my_ns_1f2e3d4c.4026531836_42_0a1b2c.3"),
+            Some(HolderId {
+                name: "vk",
+                host: "host_a.b_my_ns",
+                scope: "1f2e3d4c.4026531836",
+                pid: 42,
+                process: "0a1b2c",
+            })
+        );
+        assert_eq!(
+            parse_holder("vk_vn-5d9f-x2.tensile_pod_1_abcdef").map(|h| (h.host, h.scope)),
+            Some(("vn-5d9f-x2.tensile", SCOPE_POD))
+        );
+        for other in [
+            "vk_test",
+            "_h_s_1_p",
+            "vk_h_s_notapid_p",
+            "vk__s_1_p",
+            "vk_h_s_1_",
+            "vk@host",
+            "",
+        ] {
+            assert_eq!(parse_holder(other), None, "{other}");
+        }
+    }
+
+    #[test]
+    fn a_holder_is_located_from_host_scope_pid_and_process() {
+        let me = parse_holder("vk_h_b.1_100_aaaaaa.1");
+        let at = parse_holder;
+        let never = |_| panic!("no need to look at the pid");
+        // Another start in this process.
+        assert_eq!(
+            locate_holder(at("vk_h_b.1_100_aaaaaa.0"), me, never),
+            HolderIs::ThisProcess
+        );
+        // Our pid but another process: our predecessor had it and is gone.
+        assert_eq!(
+            locate_holder(at("vk_h_b.1_100_bbbbbb"), me, never),
+            HolderIs::DeadHere
+        );
+        assert_eq!(
+            locate_holder(at("vk_h_b.1_7_bbbbbb"), me, |_| Some(false)),
+            HolderIs::DeadHere
+        );
+        assert_eq!(
+            locate_holder(at("vk_h_b.1_7_bbbbbb"), me, |_| Some(true)),
+            HolderIs::LiveHere
+        );
+        assert_eq!(
+            locate_holder(at("vk_h_b.1_7_bbbbbb"), me, |_| None),
+            HolderIs::LiveHere
+        );
+        // Another host, boot or PID namespace, or an identity we cannot read: wait.
+        for other in [
+            "vk_g_b.1_7_bbbbbb",
+            "vk_h_b.2_7_bbbbbb",
+            "vk2_h_b.1_7_bbbbbb",
+            "vk_test",
+        ] {
+            assert_eq!(
+                locate_holder(at(other), me, never),
+                HolderIs::Elsewhere,
+                "{other}"
+            );
+        }
+        assert_eq!(
+            locate_holder(at("vk_h_b.1_7_bbbbbb"), at("vk_test"), never),
+            HolderIs::Elsewhere
+        );
+        // Without a PID namespace to compare, a pid says nothing.
+        let lost = at("vk_h_unknown_100_aaaaaa.1");
+        assert_eq!(
+            locate_holder(at("vk_h_unknown_7_bbbbbb"), lost, never),
+            HolderIs::Elsewhere
+        );
+    }
+
+    #[test]
+    fn an_older_container_of_the_same_pod_is_gone() {
+        let me = parse_holder("vk_vn-1.ns_pod_1_aaaaaa");
+        let never = |_| panic!("no need to look at the pid");
+        for older in ["vk_vn-1.ns_pod_1_bbbbbb", "vk_vn-1.ns_pod_9_bbbbbb"] {
+            assert_eq!(
+                locate_holder(parse_holder(older), me, never),
+                HolderIs::DeadHere
+            );
+        }
+        assert_eq!(
+            locate_holder(parse_holder("vk_vn-2.ns_pod_1_bbbbbb"), me, never),
+            HolderIs::Elsewhere
+        );
     }
 }

@@ -135,12 +135,26 @@ impl LeaderElection {
             },
         };
         let spec = current.as_ref().and_then(|l| l.spec.as_ref());
-        match elect(
-            spec,
-            &self.identity,
-            Timestamp::now(),
-            self.duration_seconds(),
-        ) {
+        let now = Timestamp::now();
+        let decision = match elect(spec, &self.identity, now, self.duration_seconds()) {
+            // The holder is this process's dead predecessor (its container restarted in the
+            // same pod, or its pid gone on this host): no other process leads, take it now.
+            Election::Wait(held)
+                if crate::node::locate(&held.holder, &self.identity)
+                    == tensile_core::lease::HolderIs::DeadHere =>
+            {
+                tracing::info!(lease = %format!("{}/{}", self.namespace, self.name), holder = %held.holder,
+                    "the election lease's holder is this process's predecessor, gone: taking it over at once");
+                Election::Write(tensile_core::lease::take(
+                    spec,
+                    &self.identity,
+                    now,
+                    self.duration_seconds(),
+                ))
+            }
+            other => other,
+        };
+        match decision {
             Election::Wait(held) => Attempt::Held(held),
             Election::Write(spec) => {
                 let written = match current {

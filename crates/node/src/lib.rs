@@ -92,7 +92,8 @@ pub enum StartError {
     /// The metrics listener could not start.
     #[error(transparent)]
     Metrics(#[from] metrics::MetricsError),
-    /// Another process runs this node (holds its Lease), or the lease could not be read.
+    /// Another process runs this node (holds its Lease), the lease could not be read, or the
+    /// node was stopped while waiting for another holder's lease to lapse.
     #[error(transparent)]
     Lease(#[from] node::LeaseCheckError),
 }
@@ -149,7 +150,7 @@ impl VirtualNode {
         // overwrite the first one's kubelet endpoint. An elected leader skips the check: the
         // election lease decided, and the node lease of a leader that died stays fresh for 40 s.
         if !self.node.leader_elected {
-            node::check_lease(&self.heartbeat, &self.node).await?;
+            node::check_lease(&self.heartbeat, &self.node, &stop).await?;
         }
         let reach = reach::LowerReach::new(self.pods.lower_name.clone());
         let upper_pods = cache::CompactCache::<k8s_openapi::api::core::v1::Pod>::new();

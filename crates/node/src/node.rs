@@ -38,46 +38,108 @@ pub struct NodeLoop {
     /// Node status heartbeat when nothing changes.
     pub heartbeat: Duration,
     /// This process's `holderIdentity` on the node's Lease ([`holder_identity`]): another
-    /// process holding a fresh lease makes this one refuse to start.
+    /// process holding a fresh lease makes this one wait or refuse to start ([`check_lease`]).
     pub holder_identity: String,
     /// Started by `--leader-elect` after winning the election lease: then the node lease is
     /// taken over whoever holds it, instead of refusing to start.
     pub leader_elected: bool,
 }
 
-/// A `holderIdentity` naming this process: the node name, the host and the process id, and a
-/// random part, so two processes for one node never take each other for themselves.
+/// A `holderIdentity` naming this process, `<node>_<host>_<scope>_<pid>_<process>.<n>` (see
+/// [`tensile_core::lease::parse_holder`]): a restarted process reads its dead predecessor's
+/// back and takes the lease over at once, and two live processes for one node never take each
+/// other for themselves.
 pub fn holder_identity(node: &str) -> String {
-    let host = std::env::var("HOSTNAME")
-        .ok()
-        .or_else(|| std::fs::read_to_string("/proc/sys/kernel/hostname").ok())
-        .map(|h| h.trim().to_owned())
-        .filter(|h| !h.is_empty())
-        .unwrap_or_else(|| "unknown-host".to_owned());
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos());
-    // std's randomly keyed hasher over the clock: enough to tell two processes of one host
-    // and pid (a container restarted) apart.
-    let random =
-        std::hash::BuildHasher::hash_one(&std::collections::hash_map::RandomState::new(), nanos);
+    static PROCESS: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    static STARTS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let env = |k: &str| std::env::var(k).ok().filter(|v| !v.trim().is_empty());
+    // In a pod (POD_NAME from the downward API, as deploy/ sets it) the pod names the place:
+    // its container restarts keep it, and a pod runs one container of a name at a time.
+    let (host, scope) = match env("POD_NAME") {
+        Some(pod) => (
+            match env("POD_NAMESPACE") {
+                Some(ns) => format!("{}.{}", pod.trim(), ns.trim()),
+                None => pod.trim().to_owned(),
+            },
+            tensile_core::lease::SCOPE_POD.to_owned(),
+        ),
+        None => (
+            env("HOSTNAME")
+                .or_else(|| std::fs::read_to_string("/proc/sys/kernel/hostname").ok())
+                .map(|h| h.trim().to_owned())
+                .filter(|h| !h.is_empty())
+                .unwrap_or_else(|| "unknown-host".to_owned()),
+            pid_scope().unwrap_or_else(|| tensile_core::lease::SCOPE_UNKNOWN.to_owned()),
+        ),
+    };
+    let process = PROCESS.get_or_init(|| {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos());
+        // std's randomly keyed hasher over the clock: enough to tell two processes of one
+        // host and pid (a container restarted) apart.
+        std::hash::BuildHasher::hash_one(&std::collections::hash_map::RandomState::new(), nanos)
+            & 0xff_ffff
+    });
+    let n = STARTS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     format!(
-        "{node}_{host}_{}_{:06x}",
-        std::process::id(),
-        random & 0xff_ffff
+        "{node}_{host}_{scope}_{}_{process:06x}.{n}",
+        std::process::id()
     )
+}
+
+/// Where this process's pid means something: the kernel's boot and the PID namespace (a pid
+/// of another boot or namespace says nothing here). None without procfs.
+fn pid_scope() -> Option<String> {
+    let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").ok()?;
+    let boot: String = boot.trim().chars().filter(|c| *c != '-').take(8).collect();
+    let ns = std::fs::read_link("/proc/self/ns/pid").ok()?;
+    // "pid:[4026531836]": the namespace's inode.
+    let ns: String = ns
+        .to_string_lossy()
+        .chars()
+        .filter(char::is_ascii_digit)
+        .collect();
+    (!boot.is_empty() && !ns.is_empty()).then(|| format!("{boot}.{ns}"))
+}
+
+/// Whether another process with this pid runs here and may be a virtual node: it exists, is
+/// not a zombie (killed, not yet reaped), and runs our program (or we cannot see which
+/// program; then it may). None without procfs.
+fn pid_running(pid: u32) -> Option<bool> {
+    let me = std::fs::read_link("/proc/self/exe").ok()?;
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return Some(false);
+    };
+    // "pid (comm) state ...": the state follows the last ')'.
+    let state = stat
+        .rsplit_once(')')
+        .and_then(|(_, rest)| rest.trim_start().chars().next());
+    if matches!(state, Some('Z' | 'X')) {
+        return Some(false);
+    }
+    Some(std::fs::read_link(format!("/proc/{pid}/exe")).map_or(true, |exe| exe == me))
+}
+
+/// Where the holder of a lease runs, seen from `me`, both identities of [`holder_identity`]
+/// (another format: [`HolderIs::Elsewhere`]).
+pub fn locate(holder: &str, me: &str) -> tensile_core::lease::HolderIs {
+    use tensile_core::lease::{locate_holder, parse_holder};
+    locate_holder(parse_holder(holder), parse_holder(me), pid_running)
 }
 
 /// Another process holds the node's Lease: this one must not run the node too.
 #[derive(Debug, thiserror::Error)]
 #[error(
-    "virtual node {node} is already run by another process: its lease kube-node-lease/{node} is held by {holder}, last renewed at {renewed}; a second process with the same --nodename would overwrite its kubelet endpoint and pods. Stop the other one, or give this one another --nodename (the lease may be taken over after {until} if the other stops renewing)"
+    "virtual node {node} is already run by another process: its lease kube-node-lease/{node} is held by {holder} ({place}), last renewed at {renewed}; a second process with the same --nodename would overwrite its kubelet endpoint and pods. Stop the other one, or give this one another --nodename"
 )]
 pub struct LeaseHeld {
     /// The node.
     pub node: String,
     /// The other process's `holderIdentity`.
     pub holder: String,
+    /// Where it runs, as far as this process can tell.
+    pub place: String,
     /// Its last renewal.
     pub renewed: Timestamp,
     /// When its hold expires without another renewal.
@@ -99,33 +161,89 @@ pub enum LeaseCheckError {
         #[source]
         source: kube::Error,
     },
+    /// Stopped while waiting for another holder's lease to lapse.
+    #[error("stopped while waiting for the lease kube-node-lease/{node} held by {holder}")]
+    Stopped {
+        /// The node.
+        node: String,
+        /// Who held it.
+        holder: String,
+    },
 }
 
-/// Refuses (before anything of the node starts) when another process renews the node's Lease;
-/// an expired, released or missing lease, or our own, is fine.
-pub async fn check_lease(upper: &kube::Client, cfg: &NodeLoop) -> Result<(), LeaseCheckError> {
+/// How often a lease held elsewhere is read again while waiting for it to lapse: a holder
+/// that stops cleanly releases it, and the wait then ends at once.
+const LEASE_RECHECK: Duration = Duration::from_secs(2);
+
+/// Before anything of the node starts: returns when this process may run the node. A missing,
+/// released, expired or own lease is taken; so is one of a dead predecessor on this host or in
+/// this pod (a crash, `kill -9`, a container restart), at once. A live other process here is
+/// refused (an error). A holder this process cannot look at (another host or pod) is waited
+/// out, re-reading the lease, until it lapses or is released.
+pub async fn check_lease(
+    upper: &kube::Client,
+    cfg: &NodeLoop,
+    stop: &CancellationToken,
+) -> Result<(), LeaseCheckError> {
+    use tensile_core::lease::HolderIs;
     let leases: Api<Lease> = Api::namespaced(upper.clone(), "kube-node-lease");
     let name = &cfg.identity.name;
-    let lease = leases
-        .get_opt(name)
-        .await
-        .map_err(|source| LeaseCheckError::Read {
+    let mut waiting_for: Option<String> = None;
+    loop {
+        let lease = leases
+            .get_opt(name)
+            .await
+            .map_err(|source| LeaseCheckError::Read {
+                node: name.clone(),
+                source,
+            })?;
+        let Some(held) = tensile_core::lease::held_by_other(
+            lease.as_ref().map(|l| &l.spec).and_then(Option::as_ref),
+            &cfg.holder_identity,
+            Timestamp::now(),
+        ) else {
+            if let Some(holder) = waiting_for {
+                tracing::info!(node = %name, %holder, "the other holder's node lease lapsed or was released: starting");
+            }
+            return Ok(());
+        };
+        let refuse = |place: String| LeaseHeld {
             node: name.clone(),
-            source,
-        })?;
-    match tensile_core::lease::held_by_other(
-        lease.as_ref().map(|l| &l.spec).and_then(Option::as_ref),
-        &cfg.holder_identity,
-        Timestamp::now(),
-    ) {
-        Some(held) => Err(LeaseHeld {
-            node: name.clone(),
-            holder: held.holder,
+            holder: held.holder.clone(),
+            place,
             renewed: held.renewed,
             until: held.until,
+        };
+        match locate(&held.holder, &cfg.holder_identity) {
+            HolderIs::ThisProcess => return Err(refuse("in this process".to_owned()).into()),
+            HolderIs::LiveHere => {
+                let pid = tensile_core::lease::parse_holder(&held.holder).map_or(0, |h| h.pid);
+                return Err(refuse(format!("process {pid} on this host, running")).into());
+            }
+            HolderIs::DeadHere => {
+                tracing::info!(node = %name, holder = %held.holder, renewed = %held.renewed,
+                    "the previous process of this node is gone (same host or pod, its process no longer runs): taking its lease over at once");
+                return Ok(());
+            }
+            HolderIs::Elsewhere => {
+                if waiting_for.as_deref() != Some(held.holder.as_str()) {
+                    tracing::warn!(node = %name, holder = %held.holder, renewed = %held.renewed, until = %held.until,
+                        "the node lease is held by a process on another host or pod (or of another version): waiting until it lapses or is released before starting; if that process still runs, stop it or give this one another --nodename");
+                    waiting_for = Some(held.holder.clone());
+                }
+                let left = Timestamp::now().duration_until(held.until);
+                let pause = Duration::try_from(left)
+                    .unwrap_or(Duration::ZERO)
+                    .min(LEASE_RECHECK)
+                    .max(Duration::from_millis(100));
+                tokio::select! {
+                    () = stop.cancelled() => {
+                        return Err(LeaseCheckError::Stopped { node: name.clone(), holder: held.holder });
+                    }
+                    () = tokio::time::sleep(pause) => {}
+                }
+            }
         }
-        .into()),
-        None => Ok(()),
     }
 }
 
@@ -441,6 +559,42 @@ async fn renew_lease(leases: &Api<Lease>, name: &str, me: &str, node_uid: Option
 mod tests {
     use super::*;
     use serde_json::json;
+
+    /// A pid is a possible holder only while a process of our program has it: this process
+    /// is; another program, a killed and unreaped child (a zombie) or no process is not.
+    #[test]
+    #[allow(clippy::unwrap_used)] // test code
+    fn a_pid_runs_a_possible_holder_only_while_our_program_has_it() {
+        assert_eq!(pid_running(std::process::id()), Some(true));
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        assert_eq!(pid_running(child.id()), Some(false), "another program");
+        child.kill().unwrap();
+        let zombie = || {
+            std::fs::read_to_string(format!("/proc/{}/stat", child.id())).is_ok_and(|s| {
+                s.rsplit_once(')')
+                    .is_some_and(|(_, r)| r.trim_start().starts_with('Z'))
+            })
+        };
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while !zombie() {
+            assert!(std::time::Instant::now() < deadline, "the child never died");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert_eq!(pid_running(child.id()), Some(false), "a zombie");
+        child.wait().unwrap();
+        assert_eq!(pid_running(child.id()), Some(false), "gone");
+        let me = holder_identity("vk");
+        let again = holder_identity("vk");
+        assert_ne!(me, again);
+        assert_eq!(
+            locate(&again, &me),
+            tensile_core::lease::HolderIs::ThisProcess,
+            "{me} {again}"
+        );
+    }
 
     #[test]
     fn a_relist_drops_lower_nodes_and_pods_deleted_while_the_watch_was_down() {

@@ -90,12 +90,49 @@ async fn one_leads_the_other_takes_over_when_it_stops_renewing() {
     b_hold.await.unwrap().unwrap();
     assert_eq!(holder(&client).await, None);
     let started = Instant::now();
-    candidate(&client, "c").acquire(&never).await.unwrap();
+    let c = candidate(&client, "c").acquire(&never).await.unwrap();
     assert!(
         started.elapsed() < Duration::from_secs(1),
         "{:?}",
         started.elapsed()
     );
+    drop(c);
+
+    // A process whose container restarted in its pod finds the lease of its predecessor (same
+    // pod, another process), renewed just now for a minute: it takes it over at once, while
+    // a candidate of another pod would wait the minute out (issue 29, item 1).
+    let leases = Api::<Lease>::namespaced(client.clone(), "kube-system");
+    let mut lease = leases.get("test-election").await.unwrap();
+    let renewed = k8s_openapi::jiff::Timestamp::now();
+    let spec = lease.spec.get_or_insert_default();
+    spec.holder_identity = Some("vk_vk-7f9c-abcde.ns_pod_1_bbbbbb".into());
+    spec.renew_time = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime(
+        renewed,
+    ));
+    spec.lease_duration_seconds = Some(60);
+    leases
+        .replace("test-election", &PostParams::default(), &lease)
+        .await
+        .unwrap();
+    let other_pod = tokio::spawn({
+        let other = candidate(&client, "vk_vk-7f9c-fghij.ns_pod_1_cccccc");
+        let never = never.clone();
+        async move { other.acquire(&never).await }
+    });
+    let restarted = "vk_vk-7f9c-abcde.ns_pod_1_aaaaaa";
+    tokio::time::timeout(
+        Duration::from_secs(30),
+        candidate(&client, restarted).acquire(&never),
+    )
+    .await
+    .expect("the restarted process takes its predecessor's lease over, not after 60 s")
+    .unwrap();
+    assert_eq!(holder(&client).await.as_deref(), Some(restarted));
+    assert!(
+        !other_pod.is_finished(),
+        "the other pod's candidate led too"
+    );
+    other_pod.abort();
 }
 
 #[tokio::test]

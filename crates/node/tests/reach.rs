@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{NodeOptions, eventually, phase, pod, start, try_spawn};
+use common::{NodeOptions, clusters, eventually, phase, pod, start, try_spawn};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Endpoints, Event, Node, Pod, Service};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
@@ -12,6 +12,7 @@ use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::api::{Api, ListParams, LogParams, PostParams};
 use serde_json::json;
 use tensile_node::clients::{ApiCalls, KubeconfigSource, build_client};
+use tensile_node::node::holder_identity;
 
 fn reachable_condition(n: &Node) -> Option<(String, String)> {
     n.status
@@ -226,17 +227,23 @@ async fn a_lower_cluster_with_another_ca_is_named_a_certificate_error() {
     );
 }
 
-/// A second virtual node with the same name refuses to start while the first renews the
-/// node's lease (it would overwrite the first one's kubelet endpoint); once the first stops
-/// (releasing the lease), or when the lease has expired, a new one starts.
+/// A second virtual node with the same name refuses to start while the first, a live process
+/// on this host (here: this very process), renews the node's lease (it would overwrite the
+/// first one's kubelet endpoint); once the first stops (releasing the lease), or when the lease
+/// has expired, a new one starts. A fresh lease of a process on another host is waited out,
+/// not refused: the node starts once it lapses (issue 29, item 1).
 #[tokio::test]
 async fn a_second_process_for_the_same_node_refuses_to_start_while_the_lease_is_held() {
-    let (env, first) = start().await;
+    let env = clusters().await;
+    let first_holder = holder_identity("vk-lower");
+    let mut first = NodeOptions::new("vk-lower");
+    first.holder = Some(first_holder.clone());
+    let first = try_spawn(&env, first).await.unwrap().stop;
     let upper = &env.clusters[0].client;
     let leases: Api<Lease> = Api::namespaced(upper.clone(), "kube-node-lease");
     let holder = |l: &Lease| l.spec.as_ref().and_then(|s| s.holder_identity.clone());
     eventually(30, "the first node holds its lease", || async {
-        (holder(&leases.get_opt("vk-lower").await.ok()??)? == "vk-lower_test").then_some(())
+        (holder(&leases.get_opt("vk-lower").await.ok()??)? == first_holder).then_some(())
     })
     .await;
     let nodes: Api<Node> = Api::all(upper.clone());
@@ -250,13 +257,13 @@ async fn a_second_process_for_the_same_node_refuses_to_start_while_the_lease_is_
     let before = port(&nodes.get("vk-lower").await.unwrap());
 
     let mut second = NodeOptions::new("vk-lower");
-    second.holder = Some("vk-lower_elsewhere".into());
+    second.holder = Some(holder_identity("vk-lower"));
     let refused = match try_spawn(&env, second).await {
         Ok(_) => panic!("a second process for vk-lower started"),
         Err(e) => e.to_string(),
     };
     assert!(
-        refused.contains("already run by another process") && refused.contains("vk-lower_test"),
+        refused.contains("already run by another process") && refused.contains(&first_holder),
         "{refused}"
     );
     assert_eq!(
@@ -299,4 +306,30 @@ async fn a_second_process_for_the_same_node_refuses_to_start_while_the_lease_is_
     })
     .await;
     taker.stop.cancel();
+
+    // A process on another host renewed its lease just now and then stopped renewing (its
+    // host is cut off, say): this one cannot tell whether it still runs, so it waits, and
+    // starts (no error) once the lease has lapsed.
+    let renewed = Timestamp::now();
+    let until = renewed + SignedDuration::from_secs(3);
+    let away: Lease = serde_json::from_value(json!({
+        "metadata": {"name": "vk-away", "namespace": "kube-node-lease"},
+        "spec": {"holderIdentity": "vk-away_otherhost_pod_1_abcdef", "leaseDurationSeconds": 3,
+            "renewTime": MicroTime(renewed)}
+    }))
+    .unwrap();
+    leases.create(&PostParams::default(), &away).await.unwrap();
+    let waiter_holder = holder_identity("vk-away");
+    let mut waiter = NodeOptions::new("vk-away");
+    waiter.holder = Some(waiter_holder.clone());
+    let waiter = try_spawn(&env, waiter).await.unwrap();
+    assert!(
+        Timestamp::now() >= until,
+        "started before the other host's lease lapsed at {until}"
+    );
+    eventually(30, "the lapsed lease taken over", || async {
+        (holder(&leases.get_opt("vk-away").await.ok()??)? == waiter_holder).then_some(())
+    })
+    .await;
+    waiter.stop.cancel();
 }
