@@ -679,6 +679,9 @@ async fn sync_existing(
         }
     }
     if let Some(ephemeral) = &update.ephemeral_containers {
+        // A container added with `kubectl debug` gets its environment events too (the
+        // library's since v1.6); those of the pod's own containers were sent already.
+        send_env_events(ctx, u, &ns, &name).await;
         let ephemeral = match ephemeral_dependencies(ctx, &ns, l, ephemeral).await {
             Ok(e) => e,
             Err(e) => {
@@ -873,7 +876,8 @@ async fn create_lower_steps(ctx: &Ctx, u: &Pod) -> Result<(), SyncError> {
 }
 
 /// Sends the virtual-kubelet library's environment events for the upper pod (what its env and
-/// envFrom name that the upper cluster lacks), once per change of what they say.
+/// envFrom name that the upper cluster lacks): each one once while it holds, whatever the
+/// retries (an event that stopped holding and holds again is sent again).
 async fn send_env_events(ctx: &Ctx, u: &Pod, ns: &str, name: &str) {
     let Some(spec) = u.spec.as_ref() else { return };
     let (config_maps, secrets) = env_references(spec);
@@ -904,7 +908,8 @@ async fn send_env_events(ctx: &Ctx, u: &Pod, ns: &str, name: &str) {
     }
     let events = env_events(spec, ns, &upstairs);
     let uid = u.metadata.uid.clone().unwrap_or_default();
-    {
+    // Only the events the last attempt for this pod did not send.
+    let new: Vec<EnvEvent> = {
         let Ok(mut sent) = ctx.env_sent.lock() else {
             return;
         };
@@ -913,12 +918,19 @@ async fn send_env_events(ctx: &Ctx, u: &Pod, ns: &str, name: &str) {
             sent.remove(&key);
             return;
         }
-        if sent.get(&key) == Some(&(uid.clone(), events.clone())) {
-            return;
-        }
-        sent.insert(key, (uid, events.clone()));
-    }
-    for e in events {
+        let before: &[EnvEvent] = match sent.get(&key) {
+            Some((sent_uid, before)) if *sent_uid == uid => before,
+            _ => &[],
+        };
+        let new = events
+            .iter()
+            .filter(|e| !before.contains(e))
+            .cloned()
+            .collect();
+        sent.insert(key, (uid, events));
+        new
+    };
+    for e in new {
         ctx.event(u, true, e.reason, e.message);
     }
 }

@@ -1767,6 +1767,36 @@ async fn environment_references_missing_upstairs_get_the_virtual_kubelet_events(
         (phase(&upper_pods, "optional").await? == "Running").then_some(())
     })
     .await;
+    // A debug container added later is checked too, and only its event is new.
+    upper_pods
+        .patch_subresource(
+            "ephemeralcontainers",
+            "optional",
+            &PatchParams::default(),
+            &Patch::Strategic(json!({"spec": {"ephemeralContainers": [{
+                "name": "dbg", "image": "busybox:1.36", "targetContainerName": "c",
+                "command": ["sh", "-c", "sleep 100000"],
+                "env": [{"name": "E", "valueFrom": {"secretKeyRef":
+                    {"name": "no-eph", "key": "k", "optional": true}}}]}]}})),
+        )
+        .await
+        .unwrap();
+    let e = eventually(
+        30,
+        "OptionalSecretNotFound for the debug container",
+        || async {
+            let list = events.list(&ListParams::default()).await.ok()?;
+            list.items.into_iter().find(|e| {
+                e.involved_object.name.as_deref() == Some("optional")
+                    && e.message.as_deref()
+                        == Some(r#"skipping optional envvar "E": secret "no-eph" not found"#)
+            })
+        },
+    )
+    .await;
+    assert_eq!(e.reason.as_deref(), Some("OptionalSecretNotFound"));
+    let again = find("optional", "OptionalConfigMapNotFound").await.unwrap();
+    assert_eq!(again.count, Some(1), "sent once: {again:?}");
     // The creation is retried while the Secret is missing; the library's event is not.
     eventually(60, "ProviderCreateFailed on mandatory, retried", || async {
         let e = find("mandatory", "ProviderCreateFailed").await?;
