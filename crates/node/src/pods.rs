@@ -35,7 +35,10 @@ use tensile_core::keys::{
 use tensile_core::plan::{
     Existing, LowerKind, Step, creation_plan, on_existing, pod_creation_plan,
 };
-use tensile_core::status::{may_coalesce, not_offloaded_conditions, unreachable_conditions};
+use tensile_core::status::{
+    may_coalesce, not_offloaded_conditions, provider_failed_patch, status_merge_patch,
+    unreachable_conditions,
+};
 use tensile_core::sync::{PodStep, pod_step};
 use tensile_core::translate::{TranslateConfig, lower_pod};
 use tensile_core::update::PodUpdate;
@@ -486,12 +489,13 @@ impl Ctx {
             return Ok(());
         };
         let (ns, name) = key_of(pod).ok_or_else(|| SyncError("pod without name".into()))?;
+        let patch = if reason == REASON_PROVIDER_FAILED {
+            provider_failed_patch(&conditions, message)
+        } else {
+            json!({"status": {"conditions": conditions}})
+        };
         self.upper_api(&ns)
-            .patch_status(
-                &name,
-                &PatchParams::default(),
-                &Patch::Merge(json!({"status": {"conditions": conditions}})),
-            )
+            .patch_status(&name, &PatchParams::default(), &Patch::Merge(patch))
             .await
             .map_err(|e| err("updating the upper pod status", e))?;
         Ok(())
@@ -718,7 +722,7 @@ async fn sync_existing(
             .patch_status(
                 &name,
                 &PatchParams::default(),
-                &Patch::Merge(json!({"status": status})),
+                &Patch::Merge(status_merge_patch(u, &status)),
             )
             .await;
         ctx.metrics.observe("upper_status", t0.elapsed());

@@ -1805,9 +1805,16 @@ async fn environment_references_missing_upstairs_get_the_virtual_kubelet_events(
     .await;
     let once = find("mandatory", "MandatorySecretNotFound").await.unwrap();
     assert_eq!(once.count, Some(1), "{once:?}");
-    assert_ne!(
-        phase(&upper_pods, "mandatory").await.as_deref(),
-        Some("Running")
+    // As the library showed it: Pending, `ProviderFailed` in `kubectl get`'s STATUS column.
+    let waiting = upper_pods.get("mandatory").await.unwrap().status.unwrap();
+    assert_eq!(waiting.phase.as_deref(), Some("Pending"));
+    assert_eq!(waiting.reason.as_deref(), Some("ProviderFailed"));
+    assert!(
+        waiting
+            .message
+            .as_deref()
+            .is_some_and(|m| m.contains("later")),
+        "{waiting:?}"
     );
     let secret: Secret =
         serde_json::from_value(json!({"metadata": {"name": "later"}, "stringData": {"k": "v"}}))
@@ -1820,5 +1827,11 @@ async fn environment_references_missing_upstairs_get_the_virtual_kubelet_events(
         (phase(&upper_pods, "mandatory").await? == "Running").then_some(())
     })
     .await;
+    let running = eventually(30, "ProviderFailed gone from the status", || async {
+        let s = upper_pods.get("mandatory").await.ok()?.status?;
+        s.reason.is_none().then_some(s)
+    })
+    .await;
+    assert_eq!(running.message, None);
     stop.cancel();
 }
