@@ -29,6 +29,7 @@ pub mod certs;
 pub mod cluster_selector;
 pub mod deps;
 pub mod deschedule;
+pub mod env_events;
 pub mod events;
 pub mod extender;
 pub mod fit;

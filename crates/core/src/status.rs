@@ -313,9 +313,73 @@ fn terminate_unknown(cs: &mut ContainerStatus, now: &Time) {
     cs.started = Some(false);
 }
 
+/// The `status` and `message` the upper pod shows while its lower pod cannot be created, as the
+/// virtual-kubelet library set them: `kubectl get pod` shows `ProviderFailed` in its STATUS
+/// column, and `describe` the error. The lower pod's status, once there is one, replaces them
+/// ([`status_merge_patch`]).
+pub fn provider_failed_patch(conditions: &[PodCondition], message: &str) -> serde_json::Value {
+    serde_json::json!({"status": {
+        "conditions": conditions,
+        "reason": crate::keys::REASON_PROVIDER_FAILED,
+        "message": message,
+    }})
+}
+
+/// The merge patch that makes the upper pod's status `status`: a `reason` or `message` the
+/// upper pod has and `status` has not is removed (a merge patch leaves out what it does not
+/// name, so `ProviderFailed` would outlive the failure and every sync would write again).
+pub fn status_merge_patch(upper: &Pod, status: &PodStatus) -> serde_json::Value {
+    let mut patch = serde_json::json!({ "status": status });
+    let current = upper.status.as_ref();
+    for (field, now, before) in [
+        (
+            "reason",
+            &status.reason,
+            current.and_then(|c| c.reason.as_ref()),
+        ),
+        (
+            "message",
+            &status.message,
+            current.and_then(|c| c.message.as_ref()),
+        ),
+    ] {
+        if now.is_none() && before.is_some() {
+            patch["status"][field] = serde_json::Value::Null;
+        }
+    }
+    patch
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn provider_failed_shows_in_the_status_until_the_lower_status_replaces_it() {
+        let failing = provider_failed_patch(&[], "secret default/s not found");
+        assert_eq!(failing["status"]["reason"], "ProviderFailed");
+        assert_eq!(failing["status"]["message"], "secret default/s not found");
+        let upper: Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "p"},
+            "status": {"phase": "Pending", "reason": "ProviderFailed", "message": "m"}
+        }))
+        .unwrap();
+        let running = PodStatus {
+            phase: Some("Running".into()),
+            ..PodStatus::default()
+        };
+        let patch = status_merge_patch(&upper, &running);
+        assert_eq!(patch["status"]["phase"], "Running");
+        assert!(patch["status"]["reason"].is_null() && patch["status"].get("reason").is_some());
+        assert!(
+            patch["status"]
+                .get("message")
+                .is_some_and(serde_json::Value::is_null)
+        );
+        // Nothing to remove: nothing named beyond the status.
+        let patch = status_merge_patch(&Pod::default(), &running);
+        assert_eq!(patch, serde_json::json!({"status": {"phase": "Running"}}));
+    }
     use crate::translate::tests::{bound_pod, pod};
     use crate::translate::{TranslateConfig, lower_pod};
     use pretty_assertions::assert_eq;

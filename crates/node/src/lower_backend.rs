@@ -236,18 +236,6 @@ impl LowerBackend {
             Err(e) => ExitStatus::Error(format!("{context}: {e}")),
         }
     }
-
-    fn empty_summary(&self) -> Summary {
-        Summary {
-            node: NodeStats {
-                node_name: self.node_name.clone(),
-                start_time: Some(self.started.clone()),
-                cpu: None,
-                memory: None,
-            },
-            pods: Vec::new(),
-        }
-    }
 }
 
 /// A Kubernetes object name (DNS subdomain: lower-case alphanumerics, `-` and `.`, starting and
@@ -440,7 +428,21 @@ struct PodFacts {
     #[serde(default)]
     metadata: FactsMeta,
     #[serde(default)]
+    spec: FactsSpec,
+    #[serde(default)]
     status: FactsStatus,
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+struct FactsSpec {
+    #[serde(default)]
+    containers: Vec<FactsContainer>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+struct FactsContainer {
+    #[serde(default)]
+    name: String,
 }
 
 #[derive(Clone, Debug, Default, Deserialize)]
@@ -452,6 +454,8 @@ struct FactsMeta {
 #[derive(Clone, Debug, Default, Deserialize)]
 #[serde(rename_all = "camelCase")]
 struct FactsStatus {
+    #[serde(default)]
+    phase: Option<String>,
     #[serde(default)]
     start_time: Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::Time>,
 }
@@ -467,10 +471,35 @@ impl PodFacts {
                     .and_then(|a| a.get(ANNOTATION_UPPER_UID))
                     .map(|uid| BTreeMap::from([(ANNOTATION_UPPER_UID.to_owned(), uid.clone())])),
             },
+            spec: FactsSpec {
+                containers: p
+                    .spec
+                    .iter()
+                    .flat_map(|s| &s.containers)
+                    .map(|c| FactsContainer {
+                        name: c.name.clone(),
+                    })
+                    .collect(),
+            },
             status: FactsStatus {
+                phase: p.status.as_ref().and_then(|s| s.phase.clone()),
                 start_time: p.status.as_ref().and_then(|s| s.start_time.clone()),
             },
         }
+    }
+
+    /// The pod runs downstairs: a kubelet lists it in its stats.
+    fn runs(&self) -> bool {
+        self.status.phase.as_deref() == Some("Running")
+    }
+
+    /// The pod's (app) containers, in order.
+    fn container_names(&self) -> Vec<String> {
+        self.spec
+            .containers
+            .iter()
+            .map(|c| c.name.clone())
+            .collect()
     }
 
     fn upper_uid(&self) -> Option<&str> {
@@ -569,22 +598,37 @@ impl KubeletBackend for LowerBackend {
         let metrics = match self.pod_metrics(&selector).await {
             Ok(list) => list.items,
             Err(e) if no_metrics_api(&e) => {
-                // A lower cluster without metrics-server: `kubectl top` shows nothing for the
-                // virtual node's pods, but the node keeps serving stats (and metrics-server
-                // upstairs keeps scraping it) instead of failing.
+                // A lower cluster without metrics-server: `kubectl top` shows no usage for the
+                // virtual node's pods, but the node keeps serving stats (its pods, with no
+                // usage) instead of failing.
                 tracing::debug!(error = %e, "the lower cluster serves no metrics API");
-                return Ok(self.empty_summary());
+                Vec::new()
             }
             Err(e) => {
                 let context = format!("listing pod metrics ({selector}) in the lower cluster");
                 return Err(self.reach.error(&context, &e));
             }
         };
-        // What a pod's stats need from the lower pod: from the cache one pod at a time, only
-        // the pods that have metrics; before the cache has listed once, one LIST.
-        let listed: Option<HashMap<(String, String), PodFacts>> =
+        let mut metrics: HashMap<(String, String), PodMetricsItem> = metrics
+            .into_iter()
+            .filter_map(|m| {
+                let key = (m.metadata.namespace.clone()?, m.metadata.name.clone()?);
+                Some((key, m))
+            })
+            .collect();
+        // Every pod of ours that runs downstairs is listed at once, as a kubelet lists its
+        // running pods (the lower metrics come 10 s or more after a start), and every pod that
+        // has metrics: from the cache one pod at a time; before it has listed once, one LIST.
+        let lower: Vec<((String, String), PodFacts)> =
             match self.lower_pods.as_ref().filter(|c| c.is_ready()) {
-                Some(_) => None,
+                Some(cache) => cache
+                    .keys()
+                    .into_iter()
+                    .filter_map(|(namespace, name)| {
+                        let facts = cache.get_as::<PodFacts>(&namespace, &name)?;
+                        Some(((namespace, name), facts))
+                    })
+                    .collect(),
                 None => {
                     let pods_api: Api<Pod> = Api::all(self.lower.clone());
                     let list = pods_api
@@ -596,24 +640,25 @@ impl KubeletBackend for LowerBackend {
                                 api_error(&e)
                             ))
                         })?;
-                    Some(
-                        list.items
-                            .into_iter()
-                            .filter_map(|p| {
-                                let facts = PodFacts::of(&p);
-                                Some(((p.metadata.namespace?, p.metadata.name?), facts))
-                            })
-                            .collect(),
-                    )
+                    list.items
+                        .into_iter()
+                        .filter_map(|p| {
+                            let facts = PodFacts::of(&p);
+                            Some(((p.metadata.namespace?, p.metadata.name?), facts))
+                        })
+                        .collect()
                 }
             };
-        let lower_facts = |namespace: &str, name: &str| match (&listed, &self.lower_pods) {
-            (Some(listed), _) => listed
-                .get(&(namespace.to_owned(), name.to_owned()))
-                .cloned(),
-            (None, Some(cache)) => cache.get_as::<PodFacts>(namespace, name),
-            (None, None) => None,
-        };
+        // The pods listed, each with its metrics when the lower cluster has them. A pod that
+        // is not ours (a metrics API ignoring the selector) is never listed.
+        let mut listed: Vec<((String, String), PodFacts, Option<PodMetricsItem>)> = lower
+            .into_iter()
+            .filter_map(|(key, facts)| {
+                let m = metrics.remove(&key);
+                (facts.runs() || m.is_some()).then_some((key, facts, m))
+            })
+            .collect();
+        listed.sort_by(|a, b| a.0.cmp(&b.0));
         // The upper UIDs by key, built only if a lower pod lacks our UID annotation (pods
         // created by an older version).
         let mut upper_uids: Option<HashMap<(String, String), String>> = None;
@@ -626,18 +671,11 @@ impl KubeletBackend for LowerBackend {
             .map_err(|_| BackendError::new("CPU statistics unavailable"))?;
         let mut live = HashSet::new();
         let (mut node_cpu, mut node_memory) = (0u64, 0u64);
-        let mut pods = Vec::with_capacity(metrics.len());
-        for m in metrics {
-            let (Some(namespace), Some(name)) = (m.metadata.namespace, m.metadata.name) else {
-                continue;
-            };
-            // The pod must still be ours (a metrics API ignoring the selector changes nothing).
-            let Some(lower_pod) = lower_facts(&namespace, &name) else {
-                continue;
-            };
+        let mut pods = Vec::with_capacity(listed.len());
+        for ((namespace, name), lower_pod, m) in listed {
             let (time, millis) = match m
-                .timestamp
-                .as_deref()
+                .as_ref()
+                .and_then(|m| m.timestamp.as_deref())
                 .and_then(|t| t.parse::<Timestamp>().ok())
             {
                 Some(t) => (rfc3339(t), t.as_millisecond()),
@@ -661,17 +699,29 @@ impl KubeletBackend for LowerBackend {
             };
             let start = lower_pod.status.start_time.as_ref().map(|t| rfc3339(t.0));
             let (mut pod_cpu, mut pod_memory, mut pod_total) = (0u64, 0u64, 0u64);
-            let mut containers = Vec::with_capacity(m.containers.len());
-            for c in &m.containers {
-                let (nano_cores, memory) = usage(c);
-                let counter = format!("{namespace}/{name}/{uid}/{}", c.name);
+            // Every container of the pod, with its usage when the metrics have it (none yet:
+            // zero), then any container only the metrics name.
+            let measured = m.map(|m| m.containers).unwrap_or_default();
+            let mut names = lower_pod.container_names();
+            for c in &measured {
+                if !names.contains(&c.name) {
+                    names.push(c.name.clone());
+                }
+            }
+            let mut containers = Vec::with_capacity(names.len());
+            for c_name in names {
+                let (nano_cores, memory) = measured
+                    .iter()
+                    .find(|c| c.name == c_name)
+                    .map_or((0, 0), usage);
+                let counter = format!("{namespace}/{name}/{uid}/{c_name}");
                 let total = cpu.sample(&counter, nano_cores, millis);
                 live.insert(counter);
                 pod_cpu = pod_cpu.saturating_add(nano_cores);
                 pod_memory = pod_memory.saturating_add(memory);
                 pod_total = pod_total.saturating_add(total);
                 containers.push(ContainerStats {
-                    name: c.name.clone(),
+                    name: c_name,
                     start_time: start.clone(),
                     cpu: Some(CpuStats {
                         time: time.clone(),

@@ -26,6 +26,7 @@ use tensile_core::absent::{Absent, drop_absent};
 use tensile_core::deps::{
     is_owned_by, lower_config_map, lower_pvc, lower_secret, lower_service_account, pod_dependencies,
 };
+use tensile_core::env_events::{EnvEvent, Found, Upstairs, env_events, env_references};
 use tensile_core::keys::{
     ANNOTATION_UPPER_UID, EVENT_PROVIDER_CREATE_FAILED, EVENT_PROVIDER_CREATE_SUCCESS,
     EVENT_PROVIDER_DELETE_SUCCESS, EVENT_PROVIDER_UPDATE_FAILED, EVENT_PROVIDER_UPDATE_SUCCESS,
@@ -34,7 +35,10 @@ use tensile_core::keys::{
 use tensile_core::plan::{
     Existing, LowerKind, Step, creation_plan, on_existing, pod_creation_plan,
 };
-use tensile_core::status::{may_coalesce, not_offloaded_conditions, unreachable_conditions};
+use tensile_core::status::{
+    may_coalesce, not_offloaded_conditions, provider_failed_patch, status_merge_patch,
+    unreachable_conditions,
+};
 use tensile_core::sync::{PodStep, pod_step};
 use tensile_core::translate::{TranslateConfig, lower_pod};
 use tensile_core::update::PodUpdate;
@@ -165,6 +169,10 @@ struct Ctx {
     tokens: Option<IdentitySecrets>,
     /// Whether the lower cluster answers (the node loop's health check).
     reach: LowerReach,
+    /// The environment events last sent for each pod (by upper UID): a retry that finds the
+    /// same sends none, so a pod waiting for a ConfigMap gets one event per change, not one per
+    /// retry. Forgotten with the pod.
+    env_sent: Mutex<HashMap<Key, (String, Vec<EnvEvent>)>>,
 }
 
 /// How long a Pending status may wait upstairs for a newer one (`may_coalesce`): short next
@@ -376,6 +384,7 @@ pub async fn run_with_store(
         queue: queue.clone(),
         tokens,
         reach: reach.clone(),
+        env_sent: Mutex::default(),
     });
     // Every pod's Ready follows the lower cluster's reachability.
     {
@@ -480,12 +489,13 @@ impl Ctx {
             return Ok(());
         };
         let (ns, name) = key_of(pod).ok_or_else(|| SyncError("pod without name".into()))?;
+        let patch = if reason == REASON_PROVIDER_FAILED {
+            provider_failed_patch(&conditions, message)
+        } else {
+            json!({"status": {"conditions": conditions}})
+        };
         self.upper_api(&ns)
-            .patch_status(
-                &name,
-                &PatchParams::default(),
-                &Patch::Merge(json!({"status": {"conditions": conditions}})),
-            )
+            .patch_status(&name, &PatchParams::default(), &Patch::Merge(patch))
             .await
             .map_err(|e| err("updating the upper pod status", e))?;
         Ok(())
@@ -525,6 +535,11 @@ async fn reconcile_pod(ctx: &Ctx, key: &Key) -> Result<(), SyncError> {
     .map_err(|e| SyncError(e.to_string()))?;
     if !matches!(&step, PodStep::Sync { status: Some(s), .. } if may_coalesce(s)) {
         ctx.release_status(key);
+    }
+    if upper.is_none()
+        && let Ok(mut sent) = ctx.env_sent.lock()
+    {
+        sent.remove(key);
     }
     // Each step that needs a pod has it: `pod_step` only returns them when it is there.
     let (Some(u), l) = (upper.as_ref(), lower.as_ref()) else {
@@ -668,6 +683,9 @@ async fn sync_existing(
         }
     }
     if let Some(ephemeral) = &update.ephemeral_containers {
+        // A container added with `kubectl debug` gets its environment events too (the
+        // library's since v1.6); those of the pod's own containers were sent already.
+        send_env_events(ctx, u, &ns, &name).await;
         let ephemeral = match ephemeral_dependencies(ctx, &ns, l, ephemeral).await {
             Ok(e) => e,
             Err(e) => {
@@ -704,7 +722,7 @@ async fn sync_existing(
             .patch_status(
                 &name,
                 &PatchParams::default(),
-                &Patch::Merge(json!({"status": status})),
+                &Patch::Merge(status_merge_patch(u, &status)),
             )
             .await;
         ctx.metrics.observe("upper_status", t0.elapsed());
@@ -780,6 +798,7 @@ async fn create_lower(ctx: &Ctx, u: &Pod) -> Result<(), SyncError> {
 
 async fn create_lower_steps(ctx: &Ctx, u: &Pod) -> Result<(), SyncError> {
     let (ns, name) = key_of(u).ok_or_else(|| SyncError("pod without name".into()))?;
+    send_env_events(ctx, u, &ns, &name).await;
     let owner = ctx.cfg.translate.owner.clone();
     let deps = pod_dependencies(u);
     let plan = pod_creation_plan(u, &deps).ok_or_else(|| SyncError("pod without name".into()))?;
@@ -858,6 +877,66 @@ async fn create_lower_steps(ctx: &Ctx, u: &Pod) -> Result<(), SyncError> {
         }
     }
     Ok(())
+}
+
+/// Sends the virtual-kubelet library's environment events for the upper pod (what its env and
+/// envFrom name that the upper cluster lacks): each one once while it holds, whatever the
+/// retries (an event that stopped holding and holds again is sent again).
+async fn send_env_events(ctx: &Ctx, u: &Pod, ns: &str, name: &str) {
+    let Some(spec) = u.spec.as_ref() else { return };
+    let (config_maps, secrets) = env_references(spec);
+    let found = |read: Result<Option<BTreeSet<String>>, kube::Error>| match read {
+        Ok(Some(keys)) => Found::Keys(keys),
+        Ok(None) => Found::NotFound,
+        Err(_) => Found::Unreadable,
+    };
+    let mut upstairs = Upstairs::default();
+    let upper = &ctx.cfg.upper;
+    for cm in config_maps {
+        let read = ctx
+            .upper_objects
+            .config_maps
+            .get_or_fetch(&Api::namespaced(upper.clone(), ns), ns, &cm)
+            .await
+            .map(|o| o.map(|o| o.data.unwrap_or_default().into_keys().collect()));
+        upstairs.config_maps.insert(cm, found(read));
+    }
+    for secret in secrets {
+        let read = ctx
+            .upper_objects
+            .secrets
+            .get_or_fetch(&Api::namespaced(upper.clone(), ns), ns, &secret)
+            .await
+            .map(|o| o.map(|o| o.data.unwrap_or_default().into_keys().collect()));
+        upstairs.secrets.insert(secret, found(read));
+    }
+    let events = env_events(spec, ns, &upstairs);
+    let uid = u.metadata.uid.clone().unwrap_or_default();
+    // Only the events the last attempt for this pod did not send.
+    let new: Vec<EnvEvent> = {
+        let Ok(mut sent) = ctx.env_sent.lock() else {
+            return;
+        };
+        let key = (ns.to_owned(), name.to_owned());
+        if events.is_empty() {
+            sent.remove(&key);
+            return;
+        }
+        let before: &[EnvEvent] = match sent.get(&key) {
+            Some((sent_uid, before)) if *sent_uid == uid => before,
+            _ => &[],
+        };
+        let new = events
+            .iter()
+            .filter(|e| !before.contains(e))
+            .cloned()
+            .collect();
+        sent.insert(key, (uid, events));
+        new
+    };
+    for e in new {
+        ctx.event(u, true, e.reason, e.message);
+    }
 }
 
 /// Makes our copy of the ConfigMap, Secret or claim of `step` exist in the lower cluster, or

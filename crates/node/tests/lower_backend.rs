@@ -502,11 +502,16 @@ async fn stats_cover_only_our_pods_with_upper_identity_and_pods_come_from_the_pr
     assert_eq!(pods[0].metadata.name.as_deref(), Some(OURS));
     assert_eq!(pods[0].metadata.uid.as_deref(), Some(UPPER_UID));
 
-    // The lower metrics API scrapes the simulated kubelets; wait for our pod to show up.
+    // Our running pod is listed at once; the lower metrics API scrapes the simulated
+    // kubelets: wait for its usage.
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     let summary = loop {
         let s = backend.stats().await.unwrap();
-        if !s.pods.is_empty() {
+        assert_eq!(s.pods.len(), 1, "only ours, at once: {:?}", s.pods);
+        let used = |p: &tensile_kubelet::stats::PodStats| {
+            p.cpu.as_ref().and_then(|c| c.usage_nano_cores) > Some(0)
+        };
+        if s.pods.iter().any(used) {
             break s;
         }
         assert!(
@@ -553,9 +558,9 @@ async fn stats_cover_only_our_pods_with_upper_identity_and_pods_come_from_the_pr
     );
 }
 
-/// An API server that knows nothing: every request is a 404 `Status` (a cluster without
-/// metrics-server serves no `metrics.k8s.io`).
-async fn empty_apiserver() -> String {
+/// An API server without metrics-server: `metrics.k8s.io` (every path but the pod list) is a
+/// 404 `Status`; the pod list is `pods`.
+async fn empty_apiserver(pods: serde_json::Value) -> String {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move {
@@ -563,6 +568,7 @@ async fn empty_apiserver() -> String {
             let Ok((mut tcp, _)) = listener.accept().await else {
                 return;
             };
+            let pods = pods.clone();
             tokio::spawn(async move {
                 let mut head = Vec::new();
                 let mut buf = [0u8; 1024];
@@ -572,12 +578,18 @@ async fn empty_apiserver() -> String {
                         Ok(n) => head.extend_from_slice(&buf[..n]),
                     }
                 }
-                let body = json!({"kind": "Status", "apiVersion": "v1", "metadata": {},
-                    "status": "Failure", "message": "the server could not find the requested resource",
-                    "reason": "NotFound", "code": 404})
-                .to_string();
+                let (status, body) = if head.starts_with(b"GET /api/v1/pods?") {
+                    let list = json!({"kind": "PodList", "apiVersion": "v1",
+                        "metadata": {"resourceVersion": "1"}, "items": pods});
+                    ("200 OK", list.to_string())
+                } else {
+                    let status = json!({"kind": "Status", "apiVersion": "v1", "metadata": {},
+                        "status": "Failure", "message": "the server could not find the requested resource",
+                        "reason": "NotFound", "code": 404});
+                    ("404 Not Found", status.to_string())
+                };
                 let response = format!(
-                    "HTTP/1.1 404 Not Found\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                    "HTTP/1.1 {status}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
                     body.len()
                 );
                 let _ = tcp.write_all(response.as_bytes()).await;
@@ -588,15 +600,113 @@ async fn empty_apiserver() -> String {
     format!("http://{addr}")
 }
 
+/// Issue 28 item 2: without metrics, the running pods are still listed, every container with
+/// zero usage (a pod not running yet is not).
 #[tokio::test]
-async fn a_lower_cluster_without_metrics_gives_an_empty_summary() {
-    let url = empty_apiserver().await;
+async fn a_lower_cluster_without_metrics_lists_the_running_pods_with_no_usage() {
+    let mut running = serde_json::to_value(lower_pod(OURS, true)).unwrap();
+    running["spec"]["containers"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"name": "side", "image": "busybox"}));
+    running["status"] = json!({"phase": "Running"});
+    let mut pending = serde_json::to_value(lower_pod("later", true)).unwrap();
+    pending["status"] = json!({"phase": "Pending"});
+    let url = empty_apiserver(json!([running, pending])).await;
     let client = kube::Client::try_from(kube::Config::new(url.parse().unwrap())).unwrap();
     let backend = LowerBackend::new(client, "vk-1".into(), Vec::new);
     let s = backend.stats().await.unwrap();
     assert_eq!(s.node.node_name, "vk-1");
-    assert!(s.pods.is_empty());
-    assert!(s.node.cpu.is_none() && s.node.memory.is_none());
+    assert_eq!(s.pods.len(), 1, "{:?}", s.pods);
+    let p = &s.pods[0];
+    assert_eq!(
+        (p.pod_ref.name.as_str(), p.pod_ref.uid.as_str()),
+        (OURS, UPPER_UID)
+    );
+    let names: Vec<&str> = p.containers.iter().map(|c| c.name.as_str()).collect();
+    assert_eq!(names, ["main", "side"]);
+    for c in &p.containers {
+        assert_eq!(c.cpu.as_ref().and_then(|c| c.usage_nano_cores), Some(0));
+        assert_eq!(c.memory.as_ref().and_then(|m| m.working_set_bytes), Some(0));
+    }
+    assert_eq!(
+        s.node.cpu.as_ref().and_then(|c| c.usage_nano_cores),
+        Some(0)
+    );
+}
+
+/// Issue 28 item 2, on a lower cluster: a pod that has just started is in `/stats/summary` and
+/// `/metrics/resource` of the kubelet port at once, with every container, before the lower
+/// metrics API has any usage for it (the first scrape is cached: the simulator's for 5 s,
+/// metrics-server's until its next round).
+#[tokio::test]
+async fn a_pod_is_in_the_kubelet_stats_as_soon_as_it_runs_with_every_container() {
+    let (env, backend) = setup().await;
+    let server = KubeletServer::start(
+        KubeletServerConfig {
+            listen: "127.0.0.1:0".parse().unwrap(),
+            cert: ServingCert::SelfSigned {
+                sans: vec!["127.0.0.1".into()],
+            },
+            client_ca_pem: None,
+            auth: Auth::Disabled,
+            streaming: StreamingConfig::default(),
+        },
+        Arc::new(backend),
+    )
+    .await
+    .unwrap();
+    let mut config = kube::Config::new(
+        format!("https://{}", server.addr())
+            .parse::<http::Uri>()
+            .unwrap(),
+    );
+    config.accept_invalid_certs = true;
+    let client = kube::Client::try_from(config).unwrap();
+    let get = |path: &str| http::Request::get(path).body(Vec::new()).unwrap();
+    let summary = || async {
+        let text = client.request_text(get("/stats/summary")).await.unwrap();
+        serde_json::from_str::<serde_json::Value>(&text).unwrap()
+    };
+    // A first scrape, before the new pod exists.
+    summary().await;
+    let api: Api<Pod> = Api::namespaced(env.clusters[0].client.clone(), NS);
+    let mut two = serde_json::to_value(lower_pod("two", true)).unwrap();
+    two["spec"]["containers"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"name": "side", "image": "busybox", "command": ["sh", "-c", "sleep 100000"]}));
+    api.create(
+        &PostParams::default(),
+        &serde_json::from_value(two).unwrap(),
+    )
+    .await
+    .unwrap();
+    wait_running(&api, "two").await;
+    let s = summary().await;
+    let pod = s["pods"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["podRef"]["name"] == "two")
+        .unwrap_or_else(|| panic!("two is not listed: {s}"))
+        .clone();
+    let names: Vec<&str> = pod["containers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|c| c["name"].as_str())
+        .collect();
+    assert_eq!(names, ["main", "side"], "{pod}");
+    assert!(pod["cpu"]["usageNanoCores"].is_u64(), "{pod}");
+    let resource = client.request_text(get("/metrics/resource")).await.unwrap();
+    for series in [
+        "pod_cpu_usage_seconds_total{namespace=\"default\",pod=\"two\"}",
+        "container_cpu_usage_seconds_total{container=\"main\",namespace=\"default\",pod=\"two\"}",
+        "container_memory_working_set_bytes{container=\"side\",namespace=\"default\",pod=\"two\"}",
+    ] {
+        assert!(resource.contains(series), "{series} in\n{resource}");
+    }
 }
 
 #[tokio::test]

@@ -1678,3 +1678,160 @@ async fn lower_objects_that_are_not_ours_never_reach_an_offloaded_pod() {
     );
     stop.cancel();
 }
+
+/// Issue 28 item 1: the virtual-kubelet library's environment events. A pod whose optional
+/// references miss upstairs runs and gets the Optional... events; one with a mandatory
+/// reference to a missing Secret waits with `MandatorySecretNotFound` (one event, however often
+/// the creation is retried, next to our `ProviderCreateFailed`) and runs once it appears.
+#[tokio::test]
+async fn environment_references_missing_upstairs_get_the_virtual_kubelet_events() {
+    use k8s_openapi::api::core::v1::{ConfigMap, Event, Secret};
+    let (env, stop) = start().await;
+    let upper = &env.clusters[0].client;
+    let pp = PostParams::default();
+    let upper_pods: Api<Pod> = Api::namespaced(upper.clone(), "default");
+    let cm: ConfigMap = serde_json::from_value(
+        json!({"metadata": {"name": "cm"}, "data": {"here": "v", "1bad": "x"}}),
+    )
+    .unwrap();
+    Api::<ConfigMap>::namespaced(upper.clone(), "default")
+        .create(&pp, &cm)
+        .await
+        .unwrap();
+    let container = |env: serde_json::Value, env_from: serde_json::Value| {
+        json!({"spec": {"containers": [{"name": "c", "image": "nginx:1.27",
+            "env": env, "envFrom": env_from}]}})
+    };
+    let optional = container(
+        json!([
+            {"name": "A", "valueFrom": {"configMapKeyRef": {"name": "no-cm", "key": "k", "optional": true}}},
+            {"name": "B", "valueFrom": {"configMapKeyRef": {"name": "cm", "key": "gone", "optional": true}}},
+        ]),
+        json!([{"secretRef": {"name": "no-secret", "optional": true}}, {"configMapRef": {"name": "cm"}}]),
+    );
+    let mandatory = container(
+        json!([{"name": "S", "valueFrom": {"secretKeyRef": {"name": "later", "key": "k"}}}]),
+        json!([]),
+    );
+    for (name, extra) in [("optional", &optional), ("mandatory", &mandatory)] {
+        upper_pods
+            .create(&pp, &pod(name, "vk-lower", extra.clone()))
+            .await
+            .unwrap();
+    }
+    let events: Api<Event> = Api::namespaced(upper.clone(), "default");
+    let find = |pod: &'static str, reason: &'static str| {
+        let events = events.clone();
+        async move {
+            let list = events.list(&ListParams::default()).await.ok()?;
+            list.items.into_iter().find(|e| {
+                e.involved_object.name.as_deref() == Some(pod)
+                    && e.reason.as_deref() == Some(reason)
+                    && e.type_.as_deref() == Some("Warning")
+            })
+        }
+    };
+    let want = [
+        (
+            "optional",
+            "OptionalConfigMapNotFound",
+            r#"skipping optional envvar "A": configmap "no-cm" not found"#,
+        ),
+        (
+            "optional",
+            "OptionalConfigMapKeyNotFound",
+            r#"skipping optional envvar "B": key "gone" does not exist in configmap "cm""#,
+        ),
+        (
+            "optional",
+            "OptionalSecretNotFound",
+            r#"secret "no-secret" not found"#,
+        ),
+        (
+            "optional",
+            "InvalidEnvironmentVariableNames",
+            "keys [1bad] from configmap default/cm were skipped since they are invalid as \
+             environment variable names",
+        ),
+        (
+            "mandatory",
+            "MandatorySecretNotFound",
+            r#"secret "later" not found"#,
+        ),
+    ];
+    for (pod, reason, message) in want {
+        let e = eventually(30, &format!("{reason} on {pod}"), || find(pod, reason)).await;
+        assert_eq!(e.message.as_deref(), Some(message), "{reason}");
+    }
+    eventually(60, "optional Running upstairs", || async {
+        (phase(&upper_pods, "optional").await? == "Running").then_some(())
+    })
+    .await;
+    // A debug container added later is checked too, and only its event is new.
+    upper_pods
+        .patch_subresource(
+            "ephemeralcontainers",
+            "optional",
+            &PatchParams::default(),
+            &Patch::Strategic(json!({"spec": {"ephemeralContainers": [{
+                "name": "dbg", "image": "busybox:1.36", "targetContainerName": "c",
+                "command": ["sh", "-c", "sleep 100000"],
+                "env": [{"name": "E", "valueFrom": {"secretKeyRef":
+                    {"name": "no-eph", "key": "k", "optional": true}}}]}]}})),
+        )
+        .await
+        .unwrap();
+    let e = eventually(
+        30,
+        "OptionalSecretNotFound for the debug container",
+        || async {
+            let list = events.list(&ListParams::default()).await.ok()?;
+            list.items.into_iter().find(|e| {
+                e.involved_object.name.as_deref() == Some("optional")
+                    && e.message.as_deref()
+                        == Some(r#"skipping optional envvar "E": secret "no-eph" not found"#)
+            })
+        },
+    )
+    .await;
+    assert_eq!(e.reason.as_deref(), Some("OptionalSecretNotFound"));
+    let again = find("optional", "OptionalConfigMapNotFound").await.unwrap();
+    assert_eq!(again.count, Some(1), "sent once: {again:?}");
+    // The creation is retried while the Secret is missing; the library's event is not.
+    eventually(60, "ProviderCreateFailed on mandatory, retried", || async {
+        let e = find("mandatory", "ProviderCreateFailed").await?;
+        (e.count.unwrap_or(1) >= 3).then_some(())
+    })
+    .await;
+    let once = find("mandatory", "MandatorySecretNotFound").await.unwrap();
+    assert_eq!(once.count, Some(1), "{once:?}");
+    // As the library showed it: Pending, `ProviderFailed` in `kubectl get`'s STATUS column.
+    let waiting = upper_pods.get("mandatory").await.unwrap().status.unwrap();
+    assert_eq!(waiting.phase.as_deref(), Some("Pending"));
+    assert_eq!(waiting.reason.as_deref(), Some("ProviderFailed"));
+    assert!(
+        waiting
+            .message
+            .as_deref()
+            .is_some_and(|m| m.contains("later")),
+        "{waiting:?}"
+    );
+    let secret: Secret =
+        serde_json::from_value(json!({"metadata": {"name": "later"}, "stringData": {"k": "v"}}))
+            .unwrap();
+    Api::<Secret>::namespaced(upper.clone(), "default")
+        .create(&pp, &secret)
+        .await
+        .unwrap();
+    eventually(60, "mandatory Running once its Secret exists", || async {
+        (phase(&upper_pods, "mandatory").await? == "Running").then_some(())
+    })
+    .await;
+    let running = eventually(30, "ProviderFailed gone from the status", || async {
+        let s = upper_pods.get("mandatory").await.ok()?.status?;
+        s.reason.is_none().then_some(s)
+    })
+    .await;
+    assert_eq!(running.message, None);
+    stop.cancel();
+}
