@@ -451,22 +451,29 @@ pub trait Handler: Send + Sync + 'static {
     fn max_concurrent(&self) -> usize {
         DEFAULT_MAX_CONCURRENT
     }
+
+    /// How many more may wait for one of those to finish (see [`MAX_WAITING`]).
+    fn max_waiting(&self) -> usize {
+        MAX_WAITING
+    }
 }
 
-/// Lets at most `max_concurrent` requests in, [`MAX_WAITING`] more wait up to [`MAX_WAIT`],
+/// Lets at most `max_concurrent` requests in, `max_waiting` more wait up to [`MAX_WAIT`],
 /// and answers the rest 503 with the reason.
 struct Gate {
     permits: Arc<Semaphore>,
     max_concurrent: usize,
+    max_waiting: usize,
     waiting: AtomicUsize,
 }
 
 impl Gate {
-    fn new(max_concurrent: usize) -> Self {
+    fn new(max_concurrent: usize, max_waiting: usize) -> Self {
         let max_concurrent = max_concurrent.max(1);
         Self {
             permits: Arc::new(Semaphore::new(max_concurrent)),
             max_concurrent,
+            max_waiting,
             waiting: AtomicUsize::new(0),
         }
     }
@@ -481,11 +488,11 @@ impl Gate {
                 .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
             r
         };
-        if self.waiting.fetch_add(1, Ordering::AcqRel) >= MAX_WAITING {
+        if self.waiting.fetch_add(1, Ordering::AcqRel) >= self.max_waiting {
             self.waiting.fetch_sub(1, Ordering::AcqRel);
             return Err(busy(format!(
-                "busy: {} requests in progress and {MAX_WAITING} waiting; retry",
-                self.max_concurrent
+                "busy: {} requests in progress and {} waiting; retry",
+                self.max_concurrent, self.max_waiting
             )));
         }
         let permit = tokio::time::timeout(MAX_WAIT, self.permits.clone().acquire_owned()).await;
@@ -542,7 +549,7 @@ impl Server {
         })?;
         let stop = CancellationToken::new();
         let connection = limits.connection;
-        let gate = Arc::new(Gate::new(handler.max_concurrent()));
+        let gate = Arc::new(Gate::new(handler.max_concurrent(), handler.max_waiting()));
         tensile_kubelet::tls::accept_loop(listener, tls, connection, stop.clone(), move |tls| {
             let (handler, gate) = (handler.clone(), gate.clone());
             async move {

@@ -424,6 +424,10 @@ impl Handler for Arc<Webhook> {
     fn max_concurrent(&self) -> usize {
         self.as_ref().max_concurrent()
     }
+
+    fn max_waiting(&self) -> usize {
+        self.as_ref().max_waiting()
+    }
 }
 
 #[cfg(test)]
