@@ -76,22 +76,23 @@ impl std::fmt::Debug for LowerClusterClient {
     }
 }
 
-/// Largest extender request accepted. With `nodeCacheCapable: false` (as shipped)
-/// kube-scheduler sends the pod and the candidate Nodes whole. The candidates are the nodes its
-/// own filters kept, at most what it looks for (`numFeasibleNodesToFind`: every node up to
-/// 100, then 50% falling to 5% of the nodes: never more than ~800 below 15 000 nodes). A Node
-/// with its 50 images (`--node-status-max-images`) and its labels is ~10-15 KiB: ~12 MiB; the
-/// pod is at most the 3 MiB the API server accepts. 16 MiB holds both.
-pub const MAX_EXTENDER_ARGS: usize = 16 << 20;
+/// Largest extender request accepted. As shipped (`nodeCacheCapable: true`) kube-scheduler
+/// sends the pod and the candidates' names: the pod is at most the 3 MiB the API server accepts
+/// as a request (and 1.5 MiB once stored), and the names of at most [`MAX_CANDIDATE_NODES`]
+/// nodes, each at most 253 bytes, are at most 3.7 MiB (~0.5 MiB with real names): 8 MiB holds
+/// both. With `nodeCacheCapable: false` it sends the Nodes whole (10-15 KiB each with their 50
+/// images): that fits up to ~400 candidates; larger clusters need names only.
+pub const MAX_EXTENDER_ARGS: usize = 8 << 20;
 
 /// Candidate nodes accepted in one request: kube-scheduler is tested up to 5 000 nodes and
 /// some run 15 000. Each costs its name and two labels once read.
 pub const MAX_CANDIDATE_NODES: usize = 15_000;
 
 /// Requests worked on at once. kube-scheduler calls filter and prioritize for one pod at a
-/// time and binds the previous pod meanwhile: two in flight is its normal pace. Each holds at
-/// most a 16 MiB body and the pod decoded from it.
-pub const MAX_CONCURRENT_CALLS: usize = 2;
+/// time and binds the previous pod meanwhile; each call takes a millisecond or so (a bind one
+/// API round trip), so they take turns (up to `serve::MAX_WAITING` wait) rather than each
+/// holding up to an 8 MiB body and the pod decoded from it at the same time.
+pub const MAX_CONCURRENT_CALLS: usize = 1;
 
 /// What the extender needs.
 pub struct ExtenderConfig {
@@ -535,13 +536,21 @@ impl Extender {
                         None,
                     )
                 };
-                Reply::json(&FilterAnswer {
-                    nodes,
-                    nodenames,
-                    failed_nodes: failed,
-                    failed_and_unresolvable_nodes: unresolvable,
-                    error: "",
-                })
+                // Sized up front: the nodes kept may be most of the request.
+                let size = kept
+                    .iter()
+                    .map(|n| n.object.map_or(n.name.len() + 3, |o| o.get().len() + 1))
+                    .sum::<usize>();
+                Reply::json_sized(
+                    &FilterAnswer {
+                        nodes,
+                        nodenames,
+                        failed_nodes: failed,
+                        failed_and_unresolvable_nodes: unresolvable,
+                        error: "",
+                    },
+                    size + (4 << 10),
+                )
             }
         }
     }
@@ -795,8 +804,7 @@ enum Verb {
 }
 
 impl Handler for Extender {
-    /// With `nodeCacheCapable: false` (as shipped) kube-scheduler sends every candidate Node,
-    /// up to several hundred of 5-15 KiB each with their image lists.
+    /// See [`MAX_EXTENDER_ARGS`].
     fn max_body(&self) -> usize {
         MAX_EXTENDER_ARGS
     }

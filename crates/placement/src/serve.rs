@@ -45,8 +45,10 @@ pub const DEFAULT_MAX_BODY: usize = 4 << 20;
 pub const DEFAULT_MAX_CONCURRENT: usize = 4;
 
 /// Requests that wait for one in progress to finish, beyond which a request is answered 503 at
-/// once. A waiting request holds its headers only: its body is read once it is let in.
-pub const MAX_WAITING: usize = 64;
+/// once. A waiting request holds its headers only: its body is read once it is let in. An API
+/// server sends a webhook one review per pod created at once (a burst of hundreds); they take
+/// well under a millisecond each, so they wait rather than fail.
+pub const MAX_WAITING: usize = 512;
 
 /// How long a request waits to be let in before it is answered 503: well within the 10 s an API
 /// server gives a webhook and kube-scheduler an extender (as shipped), so they see the reason.
@@ -416,8 +418,15 @@ pub struct Reply {
 impl Reply {
     /// 200 with `value` as JSON.
     pub fn json(value: &impl serde::Serialize) -> Self {
-        match serde_json::to_vec(value) {
-            Ok(body) => Self {
+        Self::json_sized(value, 1 << 10)
+    }
+
+    /// [`Reply::json`] written into a buffer of `capacity` bytes to start with (a large answer
+    /// grown by doubling would be held twice while copied).
+    pub fn json_sized(value: &impl serde::Serialize, capacity: usize) -> Self {
+        let mut body = Vec::with_capacity(capacity);
+        match serde_json::to_writer(&mut body, value) {
+            Ok(()) => Self {
                 status: StatusCode::OK,
                 body,
             },
@@ -458,13 +467,21 @@ pub trait Handler: Send + Sync + 'static {
     }
 }
 
-/// Lets at most `max_concurrent` requests in, `max_waiting` more wait up to [`MAX_WAIT`],
-/// and answers the rest 503 with the reason.
+/// Lets at most `max_concurrent` requests read their body and be handled at once (each holds
+/// its body and what is decoded from it), `max_waiting` more wait up to [`MAX_WAIT`], and
+/// answers the rest 503 with the reason. A waiting request holds its headers only.
 struct Gate {
     permits: Arc<Semaphore>,
     max_concurrent: usize,
     max_waiting: usize,
     waiting: AtomicUsize,
+}
+
+fn busy(why: String) -> Response<Full<Bytes>> {
+    let mut r = plain(StatusCode::SERVICE_UNAVAILABLE, why);
+    r.headers_mut()
+        .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+    r
 }
 
 impl Gate {
@@ -482,12 +499,6 @@ impl Gate {
         if let Ok(permit) = self.permits.clone().try_acquire_owned() {
             return Ok(permit);
         }
-        let busy = |why: String| {
-            let mut r = plain(StatusCode::SERVICE_UNAVAILABLE, why);
-            r.headers_mut()
-                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
-            r
-        };
         if self.waiting.fetch_add(1, Ordering::AcqRel) >= self.max_waiting {
             self.waiting.fetch_sub(1, Ordering::AcqRel);
             return Err(busy(format!(
@@ -630,7 +641,7 @@ async fn respond(
     let expected = announced.and_then(|n| usize::try_from(n).ok());
     let read = tokio::time::timeout(
         body_timeout,
-        read_body(Limited::new(req.into_body(), max), expected),
+        read_body(Limited::new(req.into_body(), max), expected, max),
     );
     let body = match read.await {
         Ok(Ok(b)) => b,
@@ -657,13 +668,15 @@ async fn respond(
     response(reply.status, content_type, reply.body)
 }
 
-/// The whole body in one buffer, sized from its announced length when there is one: collecting
-/// the frames and joining them would hold the body twice.
+/// The whole body in one buffer: collecting the frames and joining them would hold the body
+/// twice, and so would growing a buffer by doubling. It is the announced length, or the limit
+/// when none is announced: only the pages written to take memory.
 async fn read_body(
     mut body: Limited<Incoming>,
     expected: Option<usize>,
+    max: usize,
 ) -> Result<Bytes, Box<dyn std::error::Error + Send + Sync>> {
-    let mut buf = Vec::with_capacity(expected.unwrap_or(64 << 10));
+    let mut buf = Vec::with_capacity(expected.unwrap_or(max).min(max));
     while let Some(frame) = body.frame().await {
         if let Ok(data) = frame?.into_data() {
             buf.extend_from_slice(&data);

@@ -11,7 +11,7 @@
 //! `clusterSelector` annotation is malformed, gets `allowed: false` with the reason, which the
 //! API server shows to the user; a body that is not an AdmissionReview gets HTTP 400.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -275,8 +275,10 @@ impl Webhook {
         let owner = deschedule::controller_uid(&pod);
         let excluded = owner.map(|o| self.excluded_for(o)).unwrap_or_default();
         let selected = self.selected_node(&pod, namespace);
-        let mutated = inject::mutate(
-            &pod,
+        // The touched fields as sent, then the pod is mutated in place (not held twice).
+        let before = Touched::of(&pod).map_err(|e| e.to_string())?;
+        let mutated = inject::mutate_owned(
+            pod,
             &Mutation {
                 ignore_keys: self.config.ignore_keys.clone(),
                 selected_node: selected.as_deref(),
@@ -284,7 +286,7 @@ impl Webhook {
             },
         )
         .map_err(|e| e.to_string())?;
-        let patch = patch_of(&pod, &mutated).map_err(|e| e.to_string())?;
+        let patch = before.patch_to(&mutated).map_err(|e| e.to_string())?;
         if patch.0.is_empty() {
             return Ok(Decision::Allow);
         }
@@ -322,14 +324,65 @@ struct GroupVersionKind {
 
 /// What `inject::mutate` may change, at the same paths as in the pod: the patch is computed
 /// from these alone (not from the whole pod serialized twice) and applies to the pod the API
-/// server sent, since each subtree here is whole and every container keeps its index.
-fn touched(pod: &Pod) -> Result<Value, serde_json::Error> {
-    let mut metadata = serde_json::Map::new();
-    if let Some(a) = &pod.metadata.annotations {
-        metadata.insert("annotations".into(), serde_json::to_value(a)?);
+/// server sent, since each subtree here is whole and every container keeps its index. The
+/// annotations are compared key by key (a pod may carry many; they are not copied into JSON).
+struct Touched {
+    annotations: Option<BTreeMap<String, String>>,
+    spec: Value,
+}
+
+impl Touched {
+    fn of(pod: &Pod) -> Result<Self, serde_json::Error> {
+        Ok(Self {
+            annotations: pod.metadata.annotations.clone(),
+            spec: touched_spec(pod)?,
+        })
     }
+
+    /// The JSONPatch from these fields to `after`'s.
+    fn patch_to(&self, after: &Pod) -> Result<json_patch::Patch, serde_json::Error> {
+        use json_patch::jsonptr::PointerBuf;
+        use json_patch::{AddOperation, PatchOperation, RemoveOperation, ReplaceOperation};
+        let mut ops = Vec::new();
+        match (&self.annotations, &after.metadata.annotations) {
+            (None, Some(a)) => ops.push(PatchOperation::Add(AddOperation {
+                path: PointerBuf::from_tokens(["metadata", "annotations"]),
+                value: serde_json::to_value(a)?,
+            })),
+            (Some(_), None) => ops.push(PatchOperation::Remove(RemoveOperation {
+                path: PointerBuf::from_tokens(["metadata", "annotations"]),
+            })),
+            (Some(b), Some(a)) => {
+                let at = |k: &str| PointerBuf::from_tokens(["metadata", "annotations", k]);
+                for (k, v) in a {
+                    match b.get(k) {
+                        None => ops.push(PatchOperation::Add(AddOperation {
+                            path: at(k),
+                            value: Value::String(v.clone()),
+                        })),
+                        Some(old) if old != v => {
+                            ops.push(PatchOperation::Replace(ReplaceOperation {
+                                path: at(k),
+                                value: Value::String(v.clone()),
+                            }))
+                        }
+                        Some(_) => {}
+                    }
+                }
+                for k in b.keys().filter(|k| !a.contains_key(*k)) {
+                    ops.push(PatchOperation::Remove(RemoveOperation { path: at(k) }));
+                }
+            }
+            (None, None) => {}
+        }
+        ops.extend(json_patch::diff(&self.spec, &touched_spec(after)?).0);
+        Ok(json_patch::Patch(ops))
+    }
+}
+
+/// The spec fields `inject::mutate` may change, at their paths in the pod.
+fn touched_spec(pod: &Pod) -> Result<Value, serde_json::Error> {
     let mut out = serde_json::Map::new();
-    out.insert("metadata".into(), Value::Object(metadata));
     if let Some(spec) = &pod.spec {
         let mut s = serde_json::Map::new();
         if let Some(v) = &spec.node_name {
@@ -361,9 +414,10 @@ fn touched(pod: &Pod) -> Result<Value, serde_json::Error> {
     Ok(Value::Object(out))
 }
 
-/// The JSONPatch from `before` to `after`, which differ only where [`touched`] looks.
+/// The JSONPatch from `before` to `after`, which differ only where [`Touched`] looks.
+#[cfg(test)]
 fn patch_of(before: &Pod, after: &Pod) -> Result<json_patch::Patch, serde_json::Error> {
-    Ok(json_patch::diff(&touched(before)?, &touched(after)?))
+    Touched::of(before)?.patch_to(after)
 }
 
 enum Decision {
@@ -438,6 +492,16 @@ mod tests {
     /// and gives the whole mutated pod.
     #[test]
     fn the_patch_of_the_touched_fields_applies_to_the_whole_pod() {
+        let with_annotations: Pod = serde_json::from_value(json!({
+            "metadata": {"name": "q", "annotations": {"keep": "x", "a/b~c": "y"}},
+            "spec": {"nodeSelector": {"disk": "ssd"}, "containers": [{"name": "a"}]}
+        }))
+        .unwrap();
+        let mutated = inject::mutate(&with_annotations, &Mutation::default()).unwrap();
+        let patch = patch_of(&with_annotations, &mutated).unwrap();
+        let mut sent = serde_json::to_value(&with_annotations).unwrap();
+        json_patch::patch(&mut sent, &patch).unwrap();
+        assert_eq!(sent, serde_json::to_value(&mutated).unwrap());
         let pod: Pod = serde_json::from_value(json!({
             "metadata": {"name": "p", "labels": {"virtual-pod": "true"}},
             "spec": {
