@@ -997,6 +997,19 @@ struct NodeListAnswer<'a> {
     items: Vec<&'a RawValue>,
 }
 
+/// Refuses a name longer than Kubernetes allows (`max`: 253 for a DNS subdomain, 63 for a
+/// label, 128 for a UID, generously): what a request names is logged and kept, and must not
+/// be megabytes long.
+fn short(what: &str, member: &str, value: &str, max: usize) -> Result<(), String> {
+    if value.len() > max {
+        return Err(format!(
+            "malformed {what}: {member} is {} bytes long, more than {max}",
+            value.len()
+        ));
+    }
+    Ok(())
+}
+
 /// The reason for a body that is not what `what` should be.
 fn malformed(what: &str, body: &[u8], member: &str, e: DecodeError) -> String {
     let object = body
@@ -1020,6 +1033,19 @@ impl<'a> ExtenderArgs<'a> {
         let pod: Pod = bounded::at(body, &["pod"], Keys::AnyCase)
             .map_err(bad("Pod: "))?
             .ok_or("malformed ExtenderArgs: no Pod")?;
+        let meta = &pod.metadata;
+        for (member, value, max) in [
+            ("Pod.metadata.name", &meta.name, 253),
+            ("Pod.metadata.namespace", &meta.namespace, 63),
+            ("Pod.metadata.uid", &meta.uid, 128),
+        ] {
+            short(
+                "ExtenderArgs",
+                member,
+                value.as_deref().unwrap_or_default(),
+                max,
+            )?;
+        }
         if let Some(list) = bounded::at::<WireNodeList<'_>>(body, &["nodes"], Keys::AnyCase)
             .map_err(bad("Nodes: "))?
         {
@@ -1037,6 +1063,7 @@ impl<'a> ExtenderArgs<'a> {
                         .name
                         .filter(|s| !s.is_empty())
                         .ok_or("malformed ExtenderArgs: a node of Nodes.items has no name")?;
+                    short("ExtenderArgs", "a node name", &name, 253)?;
                     Ok(CandidateNode {
                         name,
                         labels: Some(meta.labels.map(|l| l.0)),
@@ -1054,6 +1081,9 @@ impl<'a> ExtenderArgs<'a> {
             bounded::at::<Bounded<String, MAX_CANDIDATE_NODES>>(body, &["nodeNames"], Keys::AnyCase)
                 .map_err(bad("NodeNames: "))?
         {
+            for name in &names.0 {
+                short("ExtenderArgs", "a node name", name, 253)?;
+            }
             return Ok(Self {
                 pod,
                 nodes: names
@@ -1150,13 +1180,22 @@ impl BindingArgs {
             text(key, value)?
                 .ok_or_else(|| format!("malformed ExtenderBindingArgs: {key} is required"))
         };
-        Ok(Self {
+        let parsed = Self {
             name: required("PodName", args.name)?,
             namespace: text("PodNamespace", args.namespace)?
                 .unwrap_or_else(|| "default".to_owned()),
             uid: text("PodUID", args.uid)?,
             node: required("Node", args.node)?,
-        })
+        };
+        for (member, value, max) in [
+            ("PodName", parsed.name.as_str(), 253),
+            ("PodNamespace", parsed.namespace.as_str(), 63),
+            ("PodUID", parsed.uid.as_deref().unwrap_or_default(), 128),
+            ("Node", parsed.node.as_str(), 253),
+        ] {
+            short("ExtenderBindingArgs", member, value, max)?;
+        }
+        Ok(parsed)
     }
 }
 
@@ -1198,6 +1237,17 @@ mod tests {
                 String::from_utf8_lossy(body)
             );
         }
+        // What a request names is logged: no name longer than Kubernetes allows.
+        let long = "n".repeat(300);
+        let body = format!(r#"{{"PodName": "{long}", "Node": "vk"}}"#);
+        let err = BindingArgs::parse(body.as_bytes()).err().unwrap();
+        assert_eq!(
+            err,
+            "malformed ExtenderBindingArgs: PodName is 300 bytes long, more than 253"
+        );
+        let body = format!(r#"{{"Pod": {{}}, "NodeNames": ["{long}"]}}"#);
+        let err = ExtenderArgs::parse(body.as_bytes()).err().unwrap();
+        assert!(err.contains("a node name is 300 bytes long"), "{err}");
         let err = BindingArgs::parse(br#"{"PodName": "p"}"#).err().unwrap();
         assert_eq!(err, "malformed ExtenderBindingArgs: Node is required");
         let b = BindingArgs::parse(
