@@ -38,6 +38,9 @@ enum Bench {
     /// Two virtual-node replicas with --leader-elect; the leader is killed in the middle of a
     /// burst: takeover time, and no pod lost, duplicated or deleted.
     Failover(crate::failover::FailoverArgs),
+    /// The webhook and the scheduler extender, as shipped, sent large hostile bodies in
+    /// parallel: their peak memory.
+    HostileBodies(crate::hostile::HostileBodiesArgs),
 }
 
 #[derive(Debug, clap::Args)]
@@ -85,6 +88,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         Bench::Offload(a) => offload(a).await,
         Bench::Fragmentation(a) => crate::fragmentation::run(a).await,
         Bench::Failover(a) => crate::failover::run(a).await,
+        Bench::HostileBodies(a) => crate::hostile::run(a).await,
     }
 }
 

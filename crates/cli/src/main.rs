@@ -6,6 +6,7 @@ mod common;
 mod descheduler;
 mod failover;
 mod fragmentation;
+mod hostile;
 mod sandbox;
 mod scheduler;
 mod sim;

@@ -15,8 +15,10 @@ use serde_json::{Value, json};
 use tensile_core::keys::{OWNER_SCHEDULER, OWNER_WEBHOOK};
 use tensile_node::clients::KubeconfigSource;
 use tensile_placement::descheduler::DeschedulerConfig;
-use tensile_placement::extender::{DEFAULT_RESERVATION_TTL, ExtenderConfig, LowerClusterClient};
-use tensile_placement::serve::{Server, tls_config_live};
+use tensile_placement::extender::{
+    DEFAULT_RESERVATION_TTL, ExtenderConfig, KUBE_SCHEDULER_USER, LowerClusterClient,
+};
+use tensile_placement::serve::{ClientAuth, Server, tls_config_live};
 use tensile_placement::webhook::{Webhook, WebhookConfig};
 use tensile_sim::apiserver::ApiServer;
 use tensile_sim::apiserver::controllers::SchedulerExtender;
@@ -33,8 +35,13 @@ const WEBHOOK_CONFIGURATION: &str =
 const SCHEDULER_CONFIGURATION: &str =
     include_str!("../../../deploy/scheduler/kube-scheduler-config.yaml");
 
-/// The shipped extender entries, pointed at `url_prefix` with `ca_pem` trusted.
-fn shipped_extenders(url_prefix: &str, ca_pem: &str) -> anyhow::Result<Vec<SchedulerExtender>> {
+/// The shipped extender entries, pointed at `url_prefix` with `ca_pem` trusted, presenting
+/// `client` (the scheduler's client certificate).
+fn shipped_extenders(
+    url_prefix: &str,
+    ca_pem: &str,
+    client: &tensile_sim::certs::Issued,
+) -> anyhow::Result<Vec<SchedulerExtender>> {
     let config: Value = serde_saphyr::from_str(SCHEDULER_CONFIGURATION)
         .context("the shipped kube-scheduler configuration")?;
     let mut extenders = SchedulerExtender::from_scheduler_config(&config)
@@ -42,6 +49,8 @@ fn shipped_extenders(url_prefix: &str, ca_pem: &str) -> anyhow::Result<Vec<Sched
     for e in &mut extenders {
         e.url_prefix = url_prefix.to_owned();
         e.ca_pem = Some(ca_pem.to_owned());
+        e.client_cert_pem = Some(client.cert_pem.clone());
+        e.client_key_pem = Some(client.key_pem.clone());
     }
     Ok(extenders)
 }
@@ -169,6 +178,13 @@ impl Sandbox {
                         .with_context(|| format!("{name} client"))?,
                 });
             }
+            // The upper scheduler authenticates as kube-scheduler does as shipped: a client
+            // certificate for system:kube-scheduler, here from a CA of the sandbox's own.
+            let clients = tensile_sim::certs::Ca::new("tensile-scheduler-clients")
+                .context("the scheduler's client CA")?;
+            let scheduler_cert = clients
+                .issue_client(KUBE_SCHEDULER_USER, None)
+                .context("the scheduler's client certificate")?;
             let running = tensile_placement::extender::start(
                 ExtenderConfig {
                     upper: client.clone(),
@@ -184,7 +200,11 @@ impl Sandbox {
                     )
                     .await?
                     .cert,
-                    client_ca_pem: None,
+                    client_auth: Some(ClientAuth {
+                        ca_pem: clients.cert_pem().to_owned(),
+                        allowed_names: vec![KUBE_SCHEDULER_USER.to_owned()],
+                    }),
+                    insecure_without_client_auth: false,
                     metrics: Default::default(),
                 },
                 stop.clone(),
@@ -194,6 +214,7 @@ impl Sandbox {
             upper.set_scheduler_extenders(shipped_extenders(
                 &format!("https://{}", running.addr),
                 &running.ca_pem,
+                &scheduler_cert,
             )?);
             progress(&format!("scheduler extender on {}", running.addr));
             handles.push(running.handle);

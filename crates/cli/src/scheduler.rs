@@ -13,6 +13,7 @@ use tensile_core::keys::OWNER_SCHEDULER;
 use tensile_node::clients::KubeconfigSource;
 use tensile_placement::extender::{self, ExtenderConfig, LowerClusterClient};
 use tensile_placement::metrics::ExtenderMetrics;
+use tensile_placement::serve::ClientAuth;
 use tokio_util::sync::CancellationToken;
 
 use crate::common::CertSource;
@@ -47,10 +48,24 @@ pub struct SchedulerArgs {
     /// the Service's ClusterIP when kube-scheduler cannot resolve cluster DNS names.
     #[arg(long = "tls-san", value_name = "NAME")]
     pub tls_san: Vec<String>,
-    /// Require client certificates signed by this CA (PEM), i.e. kube-scheduler's
-    /// `tlsConfig.certData`/`keyData`; without it anyone who reaches the port can have pods bound.
+    /// Require client certificates signed by this CA (PEM): kube-scheduler's
+    /// `tlsConfig.certData`/`keyData`. Without it anyone who reaches the port could have pods
+    /// bound, so the extender then refuses to start on a non-loopback address (see
+    /// --insecure-serve-without-client-auth). Shipped: the cluster CA.
     #[arg(long)]
     pub client_ca_file: Option<PathBuf>,
+    /// Common names a client certificate of --client-ca-file may carry (comma-separated);
+    /// empty: any. A cluster CA also signs kubelets' and users' certificates.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = extender::KUBE_SCHEDULER_USER
+    )]
+    pub allowed_client_names: Vec<String>,
+    /// Serve a non-loopback address without --client-ca-file: whoever reaches the port can
+    /// then have pods bound (only behind a network policy that lets kube-scheduler alone in).
+    #[arg(long)]
+    pub insecure_serve_without_client_auth: bool,
     /// Write the CA (what kube-scheduler's `tlsConfig.caData` needs) to this file; with
     /// --tls-secret, once leading and again whenever its CA bundle changes.
     #[arg(long)]
@@ -105,7 +120,7 @@ fn generated_sans(address: IpAddr, extra: &[String]) -> Vec<String> {
 struct Prepared {
     upper: kube::Client,
     clusters: Vec<LowerClusterClient>,
-    client_ca_pem: Option<String>,
+    client_auth: Option<ClientAuth>,
     cert: CertSource,
     sans: Vec<String>,
 }
@@ -122,6 +137,19 @@ impl std::fmt::Debug for Prepared {
 /// The extender's configuration from its flags (clients built, certificate files read or a
 /// certificate generated; a `--tls-secret` is read once leading).
 async fn config(args: &SchedulerArgs) -> anyhow::Result<Prepared> {
+    // Before anything else (a standby would only find out once leading).
+    if args.client_ca_file.is_none()
+        && !args.address.is_loopback()
+        && !args.insecure_serve_without_client_auth
+    {
+        bail!(
+            "--address {} without --client-ca-file would let anyone who reaches the extender \
+             bind pods: give --client-ca-file (the CA of kube-scheduler's client certificate, \
+             its tlsConfig.certData), listen on a loopback address, or pass \
+             --insecure-serve-without-client-auth",
+            args.address
+        );
+    }
     let mut seen = BTreeSet::new();
     for (id, _) in &args.clusters {
         if !seen.insert(id) {
@@ -162,18 +190,27 @@ async fn config(args: &SchedulerArgs) -> anyhow::Result<Prepared> {
             client,
         });
     }
-    let client_ca_pem = args
+    let client_auth = args
         .client_ca_file
         .as_ref()
         .map(|p| {
             std::fs::read_to_string(p)
                 .with_context(|| format!("reading --client-ca-file {}", p.display()))
+                .map(|ca_pem| ClientAuth {
+                    ca_pem,
+                    allowed_names: args
+                        .allowed_client_names
+                        .iter()
+                        .map(|n| n.trim().to_owned())
+                        .filter(|n| !n.is_empty())
+                        .collect(),
+                })
         })
         .transpose()?;
     Ok(Prepared {
         upper,
         clusters,
-        client_ca_pem,
+        client_auth,
         cert,
         sans,
     })
@@ -256,7 +293,8 @@ pub async fn run(args: SchedulerArgs) -> anyhow::Result<()> {
         reservation_ttl: args.reservation_ttl,
         listen: SocketAddr::new(args.address, args.port),
         cert: serving.cert,
-        client_ca_pem: prepared.client_ca_pem,
+        client_auth: prepared.client_auth,
+        insecure_without_client_auth: args.insecure_serve_without_client_auth,
         metrics,
     };
     let running = extender::start(config, stop.clone())
@@ -367,24 +405,51 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         let missing = dir.join("missing.kubeconfig");
         let upper = format!("--kubeconfig={}", missing.display());
-        let a = parse(&[upper.as_str(), "--cluster", "c1=/nowhere"]).unwrap();
+        let lo = "--address=127.0.0.1";
+        let a = parse(&[lo, upper.as_str(), "--cluster", "c1=/nowhere"]).unwrap();
         let err = format!("{:#}", config(&a).await.unwrap_err());
         assert!(
             err.starts_with("upper cluster client from kubeconfig ")
                 && err.contains("cannot read kubeconfig"),
             "{err}"
         );
-        let a = parse(&["--cluster", "c1=/a", "--tls-cert-file", "/x"]).unwrap();
+        let a = parse(&[lo, "--cluster", "c1=/a", "--tls-cert-file", "/x"]).unwrap();
         let err = config(&a).await.unwrap_err().to_string();
         assert_eq!(
             err,
             "--tls-cert-file and --tls-private-key-file go together"
         );
-        let a = parse(&["--cluster", "c1=/a", "--cluster", "c1=/b"]).unwrap();
+        let a = parse(&[lo, "--cluster", "c1=/a", "--cluster", "c1=/b"]).unwrap();
         assert_eq!(
             config(&a).await.unwrap_err().to_string(),
             "--cluster c1 is given twice"
         );
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// Anyone who reaches a non-loopback address could have pods bound: the extender does not
+    /// start there without client certificates, unless told to in so many words.
+    #[tokio::test]
+    async fn no_client_auth_off_loopback_stops_the_start_naming_the_flags() {
+        let a = parse(&["--cluster", "c1=/a"]).unwrap();
+        assert_eq!(a.allowed_client_names, ["system:kube-scheduler"]);
+        let err = config(&a).await.unwrap_err().to_string();
+        assert!(
+            err.starts_with("--address 0.0.0.0 without --client-ca-file")
+                && err.contains("--insecure-serve-without-client-auth"),
+            "{err}"
+        );
+        // Told so, it goes on (and stops at the next problem: no kubeconfig here).
+        let a = parse(&[
+            "--cluster",
+            "c1=/a",
+            "--kubeconfig=/nowhere",
+            "--insecure-serve-without-client-auth",
+        ])
+        .unwrap();
+        let err = config(&a).await.unwrap_err().to_string();
+        assert!(!err.contains("--client-ca-file"), "{err}");
+        let a = parse(&["--cluster", "c1=/a", "--allowed-client-names="]).unwrap();
+        assert_eq!(a.allowed_client_names, [""]);
     }
 }

@@ -129,6 +129,13 @@ fn the_manifests_render_refer_to_what_they_ship_and_start_real_subcommands() {
             args.join(" "),
             String::from_utf8_lossy(&out.stderr)
         );
+        // The extender binds pods: it serves kube-scheduler's client certificate only.
+        if name == "tensile-scheduler" {
+            assert!(
+                args.iter().any(|a| a.starts_with("--client-ca-file=")),
+                "{name} ships without --client-ca-file"
+            );
+        }
         assert_eq!(
             spec["securityContext"]["runAsNonRoot"], true,
             "{name} runs as root"
@@ -446,10 +453,16 @@ fn every_request_of_every_component_is_granted_by_the_shipped_rbac() {
 
     let scheduler_port = free_port();
     let ca_file = dir.join("scheduler-ca.pem");
+    // kube-scheduler's client certificate (system:kube-scheduler), of a CA of the test's.
+    let clients = tensile_sim::certs::Ca::new("scheduler-clients").unwrap();
+    let scheduler_cert = clients.issue_client("system:kube-scheduler", None).unwrap();
+    let clients_file = dir.join("scheduler-clients-ca.pem");
+    std::fs::write(&clients_file, clients.cert_pem()).unwrap();
     let mut args = vec![
         "scheduler".to_owned(),
         "--address=127.0.0.1".into(),
         format!("--port={scheduler_port}"),
+        format!("--client-ca-file={}", clients_file.display()),
         format!("--write-ca={}", ca_file.display()),
         "--leader-elect".into(),
         "--tls-secret=kube-system/tensile-scheduler-tls".into(),
@@ -474,6 +487,8 @@ fn every_request_of_every_component_is_granted_by_the_shipped_rbac() {
     for e in &mut extenders {
         e.url_prefix = format!("https://127.0.0.1:{scheduler_port}");
         e.ca_pem = Some(std::fs::read_to_string(&ca_file).unwrap());
+        e.client_cert_pem = Some(scheduler_cert.cert_pem.clone());
+        e.client_key_pem = Some(scheduler_cert.key_pem.clone());
     }
     runtime
         .block_on(env.clusters[0].set_scheduler_extenders(extenders))

@@ -91,7 +91,12 @@ pub struct Mutation<'a> {
 /// The mutated pod; `Err` when its existing `clusterSelector` annotation cannot be read (the
 /// request is refused with that reason rather than the annotation being overwritten).
 pub fn mutate(pod: &Pod, mutation: &Mutation<'_>) -> Result<Pod, ClusterSelectorError> {
-    let mut out = pod.clone();
+    mutate_owned(pod.clone(), mutation)
+}
+
+/// [`mutate`] of a pod the caller no longer needs (the webhook: a pod as large as a review
+/// allows is not held twice).
+pub fn mutate_owned(mut out: Pod, mutation: &Mutation<'_>) -> Result<Pod, ClusterSelectorError> {
     if let (Some(node), Some(spec)) = (mutation.selected_node, out.spec.as_mut())
         && spec.node_name.as_deref().is_none_or(str::is_empty)
     {

@@ -38,18 +38,26 @@ use k8s_openapi::api::core::v1::{Binding, Node, ObjectReference, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Api, PostParams};
 use kube::runtime::watcher;
+use serde_json::value::RawValue;
 use serde_json::{Value, json};
 use tensile_core::extender::{Demand, LowerCluster, Reservations, Room, Verdict, cluster_of};
 use tensile_node::cache::ListedKeys;
 use tokio_util::sync::CancellationToken;
 
+use crate::bounded::{self, Bounded, DecodeError, Key, Keys, Text};
 use crate::metrics::ExtenderMetrics;
-use crate::serve::{Handler, LiveCert, Reply, ServeError, Server, tls_config_live};
+use crate::serve::{
+    ClientAuth, Handler, LiveCert, Reply, ServeError, Server, tls_config_clients, truncated,
+};
 
 /// kube-scheduler's own default for the TTL of an assumed pod is 15 minutes for a binding that
 /// never comes back; a lower pod normally appears within a second of the upper binding, so two
 /// minutes is ample and keeps a lost reservation from blocking room for long.
 pub const DEFAULT_RESERVATION_TTL: Duration = Duration::from_secs(120);
+
+/// The user kube-scheduler's client certificate names (kubeadm's `scheduler.conf`): the one
+/// common name the extender accepts by default.
+pub const KUBE_SCHEDULER_USER: &str = "system:kube-scheduler";
 
 /// One lower cluster: the `clusterID` label value of its virtual node(s) and a client.
 #[derive(Clone)]
@@ -68,8 +76,23 @@ impl std::fmt::Debug for LowerClusterClient {
     }
 }
 
-/// Largest extender request accepted (see [`Handler::max_body`] of [`Extender`]).
-pub const MAX_EXTENDER_ARGS: usize = 16 << 20;
+/// Largest extender request accepted. As shipped (`nodeCacheCapable: true`) kube-scheduler
+/// sends the pod and the candidates' names: the pod is at most the 3 MiB the API server accepts
+/// as a request (and 1.5 MiB once stored), and the names of at most [`MAX_CANDIDATE_NODES`]
+/// nodes, each at most 253 bytes, are at most 3.7 MiB (~0.5 MiB with real names): 8 MiB holds
+/// both. With `nodeCacheCapable: false` it sends the Nodes whole (10-15 KiB each with their 50
+/// images): that fits up to ~400 candidates; larger clusters need names only.
+pub const MAX_EXTENDER_ARGS: usize = 8 << 20;
+
+/// Candidate nodes accepted in one request: kube-scheduler is tested up to 5 000 nodes and
+/// some run 15 000. Each costs its name and two labels once read.
+pub const MAX_CANDIDATE_NODES: usize = 15_000;
+
+/// Requests worked on at once. kube-scheduler calls filter and prioritize for one pod at a
+/// time and binds the previous pod meanwhile; each call takes a millisecond or so (a bind one
+/// API round trip), so they take turns (up to `serve::MAX_WAITING` wait) rather than each
+/// holding up to an 8 MiB body and the pod decoded from it at the same time.
+pub const MAX_CONCURRENT_CALLS: usize = 1;
 
 /// What the extender needs.
 pub struct ExtenderConfig {
@@ -83,10 +106,12 @@ pub struct ExtenderConfig {
     pub listen: SocketAddr,
     /// Serving certificate (replaced while serving when it comes from a Secret).
     pub cert: LiveCert,
-    /// When set, clients must present a certificate signed by this CA (PEM): kube-scheduler's
-    /// `tlsConfig.certData`/`keyData`. Without it anyone who reaches the port can have pods
-    /// bound.
-    pub client_ca_pem: Option<String>,
+    /// Which client certificates are accepted: kube-scheduler's `tlsConfig.certData`/`keyData`
+    /// (or `certFile`/`keyFile`). Without it anyone who reaches the port can have pods bound,
+    /// so [`start`] refuses a non-loopback address unless `insecure_without_client_auth`.
+    pub client_auth: Option<ClientAuth>,
+    /// Serve a non-loopback address without `client_auth` (`--insecure-serve-without-client-auth`).
+    pub insecure_without_client_auth: bool,
     /// Request latencies and reservations are counted here.
     pub metrics: ExtenderMetrics,
 }
@@ -116,14 +141,23 @@ pub struct Running {
 
 /// Starts the watches and the HTTPS server; runs until `stop`.
 pub async fn start(cfg: ExtenderConfig, stop: CancellationToken) -> Result<Running, ServeError> {
-    let tls = tls_config_live(&cfg.cert, cfg.client_ca_pem.as_deref())?;
-    if cfg.client_ca_pem.is_none() && !cfg.listen.ip().is_loopback() {
+    if cfg.client_auth.is_none() && !cfg.listen.ip().is_loopback() {
+        if !cfg.insecure_without_client_auth {
+            return Err(ServeError::Unauthenticated(format!(
+                "the scheduler extender would let anyone who reaches {} bind pods: give \
+                 --client-ca-file (the CA of kube-scheduler's client certificate, its \
+                 tlsConfig.certData), listen on a loopback address, or pass \
+                 --insecure-serve-without-client-auth",
+                cfg.listen
+            )));
+        }
         tracing::warn!(
             listen = %cfg.listen,
-            "the scheduler extender verifies no client certificates (--client-ca-file): \
-             whoever reaches it can have pods bound; restrict access to kube-scheduler"
+            "--insecure-serve-without-client-auth: the scheduler extender verifies no client \
+             certificates; whoever reaches it can have pods bound"
         );
     }
+    let tls = tls_config_clients(&cfg.cert, cfg.client_auth.as_ref())?;
     let extender = Extender::with_metrics(
         cfg.upper.clone(),
         cfg.clusters.iter().map(|c| c.id.clone()),
@@ -490,21 +524,33 @@ impl Extender {
         match verb {
             Verb::Prioritize => Reply::json(&Value::Array(scores)),
             Verb::Filter => {
-                let (nodes, names) = if args.names_only {
-                    let names: Vec<&str> = kept.iter().map(|n| n.name.as_str()).collect();
-                    (Value::Null, json!(names))
+                let (nodes, nodenames) = if args.names_only {
+                    (None, Some(kept.iter().map(|n| n.name.as_str()).collect()))
                 } else {
-                    let items: Vec<&Value> =
-                        kept.iter().filter_map(|n| n.object.as_ref()).collect();
-                    (json!({"metadata": {}, "items": items}), Value::Null)
+                    let items = kept.iter().filter_map(|n| n.object).collect();
+                    (
+                        Some(NodeListAnswer {
+                            metadata: serde_json::Map::new(),
+                            items,
+                        }),
+                        None,
+                    )
                 };
-                Reply::json(&json!({
-                    "nodes": nodes,
-                    "nodenames": names,
-                    "failedNodes": failed,
-                    "failedAndUnresolvableNodes": unresolvable,
-                    "error": "",
-                }))
+                // Sized up front: the nodes kept may be most of the request.
+                let size = kept
+                    .iter()
+                    .map(|n| n.object.map_or(n.name.len() + 3, |o| o.get().len() + 1))
+                    .sum::<usize>();
+                Reply::json_sized(
+                    &FilterAnswer {
+                        nodes,
+                        nodenames,
+                        failed_nodes: failed,
+                        failed_and_unresolvable_nodes: unresolvable,
+                        error: "",
+                    },
+                    size + (4 << 10),
+                )
             }
         }
     }
@@ -758,10 +804,13 @@ enum Verb {
 }
 
 impl Handler for Extender {
-    /// With `nodeCacheCapable: false` (as shipped) kube-scheduler sends every candidate Node,
-    /// up to several hundred of 5-15 KiB each with their image lists.
+    /// See [`MAX_EXTENDER_ARGS`].
     fn max_body(&self) -> usize {
         MAX_EXTENDER_ARGS
+    }
+
+    fn max_concurrent(&self) -> usize {
+        MAX_CONCURRENT_CALLS
     }
 
     fn handle(&self, path: &str, body: Bytes) -> Pin<Box<dyn Future<Output = Reply> + Send + '_>> {
@@ -786,7 +835,10 @@ impl Handler for Extender {
                 _ => {
                     return Reply::error(
                         StatusCode::NOT_FOUND,
-                        &format!("{verb:?}: the extender serves filter, prioritize and bind"),
+                        &format!(
+                            "{:?}: the extender serves filter, prioritize and bind",
+                            truncated(&verb, 64)
+                        ),
                     );
                 }
             };
@@ -856,72 +908,166 @@ async fn watch_bound_upper_pods(ext: Extender, upper: kube::Client, stop: Cancel
 // ---------------------------------------------------------------------------------------------
 // Wire types
 
-/// A member of a JSON object, its key matched case-insensitively as Go's decoder does.
-fn field<'v>(value: &'v Value, name: &str) -> Option<&'v Value> {
-    value
-        .as_object()?
-        .iter()
-        .find(|(k, _)| k.eq_ignore_ascii_case(name))
-        .map(|(_, v)| v)
-        .filter(|v| !v.is_null())
-}
-
 /// A candidate node of `ExtenderArgs`.
-struct CandidateNode {
+struct CandidateNode<'a> {
     name: String,
     /// Its labels when the full node was sent (`Some(None)`: a node without labels); `None`
-    /// when only its name was.
+    /// when only its name was. Only the labels that say which lower cluster it stands for.
     labels: Option<Option<BTreeMap<String, String>>>,
-    /// The node as sent, echoed back when it passes.
-    object: Option<Value>,
+    /// The node as sent (its JSON in the request body), echoed back when it passes:
+    /// kube-scheduler versions before 1.30 use the nodes of the answer as they come.
+    object: Option<&'a RawValue>,
 }
 
 /// `ExtenderArgs {Pod, Nodes, NodeNames}`.
-struct ExtenderArgs {
+struct ExtenderArgs<'a> {
     pod: Pod,
-    nodes: Vec<CandidateNode>,
+    nodes: Vec<CandidateNode<'a>>,
     names_only: bool,
 }
 
-impl ExtenderArgs {
-    fn parse(body: &[u8]) -> Result<Self, String> {
-        let args: Value = serde_json::from_slice(body)
-            .map_err(|e| format!("malformed ExtenderArgs: not JSON: {e}"))?;
-        if !args.is_object() {
-            return Err("malformed ExtenderArgs: expected a JSON object".into());
+/// `Nodes` as read: each node's JSON, not decoded.
+#[derive(serde::Deserialize)]
+struct WireNodeList<'a> {
+    #[serde(default, alias = "Items", borrow)]
+    items: Option<Bounded<&'a RawValue, MAX_CANDIDATE_NODES>>,
+}
+
+#[derive(Default, serde::Deserialize)]
+#[serde(default)]
+struct WireNode {
+    metadata: Option<WireNodeMeta>,
+}
+
+#[derive(Default, serde::Deserialize)]
+#[serde(default)]
+struct WireNodeMeta {
+    name: Option<String>,
+    labels: Option<ClusterLabels>,
+}
+
+/// The labels of a node that say which lower cluster it stands for; others are skipped.
+struct ClusterLabels(BTreeMap<String, String>);
+
+impl<'de> serde::Deserialize<'de> for ClusterLabels {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = ClusterLabels;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a map of labels")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<ClusterLabels, A::Error> {
+                let mut kept = BTreeMap::new();
+                while let Some(Key(key)) = map.next_key()? {
+                    if key == tensile_core::keys::LABEL_NODE_TYPE
+                        || key == tensile_core::keys::LABEL_CLUSTER_ID
+                    {
+                        kept.insert(key, map.next_value::<String>()?);
+                    } else {
+                        map.next_value::<serde::de::IgnoredAny>()?;
+                    }
+                }
+                Ok(ClusterLabels(kept))
+            }
         }
-        let pod = field(&args, "pod").ok_or("malformed ExtenderArgs: no Pod")?;
-        let pod: Pod = serde_json::from_value(pod.clone())
-            .map_err(|e| format!("malformed ExtenderArgs: Pod: {e}"))?;
-        if let Some(nodes) = field(&args, "nodes") {
-            let items = field(nodes, "items")
-                .map(|i| {
-                    i.as_array()
-                        .ok_or("malformed ExtenderArgs: Nodes.items is not a list")
-                })
-                .transpose()?
-                .cloned()
-                .unwrap_or_default();
-            let nodes = items
+        d.deserialize_map(V)
+    }
+}
+
+/// `ExtenderFilterResult`, with the historical tag names.
+#[derive(serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+struct FilterAnswer<'a> {
+    nodes: Option<NodeListAnswer<'a>>,
+    #[serde(rename = "nodenames")]
+    nodenames: Option<Vec<&'a str>>,
+    failed_nodes: serde_json::Map<String, Value>,
+    failed_and_unresolvable_nodes: serde_json::Map<String, Value>,
+    error: &'static str,
+}
+
+/// The nodes kept, written as they were sent.
+#[derive(serde::Serialize)]
+struct NodeListAnswer<'a> {
+    metadata: serde_json::Map<String, Value>,
+    items: Vec<&'a RawValue>,
+}
+
+/// Refuses a name longer than Kubernetes allows (`max`: 253 for a DNS subdomain, 63 for a
+/// label, 128 for a UID, generously): what a request names is logged and kept, and must not
+/// be megabytes long.
+fn short(what: &str, member: &str, value: &str, max: usize) -> Result<(), String> {
+    if value.len() > max {
+        return Err(format!(
+            "malformed {what}: {member} is {} bytes long, more than {max}",
+            value.len()
+        ));
+    }
+    Ok(())
+}
+
+/// The reason for a body that is not what `what` should be.
+fn malformed(what: &str, body: &[u8], member: &str, e: DecodeError) -> String {
+    let object = body
+        .iter()
+        .find(|b| !b.is_ascii_whitespace())
+        .is_some_and(|b| *b == b'{');
+    match e {
+        DecodeError::Syntax(e) => format!("malformed {what}: not JSON: {e}"),
+        DecodeError::Data(_) if !object => format!("malformed {what}: expected a JSON object"),
+        DecodeError::Data(e) => format!("malformed {what}: {member}{e}"),
+    }
+}
+
+impl<'a> ExtenderArgs<'a> {
+    /// Reads the pod (walked first: bounded), then the candidates' names and cluster labels,
+    /// typed; nothing else of the body is kept (nodes stay in it, referred to).
+    fn parse(body: &'a [u8]) -> Result<Self, String> {
+        let bad = |member: &'static str| move |e| malformed("ExtenderArgs", body, member, e);
+        bounded::check_at(body, &["pod"], Keys::AnyCase, bounded::POD_SHAPE)
+            .map_err(bad("Pod: "))?;
+        let pod: Pod = bounded::at(body, &["pod"], Keys::AnyCase)
+            .map_err(bad("Pod: "))?
+            .ok_or("malformed ExtenderArgs: no Pod")?;
+        let meta = &pod.metadata;
+        for (member, value, max) in [
+            ("Pod.metadata.name", &meta.name, 253),
+            ("Pod.metadata.namespace", &meta.namespace, 63),
+            ("Pod.metadata.uid", &meta.uid, 128),
+        ] {
+            short(
+                "ExtenderArgs",
+                member,
+                value.as_deref().unwrap_or_default(),
+                max,
+            )?;
+        }
+        if let Some(list) = bounded::at::<WireNodeList<'_>>(body, &["nodes"], Keys::AnyCase)
+            .map_err(bad("Nodes: "))?
+        {
+            let nodes = list
+                .items
+                .map(|i| i.0)
+                .unwrap_or_default()
                 .into_iter()
-                .map(|n| {
-                    let meta = n.get("metadata");
+                .map(|raw| {
+                    let node: WireNode = serde_json::from_str(raw.get()).map_err(|e| {
+                        format!("malformed ExtenderArgs: a node of Nodes.items: {e}")
+                    })?;
+                    let meta = node.metadata.unwrap_or_default();
                     let name = meta
-                        .and_then(|m| m.get("name"))
-                        .and_then(Value::as_str)
+                        .name
                         .filter(|s| !s.is_empty())
-                        .ok_or("malformed ExtenderArgs: a node of Nodes.items has no name")?
-                        .to_owned();
-                    let labels = match meta.and_then(|m| m.get("labels")).filter(|l| !l.is_null()) {
-                        Some(l) => Some(serde_json::from_value(l.clone()).map_err(|e| {
-                            format!("malformed ExtenderArgs: labels of node {name}: {e}")
-                        })?),
-                        None => None,
-                    };
+                        .ok_or("malformed ExtenderArgs: a node of Nodes.items has no name")?;
+                    short("ExtenderArgs", "a node name", &name, 253)?;
                     Ok(CandidateNode {
                         name,
-                        labels: Some(labels),
-                        object: Some(n),
+                        labels: Some(meta.labels.map(|l| l.0)),
+                        object: Some(raw),
                     })
                 })
                 .collect::<Result<Vec<_>, String>>()?;
@@ -931,24 +1077,24 @@ impl ExtenderArgs {
                 names_only: false,
             });
         }
-        if let Some(names) = field(&args, "nodeNames") {
-            let names = names
-                .as_array()
-                .ok_or("malformed ExtenderArgs: NodeNames is not a list")?
-                .iter()
-                .map(|n| {
-                    n.as_str()
-                        .map(|name| CandidateNode {
-                            name: name.to_owned(),
-                            labels: None,
-                            object: None,
-                        })
-                        .ok_or("malformed ExtenderArgs: NodeNames holds a non-string")
-                })
-                .collect::<Result<Vec<_>, _>>()?;
+        if let Some(names) =
+            bounded::at::<Bounded<String, MAX_CANDIDATE_NODES>>(body, &["nodeNames"], Keys::AnyCase)
+                .map_err(bad("NodeNames: "))?
+        {
+            for name in &names.0 {
+                short("ExtenderArgs", "a node name", name, 253)?;
+            }
             return Ok(Self {
                 pod,
-                nodes: names,
+                nodes: names
+                    .0
+                    .into_iter()
+                    .map(|name| CandidateNode {
+                        name,
+                        labels: None,
+                        object: None,
+                    })
+                    .collect(),
                 names_only: true,
             });
         }
@@ -958,8 +1104,11 @@ impl ExtenderArgs {
     fn pod_name(&self) -> String {
         format!(
             "{}/{}",
-            self.pod.metadata.namespace.as_deref().unwrap_or_default(),
-            self.pod.metadata.name.as_deref().unwrap_or_default()
+            truncated(
+                self.pod.metadata.namespace.as_deref().unwrap_or_default(),
+                63
+            ),
+            truncated(self.pod.metadata.name.as_deref().unwrap_or_default(), 253)
         )
     }
 }
@@ -972,31 +1121,81 @@ struct BindingArgs {
     node: String,
 }
 
+/// The four members of `ExtenderBindingArgs`, keys in any case, anything else skipped.
+#[derive(Default)]
+struct WireBinding {
+    name: Text,
+    namespace: Text,
+    uid: Text,
+    node: Text,
+}
+
+impl<'de> serde::Deserialize<'de> for WireBinding {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = WireBinding;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<WireBinding, A::Error> {
+                let mut out = WireBinding::default();
+                while let Some(Key(key)) = map.next_key()? {
+                    let slot = match key.to_ascii_lowercase().as_str() {
+                        "podname" => &mut out.name,
+                        "podnamespace" => &mut out.namespace,
+                        "poduid" => &mut out.uid,
+                        "node" => &mut out.node,
+                        _ => {
+                            map.next_value::<serde::de::IgnoredAny>()?;
+                            continue;
+                        }
+                    };
+                    *slot = map.next_value()?;
+                }
+                Ok(out)
+            }
+        }
+        d.deserialize_map(V)
+    }
+}
+
 impl BindingArgs {
     fn parse(body: &[u8]) -> Result<Self, String> {
-        let args: Value = serde_json::from_slice(body)
-            .map_err(|e| format!("malformed ExtenderBindingArgs: not JSON: {e}"))?;
-        if !args.is_object() {
-            return Err("malformed ExtenderBindingArgs: expected a JSON object".into());
-        }
-        let text = |key: &str| -> Result<Option<String>, String> {
-            match field(&args, key) {
-                None => Ok(None),
-                Some(Value::String(s)) => Ok(Some(s.clone()).filter(|s| !s.is_empty())),
-                Some(_) => Err(format!(
+        let args: WireBinding = serde_json::from_slice(body)
+            .map_err(|e| malformed("ExtenderBindingArgs", body, "", DecodeError::from(e)))?;
+        let text = |key: &str, value: Text| -> Result<Option<String>, String> {
+            match value {
+                Text::Absent => Ok(None),
+                Text::Str(s) => Ok(Some(s).filter(|s| !s.is_empty())),
+                Text::Other => Err(format!(
                     "malformed ExtenderBindingArgs: {key} is not a string"
                 )),
             }
         };
-        let required = |key: &str| {
-            text(key)?.ok_or_else(|| format!("malformed ExtenderBindingArgs: {key} is required"))
+        let required = |key: &str, value: Text| {
+            text(key, value)?
+                .ok_or_else(|| format!("malformed ExtenderBindingArgs: {key} is required"))
         };
-        Ok(Self {
-            name: required("PodName")?,
-            namespace: text("PodNamespace")?.unwrap_or_else(|| "default".to_owned()),
-            uid: text("PodUID")?,
-            node: required("Node")?,
-        })
+        let parsed = Self {
+            name: required("PodName", args.name)?,
+            namespace: text("PodNamespace", args.namespace)?
+                .unwrap_or_else(|| "default".to_owned()),
+            uid: text("PodUID", args.uid)?,
+            node: required("Node", args.node)?,
+        };
+        for (member, value, max) in [
+            ("PodName", parsed.name.as_str(), 253),
+            ("PodNamespace", parsed.namespace.as_str(), 63),
+            ("PodUID", parsed.uid.as_deref().unwrap_or_default(), 128),
+            ("Node", parsed.node.as_str(), 253),
+        ] {
+            short("ExtenderBindingArgs", member, value, max)?;
+        }
+        Ok(parsed)
     }
 }
 
@@ -1025,7 +1224,10 @@ mod tests {
             (b"{}", "no Pod"),
             (br#"{"Pod": {"spec": 3}, "NodeNames": []}"#, "Pod:"),
             (br#"{"Pod": {}}"#, "neither Nodes nor NodeNames"),
-            (br#"{"Pod": {}, "NodeNames": [1]}"#, "non-string"),
+            (
+                br#"{"Pod": {}, "NodeNames": [1]}"#,
+                "NodeNames: invalid type: integer `1`",
+            ),
             (br#"{"Pod": {}, "Nodes": {"items": [{}]}}"#, "has no name"),
         ] {
             let err = ExtenderArgs::parse(body).err().unwrap();
@@ -1035,6 +1237,17 @@ mod tests {
                 String::from_utf8_lossy(body)
             );
         }
+        // What a request names is logged: no name longer than Kubernetes allows.
+        let long = "n".repeat(300);
+        let body = format!(r#"{{"PodName": "{long}", "Node": "vk"}}"#);
+        let err = BindingArgs::parse(body.as_bytes()).err().unwrap();
+        assert_eq!(
+            err,
+            "malformed ExtenderBindingArgs: PodName is 300 bytes long, more than 253"
+        );
+        let body = format!(r#"{{"Pod": {{}}, "NodeNames": ["{long}"]}}"#);
+        let err = ExtenderArgs::parse(body.as_bytes()).err().unwrap();
+        assert!(err.contains("a node name is 300 bytes long"), "{err}");
         let err = BindingArgs::parse(br#"{"PodName": "p"}"#).err().unwrap();
         assert_eq!(err, "malformed ExtenderBindingArgs: Node is required");
         let b = BindingArgs::parse(

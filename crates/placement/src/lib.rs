@@ -3,6 +3,7 @@
 //! (`inject`, `deschedule`, `extender`); this crate serves and drives them.
 #![forbid(unsafe_code)]
 
+pub mod bounded;
 pub mod descheduler;
 pub mod extender;
 pub mod metrics;

@@ -4,13 +4,16 @@
 //! `caBundle` or an extender's `tlsConfig.caData` needs),
 //! optional required client certificates, `/healthz`, and JSON POST handlers. TLS, the accept
 //! loop and the connection limits (TLS handshake, request headers) are `tensile_kubelet::tls`,
-//! shared with the kubelet API. Bodies are bounded in size (413) and in time (408), and a handler
-//! error is an HTTP error with a reason; none of them stops the server.
+//! shared with the kubelet API. Bodies are bounded in size (413) and in time (408), requests in
+//! progress are bounded in number (a few wait, more get 503), and a handler error is an HTTP
+//! error with a reason; none of them stops the server. Client certificates ([`ClientAuth`]) can
+//! be required and limited to given common names.
 
 use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
@@ -25,14 +28,31 @@ use rcgen::{
 };
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
-use rustls::server::{ClientHello, ResolvesServerCert};
+use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
+use rustls::server::{ClientHello, ResolvesServerCert, WebPkiClientVerifier};
 use rustls::sign::CertifiedKey;
 use tensile_kubelet::tls::ConnectionLimits;
 use tokio::net::TcpListener;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 
 /// Largest request body a [`Handler`] accepts unless it says otherwise.
 pub const DEFAULT_MAX_BODY: usize = 4 << 20;
+
+/// Requests a [`Handler`] works on at once unless it says otherwise: each holds its body (up to
+/// [`Handler::max_body`]) and what is decoded from it, so this times that is the memory a
+/// flood of large bodies can take.
+pub const DEFAULT_MAX_CONCURRENT: usize = 4;
+
+/// Requests that wait for one in progress to finish, beyond which a request is answered 503 at
+/// once. A waiting request holds its headers only: its body is read once it is let in. An API
+/// server sends a webhook one review per pod created at once (a burst of hundreds); they take
+/// well under a millisecond each, so they wait rather than fail.
+pub const MAX_WAITING: usize = 512;
+
+/// How long a request waits to be let in before it is answered 503: well within the 10 s an API
+/// server gives a webhook and kube-scheduler an extender (as shipped), so they see the reason.
+pub const MAX_WAIT: Duration = Duration::from_secs(5);
 
 /// How long a client may take to send a request: its TLS handshake and headers
 /// ([`ConnectionLimits`]), then its body.
@@ -68,6 +88,9 @@ pub enum ServeError {
     /// The certificate, key or client CA could not be used.
     #[error("TLS: {0}")]
     Tls(String),
+    /// It would serve clients it cannot tell apart where it must not.
+    #[error("{0}")]
+    Unauthenticated(String),
 }
 
 fn tls_error(what: &str, e: impl std::fmt::Display) -> ServeError {
@@ -242,6 +265,132 @@ pub fn tls_config_live(
     Ok(Arc::new(config))
 }
 
+/// Who may connect: clients presenting a certificate that chains to `ca_pem`, and, unless
+/// `allowed_names` is empty, whose subject common name is one of them (as kube-apiserver's
+/// `--requestheader-allowed-names`): a cluster CA also signs kubelets' and users' certificates,
+/// and none of them is kube-scheduler.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ClientAuth {
+    /// The CA bundle (PEM) client certificates must chain to.
+    pub ca_pem: String,
+    /// Common names accepted; empty: any certificate of the CA.
+    pub allowed_names: Vec<String>,
+}
+
+/// The user a client certificate names: its subject's common name, the last one when there are
+/// several (Go's `pkix.Name` keeps the last, and Kubernetes reads that).
+pub fn common_name(cert: &CertificateDer<'_>) -> Option<String> {
+    let (_, parsed) = x509_parser::parse_x509_certificate(cert.as_ref()).ok()?;
+    parsed
+        .subject()
+        .iter_common_name()
+        .last()
+        .and_then(|cn| cn.as_str().ok())
+        .map(str::to_owned)
+}
+
+/// Verifies as WebPKI does, then refuses a certificate whose common name is not allowed.
+#[derive(Debug)]
+struct NamedClients {
+    inner: Arc<dyn ClientCertVerifier>,
+    allowed: Vec<String>,
+}
+
+impl ClientCertVerifier for NamedClients {
+    fn root_hint_subjects(&self) -> &[rustls::DistinguishedName] {
+        self.inner.root_hint_subjects()
+    }
+
+    fn verify_client_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        now: rustls::pki_types::UnixTime,
+    ) -> Result<ClientCertVerified, rustls::Error> {
+        let verified = self
+            .inner
+            .verify_client_cert(end_entity, intermediates, now)?;
+        if self.allowed.is_empty() {
+            return Ok(verified);
+        }
+        let name = common_name(end_entity).unwrap_or_default();
+        if self.allowed.contains(&name) {
+            return Ok(verified);
+        }
+        // Debug only: whoever reaches the port can make this line, as often as they like.
+        tracing::debug!(
+            common_name = %truncated(&name, 128),
+            "refused a client certificate whose common name is not allowed"
+        );
+        Err(rustls::Error::InvalidCertificate(
+            rustls::CertificateError::ApplicationVerificationFailure,
+        ))
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        self.inner.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        self.inner.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.inner.supported_verify_schemes()
+    }
+}
+
+/// At most `max` characters of `text` (an ellipsis and the full length when cut): what comes
+/// from a request is logged through this, so a client cannot write megabytes of log per request.
+pub fn truncated(text: &str, max: usize) -> String {
+    match text.char_indices().nth(max) {
+        None => text.to_owned(),
+        Some((at, _)) => format!("{}... ({} bytes)", &text[..at], text.len()),
+    }
+}
+
+/// [`tls_config_live`] requiring client certificates as `auth` says (none when `None`).
+pub fn tls_config_clients(
+    cert: &LiveCert,
+    auth: Option<&ClientAuth>,
+) -> Result<Arc<rustls::ServerConfig>, ServeError> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| tls_error("TLS versions", e))?;
+    let builder = match auth {
+        None => builder.with_no_client_auth(),
+        Some(auth) => {
+            let mut roots = rustls::RootCertStore::empty();
+            for c in CertificateDer::pem_slice_iter(auth.ca_pem.as_bytes()) {
+                roots
+                    .add(c.map_err(|e| tls_error("client CA", e))?)
+                    .map_err(|e| tls_error("client CA", e))?;
+            }
+            let inner = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
+                .build()
+                .map_err(|e| tls_error("client CA", e))?;
+            builder.with_client_cert_verifier(Arc::new(NamedClients {
+                inner,
+                allowed: auth.allowed_names.clone(),
+            }))
+        }
+    };
+    let mut config = builder.with_cert_resolver(Arc::new(Resolver(cert.clone())));
+    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    Ok(Arc::new(config))
+}
+
 /// Builds the rustls configuration: `client_ca` set means client certificates are required and
 /// verified against it.
 pub fn tls_config(
@@ -269,8 +418,15 @@ pub struct Reply {
 impl Reply {
     /// 200 with `value` as JSON.
     pub fn json(value: &impl serde::Serialize) -> Self {
-        match serde_json::to_vec(value) {
-            Ok(body) => Self {
+        Self::json_sized(value, 1 << 10)
+    }
+
+    /// [`Reply::json`] written into a buffer of `capacity` bytes to start with (a large answer
+    /// grown by doubling would be held twice while copied).
+    pub fn json_sized(value: &impl serde::Serialize, capacity: usize) -> Self {
+        let mut body = Vec::with_capacity(capacity);
+        match serde_json::to_writer(&mut body, value) {
+            Ok(()) => Self {
                 status: StatusCode::OK,
                 body,
             },
@@ -298,6 +454,67 @@ pub trait Handler: Send + Sync + 'static {
     /// The largest body accepted; a larger one is refused with 413 before it is read.
     fn max_body(&self) -> usize {
         DEFAULT_MAX_BODY
+    }
+
+    /// How many requests it works on at once (see [`DEFAULT_MAX_CONCURRENT`]).
+    fn max_concurrent(&self) -> usize {
+        DEFAULT_MAX_CONCURRENT
+    }
+
+    /// How many more may wait for one of those to finish (see [`MAX_WAITING`]).
+    fn max_waiting(&self) -> usize {
+        MAX_WAITING
+    }
+}
+
+/// Lets at most `max_concurrent` requests read their body and be handled at once (each holds
+/// its body and what is decoded from it), `max_waiting` more wait up to [`MAX_WAIT`], and
+/// answers the rest 503 with the reason. A waiting request holds its headers only.
+struct Gate {
+    permits: Arc<Semaphore>,
+    max_concurrent: usize,
+    max_waiting: usize,
+    waiting: AtomicUsize,
+}
+
+fn busy(why: String) -> Response<Full<Bytes>> {
+    let mut r = plain(StatusCode::SERVICE_UNAVAILABLE, why);
+    r.headers_mut()
+        .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+    r
+}
+
+impl Gate {
+    fn new(max_concurrent: usize, max_waiting: usize) -> Self {
+        let max_concurrent = max_concurrent.max(1);
+        Self {
+            permits: Arc::new(Semaphore::new(max_concurrent)),
+            max_concurrent,
+            max_waiting,
+            waiting: AtomicUsize::new(0),
+        }
+    }
+
+    async fn enter(&self) -> Result<OwnedSemaphorePermit, Response<Full<Bytes>>> {
+        if let Ok(permit) = self.permits.clone().try_acquire_owned() {
+            return Ok(permit);
+        }
+        if self.waiting.fetch_add(1, Ordering::AcqRel) >= self.max_waiting {
+            self.waiting.fetch_sub(1, Ordering::AcqRel);
+            return Err(busy(format!(
+                "busy: {} requests in progress and {} waiting; retry",
+                self.max_concurrent, self.max_waiting
+            )));
+        }
+        let permit = tokio::time::timeout(MAX_WAIT, self.permits.clone().acquire_owned()).await;
+        self.waiting.fetch_sub(1, Ordering::AcqRel);
+        match permit {
+            Ok(Ok(permit)) => Ok(permit),
+            _ => Err(busy(format!(
+                "busy: waited {MAX_WAIT:?} behind {} requests in progress; retry",
+                self.max_concurrent
+            ))),
+        }
     }
 }
 
@@ -343,14 +560,15 @@ impl Server {
         })?;
         let stop = CancellationToken::new();
         let connection = limits.connection;
+        let gate = Arc::new(Gate::new(handler.max_concurrent(), handler.max_waiting()));
         tensile_kubelet::tls::accept_loop(listener, tls, connection, stop.clone(), move |tls| {
-            let handler = handler.clone();
+            let (handler, gate) = (handler.clone(), gate.clone());
             async move {
                 let svc = service_fn(move |req| {
-                    let handler = handler.clone();
+                    let (handler, gate) = (handler.clone(), gate.clone());
                     async move {
                         Ok::<_, Infallible>(
-                            respond(handler.as_ref(), req, limits.body_timeout).await,
+                            respond(handler.as_ref(), &gate, req, limits.body_timeout).await,
                         )
                     }
                 });
@@ -384,6 +602,7 @@ fn plain(status: StatusCode, reason: String) -> Response<Full<Bytes>> {
 
 async fn respond(
     handler: &dyn Handler,
+    gate: &Gate,
     req: Request<Incoming>,
     body_timeout: Duration,
 ) -> Response<Full<Bytes>> {
@@ -414,9 +633,18 @@ async fn respond(
     if announced.is_some_and(|n| n > u64::try_from(max).unwrap_or(u64::MAX)) {
         return too_large();
     }
-    let read = tokio::time::timeout(body_timeout, Limited::new(req.into_body(), max).collect());
+    // Held until the answer is built: the body and what is decoded from it count against it.
+    let _permit = match gate.enter().await {
+        Ok(p) => p,
+        Err(busy) => return busy,
+    };
+    let expected = announced.and_then(|n| usize::try_from(n).ok());
+    let read = tokio::time::timeout(
+        body_timeout,
+        read_body(Limited::new(req.into_body(), max), expected, max),
+    );
     let body = match read.await {
-        Ok(Ok(b)) => b.to_bytes(),
+        Ok(Ok(b)) => b,
         Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => return too_large(),
         Ok(Err(e)) => {
             return plain(
@@ -438,4 +666,36 @@ async fn respond(
         "text/plain; charset=utf-8"
     };
     response(reply.status, content_type, reply.body)
+}
+
+/// The whole body in one buffer: collecting the frames and joining them would hold the body
+/// twice, and so would growing a buffer by doubling. It is the announced length, or the limit
+/// when none is announced: only the pages written to take memory.
+async fn read_body(
+    mut body: Limited<Incoming>,
+    expected: Option<usize>,
+    max: usize,
+) -> Result<Bytes, Box<dyn std::error::Error + Send + Sync>> {
+    let mut buf = Vec::with_capacity(expected.unwrap_or(max).min(max));
+    while let Some(frame) = body.frame().await {
+        if let Ok(data) = frame?.into_data() {
+            buf.extend_from_slice(&data);
+        }
+    }
+    Ok(Bytes::from(buf))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn what_a_request_says_is_logged_truncated() {
+        assert_eq!(truncated("Pod", 8), "Pod");
+        let long = "x".repeat(1 << 20);
+        let cut = truncated(&long, 8);
+        assert_eq!(cut, format!("xxxxxxxx... ({} bytes)", 1 << 20));
+        // Cut on a character boundary.
+        assert_eq!(truncated("ééé", 2), "éé... (6 bytes)");
+    }
 }

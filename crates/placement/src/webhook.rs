@@ -11,7 +11,7 @@
 //! `clusterSelector` annotation is malformed, gets `allowed: false` with the reason, which the
 //! API server shows to the user; a body that is not an AdmissionReview gets HTTP 400.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -33,9 +33,10 @@ use tensile_core::keys::ANNOTATION_SELECTED_NODE;
 use tensile_node::cache::CompactCache;
 use tokio_util::sync::CancellationToken;
 
+use crate::bounded::{self, Keys};
 use crate::descheduler::{LABEL_MOVE, VALUE_EXCLUSIONS};
 use crate::metrics::{self, WebhookMetrics};
-use crate::serve::{Handler, Reply};
+use crate::serve::{Handler, Reply, truncated};
 
 /// How the webhook mutates pods.
 #[derive(Debug, Clone)]
@@ -188,35 +189,35 @@ impl Webhook {
     }
 
     fn answer(&self, body: &[u8]) -> Result<(Value, metrics::Decision), String> {
-        let review: Value =
-            serde_json::from_slice(body).map_err(|e| format!("the body is not JSON: {e}"))?;
-        let api_version = review
-            .get("apiVersion")
-            .and_then(Value::as_str)
-            .unwrap_or_default();
+        // The envelope, typed: the pod is walked (bounded) and decoded on its own below, and
+        // nothing else of the body is kept.
+        let review: Review = serde_json::from_slice(body).map_err(|e| {
+            if e.is_syntax() || e.is_eof() {
+                format!("the body is not JSON: {e}")
+            } else {
+                format!("the body is not an AdmissionReview: {e}")
+            }
+        })?;
+        let api_version = review.api_version.as_str();
         if !matches!(
             api_version,
             "admission.k8s.io/v1" | "admission.k8s.io/v1beta1"
-        ) || review.get("kind").and_then(Value::as_str) != Some("AdmissionReview")
+        ) || review.kind != "AdmissionReview"
         {
             return Err(format!(
-                "expected an AdmissionReview of admission.k8s.io/v1, got kind {:?} of {api_version:?}",
-                review
-                    .get("kind")
-                    .and_then(Value::as_str)
-                    .unwrap_or_default()
+                "expected an AdmissionReview of admission.k8s.io/v1, got kind {:?} of {:?}",
+                truncated(&review.kind, 64),
+                truncated(api_version, 64),
             ));
         }
         let request = review
-            .get("request")
-            .filter(|r| r.is_object())
+            .request
+            .as_ref()
             .ok_or("the AdmissionReview has no request")?;
-        let uid = request
-            .get("uid")
-            .and_then(Value::as_str)
+        let uid = Some(request.uid.as_str())
             .filter(|u| !u.is_empty())
             .ok_or("the AdmissionReview request has no uid")?;
-        let decision = self.decide(request);
+        let decision = self.decide(request, body);
         let counted = match &decision {
             Ok(Decision::Allow) => metrics::Decision::Allowed,
             Ok(Decision::Patch(_)) => metrics::Decision::Patched,
@@ -235,50 +236,49 @@ impl Webhook {
         ))
     }
 
-    fn decide(&self, request: &Value) -> Result<Decision, String> {
-        let kind = request
-            .pointer("/kind/kind")
-            .and_then(Value::as_str)
-            .unwrap_or_default();
-        let group = request
-            .pointer("/kind/group")
-            .and_then(Value::as_str)
-            .unwrap_or_default();
+    fn decide(&self, request: &ReviewRequest, body: &[u8]) -> Result<Decision, String> {
+        let (kind, group) = (&request.kind.kind, &request.kind.group);
         if kind != "Pod" || !group.is_empty() {
             return Err(format!(
-                "this webhook mutates pods only, got a {kind:?} of group {group:?}: check the rules of its MutatingWebhookConfiguration"
+                "this webhook mutates pods only, got a {:?} of group {:?}: check the rules of its MutatingWebhookConfiguration",
+                truncated(kind, 64),
+                truncated(group, 64),
             ));
         }
-        let operation = request
-            .get("operation")
-            .and_then(Value::as_str)
-            .unwrap_or_default();
+        let operation = request.operation.as_str();
         // An UPDATE is never mutated (older configurations registered it for the
         // descheduler's mark, which the exclusion records replace).
         if operation != "CREATE" {
             return Ok(Decision::Allow);
         }
-        let raw = request
-            .get("object")
-            .filter(|o| o.is_object())
-            .ok_or_else(|| format!("the {operation} request carries no pod"))?;
-        let pod: Pod = serde_json::from_value(raw.clone())
+        if request.object.is_none() {
+            return Err(format!("the {operation} request carries no pod"));
+        }
+        // Walked before it is decoded: a pod is bounded in size by the body limit, but not
+        // what decoding it takes (`{}` read as a container is over a kilobyte).
+        let path = ["request", "object"];
+        bounded::check_at(body, &path, Keys::Exact, bounded::POD_SHAPE)
             .map_err(|e| format!("the pod cannot be decoded: {e}"))?;
-        let namespace = request
-            .get("namespace")
-            .and_then(Value::as_str)
+        let pod: Pod = bounded::at(body, &path, Keys::Exact)
+            .map_err(|e| format!("the pod cannot be decoded: {e}"))?
+            .ok_or_else(|| format!("the {operation} request carries no pod"))?;
+        let namespace = Some(request.namespace.as_str())
             .filter(|n| !n.is_empty())
             .or(pod.metadata.namespace.as_deref())
             .unwrap_or("default");
+        let name = truncated(pod.metadata.name.as_deref().unwrap_or_default(), 253);
+        let namespace_shown = truncated(namespace, 63);
         if let Some(why) = inject::skip(&pod, namespace) {
-            tracing::debug!(pod = ?pod.metadata.name, namespace, reason = %why, "not mutated");
+            tracing::debug!(pod = %name, namespace = %namespace_shown, reason = %why, "not mutated");
             return Ok(Decision::Allow);
         }
         let owner = deschedule::controller_uid(&pod);
         let excluded = owner.map(|o| self.excluded_for(o)).unwrap_or_default();
         let selected = self.selected_node(&pod, namespace);
-        let mutated = inject::mutate(
-            &pod,
+        // The touched fields as sent, then the pod is mutated in place (not held twice).
+        let before = Touched::of(&pod).map_err(|e| e.to_string())?;
+        let mutated = inject::mutate_owned(
+            pod,
             &Mutation {
                 ignore_keys: self.config.ignore_keys.clone(),
                 selected_node: selected.as_deref(),
@@ -286,15 +286,138 @@ impl Webhook {
             },
         )
         .map_err(|e| e.to_string())?;
-        let before = serde_json::to_value(&pod).map_err(|e| e.to_string())?;
-        let after = serde_json::to_value(&mutated).map_err(|e| e.to_string())?;
-        let patch = json_patch::diff(&before, &after);
+        let patch = before.patch_to(&mutated).map_err(|e| e.to_string())?;
         if patch.0.is_empty() {
             return Ok(Decision::Allow);
         }
-        tracing::debug!(pod = ?pod.metadata.name, namespace, operations = patch.0.len(), "mutated");
+        tracing::debug!(pod = %name, namespace = %namespace_shown, operations = patch.0.len(), "mutated");
         Ok(Decision::Patch(patch))
     }
+}
+
+/// The AdmissionReview members the webhook reads; the rest of the body is skipped.
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(default, rename_all = "camelCase")]
+struct Review {
+    api_version: String,
+    kind: String,
+    request: Option<ReviewRequest>,
+}
+
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(default)]
+struct ReviewRequest {
+    uid: String,
+    kind: GroupVersionKind,
+    operation: String,
+    namespace: String,
+    /// Whether there is one: it is walked and decoded on its own (`bounded`).
+    object: Option<serde::de::IgnoredAny>,
+}
+
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(default)]
+struct GroupVersionKind {
+    group: String,
+    kind: String,
+}
+
+/// What `inject::mutate` may change, at the same paths as in the pod: the patch is computed
+/// from these alone (not from the whole pod serialized twice) and applies to the pod the API
+/// server sent, since each subtree here is whole and every container keeps its index. The
+/// annotations are compared key by key (a pod may carry many; they are not copied into JSON).
+struct Touched {
+    annotations: Option<BTreeMap<String, String>>,
+    spec: Value,
+}
+
+impl Touched {
+    fn of(pod: &Pod) -> Result<Self, serde_json::Error> {
+        Ok(Self {
+            annotations: pod.metadata.annotations.clone(),
+            spec: touched_spec(pod)?,
+        })
+    }
+
+    /// The JSONPatch from these fields to `after`'s.
+    fn patch_to(&self, after: &Pod) -> Result<json_patch::Patch, serde_json::Error> {
+        use json_patch::jsonptr::PointerBuf;
+        use json_patch::{AddOperation, PatchOperation, RemoveOperation, ReplaceOperation};
+        let mut ops = Vec::new();
+        match (&self.annotations, &after.metadata.annotations) {
+            (None, Some(a)) => ops.push(PatchOperation::Add(AddOperation {
+                path: PointerBuf::from_tokens(["metadata", "annotations"]),
+                value: serde_json::to_value(a)?,
+            })),
+            (Some(_), None) => ops.push(PatchOperation::Remove(RemoveOperation {
+                path: PointerBuf::from_tokens(["metadata", "annotations"]),
+            })),
+            (Some(b), Some(a)) => {
+                let at = |k: &str| PointerBuf::from_tokens(["metadata", "annotations", k]);
+                for (k, v) in a {
+                    match b.get(k) {
+                        None => ops.push(PatchOperation::Add(AddOperation {
+                            path: at(k),
+                            value: Value::String(v.clone()),
+                        })),
+                        Some(old) if old != v => {
+                            ops.push(PatchOperation::Replace(ReplaceOperation {
+                                path: at(k),
+                                value: Value::String(v.clone()),
+                            }))
+                        }
+                        Some(_) => {}
+                    }
+                }
+                for k in b.keys().filter(|k| !a.contains_key(*k)) {
+                    ops.push(PatchOperation::Remove(RemoveOperation { path: at(k) }));
+                }
+            }
+            (None, None) => {}
+        }
+        ops.extend(json_patch::diff(&self.spec, &touched_spec(after)?).0);
+        Ok(json_patch::Patch(ops))
+    }
+}
+
+/// The spec fields `inject::mutate` may change, at their paths in the pod.
+fn touched_spec(pod: &Pod) -> Result<Value, serde_json::Error> {
+    let mut out = serde_json::Map::new();
+    if let Some(spec) = &pod.spec {
+        let mut s = serde_json::Map::new();
+        if let Some(v) = &spec.node_name {
+            s.insert("nodeName".into(), serde_json::to_value(v)?);
+        }
+        if let Some(v) = &spec.node_selector {
+            s.insert("nodeSelector".into(), serde_json::to_value(v)?);
+        }
+        if let Some(v) = &spec.affinity {
+            s.insert("affinity".into(), serde_json::to_value(v)?);
+        }
+        if let Some(v) = &spec.tolerations {
+            s.insert("tolerations".into(), serde_json::to_value(v)?);
+        }
+        let containers = spec
+            .containers
+            .iter()
+            .map(|c| {
+                let mut m = serde_json::Map::new();
+                if let Some(r) = &c.resources {
+                    m.insert("resources".into(), serde_json::to_value(r)?);
+                }
+                Ok(Value::Object(m))
+            })
+            .collect::<Result<Vec<_>, serde_json::Error>>()?;
+        s.insert("containers".into(), Value::Array(containers));
+        out.insert("spec".into(), Value::Object(s));
+    }
+    Ok(Value::Object(out))
+}
+
+/// The JSONPatch from `before` to `after`, which differ only where [`Touched`] looks.
+#[cfg(test)]
+fn patch_of(before: &Pod, after: &Pod) -> Result<json_patch::Patch, serde_json::Error> {
+    Touched::of(before)?.patch_to(after)
 }
 
 enum Decision {
@@ -302,24 +425,37 @@ enum Decision {
     Patch(json_patch::Patch),
 }
 
-/// Largest AdmissionReview accepted: a pod and, for an UPDATE, its old version, each at most the
-/// API server's 3 MiB request limit, plus the review around them.
-pub const MAX_ADMISSION_REVIEW: usize = 8 << 20;
+/// Largest AdmissionReview accepted. The shipped configuration sends CREATEs only, so a review
+/// carries one pod (`oldObject` is null). The API server refuses request bodies over 3 MiB
+/// and etcd objects over 1.5 MiB, so the pod in a review is at most the 3 MiB the user sent,
+/// plus the defaults the API server filled in (a few KiB) and the review around it (its
+/// userInfo, a few KiB): 4 MiB leaves room. A larger review could never be stored anyway.
+pub const MAX_ADMISSION_REVIEW: usize = 4 << 20;
+
+/// Reviews worked on at once: each holds at most a 4 MiB body and the pod decoded from it
+/// (bounded by `bounded::POD_SHAPE`) twice (as sent and mutated). Reviews take microseconds,
+/// so a burst of pod creations waits a moment rather than being refused.
+pub const MAX_CONCURRENT_REVIEWS: usize = 2;
 
 impl Handler for Webhook {
     fn max_body(&self) -> usize {
         MAX_ADMISSION_REVIEW
     }
 
+    fn max_concurrent(&self) -> usize {
+        MAX_CONCURRENT_REVIEWS
+    }
+
     fn handle(&self, path: &str, body: Bytes) -> Pin<Box<dyn Future<Output = Reply> + Send + '_>> {
-        let path = path.to_owned();
+        let path = truncated(path, 128);
         Box::pin(async move {
             match self.review(&body) {
                 Ok(answer) => Reply::json(&answer),
                 Err(reason) => {
+                    // What a request says is cut short before it is logged.
                     tracing::warn!(
                         path,
-                        reason,
+                        reason = %truncated(&reason, 512),
                         "refused a request that is not an AdmissionReview"
                     );
                     Reply::error(StatusCode::BAD_REQUEST, &reason)
@@ -337,5 +473,94 @@ impl Handler for Arc<Webhook> {
 
     fn max_body(&self) -> usize {
         self.as_ref().max_body()
+    }
+
+    fn max_concurrent(&self) -> usize {
+        self.as_ref().max_concurrent()
+    }
+
+    fn max_waiting(&self) -> usize {
+        self.as_ref().max_waiting()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The patch from the touched fields alone applies to the whole pod the API server sent
+    /// and gives the whole mutated pod.
+    #[test]
+    fn the_patch_of_the_touched_fields_applies_to_the_whole_pod() {
+        let with_annotations: Pod = serde_json::from_value(json!({
+            "metadata": {"name": "q", "annotations": {"keep": "x", "a/b~c": "y"}},
+            "spec": {"nodeSelector": {"disk": "ssd"}, "containers": [{"name": "a"}]}
+        }))
+        .unwrap();
+        let mutated = inject::mutate(&with_annotations, &Mutation::default()).unwrap();
+        let patch = patch_of(&with_annotations, &mutated).unwrap();
+        let mut sent = serde_json::to_value(&with_annotations).unwrap();
+        json_patch::patch(&mut sent, &patch).unwrap();
+        assert_eq!(sent, serde_json::to_value(&mutated).unwrap());
+        let pod: Pod = serde_json::from_value(json!({
+            "metadata": {"name": "p", "labels": {"virtual-pod": "true"}},
+            "spec": {
+                "nodeSelector": {"disk": "ssd", "kubernetes.io/os": "linux"},
+                "tolerations": [{"key": "k", "operator": "Exists"}],
+                "containers": [
+                    {"name": "a", "image": "x", "env": [{"name": "E", "value": "1"}]},
+                    {"name": "b", "image": "y", "resources": {"requests": {"cpu": "1"}}}
+                ],
+                "volumes": [{"name": "v", "emptyDir": {}}]
+            }
+        }))
+        .unwrap();
+        let mutated = inject::mutate(
+            &pod,
+            &Mutation {
+                ignore_keys: inject::parse_ignore_keys(inject::DEFAULT_IGNORE_SELECTOR_KEYS),
+                selected_node: Some("vk-1"),
+                excluded_nodes: &["vk-2".to_owned()],
+            },
+        )
+        .unwrap();
+        let patch = patch_of(&pod, &mutated).unwrap();
+        assert!(!patch.0.is_empty());
+        let mut sent = serde_json::to_value(&pod).unwrap();
+        json_patch::patch(&mut sent, &patch).unwrap();
+        assert_eq!(sent, serde_json::to_value(&mutated).unwrap());
+    }
+
+    #[test]
+    fn an_attacker_sized_kind_is_answered_and_logged_short() {
+        let webhook = Webhook::new(WebhookConfig::default());
+        let kind = "K".repeat(1 << 20);
+        let body = serde_json::to_vec(&json!({"apiVersion": "admission.k8s.io/v1",
+            "kind": "AdmissionReview", "request": {"uid": "u", "kind": {"kind": kind}}}))
+        .unwrap();
+        let answer = webhook.review(&body).unwrap();
+        let message = answer["response"]["status"]["message"].as_str().unwrap();
+        assert!(message.contains("mutates pods only"), "{message}");
+        assert!(message.len() < 1024, "{} bytes", message.len());
+        let err = webhook
+            .review(&serde_json::to_vec(&json!({"apiVersion": "v1", "kind": kind})).unwrap())
+            .unwrap_err();
+        assert!(err.len() < 1024, "{} bytes", err.len());
+    }
+
+    #[test]
+    fn a_pod_of_a_million_empty_containers_is_refused_before_it_is_decoded() {
+        let webhook = Webhook::new(WebhookConfig::default());
+        let containers = vec!["{}"; 1 << 20].join(",");
+        let body = format!(
+            r#"{{"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {{"uid": "u", "kind": {{"kind": "Pod"}}, "operation": "CREATE", "object": {{"spec": {{"containers": [{containers}]}}}}}}}}"#
+        );
+        let answer = webhook.review(body.as_bytes()).unwrap();
+        assert_eq!(answer["response"]["allowed"], false);
+        let message = answer["response"]["status"]["message"].as_str().unwrap();
+        assert!(
+            message.starts_with("the pod cannot be decoded: it holds more than"),
+            "{message}"
+        );
     }
 }

@@ -20,7 +20,8 @@ use tensile_core::keys::RESOURCE_VIRTUAL_POD;
 use tensile_node::metrics::{Readiness, serve_probes};
 use tensile_placement::extender::{self, ExtenderConfig, LowerClusterClient, Running};
 use tensile_placement::metrics::ExtenderMetrics;
-use tensile_placement::serve::{LiveCert, ServingCert};
+use tensile_placement::serve::{ClientAuth, LiveCert, ServingCert};
+use tensile_sim::certs::{Ca, Issued};
 use tensile_sim::env::{ClusterSpec, TestEnv, eventually, http_get, metric_value};
 use tensile_sim::kubelet::{SimKubeletConfig, SimNode};
 use tokio_util::sync::CancellationToken;
@@ -31,6 +32,10 @@ type Lowers<'a> = &'a [(&'a str, &'a [&'a str])];
 struct Setup {
     env: TestEnv,
     ext: Running,
+    /// Who the extender lets in: certificates of a CA of the test's, for system:kube-scheduler.
+    client_auth: ClientAuth,
+    /// The upper scheduler's client certificate (and the tests').
+    scheduler: Issued,
     /// Its `/metrics`.
     metrics: SocketAddr,
     _stop: tokio_util::sync::DropGuard,
@@ -77,8 +82,11 @@ impl Setup {
         let entry = &mut config["extenders"][0];
         entry["urlPrefix"] = format!("https://{}", self.ext.addr).into();
         entry["nodeCacheCapable"] = node_cache_capable.into();
+        let b64 = |pem: &str| base64::engine::general_purpose::STANDARD.encode(pem);
         entry["tlsConfig"] = json!({
-            "caData": base64::engine::general_purpose::STANDARD.encode(&self.ext.ca_pem),
+            "caData": b64(&self.ext.ca_pem),
+            "certData": b64(&self.scheduler.cert_pem),
+            "keyData": b64(&self.scheduler.key_pem),
         });
         self.env.clusters[0]
             .set_scheduler_config(&config)
@@ -88,7 +96,14 @@ impl Setup {
 
     /// POSTs `body` to the extender; status and body.
     async fn post(&self, path: &str, body: &[u8]) -> (u16, Value) {
-        let (status, bytes) = post(self.ext.addr, &self.ext.ca_pem, path, body.to_vec()).await;
+        let (status, bytes) = post(
+            self.ext.addr,
+            &self.ext.ca_pem,
+            &self.scheduler,
+            path,
+            body.to_vec(),
+        )
+        .await;
         let value = serde_json::from_slice(&bytes)
             .unwrap_or(Value::String(String::from_utf8_lossy(&bytes).into()));
         (status, value)
@@ -112,6 +127,14 @@ async fn setup(lowers: Lowers<'_>, ttl: Duration) -> Setup {
         specs.push(spec);
     }
     let env = TestEnv::start_with(specs).await.unwrap();
+    let clients = Ca::new("scheduler-clients").unwrap();
+    let scheduler = clients
+        .issue_client(extender::KUBE_SCHEDULER_USER, None)
+        .unwrap();
+    let client_auth = ClientAuth {
+        ca_pem: clients.cert_pem().to_owned(),
+        allowed_names: vec![extender::KUBE_SCHEDULER_USER.to_owned()],
+    };
     let stop = CancellationToken::new();
     let mut registry = prometheus_client::registry::Registry::default();
     let metrics = ExtenderMetrics::new(&mut registry);
@@ -139,7 +162,8 @@ async fn setup(lowers: Lowers<'_>, ttl: Duration) -> Setup {
                 ServingCert::generate("tensile-scheduler", &["127.0.0.1".to_owned()]).unwrap(),
             )
             .unwrap(),
-            client_ca_pem: None,
+            client_auth: Some(client_auth.clone()),
+            insecure_without_client_auth: false,
             metrics,
         },
         stop.clone(),
@@ -149,6 +173,8 @@ async fn setup(lowers: Lowers<'_>, ttl: Duration) -> Setup {
     let setup = Setup {
         env,
         ext,
+        client_auth,
+        scheduler,
         metrics: metrics_addr,
         _stop: stop.drop_guard(),
     };
@@ -602,7 +628,7 @@ async fn a_new_extender_counts_the_pods_its_predecessor_bound() {
 
     // The leader is gone; a new one starts from the clusters alone.
     let stop = CancellationToken::new();
-    let next = extender::start(c1_only(upper.clone(), s.lower("c1"), None), stop.clone())
+    let next = extender::start(c1_only(upper.clone(), s.lower("c1"), &s), stop.clone())
         .await
         .unwrap();
     let ext = next.extender.clone();
@@ -610,7 +636,14 @@ async fn a_new_extender_counts_the_pods_its_predecessor_bound() {
         (ext.synced() && ext.reservations("c1") == 1).then_some(())
     })
     .await;
-    let (_, answer) = post(next.addr, &next.ca_pem, "/bind", bind_body(&b)).await;
+    let (_, answer) = post(
+        next.addr,
+        &next.ca_pem,
+        &s.scheduler,
+        "/bind",
+        bind_body(&b),
+    )
+    .await;
     let answer: Value = serde_json::from_slice(&answer).unwrap();
     assert_eq!(
         answer["error"],
@@ -624,7 +657,14 @@ async fn a_new_extender_counts_the_pods_its_predecessor_bound() {
         .await
         .unwrap();
     eventually(30, "b bound once a is gone", || async {
-        let (_, answer) = post(next.addr, &next.ca_pem, "/bind", bind_body(&b)).await;
+        let (_, answer) = post(
+            next.addr,
+            &next.ca_pem,
+            &s.scheduler,
+            "/bind",
+            bind_body(&b),
+        )
+        .await;
         let answer: Value = serde_json::from_slice(&answer).ok()?;
         (answer["error"] == "").then_some(())
     })
@@ -745,11 +785,18 @@ async fn a_lower_cluster_not_listed_yet_fails_its_virtual_node_with_a_reason() {
     c1.set_available(false);
     let stop = CancellationToken::new();
     let _guard = stop.clone().drop_guard();
-    let blind = extender::start(c1_only(upper.clone(), s.lower("c1"), None), stop)
+    let blind = extender::start(c1_only(upper.clone(), s.lower("c1"), &s), stop)
         .await
         .unwrap();
     let body = args_with_nodes(&pod("p", "1", json!({})), &[vk]);
-    let (status, answer) = post(blind.addr, &blind.ca_pem, "/filter", body.clone()).await;
+    let (status, answer) = post(
+        blind.addr,
+        &blind.ca_pem,
+        &s.scheduler,
+        "/filter",
+        body.clone(),
+    )
+    .await;
     assert_eq!(status, 200);
     let answer: Value = serde_json::from_slice(&answer).unwrap();
     assert_eq!(
@@ -759,15 +806,23 @@ async fn a_lower_cluster_not_listed_yet_fails_its_virtual_node_with_a_reason() {
     );
     c1.set_available(true);
     eventually(30, "c1 listed", || async {
-        let (_, answer) = post(blind.addr, &blind.ca_pem, "/filter", body.clone()).await;
+        let (_, answer) = post(
+            blind.addr,
+            &blind.ca_pem,
+            &s.scheduler,
+            "/filter",
+            body.clone(),
+        )
+        .await;
         let answer: Value = serde_json::from_slice(&answer).ok()?;
         (answer["nodes"]["items"].as_array()?.len() == 1).then_some(())
     })
     .await;
 }
 
-/// An extender on loopback for the lower cluster `c1` alone.
-fn c1_only(upper: kube::Client, c1: kube::Client, client_ca_pem: Option<String>) -> ExtenderConfig {
+/// An extender on loopback for the lower cluster `c1` alone, letting in the clients `s`'s
+/// does.
+fn c1_only(upper: kube::Client, c1: kube::Client, s: &Setup) -> ExtenderConfig {
     ExtenderConfig {
         upper,
         clusters: vec![LowerClusterClient {
@@ -780,80 +835,113 @@ fn c1_only(upper: kube::Client, c1: kube::Client, client_ca_pem: Option<String>)
             ServingCert::generate("tensile-scheduler", &["127.0.0.1".to_owned()]).unwrap(),
         )
         .unwrap(),
-        client_ca_pem,
+        client_auth: Some(s.client_auth.clone()),
+        insecure_without_client_auth: false,
         metrics: Default::default(),
     }
 }
 
-/// With `client_ca_pem` (`--client-ca-file`) only clients with a certificate of that CA
-/// (kube-scheduler's `tlsConfig.certData`) are served: whoever reaches the extender could
-/// otherwise have pods bound.
+/// Issue 27 item 2: `/bind` binds with the extender's own `pods/binding` right, skipping the
+/// pod's selectors; whoever reaches the port unauthenticated used to have any pod bound. Only
+/// kube-scheduler's client certificate (of the client CA, for system:kube-scheduler) is
+/// served; anyone else is refused at the handshake and the pod stays unbound. And the extender
+/// does not start off loopback without client certificates unless told to.
 #[tokio::test]
-async fn with_a_client_ca_only_its_clients_are_served() {
+async fn an_anonymous_bind_is_refused_and_the_pod_stays_unbound() {
     let s = setup(&[("c1", &["4"])], extender::DEFAULT_RESERVATION_TTL).await;
-    let clients = tensile_sim::certs::Ca::new("scheduler-clients").unwrap();
+    let upper = s.upper();
+    let vk = upper_node(&upper, "vk-c1", virtual_labels("c1")).await;
+    let pods: Api<Pod> = Api::namespaced(upper.clone(), "default");
+    // Its nodeSelector matches no node: the upper scheduler leaves it Pending.
+    let stray = pods
+        .create(
+            &PostParams::default(),
+            &pod(
+                "stray",
+                "1",
+                json!({"spec": {"nodeSelector": {"no": "such-node"}}}),
+            ),
+        )
+        .await
+        .unwrap();
+    let bind = bind_body(&stray);
+    let filter = args_with_nodes(&stray, &[vk]);
+    let stranger = Ca::new("strangers")
+        .unwrap()
+        .issue_client(extender::KUBE_SCHEDULER_USER, None)
+        .unwrap();
+    // The client CA of the extender, as a cluster CA, signs others than kube-scheduler too.
+    let clients = Ca::new("scheduler-clients").unwrap();
+    let mut other = s.client_auth.clone();
+    other.ca_pem = clients.cert_pem().to_owned();
     let stop = CancellationToken::new();
     let _guard = stop.clone().drop_guard();
-    let guarded = extender::start(
-        c1_only(
-            s.upper(),
-            s.lower("c1"),
-            Some(clients.cert_pem().to_owned()),
-        ),
-        stop,
-    )
-    .await
-    .unwrap();
-    let body = args_with_nodes(&pod("p", "1", json!({})), &[]);
-    let stranger = tensile_sim::certs::Ca::new("strangers")
-        .unwrap()
-        .issue_client("kube-scheduler", None)
+    let mut config = c1_only(upper.clone(), s.lower("c1"), &s);
+    config.client_auth = Some(other);
+    let second = extender::start(config, stop.clone()).await.unwrap();
+    let node_user = clients
+        .issue_client("system:node:vk-c1", Some("system:nodes"))
         .unwrap();
-    for identity in [None, Some(&stranger)] {
-        let refused = try_post(guarded.addr, &guarded.ca_pem, identity, "/filter", &body).await;
-        assert!(refused.is_err(), "served: {refused:?}");
+    for (addr, ca, identity) in [
+        (s.ext.addr, &s.ext.ca_pem, None),
+        (s.ext.addr, &s.ext.ca_pem, Some(&stranger)),
+        (second.addr, &second.ca_pem, None),
+        (second.addr, &second.ca_pem, Some(&node_user)),
+    ] {
+        for (path, body) in [("/bind", &bind), ("/filter", &filter)] {
+            let refused = try_post(addr, ca, identity, path, body).await;
+            assert!(refused.is_err(), "{path} served: {refused:?}");
+        }
     }
-    let scheduler = clients.issue_client("kube-scheduler", None).unwrap();
+    assert_eq!(
+        pods.get("stray").await.unwrap().spec.unwrap().node_name,
+        None
+    );
+    // kube-scheduler's certificate is served (and would have bound it: what was refused).
+    let second_scheduler = clients
+        .issue_client(extender::KUBE_SCHEDULER_USER, None)
+        .unwrap();
     let served = try_post(
-        guarded.addr,
-        &guarded.ca_pem,
-        Some(&scheduler),
+        second.addr,
+        &second.ca_pem,
+        Some(&second_scheduler),
         "/filter",
-        &body,
+        &filter,
     )
     .await;
     assert_eq!(served, Ok(200));
+    let (status, answer) = s.post("/bind", &bind).await;
+    assert_eq!((status, &answer), (200, &json!({"error": ""})));
+    assert_eq!(bound_to(&pods, "stray").await, "vk-c1");
+
+    // Off loopback without client certificates: no start, with the flag that allows it named.
+    let mut open = c1_only(upper.clone(), s.lower("c1"), &s);
+    open.client_auth = None;
+    open.listen = "0.0.0.0:0".parse().unwrap();
+    let err = extender::start(open, stop.clone())
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("--client-ca-file") && err.contains("--insecure-serve-without-client-auth"),
+        "{err}"
+    );
+    let mut open = c1_only(upper.clone(), s.lower("c1"), &s);
+    open.client_auth = None;
+    open.listen = "0.0.0.0:0".parse().unwrap();
+    open.insecure_without_client_auth = true;
+    extender::start(open, stop).await.unwrap();
 }
 
 /// A POST with an optional client certificate: the status, or why the exchange failed.
 async fn try_post(
     addr: SocketAddr,
     ca_pem: &str,
-    identity: Option<&tensile_sim::certs::Issued>,
+    identity: Option<&Issued>,
     path: &str,
     body: &[u8],
 ) -> Result<u16, String> {
-    let mut roots = rustls::RootCertStore::empty();
-    for cert in CertificateDer::pem_slice_iter(ca_pem.as_bytes()) {
-        roots.add(cert.unwrap()).unwrap();
-    }
-    let builder = rustls::ClientConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .unwrap()
-    .with_root_certificates(roots);
-    let config = match identity {
-        Some(id) => builder
-            .with_client_auth_cert(
-                CertificateDer::pem_slice_iter(id.cert_pem.as_bytes())
-                    .collect::<Result<Vec<_>, _>>()
-                    .unwrap(),
-                rustls_pki_types::PrivateKeyDer::from_pem_slice(id.key_pem.as_bytes()).unwrap(),
-            )
-            .unwrap(),
-        None => builder.with_no_client_auth(),
-    };
+    let config = client_config(ca_pem, identity);
     let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
     let tls = tokio_rustls::TlsConnector::from(Arc::new(config))
         .connect(ServerName::try_from("127.0.0.1").unwrap(), tcp)
@@ -874,6 +962,31 @@ async fn try_post(
         .await
         .map_err(|e| format!("request: {e}"))?;
     Ok(response.status().as_u16())
+}
+
+/// A TLS client trusting `ca_pem`, presenting `identity` when given.
+fn client_config(ca_pem: &str, identity: Option<&Issued>) -> rustls::ClientConfig {
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in CertificateDer::pem_slice_iter(ca_pem.as_bytes()) {
+        roots.add(cert.unwrap()).unwrap();
+    }
+    let builder = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_root_certificates(roots);
+    match identity {
+        Some(id) => builder
+            .with_client_auth_cert(
+                CertificateDer::pem_slice_iter(id.cert_pem.as_bytes())
+                    .collect::<Result<Vec<_>, _>>()
+                    .unwrap(),
+                rustls_pki_types::PrivateKeyDer::from_pem_slice(id.key_pem.as_bytes()).unwrap(),
+            )
+            .unwrap(),
+        None => builder.with_no_client_auth(),
+    }
 }
 
 /// The burst: 30 one-core pods at once on two virtual nodes whose lower clusters hold 4 each
@@ -1010,9 +1123,15 @@ async fn a_burst_never_over_commits_a_lower_cluster() {
     );
 }
 
-/// POSTs to the extender over TLS, trusting `ca_pem`.
-async fn post(addr: SocketAddr, ca_pem: &str, path: &str, body: Vec<u8>) -> (u16, Vec<u8>) {
-    let config = tensile_sim::env::client_trusting(ca_pem);
+/// POSTs to the extender over TLS, trusting `ca_pem`, presenting `identity`.
+async fn post(
+    addr: SocketAddr,
+    ca_pem: &str,
+    identity: &Issued,
+    path: &str,
+    body: Vec<u8>,
+) -> (u16, Vec<u8>) {
+    let config = client_config(ca_pem, Some(identity));
     let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
     let tls = tokio_rustls::TlsConnector::from(Arc::new(config))
         .connect(ServerName::try_from("127.0.0.1").unwrap(), tcp)

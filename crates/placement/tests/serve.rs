@@ -231,3 +231,76 @@ async fn garbage_gets_a_4xx_with_a_reason_and_the_server_goes_on() {
     assert_eq!(status_of(&answer), 200, "{answer}");
     assert!(answer.contains("\"allowed\":true"), "{answer}");
 }
+
+/// Holds every request until told to answer: how many are in progress at once shows.
+struct Held {
+    release: tokio::sync::Semaphore,
+    inside: std::sync::atomic::AtomicUsize,
+}
+
+impl Handler for Held {
+    fn handle(&self, _: &str, _: Bytes) -> Pin<Box<dyn Future<Output = Reply> + Send + '_>> {
+        Box::pin(async move {
+            self.inside
+                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            let _ = self.release.acquire().await.map(|p| p.forget());
+            Reply::json(&serde_json::json!({}))
+        })
+    }
+
+    fn max_concurrent(&self) -> usize {
+        1
+    }
+
+    fn max_waiting(&self) -> usize {
+        1
+    }
+}
+
+/// Issue 27 item 3: requests in progress are bounded (each holds its body and what is decoded
+/// from it): past those in progress and those allowed to wait, a request gets 503 with the
+/// reason at once, and the server goes on once they finish.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_past_the_cap_get_503_with_a_reason_and_the_server_goes_on() {
+    let held = Arc::new(Held {
+        release: tokio::sync::Semaphore::new(0),
+        inside: std::sync::atomic::AtomicUsize::new(0),
+    });
+    let (server, cert) = serve(held.clone(), ServerLimits::default()).await;
+    let (addr, ca) = (server.addr(), cert.ca_pem.clone());
+    let spawn_post = || {
+        let ca = ca.clone();
+        tokio::spawn(async move { raw_request(addr, &ca, &post("/filter", 2), b"{}").await })
+    };
+    let first = spawn_post();
+    within(20, "the first request inside", async {
+        while held.inside.load(std::sync::atomic::Ordering::SeqCst) == 0 {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await;
+    // Two more: one waits in the one waiting place, the other is refused at once.
+    let (mut second, mut third) = (spawn_post(), spawn_post());
+    let (waiting, answer) = tokio::select! {
+        a = &mut second => (third, a.unwrap()),
+        a = &mut third => (second, a.unwrap()),
+    };
+    assert_eq!(status_of(&answer), 503, "{answer}");
+    assert!(
+        answer.contains("busy: 1 requests in progress and 1 waiting"),
+        "{answer}"
+    );
+    assert!(
+        answer.to_ascii_lowercase().contains("retry-after: 1"),
+        "{answer}"
+    );
+    assert_eq!(held.inside.load(std::sync::atomic::Ordering::SeqCst), 1);
+    held.release.add_permits(2);
+    for h in [first, waiting] {
+        let answer = within(20, "the held requests answered", h).await.unwrap();
+        assert_eq!(status_of(&answer), 200, "{answer}");
+    }
+    held.release.add_permits(1);
+    let answer = raw_request(addr, &ca, &post("/filter", 2), b"{}").await;
+    assert_eq!(status_of(&answer), 200, "{answer}");
+}

@@ -434,6 +434,8 @@ async fn the_scheduler_calls_extenders_to_filter_and_prioritize() {
         node_cache_capable: true,
         ignorable: false,
         ca_pem: None,
+        client_cert_pem: None,
+        client_key_pem: None,
         managed_resources: Vec::new(),
     }])
     .await

@@ -12,7 +12,7 @@ use rustls_pki_types::ServerName;
 use tokio::net::TcpStream;
 use tokio_rustls::TlsConnector;
 
-use crate::certs::{certs_from_pem, provider};
+use crate::certs::{certs_from_pem, key_from_pem, provider};
 
 /// POSTs JSON over HTTPS, verified against `ca_pem` as `server_name` (webhooks).
 pub(super) async fn post_json(
@@ -21,16 +21,18 @@ pub(super) async fn post_json(
     ca_pem: Option<&str>,
     body: Vec<u8>,
 ) -> Result<Vec<u8>, String> {
-    post_json_with(url, server_name, ca_pem, body, false).await
+    post_json_with(url, server_name, ca_pem, None, body, false).await
 }
 
 /// POSTs JSON and returns the answer's body. `https` URLs are verified against `ca_pem` as
-/// `server_name`; plain `http` only when `allow_http` (kube-scheduler allows it for
-/// extenders; webhooks must use TLS).
+/// `server_name`, presenting the client certificate and key `identity` (PEM) when given; plain
+/// `http` only when `allow_http` (kube-scheduler allows it for extenders; webhooks must use
+/// TLS).
 pub(super) async fn post_json_with(
     url: &str,
     server_name: &str,
     ca_pem: Option<&str>,
+    identity: Option<(&str, &str)>,
     body: Vec<u8>,
     allow_http: bool,
 ) -> Result<Vec<u8>, String> {
@@ -70,8 +72,16 @@ pub(super) async fn post_json_with(
     let config = rustls::ClientConfig::builder_with_provider(provider())
         .with_safe_default_protocol_versions()
         .map_err(|e| e.to_string())?
-        .with_root_certificates(roots)
-        .with_no_client_auth();
+        .with_root_certificates(roots);
+    let config = match identity {
+        None => config.with_no_client_auth(),
+        Some((cert, key)) => config
+            .with_client_auth_cert(
+                certs_from_pem("client certificate", cert).map_err(|e| e.to_string())?,
+                key_from_pem("client key", key).map_err(|e| e.to_string())?,
+            )
+            .map_err(|e| format!("client certificate: {e}"))?,
+    };
     let name = ServerName::try_from(server_name.to_owned()).map_err(|e| e.to_string())?;
     let tls = TlsConnector::from(Arc::new(config))
         .connect(name, tcp)

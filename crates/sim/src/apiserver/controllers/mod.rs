@@ -119,6 +119,10 @@ pub struct SchedulerExtender {
     pub ignorable: bool,
     /// CA of an `https` extender.
     pub ca_pem: Option<String>,
+    /// Client certificate presented to it (`tlsConfig.certData`, PEM).
+    pub client_cert_pem: Option<String>,
+    /// Its key (`tlsConfig.keyData`, PEM).
+    pub client_key_pem: Option<String>,
     /// `managedResources` names: when any is given, only pods whose containers (or init
     /// containers) request or limit one of them are sent to it, as kube-scheduler's
     /// `IsInterested`. Written back with `ignoredByScheduler: true`; the simulated fit never
@@ -163,10 +167,19 @@ impl SchedulerExtender {
                 e[key] = v.clone().into();
             }
         }
-        if let Some(ca) = &self.ca_pem {
-            e["tlsConfig"] = serde_json::json!({
-                "caData": base64::engine::general_purpose::STANDARD.encode(ca),
-            });
+        let b64 = |pem: &str| base64::engine::general_purpose::STANDARD.encode(pem);
+        let mut tls = serde_json::Map::new();
+        for (key, pem) in [
+            ("caData", &self.ca_pem),
+            ("certData", &self.client_cert_pem),
+            ("keyData", &self.client_key_pem),
+        ] {
+            if let Some(pem) = pem {
+                tls.insert(key.into(), b64(pem).into());
+            }
+        }
+        if !tls.is_empty() {
+            e["tlsConfig"] = tls.into();
         }
         if !self.managed_resources.is_empty() {
             e["managedResources"] = self
@@ -180,8 +193,8 @@ impl SchedulerExtender {
 
     /// The `extenders` of a KubeSchedulerConfiguration (as JSON), read as kube-scheduler
     /// reads them: `urlPrefix`, the three verbs, `weight`, `nodeCacheCapable`, `ignorable`,
-    /// `managedResources` names, and `tlsConfig.caData` (base64 of PEM). An entry without
-    /// `urlPrefix` is an error.
+    /// `managedResources` names, and `tlsConfig.caData`, `certData` and `keyData` (base64 of
+    /// PEM). An entry without `urlPrefix` is an error.
     pub fn from_scheduler_config(config: &serde_json::Value) -> Result<Vec<Self>, String> {
         use base64::Engine as _;
         let text = |e: &serde_json::Value, key: &str| {
@@ -203,18 +216,23 @@ impl SchedulerExtender {
             .iter()
             .enumerate()
             .map(|(i, e)| {
-                let ca_pem = match e.pointer("/tlsConfig/caData").and_then(|v| v.as_str()) {
-                    None => None,
-                    Some(data) => Some(
-                        base64::engine::general_purpose::STANDARD
-                            .decode(data)
-                            .ok()
-                            .and_then(|b| String::from_utf8(b).ok())
-                            .ok_or_else(|| {
-                                format!("extenders[{i}].tlsConfig.caData is not base64 of PEM")
-                            })?,
-                    ),
+                let pem = |key: &str| match e
+                    .pointer(&format!("/tlsConfig/{key}"))
+                    .and_then(|v| v.as_str())
+                {
+                    None => Ok(None),
+                    Some(data) => base64::engine::general_purpose::STANDARD
+                        .decode(data)
+                        .ok()
+                        .and_then(|b| String::from_utf8(b).ok())
+                        .map(Some)
+                        .ok_or_else(|| {
+                            format!("extenders[{i}].tlsConfig.{key} is not base64 of PEM")
+                        }),
                 };
+                let ca_pem = pem("caData")?;
+                let client_cert_pem = pem("certData")?;
+                let client_key_pem = pem("keyData")?;
                 Ok(Self {
                     url_prefix: text(e, "urlPrefix")
                         .ok_or_else(|| format!("extenders[{i}] has no urlPrefix"))?,
@@ -228,6 +246,8 @@ impl SchedulerExtender {
                     node_cache_capable: flag(e, "nodeCacheCapable"),
                     ignorable: flag(e, "ignorable"),
                     ca_pem,
+                    client_cert_pem,
+                    client_key_pem,
                     managed_resources: e
                         .get("managedResources")
                         .and_then(serde_json::Value::as_array)
@@ -590,6 +610,8 @@ mod tests {
                 node_cache_capable: false,
                 ignorable: true,
                 ca_pem: Some("PEM".into()),
+                client_cert_pem: None,
+                client_key_pem: None,
                 managed_resources: Vec::new(),
             }
         );
@@ -604,7 +626,7 @@ mod tests {
         let config = json!({"extenders": [
             {"urlPrefix": "https://x:1", "filterVerb": "filter", "prioritizeVerb": "p",
              "bindVerb": "bind", "weight": 5, "nodeCacheCapable": true,
-             "tlsConfig": {"caData": "UEVN"}},
+             "tlsConfig": {"caData": "UEVN", "certData": "Q0VSVA==", "keyData": "S0VZ"}},
             {"urlPrefix": "http://y", "ignorable": true,
              "managedResources": [{"name": "example.com/r", "ignoredByScheduler": true}]}
         ]});
@@ -614,6 +636,8 @@ mod tests {
             .map(SchedulerExtender::to_scheduler_config)
             .collect();
         assert_eq!(written[0]["tlsConfig"]["caData"], "UEVN");
+        assert_eq!(written[0]["tlsConfig"]["certData"], "Q0VSVA==");
+        assert_eq!(read[0].client_key_pem.as_deref(), Some("KEY"));
         assert!(written[1].get("filterVerb").is_none());
         let again =
             SchedulerExtender::from_scheduler_config(&json!({ "extenders": written })).unwrap();

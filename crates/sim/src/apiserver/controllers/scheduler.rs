@@ -308,7 +308,16 @@ async fn call_extender(
     let body = serde_json::to_vec(args).map_err(|e| e.to_string())?;
     let reply = tokio::time::timeout(
         Duration::from_secs(30),
-        super::super::client::post_json_with(&url, &host, ext.ca_pem.as_deref(), body, true),
+        super::super::client::post_json_with(
+            &url,
+            &host,
+            ext.ca_pem.as_deref(),
+            ext.client_cert_pem
+                .as_deref()
+                .zip(ext.client_key_pem.as_deref()),
+            body,
+            true,
+        ),
     )
     .await
     .map_err(|_| format!("Post \"{url}\": timed out"))??;
