@@ -813,6 +813,12 @@ impl Handler for Extender {
         MAX_CONCURRENT_CALLS
     }
 
+    /// One largest body at a time: only kube-scheduler's certificate gets as far as sending
+    /// one (the TLS handshake refuses everyone else), and it sends one call at a time.
+    fn body_budget(&self) -> usize {
+        MAX_EXTENDER_ARGS
+    }
+
     fn handle(&self, path: &str, body: Bytes) -> Pin<Box<dyn Future<Output = Reply> + Send + '_>> {
         let verb = path
             .trim_end_matches('/')

@@ -45,7 +45,8 @@ pub const DEFAULT_MAX_BODY: usize = 4 << 20;
 pub const DEFAULT_MAX_CONCURRENT: usize = 4;
 
 /// Requests that wait for one in progress to finish, beyond which a request is answered 503 at
-/// once. A waiting request holds its headers only: its body is read once it is let in. An API
+/// once. A waiting request holds its body (counted in the byte budget, [`Handler::body_budget`]),
+/// nothing decoded from it. An API
 /// server sends a webhook one review per pod created at once (a burst of hundreds); they take
 /// well under a millisecond each, so they wait rather than fail.
 pub const MAX_WAITING: usize = 512;
@@ -465,16 +466,27 @@ pub trait Handler: Send + Sync + 'static {
     fn max_waiting(&self) -> usize {
         MAX_WAITING
     }
+
+    /// How many body bytes all requests may hold at once, read or in progress: a body takes its
+    /// bytes from this budget as they arrive, so a client that sends slowly holds only what it
+    /// has sent, never a place in progress that others wait for. At least one largest body.
+    fn body_budget(&self) -> usize {
+        self.max_body().saturating_mul(2)
+    }
 }
 
-/// Lets at most `max_concurrent` requests read their body and be handled at once (each holds
-/// its body and what is decoded from it), `max_waiting` more wait up to [`MAX_WAIT`], and
-/// answers the rest 503 with the reason. A waiting request holds its headers only.
+/// Bounds what requests hold. Bodies are read against a byte budget, taken frame by frame as
+/// the bytes arrive (a slow sender holds only what it sent); a request whose next bytes do not
+/// fit within [`MAX_WAIT`] is answered 503. Once read, at most `max_concurrent` requests are
+/// handled at once (each holds what is decoded from its body), `max_waiting` more wait up to
+/// [`MAX_WAIT`], and the rest are answered 503 with the reason.
 struct Gate {
     permits: Arc<Semaphore>,
     max_concurrent: usize,
     max_waiting: usize,
     waiting: AtomicUsize,
+    bytes: Arc<Semaphore>,
+    budget: usize,
 }
 
 fn busy(why: String) -> Response<Full<Bytes>> {
@@ -485,14 +497,29 @@ fn busy(why: String) -> Response<Full<Bytes>> {
 }
 
 impl Gate {
-    fn new(max_concurrent: usize, max_waiting: usize) -> Self {
+    fn new(max_concurrent: usize, max_waiting: usize, budget: usize) -> Self {
         let max_concurrent = max_concurrent.max(1);
+        let budget = budget.clamp(1, Semaphore::MAX_PERMITS);
         Self {
             permits: Arc::new(Semaphore::new(max_concurrent)),
             max_concurrent,
             max_waiting,
             waiting: AtomicUsize::new(0),
+            bytes: Arc::new(Semaphore::new(budget)),
+            budget,
         }
+    }
+
+    /// `n` bytes of the body budget, or None when they are not free within [`MAX_WAIT`] (or
+    /// could never be).
+    async fn take_bytes(&self, n: usize) -> Option<OwnedSemaphorePermit> {
+        let n = u32::try_from(n)
+            .ok()
+            .filter(|&n| n as usize <= self.budget)?;
+        tokio::time::timeout(MAX_WAIT, self.bytes.clone().acquire_many_owned(n))
+            .await
+            .ok()?
+            .ok()
     }
 
     async fn enter(&self) -> Result<OwnedSemaphorePermit, Response<Full<Bytes>>> {
@@ -560,7 +587,11 @@ impl Server {
         })?;
         let stop = CancellationToken::new();
         let connection = limits.connection;
-        let gate = Arc::new(Gate::new(handler.max_concurrent(), handler.max_waiting()));
+        let gate = Arc::new(Gate::new(
+            handler.max_concurrent(),
+            handler.max_waiting(),
+            handler.body_budget().max(handler.max_body()),
+        ));
         tensile_kubelet::tls::accept_loop(listener, tls, connection, stop.clone(), move |tls| {
             let (handler, gate) = (handler.clone(), gate.clone());
             async move {
@@ -633,20 +664,17 @@ async fn respond(
     if announced.is_some_and(|n| n > u64::try_from(max).unwrap_or(u64::MAX)) {
         return too_large();
     }
-    // Held until the answer is built: the body and what is decoded from it count against it.
-    let _permit = match gate.enter().await {
-        Ok(p) => p,
-        Err(busy) => return busy,
-    };
     let expected = announced.and_then(|n| usize::try_from(n).ok());
     let read = tokio::time::timeout(
         body_timeout,
-        read_body(Limited::new(req.into_body(), max), expected, max),
+        read_body(Limited::new(req.into_body(), max), expected, max, gate),
     );
-    let body = match read.await {
-        Ok(Ok(b)) => b,
-        Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => return too_large(),
-        Ok(Err(e)) => {
+    // The body's bytes stay counted until the answer is built.
+    let (body, _bytes) = match read.await {
+        Ok(Ok(Ok(b))) => b,
+        Ok(Err(busy)) => return busy,
+        Ok(Ok(Err(e))) if e.is::<http_body_util::LengthLimitError>() => return too_large(),
+        Ok(Ok(Err(e))) => {
             return plain(
                 StatusCode::BAD_REQUEST,
                 format!("reading the request body: {e}"),
@@ -659,6 +687,11 @@ async fn respond(
             );
         }
     };
+    // Held until the answer is built: what is decoded from the body counts against it.
+    let _permit = match gate.enter().await {
+        Ok(p) => p,
+        Err(busy) => return busy,
+    };
     let reply = handler.handle(&path, body).await;
     let content_type = if reply.status.is_success() {
         "application/json"
@@ -670,19 +703,44 @@ async fn respond(
 
 /// The whole body in one buffer: collecting the frames and joining them would hold the body
 /// twice, and so would growing a buffer by doubling. It is the announced length, or the limit
-/// when none is announced: only the pages written to take memory.
+/// when none is announced: only the pages written to take memory. Each frame's bytes are taken
+/// from `gate`'s budget before they are kept; the permit returned holds them (None for an empty
+/// body). The outer error is the 503 for a budget that stayed full.
 async fn read_body(
     mut body: Limited<Incoming>,
     expected: Option<usize>,
     max: usize,
-) -> Result<Bytes, Box<dyn std::error::Error + Send + Sync>> {
+    gate: &Gate,
+) -> Result<
+    Result<(Bytes, Option<OwnedSemaphorePermit>), Box<dyn std::error::Error + Send + Sync>>,
+    Response<Full<Bytes>>,
+> {
     let mut buf = Vec::with_capacity(expected.unwrap_or(max).min(max));
+    let mut held: Option<OwnedSemaphorePermit> = None;
     while let Some(frame) = body.frame().await {
-        if let Ok(data) = frame?.into_data() {
+        let frame = match frame {
+            Ok(f) => f,
+            Err(e) => return Ok(Err(e)),
+        };
+        if let Ok(data) = frame.into_data() {
+            if data.is_empty() {
+                continue;
+            }
+            let Some(bytes) = gate.take_bytes(data.len()).await else {
+                return Err(busy(format!(
+                    "busy: request bodies in progress hold the {} bytes this server reads at \
+                     once; retry",
+                    gate.budget
+                )));
+            };
+            match &mut held {
+                Some(h) => h.merge(bytes),
+                None => held = Some(bytes),
+            }
             buf.extend_from_slice(&data);
         }
     }
-    Ok(Bytes::from(buf))
+    Ok(Ok((Bytes::from(buf), held)))
 }
 
 #[cfg(test)]

@@ -482,6 +482,10 @@ impl Handler for Arc<Webhook> {
     fn max_waiting(&self) -> usize {
         self.as_ref().max_waiting()
     }
+
+    fn body_budget(&self) -> usize {
+        self.as_ref().body_budget()
+    }
 }
 
 #[cfg(test)]

@@ -304,3 +304,74 @@ async fn requests_past_the_cap_get_503_with_a_reason_and_the_server_goes_on() {
     let answer = raw_request(addr, &ca, &post("/filter", 2), b"{}").await;
     assert_eq!(status_of(&answer), 200, "{answer}");
 }
+
+/// Counts like [`Count`], one request in progress at a time, with a small body budget.
+struct OneAtATime;
+
+impl Handler for OneAtATime {
+    fn handle(&self, _: &str, body: Bytes) -> Pin<Box<dyn Future<Output = Reply> + Send + '_>> {
+        Box::pin(async move { Reply::json(&serde_json::json!({"bytes": body.len()})) })
+    }
+
+    fn max_body(&self) -> usize {
+        100
+    }
+
+    fn max_concurrent(&self) -> usize {
+        1
+    }
+
+    fn body_budget(&self) -> usize {
+        100
+    }
+}
+
+/// A client that sends its body slowly holds the bytes it sent, never the place in progress:
+/// requests behind it are answered (with the place taken before the body was read, one slow
+/// client stalled the only place and the others got 503 after waiting). Only when the bodies
+/// being read hold the whole byte budget does a request get 503, with the reason.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_body_holds_its_bytes_not_the_place_of_others() {
+    let (server, cert) = serve(Arc::new(OneAtATime), ServerLimits::default()).await;
+    let (addr, ca) = (server.addr(), cert.ca_pem.clone());
+    // 90 of 100 announced bytes, then nothing: the body is being read for as long as the body
+    // timeout allows.
+    let mut slow = tls_connect(addr, &ca).await;
+    slow.write_all(post("/filter", 100).as_bytes())
+        .await
+        .unwrap();
+    slow.write_all(&[b' '; 90]).await.unwrap();
+    slow.flush().await.unwrap();
+    for _ in 0..3 {
+        let answer = within(
+            20,
+            "a small request",
+            raw_request(addr, &ca, &post("/f", 2), b"{}"),
+        )
+        .await;
+        assert_eq!(status_of(&answer), 200, "{answer}");
+    }
+    // 20 more bytes do not fit next to the slow body's 90.
+    let answer = within(
+        20,
+        "a request over the budget",
+        raw_request(addr, &ca, &post("/f", 20), &[b' '; 20]),
+    )
+    .await;
+    assert_eq!(status_of(&answer), 503, "{answer}");
+    assert!(
+        answer.contains("request bodies in progress hold the 100 bytes"),
+        "{answer}"
+    );
+    drop(slow);
+    let answer = within(20, "the same request later", async {
+        loop {
+            let a = raw_request(addr, &ca, &post("/f", 20), &[b' '; 20]).await;
+            if status_of(&a) != 503 {
+                return a;
+            }
+        }
+    })
+    .await;
+    assert_eq!(status_of(&answer), 200, "{answer}");
+}
