@@ -345,22 +345,14 @@ pub async fn run(args: FailoverArgs) -> anyhow::Result<()> {
             _ => tokio::time::sleep(Duration::from_millis(50)).await,
         }
     }
-    let failures = burst.await.context("the burst task")?;
-    if failures > 0 {
-        bail!("{failures} pod creations failed upstairs");
-    }
-    wait_for(
-        &format!("all {n} upper pods Running"),
-        args.timeout.as_secs(),
-        &logs,
-        || with(&seen, |s| s.upper_running.len() >= n),
+    let (all_running, lower) = burst_done(
+        burst,
+        (n, args.timeout.as_secs()),
+        (&env, &seen, &logs),
+        (&mut b, "the new leader"),
+        killed,
     )
     .await?;
-    let all_running = killed.elapsed();
-    if let Some(status) = b.try_wait()? {
-        bail!("the new leader exited: {status}");
-    }
-    let lower = LowerPods::now(&env, &seen).await?;
     let (acquired, first_write) = with(&seen, |s| {
         let at = |t: Instant| t.saturating_duration_since(killed);
         (
@@ -533,22 +525,14 @@ async fn run_restart(args: FailoverArgs) -> anyhow::Result<()> {
         },
     )
     .await?;
-    let failures = burst.await.context("the burst task")?;
-    if failures > 0 {
-        bail!("{failures} pod creations failed upstairs");
-    }
-    wait_for(
-        &format!("all {n} upper pods Running"),
-        args.timeout.as_secs(),
-        &logs,
-        || with(&seen, |s| s.upper_running.len() >= n),
+    let (all_running, lower) = burst_done(
+        burst,
+        (n, args.timeout.as_secs()),
+        (&env, &seen, &logs),
+        (&mut b, "the restarted process"),
+        restarted,
     )
     .await?;
-    let all_running = restarted.elapsed();
-    if let Some(status) = b.try_wait()? {
-        bail!("the restarted process exited: {status}");
-    }
-    let lower = LowerPods::now(&env, &seen).await?;
     let (lease, first_create) = with(&seen, |s| {
         let after = |t: Instant| t.checked_duration_since(restarted);
         (
@@ -597,6 +581,31 @@ fn backend() -> &'static str {
     } else {
         "simulated clusters"
     }
+}
+
+/// The end of a burst through the surviving process `b`: every pod created upstairs, all
+/// Running (within `secs`), `b` still running; how long after `since` that was, and the lower
+/// pods then.
+async fn burst_done(
+    burst: tokio::task::JoinHandle<usize>,
+    (n, secs): (usize, u64),
+    (env, seen, logs): (&TestEnv, &Shared, &[PathBuf]),
+    (b, who): (&mut tokio::process::Child, &str),
+    since: Instant,
+) -> anyhow::Result<(Duration, LowerPods)> {
+    let failures = burst.await.context("the burst task")?;
+    if failures > 0 {
+        bail!("{failures} pod creations failed upstairs");
+    }
+    wait_for(&format!("all {n} upper pods Running"), secs, logs, || {
+        with(seen, |s| s.upper_running.len() >= n)
+    })
+    .await?;
+    let all_running = since.elapsed();
+    if let Some(status) = b.try_wait()? {
+        bail!("{who} exited: {status}");
+    }
+    Ok((all_running, LowerPods::now(env, seen).await?))
 }
 
 /// Creates `n` pods upstairs, `concurrency` at a time, in the background; counts the failures.

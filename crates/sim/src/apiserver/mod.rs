@@ -16,7 +16,7 @@ mod metrics;
 pub mod patch;
 mod proto_schema;
 pub mod protobuf;
-mod proxy;
+pub(crate) mod proxy;
 pub mod rbac;
 mod rbac_strategy;
 pub mod request;

@@ -484,56 +484,6 @@ pub fn client_trusting(ca_pem: &str) -> rustls::ClientConfig {
     .with_no_client_auth()
 }
 
-/// Accepts any server certificate (signatures still checked): for tests that reach a listener
-/// whose generated certificate they do not know, as an attacker would.
-#[derive(Debug)]
-struct AnyServerCert(std::sync::Arc<rustls::crypto::CryptoProvider>);
-
-impl rustls::client::danger::ServerCertVerifier for AnyServerCert {
-    fn verify_server_cert(
-        &self,
-        _: &rustls_pki_types::CertificateDer<'_>,
-        _: &[rustls_pki_types::CertificateDer<'_>],
-        _: &rustls_pki_types::ServerName<'_>,
-        _: &[u8],
-        _: rustls_pki_types::UnixTime,
-    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
-        Ok(rustls::client::danger::ServerCertVerified::assertion())
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &rustls_pki_types::CertificateDer<'_>,
-        dss: &rustls::DigitallySignedStruct,
-    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(
-            message,
-            cert,
-            dss,
-            &self.0.signature_verification_algorithms,
-        )
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &rustls_pki_types::CertificateDer<'_>,
-        dss: &rustls::DigitallySignedStruct,
-    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(
-            message,
-            cert,
-            dss,
-            &self.0.signature_verification_algorithms,
-        )
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
-        self.0.signature_verification_algorithms.supported_schemes()
-    }
-}
-
 /// Sends `request` (raw HTTP/1.1 bytes, best with `Connection: close`) over a new TLS
 /// connection to `addr` without verifying its certificate, and returns what the server sent
 /// until it closed the connection: one connection per request, as a flood of clients makes.
@@ -547,7 +497,9 @@ pub async fn https_exchange_unverified(
         .with_safe_default_protocol_versions()
         .map_err(|e| e.to_string())?
         .dangerous()
-        .with_custom_certificate_verifier(std::sync::Arc::new(AnyServerCert(provider)))
+        .with_custom_certificate_verifier(std::sync::Arc::new(
+            crate::apiserver::proxy::CertNotVerified(provider),
+        ))
         .with_no_client_auth();
     let tcp = tokio::net::TcpStream::connect(addr)
         .await
