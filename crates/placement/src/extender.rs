@@ -813,10 +813,10 @@ impl Handler for Extender {
         MAX_CONCURRENT_CALLS
     }
 
-    /// One largest body at a time: only kube-scheduler's certificate gets as far as sending
-    /// one (the TLS handshake refuses everyone else), and it sends one call at a time.
-    fn body_budget(&self) -> usize {
-        MAX_EXTENDER_ARGS
+    /// One large body at a time: only kube-scheduler's certificate gets as far as sending one
+    /// (the TLS handshake refuses everyone else), and its calls are a few KiB.
+    fn large_bodies(&self) -> usize {
+        1
     }
 
     fn handle(&self, path: &str, body: Bytes) -> Pin<Box<dyn Future<Output = Reply> + Send + '_>> {

@@ -45,11 +45,20 @@ pub const DEFAULT_MAX_BODY: usize = 4 << 20;
 pub const DEFAULT_MAX_CONCURRENT: usize = 4;
 
 /// Requests that wait for one in progress to finish, beyond which a request is answered 503 at
-/// once. A waiting request holds its body (counted in the byte budget, [`Handler::body_budget`]),
+/// once. A waiting request holds its body (read within [`SMALL_POOL`] or a large-body place),
 /// nothing decoded from it. An API
 /// server sends a webhook one review per pod created at once (a burst of hundreds); they take
 /// well under a millisecond each, so they wait rather than fail.
 pub const MAX_WAITING: usize = 512;
+
+/// Bodies up to this size are read against one shared pool of bytes ([`SMALL_POOL`]), taken
+/// frame by frame as the bytes arrive, so a client that sends slowly holds only what it sent.
+/// A body that grows past it needs one of the handler's large-body places
+/// ([`Handler::large_bodies`]) to go on. Reviews and extender calls are a few KiB.
+pub const SMALL_BODY: usize = 64 << 10;
+
+/// What the small bodies being read may hold together: 64 of the largest.
+pub const SMALL_POOL: usize = 64 * SMALL_BODY;
 
 /// How long a request waits to be let in before it is answered 503: well within the 10 s an API
 /// server gives a webhook and kube-scheduler an extender (as shipped), so they see the reason.
@@ -467,26 +476,34 @@ pub trait Handler: Send + Sync + 'static {
         MAX_WAITING
     }
 
-    /// How many body bytes all requests may hold at once, read or in progress: a body takes its
-    /// bytes from this budget as they arrive, so a client that sends slowly holds only what it
-    /// has sent, never a place in progress that others wait for. At least one largest body.
-    fn body_budget(&self) -> usize {
-        self.max_body().saturating_mul(2)
+    /// How many bodies larger than [`SMALL_BODY`] are read at once (each up to
+    /// [`Handler::max_body`]): with [`SMALL_POOL`], what bodies being read can hold.
+    fn large_bodies(&self) -> usize {
+        2
     }
 }
 
-/// Bounds what requests hold. Bodies are read against a byte budget, taken frame by frame as
-/// the bytes arrive (a slow sender holds only what it sent); a request whose next bytes do not
-/// fit within [`MAX_WAIT`] is answered 503. Once read, at most `max_concurrent` requests are
-/// handled at once (each holds what is decoded from its body), `max_waiting` more wait up to
-/// [`MAX_WAIT`], and the rest are answered 503 with the reason.
+/// Bounds what requests hold. A body is read against [`SMALL_POOL`], frame by frame as its
+/// bytes arrive (a slow sender holds only what it sent), and past [`SMALL_BODY`] in one of
+/// `large` places, so large bodies never share out the pool among themselves and stall each
+/// other; a request whose bytes find no room within [`MAX_WAIT`] is answered 503. Once read, at
+/// most `max_concurrent` requests are handled at once (each holds what is decoded from its
+/// body), `max_waiting` more wait up to [`MAX_WAIT`], and the rest are answered 503 with the
+/// reason.
 struct Gate {
     permits: Arc<Semaphore>,
     max_concurrent: usize,
     max_waiting: usize,
     waiting: AtomicUsize,
-    bytes: Arc<Semaphore>,
-    budget: usize,
+    small: Arc<Semaphore>,
+    large: Arc<Semaphore>,
+    large_bodies: usize,
+}
+
+/// What a body being read holds: its bytes in the small pool, or a large-body place.
+struct BodyHold {
+    _small: Option<OwnedSemaphorePermit>,
+    _large: Option<OwnedSemaphorePermit>,
 }
 
 fn busy(why: String) -> Response<Full<Bytes>> {
@@ -497,26 +514,33 @@ fn busy(why: String) -> Response<Full<Bytes>> {
 }
 
 impl Gate {
-    fn new(max_concurrent: usize, max_waiting: usize, budget: usize) -> Self {
+    fn new(max_concurrent: usize, max_waiting: usize, large_bodies: usize) -> Self {
         let max_concurrent = max_concurrent.max(1);
-        let budget = budget.clamp(1, Semaphore::MAX_PERMITS);
+        let large_bodies = large_bodies.max(1);
         Self {
             permits: Arc::new(Semaphore::new(max_concurrent)),
             max_concurrent,
             max_waiting,
             waiting: AtomicUsize::new(0),
-            bytes: Arc::new(Semaphore::new(budget)),
-            budget,
+            small: Arc::new(Semaphore::new(SMALL_POOL)),
+            large: Arc::new(Semaphore::new(large_bodies)),
+            large_bodies,
         }
     }
 
-    /// `n` bytes of the body budget, or None when they are not free within [`MAX_WAIT`] (or
-    /// could never be).
-    async fn take_bytes(&self, n: usize) -> Option<OwnedSemaphorePermit> {
-        let n = u32::try_from(n)
+    /// `n` bytes of the small pool (`n` at most [`SMALL_BODY`]), or None when they are not free
+    /// within [`MAX_WAIT`].
+    async fn take_small(&self, n: usize) -> Option<OwnedSemaphorePermit> {
+        let n = u32::try_from(n.min(SMALL_BODY)).ok()?;
+        tokio::time::timeout(MAX_WAIT, self.small.clone().acquire_many_owned(n))
+            .await
+            .ok()?
             .ok()
-            .filter(|&n| n as usize <= self.budget)?;
-        tokio::time::timeout(MAX_WAIT, self.bytes.clone().acquire_many_owned(n))
+    }
+
+    /// A large-body place, or None when none is free within [`MAX_WAIT`].
+    async fn take_large(&self) -> Option<OwnedSemaphorePermit> {
+        tokio::time::timeout(MAX_WAIT, self.large.clone().acquire_owned())
             .await
             .ok()?
             .ok()
@@ -590,7 +614,7 @@ impl Server {
         let gate = Arc::new(Gate::new(
             handler.max_concurrent(),
             handler.max_waiting(),
-            handler.body_budget().max(handler.max_body()),
+            handler.large_bodies(),
         ));
         tensile_kubelet::tls::accept_loop(listener, tls, connection, stop.clone(), move |tls| {
             let (handler, gate) = (handler.clone(), gate.clone());
@@ -703,44 +727,62 @@ async fn respond(
 
 /// The whole body in one buffer: collecting the frames and joining them would hold the body
 /// twice, and so would growing a buffer by doubling. It is the announced length, or the limit
-/// when none is announced: only the pages written to take memory. Each frame's bytes are taken
-/// from `gate`'s budget before they are kept; the permit returned holds them (None for an empty
-/// body). The outer error is the 503 for a budget that stayed full.
+/// when none is announced: only the pages written to take memory. What it holds is taken from
+/// `gate` as the bytes arrive (see [`Gate`]) and returned with it. The outer error is the 503
+/// for no room.
 async fn read_body(
     mut body: Limited<Incoming>,
     expected: Option<usize>,
     max: usize,
     gate: &Gate,
 ) -> Result<
-    Result<(Bytes, Option<OwnedSemaphorePermit>), Box<dyn std::error::Error + Send + Sync>>,
+    Result<(Bytes, BodyHold), Box<dyn std::error::Error + Send + Sync>>,
     Response<Full<Bytes>>,
 > {
     let mut buf = Vec::with_capacity(expected.unwrap_or(max).min(max));
-    let mut held: Option<OwnedSemaphorePermit> = None;
+    let mut small: Option<OwnedSemaphorePermit> = None;
+    let mut large: Option<OwnedSemaphorePermit> = None;
     while let Some(frame) = body.frame().await {
         let frame = match frame {
             Ok(f) => f,
             Err(e) => return Ok(Err(e)),
         };
-        if let Ok(data) = frame.into_data() {
-            if data.is_empty() {
-                continue;
+        let Ok(data) = frame.into_data() else {
+            continue;
+        };
+        if large.is_none() && !data.is_empty() {
+            if buf.len() + data.len() <= SMALL_BODY {
+                let Some(bytes) = gate.take_small(data.len()).await else {
+                    return Err(busy(format!(
+                        "busy: request bodies being read hold the {SMALL_POOL} bytes kept for \
+                         them; retry"
+                    )));
+                };
+                match &mut small {
+                    Some(held) => held.merge(bytes),
+                    None => small = Some(bytes),
+                }
+            } else {
+                let Some(place) = gate.take_large().await else {
+                    return Err(busy(format!(
+                        "busy: {} request bodies over {SMALL_BODY} bytes are being read; retry",
+                        gate.large_bodies
+                    )));
+                };
+                large = Some(place);
+                // Its bytes are counted by the place from now on.
+                small = None;
             }
-            let Some(bytes) = gate.take_bytes(data.len()).await else {
-                return Err(busy(format!(
-                    "busy: request bodies in progress hold the {} bytes this server reads at \
-                     once; retry",
-                    gate.budget
-                )));
-            };
-            match &mut held {
-                Some(h) => h.merge(bytes),
-                None => held = Some(bytes),
-            }
-            buf.extend_from_slice(&data);
         }
+        buf.extend_from_slice(&data);
     }
-    Ok(Ok((Bytes::from(buf), held)))
+    Ok(Ok((
+        Bytes::from(buf),
+        BodyHold {
+            _small: small,
+            _large: large,
+        },
+    )))
 }
 
 #[cfg(test)]

@@ -483,8 +483,8 @@ impl Handler for Arc<Webhook> {
         self.as_ref().max_waiting()
     }
 
-    fn body_budget(&self) -> usize {
-        self.as_ref().body_budget()
+    fn large_bodies(&self) -> usize {
+        self.as_ref().large_bodies()
     }
 }
 

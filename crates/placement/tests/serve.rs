@@ -14,7 +14,7 @@ use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, ServerName};
 use tensile_kubelet::tls::ConnectionLimits;
 use tensile_placement::serve::{
-    DEFAULT_MAX_BODY, Handler, Reply, Server, ServerLimits, ServingCert, tls_config,
+    DEFAULT_MAX_BODY, Handler, Reply, SMALL_BODY, Server, ServerLimits, ServingCert, tls_config,
 };
 use tensile_placement::webhook::{MAX_ADMISSION_REVIEW, Webhook, WebhookConfig};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
@@ -305,7 +305,7 @@ async fn requests_past_the_cap_get_503_with_a_reason_and_the_server_goes_on() {
     assert_eq!(status_of(&answer), 200, "{answer}");
 }
 
-/// Counts like [`Count`], one request in progress at a time, with a small body budget.
+/// Counts like [`Count`], one request in progress at a time, one large body read at a time.
 struct OneAtATime;
 
 impl Handler for OneAtATime {
@@ -313,34 +313,31 @@ impl Handler for OneAtATime {
         Box::pin(async move { Reply::json(&serde_json::json!({"bytes": body.len()})) })
     }
 
-    fn max_body(&self) -> usize {
-        100
-    }
-
     fn max_concurrent(&self) -> usize {
         1
     }
 
-    fn body_budget(&self) -> usize {
-        100
+    fn large_bodies(&self) -> usize {
+        1
     }
 }
 
 /// A client that sends its body slowly holds the bytes it sent, never the place in progress:
 /// requests behind it are answered (with the place taken before the body was read, one slow
-/// client stalled the only place and the others got 503 after waiting). Only when the bodies
-/// being read hold the whole byte budget does a request get 503, with the reason.
+/// client stalled the only place and the others got 503 after waiting). A slow large body holds
+/// a large-body place: small ones still pass, another large one gets 503 with the reason, and
+/// is served once the slow one is gone.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slow_body_holds_its_bytes_not_the_place_of_others() {
     let (server, cert) = serve(Arc::new(OneAtATime), ServerLimits::default()).await;
     let (addr, ca) = (server.addr(), cert.ca_pem.clone());
-    // 90 of 100 announced bytes, then nothing: the body is being read for as long as the body
-    // timeout allows.
+    let large = SMALL_BODY + 1000;
+    // Past the small size, then nothing: read for as long as the body timeout allows.
     let mut slow = tls_connect(addr, &ca).await;
-    slow.write_all(post("/filter", 100).as_bytes())
+    slow.write_all(post("/filter", 2 * large).as_bytes())
         .await
         .unwrap();
-    slow.write_all(&[b' '; 90]).await.unwrap();
+    slow.write_all(&vec![b' '; large]).await.unwrap();
     slow.flush().await.unwrap();
     for _ in 0..3 {
         let answer = within(
@@ -351,22 +348,24 @@ async fn a_slow_body_holds_its_bytes_not_the_place_of_others() {
         .await;
         assert_eq!(status_of(&answer), 200, "{answer}");
     }
-    // 20 more bytes do not fit next to the slow body's 90.
+    let body = vec![b' '; large];
     let answer = within(
         20,
-        "a request over the budget",
-        raw_request(addr, &ca, &post("/f", 20), &[b' '; 20]),
+        "a second large body",
+        raw_request(addr, &ca, &post("/f", large), &body),
     )
     .await;
     assert_eq!(status_of(&answer), 503, "{answer}");
     assert!(
-        answer.contains("request bodies in progress hold the 100 bytes"),
+        answer.contains(&format!(
+            "1 request bodies over {SMALL_BODY} bytes are being read"
+        )),
         "{answer}"
     );
     drop(slow);
-    let answer = within(20, "the same request later", async {
+    let answer = within(20, "the large body once the slow one is gone", async {
         loop {
-            let a = raw_request(addr, &ca, &post("/f", 20), &[b' '; 20]).await;
+            let a = raw_request(addr, &ca, &post("/f", large), &body).await;
             if status_of(&a) != 503 {
                 return a;
             }
