@@ -727,7 +727,9 @@ async fn respond(
 
 /// The whole body in one buffer: collecting the frames and joining them would hold the body
 /// twice, and so would growing a buffer by doubling. It is the announced length, or the limit
-/// when none is announced: only the pages written to take memory. What it holds is taken from
+/// when none is announced, reserved once the body holds a large-body place (a small body's
+/// buffer is small: the allocator keeps freed pages, and 16 waiting bodies each with a
+/// buffer of the limit took a debug webhook to 90 MiB). What it holds is taken from
 /// `gate` as the bytes arrive (see [`Gate`]) and returned with it. The outer error is the 503
 /// for no room.
 async fn read_body(
@@ -739,7 +741,8 @@ async fn read_body(
     Result<(Bytes, BodyHold), Box<dyn std::error::Error + Send + Sync>>,
     Response<Full<Bytes>>,
 > {
-    let mut buf = Vec::with_capacity(expected.unwrap_or(max).min(max));
+    let whole = expected.unwrap_or(max).min(max);
+    let mut buf = Vec::with_capacity(whole.min(SMALL_BODY));
     let mut small: Option<OwnedSemaphorePermit> = None;
     let mut large: Option<OwnedSemaphorePermit> = None;
     while let Some(frame) = body.frame().await {
@@ -772,6 +775,7 @@ async fn read_body(
                 large = Some(place);
                 // Its bytes are counted by the place from now on.
                 small = None;
+                buf.reserve_exact(whole.max(buf.len() + data.len()) - buf.len());
             }
         }
         buf.extend_from_slice(&data);
