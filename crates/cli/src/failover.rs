@@ -271,14 +271,12 @@ pub async fn run(args: FailoverArgs) -> anyhow::Result<()> {
     let metrics_ports = [free_port()?, free_port()?];
 
     // The first replica leads once it registered the node with its kubelet port.
-    let mut a = replica(&env, &logs[0], ports[0], metrics_ports[0], Some("vk-a"))?;
-    let a_pid = a.id().context("replica a exited at once")?;
-    wait_for("replica a to lead and register the node", 60, &logs, || {
-        with(&seen, |s| {
-            s.holder.as_ref().and_then(|(h, _)| holder_pid(h)) == Some(a_pid)
-                && s.kubelet_port.map(|(p, _)| p) == Some(i32::from(ports[0]))
-        })
-    })
+    let mut a = holding_replica(
+        (&env, &seen, &logs),
+        0,
+        (ports[0], metrics_ports[0]),
+        Some("vk-a"),
+    )
     .await?;
     let mut b = replica(&env, &logs[1], ports[1], metrics_ports[1], Some("vk-b"))?;
     let b_pid = b.id().context("replica b exited at once")?;
@@ -303,20 +301,8 @@ pub async fn run(args: FailoverArgs) -> anyhow::Result<()> {
     }
 
     let concurrency = args.concurrency.max(1);
-    let burst = burst(&env, n, concurrency);
-    let start = Instant::now();
-    wait_for(
-        &format!("{kill_after} lower pods before the kill"),
-        120,
-        &logs,
-        || with(&seen, |s| s.lower_uids.len() >= kill_after),
-    )
-    .await?;
-    a.start_kill().context("killing the leader")?;
-    let killed = Instant::now();
-    let (lower_at_kill, running_at_kill) =
-        with(&seen, |s| (s.lower_uids.len(), s.upper_running.len()))?;
-    let _ = a.wait().await;
+    let (burst, start, killed, (lower_at_kill, running_at_kill)) =
+        burst_then_kill((&env, &seen, &logs), &mut a, (n, concurrency, kill_after)).await?;
 
     wait_for("replica b to take the lease over", 60, &logs, || {
         with(&seen, |s| {
@@ -461,15 +447,7 @@ async fn run_restart(args: FailoverArgs) -> anyhow::Result<()> {
     let watches = watch_all(&env, &seen, ("kube-node-lease", NODE));
     let logs = [env.dir().join("first.log"), env.dir().join("restarted.log")];
     let (port, metrics_port) = (free_port()?, free_port()?);
-    let mut a = replica(&env, &logs[0], port, metrics_port, None)?;
-    let a_pid = a.id().context("the first process exited at once")?;
-    wait_for("the node registered, its lease held", 60, &logs, || {
-        with(&seen, |s| {
-            s.holder.as_ref().and_then(|(h, _)| holder_pid(h)) == Some(a_pid)
-                && s.kubelet_port.map(|(p, _)| p) == Some(i32::from(port))
-        })
-    })
-    .await?;
+    let mut a = holding_replica((&env, &seen, &logs), 0, (port, metrics_port), None).await?;
     // A second live process with the same flags on this host is refused, before it serves or
     // writes anything.
     let second_log = env.dir().join("second.log");
@@ -483,20 +461,8 @@ async fn run_restart(args: FailoverArgs) -> anyhow::Result<()> {
         bail!("a second process for the node was not refused ({status}):\n{refusal}");
     }
     let concurrency = args.concurrency.max(1);
-    let burst = burst(&env, n, concurrency);
-    let start = Instant::now();
-    wait_for(
-        &format!("{kill_after} lower pods before the kill"),
-        120,
-        &logs,
-        || with(&seen, |s| s.lower_uids.len() >= kill_after),
-    )
-    .await?;
-    a.start_kill().context("killing the virtual node")?;
-    let killed = Instant::now();
-    let _ = a.wait().await;
-    let (lower_at_kill, running_at_kill) =
-        with(&seen, |s| (s.lower_uids.len(), s.upper_running.len()))?;
+    let (burst, start, killed, (lower_at_kill, running_at_kill)) =
+        burst_then_kill((&env, &seen, &logs), &mut a, (n, concurrency, kill_after)).await?;
     // What the dead process created, by one LIST: the first create of the new one is the first
     // pod seen that is not among them (a watch event of the old one may come late).
     let before: BTreeSet<String> =
@@ -581,6 +547,60 @@ fn backend() -> &'static str {
     } else {
         "simulated clusters"
     }
+}
+
+/// Starts replica `i` (log `logs[i]`) and waits until it holds the watched lease and has
+/// registered the node with its kubelet port.
+async fn holding_replica(
+    (env, seen, logs): (&TestEnv, &Shared, &[PathBuf]),
+    i: usize,
+    (port, metrics_port): (u16, u16),
+    pod_name: Option<&str>,
+) -> anyhow::Result<tokio::process::Child> {
+    let child = replica(env, &logs[i], port, metrics_port, pod_name)?;
+    let pid = child.id().context("the process exited at once")?;
+    wait_for(
+        "the process to hold the lease and register the node",
+        60,
+        logs,
+        || {
+            with(seen, |s| {
+                s.holder.as_ref().and_then(|(h, _)| holder_pid(h)) == Some(pid)
+                    && s.kubelet_port.map(|(p, _)| p) == Some(i32::from(port))
+            })
+        },
+    )
+    .await?;
+    Ok(child)
+}
+
+/// Starts a burst of `n` pods and kills (SIGKILL) `victim` once `kill_after` lower pods exist:
+/// the burst, when it started, when the kill was, and the lower pods created and upper pods
+/// Running at the kill.
+async fn burst_then_kill(
+    (env, seen, logs): (&TestEnv, &Shared, &[PathBuf]),
+    victim: &mut tokio::process::Child,
+    (n, concurrency, kill_after): (usize, usize, usize),
+) -> anyhow::Result<(
+    tokio::task::JoinHandle<usize>,
+    Instant,
+    Instant,
+    (usize, usize),
+)> {
+    let burst = burst(env, n, concurrency);
+    let start = Instant::now();
+    wait_for(
+        &format!("{kill_after} lower pods before the kill"),
+        120,
+        logs,
+        || with(seen, |s| s.lower_uids.len() >= kill_after),
+    )
+    .await?;
+    victim.start_kill().context("killing the process")?;
+    let killed = Instant::now();
+    let at_kill = with(seen, |s| (s.lower_uids.len(), s.upper_running.len()))?;
+    let _ = victim.wait().await;
+    Ok((burst, start, killed, at_kill))
 }
 
 /// The end of a burst through the surviving process `b`: every pod created upstairs, all

@@ -635,13 +635,10 @@ async fn a_lower_cluster_without_metrics_lists_the_running_pods_with_no_usage() 
     );
 }
 
-/// Issue 28 item 2, on a lower cluster: a pod that has just started is in `/stats/summary` and
-/// `/metrics/resource` of the kubelet port at once, with every container, before the lower
-/// metrics API has any usage for it (the first scrape is cached: the simulator's for 5 s,
-/// metrics-server's until its next round).
-#[tokio::test]
-async fn a_pod_is_in_the_kubelet_stats_as_soon_as_it_runs_with_every_container() {
-    let (env, backend) = setup().await;
+/// A kubelet server over `backend` without authentication (the backend is what is tested), and
+/// a plain HTTPS client of it (kube-rs' HTTP stack, nothing Kubernetes-specific in the
+/// requests; the certificate is self-signed).
+async fn open_kubelet(backend: LowerBackend) -> (KubeletServer, kube::Client) {
     let server = KubeletServer::start(
         KubeletServerConfig {
             listen: "127.0.0.1:0".parse().unwrap(),
@@ -662,7 +659,17 @@ async fn a_pod_is_in_the_kubelet_stats_as_soon_as_it_runs_with_every_container()
             .unwrap(),
     );
     config.accept_invalid_certs = true;
-    let client = kube::Client::try_from(config).unwrap();
+    (server, kube::Client::try_from(config).unwrap())
+}
+
+/// Issue 28 item 2, on a lower cluster: a pod that has just started is in `/stats/summary` and
+/// `/metrics/resource` of the kubelet port at once, with every container, before the lower
+/// metrics API has any usage for it (the first scrape is cached: the simulator's for 5 s,
+/// metrics-server's until its next round).
+#[tokio::test]
+async fn a_pod_is_in_the_kubelet_stats_as_soon_as_it_runs_with_every_container() {
+    let (env, backend) = setup().await;
+    let (_server, client) = open_kubelet(backend).await;
     let get = |path: &str| http::Request::get(path).body(Vec::new()).unwrap();
     let summary = || async {
         let text = client.request_text(get("/stats/summary")).await.unwrap();
@@ -712,29 +719,7 @@ async fn a_pod_is_in_the_kubelet_stats_as_soon_as_it_runs_with_every_container()
 #[tokio::test]
 async fn the_kubelet_server_serves_lower_logs_over_https() {
     let (_env, backend) = setup().await;
-    let server = KubeletServer::start(
-        KubeletServerConfig {
-            listen: "127.0.0.1:0".parse().unwrap(),
-            cert: ServingCert::SelfSigned {
-                sans: vec!["127.0.0.1".into()],
-            },
-            client_ca_pem: None,
-            auth: Auth::Disabled,
-            streaming: StreamingConfig::default(),
-        },
-        Arc::new(backend),
-    )
-    .await
-    .unwrap();
-    // A plain HTTPS client (kube-rs' HTTP stack, nothing Kubernetes-specific in the request);
-    // the certificate is self-signed.
-    let mut config = kube::Config::new(
-        format!("https://{}", server.addr())
-            .parse::<http::Uri>()
-            .unwrap(),
-    );
-    config.accept_invalid_certs = true;
-    let client = kube::Client::try_from(config).unwrap();
+    let (_server, client) = open_kubelet(backend).await;
     let get = |path: &str| http::Request::get(path).body(Vec::new()).unwrap();
 
     let text = client
