@@ -25,6 +25,14 @@ use tensile_core::join::{self as plan, StoredCredential};
 
 use crate::common::parse_duration;
 
+/// One line of the report on stdout (a closed stdout ends nothing: the work is done).
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stdout(), $($arg)*);
+    }};
+}
+
 /// `deploy/lower`: the identity in every lower cluster.
 const LOWER_RBAC: &str = include_str!("../../../deploy/lower/rbac.yaml");
 /// `deploy/virtual-node/rbac`: the virtual nodes' identity upstairs.
@@ -242,7 +250,7 @@ async fn apply(client: &kube::Client, cluster: &str, object: &Value) -> anyhow::
         }
         Some(_) => (true, "configured"),
     };
-    println!("{cluster}: {what} {word}");
+    say!("{cluster}: {what} {word}");
     Ok(changed)
 }
 
@@ -259,7 +267,7 @@ fn stored_credential(secret: &Secret) -> Option<StoredCredential> {
 
 fn print_yaml(comment: &str, object: &Value) -> anyhow::Result<()> {
     let text = serde_saphyr::to_string(object).context("writing YAML")?;
-    println!("---\n# {comment}\n{}", text.trim_end());
+    say!("---\n# {comment}\n{}", text.trim_end());
     Ok(())
 }
 
@@ -306,7 +314,7 @@ pub async fn run_join(args: JoinArgs) -> anyhow::Result<()> {
             print_yaml(&upper_at, o)?;
         }
         if args.placement {
-            println!(
+            say!(
                 "---\n# {upper_at}: deployment kube-system/{} gets --cluster={n}=/etc/tensile/{n}/kubeconfig and Secret {} mounted",
                 plan::EXTENDER_DEPLOYMENT,
                 plan::secret_name(&args.name),
@@ -387,7 +395,7 @@ pub async fn run_join(args: JoinArgs) -> anyhow::Result<()> {
             }
         }
         changed += usize::from(apply(&upper, &upper_at, &secret).await?);
-        println!(
+        say!(
             "{upper_at}: token of kube-system/tensile in {lower_at} issued, expires {expires}"
         );
         expires.to_string()
@@ -397,7 +405,7 @@ pub async fn run_join(args: JoinArgs) -> anyhow::Result<()> {
             .and_then(|s| Timestamp::from_second(s.expires).ok())
             .map(|t| t.to_string())
             .unwrap_or_default();
-        println!(
+        say!(
             "{upper_at}: secret kube-system/{secret_name} unchanged (its token expires {expires})"
         );
         expires
@@ -438,7 +446,7 @@ pub async fn run_join(args: JoinArgs) -> anyhow::Result<()> {
                 plan::EXTENDER_DEPLOYMENT,
                 plan::EXTENDER_CONTAINER
             ),
-            Some(false) => println!(
+            Some(false) => say!(
                 "{upper_at}: deployment kube-system/{} unchanged (already has {})",
                 plan::EXTENDER_DEPLOYMENT,
                 args.name
@@ -457,7 +465,7 @@ pub async fn run_join(args: JoinArgs) -> anyhow::Result<()> {
                             args.name
                         )
                     })?;
-                println!(
+                say!(
                     "{upper_at}: deployment kube-system/{} configured",
                     plan::EXTENDER_DEPLOYMENT
                 );
@@ -467,9 +475,9 @@ pub async fn run_join(args: JoinArgs) -> anyhow::Result<()> {
     }
 
     if changed == 0 {
-        println!("{} was already joined: nothing changed", args.name);
+        say!("{} was already joined: nothing changed", args.name);
     } else {
-        println!(
+        say!(
             "{} joined as node {} ({changed} changes in {:.1} s)",
             args.name,
             plan::node_name(&args.name),
@@ -498,11 +506,11 @@ async fn delete_ours(client: &kube::Client, cluster: &str, object: &Value) -> an
         .and_then(|l| l.get(plan::LABEL_MANAGED_BY))
         .is_some_and(|v| v == plan::MANAGED_BY_JOIN);
     if !ours {
-        println!("{cluster}: {what} left alone: join did not create it");
+        say!("{cluster}: {what} left alone: join did not create it");
         return Ok(());
     }
     match api.delete(name, &DeleteParams::background()).await {
-        Ok(_) => println!("{cluster}: {what} deleted"),
+        Ok(_) => say!("{cluster}: {what} deleted"),
         Err(kube::Error::Api(e)) if e.code == 404 => {}
         Err(e) => return Err(e).with_context(|| format!("deleting {what} in {cluster}")),
     }
@@ -521,7 +529,7 @@ where
 {
     match api.delete(name, &DeleteParams::background()).await {
         Ok(_) => {
-            println!("{cluster}: {what} deleted");
+            say!("{cluster}: {what} deleted");
             Ok(())
         }
         Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
@@ -658,7 +666,7 @@ pub async fn run_unjoin(args: UnjoinArgs) -> anyhow::Result<()> {
                         args.name
                     )
                 })?;
-            println!(
+            say!(
                 "{upper_at}: deployment kube-system/{} configured",
                 plan::EXTENDER_DEPLOYMENT
             );
@@ -679,7 +687,7 @@ pub async fn run_unjoin(args: UnjoinArgs) -> anyhow::Result<()> {
             delete_ours(&upper, &upper_at, o).await?;
         }
     } else {
-        println!(
+        say!(
             "{upper_at}: the virtual nodes' RBAC stays: {} other joined lower cluster(s) use it",
             others.items.len()
         );
@@ -689,6 +697,6 @@ pub async fn run_unjoin(args: UnjoinArgs) -> anyhow::Result<()> {
     for o in rendered.lower.iter().rev() {
         delete_ours(&lower, &lower_at, o).await?;
     }
-    println!("{} unjoined", args.name);
+    say!("{} unjoined", args.name);
     Ok(())
 }

@@ -287,7 +287,44 @@ fn two_lower_clusters_join_run_pods_with_what_join_stored_and_one_unjoins_cleanl
                 "--upper-context=upper",
                 &format!("--lower-context={name}"),
                 &format!("--name={name}"),
+                "--placement",
             ],
+        )
+    };
+
+    // The extender as deploy/scheduler ships it, but knowing lower-1 only: join --placement
+    // registers lower-2 with it, unjoin removes lower-1.
+    let shipped: Vec<Value> = serde_saphyr::from_multiple(
+        &std::fs::read_to_string(deploy_dir("scheduler/deployment.yaml")).unwrap(),
+    )
+    .unwrap();
+    let mut extender = shipped
+        .into_iter()
+        .find(|o| o["kind"] == "Deployment")
+        .unwrap();
+    let spec = &mut extender["spec"]["template"]["spec"];
+    let c = &mut spec["containers"][0];
+    c["args"]
+        .as_array_mut()
+        .unwrap()
+        .retain(|a| !a.as_str().unwrap().contains("lower-2"));
+    c["volumeMounts"]
+        .as_array_mut()
+        .unwrap()
+        .retain(|m| m["name"] != "lower-2");
+    spec["volumes"]
+        .as_array_mut()
+        .unwrap()
+        .retain(|v| v["name"] != "lower-2");
+    let file = dir.join("extender.json");
+    std::fs::write(&file, extender.to_string()).unwrap();
+    let (ok, _, err) = kubectl(&upper, &["apply", "-f", &file.display().to_string()]);
+    assert!(ok, "{err}");
+    let extender_args = || {
+        jsonpath(
+            &upper,
+            &["deployment", "-n", "kube-system", "tensile-scheduler"],
+            "{.spec.template.spec.containers[0].args}",
         )
     };
 
@@ -304,6 +341,12 @@ fn two_lower_clusters_join_run_pods_with_what_join_stored_and_one_unjoins_cleanl
             "{out}"
         );
     }
+    let args = extender_args();
+    assert!(
+        args.contains("--cluster=lower-2=/etc/tensile/lower-2/kubeconfig")
+            && args.contains("--cluster=lower-1=/etc/tensile/lower-1/kubeconfig"),
+        "{args}"
+    );
     // A second run changes nothing, and says so.
     let secret_rv = || {
         jsonpath(
@@ -416,6 +459,11 @@ fn two_lower_clusters_join_run_pods_with_what_join_stored_and_one_unjoins_cleanl
         assert!(!exists(&upper, what), "{what:?} left upstairs");
     }
     assert!(exists(&upper, &["clusterrole", "tensile-virtual-node"]));
+    let args = extender_args();
+    assert!(
+        !args.contains("lower-1") && args.contains("--cluster=lower-2="),
+        "{args}"
+    );
     assert!(exists(
         &upper,
         &["secret", "-n", "kube-system", "tensile-lower-2-kubeconfig"]
