@@ -395,9 +395,7 @@ pub async fn run_join(args: JoinArgs) -> anyhow::Result<()> {
             }
         }
         changed += usize::from(apply(&upper, &upper_at, &secret).await?);
-        say!(
-            "{upper_at}: token of kube-system/tensile in {lower_at} issued, expires {expires}"
-        );
+        say!("{upper_at}: token of kube-system/tensile in {lower_at} issued, expires {expires}");
         expires.to_string()
     } else {
         let expires = stored
