@@ -486,7 +486,7 @@ pub async fn run_join(args: JoinArgs) -> anyhow::Result<()> {
 }
 
 /// Deletes `kind/name` (in `namespace`) when it exists and carries join's label.
-async fn delete_ours(client: &kube::Client, cluster: &str, object: &Value) -> anyhow::Result<()> {
+async fn delete_ours(client: &kube::Client, cluster: &str, object: &Value) -> anyhow::Result<bool> {
     let api = api_for(client, object)?;
     let name = object["metadata"]["name"].as_str().unwrap_or_default();
     let what = describe(object);
@@ -495,7 +495,7 @@ async fn delete_ours(client: &kube::Client, cluster: &str, object: &Value) -> an
         .await
         .with_context(|| format!("reading {what} in {cluster}"))?
     else {
-        return Ok(());
+        return Ok(false);
     };
     let ours = current
         .metadata
@@ -505,14 +505,17 @@ async fn delete_ours(client: &kube::Client, cluster: &str, object: &Value) -> an
         .is_some_and(|v| v == plan::MANAGED_BY_JOIN);
     if !ours {
         say!("{cluster}: {what} left alone: join did not create it");
-        return Ok(());
+        return Ok(false);
     }
     match api.delete(name, &DeleteParams::background()).await {
-        Ok(_) => say!("{cluster}: {what} deleted"),
+        Ok(_) => {
+            say!("{cluster}: {what} deleted");
+            return Ok(true);
+        }
         Err(kube::Error::Api(e)) if e.code == 404 => {}
         Err(e) => return Err(e).with_context(|| format!("deleting {what} in {cluster}")),
     }
-    Ok(())
+    Ok(false)
 }
 
 /// Deletes `name` through `api` when it exists (objects the node made, not labelled by join).
@@ -521,53 +524,75 @@ async fn delete_if_present<K>(
     name: &str,
     cluster: &str,
     what: &str,
-) -> anyhow::Result<()>
+) -> anyhow::Result<bool>
 where
     K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
 {
     match api.delete(name, &DeleteParams::background()).await {
         Ok(_) => {
             say!("{cluster}: {what} deleted");
-            Ok(())
+            Ok(true)
         }
-        Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
+        Err(kube::Error::Api(e)) if e.code == 404 => Ok(false),
         Err(e) => Err(e).with_context(|| format!("deleting {what} in {cluster}")),
     }
 }
 
-/// Waits until no pod of the virtual node's Deployment is left (a node process still running
-/// would register its node again).
+/// Waits, on a watch, until no pod of the virtual node's Deployment is left (a node process
+/// still running would register its node again).
 async fn wait_node_pods_gone(
     upper: &kube::Client,
     name: &str,
     upper_at: &str,
 ) -> anyhow::Result<()> {
+    use futures::TryStreamExt as _;
+    use kube::runtime::watcher;
+    use std::collections::BTreeSet;
+
     let pods: Api<k8s_openapi::api::core::v1::Pod> =
         Api::namespaced(upper.clone(), plan::NAMESPACE);
     let selector = format!(
         "app.kubernetes.io/name=tensile-virtual-node,{}={name}",
         plan::LABEL_LOWER_CLUSTER
     );
-    let deadline = std::time::Instant::now() + Duration::from_secs(120);
-    loop {
-        let left = pods
-            .list_metadata(&ListParams::default().labels(&selector))
-            .await
-            .with_context(|| format!("listing the virtual node's pods in {upper_at}"))?;
-        if left.items.is_empty() {
-            return Ok(());
+    let mut left: BTreeSet<String> = BTreeSet::new();
+    let mut listing: BTreeSet<String> = BTreeSet::new();
+    let wait = async {
+        let mut events =
+            std::pin::pin!(watcher(pods, watcher::Config::default().labels(&selector)));
+        while let Some(event) = events.try_next().await? {
+            let name_of =
+                |p: &k8s_openapi::api::core::v1::Pod| p.metadata.name.clone().unwrap_or_default();
+            match event {
+                watcher::Event::Init => listing.clear(),
+                watcher::Event::InitApply(p) => {
+                    listing.insert(name_of(&p));
+                }
+                watcher::Event::InitDone => {
+                    left = std::mem::take(&mut listing);
+                    if left.is_empty() {
+                        return Ok(());
+                    }
+                }
+                watcher::Event::Apply(p) => {
+                    left.insert(name_of(&p));
+                }
+                watcher::Event::Delete(p) => {
+                    left.remove(&name_of(&p));
+                    if left.is_empty() {
+                        return Ok(());
+                    }
+                }
+            }
         }
-        if std::time::Instant::now() > deadline {
-            bail!(
-                "the virtual node's pods in {upper_at} did not stop within 120 s: {}",
-                left.items
-                    .iter()
-                    .filter_map(|p| p.metadata.name.clone())
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(500)).await;
+        Ok::<(), watcher::Error>(())
+    };
+    match tokio::time::timeout(Duration::from_secs(120), wait).await {
+        Ok(r) => r.with_context(|| format!("watching the virtual node's pods in {upper_at}")),
+        Err(_) => bail!(
+            "the virtual node's pods in {upper_at} did not stop within 120 s: {}",
+            left.iter().cloned().collect::<Vec<_>>().join(", ")
+        ),
     }
 }
 
@@ -583,6 +608,7 @@ pub async fn run_unjoin(args: UnjoinArgs) -> anyhow::Result<()> {
     let lower_at = format!("lower {} (context {})", args.name, args.lower_context);
     let upper_at = format!("upper (context {})", args.upper_context);
     let node = plan::node_name(&args.name);
+    let mut deleted = 0usize;
 
     // Refuse while the node runs pods: unjoining would strand them.
     let bound = Api::<Pod>::all(upper.clone())
@@ -608,34 +634,40 @@ pub async fn run_unjoin(args: UnjoinArgs) -> anyhow::Result<()> {
     // Upstairs: the node's Deployment first (its pods stop), then what the node registered,
     // then its Secret.
     for o in render_node(&args.name, "", None)? {
-        delete_ours(&upper, &upper_at, &o).await?;
+        deleted += usize::from(delete_ours(&upper, &upper_at, &o).await?);
     }
     wait_node_pods_gone(&upper, &args.name, &upper_at).await?;
-    delete_if_present(
-        &Api::<Node>::all(upper.clone()),
-        &node,
-        &upper_at,
-        &format!("node {node}"),
-    )
-    .await?;
-    delete_if_present(
-        &Api::<Lease>::namespaced(upper.clone(), "kube-node-lease"),
-        &node,
-        &upper_at,
-        &format!("lease kube-node-lease/{node}"),
-    )
-    .await?;
+    deleted += usize::from(
+        delete_if_present(
+            &Api::<Node>::all(upper.clone()),
+            &node,
+            &upper_at,
+            &format!("node {node}"),
+        )
+        .await?,
+    );
+    deleted += usize::from(
+        delete_if_present(
+            &Api::<Lease>::namespaced(upper.clone(), "kube-node-lease"),
+            &node,
+            &upper_at,
+            &format!("lease kube-node-lease/{node}"),
+        )
+        .await?,
+    );
     let election = format!("tensile-virtual-node-{node}");
-    delete_if_present(
-        &Api::<Lease>::namespaced(upper.clone(), plan::NAMESPACE),
-        &election,
-        &upper_at,
-        &format!("lease kube-system/{election}"),
-    )
-    .await?;
+    deleted += usize::from(
+        delete_if_present(
+            &Api::<Lease>::namespaced(upper.clone(), plan::NAMESPACE),
+            &election,
+            &upper_at,
+            &format!("lease kube-system/{election}"),
+        )
+        .await?,
+    );
     let secret = serde_json::json!({"apiVersion": "v1", "kind": "Secret",
         "metadata": {"name": plan::secret_name(&args.name), "namespace": plan::NAMESPACE}});
-    delete_ours(&upper, &upper_at, &secret).await?;
+    deleted += usize::from(delete_ours(&upper, &upper_at, &secret).await?);
 
     // The extender forgets the cluster, when it was registered.
     let deployments: Api<DynamicObject> = Api::namespaced_with(
@@ -682,7 +714,7 @@ pub async fn run_unjoin(args: UnjoinArgs) -> anyhow::Result<()> {
         .with_context(|| format!("listing the joined virtual nodes in {upper_at}"))?;
     if others.items.is_empty() {
         for o in rendered.upper_rbac.iter().rev() {
-            delete_ours(&upper, &upper_at, o).await?;
+            deleted += usize::from(delete_ours(&upper, &upper_at, o).await?);
         }
     } else {
         say!(
@@ -693,8 +725,12 @@ pub async fn run_unjoin(args: UnjoinArgs) -> anyhow::Result<()> {
 
     // Downstairs: the identity (deleting the ServiceAccount revokes the stored token).
     for o in rendered.lower.iter().rev() {
-        delete_ours(&lower, &lower_at, o).await?;
+        deleted += usize::from(delete_ours(&lower, &lower_at, o).await?);
     }
-    say!("{} unjoined", args.name);
+    if deleted == 0 {
+        say!("nothing of {} was found: it is not joined", args.name);
+    } else {
+        say!("{} unjoined", args.name);
+    }
     Ok(())
 }

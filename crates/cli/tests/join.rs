@@ -437,6 +437,9 @@ fn two_lower_clusters_join_run_pods_with_what_join_stored_and_one_unjoins_cleanl
     let (ok, out, err) = unjoin();
     assert!(ok, "unjoin: {err}\n{out}");
     assert!(out.contains("lower-1 unjoined"), "{out}");
+    let (ok, out, err) = unjoin();
+    assert!(ok, "{err}");
+    assert!(out.contains("nothing of lower-1 was found"), "{out}");
 
     // Nothing of lower-1 is left upstairs; lower-2's node and the shared RBAC stay.
     for what in [
