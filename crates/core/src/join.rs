@@ -451,7 +451,9 @@ mod tests {
             json!({"apiVersion": "apps/v1", "kind": "Deployment",
                 "metadata": {"name": "tensile-virtual-node", "namespace": "kube-system", "labels": {"a": "b"}},
                 "spec": {"selector": {"matchLabels": {"a": "b"}}, "template": {"metadata": {"labels": {"a": "b"}},
-                  "spec": {"containers": [{"name": "vn", "image": "tensile",
+                  "spec": {"affinity": {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+                    {"weight": 100, "podAffinityTerm": {"topologyKey": "h", "labelSelector": {"matchLabels": {"a": "b"}}}}]}},
+                    "containers": [{"name": "vn", "image": "tensile",
                     "env": [{"name": "DEFAULTNODE_NAME", "value": "vk-lower"}, {"name": "VKUBELET_NODE_LABEL", "value": "clusterID:lower"}]}],
                     "volumes": [{"name": "lower-kubeconfig", "secret": {"secretName": "tensile-lower-kubeconfig"}}]}}}}),
             json!({"apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
@@ -476,6 +478,12 @@ mod tests {
         assert_eq!(
             t["metadata"]["annotations"][ANNOTATION_TOKEN_EXPIRES],
             "2027-01-01T00:00:00Z"
+        );
+        // As kustomize's includeSelectors: the anti-affinity keeps apart this node's replicas.
+        assert_eq!(
+            t.pointer("/spec/affinity/podAntiAffinity/preferredDuringSchedulingIgnoredDuringExecution/0/podAffinityTerm/labelSelector/matchLabels")
+                .unwrap()[LABEL_LOWER_CLUSTER],
+            "lower-3"
         );
         let c = &t["spec"]["containers"][0];
         assert_eq!(c["env"][0]["value"], "vk-lower-3");
