@@ -358,7 +358,10 @@ fn two_lower_clusters_join_run_pods_with_what_join_stored_and_one_unjoins_cleanl
     let before = secret_rv();
     let started = Instant::now();
     let (ok, out, err) = join("lower-1");
-    eprintln!("join lower-1 again: {:.2} s", started.elapsed().as_secs_f64());
+    eprintln!(
+        "join lower-1 again: {:.2} s",
+        started.elapsed().as_secs_f64()
+    );
     assert!(ok, "{err}");
     assert!(
         out.contains("lower-1 was already joined: nothing changed"),
@@ -438,7 +441,10 @@ fn two_lower_clusters_join_run_pods_with_what_join_stored_and_one_unjoins_cleanl
     nodes[0] = None;
     let started = Instant::now();
     let (ok, out, err) = unjoin();
-    eprintln!("unjoin lower-1: {:.2} s\n{out}", started.elapsed().as_secs_f64());
+    eprintln!(
+        "unjoin lower-1: {:.2} s\n{out}",
+        started.elapsed().as_secs_f64()
+    );
     assert!(ok, "unjoin: {err}\n{out}");
     assert!(out.contains("lower-1 unjoined"), "{out}");
     let (ok, out, err) = unjoin();
