@@ -102,7 +102,7 @@ impl ErrorProxy {
         through.ca_pem = ca.cert_pem().to_owned();
         crate::secret_file::write_secret(
             kubeconfig,
-            &crate::apiserver::kubeconfig(std::slice::from_ref(&through)),
+            crate::apiserver::kubeconfig(std::slice::from_ref(&through)),
         )
         .map_err(io("kubeconfig"))?;
         let shared = Arc::new(Shared::default());
@@ -218,7 +218,7 @@ async fn forward(
     let fail = ppm > 0 && (n.wrapping_mul(ppm) % 1_000_000) < ppm;
     if fail {
         let injected = shared.injected.fetch_add(1, Ordering::Relaxed);
-        if injected % 2 == 0 {
+        if injected.is_multiple_of(2) {
             shared.too_many.fetch_add(1, Ordering::Relaxed);
             let mut res = full(
                 StatusCode::TOO_MANY_REQUESTS,
