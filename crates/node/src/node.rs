@@ -251,6 +251,9 @@ pub async fn check_lease(
 /// becomes one patch, not one per event).
 const MIN_STATUS_INTERVAL: Duration = Duration::from_secs(1);
 
+/// How often an unreachable lower cluster is asked again whether it answers.
+const UNREACHABLE_RECHECK: Duration = Duration::from_secs(1);
+
 /// Capacity published by the tracker: (total, largest fit on one node).
 pub type Capacity = (ResourceVector, ResourceVector);
 
@@ -351,6 +354,8 @@ pub async fn run_node(
     let mut capacity_open = true;
     let mut last_warning: Option<tokio::time::Instant> = None;
     let mut node_uid: Option<String> = None;
+    // Set when the wake-up is a recheck of an unreachable lower cluster (not a lease tick).
+    let mut recheck = false;
     loop {
         // Capacity changes are patched at most once per `MIN_STATUS_INTERVAL`; the changes in
         // between are folded into the next patch.
@@ -374,6 +379,13 @@ pub async fn run_node(
                 }
             },
             () = tokio::time::sleep_until(last_status + MIN_STATUS_INTERVAL), if pending => true,
+            // While the lower cluster does not answer, it is asked again every second, so the
+            // node shows it back within a second or two of an outage's end, not at the next
+            // lease renewal (up to 10 s later).
+            () = tokio::time::sleep(UNREACHABLE_RECHECK), if matches!(health, LowerHealth::Unreachable { .. }) => {
+                recheck = true;
+                false
+            }
         };
         pending = false;
         // Ping the lower cluster with every tick: its health decides conditions and taints.
@@ -412,7 +424,13 @@ pub async fn run_node(
                     note: ev.note,
                 });
             }
+            let still_unreachable = cause.is_some();
             reach.set(cause);
+            // A recheck that finds it still away changes nothing upstairs.
+            if recheck && still_unreachable {
+                recheck = false;
+                continue;
+            }
         }
         let (total, largest) = capacity.borrow().clone();
         let current = nodes.get_opt(&name).await.ok().flatten();
@@ -481,7 +499,7 @@ pub async fn run_node(
             published = Some(fingerprint);
             last_status = tokio::time::Instant::now();
         }
-        if !capacity_changed {
+        if !capacity_changed && !std::mem::take(&mut recheck) {
             renew_lease(&leases, &name, &cfg.holder_identity, node_uid.as_deref()).await;
         }
     }

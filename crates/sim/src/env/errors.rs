@@ -5,7 +5,6 @@
 //! certificate (its kubeconfig trusts its own CA) and sends each request on with the
 //! cluster's administrator client, so it sees requests one by one.
 
-use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -79,8 +78,7 @@ impl Drop for ErrorProxy {
 impl ErrorProxy {
     /// Listens on a free loopback port, sending requests on through `upstream` (a client of
     /// the cluster, the administrator's), and writes a kubeconfig reaching the cluster
-    /// through the proxy to `kubeconfig` (context `entry.context`, its user's credentials,
-    /// which the proxy does not check). No errors until [`ErrorProxy::set_error_share`].
+    /// through the proxy to `kubeconfig` (context `entry.context`; any client may use it). No errors until [`ErrorProxy::set_error_share`].
     pub async fn start(
         upstream: kube::Client,
         entry: &KubeconfigEntry,
@@ -100,6 +98,9 @@ impl ErrorProxy {
         let mut through = entry.clone();
         through.server = format!("https://{addr}");
         through.ca_pem = ca.cert_pem().to_owned();
+        // The proxy asks for client certificates of its own CA (and checks none further).
+        through.client = Some(ca.issue_client("error-proxy-client", None)?);
+        through.token = None;
         crate::secret_file::write_secret(
             kubeconfig,
             crate::apiserver::kubeconfig(std::slice::from_ref(&through)),
@@ -172,7 +173,7 @@ async fn accept(
             };
             let service = hyper::service::service_fn(move |req| {
                 let (upstream, shared) = (upstream.clone(), shared.clone());
-                async move { Ok::<_, Infallible>(forward(&upstream, &shared, req).await) }
+                async move { forward(&upstream, &shared, req).await }
             });
             let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
             let conn = builder.serve_connection(TokioIo::new(io), service);
@@ -207,11 +208,14 @@ fn status_body(code: u16, reason: &str, message: &str) -> String {
     .to_string()
 }
 
+/// Answers `req` with an injected error, or with the API server's answer. When the API server
+/// cannot be reached, the client's connection is closed (an error of the service), as a TCP
+/// proxy in front of a dead server would do, not answered with a gateway error.
 async fn forward(
     upstream: &kube::Client,
     shared: &Shared,
     req: Request<Incoming>,
-) -> Response<ProxyBody> {
+) -> Result<Response<ProxyBody>, kube::Error> {
     // Every n-th request in a million decides, spread evenly: reproducible, no random source.
     let n = shared.requests.fetch_add(1, Ordering::Relaxed);
     let ppm = shared.share_ppm.load(Ordering::Relaxed);
@@ -226,23 +230,23 @@ async fn forward(
             );
             res.headers_mut()
                 .insert(http::header::RETRY_AFTER, http::HeaderValue::from_static("1"));
-            return res;
+            return Ok(res);
         }
         shared.internal.fetch_add(1, Ordering::Relaxed);
-        return full(
+        return Ok(full(
             StatusCode::INTERNAL_SERVER_ERROR,
             status_body(500, "InternalError", "injected: internal error"),
-        );
+        ));
     }
     shared.passed.fetch_add(1, Ordering::Relaxed);
     let (mut parts, body) = req.into_parts();
     let body = match body.collect().await {
         Ok(b) => b.to_bytes(),
         Err(e) => {
-            return full(
+            return Ok(full(
                 StatusCode::BAD_REQUEST,
                 status_body(400, "BadRequest", &format!("reading the body: {e}")),
-            );
+            ));
         }
     };
     // The upstream client sets its own host, credentials and length.
@@ -261,18 +265,10 @@ async fn forward(
         parts.uri = uri;
     }
     let req = Request::from_parts(parts, kube::client::Body::from(body));
-    match upstream.send(req).await {
-        Ok(res) => {
-            let (parts, body) = res.into_parts();
-            Response::from_parts(
-                parts,
-                body.map_err(|e| Box::new(e) as Box<dyn std::error::Error + Send + Sync>)
-                    .boxed_unsync(),
-            )
-        }
-        Err(e) => full(
-            StatusCode::BAD_GATEWAY,
-            status_body(502, "InternalError", &format!("error proxy upstream: {e}")),
-        ),
-    }
+    let (parts, body) = upstream.send(req).await?.into_parts();
+    Ok(Response::from_parts(
+        parts,
+        body.map_err(|e| Box::new(e) as Box<dyn std::error::Error + Send + Sync>)
+            .boxed_unsync(),
+    ))
 }
