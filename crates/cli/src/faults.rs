@@ -24,8 +24,8 @@ use k8s_openapi::api::core::v1::{Event, Node, Pod};
 use kube::api::{Api, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use serde_json::json;
-use tensile_core::node::{CONDITION_LOWER_REACHABLE, TAINT_LOWER_UNREACHABLE};
-use tensile_core::reach::REASON_UNREACHABLE;
+use tensile_core::node::{CONDITION_LOWER_REACHABLE, REASON_LOWER_ERRORS, TAINT_LOWER_UNREACHABLE};
+use tensile_core::reach::{REASON_ERRORS, REASON_UNREACHABLE};
 use tensile_sim::env::TestEnv;
 use tensile_sim::env::errors::ErrorProxy;
 
@@ -114,9 +114,9 @@ struct Seen {
     upper_deleted: BTreeSet<String>,
     /// Whether the node is Ready with its lower cluster reachable and untainted, since when.
     node_healthy: Option<(bool, Instant)>,
-    /// When the node's lower-reachable condition was last seen False.
+    /// When the node's lower-reachable condition was seen False (or with errors).
     unreachable_seen: Vec<Instant>,
-    /// Warning events on the node saying the lower cluster is unreachable.
+    /// Warning events on the node saying the lower cluster is unreachable or erring.
     unreachable_events: Vec<Instant>,
     /// Events saying an upper pod was evicted.
     evictions: Vec<String>,
@@ -146,7 +146,11 @@ fn healthy(n: &Node) -> (bool, bool) {
         .unwrap_or_default()
         .iter()
         .any(|t| t.key == TAINT_LOWER_UNREACHABLE);
-    let unreachable = is(CONDITION_LOWER_REACHABLE, "False");
+    // Unreachable, or answering with errors: either is the outage shown.
+    let unreachable = is(CONDITION_LOWER_REACHABLE, "False")
+        || conditions.iter().any(|c| {
+            c.type_ == CONDITION_LOWER_REACHABLE && c.reason.as_deref() == Some(REASON_LOWER_ERRORS)
+        });
     (
         is("Ready", "True") && is(CONDITION_LOWER_REACHABLE, "True") && !tainted,
         unreachable,
@@ -254,7 +258,7 @@ fn watch_all(env: &TestEnv, seen: &Shared) -> Vec<tokio::task::JoinHandle<()>> {
             let Ok(mut s) = s.lock() else { return };
             if e.involved_object.kind.as_deref() == Some("Node")
                 && e.involved_object.name.as_deref() == Some(NODE)
-                && reason == REASON_UNREACHABLE
+                && (reason == REASON_UNREACHABLE || reason == REASON_ERRORS)
             {
                 s.unreachable_events.push(Instant::now());
             }
@@ -379,15 +383,11 @@ pub async fn run(args: FaultsArgs) -> anyhow::Result<()> {
     } else {
         None
     };
-    let lower_kubeconfig = errors
-        .as_ref()
-        .map_or_else(|| env.clusters[1].kubeconfig.clone(), |e| e.kubeconfig().to_owned());
-    let mut node = start_node(
-        &env,
-        &lower_kubeconfig,
-        &log,
-        (free_port()?, free_port()?),
-    )?;
+    let lower_kubeconfig = errors.as_ref().map_or_else(
+        || env.clusters[1].kubeconfig.clone(),
+        |e| e.kubeconfig().to_owned(),
+    );
+    let mut node = start_node(&env, &lower_kubeconfig, &log, (free_port()?, free_port()?))?;
     wait_for("the node to be Ready", 120, &log, || {
         if let Some(status) = node.try_wait()? {
             bail!("the virtual node exited: {status}");
@@ -490,9 +490,12 @@ async fn one_fault(
     let mut status_shown = None;
     // Asks `tensile status` once the node shows the outage (or at the end of the fault).
     let status_midway = |until: Instant| async move {
-        let _ = wait_for("", until.saturating_duration_since(Instant::now()).as_secs(), log, || {
-            with(seen, |s| s.unreachable_seen.iter().any(|t| *t >= began))
-        })
+        let _ = wait_for(
+            "",
+            until.saturating_duration_since(Instant::now()).as_secs(),
+            log,
+            || with(seen, |s| s.unreachable_seen.iter().any(|t| *t >= began)),
+        )
         .await;
         status_says_unreachable(&env.clusters[0].kubeconfig).await
     };
@@ -585,7 +588,10 @@ async fn one_fault(
             end_to_all_running_seconds: all_running.as_secs_f64(),
             end_to_node_ready_seconds: node_ready_at.duration_since(ended).as_secs_f64(),
             node_left_ready: left,
-            condition_shown: s.unreachable_seen.iter().any(|t| *t >= began && *t <= ended),
+            condition_shown: s
+                .unreachable_seen
+                .iter()
+                .any(|t| *t >= began && *t <= ended),
             event_shown: s
                 .unreachable_events
                 .iter()
@@ -598,9 +604,19 @@ async fn one_fault(
                 .filter(|(k, uids)| ours(k) && uids.len() > 1)
                 .map(|(k, _)| k.clone())
                 .collect(),
-            lower_deleted: s.lower_deleted.iter().filter(|k| ours(k)).cloned().collect(),
+            lower_deleted: s
+                .lower_deleted
+                .iter()
+                .filter(|k| ours(k))
+                .cloned()
+                .collect(),
             upper_failed: s.upper_failed.iter().filter(|k| ours(k)).cloned().collect(),
-            upper_deleted: s.upper_deleted.iter().filter(|k| ours(k)).cloned().collect(),
+            upper_deleted: s
+                .upper_deleted
+                .iter()
+                .filter(|k| ours(k))
+                .cloned()
+                .collect(),
             evictions: s.evictions.iter().filter(|k| ours(k)).cloned().collect(),
             injected,
             violations: Vec::new(),
@@ -614,7 +630,10 @@ async fn one_fault(
         ));
     }
     for (what, list) in [
-        ("lower pods created more than once", &outcome.lower_created_twice),
+        (
+            "lower pods created more than once",
+            &outcome.lower_created_twice,
+        ),
         ("lower pods deleted", &outcome.lower_deleted),
         ("upper pods Failed", &outcome.upper_failed),
         ("upper pods deleted", &outcome.upper_deleted),
@@ -661,7 +680,7 @@ async fn status_says_unreachable(upper_kubeconfig: &Path) -> anyhow::Result<bool
     let text = String::from_utf8_lossy(&out.stdout);
     Ok(text
         .lines()
-        .any(|l| l.contains(NODE) && l.contains("LowerUnreachable")))
+        .any(|l| l.contains(NODE) && (l.contains("LowerUnreachable") || l.contains("LowerErrors"))))
 }
 
 /// Creates `n` pods `<prefix><i>` upstairs, `concurrency` at a time, in the background; counts

@@ -22,7 +22,7 @@ use crate::cache::ListedKeys;
 use crate::events::{EventSink, PodEvent};
 use crate::reach::LowerReach;
 use k8s_openapi::api::core::v1::ObjectReference;
-use tensile_core::reach::{health_event, unreachable_message};
+use tensile_core::reach::{REASON_ERRORS, errors_message, health_event, unreachable_message};
 
 /// Settings of the node loop.
 #[derive(Clone, Debug)]
@@ -43,7 +43,13 @@ pub struct NodeLoop {
     /// Started by `--leader-elect` after winning the election lease: then the node lease is
     /// taken over whoever holds it, instead of refusing to start.
     pub leader_elected: bool,
+    /// The API-call counters of the node's clients: the lower cluster's error answers (429,
+    /// 5xx) between two looks make the node say it answers with errors.
+    pub api_calls: crate::clients::ApiCalls,
 }
+
+/// The cluster name the lower clients are counted under.
+pub const LOWER: &str = "lower";
 
 /// A `holderIdentity` naming this process, `<node>_<host>_<scope>_<pid>_<process>.<n>` (see
 /// [`tensile_core::lease::parse_holder`]): a restarted process reads its dead predecessor's
@@ -356,6 +362,12 @@ pub async fn run_node(
     let mut node_uid: Option<String> = None;
     // Set when the wake-up is a recheck of an unreachable lower cluster (not a lease tick).
     let mut recheck = false;
+    // The lower cluster's error answers and requests at the last lease tick, and when.
+    let mut last_answers = (
+        cfg.api_calls.error_answers(LOWER),
+        cfg.api_calls.cluster_total(LOWER),
+        tokio::time::Instant::now(),
+    );
     loop {
         // Capacity changes are patched at most once per `MIN_STATUS_INTERVAL`; the changes in
         // between are folded into the next patch.
@@ -398,9 +410,46 @@ pub async fn run_node(
                     Ok(Err(e)) => Some(crate::reach::describe(&e).1),
                     Err(_) => Some("timed out after 5 s".to_owned()),
                 };
-            health = match &cause {
-                None => LowerHealth::Reachable,
-                Some(c) => unreachable_since(&health, unreachable_message(reach.cluster(), c)),
+            // Requests that reached the lower API server and failed there (429, 5xx) since the
+            // last look: a server shedding load or losing its etcd answers the ping now and
+            // then, and would otherwise look healthy.
+            let answers = cfg.api_calls.error_answers(LOWER);
+            let requests = cfg.api_calls.cluster_total(LOWER);
+            let errors = (!recheck)
+                .then(|| {
+                    errors_message(
+                        reach.cluster(),
+                        (
+                            answers.throttled.saturating_sub(last_answers.0.throttled),
+                            answers.server.saturating_sub(last_answers.0.server),
+                        ),
+                        requests.saturating_sub(last_answers.1),
+                        last_answers.2.elapsed(),
+                    )
+                })
+                .flatten();
+            if !recheck {
+                last_answers = (answers, requests, tokio::time::Instant::now());
+            }
+            health = match (&cause, errors) {
+                (None, None) => LowerHealth::Reachable,
+                (None, Some(message)) => {
+                    tracing::warn!(node = %name, %message, "the lower cluster answers with errors");
+                    events.publish(PodEvent {
+                        regarding: ObjectReference {
+                            api_version: Some("v1".into()),
+                            kind: Some("Node".into()),
+                            name: Some(name.clone()),
+                            uid: node_uid.clone(),
+                            ..ObjectReference::default()
+                        },
+                        warning: true,
+                        reason: REASON_ERRORS.to_owned(),
+                        note: message.clone(),
+                    });
+                    LowerHealth::Erroring { message }
+                }
+                (Some(c), _) => unreachable_since(&health, unreachable_message(reach.cluster(), c)),
             };
             if cause.is_some() && was.is_none() {
                 tracing::warn!(node = %name, cause = ?cause, cluster = %reach.cluster(), "the lower cluster does not answer");
@@ -511,7 +560,7 @@ fn unreachable_since(previous: &LowerHealth, reason: String) -> LowerHealth {
             since: since.clone(),
             reason,
         },
-        LowerHealth::Reachable => LowerHealth::Unreachable {
+        LowerHealth::Reachable | LowerHealth::Erroring { .. } => LowerHealth::Unreachable {
             since: Time(Timestamp::now()),
             reason,
         },

@@ -228,8 +228,10 @@ async fn forward(
                 StatusCode::TOO_MANY_REQUESTS,
                 status_body(429, "TooManyRequests", "injected: too many requests"),
             );
-            res.headers_mut()
-                .insert(http::header::RETRY_AFTER, http::HeaderValue::from_static("1"));
+            res.headers_mut().insert(
+                http::header::RETRY_AFTER,
+                http::HeaderValue::from_static("1"),
+            );
             return Ok(res);
         }
         shared.internal.fetch_add(1, Ordering::Relaxed);

@@ -166,9 +166,9 @@ fn spawn_logging(
         .truncate(!append)
         .open(log)
         .map_err(|source| RealError::Io {
-        path: log.to_owned(),
-        source,
-    })?;
+            path: log.to_owned(),
+            source,
+        })?;
     let err = out.try_clone().map_err(|source| RealError::Io {
         path: log.to_owned(),
         source,
@@ -287,14 +287,14 @@ pub async fn start_with(
         Err(poisoned) => poisoned.into_inner(),
     };
     let etcd_args = vec![
-            format!("--data-dir={}", s(&dir.join("etcd"))),
-            "--name=default".into(),
-            format!("--listen-client-urls={etcd_url}"),
-            format!("--advertise-client-urls={etcd_url}"),
-            format!("--listen-peer-urls={peer_url}"),
-            format!("--initial-advertise-peer-urls={peer_url}"),
-            format!("--initial-cluster=default={peer_url}"),
-            "--unsafe-no-fsync".into(),
+        format!("--data-dir={}", s(&dir.join("etcd"))),
+        "--name=default".into(),
+        format!("--listen-client-urls={etcd_url}"),
+        format!("--advertise-client-urls={etcd_url}"),
+        format!("--listen-peer-urls={peer_url}"),
+        format!("--initial-advertise-peer-urls={peer_url}"),
+        format!("--initial-cluster=default={peer_url}"),
+        "--unsafe-no-fsync".into(),
     ];
     children.push(spawn(bin, "etcd", &etcd_args, &dir.join("etcd.log"))?);
     cluster_handle.etcd = Some(Restartable {
@@ -305,37 +305,37 @@ pub async fn start_with(
         index: children.len() - 1,
     });
     let apiserver_args = vec![
-            format!("--etcd-servers={etcd_url}"),
-            format!("--secure-port={api_port}"),
-            "--bind-address=127.0.0.1".into(),
-            "--advertise-address=127.0.0.1".into(),
-            format!("--tls-cert-file={}", s(&tls_crt)),
-            format!("--tls-private-key-file={}", s(&tls_key)),
-            format!("--client-ca-file={}", s(&ca_crt)),
-            format!("--kubelet-client-certificate={}", s(&kc_crt)),
-            format!("--kubelet-client-key={}", s(&kc_key)),
-            format!("--service-account-key-file={}", s(&sa_pub)),
-            format!("--service-account-signing-key-file={}", s(&sa_key)),
-            "--service-account-issuer=https://kubernetes.default.svc".into(),
-            "--service-cluster-ip-range=10.96.0.0/16".into(),
-            "--authorization-mode=Node,RBAC".into(),
-            "--allow-privileged=true".into(),
-            // Simulated nodes have no resolvable host name: reach kubelets by address first,
-            // as kubeadm clusters are usually set up.
-            "--kubelet-preferred-address-types=InternalIP,ExternalIP,Hostname".into(),
-            // The aggregation layer, for metrics-server; routed to its endpoint directly, as
-            // there is no kube-proxy to reach a ClusterIP.
-            format!("--requestheader-client-ca-file={}", s(&ca_crt)),
-            "--requestheader-allowed-names=front-proxy-client".into(),
-            "--requestheader-username-headers=X-Remote-User".into(),
-            "--requestheader-group-headers=X-Remote-Group".into(),
-            "--requestheader-extra-headers-prefix=X-Remote-Extra-".into(),
-            format!("--proxy-client-cert-file={}", s(&fp_crt)),
-            format!("--proxy-client-key-file={}", s(&fp_key)),
-            "--enable-aggregator-routing=true".into(),
-            // About a tenth of a test cluster's start-up CPU; the tests never depend on API
-            // priority and fairness (max-requests-inflight still applies).
-            "--enable-priority-and-fairness=false".into(),
+        format!("--etcd-servers={etcd_url}"),
+        format!("--secure-port={api_port}"),
+        "--bind-address=127.0.0.1".into(),
+        "--advertise-address=127.0.0.1".into(),
+        format!("--tls-cert-file={}", s(&tls_crt)),
+        format!("--tls-private-key-file={}", s(&tls_key)),
+        format!("--client-ca-file={}", s(&ca_crt)),
+        format!("--kubelet-client-certificate={}", s(&kc_crt)),
+        format!("--kubelet-client-key={}", s(&kc_key)),
+        format!("--service-account-key-file={}", s(&sa_pub)),
+        format!("--service-account-signing-key-file={}", s(&sa_key)),
+        "--service-account-issuer=https://kubernetes.default.svc".into(),
+        "--service-cluster-ip-range=10.96.0.0/16".into(),
+        "--authorization-mode=Node,RBAC".into(),
+        "--allow-privileged=true".into(),
+        // Simulated nodes have no resolvable host name: reach kubelets by address first,
+        // as kubeadm clusters are usually set up.
+        "--kubelet-preferred-address-types=InternalIP,ExternalIP,Hostname".into(),
+        // The aggregation layer, for metrics-server; routed to its endpoint directly, as
+        // there is no kube-proxy to reach a ClusterIP.
+        format!("--requestheader-client-ca-file={}", s(&ca_crt)),
+        "--requestheader-allowed-names=front-proxy-client".into(),
+        "--requestheader-username-headers=X-Remote-User".into(),
+        "--requestheader-group-headers=X-Remote-Group".into(),
+        "--requestheader-extra-headers-prefix=X-Remote-Extra-".into(),
+        format!("--proxy-client-cert-file={}", s(&fp_crt)),
+        format!("--proxy-client-key-file={}", s(&fp_key)),
+        "--enable-aggregator-routing=true".into(),
+        // About a tenth of a test cluster's start-up CPU; the tests never depend on API
+        // priority and fairness (max-requests-inflight still applies).
+        "--enable-priority-and-fairness=false".into(),
     ];
     children.push(spawn(
         bin,
@@ -680,7 +680,9 @@ impl RealCluster {
             if status.success() {
                 Ok(())
             } else {
-                Err(io(std::io::Error::other(format!("kill {signal}: {status}"))))
+                Err(io(std::io::Error::other(format!(
+                    "kill {signal}: {status}"
+                ))))
             }
         })
     }
