@@ -6,7 +6,12 @@
 //! Warning event on the Node, `tensile status`). These tests run it with small bursts on the
 //! backend of the run (simulated, or real control planes with TENSILE_K8S_BIN) and check its
 //! report.
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
+#![allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::print_stdout
+)] // test code; the report goes to the output
 
 use std::process::Command;
 
