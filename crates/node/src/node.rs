@@ -407,6 +407,9 @@ pub async fn run_node(
                 match tokio::time::timeout(Duration::from_secs(5), lower.apiserver_version()).await
                 {
                     Ok(Ok(_)) => None,
+                    // Throttled or a server error: it answers. Counted with the other error
+                    // answers below, it shows without tainting the node for one failed ping.
+                    Ok(Err(kube::Error::Api(s))) if s.code == 429 || s.code >= 500 => None,
                     Ok(Err(e)) => Some(crate::reach::describe(&e).1),
                     Err(_) => Some("timed out after 5 s".to_owned()),
                 };
