@@ -52,6 +52,10 @@ pub struct FaultsArgs {
     /// The node must be Ready with its lower cluster reachable this soon after a fault ends.
     #[arg(long, default_value = "10s", value_parser = crate::common::parse_duration)]
     ready_within: Duration,
+    /// Write the virtual node's log (RUST_LOG=info) here, kept after the run (default: in
+    /// the clusters' folder, removed with it).
+    #[arg(long)]
+    node_log: Option<PathBuf>,
     /// How long to wait for every upper pod of a burst to be Running after its fault ends.
     #[arg(long, default_value = "300s", value_parser = crate::common::parse_duration)]
     timeout: Duration,
@@ -370,7 +374,10 @@ pub async fn run(args: FaultsArgs) -> anyhow::Result<()> {
     let env = crate::bench::burst_clusters(n * args.fault.len()).await?;
     let seen: Shared = Arc::default();
     let watches = watch_all(&env, &seen);
-    let log = env.dir().join("virtual-node.log");
+    let log = args
+        .node_log
+        .clone()
+        .unwrap_or_else(|| env.dir().join("virtual-node.log"));
     // The error proxy is on the node's way down only when its fault is asked for: for the
     // others the node talks to the lower cluster through the TCP fault proxy alone.
     let errors = if args.fault.contains(&Fault::LowerErrors) {
