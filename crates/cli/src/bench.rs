@@ -38,6 +38,10 @@ enum Bench {
     /// Two virtual-node replicas with --leader-elect; the leader is killed in the middle of a
     /// burst: takeover time, and no pod lost, duplicated or deleted.
     Failover(crate::failover::FailoverArgs),
+    /// Faults of the control planes (API servers killed or stopped, etcd killed, the network
+    /// cut, API errors) in the middle of a burst: no pod lost, duplicated, deleted or evicted,
+    /// the node Ready again soon after, the outage shown while it lasts.
+    Faults(crate::faults::FaultsArgs),
     /// The webhook and the scheduler extender, as shipped, sent large hostile bodies in
     /// parallel: their peak memory.
     HostileBodies(crate::hostile::HostileBodiesArgs),
@@ -88,6 +92,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         Bench::Offload(a) => offload(a).await,
         Bench::Fragmentation(a) => crate::fragmentation::run(a).await,
         Bench::Failover(a) => crate::failover::run(a).await,
+        Bench::Faults(a) => crate::faults::run(a).await,
         Bench::HostileBodies(a) => crate::hostile::run(a).await,
     }
 }

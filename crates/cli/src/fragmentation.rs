@@ -1,9 +1,16 @@
-//! `tensile bench fragmentation`: three lower clusters whose free room is fragmented (plenty in
-//! sum, little per node), and a burst of Deployments with pods of mixed sizes. The same burst
-//! runs four times on a fresh sandbox each: no placement help, descheduler only, extender
-//! only, both. Reports the share of pods Running after the window, the time to the last one,
-//! and how many pods were bound to a virtual node whose lower cluster could not place them
-//! (over-commit: they wait on a cluster where they cannot fit).
+//! `tensile bench fragmentation`: lower clusters whose free room is fragmented (plenty in sum,
+//! little per node), and a burst of Deployments and a Job with pods of mixed sizes. The same
+//! burst runs once per placement mode on a fresh sandbox each: no placement help, descheduler
+//! only, extender only, both. Reports the share of pods Running after the window, the time to
+//! the last one, the pods stranded (bound to a virtual node whose lower cluster could not place
+//! them), lower nodes over-committed, the upper scheduler's binding rate, the extender's own
+//! latencies and the descheduler's moves; the last line is one JSON object per run.
+//!
+//! Two shapes. Without `--nodes-per-cluster`: three clusters (or `--lower-clusters` of them,
+//! cycling) of 2, 3 and 6 CPU nodes sized by `--pods`, where upstairs the first looks at least
+//! as roomy as any other and no 2.5-CPU pod fits any of its nodes. With it: a fleet of
+//! `--lower-clusters` clusters of that many nodes each, of 2, 4, 8 and 16 CPU, which
+//! `--running-pods` pods created downstairs fill so that each node keeps 0.25 to 2 CPU free.
 
 #![allow(clippy::print_stdout)] // the report is what the command prints
 
@@ -14,11 +21,14 @@ use std::time::{Duration, Instant};
 use anyhow::Context as _;
 use futures::StreamExt as _;
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, PostParams};
-use kube::runtime::{WatchStreamExt as _, watcher};
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::api::{Api, ListParams, PostParams};
+use kube::runtime::watcher;
 use serde_json::json;
+use tensile_core::quantity::parse_quantity;
 use tensile_placement::descheduler::DeschedulerConfig;
+use tensile_placement::metrics::{DeschedulerMetrics, ExtenderMetrics};
 use tensile_sim::kubelet::SimNode;
 
 use crate::sandbox::{Sandbox, SandboxSpec};
@@ -29,57 +39,146 @@ pub struct FragmentationArgs {
     /// Seconds after the burst at which Running pods are counted.
     #[arg(long, default_value_t = 60)]
     window: u64,
-    /// Scale of the burst: pods of 500m, 1 and 2500m CPU, in the ratio 6:3:1.
+    /// Pods in the burst: 500m, 1 and 2500m CPU in the ratio 6:3:1 (two Deployments and a
+    /// Job).
     #[arg(long, default_value_t = 500)]
     pods: usize,
-    /// Only these modes (none, descheduler, extender, both).
-    #[arg(long, value_delimiter = ',', default_values_t = ["none".to_owned(), "descheduler".to_owned(), "extender".to_owned(), "both".to_owned()])]
+    /// Lower clusters.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u16).range(1..=200))]
+    lower_clusters: u16,
+    /// Nodes per lower cluster, of 2, 4, 8 and 16 CPU in turn (without it: the three-cluster
+    /// shape of 2, 3 and 6 CPU nodes, sized by --pods).
+    #[arg(long)]
+    nodes_per_cluster: Option<usize>,
+    /// Pods created downstairs before the burst (not offloaded), spread over the nodes by
+    /// their size.
+    #[arg(long, default_value_t = 0)]
+    running_pods: usize,
+    /// How full --running-pods make each node (0 to 1); a node keeps at least 0.25, 0.75,
+    /// 1.25 or 2 CPU free in turn, so its free room is a fragment.
+    #[arg(long, default_value_t = 0.7)]
+    fill: f64,
+    /// Placement modes to run, each on a fresh sandbox (none, descheduler, extender, both).
+    #[arg(long = "mode", alias = "modes", value_delimiter = ',', default_values_t = ["none".to_owned(), "descheduler".to_owned(), "extender".to_owned(), "both".to_owned()])]
     modes: Vec<String>,
 }
 
 /// One lower cluster: `count` nodes of `cpu` each (their free room; memory is plentiful).
 fn cluster(prefix: &str, count: usize, cpu: &str) -> Vec<SimNode> {
     (1..=count)
-        .map(|i| SimNode::new(format!("{prefix}-{i}"), cpu, "64Gi"))
+        .map(|i| SimNode::new(format!("{prefix}-{i}"), cpu, "256Gi"))
         .collect()
 }
 
-/// The three clusters: 180, 120 and 180 CPU in sum, in nodes of 2, 3 and 6 CPU. Upstairs the
-/// first looks at least as roomy as any other (and wins ties by name), yet a 2.5-CPU pod fits
-/// none of its nodes: the upper scheduler, which sees sums, sends big pods there.
-fn clusters(scale: usize) -> Vec<Vec<SimNode>> {
-    let n = |base: usize| (base * scale).div_ceil(500).max(1);
-    vec![
-        cluster("a", n(90), "2"),
-        cluster("b", n(40), "3"),
-        cluster("c", n(30), "6"),
-    ]
+/// The lower clusters' nodes.
+fn fleet(args: &FragmentationArgs) -> Vec<Vec<SimNode>> {
+    let clusters = usize::from(args.lower_clusters);
+    match args.nodes_per_cluster {
+        // 180, 120 and 180 CPU in sum, in nodes of 2, 3 and 6 CPU (per 500 pods). Upstairs the
+        // first looks at least as roomy as any other (and wins ties by name), yet a 2.5-CPU pod
+        // fits none of its nodes: the upper scheduler, which sees sums, sends big pods there.
+        None => {
+            let n = |base: usize| (base * args.pods).div_ceil(500).max(1);
+            let shapes = [(n(90), "2"), (n(40), "3"), (n(30), "6")];
+            (0..clusters)
+                .map(|i| {
+                    let (count, cpu) = shapes[i % shapes.len()];
+                    cluster(&format!("c{}", i + 1), count, cpu)
+                })
+                .collect()
+        }
+        Some(per) => (0..clusters)
+            .map(|i| {
+                (0..per)
+                    .map(|j| {
+                        let cpu = ["2", "4", "8", "16"][(i + j) % 4];
+                        SimNode::new(format!("c{}-{}", i + 1, j + 1), cpu, "256Gi")
+                    })
+                    .collect()
+            })
+            .collect(),
+    }
 }
 
-/// The Deployments: (name, CPU request, replicas).
-fn workloads(pods: usize) -> Vec<(&'static str, &'static str, usize)> {
+/// The pods to create downstairs before the burst: (node, CPU request in millicores), spread
+/// over the nodes by their size, filling each to `fill` of its CPU but leaving at least 0.25,
+/// 0.75, 1.25 or 2 CPU free in turn.
+fn running_pods(fleet: &[Vec<SimNode>], total: usize, fill: f64) -> Vec<Vec<(String, i64)>> {
+    let millis = |n: &SimNode| {
+        n.resources
+            .get("cpu")
+            .and_then(|q| parse_quantity(q).ok())
+            .and_then(|q| i64::try_from(q.milli_value()).ok())
+            .unwrap_or(0)
+    };
+    let all: i64 = fleet.iter().flatten().map(millis).sum::<i64>().max(1);
+    let mut index = 0_usize;
+    fleet
+        .iter()
+        .map(|nodes| {
+            let mut pods = Vec::new();
+            for node in nodes {
+                let cpu = millis(node);
+                let keep = [250, 750, 1250, 2000][index % 4].min(cpu);
+                index += 1;
+                let count = usize::try_from(
+                    (i64::try_from(total).unwrap_or(i64::MAX)).saturating_mul(cpu) / all,
+                )
+                .unwrap_or(0);
+                if count == 0 {
+                    continue;
+                }
+                let used = ((cpu as f64 * fill.clamp(0.0, 1.0)) as i64).min(cpu - keep);
+                let each = used / i64::try_from(count).unwrap_or(1);
+                if each <= 0 {
+                    continue;
+                }
+                pods.extend((0..count).map(|_| (node.name.clone(), each)));
+            }
+            pods
+        })
+        .collect()
+}
+
+/// The burst: (name, CPU request, pods, as a Job).
+fn workloads(pods: usize) -> Vec<(&'static str, &'static str, usize, bool)> {
     let small = pods * 6 / 10;
     let medium = pods * 3 / 10;
     vec![
-        ("small", "500m", small),
-        ("medium", "1", medium),
-        ("large", "2500m", pods - small - medium),
+        ("small", "500m", small, false),
+        ("medium", "1", medium, false),
+        ("large", "2500m", pods - small - medium, true),
     ]
 }
 
 #[derive(Debug, Default)]
 struct Observed {
     running: HashMap<String, Instant>,
+    bound: HashMap<String, Instant>,
     /// Pods seen bound to a virtual node while Unschedulable there.
     stranded: HashSet<String>,
 }
 
+#[derive(Debug, serde::Serialize)]
 struct Outcome {
     mode: String,
-    running_in_window: usize,
-    last_running: Option<Duration>,
-    stranded: usize,
     total: usize,
+    running_in_window: usize,
+    /// Seconds from the first create to the last pod Running, when all were.
+    all_running_s: Option<f64>,
+    /// Pods bound by the upper scheduler per second, from the first create to the last
+    /// binding.
+    bound_per_s: f64,
+    stranded: usize,
+    /// Lower nodes whose pods request more CPU than they have.
+    overcommitted: usize,
+    extender_filter_p50_ms: Option<f64>,
+    extender_filter_p99_ms: Option<f64>,
+    extender_bind_p99_ms: Option<f64>,
+    descheduler_moves: u64,
+    /// The whole process: the sandbox's clusters, virtual nodes and placement (the extender
+    /// runs in it, so its own share is not separated here).
+    process_peak_rss_mib: Option<f64>,
 }
 
 fn watch_pods(client: kube::Client, seen: Arc<Mutex<Observed>>) -> tokio::task::JoinHandle<()> {
@@ -88,9 +187,12 @@ fn watch_pods(client: kube::Client, seen: Arc<Mutex<Observed>>) -> tokio::task::
             Api::<Pod>::namespaced(client, "default"),
             watcher::Config::default(),
         )
-        .applied_objects()
         .boxed();
-        while let Some(Ok(pod)) = stream.next().await {
+        while let Some(event) = stream.next().await {
+            let pod = match event {
+                Ok(watcher::Event::Apply(p) | watcher::Event::InitApply(p)) => p,
+                _ => continue,
+            };
             let Some(uid) = pod.metadata.uid.clone() else {
                 continue;
             };
@@ -101,6 +203,9 @@ fn watch_pods(client: kube::Client, seen: Arc<Mutex<Observed>>) -> tokio::task::
                 .and_then(|s| s.node_name.as_deref())
                 .is_some_and(|n| !n.is_empty());
             let Ok(mut seen) = seen.lock() else { return };
+            if on_node {
+                seen.bound.entry(uid.clone()).or_insert_with(Instant::now);
+            }
             if status.and_then(|s| s.phase.as_deref()) == Some("Running") {
                 seen.running.entry(uid.clone()).or_insert_with(Instant::now);
             }
@@ -116,6 +221,124 @@ fn watch_pods(client: kube::Client, seen: Arc<Mutex<Observed>>) -> tokio::task::
     })
 }
 
+/// Creates the pods that already run downstairs, bound to their nodes.
+async fn fill_lower_clusters(sandbox: &Sandbox, plan: &[Vec<(String, i64)>]) -> anyhow::Result<()> {
+    for ((name, server, _), pods) in sandbox.lowers.iter().zip(plan) {
+        let api: Api<Pod> = Api::namespaced(server.client().await?, "default");
+        let creates = pods.iter().enumerate().map(|(i, (node, millis))| {
+            let api = api.clone();
+            let pod = json!({
+                "metadata": {"name": format!("running-{i}")},
+                "spec": {"nodeName": node, "containers": [{"name": "c", "image": "app",
+                    "resources": {"requests": {"cpu": format!("{millis}m"), "memory": "64Mi"}}}]}
+            });
+            async move {
+                let pod: Pod = serde_json::from_value(pod)?;
+                api.create(&PostParams::default(), &pod).await?;
+                anyhow::Ok(())
+            }
+        });
+        let results: Vec<_> = futures::stream::iter(creates)
+            .buffer_unordered(32)
+            .collect()
+            .await;
+        for r in results {
+            r.with_context(|| format!("creating the pods already running in {name}"))?;
+        }
+    }
+    Ok(())
+}
+
+/// Lower nodes whose pods (not finished) request more CPU than the node has: one LIST per
+/// cluster, once, at the end of a run.
+async fn overcommitted(sandbox: &Sandbox) -> anyhow::Result<usize> {
+    let mut count = 0;
+    for (name, server, _) in &sandbox.lowers {
+        let client = server.client().await?;
+        let nodes = Api::<Node>::all(client.clone())
+            .list(&ListParams::default())
+            .await
+            .with_context(|| format!("listing the nodes of {name}"))?;
+        let pods = Api::<Pod>::all(client)
+            .list(&ListParams::default())
+            .await
+            .with_context(|| format!("listing the pods of {name}"))?;
+        let mut requested: HashMap<String, i128> = HashMap::new();
+        for p in &pods.items {
+            let phase = p.status.as_ref().and_then(|s| s.phase.as_deref());
+            if matches!(phase, Some("Succeeded" | "Failed")) {
+                continue;
+            }
+            let Some(node) = p.spec.as_ref().and_then(|s| s.node_name.clone()) else {
+                continue;
+            };
+            let cpu: i128 = p
+                .spec
+                .iter()
+                .flat_map(|s| &s.containers)
+                .filter_map(|c| c.resources.as_ref()?.requests.as_ref()?.get("cpu"))
+                .filter_map(|q| parse_quantity(&q.0).ok())
+                .map(|q| q.milli_value())
+                .sum();
+            *requested.entry(node).or_default() += cpu;
+        }
+        for n in &nodes.items {
+            let name = n.metadata.name.clone().unwrap_or_default();
+            let allocatable = n
+                .status
+                .as_ref()
+                .and_then(|s| s.allocatable.as_ref())
+                .and_then(|a| a.get("cpu"))
+                .and_then(|q| parse_quantity(&q.0).ok())
+                .map_or(0, |q| q.milli_value());
+            if requested.get(&name).copied().unwrap_or(0) > allocatable {
+                count += 1;
+            }
+        }
+    }
+    Ok(count)
+}
+
+/// A quantile (0..1) of one verb of `tensile_extender_request_seconds`, in ms: the upper bound
+/// of the bucket it falls in (the buckets double from 0.1 ms), None without calls.
+fn extender_quantile(metrics_text: &str, verb: &str, q: f64) -> Option<f64> {
+    let mut buckets: Vec<(f64, f64)> = Vec::new();
+    let label = format!("verb=\"{verb}\"");
+    for line in metrics_text.lines() {
+        let Some(rest) = line.strip_prefix("tensile_extender_request_seconds_bucket{") else {
+            continue;
+        };
+        if !rest.contains(&label) {
+            continue;
+        }
+        let le = rest.split("le=\"").nth(1)?.split('"').next()?;
+        let le = if le == "+Inf" {
+            f64::INFINITY
+        } else {
+            le.parse().ok()?
+        };
+        let count: f64 = line.rsplit(' ').next()?.parse().ok()?;
+        buckets.push((le, count));
+    }
+    buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let total = buckets.last()?.1;
+    if total <= 0.0 {
+        return None;
+    }
+    buckets
+        .iter()
+        .find(|(_, c)| *c >= q * total)
+        .map(|(le, _)| le * 1000.0)
+}
+
+/// Peak resident memory of this process (`VmHWM`), Linux only.
+fn peak_rss_mib() -> Option<f64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kib: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib / 1024.0)
+}
+
 async fn run_mode(mode: &str, args: &FragmentationArgs) -> anyhow::Result<Outcome> {
     let (descheduler, extender) = match mode {
         "none" => (false, false),
@@ -124,37 +347,60 @@ async fn run_mode(mode: &str, args: &FragmentationArgs) -> anyhow::Result<Outcom
         "both" => (true, true),
         other => anyhow::bail!("unknown mode {other:?}: none, descheduler, extender or both"),
     };
+    let mut registry = prometheus_client::registry::Registry::default();
+    let extender_metrics = ExtenderMetrics::new(&mut registry);
+    let descheduler_metrics = DeschedulerMetrics::default();
+    let lowers = fleet(args);
+    let plan = running_pods(&lowers, args.running_pods, args.fill);
     let sandbox = Sandbox::start(
         SandboxSpec {
             address: "127.0.0.1".parse()?,
             port: 0,
-            lowers: clusters(args.pods),
+            lowers,
             webhook: true,
-            descheduler: descheduler.then(DeschedulerConfig::default),
+            descheduler: descheduler.then(|| DeschedulerConfig {
+                metrics: descheduler_metrics.clone(),
+                ..DeschedulerConfig::default()
+            }),
             extender,
+            extender_metrics,
         },
         &|_| {},
     )
     .await?;
-    sandbox.wait_ready(Duration::from_secs(60)).await?;
+    fill_lower_clusters(&sandbox, &plan).await?;
+    sandbox.wait_ready(Duration::from_secs(120)).await?;
     let client = sandbox.upper.client().await?;
     let seen = Arc::new(Mutex::new(Observed::default()));
     let watch = watch_pods(client.clone(), seen.clone());
-    let deployments: Api<Deployment> = Api::namespaced(client.clone(), "default");
     let total: usize = workloads(args.pods).iter().map(|w| w.2).sum();
     let started = Instant::now();
-    for (name, cpu, replicas) in workloads(args.pods) {
-        let d: Deployment = serde_json::from_value(json!({
-            "metadata": {"name": name},
-            "spec": {"replicas": replicas, "selector": {"matchLabels": {"app": name}},
-                "template": {"metadata": {"labels": {"app": name, "virtual-pod": "true"}},
-                    "spec": {"containers": [{"name": "c", "image": "nginx",
-                        "resources": {"requests": {"cpu": cpu, "memory": "128Mi"}}}]}}}
-        }))?;
-        deployments
-            .create(&PostParams::default(), &d)
-            .await
-            .with_context(|| format!("creating Deployment {name}"))?;
+    for (name, cpu, replicas, job) in workloads(args.pods) {
+        let template = json!({"metadata": {"labels": {"app": name, "virtual-pod": "true"}},
+            "spec": {"restartPolicy": if job { "Never" } else { "Always" },
+                "containers": [{"name": "c", "image": "app",
+                    "resources": {"requests": {"cpu": cpu, "memory": "128Mi"}}}]}});
+        let created = if job {
+            let j: Job = serde_json::from_value(json!({
+                "metadata": {"name": name},
+                "spec": {"parallelism": replicas, "completions": replicas, "template": template}
+            }))?;
+            Api::<Job>::namespaced(client.clone(), "default")
+                .create(&PostParams::default(), &j)
+                .await
+                .map(|_| ())
+        } else {
+            let d: Deployment = serde_json::from_value(json!({
+                "metadata": {"name": name},
+                "spec": {"replicas": replicas, "selector": {"matchLabels": {"app": name}},
+                    "template": template}
+            }))?;
+            Api::<Deployment>::namespaced(client.clone(), "default")
+                .create(&PostParams::default(), &d)
+                .await
+                .map(|_| ())
+        };
+        created.with_context(|| format!("creating workload {name}"))?;
     }
     let window = Duration::from_secs(args.window);
     // Past the window, wait as long again for the last pods, then stop.
@@ -170,28 +416,40 @@ async fn run_mode(mode: &str, args: &FragmentationArgs) -> anyhow::Result<Outcom
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     watch.abort();
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &registry)
+        .context("reading the extender's metrics")?;
+    let overcommitted = overcommitted(&sandbox).await?;
     let outcome = {
         let seen = seen
             .lock()
             .map_err(|_| anyhow::anyhow!("observer poisoned"))?;
-        let last_running = (seen.running.len() >= total)
-            .then(|| {
-                seen.running
-                    .values()
-                    .max()
-                    .map(|l| l.duration_since(started))
-            })
-            .flatten();
+        let all_running_s = (seen.running.len() >= total)
+            .then(|| seen.running.values().max())
+            .flatten()
+            .map(|l| l.duration_since(started).as_secs_f64());
+        let last_bound = seen
+            .bound
+            .values()
+            .max()
+            .map_or(0.0, |l| l.duration_since(started).as_secs_f64());
         Outcome {
             mode: mode.to_owned(),
+            total,
             running_in_window: seen
                 .running
                 .values()
                 .filter(|t| t.duration_since(started) <= window)
                 .count(),
-            last_running,
+            all_running_s,
+            bound_per_s: seen.bound.len() as f64 / last_bound.max(1e-3),
             stranded: seen.stranded.len(),
-            total,
+            overcommitted,
+            extender_filter_p50_ms: extender_quantile(&text, "filter", 0.5),
+            extender_filter_p99_ms: extender_quantile(&text, "filter", 0.99),
+            extender_bind_p99_ms: extender_quantile(&text, "bind", 0.99),
+            descheduler_moves: descheduler_metrics.moves(),
+            process_peak_rss_mib: peak_rss_mib(),
         }
     };
     sandbox.stop().await;
@@ -199,36 +457,89 @@ async fn run_mode(mode: &str, args: &FragmentationArgs) -> anyhow::Result<Outcom
 }
 
 pub async fn run(args: FragmentationArgs) -> anyhow::Result<()> {
-    let nodes: Vec<usize> = clusters(args.pods).iter().map(Vec::len).collect();
+    let lowers = fleet(&args);
+    let nodes: usize = lowers.iter().map(Vec::len).sum();
+    let running: usize = running_pods(&lowers, args.running_pods, args.fill)
+        .iter()
+        .map(Vec::len)
+        .sum();
     println!(
-        "fragmentation: {} pods (500m/1/2500m CPU, 6:3:1) as 3 Deployments; lower clusters of {} x 2 CPU, {} x 3 CPU, {} x 6 CPU; window {} s",
+        "fragmentation: {} pods (500m/1/2500m CPU, 6:3:1) as 2 Deployments and a Job; {} lower clusters, {nodes} nodes ({}), {running} pods already running downstairs (fill {}); window {} s",
         workloads(args.pods).iter().map(|w| w.2).sum::<usize>(),
-        nodes[0],
-        nodes[1],
-        nodes[2],
+        lowers.len(),
+        match args.nodes_per_cluster {
+            Some(per) => format!("{per} per cluster of 2/4/8/16 CPU"),
+            None => "of 2, 3 and 6 CPU by cluster".to_owned(),
+        },
+        args.fill,
         args.window
     );
     println!();
     println!(
-        "| placement help | Running after {} s | time to last Running | pods stranded on a cluster that cannot fit them |",
+        "| placement help | Running after {} s | time to all Running | bound/s | stranded | over-committed nodes | extender filter p50/p99, bind p99 (ms, bucket bound) | descheduler moves |",
         args.window
     );
-    println!("|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|");
+    let mut outcomes = Vec::new();
     for mode in &args.modes {
         let o = run_mode(mode, &args).await?;
-        let last = o.last_running.map_or_else(
-            || format!("not all within {} s", args.window * 2),
-            |d| format!("{:.1} s", d.as_secs_f64()),
-        );
+        let ms = |v: Option<f64>| v.map_or_else(|| "-".to_owned(), |v| format!("{v:.1}"));
         println!(
-            "| {} | {}/{} ({:.0} %) | {} | {} |",
+            "| {} | {}/{} ({:.0} %) | {} | {:.0} | {} | {} | {} / {} / {} | {} |",
             o.mode,
             o.running_in_window,
             o.total,
             100.0 * o.running_in_window as f64 / o.total.max(1) as f64,
-            last,
-            o.stranded
+            o.all_running_s.map_or_else(
+                || format!("not all within {} s", args.window * 2),
+                |s| format!("{s:.1} s")
+            ),
+            o.bound_per_s,
+            o.stranded,
+            o.overcommitted,
+            ms(o.extender_filter_p50_ms),
+            ms(o.extender_filter_p99_ms),
+            ms(o.extender_bind_p99_ms),
+            o.descheduler_moves
         );
+        outcomes.push(o);
     }
+    println!("{}", serde_json::to_string(&json!({"runs": outcomes}))?);
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn running_pods_leave_fragments_on_every_node() {
+        let fleet = vec![vec![
+            SimNode::new("a", "2", "1Gi"),
+            SimNode::new("b", "16", "1Gi"),
+        ]];
+        let plan = running_pods(&fleet, 18, 1.0);
+        let on = |node: &str| -> i64 {
+            plan[0]
+                .iter()
+                .filter(|(n, _)| n == node)
+                .map(|(_, m)| m)
+                .sum()
+        };
+        // 2 of 18 CPU: 2 pods on a, 16 on b; a keeps 250m, b 750m (up to rounding down).
+        assert_eq!(plan[0].iter().filter(|(n, _)| n == "a").count(), 2);
+        assert!((1740..=1750).contains(&on("a")), "{}", on("a"));
+        assert!((15240..=15250).contains(&on("b")), "{}", on("b"));
+    }
+
+    #[test]
+    fn quantiles_come_from_the_extender_histogram() {
+        let text = "tensile_extender_request_seconds_bucket{verb=\"filter\",le=\"0.0001\"} 10\n\
+                    tensile_extender_request_seconds_bucket{verb=\"filter\",le=\"0.0002\"} 90\n\
+                    tensile_extender_request_seconds_bucket{verb=\"filter\",le=\"0.0004\"} 100\n\
+                    tensile_extender_request_seconds_bucket{verb=\"filter\",le=\"+Inf\"} 100\n";
+        assert_eq!(extender_quantile(text, "filter", 0.5), Some(0.2));
+        assert_eq!(extender_quantile(text, "filter", 0.99), Some(0.4));
+        assert_eq!(extender_quantile(text, "bind", 0.99), None);
+    }
 }

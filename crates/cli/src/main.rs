@@ -5,6 +5,7 @@ mod bench;
 mod common;
 mod descheduler;
 mod failover;
+mod faults;
 mod fragmentation;
 mod hostile;
 mod join;

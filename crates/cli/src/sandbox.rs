@@ -71,6 +71,8 @@ pub struct SandboxSpec {
     /// Run the scheduler extender and have the upper scheduler call it (filter, prioritize,
     /// bind).
     pub extender: bool,
+    /// Where the extender counts its calls and reservations (benchmarks read them).
+    pub extender_metrics: tensile_placement::metrics::ExtenderMetrics,
 }
 
 /// A running sandbox; [`Sandbox::stop`] shuts it down.
@@ -205,7 +207,7 @@ impl Sandbox {
                         allowed_names: vec![KUBE_SCHEDULER_USER.to_owned()],
                     }),
                     insecure_without_client_auth: false,
-                    metrics: Default::default(),
+                    metrics: spec.extender_metrics.clone(),
                 },
                 stop.clone(),
             )
@@ -398,6 +400,7 @@ mod tests {
                 webhook: true,
                 descheduler: Some(descheduler),
                 extender: false,
+                extender_metrics: Default::default(),
             },
             &|_| {},
         )

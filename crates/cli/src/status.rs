@@ -243,6 +243,9 @@ fn node_state(n: &NodeSummary) -> String {
     if n.lower_unreachable.is_some() {
         state.push_str(",LowerUnreachable");
     }
+    if n.lower_errors.is_some() {
+        state.push_str(",LowerErrors");
+    }
     state
 }
 

@@ -135,6 +135,7 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
         webhook: true,
         descheduler: Some(DeschedulerConfig::default()),
         extender: true,
+        extender_metrics: Default::default(),
     };
     let sandbox = Sandbox::start(spec, &|line| progress(line, started))
         .await

@@ -352,7 +352,7 @@ pub(crate) async fn assemble(
         lower_source,
         args.client_qps,
         args.client_burst,
-        "lower",
+        tensile_node::node::LOWER,
         &calls,
     )
     .await
@@ -441,6 +441,7 @@ pub(crate) async fn assemble(
             heartbeat: Duration::from_secs(60),
             holder_identity: tensile_node::node::holder_identity(&args.nodename),
             leader_elected: args.leader.leader_elect,
+            api_calls: calls.clone(),
         },
         pods: PodSync {
             upper_events,

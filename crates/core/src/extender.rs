@@ -536,6 +536,41 @@ fn hash_json(value: &impl serde::Serialize) -> u64 {
     hasher.finish()
 }
 
+/// How long a lower cluster counts as unreachable after its watches last failed to reach it.
+/// Our watches retry at most every 4 s plus a quarter of jitter (`tensile_node::backoff`), so
+/// while an outage lasts a failure comes at least this often; once they stop, the cluster is
+/// back (a quiet watch that reconnected sends no event to say so).
+pub const UNREACHABLE_WINDOW: std::time::Duration = std::time::Duration::from_secs(6);
+
+/// Whether a lower cluster answers, as its watches see it: a failure to reach it (list, watch
+/// start or a broken watch) makes it unreachable until an event arrives from it or failures
+/// stop for [`UNREACHABLE_WINDOW`]. An error the cluster answered with (410 Gone, say) is not
+/// an outage and is not given here.
+#[derive(Debug, Default, Clone)]
+pub struct Outage {
+    last: Option<(Instant, String)>,
+}
+
+impl Outage {
+    /// A failure to reach the cluster, at `now`.
+    pub fn failed(&mut self, now: Instant, error: String) {
+        self.last = Some((now, error));
+    }
+
+    /// An event from the cluster: it answers.
+    pub fn answered(&mut self) {
+        self.last = None;
+    }
+
+    /// The last failure, while the cluster counts as unreachable at `now`.
+    pub fn unreachable(&self, now: Instant) -> Option<&str> {
+        self.last
+            .as_ref()
+            .filter(|(at, _)| now.saturating_duration_since(*at) < UNREACHABLE_WINDOW)
+            .map(|(_, e)| e.as_str())
+    }
+}
+
 /// Which cluster, if any, the extender judges an upper node by (checklist 100-101): a virtual
 /// node (label `type=virtual-kubelet`) with a `clusterID` label. Any other node passes
 /// unchanged.
@@ -1146,5 +1181,22 @@ mod tests {
         assert_eq!(pick_most_free([("b", 0), ("a", 0)]), Some("a"));
         assert_eq!(pick_most_free([("a", 50), ("b", 100)]), Some("b"));
         assert_eq!(pick_most_free([]), None);
+    }
+
+    #[test]
+    fn a_cluster_is_unreachable_while_failures_keep_coming_and_back_at_its_first_event() {
+        let t0 = Instant::now();
+        let mut outage = Outage::default();
+        assert_eq!(outage.unreachable(t0), None);
+        outage.failed(t0, "connection refused".into());
+        assert_eq!(outage.unreachable(t0), Some("connection refused"));
+        let later = t0 + UNREACHABLE_WINDOW / 2;
+        assert_eq!(outage.unreachable(later), Some("connection refused"));
+        // Failures stopped: a reconnected quiet watch says nothing, the window says it.
+        assert_eq!(outage.unreachable(t0 + UNREACHABLE_WINDOW), None);
+        outage.failed(later, "reset".into());
+        assert_eq!(outage.unreachable(t0 + UNREACHABLE_WINDOW), Some("reset"));
+        outage.answered();
+        assert_eq!(outage.unreachable(later), None);
     }
 }

@@ -23,6 +23,9 @@ use crate::resources::{ResourceVector, format_for_resource, node_status_quantiti
 pub const ANNOTATION_LARGEST_POD_PREFIX: &str = "tensile-kube.io/largest-pod-";
 /// Condition type set while the lower cluster cannot be reached.
 pub const CONDITION_LOWER_REACHABLE: &str = "tensile-kube.io/LowerClusterReachable";
+/// Reason of the lower-reachable condition (still `True`) while the lower cluster answers but
+/// some requests fail there (throttled or server errors): shown, nothing tainted.
+pub const REASON_LOWER_ERRORS: &str = "LowerClusterErrors";
 /// Taint put on the virtual node while the lower cluster cannot be reached, so nothing new is
 /// placed there while the pods already there are left alone.
 pub const TAINT_LOWER_UNREACHABLE: &str = "tensile-kube.io/lower-cluster-unreachable";
@@ -177,6 +180,12 @@ pub fn kubelet_port(text: Option<&str>) -> Result<i32, NodeConfigError> {
 pub enum LowerHealth {
     /// Reachable.
     Reachable,
+    /// It answers, but some requests failed there lately (429, 5xx): what happened, for
+    /// people. The node stays schedulable: most requests succeed and are retried.
+    Erroring {
+        /// What failed, e.g. "12 of 40 requests ... answered 429 or 5xx in the last 10 s".
+        message: String,
+    },
     /// Unreachable since this time, with the last error.
     Unreachable {
         /// Since when.
@@ -224,6 +233,21 @@ pub fn node_health(
                 "True",
                 "LowerClusterReachable",
                 "the lower cluster answers".into(),
+            ),
+            Vec::new(),
+        ),
+        LowerHealth::Erroring { message } => (
+            cond(
+                "Ready",
+                "True",
+                "KubeletReady",
+                "kubelet is posting ready status".into(),
+            ),
+            cond(
+                CONDITION_LOWER_REACHABLE,
+                "True",
+                REASON_LOWER_ERRORS,
+                message.clone(),
             ),
             Vec::new(),
         ),
@@ -691,6 +715,28 @@ mod tests {
         let (back, t) = node_health(&LowerHealth::Reachable, None, &now(), &c);
         assert_eq!(back[0].status, "True");
         assert!(t.is_empty());
+    }
+
+    #[test]
+    fn a_lower_cluster_answering_with_errors_says_so_and_stays_schedulable() {
+        let erroring = LowerHealth::Erroring {
+            message: "3 of 10 requests answered 429 or 5xx".into(),
+        };
+        let (c, t) = node_health(&erroring, Some(std::time::Duration::ZERO), &now(), &[]);
+        assert_eq!(c[0].status, "True");
+        assert_eq!(
+            (
+                c[4].status.as_str(),
+                c[4].reason.as_deref(),
+                c[4].message.as_deref()
+            ),
+            (
+                "True",
+                Some(REASON_LOWER_ERRORS),
+                Some("3 of 10 requests answered 429 or 5xx")
+            )
+        );
+        assert!(t.is_empty(), "nothing tainted: {t:?}");
     }
 
     #[test]

@@ -170,6 +170,29 @@ pub const REASON_UNREACHABLE: &str = "LowerClusterUnreachable";
 /// Reason of the Normal event recorded when it answers again.
 pub const REASON_REACHABLE: &str = "LowerClusterReachable";
 
+/// Reason of the Warning event recorded while the lower cluster answers some requests with
+/// errors (429, 5xx).
+pub const REASON_ERRORS: &str = "LowerClusterErrors";
+
+/// What the node says while the lower cluster answers some of its requests with errors:
+/// `throttled` 429s and `server` 5xx of `requests` in the last `window`. `None` when none
+/// failed.
+pub fn errors_message(
+    cluster: &str,
+    (throttled, server): (u64, u64),
+    requests: u64,
+    window: Duration,
+) -> Option<String> {
+    let failed = throttled + server;
+    (failed > 0).then(|| {
+        format!(
+            "lower cluster {cluster} answered {failed} of {} requests with errors in the last {} s ({throttled} throttled: 429, {server} server errors: 5xx)",
+            requests.max(failed),
+            window.as_secs()
+        )
+    })
+}
+
 /// Whether to record an event after a health check: on every transition (down: Warning, back:
 /// Normal), and while it stays down, again when the cause changed or [`WARNING_INTERVAL`]
 /// has passed since the last Warning (`since_warning`), so an outage is neither silent nor a
@@ -204,6 +227,20 @@ mod tests {
 
     fn chain(links: &[&str]) -> Vec<String> {
         links.iter().map(|s| (*s).to_owned()).collect()
+    }
+
+    #[test]
+    fn errors_of_the_lower_cluster_are_counted_in_words() {
+        assert_eq!(
+            errors_message("l", (0, 0), 40, Duration::from_secs(10)),
+            None
+        );
+        assert_eq!(
+            errors_message("l", (2, 1), 40, Duration::from_secs(10)).as_deref(),
+            Some(
+                "lower cluster l answered 3 of 40 requests with errors in the last 10 s (2 throttled: 429, 1 server errors: 5xx)"
+            )
+        );
     }
 
     #[test]

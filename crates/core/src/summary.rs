@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::core::v1::{Node, Pod};
 
 use crate::keys::{LABEL_NODE_TYPE, VALUE_NODE_TYPE_VIRTUAL};
-use crate::node::CONDITION_LOWER_REACHABLE;
+use crate::node::{CONDITION_LOWER_REACHABLE, REASON_LOWER_ERRORS};
 use crate::resources::{ResourceVector, pod_requests};
 use crate::status::is_terminal;
 
@@ -26,6 +26,9 @@ pub struct NodeSummary {
     /// `tensile-kube.io/LowerClusterReachable=False` condition (which names the cluster and the
     /// cause).
     pub lower_unreachable: Option<String>,
+    /// A virtual node whose lower cluster answers some requests with errors: the message of
+    /// its lower-reachable condition with reason `LowerClusterErrors`.
+    pub lower_errors: Option<String>,
     /// `status.allocatable` (unparsable quantities left out).
     pub allocatable: ResourceVector,
     /// Sum of the requests of the non-terminal pods bound to it.
@@ -122,6 +125,10 @@ pub fn node_summaries<'a>(
                         .filter(|m| !m.is_empty())
                         .unwrap_or_else(|| "the lower cluster does not answer".to_owned())
                 });
+            let lower_errors = conditions
+                .and_then(|cs| cs.iter().find(|c| c.type_ == CONDITION_LOWER_REACHABLE))
+                .filter(|c| c.status == "True" && c.reason.as_deref() == Some(REASON_LOWER_ERRORS))
+                .map(|c| c.message.clone().unwrap_or_default());
             let allocatable = status
                 .and_then(|s| s.allocatable.as_ref())
                 .map(|a| ResourceVector::from_quantities_lenient(a).0)
@@ -142,6 +149,7 @@ pub fn node_summaries<'a>(
                     .is_some_and(|v| v == VALUE_NODE_TYPE_VIRTUAL),
                 allocatable,
                 lower_unreachable,
+                lower_errors,
                 ..NodeSummary::default()
             };
             Some((name, summary))
@@ -205,6 +213,21 @@ mod tests {
             "status": {"phase": phase}
         }))
         .unwrap()
+    }
+
+    #[test]
+    fn a_virtual_node_whose_lower_cluster_answers_with_errors_says_so() {
+        let mut n = node("vk", "True", "4", json!({"type": "virtual-kubelet"}));
+        if let Some(c) = n.status.as_mut().and_then(|s| s.conditions.as_mut()) {
+            c.push(
+                serde_json::from_value(json!({"type": CONDITION_LOWER_REACHABLE,
+                    "status": "True", "reason": REASON_LOWER_ERRORS, "message": "3 of 9 failed"}))
+                .unwrap(),
+            );
+        }
+        let s = node_summaries([&n], std::iter::empty::<&Pod>());
+        assert_eq!(s[0].lower_errors.as_deref(), Some("3 of 9 failed"));
+        assert_eq!(s[0].lower_unreachable, None);
     }
 
     #[test]

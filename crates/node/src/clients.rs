@@ -239,6 +239,7 @@ pub fn client_from_config(
         "building client"
     );
     Ok(builder
+        .with_layer(&ErrorAnswerLayer::new(cluster, calls.clone()))
         .with_layer(&ApiCallLayer::new(cluster, calls.clone()))
         .with_layer(&limits)
         .build())
@@ -664,6 +665,27 @@ struct ApiCallsInner {
     family: Family<ApiCallLabels, Counter>,
     // The same counters as `family` (a counter's clones share its value), so we can read them.
     counters: RwLock<HashMap<ApiCallLabels, Counter>>,
+    /// Answers that were errors of the server (5xx) or throttling (429), by cluster and code.
+    errors: Family<ErrorAnswerLabels, Counter>,
+    error_counters: RwLock<HashMap<ErrorAnswerLabels, Counter>>,
+}
+
+/// The labels of one error-answer counter.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, EncodeLabelSet)]
+pub struct ErrorAnswerLabels {
+    /// `upper` or `lower`.
+    pub cluster: &'static str,
+    /// The status code: 429 or 5xx.
+    pub code: u16,
+}
+
+/// Error answers of one cluster so far: throttled (429) and server errors (5xx).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ErrorAnswers {
+    /// 429 Too Many Requests.
+    pub throttled: u64,
+    /// 500 and above.
+    pub server: u64,
 }
 
 impl ApiCalls {
@@ -675,7 +697,50 @@ impl ApiCalls {
             "Requests sent to Kubernetes API servers, by cluster, verb and resource",
             calls.inner.family.clone(),
         );
+        registry.register(
+            "tensile_api_error_answers",
+            "Answers of Kubernetes API servers that were server errors (5xx) or throttling (429), by cluster and status code",
+            calls.inner.errors.clone(),
+        );
         calls
+    }
+
+    /// Counts one answer of `cluster` with status `code` when it is a 429 or a 5xx.
+    pub fn record_answer(&self, cluster: &'static str, code: u16) {
+        if code != 429 && code < 500 {
+            return;
+        }
+        let labels = ErrorAnswerLabels { cluster, code };
+        let mut counters = self
+            .inner
+            .error_counters
+            .write()
+            .unwrap_or_else(PoisonError::into_inner);
+        let counter = self.inner.errors.get_or_create_owned(&labels);
+        counters.entry(labels).or_insert(counter).inc();
+    }
+
+    /// The error answers of `cluster` so far.
+    pub fn error_answers(&self, cluster: &str) -> ErrorAnswers {
+        let counters = self
+            .inner
+            .error_counters
+            .read()
+            .unwrap_or_else(PoisonError::into_inner);
+        let mut answers = ErrorAnswers::default();
+        for (labels, counter) in counters.iter().filter(|(l, _)| l.cluster == cluster) {
+            if labels.code == 429 {
+                answers.throttled += counter.get();
+            } else {
+                answers.server += counter.get();
+            }
+        }
+        answers
+    }
+
+    /// Requests of `cluster` so far, of every verb and resource.
+    pub fn cluster_total(&self, cluster: &str) -> u64 {
+        self.sum(|labels| labels.cluster == cluster)
     }
 
     /// Counts one request.
@@ -800,11 +865,105 @@ where
     }
 }
 
+/// A [`Layer`] counting the answers that are errors of the server (5xx) or throttling (429)
+/// in [`ApiCalls`] under one cluster name: requests that reached the API server and failed
+/// there, which a check of whether it answers at all does not see.
+#[derive(Clone, Debug)]
+pub struct ErrorAnswerLayer {
+    cluster: &'static str,
+    calls: ApiCalls,
+}
+
+impl ErrorAnswerLayer {
+    /// Counts under `cluster` in `calls`.
+    pub fn new(cluster: &'static str, calls: ApiCalls) -> Self {
+        Self { cluster, calls }
+    }
+}
+
+impl<S> Layer<S> for ErrorAnswerLayer {
+    type Service = CountErrorAnswers<S>;
+
+    fn layer(&self, inner: S) -> CountErrorAnswers<S> {
+        CountErrorAnswers {
+            inner,
+            cluster: self.cluster,
+            calls: self.calls.clone(),
+        }
+    }
+}
+
+/// The service made by [`ErrorAnswerLayer`].
+#[derive(Clone, Debug)]
+pub struct CountErrorAnswers<S> {
+    inner: S,
+    cluster: &'static str,
+    calls: ApiCalls,
+}
+
+impl<S, B, RB> Service<Request<B>> for CountErrorAnswers<S>
+where
+    S: Service<Request<B>, Response = http::Response<RB>>,
+    S::Future: Send + 'static,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = Pin<Box<dyn Future<Output = Result<S::Response, S::Error>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Request<B>) -> Self::Future {
+        let (cluster, calls) = (self.cluster, self.calls.clone());
+        let answer = self.inner.call(req);
+        Box::pin(async move {
+            let answer = answer.await;
+            if let Ok(res) = &answer {
+                calls.record_answer(cluster, res.status().as_u16());
+            }
+            answer
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     use std::convert::Infallible;
+
+    #[tokio::test]
+    async fn error_answers_are_counted_by_kind() {
+        use tower::ServiceExt as _;
+        let mut registry = Registry::default();
+        let calls = ApiCalls::new(&mut registry);
+        let inner = tower::service_fn(|req: Request<()>| async move {
+            let code: u16 = req.uri().path().trim_start_matches('/').parse().unwrap();
+            let mut res = http::Response::new(());
+            *res.status_mut() = http::StatusCode::from_u16(code).unwrap();
+            Ok::<_, Infallible>(res)
+        });
+        let mut service = ErrorAnswerLayer::new("lower", calls.clone()).layer(inner);
+        for code in [200, 201, 404, 409, 429, 429, 500, 503] {
+            let req = Request::get(format!("/{code}")).body(()).unwrap();
+            service.ready().await.unwrap().call(req).await.unwrap();
+        }
+        assert_eq!(
+            calls.error_answers("lower"),
+            ErrorAnswers {
+                throttled: 2,
+                server: 2
+            }
+        );
+        assert_eq!(calls.error_answers("upper"), ErrorAnswers::default());
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+        assert!(
+            text.contains(r#"tensile_api_error_answers_total{cluster="lower",code="429"} 2"#),
+            "{text}"
+        );
+    }
 
     fn kind(method: &str, path_and_query: &str) -> (Verb, String) {
         let method = Method::from_bytes(method.as_bytes()).unwrap();

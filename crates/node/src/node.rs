@@ -22,7 +22,7 @@ use crate::cache::ListedKeys;
 use crate::events::{EventSink, PodEvent};
 use crate::reach::LowerReach;
 use k8s_openapi::api::core::v1::ObjectReference;
-use tensile_core::reach::{health_event, unreachable_message};
+use tensile_core::reach::{REASON_ERRORS, errors_message, health_event, unreachable_message};
 
 /// Settings of the node loop.
 #[derive(Clone, Debug)]
@@ -43,7 +43,13 @@ pub struct NodeLoop {
     /// Started by `--leader-elect` after winning the election lease: then the node lease is
     /// taken over whoever holds it, instead of refusing to start.
     pub leader_elected: bool,
+    /// The API-call counters of the node's clients: the lower cluster's error answers (429,
+    /// 5xx) between two looks make the node say it answers with errors.
+    pub api_calls: crate::clients::ApiCalls,
 }
+
+/// The cluster name the lower clients are counted under.
+pub const LOWER: &str = "lower";
 
 /// A `holderIdentity` naming this process, `<node>_<host>_<scope>_<pid>_<process>.<n>` (see
 /// [`tensile_core::lease::parse_holder`]): a restarted process reads its dead predecessor's
@@ -251,6 +257,9 @@ pub async fn check_lease(
 /// becomes one patch, not one per event).
 const MIN_STATUS_INTERVAL: Duration = Duration::from_secs(1);
 
+/// How often an unreachable lower cluster is asked again whether it answers.
+const UNREACHABLE_RECHECK: Duration = Duration::from_secs(1);
+
 /// Capacity published by the tracker: (total, largest fit on one node).
 pub type Capacity = (ResourceVector, ResourceVector);
 
@@ -351,6 +360,14 @@ pub async fn run_node(
     let mut capacity_open = true;
     let mut last_warning: Option<tokio::time::Instant> = None;
     let mut node_uid: Option<String> = None;
+    // Set when the wake-up is a recheck of an unreachable lower cluster (not a lease tick).
+    let mut recheck = false;
+    // The lower cluster's error answers and requests at the last lease tick, and when.
+    let mut last_answers = (
+        cfg.api_calls.error_answers(LOWER),
+        cfg.api_calls.cluster_total(LOWER),
+        tokio::time::Instant::now(),
+    );
     loop {
         // Capacity changes are patched at most once per `MIN_STATUS_INTERVAL`; the changes in
         // between are folded into the next patch.
@@ -374,6 +391,13 @@ pub async fn run_node(
                 }
             },
             () = tokio::time::sleep_until(last_status + MIN_STATUS_INTERVAL), if pending => true,
+            // While the lower cluster does not answer, it is asked again every second, so the
+            // node shows it back within a second or two of an outage's end, not at the next
+            // lease renewal (up to 10 s later).
+            () = tokio::time::sleep(UNREACHABLE_RECHECK), if matches!(health, LowerHealth::Unreachable { .. }) => {
+                recheck = true;
+                false
+            }
         };
         pending = false;
         // Ping the lower cluster with every tick: its health decides conditions and taints.
@@ -383,12 +407,52 @@ pub async fn run_node(
                 match tokio::time::timeout(Duration::from_secs(5), lower.apiserver_version()).await
                 {
                     Ok(Ok(_)) => None,
+                    // Throttled or a server error: it answers. Counted with the other error
+                    // answers below, it shows without tainting the node for one failed ping.
+                    Ok(Err(kube::Error::Api(s))) if s.code == 429 || s.code >= 500 => None,
                     Ok(Err(e)) => Some(crate::reach::describe(&e).1),
                     Err(_) => Some("timed out after 5 s".to_owned()),
                 };
-            health = match &cause {
-                None => LowerHealth::Reachable,
-                Some(c) => unreachable_since(&health, unreachable_message(reach.cluster(), c)),
+            // Requests that reached the lower API server and failed there (429, 5xx) since the
+            // last look: a server shedding load or losing its etcd answers the ping now and
+            // then, and would otherwise look healthy.
+            let answers = cfg.api_calls.error_answers(LOWER);
+            let requests = cfg.api_calls.cluster_total(LOWER);
+            let errors = (!recheck)
+                .then(|| {
+                    errors_message(
+                        reach.cluster(),
+                        (
+                            answers.throttled.saturating_sub(last_answers.0.throttled),
+                            answers.server.saturating_sub(last_answers.0.server),
+                        ),
+                        requests.saturating_sub(last_answers.1),
+                        last_answers.2.elapsed(),
+                    )
+                })
+                .flatten();
+            if !recheck {
+                last_answers = (answers, requests, tokio::time::Instant::now());
+            }
+            health = match (&cause, errors) {
+                (None, None) => LowerHealth::Reachable,
+                (None, Some(message)) => {
+                    tracing::warn!(node = %name, %message, "the lower cluster answers with errors");
+                    events.publish(PodEvent {
+                        regarding: ObjectReference {
+                            api_version: Some("v1".into()),
+                            kind: Some("Node".into()),
+                            name: Some(name.clone()),
+                            uid: node_uid.clone(),
+                            ..ObjectReference::default()
+                        },
+                        warning: true,
+                        reason: REASON_ERRORS.to_owned(),
+                        note: message.clone(),
+                    });
+                    LowerHealth::Erroring { message }
+                }
+                (Some(c), _) => unreachable_since(&health, unreachable_message(reach.cluster(), c)),
             };
             if cause.is_some() && was.is_none() {
                 tracing::warn!(node = %name, cause = ?cause, cluster = %reach.cluster(), "the lower cluster does not answer");
@@ -412,7 +476,13 @@ pub async fn run_node(
                     note: ev.note,
                 });
             }
+            let still_unreachable = cause.is_some();
             reach.set(cause);
+            // A recheck that finds it still away changes nothing upstairs.
+            if recheck && still_unreachable {
+                recheck = false;
+                continue;
+            }
         }
         let (total, largest) = capacity.borrow().clone();
         let current = nodes.get_opt(&name).await.ok().flatten();
@@ -481,7 +551,7 @@ pub async fn run_node(
             published = Some(fingerprint);
             last_status = tokio::time::Instant::now();
         }
-        if !capacity_changed {
+        if !capacity_changed && !std::mem::take(&mut recheck) {
             renew_lease(&leases, &name, &cfg.holder_identity, node_uid.as_deref()).await;
         }
     }
@@ -493,7 +563,7 @@ fn unreachable_since(previous: &LowerHealth, reason: String) -> LowerHealth {
             since: since.clone(),
             reason,
         },
-        LowerHealth::Reachable => LowerHealth::Unreachable {
+        LowerHealth::Reachable | LowerHealth::Erroring { .. } => LowerHealth::Unreachable {
             since: Time(Timestamp::now()),
             reason,
         },

@@ -29,8 +29,8 @@ use tensile_core::deps::{
 use tensile_core::env_events::{EnvEvent, Found, Upstairs, env_events, env_references};
 use tensile_core::keys::{
     ANNOTATION_UPPER_UID, EVENT_PROVIDER_CREATE_FAILED, EVENT_PROVIDER_CREATE_SUCCESS,
-    EVENT_PROVIDER_DELETE_SUCCESS, EVENT_PROVIDER_UPDATE_FAILED, EVENT_PROVIDER_UPDATE_SUCCESS,
-    REASON_NOT_OFFLOADED, REASON_PROVIDER_FAILED,
+    EVENT_PROVIDER_DELETE_FAILED, EVENT_PROVIDER_DELETE_SUCCESS, EVENT_PROVIDER_UPDATE_FAILED,
+    EVENT_PROVIDER_UPDATE_SUCCESS, REASON_NOT_OFFLOADED, REASON_PROVIDER_FAILED,
 };
 use tensile_core::plan::{
     Existing, LowerKind, Step, creation_plan, on_existing, pod_creation_plan,
@@ -555,7 +555,11 @@ async fn reconcile_pod(ctx: &Ctx, key: &Key) -> Result<(), SyncError> {
             upper_deleting,
         } => {
             let Some(l) = l else { return Ok(()) };
-            delete_lower(ctx, l, grace).await?;
+            if let Err(e) = delete_lower(ctx, l, grace).await {
+                // As virtual-kubelet: the failure is on the upper pod, where its owner looks.
+                ctx.event(u, true, EVENT_PROVIDER_DELETE_FAILED, e.to_string());
+                return Err(e);
+            }
             if upper_deleting {
                 ctx.event(
                     u,
@@ -775,7 +779,10 @@ async fn delete_lower(ctx: &Ctx, l: &Pod, grace: Option<i64>) -> Result<(), Sync
     let grace = grace.and_then(|g| u32::try_from(g.max(0)).ok());
     delete_exact(&ctx.lower_api(&ns), &name, l.metadata.uid.clone(), grace)
         .await
-        .map_err(|e| err("deleting the lower pod", e))
+        .map_err(|e| {
+            let context = format!("deleting the pod in lower cluster {}", ctx.cfg.lower_name);
+            err(&context, e)
+        })
 }
 
 async fn force_delete_upper(ctx: &Ctx, u: &Pod) -> Result<(), SyncError> {

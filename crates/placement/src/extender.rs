@@ -40,7 +40,9 @@ use kube::api::{Api, PostParams};
 use kube::runtime::watcher;
 use serde_json::value::RawValue;
 use serde_json::{Value, json};
-use tensile_core::extender::{Demand, LowerCluster, Reservations, Room, Verdict, cluster_of};
+use tensile_core::extender::{
+    Demand, LowerCluster, Outage, Reservations, Room, Verdict, cluster_of,
+};
 use tensile_node::cache::ListedKeys;
 use tokio_util::sync::CancellationToken;
 
@@ -233,6 +235,9 @@ struct ClusterState {
     /// The room after the pending lower pods and the first reservations, kept while the
     /// cluster's generation holds: during a burst each call places only the new reservations.
     room: Option<RoomCache>,
+    /// Whether its watches reach it: an unreachable cluster gets no pods, whatever its last
+    /// known room (they would wait there until it is back).
+    outage: Outage,
 }
 
 struct RoomCache {
@@ -305,6 +310,7 @@ impl Extender {
                         nodes: ListedKeys::default(),
                         pods: ListedKeys::default(),
                         room: None,
+                        outage: Outage::default(),
                     },
                 )
             })
@@ -410,6 +416,7 @@ impl Extender {
             nodes,
             pods,
             room,
+            outage,
         }) = clusters.get_mut(id)
         else {
             return Verdict::Fits {
@@ -422,6 +429,15 @@ impl Extender {
                 reason: format!(
                     "lower cluster {id}: not synced yet (its nodes and pods are still being \
                      listed); the pod is retried"
+                ),
+                unresolvable: false,
+            };
+        }
+        if let Some(error) = outage.unreachable(Instant::now()) {
+            return Verdict::Fails {
+                reason: format!(
+                    "lower cluster {id}: unreachable ({}); the pod is retried",
+                    truncated(error, 200)
                 ),
                 unresolvable: false,
             };
@@ -666,6 +682,7 @@ impl Extender {
         let Some(cluster) = state.clusters.get_mut(id) else {
             return;
         };
+        cluster.outage.answered();
         for (_, name) in cluster.nodes.record(event) {
             cluster.lower.remove_node(&name);
         }
@@ -690,6 +707,7 @@ impl Extender {
         let Some(cluster) = state.clusters.get_mut(id) else {
             return;
         };
+        cluster.outage.answered();
         for (namespace, name) in cluster.pods.record(event) {
             cluster.lower.remove_pod(&namespace, &name);
         }
@@ -856,10 +874,45 @@ impl Handler for Extender {
     }
 }
 
+impl Extender {
+    /// A watch of lower cluster `id` failed: when it could not reach the cluster, the cluster
+    /// is unreachable for now.
+    fn on_lower_watch_error(&self, id: &str, error: &watcher::Error) {
+        let reached = matches!(
+            error,
+            watcher::Error::WatchError(_) | watcher::Error::NoResourceVersion
+        );
+        if reached {
+            return;
+        }
+        if let Some(cluster) = self.state().clusters.get_mut(id) {
+            cluster.outage.failed(Instant::now(), error.to_string());
+        }
+    }
+}
+
+/// The watch's items, telling `ext` which errors mean lower cluster `id` is unreachable.
+fn noting_outages<K>(
+    ext: Extender,
+    id: String,
+    stream: impl futures::Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send,
+) -> impl futures::Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send {
+    use futures::StreamExt as _;
+    stream.inspect(move |item| {
+        if let Err(e) = item {
+            ext.on_lower_watch_error(&id, e);
+        }
+    })
+}
+
 async fn watch_lower_nodes(ext: Extender, cluster: LowerClusterClient, stop: CancellationToken) {
-    let stream = tensile_node::backoff::watch(
-        Api::<Node>::all(cluster.client.clone()),
-        watcher::Config::default(),
+    let stream = noting_outages(
+        ext.clone(),
+        cluster.id.clone(),
+        tensile_node::backoff::watch(
+            Api::<Node>::all(cluster.client.clone()),
+            watcher::Config::default(),
+        ),
     );
     let what = format!("lower nodes of {}", cluster.id);
     tensile_node::backoff::drain(Box::pin(stream), &stop, &what, |e| {
@@ -869,9 +922,13 @@ async fn watch_lower_nodes(ext: Extender, cluster: LowerClusterClient, stop: Can
 }
 
 async fn watch_lower_pods(ext: Extender, cluster: LowerClusterClient, stop: CancellationToken) {
-    let stream = tensile_node::backoff::watch(
-        Api::<Pod>::all(cluster.client.clone()),
-        watcher::Config::default(),
+    let stream = noting_outages(
+        ext.clone(),
+        cluster.id.clone(),
+        tensile_node::backoff::watch(
+            Api::<Pod>::all(cluster.client.clone()),
+            watcher::Config::default(),
+        ),
     );
     let what = format!("lower pods of {}", cluster.id);
     tensile_node::backoff::drain(Box::pin(stream), &stop, &what, |e| {

@@ -1217,3 +1217,192 @@ async fn while_the_extender_is_down_ordinary_pods_are_still_scheduled() {
         None
     );
 }
+
+/// Issue 31, correctness at scale: a lower cluster that disappears mid-burst gets no more
+/// pods. Its virtual node fails with the reason while its watches cannot reach it, the rest of
+/// the burst goes to the other cluster, and once it is back it takes pods again. Before, the
+/// extender kept judging it by its last known room and bound pods that could only wait there.
+#[tokio::test]
+async fn a_lower_cluster_that_disappears_mid_burst_gets_no_more_pods() {
+    // c1 fits a 1-core pod tighter than c2, so it is preferred while it answers.
+    let s = setup(
+        &[("c1", &["2", "2"]), ("c2", &["8"])],
+        Duration::from_secs(600),
+    )
+    .await;
+    let upper = s.upper();
+    let vk1 = upper_node(&upper, "vk-1", virtual_labels("c1")).await;
+    upper_node(&upper, "vk-2", virtual_labels("c2")).await;
+    s.wire(true).await;
+    let pods: Api<Pod> = Api::namespaced(upper.clone(), "default");
+    let create = |name: String| {
+        let pods = pods.clone();
+        async move {
+            pods.create(&PostParams::default(), &pod(&name, "1", json!({})))
+                .await
+                .unwrap();
+            name
+        }
+    };
+    let first = create("first".into()).await;
+    assert_eq!(bound_to(&pods, &first).await, "vk-1");
+
+    // c1 goes away: its virtual node fails with the reason once the watches notice.
+    s.env.clusters[1].set_available(false);
+    let probe = args_with_nodes(&pod("probe", "1", json!({})), std::slice::from_ref(&vk1));
+    let reason = eventually(30, "c1 seen unreachable", || async {
+        let (status, answer) = s.post("/filter", &probe).await;
+        let reason = failed(&answer).remove("vk-1")?;
+        (status == 200 && reason.contains("unreachable")).then_some(reason)
+    })
+    .await;
+    assert!(
+        reason.starts_with("lower cluster c1: unreachable (")
+            && reason.ends_with("the pod is retried"),
+        "{reason}"
+    );
+    // The rest of the burst: every pod to c2, none to the cluster that is gone.
+    let rest = futures::future::join_all((0..5).map(|i| create(format!("rest-{i}")))).await;
+    for name in &rest {
+        assert_eq!(bound_to(&pods, name).await, "vk-2", "{name}");
+    }
+
+    // Back: c1 takes pods again (its watches relist, or their failures stop).
+    s.env.clusters[1].set_available(true);
+    eventually(30, "c1 judged by its room again", || async {
+        let (_, answer) = s.post("/filter", &probe).await;
+        failed(&answer).is_empty().then_some(())
+    })
+    .await;
+}
+
+/// Issue 31, correctness at scale: two bursts racing for the last room of one lower node
+/// through two virtual nodes of the same lower cluster get exactly that room between them,
+/// and a lower node cordoned while reservations point at it takes no more pods (its
+/// reservations move to the room left elsewhere).
+#[tokio::test]
+async fn racing_bursts_and_a_cordoned_node_never_over_commit_the_room() {
+    let s = setup(
+        &[("c1", &["2", "2"]), ("c2", &["1"])],
+        Duration::from_secs(600),
+    )
+    .await;
+    let upper = s.upper();
+    // Two virtual nodes for c1 (as two tensile nodes on one lower cluster), one for c2.
+    upper_node(&upper, "vk-a", virtual_labels("c1")).await;
+    upper_node(&upper, "vk-b", virtual_labels("c1")).await;
+    upper_node(&upper, "vk-c", virtual_labels("c2")).await;
+    s.wire(true).await;
+    let pods: Api<Pod> = Api::namespaced(upper.clone(), "default");
+    let burst = |prefix: &'static str, count: usize| {
+        let pods = pods.clone();
+        async move {
+            let creates = (0..count).map(|i| {
+                let pods = pods.clone();
+                async move {
+                    pods.create(
+                        &PostParams::default(),
+                        &pod(&format!("{prefix}-{i}"), "1", json!({})),
+                    )
+                    .await
+                    .unwrap()
+                }
+            });
+            futures::future::join_all(creates).await
+        }
+    };
+    // Two bursts at once: 6 one-core pods each for 5 cores (4 in c1 over two nodes, 1 in c2).
+    let (a, b) = tokio::join!(burst("a", 6), burst("b", 6));
+    let names: Vec<String> = a
+        .iter()
+        .chain(&b)
+        .map(|p| p.metadata.name.clone().unwrap())
+        .collect();
+    let judged = |names: Vec<String>| {
+        let pods = pods.clone();
+        async move {
+            eventually(60, "every pod judged", || async {
+                let mut on: BTreeMap<String, usize> = BTreeMap::new();
+                for name in &names {
+                    let p = pods.get(name).await.ok()?;
+                    let node = p.spec.as_ref().and_then(|s| s.node_name.clone());
+                    let refused = p
+                        .status
+                        .as_ref()
+                        .and_then(|s| s.conditions.as_ref())
+                        .is_some_and(|c| {
+                            c.iter()
+                                .any(|c| c.type_ == "PodScheduled" && c.status == "False")
+                        });
+                    match node {
+                        Some(n) => *on.entry(n).or_default() += 1,
+                        None if refused => *on.entry("refused".into()).or_default() += 1,
+                        None => return None,
+                    }
+                }
+                Some(on)
+            })
+            .await
+        }
+    };
+    let on = judged(names).await;
+    let count = |on: &BTreeMap<String, usize>, k: &str| on.get(k).copied().unwrap_or(0);
+    assert_eq!(count(&on, "vk-a") + count(&on, "vk-b"), 4, "{on:?}");
+    assert_eq!(count(&on, "vk-c"), 1, "{on:?}");
+    assert_eq!(count(&on, "refused"), 7, "{on:?}");
+    assert_eq!(s.ext.extender.reservations("c1"), 4);
+
+    // The four reservations of c1 fill both its nodes. Cordoned downstairs, one node's room
+    // is gone: once two of the reserved pods are deleted, the two left hold the other node,
+    // and c1 takes nothing new (without the cordon it would take two more).
+    let lower_nodes: Api<Node> = Api::all(s.lower("c1"));
+    lower_nodes
+        .patch(
+            "c1-node-1",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"unschedulable": true}})),
+        )
+        .await
+        .unwrap();
+    // At once: no kubelet upstairs would confirm a graceful delete. The refused pods go too,
+    // or the scheduler's retries of them would take what the late ones are asked about.
+    let now = DeleteParams {
+        grace_period_seconds: Some(0),
+        ..DeleteParams::default()
+    };
+    let mut bound_c1 = Vec::new();
+    for p in pods.list(&ListParams::default()).await.unwrap().items {
+        let name = p.metadata.name.unwrap();
+        match p.spec.and_then(|s| s.node_name).as_deref() {
+            Some("vk-a" | "vk-b") => bound_c1.push(name),
+            Some(_) => {}
+            None => {
+                pods.delete(&name, &now).await.unwrap();
+            }
+        }
+    }
+    for name in &bound_c1[..2] {
+        pods.delete(name, &now).await.unwrap();
+    }
+    let ext = s.ext.extender.clone();
+    eventually(30, "the deleted pods' reservations released", || async {
+        (ext.reservations("c1") == 2).then_some(())
+    })
+    .await;
+    // The extender has seen the cordon (its node watch is not the pod watch above).
+    let vk_a = Api::<Node>::all(upper.clone()).get("vk-a").await.unwrap();
+    let probe = args_with_nodes(&pod("probe", "1", json!({})), &[vk_a]);
+    eventually(30, "c1 full for the extender", || async {
+        let (_, answer) = s.post("/filter", &probe).await;
+        failed(&answer).contains_key("vk-a").then_some(())
+    })
+    .await;
+    let late = burst("late", 3).await;
+    let on = judged(
+        late.iter()
+            .map(|p| p.metadata.name.clone().unwrap())
+            .collect(),
+    )
+    .await;
+    assert_eq!(count(&on, "refused"), 3, "{on:?}");
+}

@@ -631,3 +631,113 @@ fn kubectl_scale_goes_through_the_scale_subresource() {
     let row: Vec<&str> = lines.next().unwrap().split_whitespace().collect();
     assert_eq!(row[..2], ["web", "3"], "{table}");
 }
+
+/// An ordinary application applies as it would on Kubernetes: the kinds the simulator stores
+/// without acting on them (Ingress, NetworkPolicy, HorizontalPodAutoscaler...) are served,
+/// listed with kubectl's columns, and a review is created through kubectl's client-side
+/// validation (which falls back to `/openapi/v2` for kinds without a PATCH operation).
+#[test]
+fn kubectl_applies_an_ordinary_application_and_creates_reviews() {
+    let c = Cluster::start();
+    let manifest = c.dir.join("app.yaml");
+    std::fs::write(
+        &manifest,
+        r#"apiVersion: networking.k8s.io/v1
+kind: IngressClass
+metadata: {name: nginx}
+spec: {controller: k8s.io/ingress-nginx}
+---
+apiVersion: networking.k8s.io/v1
+kind: Ingress
+metadata: {name: web, namespace: default}
+spec:
+  ingressClassName: nginx
+  tls: [{hosts: [shop.example.com], secretName: tls}]
+  rules:
+  - host: shop.example.com
+    http:
+      paths:
+      - {path: /, pathType: Prefix, backend: {service: {name: web, port: {number: 80}}}}
+---
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: web-only, namespace: default}
+spec: {podSelector: {matchLabels: {app: web}}, policyTypes: [Ingress]}
+---
+apiVersion: autoscaling/v2
+kind: HorizontalPodAutoscaler
+metadata: {name: web, namespace: default}
+spec:
+  scaleTargetRef: {apiVersion: apps/v1, kind: Deployment, name: web}
+  minReplicas: 2
+  maxReplicas: 5
+  metrics:
+  - type: Resource
+    resource: {name: cpu, target: {type: Utilization, averageUtilization: 60}}
+---
+apiVersion: v1
+kind: PodTemplate
+metadata: {name: tpl, namespace: default}
+template:
+  metadata: {labels: {app: web}}
+  spec: {containers: [{name: c, image: nginx:1.27}]}
+---
+apiVersion: node.k8s.io/v1
+kind: RuntimeClass
+metadata: {name: gvisor}
+handler: runsc
+"#,
+    )
+    .unwrap();
+    let m = manifest.to_str().unwrap();
+    let out = c.ok(&["apply", "-f", m]);
+    for created in [
+        "ingressclass.networking.k8s.io/nginx created",
+        "ingress.networking.k8s.io/web created",
+        "networkpolicy.networking.k8s.io/web-only created",
+        "horizontalpodautoscaler.autoscaling/web created",
+        "podtemplate/tpl created",
+        "runtimeclass.node.k8s.io/gvisor created",
+    ] {
+        assert!(out.contains(created), "{created} missing from:\n{out}");
+    }
+    assert!(
+        c.ok(&["apply", "-f", m])
+            .contains("ingress.networking.k8s.io/web unchanged")
+    );
+    let rows = |args: &[&str]| -> Vec<Vec<String>> {
+        c.ok(args)
+            .lines()
+            .map(|l| l.split_whitespace().map(str::to_owned).collect())
+            .collect()
+    };
+    let ingress = rows(&["get", "ingress", "web"]);
+    assert_eq!(
+        ingress[0],
+        ["NAME", "CLASS", "HOSTS", "ADDRESS", "PORTS", "AGE"]
+    );
+    // No address (nothing acts on an Ingress here); PORTS `80, 443` splits in two.
+    assert_eq!(
+        ingress[1][..5],
+        ["web", "nginx", "shop.example.com", "80,", "443"]
+    );
+    let hpa = c.ok(&["get", "hpa", "web"]);
+    assert!(
+        hpa.contains("Deployment/web") && hpa.contains("cpu: <unknown>/60%"),
+        "{hpa}"
+    );
+    let netpol = c.ok(&["get", "netpol", "web-only"]);
+    assert!(netpol.contains("app=web"), "{netpol}");
+    // Deleted like any object, and gone.
+    c.ok(&["delete", "-f", m]);
+    assert!(!c.run(&["get", "ingress", "web"]).status.success());
+
+    let review = c.dir.join("review.yaml");
+    std::fs::write(
+        &review,
+        "apiVersion: authorization.k8s.io/v1\nkind: SelfSubjectAccessReview\nspec:\n  resourceAttributes: {verb: get, resource: pods}\n",
+    )
+    .unwrap();
+    let answer = c.json(&["create", "-f", review.to_str().unwrap()]);
+    assert_eq!(answer["status"]["allowed"], true, "{answer}");
+}

@@ -182,6 +182,7 @@ pub async fn try_spawn(
                 .clone()
                 .unwrap_or_else(|| format!("{name}_test")),
             leader_elected: false,
+            api_calls: calls.clone(),
         },
         pods: PodSync {
             upper_events: uppers.events,

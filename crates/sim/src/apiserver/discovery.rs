@@ -246,8 +246,11 @@ fn aggregated_group(group: &str, versions: &[&str]) -> Value {
 /// them to learn that the server validates fields itself (`fieldValidation` on PATCH), so it
 /// sends `fieldValidation=Strict` instead of validating against a downloaded schema. The
 /// documents carry no component schemas (documented simplification): `kubectl explain` has
-/// nothing to show. `/openapi/v2` is not served; current clients use v3.
-pub fn openapi(path: &str) -> Response<Body> {
+/// nothing to show. `/openapi/v2` is served without definitions (see [`openapi_v2`]).
+pub fn openapi(path: &str, headers: &HeaderMap) -> Response<Body> {
+    if path.trim_end_matches('/') == "/openapi/v2" {
+        return openapi_v2(headers);
+    }
     let Some(rest) = path.strip_prefix("/openapi/v3") else {
         return error_response(&ApiError::no_route());
     };
@@ -323,4 +326,45 @@ pub fn openapi(path: &str) -> Response<Body> {
         200,
         &json!({"openapi": "3.0.0", "info": {"title": "Kubernetes", "version": "v1.33.4-sim"}, "paths": paths}),
     )
+}
+
+/// `/openapi/v2`: a Swagger 2.0 document with no definitions. kubectl falls back to it to
+/// validate kinds whose v3 document has no PATCH operation (reviews, which are create-only);
+/// a kind it finds no definition for is left to the server, which decodes every body into
+/// its typed object. Without it `kubectl create -f` of a review failed with "failed to
+/// download openapi". client-go asks for the protobuf encoding (gnostic's `Document`:
+/// `swagger` = 1, `info` = 2 with `title` = 1 and `version` = 2, `paths` = 8).
+fn openapi_v2(headers: &HeaderMap) -> Response<Body> {
+    const TITLE: &str = "Kubernetes";
+    const VERSION: &str = "v1.33.4-sim";
+    let wants_protobuf = headers
+        .get(header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|a| a.contains("protobuf"));
+    if !wants_protobuf {
+        return value_response(
+            200,
+            &json!({"swagger": "2.0", "info": {"title": TITLE, "version": VERSION}, "paths": {}}),
+        );
+    }
+    let field = |tag: u8, bytes: &[u8]| {
+        // Every field here is far shorter than 128 bytes: a one-byte length.
+        let mut out = vec![tag, u8::try_from(bytes.len()).unwrap_or(0)];
+        out.extend_from_slice(bytes);
+        out
+    };
+    let info = [
+        field(0x0a, TITLE.as_bytes()),
+        field(0x12, VERSION.as_bytes()),
+    ]
+    .concat();
+    let document = [field(0x0a, b"2.0"), field(0x12, &info), field(0x42, &[])].concat();
+    let mut response = Response::new(super::http::full(document));
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        header::HeaderValue::from_static(
+            "application/com.github.proto-openapi.spec.v2.v1.0+protobuf",
+        ),
+    );
+    response
 }

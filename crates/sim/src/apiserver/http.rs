@@ -158,7 +158,7 @@ async fn handle(
         Route::Groups => discovery::groups(req.headers()),
         Route::Group(group) => discovery::group(&group),
         Route::ResourceList { group, version } => discovery::resource_list(&group, &version),
-        Route::OpenApi(path) => discovery::openapi(&path),
+        Route::OpenApi(path) => discovery::openapi(&path, req.headers()),
         Route::Resource(r) => rest::dispatch(state, req, r, user).await,
         Route::NotFound => error_response(&ApiError::no_route()),
     }

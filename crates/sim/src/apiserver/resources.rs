@@ -8,8 +8,9 @@ use serde_json::Value;
 
 use k8s_openapi::api::{
     admissionregistration::v1 as admreg, apps::v1 as apps, authentication::v1 as authn,
-    authorization::v1 as authz, batch::v1 as batch, coordination::v1 as coordination,
-    core::v1 as core, discovery::v1 as discovery, events::v1 as events, policy::v1 as policy,
+    authorization::v1 as authz, autoscaling::v2 as autoscaling, batch::v1 as batch,
+    coordination::v1 as coordination, core::v1 as core, discovery::v1 as discovery,
+    events::v1 as events, networking::v1 as networking, node::v1 as node, policy::v1 as policy,
     rbac::v1 as rbac, scheduling::v1 as scheduling, storage::v1 as storage,
 };
 
@@ -214,6 +215,34 @@ pub static RESOURCES: &[ResourceType] = &[
         rbac::RoleBinding, namespaced: true),
     row!("rbac.authorization.k8s.io", "v1", "roles", "role", "Role", rbac::Role,
         namespaced: true),
+    // Kinds the simulator stores, watches and lists with no behaviour of their own, so an
+    // ordinary application applies in the sandbox: nothing here acts on them (no ingress
+    // controller, network policy, autoscaler, replication manager or CSI), which
+    // docs/sim.md says.
+    row!("", "v1", "replicationcontrollers", "replicationcontroller", "ReplicationController",
+        core::ReplicationController, namespaced: true, short: ["rc"], categories: ["all"],
+        sub: [STATUS]),
+    row!("", "v1", "podtemplates", "podtemplate", "PodTemplate", core::PodTemplate,
+        namespaced: true),
+    row!("networking.k8s.io", "v1", "ingresses", "ingress", "Ingress", networking::Ingress,
+        namespaced: true, short: ["ing"], sub: [STATUS]),
+    row!("networking.k8s.io", "v1", "ingressclasses", "ingressclass", "IngressClass",
+        networking::IngressClass, namespaced: false),
+    row!("networking.k8s.io", "v1", "networkpolicies", "networkpolicy", "NetworkPolicy",
+        networking::NetworkPolicy, namespaced: true, short: ["netpol"]),
+    row!("autoscaling", "v2", "horizontalpodautoscalers", "horizontalpodautoscaler",
+        "HorizontalPodAutoscaler", autoscaling::HorizontalPodAutoscaler, namespaced: true,
+        short: ["hpa"], categories: ["all"], sub: [STATUS]),
+    row!("storage.k8s.io", "v1", "csidrivers", "csidriver", "CSIDriver", storage::CSIDriver,
+        namespaced: false),
+    row!("storage.k8s.io", "v1", "csinodes", "csinode", "CSINode", storage::CSINode,
+        namespaced: false),
+    row!("storage.k8s.io", "v1", "csistoragecapacities", "csistoragecapacity",
+        "CSIStorageCapacity", storage::CSIStorageCapacity, namespaced: true),
+    row!("storage.k8s.io", "v1", "volumeattachments", "volumeattachment", "VolumeAttachment",
+        storage::VolumeAttachment, namespaced: false, sub: [STATUS]),
+    row!("node.k8s.io", "v1", "runtimeclasses", "runtimeclass", "RuntimeClass",
+        node::RuntimeClass, namespaced: false),
     ResourceType {
         group: "metrics.k8s.io",
         version: "v1beta1",

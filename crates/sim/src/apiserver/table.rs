@@ -23,6 +23,8 @@ pub fn wants_table(accept: Option<&str>) -> bool {
 struct Column {
     name: &'static str,
     kind: &'static str,
+    /// `name` for a column holding an object's name, else empty.
+    format: &'static str,
     priority: u8,
 }
 
@@ -30,12 +32,23 @@ const fn col(name: &'static str, kind: &'static str, priority: u8) -> Column {
     Column {
         name,
         kind,
+        format: "",
         priority,
     }
 }
 
+/// A column of object names (`format: name`).
+const fn name_col(name: &'static str) -> Column {
+    Column {
+        name,
+        kind: "string",
+        format: "name",
+        priority: 0,
+    }
+}
+
 fn columns(rt: &ResourceType) -> Vec<Column> {
-    let mut cols = vec![col("Name", "string", 0)];
+    let mut cols = vec![name_col("Name")];
     cols.extend(match (rt.group, rt.plural) {
         ("", "pods") => vec![
             col("Ready", "string", 0),
@@ -126,7 +139,10 @@ fn columns(rt: &ResourceType) -> Vec<Column> {
                 col("Message", "string", 0),
                 col("First Seen", "string", 1),
                 col("Count", "string", 1),
-                col("Name", "string", 1),
+                Column {
+                    priority: 1,
+                    ..name_col("Name")
+                },
             ];
         }
         ("", "limitranges") => vec![col("Created At", "date", 0)],
@@ -220,6 +236,67 @@ fn columns(rt: &ResourceType) -> Vec<Column> {
             col("AllowVolumeExpansion", "string", 0),
             col("Age", "string", 0),
         ],
+        ("networking.k8s.io", "ingresses") => vec![
+            col("Class", "string", 0),
+            col("Hosts", "string", 0),
+            col("Address", "string", 0),
+            col("Ports", "string", 0),
+            col("Age", "string", 0),
+        ],
+        ("networking.k8s.io", "ingressclasses") => vec![
+            col("Controller", "string", 0),
+            col("Parameters", "string", 0),
+            col("Age", "string", 0),
+        ],
+        ("networking.k8s.io", "networkpolicies") => {
+            vec![col("Pod-Selector", "string", 0), col("Age", "string", 0)]
+        }
+        ("autoscaling", "horizontalpodautoscalers") => vec![
+            col("Reference", "string", 0),
+            col("Targets", "string", 0),
+            col("MinPods", "string", 0),
+            col("MaxPods", "string", 0),
+            col("Replicas", "string", 0),
+            col("Age", "string", 0),
+        ],
+        ("", "replicationcontrollers") => vec![
+            col("Desired", "integer", 0),
+            col("Current", "integer", 0),
+            col("Ready", "integer", 0),
+            col("Age", "string", 0),
+            col("Containers", "string", 1),
+            col("Images", "string", 1),
+            col("Selector", "string", 1),
+        ],
+        ("", "podtemplates") => vec![
+            col("Containers", "string", 0),
+            col("Images", "string", 0),
+            col("Pod Labels", "string", 0),
+        ],
+        ("storage.k8s.io", "csidrivers") => vec![
+            col("AttachRequired", "boolean", 0),
+            col("PodInfoOnMount", "boolean", 0),
+            col("StorageCapacity", "boolean", 0),
+            col("TokenRequests", "string", 0),
+            col("RequiresRepublish", "boolean", 0),
+            col("Modes", "string", 0),
+            col("Age", "string", 0),
+        ],
+        ("storage.k8s.io", "csinodes") => {
+            vec![col("Drivers", "integer", 0), col("Age", "string", 0)]
+        }
+        // The real server has no printer for it: the default columns.
+        ("storage.k8s.io", "csistoragecapacities") => vec![col("Created At", "date", 0)],
+        ("storage.k8s.io", "volumeattachments") => vec![
+            name_col("Attacher"),
+            col("PV", "string", 0),
+            col("Node", "string", 0),
+            col("Attached", "boolean", 0),
+            col("Age", "string", 0),
+        ],
+        ("node.k8s.io", "runtimeclasses") => {
+            vec![col("Handler", "string", 0), col("Age", "string", 0)]
+        }
         _ => vec![col("Age", "string", 0)],
     });
     cols
@@ -694,9 +771,249 @@ fn cells(rt: &ResourceType, obj: &Value, now: Timestamp) -> Vec<Value> {
             ]);
         }
         ("" | "events.k8s.io", "events") => return event_cells(rt.group, obj, now),
+        ("networking.k8s.io", "ingresses") => {
+            let class = or_none(s(obj.pointer("/spec/ingressClassName")));
+            let hosts: Vec<String> = arr("/spec/rules")
+                .iter()
+                .map(|r| s(r.get("host")))
+                .filter(|h| !h.is_empty())
+                .collect();
+            let hosts = if hosts.is_empty() {
+                "*".to_owned()
+            } else {
+                let more = arr("/spec/rules").len().saturating_sub(3);
+                let shown = hosts.iter().take(3).cloned().collect::<Vec<_>>().join(",");
+                if hosts.len() > 3 {
+                    format!("{shown} + {more} more...")
+                } else {
+                    shown
+                }
+            };
+            let mut addresses: Vec<String> = arr("/status/loadBalancer/ingress")
+                .iter()
+                .map(|i| {
+                    let ip = s(i.get("ip"));
+                    if ip.is_empty() {
+                        s(i.get("hostname"))
+                    } else {
+                        ip
+                    }
+                })
+                .filter(|a| !a.is_empty())
+                .collect();
+            addresses.sort();
+            addresses.dedup();
+            let ports = if arr("/spec/tls").is_empty() {
+                "80"
+            } else {
+                "80, 443"
+            };
+            c.extend([
+                json!(class),
+                json!(hosts),
+                json!(addresses.join(",")),
+                json!(ports),
+                json!(age),
+            ]);
+        }
+        ("networking.k8s.io", "ingressclasses") => {
+            let parameters = match obj.pointer("/spec/parameters") {
+                Some(p) => {
+                    let group = s(p.get("apiGroup"));
+                    let kind = s(p.get("kind"));
+                    let kind = if group.is_empty() {
+                        kind
+                    } else {
+                        format!("{kind}.{group}")
+                    };
+                    format!("{kind}/{}", s(p.get("name")))
+                }
+                None => "<none>".to_owned(),
+            };
+            c.extend([
+                json!(s(obj.pointer("/spec/controller"))),
+                json!(parameters),
+                json!(age),
+            ]);
+        }
+        ("networking.k8s.io", "networkpolicies") => c.extend([
+            json!(label_selector(obj.pointer("/spec/podSelector"))),
+            json!(age),
+        ]),
+        ("autoscaling", "horizontalpodautoscalers") => {
+            let min = obj
+                .pointer("/spec/minReplicas")
+                .and_then(Value::as_i64)
+                .map_or_else(|| "<unset>".to_owned(), |n| n.to_string());
+            c.extend([
+                json!(format!(
+                    "{}/{}",
+                    s(obj.pointer("/spec/scaleTargetRef/kind")),
+                    s(obj.pointer("/spec/scaleTargetRef/name"))
+                )),
+                json!(hpa_targets(obj)),
+                json!(min),
+                json!(int("/spec/maxReplicas")),
+                json!(int("/status/currentReplicas")),
+                json!(age),
+            ]);
+        }
+        ("", "replicationcontrollers") => {
+            c.extend([
+                json!(
+                    obj.pointer("/spec/replicas")
+                        .and_then(Value::as_i64)
+                        .unwrap_or(1)
+                ),
+                json!(int("/status/replicas")),
+                json!(int("/status/readyReplicas")),
+                json!(age),
+            ]);
+            c.extend(template_cells(obj, false));
+            c.push(json!(or_none(pairs(obj.pointer("/spec/selector")))));
+        }
+        ("", "podtemplates") => {
+            let template = json!({"spec": obj.get("template").cloned().unwrap_or_default()});
+            c.extend(template_cells(&template, false));
+            c.push(json!(or_none(pairs(
+                obj.pointer("/template/metadata/labels")
+            ))));
+        }
+        ("storage.k8s.io", "csidrivers") => {
+            let flag =
+                |p: &str, default: bool| obj.pointer(p).and_then(Value::as_bool).unwrap_or(default);
+            let audiences: Option<Vec<String>> = obj
+                .pointer("/spec/tokenRequests")
+                .and_then(Value::as_array)
+                .map(|t| t.iter().map(|r| s(r.get("audience"))).collect());
+            let modes: Vec<String> = arr("/spec/volumeLifecycleModes")
+                .iter()
+                .map(|m| s(Some(m)))
+                .collect();
+            c.extend([
+                json!(flag("/spec/attachRequired", true)),
+                json!(flag("/spec/podInfoOnMount", false)),
+                json!(flag("/spec/storageCapacity", false)),
+                json!(audiences.map_or_else(|| "<unset>".to_owned(), |a| a.join(","))),
+                json!(flag("/spec/requiresRepublish", false)),
+                json!(or_none(modes.join(","))),
+                json!(age),
+            ]);
+        }
+        ("storage.k8s.io", "csinodes") => {
+            c.extend([json!(arr("/spec/drivers").len()), json!(age)]);
+        }
+        ("storage.k8s.io", "csistoragecapacities") => {
+            c.push(json!(s(obj.pointer("/metadata/creationTimestamp"))));
+        }
+        ("storage.k8s.io", "volumeattachments") => c.extend([
+            json!(s(obj.pointer("/spec/attacher"))),
+            json!(s(obj.pointer("/spec/source/persistentVolumeName"))),
+            json!(s(obj.pointer("/spec/nodeName"))),
+            json!(
+                obj.pointer("/status/attached")
+                    .and_then(Value::as_bool)
+                    .unwrap_or(false)
+            ),
+            json!(age),
+        ]),
+        ("node.k8s.io", "runtimeclasses") => {
+            c.extend([json!(s(obj.pointer("/handler"))), json!(age)]);
+        }
         _ => c.push(json!(age)),
     }
     c
+}
+
+/// The TARGETS column of an autoscaler (the printers' `formatHPAMetrics`): each metric as
+/// `current/target`, `<unknown>` until the status has one, the first two then ` + N more...`.
+fn hpa_targets(obj: &Value) -> String {
+    let specs = obj
+        .pointer("/spec/metrics")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default();
+    if specs.is_empty() {
+        return "<none>".to_owned();
+    }
+    let statuses = obj
+        .pointer("/status/currentMetrics")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default();
+    let quantity = |v: Option<&Value>| match v {
+        Some(Value::String(q)) => q.clone(),
+        Some(Value::Number(n)) => n.to_string(),
+        _ => String::new(),
+    };
+    let list: Vec<String> = specs
+        .iter()
+        .enumerate()
+        .map(|(i, spec)| {
+            let kind = s(spec.get("type"));
+            // The spec and status fields are named after the type, in camelCase.
+            let field = match kind.as_str() {
+                "Resource" => "resource",
+                "ContainerResource" => "containerResource",
+                "Pods" => "pods",
+                "Object" => "object",
+                "External" => "external",
+                _ => return "<unknown type>".to_owned(),
+            };
+            let source = spec.get(field);
+            let target = source.and_then(|m| m.get("target"));
+            let current = statuses
+                .get(i)
+                .and_then(|st| st.get(field))
+                .and_then(|m| m.get("current"));
+            let current_of = |key: &str| {
+                let q = quantity(current.and_then(|c| c.get(key)));
+                if q.is_empty() {
+                    "<unknown>".to_owned()
+                } else {
+                    q
+                }
+            };
+            let average = target.and_then(|t| t.get("averageValue"));
+            match field {
+                "resource" | "containerResource" => {
+                    let name = s(source.and_then(|m| m.get("name")));
+                    if average.is_some() {
+                        format!(
+                            "{name}: {}/{}",
+                            current_of("averageValue"),
+                            quantity(average)
+                        )
+                    } else {
+                        let current = current
+                            .and_then(|c| c.get("averageUtilization"))
+                            .and_then(Value::as_i64)
+                            .map_or_else(|| "<unknown>".to_owned(), |n| format!("{n}%"));
+                        let goal = target
+                            .and_then(|t| t.get("averageUtilization"))
+                            .and_then(Value::as_i64)
+                            .map_or_else(|| "<auto>".to_owned(), |n| format!("{n}%"));
+                        format!("{name}: {current}/{goal}")
+                    }
+                }
+                "pods" => format!("{}/{}", current_of("averageValue"), quantity(average)),
+                _ if average.is_some() => {
+                    format!("{}/{} (avg)", current_of("averageValue"), quantity(average))
+                }
+                _ => format!(
+                    "{}/{}",
+                    current_of("value"),
+                    quantity(target.and_then(|t| t.get("value")))
+                ),
+            }
+        })
+        .collect();
+    let shown = list.iter().take(2).cloned().collect::<Vec<_>>().join(", ");
+    if list.len() > 2 {
+        format!("{shown} + {} more...", list.len() - 2)
+    } else {
+        shown
+    }
 }
 
 /// `<unset>` for an empty value, as the volume printers show a missing attributes class.
@@ -1038,7 +1355,7 @@ pub fn table(
     let now = Timestamp::now();
     let cols: Vec<Value> = columns(rt)
         .iter()
-        .map(|c| json!({"name": c.name, "type": c.kind, "format": if c.name == "Name" { "name" } else { "" }, "description": "", "priority": c.priority}))
+        .map(|c| json!({"name": c.name, "type": c.kind, "format": c.format, "description": "", "priority": c.priority}))
         .collect();
     let rows: Vec<Value> = items
         .iter()
@@ -1106,6 +1423,22 @@ mod tests {
             "10.0.0.1,10.0.0.2,10.0.0.3 + 2 more..."
         );
         assert_eq!(three_and_more(&[]), "<unset>");
+    }
+
+    #[test]
+    fn autoscaler_targets_print_as_kubectl_prints_them() {
+        let hpa = json!({"spec": {"metrics": [
+            {"type": "Resource", "resource": {"name": "cpu", "target": {"type": "Utilization", "averageUtilization": 50}}},
+            {"type": "Resource", "resource": {"name": "memory", "target": {"type": "AverageValue", "averageValue": "100Mi"}}},
+            {"type": "External", "external": {"metric": {"name": "q"}, "target": {"type": "Value", "value": "10"}}},
+        ]}, "status": {"currentMetrics": [
+            {"type": "Resource", "resource": {"name": "cpu", "current": {"averageUtilization": 12}}},
+        ]}});
+        assert_eq!(
+            hpa_targets(&hpa),
+            "cpu: 12%/50%, memory: <unknown>/100Mi + 1 more..."
+        );
+        assert_eq!(hpa_targets(&json!({"spec": {}})), "<none>");
     }
 
     #[test]

@@ -3,6 +3,7 @@
 //! `TENSILE_K8S_BIN` set, real control planes from binaries instead (see [`real`]); the
 //! simulated nodes are the same either way, and tests cannot tell the difference.
 
+pub mod errors;
 pub mod faults;
 mod provisioner;
 pub mod real;
@@ -77,6 +78,28 @@ pub enum TestEnvError {
     },
 }
 
+/// A fault could not be injected, or the cluster did not come back from it.
+#[derive(Debug, thiserror::Error)]
+pub enum FaultError {
+    /// The simulator has no such part (it keeps its objects in memory: there is no etcd).
+    #[error("cluster {cluster}: {what} exists only on real control planes (TENSILE_K8S_BIN)")]
+    NotSimulated {
+        /// Which cluster.
+        cluster: String,
+        /// The fault asked for.
+        what: &'static str,
+    },
+    /// A process of the real control plane could not be signalled or started again.
+    #[error("cluster {cluster}: {source}")]
+    Real {
+        /// Which cluster.
+        cluster: String,
+        /// Why.
+        #[source]
+        source: real::RealError,
+    },
+}
+
 /// A scheduler configuration was not taken.
 #[derive(Debug, thiserror::Error)]
 pub enum SchedulerConfigError {
@@ -128,6 +151,8 @@ pub struct TestCluster {
     pub client: kube::Client,
     /// The kubeconfig file (context = name).
     pub kubeconfig: PathBuf,
+    /// The same as one kubeconfig entry (through the TCP fault proxy).
+    entry: crate::apiserver::KubeconfigEntry,
     backend: Backend,
     kubelet: Option<SimKubelet>,
     faults: faults::FaultProxy,
@@ -186,6 +211,95 @@ impl TestCluster {
     /// are re-established by their clients).
     pub fn reset_connections(&self) {
         self.faults.reset_connections();
+    }
+
+    fn real(&self, what: &'static str) -> Result<&real::RealCluster, FaultError> {
+        match &self.backend {
+            Backend::Real(r) => Ok(r),
+            Backend::Sim(_) => Err(FaultError::NotSimulated {
+                cluster: self.name.clone(),
+                what,
+            }),
+        }
+    }
+
+    fn real_error(&self) -> impl Fn(real::RealError) -> FaultError + '_ {
+        |source| FaultError::Real {
+            cluster: self.name.clone(),
+            source,
+        }
+    }
+
+    /// Kills the API server (SIGKILL) until [`TestCluster::start_apiserver_again`]. On the
+    /// simulator, whose objects live in its API server, as its clients see it: every client
+    /// connection closed and new ones refused (its controllers and nodes keep running).
+    pub fn kill_apiserver(&self) -> Result<(), FaultError> {
+        match &self.backend {
+            Backend::Real(r) => r
+                .kill(real::Component::ApiServer)
+                .map_err(self.real_error()),
+            Backend::Sim(_) => {
+                self.faults.set_available(false);
+                Ok(())
+            }
+        }
+    }
+
+    /// Starts the API server killed by [`TestCluster::kill_apiserver`] again (same flags,
+    /// port and etcd) and waits until it serves.
+    pub async fn start_apiserver_again(&self) -> Result<(), FaultError> {
+        match &self.backend {
+            Backend::Real(r) => {
+                r.start_again(real::Component::ApiServer)
+                    .map_err(self.real_error())?;
+                r.wait_serving().await.map_err(self.real_error())
+            }
+            Backend::Sim(_) => {
+                self.faults.set_available(true);
+                Ok(())
+            }
+        }
+    }
+
+    /// Stops (SIGSTOP, `true`) or continues (SIGCONT) the API server: it hangs, connections
+    /// open and unanswered. On the simulator the same through the fault proxy: every client
+    /// connection frozen.
+    pub fn set_apiserver_stopped(&self, stopped: bool) -> Result<(), FaultError> {
+        match &self.backend {
+            Backend::Real(r) => r
+                .set_stopped(real::Component::ApiServer, stopped)
+                .map_err(self.real_error()),
+            Backend::Sim(_) => {
+                self.faults.set_frozen(stopped);
+                Ok(())
+            }
+        }
+    }
+
+    /// Kills etcd (SIGKILL), real control planes only.
+    pub fn kill_etcd(&self) -> Result<(), FaultError> {
+        self.real("an etcd kill")?
+            .kill(real::Component::Etcd)
+            .map_err(self.real_error())
+    }
+
+    /// Starts etcd again on its data directory and port, and waits until the API server
+    /// serves again (its `/readyz` checks etcd).
+    pub async fn start_etcd_again(&self) -> Result<(), FaultError> {
+        let r = self.real("an etcd restart")?;
+        r.start_again(real::Component::Etcd)
+            .map_err(self.real_error())?;
+        r.wait_serving().await.map_err(self.real_error())
+    }
+
+    /// An HTTPS proxy in front of this cluster that answers a share of the requests with
+    /// 429 or 500 (see [`errors`]); its kubeconfig is written to `kubeconfig`. It reaches the
+    /// cluster through the TCP fault proxy, so outages apply to it too.
+    pub async fn error_proxy(
+        &self,
+        kubeconfig: &Path,
+    ) -> Result<errors::ErrorProxy, errors::ErrorProxyError> {
+        errors::ErrorProxy::start(self.client.clone(), &self.entry, kubeconfig).await
     }
 
     /// Makes the cluster's scheduler call these extenders: the simulated scheduler takes them
@@ -376,6 +490,7 @@ impl TestEnv {
                 name: cluster,
                 client,
                 kubeconfig,
+                entry,
                 backend,
                 kubelet,
                 faults,

@@ -79,6 +79,9 @@ pub struct RealCluster {
     // that owns its runtime drops the env after it), and tokio's need its reactor to die.
     children: std::sync::Mutex<Vec<Child>>,
     scheduler: Option<SchedulerRun>,
+    /// How etcd and kube-apiserver were started, to kill and start them again as they were.
+    etcd: Option<Restartable>,
+    apiserver: Option<Restartable>,
     /// Set when it failed to start: its logs say why.
     keep_files: bool,
 }
@@ -145,10 +148,27 @@ fn spawn(
     args: &[String],
     log: &Path,
 ) -> Result<Child, RealError> {
-    let out = std::fs::File::create(log).map_err(|source| RealError::Io {
-        path: log.to_owned(),
-        source,
-    })?;
+    spawn_logging(bin, binary, args, log, false)
+}
+
+/// [`spawn`]; with `append`, the log is continued (a restart) rather than started afresh.
+fn spawn_logging(
+    bin: &Path,
+    binary: &'static str,
+    args: &[String],
+    log: &Path,
+    append: bool,
+) -> Result<Child, RealError> {
+    let out = std::fs::OpenOptions::new()
+        .create(true)
+        .write(true)
+        .append(append)
+        .truncate(!append)
+        .open(log)
+        .map_err(|source| RealError::Io {
+            path: log.to_owned(),
+            source,
+        })?;
     let err = out.try_clone().map_err(|source| RealError::Io {
         path: log.to_owned(),
         source,
@@ -257,6 +277,8 @@ pub async fn start_with(
         ca_pem: ca.cert_pem().to_owned(),
         children: std::sync::Mutex::new(Vec::new()),
         scheduler: None,
+        etcd: None,
+        apiserver: None,
         keep_files: false,
         dir: dir.clone(),
     };
@@ -264,59 +286,70 @@ pub async fn start_with(
         Ok(c) => c,
         Err(poisoned) => poisoned.into_inner(),
     };
-    children.push(spawn(
-        bin,
-        "etcd",
-        &[
-            format!("--data-dir={}", s(&dir.join("etcd"))),
-            "--name=default".into(),
-            format!("--listen-client-urls={etcd_url}"),
-            format!("--advertise-client-urls={etcd_url}"),
-            format!("--listen-peer-urls={peer_url}"),
-            format!("--initial-advertise-peer-urls={peer_url}"),
-            format!("--initial-cluster=default={peer_url}"),
-            "--unsafe-no-fsync".into(),
-        ],
-        &dir.join("etcd.log"),
-    )?);
+    let etcd_args = vec![
+        format!("--data-dir={}", s(&dir.join("etcd"))),
+        "--name=default".into(),
+        format!("--listen-client-urls={etcd_url}"),
+        format!("--advertise-client-urls={etcd_url}"),
+        format!("--listen-peer-urls={peer_url}"),
+        format!("--initial-advertise-peer-urls={peer_url}"),
+        format!("--initial-cluster=default={peer_url}"),
+        "--unsafe-no-fsync".into(),
+    ];
+    children.push(spawn(bin, "etcd", &etcd_args, &dir.join("etcd.log"))?);
+    cluster_handle.etcd = Some(Restartable {
+        bin: bin.to_owned(),
+        binary: "etcd",
+        args: etcd_args,
+        log: dir.join("etcd.log"),
+        index: children.len() - 1,
+    });
+    let apiserver_args = vec![
+        format!("--etcd-servers={etcd_url}"),
+        format!("--secure-port={api_port}"),
+        "--bind-address=127.0.0.1".into(),
+        "--advertise-address=127.0.0.1".into(),
+        format!("--tls-cert-file={}", s(&tls_crt)),
+        format!("--tls-private-key-file={}", s(&tls_key)),
+        format!("--client-ca-file={}", s(&ca_crt)),
+        format!("--kubelet-client-certificate={}", s(&kc_crt)),
+        format!("--kubelet-client-key={}", s(&kc_key)),
+        format!("--service-account-key-file={}", s(&sa_pub)),
+        format!("--service-account-signing-key-file={}", s(&sa_key)),
+        "--service-account-issuer=https://kubernetes.default.svc".into(),
+        "--service-cluster-ip-range=10.96.0.0/16".into(),
+        "--authorization-mode=Node,RBAC".into(),
+        "--allow-privileged=true".into(),
+        // Simulated nodes have no resolvable host name: reach kubelets by address first,
+        // as kubeadm clusters are usually set up.
+        "--kubelet-preferred-address-types=InternalIP,ExternalIP,Hostname".into(),
+        // The aggregation layer, for metrics-server; routed to its endpoint directly, as
+        // there is no kube-proxy to reach a ClusterIP.
+        format!("--requestheader-client-ca-file={}", s(&ca_crt)),
+        "--requestheader-allowed-names=front-proxy-client".into(),
+        "--requestheader-username-headers=X-Remote-User".into(),
+        "--requestheader-group-headers=X-Remote-Group".into(),
+        "--requestheader-extra-headers-prefix=X-Remote-Extra-".into(),
+        format!("--proxy-client-cert-file={}", s(&fp_crt)),
+        format!("--proxy-client-key-file={}", s(&fp_key)),
+        "--enable-aggregator-routing=true".into(),
+        // About a tenth of a test cluster's start-up CPU; the tests never depend on API
+        // priority and fairness (max-requests-inflight still applies).
+        "--enable-priority-and-fairness=false".into(),
+    ];
     children.push(spawn(
         bin,
         "kube-apiserver",
-        &[
-            format!("--etcd-servers={etcd_url}"),
-            format!("--secure-port={api_port}"),
-            "--bind-address=127.0.0.1".into(),
-            "--advertise-address=127.0.0.1".into(),
-            format!("--tls-cert-file={}", s(&tls_crt)),
-            format!("--tls-private-key-file={}", s(&tls_key)),
-            format!("--client-ca-file={}", s(&ca_crt)),
-            format!("--kubelet-client-certificate={}", s(&kc_crt)),
-            format!("--kubelet-client-key={}", s(&kc_key)),
-            format!("--service-account-key-file={}", s(&sa_pub)),
-            format!("--service-account-signing-key-file={}", s(&sa_key)),
-            "--service-account-issuer=https://kubernetes.default.svc".into(),
-            "--service-cluster-ip-range=10.96.0.0/16".into(),
-            "--authorization-mode=Node,RBAC".into(),
-            "--allow-privileged=true".into(),
-            // Simulated nodes have no resolvable host name: reach kubelets by address first,
-            // as kubeadm clusters are usually set up.
-            "--kubelet-preferred-address-types=InternalIP,ExternalIP,Hostname".into(),
-            // The aggregation layer, for metrics-server; routed to its endpoint directly, as
-            // there is no kube-proxy to reach a ClusterIP.
-            format!("--requestheader-client-ca-file={}", s(&ca_crt)),
-            "--requestheader-allowed-names=front-proxy-client".into(),
-            "--requestheader-username-headers=X-Remote-User".into(),
-            "--requestheader-group-headers=X-Remote-Group".into(),
-            "--requestheader-extra-headers-prefix=X-Remote-Extra-".into(),
-            format!("--proxy-client-cert-file={}", s(&fp_crt)),
-            format!("--proxy-client-key-file={}", s(&fp_key)),
-            "--enable-aggregator-routing=true".into(),
-            // About a tenth of a test cluster's start-up CPU; the tests never depend on API
-            // priority and fairness (max-requests-inflight still applies).
-            "--enable-priority-and-fairness=false".into(),
-        ],
+        &apiserver_args,
         &dir.join("kube-apiserver.log"),
     )?);
+    cluster_handle.apiserver = Some(Restartable {
+        bin: bin.to_owned(),
+        binary: "kube-apiserver",
+        args: apiserver_args,
+        log: dir.join("kube-apiserver.log"),
+        index: children.len() - 1,
+    });
     // kube-controller-manager gives up (and exits) when the API server is not healthy within
     // its own short wait, which a busy machine can exceed: it starts once /readyz answers.
     if let Err(e) = wait_ready(&config, cluster, &dir, false).await {
@@ -480,6 +513,27 @@ async fn start_metrics_server(
     Ok(child)
 }
 
+/// A control-plane process that a fault may kill and the harness start again, with the same
+/// flags, ports and data directory (what a restarted static pod does).
+#[derive(Debug)]
+struct Restartable {
+    bin: PathBuf,
+    binary: &'static str,
+    args: Vec<String>,
+    log: PathBuf,
+    /// Its place in `RealCluster::children`.
+    index: usize,
+}
+
+/// A process of a real control plane that faults can hit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Component {
+    /// etcd (its data directory is kept across a restart).
+    Etcd,
+    /// kube-apiserver.
+    ApiServer,
+}
+
 /// How the cluster's kube-scheduler was started, to start it again with another
 /// configuration.
 #[derive(Debug)]
@@ -553,6 +607,89 @@ impl RealCluster {
             port
         };
         wait_scheduling(port, &self.entry.context, &self.dir).await
+    }
+}
+
+impl RealCluster {
+    fn restartable(&self, component: Component) -> Result<&Restartable, RealError> {
+        match component {
+            Component::Etcd => self.etcd.as_ref(),
+            Component::ApiServer => self.apiserver.as_ref(),
+        }
+        .ok_or_else(|| RealError::Io {
+            path: self.dir.clone(),
+            source: std::io::Error::other(format!("{component:?} was not started")),
+        })
+    }
+
+    fn with_child<T>(
+        &self,
+        component: Component,
+        f: impl FnOnce(&Restartable, &mut Child) -> Result<T, RealError>,
+    ) -> Result<T, RealError> {
+        let run = self.restartable(component)?;
+        let mut children = self.children.lock().map_err(|_| RealError::Io {
+            path: run.log.clone(),
+            source: std::io::Error::other("a previous restart panicked"),
+        })?;
+        let child = children.get_mut(run.index).ok_or_else(|| RealError::Io {
+            path: run.log.clone(),
+            source: std::io::Error::other("no such process"),
+        })?;
+        f(run, child)
+    }
+
+    /// Kills `component` with SIGKILL and reaps it; [`RealCluster::start_again`] brings it
+    /// back.
+    pub fn kill(&self, component: Component) -> Result<(), RealError> {
+        self.with_child(component, |run, child| {
+            let io = |source| RealError::Io {
+                path: run.log.clone(),
+                source,
+            };
+            child.kill().map_err(io)?;
+            child.wait().map_err(io)?;
+            Ok(())
+        })
+    }
+
+    /// Starts `component` again as it was first started (same flags, ports and data
+    /// directory; its log continued), after [`RealCluster::kill`]. It is not waited for:
+    /// [`RealCluster::wait_serving`] does.
+    pub fn start_again(&self, component: Component) -> Result<(), RealError> {
+        self.with_child(component, |run, child| {
+            *child = spawn_logging(&run.bin, run.binary, &run.args, &run.log, true)?;
+            Ok(())
+        })
+    }
+
+    /// Sends SIGSTOP (`stopped`) or SIGCONT to `component`: a process that hangs, its
+    /// connections open and its port accepting, answering nothing.
+    pub fn set_stopped(&self, component: Component, stopped: bool) -> Result<(), RealError> {
+        self.with_child(component, |run, child| {
+            let io = |source| RealError::Io {
+                path: run.log.clone(),
+                source,
+            };
+            let signal = if stopped { "-STOP" } else { "-CONT" };
+            // The coreutils/shell `kill`: signals other than SIGKILL need libc otherwise.
+            let status = Command::new("kill")
+                .args([signal, &child.id().to_string()])
+                .status()
+                .map_err(io)?;
+            if status.success() {
+                Ok(())
+            } else {
+                Err(io(std::io::Error::other(format!(
+                    "kill {signal}: {status}"
+                ))))
+            }
+        })
+    }
+
+    /// Waits until kube-apiserver answers /readyz (its storage reachable).
+    pub async fn wait_serving(&self) -> Result<(), RealError> {
+        wait_ready(&self.kubeconfig, &self.entry.context, &self.dir, false).await
     }
 }
 

@@ -598,6 +598,9 @@ async fn handle(shared: &Arc<Shared>, stop: &CancellationToken, pod: Pod) {
     ));
 }
 
+/// How soon a status write the API server failed is tried again.
+const STATUS_RETRY: Duration = Duration::from_secs(1);
+
 /// How often a container held by a configuration error (a missing ConfigMap key, ...) is
 /// tried again.
 const CONFIG_RETRY: Duration = Duration::from_secs(2);
@@ -715,14 +718,22 @@ async fn run_pod(
         if sent.as_ref() != Some(&status) {
             // A strategic merge keyed by condition type, as the kubelet's status manager does:
             // conditions others own (readiness gates, DisruptionTarget) are left as they are.
-            if api
+            match api
                 .patch_status(&name, &PatchParams::default(), &Patch::Strategic(&status))
                 .await
-                .is_err()
             {
-                return;
+                Ok(_) => sent = Some(status),
+                // The pod is gone.
+                Err(kube::Error::Api(e)) if e.code == 404 => return,
+                // The API server failed (its etcd restarting, say): tried again, as a kubelet's
+                // status manager does, rather than leaving the pod Pending for good.
+                Err(_) => {
+                    tokio::select! {
+                        () = stop.cancelled() => return,
+                        () = tokio::time::sleep(STATUS_RETRY) => continue,
+                    }
+                }
             }
-            sent = Some(status);
         }
         if matches!(phase, "Succeeded" | "Failed") {
             return;

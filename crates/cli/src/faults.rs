@@ -1,0 +1,740 @@
+//! `tensile bench faults`: faults of the control planes (not of the node) in the middle of a
+//! burst of pods through one virtual node run with the README's flags. Per fault: the lower
+//! kube-apiserver killed and started again, or stopped (SIGSTOP) for the outage; the lower
+//! etcd killed and started again; the upper kube-apiserver killed and started again; the TCP
+//! connection between the node and the lower cluster cut for the outage; a share of the
+//! lower API requests answered 429/500 for the outage. Checks what a fault must never do:
+//! every upper pod ends Running, exactly one lower pod per upper pod, no lower pod deleted, no
+//! upper pod evicted, failed or deleted; the node is Ready (and its lower cluster reachable)
+//! again within `--ready-within` of the fault's end, and the outage of a lower cluster shows
+//! while it lasts (the node's condition, a Warning event on the Node, `tensile status`). A
+//! violation is an error (exit status 1), so `crates/cli/tests/faults.rs` runs this program.
+
+#![allow(clippy::print_stdout)] // the report is what the command prints
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, bail};
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{Event, Node, Pod};
+use kube::api::{Api, PostParams};
+use kube::runtime::{WatchStreamExt, watcher};
+use serde_json::json;
+use tensile_core::node::{CONDITION_LOWER_REACHABLE, REASON_LOWER_ERRORS, TAINT_LOWER_UNREACHABLE};
+use tensile_core::reach::{REASON_ERRORS, REASON_UNREACHABLE};
+use tensile_sim::env::TestEnv;
+use tensile_sim::env::errors::ErrorProxy;
+
+/// Flags of `tensile bench faults`.
+#[derive(Debug, clap::Args)]
+pub struct FaultsArgs {
+    /// The faults, one after the other, each in the middle of its own burst (comma-separated
+    /// or repeated).
+    #[arg(long, value_enum, value_delimiter = ',', required = true)]
+    fault: Vec<Fault>,
+    /// Pods of each fault's burst.
+    #[arg(long, default_value_t = 500)]
+    pods: usize,
+    /// Concurrent creations upstairs.
+    #[arg(long, default_value_t = 8)]
+    concurrency: usize,
+    /// How long a stop, a network cut or the errors last (a kill lasts until the killed
+    /// process serves again).
+    #[arg(long, default_value = "60s", value_parser = crate::common::parse_duration)]
+    outage: Duration,
+    /// The share of lower API requests answered 429 or 500 during `lower-errors`.
+    #[arg(long, default_value_t = 0.3)]
+    error_share: f64,
+    /// The node must be Ready with its lower cluster reachable this soon after a fault ends.
+    #[arg(long, default_value = "10s", value_parser = crate::common::parse_duration)]
+    ready_within: Duration,
+    /// Write the virtual node's log (RUST_LOG=info) here, kept after the run (default: in
+    /// the clusters' folder, removed with it).
+    #[arg(long)]
+    node_log: Option<PathBuf>,
+    /// How long to wait for every upper pod of a burst to be Running after its fault ends.
+    #[arg(long, default_value = "300s", value_parser = crate::common::parse_duration)]
+    timeout: Duration,
+}
+
+/// A fault of a control plane.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum Fault {
+    /// The lower kube-apiserver killed (SIGKILL) and started again at once.
+    LowerApiserverKill,
+    /// The lower kube-apiserver stopped (SIGSTOP) for the outage, then continued.
+    LowerApiserverStop,
+    /// The lower etcd killed (SIGKILL) and started again at once (real control planes only).
+    LowerEtcdKill,
+    /// The upper kube-apiserver killed (SIGKILL) and started again at once.
+    UpperApiserverKill,
+    /// Every TCP connection between the node and the lower cluster cut, and new ones refused,
+    /// for the outage.
+    LowerNetworkCut,
+    /// A share of the lower API requests answered 429 or 500 for the outage.
+    LowerErrors,
+}
+
+impl Fault {
+    fn name(self) -> &'static str {
+        match self {
+            Self::LowerApiserverKill => "lower-apiserver-kill",
+            Self::LowerApiserverStop => "lower-apiserver-stop",
+            Self::LowerEtcdKill => "lower-etcd-kill",
+            Self::UpperApiserverKill => "upper-apiserver-kill",
+            Self::LowerNetworkCut => "lower-network-cut",
+            Self::LowerErrors => "lower-errors",
+        }
+    }
+
+    /// Whether the node must show the outage while it lasts: a fault of the lower cluster
+    /// that lasts `outage` (a kill lasts only the restart, which may end between two looks
+    /// of the node; an outage of the upper cluster cannot be shown in it).
+    fn must_show(self) -> bool {
+        matches!(
+            self,
+            Self::LowerApiserverStop | Self::LowerNetworkCut | Self::LowerErrors
+        )
+    }
+}
+
+const NODE: &str = "vk";
+
+/// What the watches saw.
+#[derive(Default)]
+struct Seen {
+    /// Lower pods by name: every UID seen.
+    lower_uids: BTreeMap<String, BTreeSet<String>>,
+    /// Lower pods deleted (watch DELETED events).
+    lower_deleted: Vec<String>,
+    /// Upper pods Running.
+    upper_running: BTreeSet<String>,
+    /// Upper pods Failed, or being deleted (an eviction deletes them).
+    upper_failed: BTreeSet<String>,
+    upper_deleted: BTreeSet<String>,
+    /// Whether the node is Ready with its lower cluster reachable and untainted, since when.
+    node_healthy: Option<(bool, Instant)>,
+    /// When the node's lower-reachable condition was seen False (or with errors).
+    unreachable_seen: Vec<Instant>,
+    /// Warning events on the node saying the lower cluster is unreachable or erring.
+    unreachable_events: Vec<Instant>,
+    /// Events saying an upper pod was evicted.
+    evictions: Vec<String>,
+}
+
+type Shared = Arc<Mutex<Seen>>;
+
+fn with<T>(seen: &Shared, f: impl FnOnce(&mut Seen) -> T) -> anyhow::Result<T> {
+    let mut s = seen
+        .lock()
+        .map_err(|_| anyhow::anyhow!("a watch task panicked"))?;
+    Ok(f(&mut s))
+}
+
+/// Whether a node is Ready, its lower cluster reachable, without our unreachable taint.
+fn healthy(n: &Node) -> (bool, bool) {
+    let conditions = n
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_deref())
+        .unwrap_or_default();
+    let is = |t: &str, v: &str| conditions.iter().any(|c| c.type_ == t && c.status == v);
+    let tainted = n
+        .spec
+        .as_ref()
+        .and_then(|s| s.taints.as_deref())
+        .unwrap_or_default()
+        .iter()
+        .any(|t| t.key == TAINT_LOWER_UNREACHABLE);
+    // Unreachable, or answering with errors: either is the outage shown.
+    let unreachable = is(CONDITION_LOWER_REACHABLE, "False")
+        || conditions.iter().any(|c| {
+            c.type_ == CONDITION_LOWER_REACHABLE && c.reason.as_deref() == Some(REASON_LOWER_ERRORS)
+        });
+    (
+        is("Ready", "True") && is(CONDITION_LOWER_REACHABLE, "True") && !tainted,
+        unreachable,
+    )
+}
+
+fn watch_all(env: &TestEnv, seen: &Shared) -> Vec<tokio::task::JoinHandle<()>> {
+    let (upper, lower) = (
+        env.clusters[0].client.clone(),
+        env.clusters[1].client.clone(),
+    );
+    let mut tasks = Vec::new();
+    let s = seen.clone();
+    tasks.push(tokio::spawn(async move {
+        let api: Api<Pod> = Api::namespaced(lower, "default");
+        let mut events = watcher(api, watcher::Config::default())
+            .default_backoff()
+            .boxed();
+        while let Some(event) = events.next().await {
+            let Ok(event) = event else { continue };
+            let Ok(mut s) = s.lock() else { return };
+            match event {
+                watcher::Event::Apply(p) | watcher::Event::InitApply(p) => {
+                    if let (Some(name), Some(uid)) = (p.metadata.name, p.metadata.uid) {
+                        s.lower_uids.entry(name).or_default().insert(uid);
+                    }
+                }
+                watcher::Event::Delete(p) => {
+                    if let Some(name) = p.metadata.name {
+                        s.lower_deleted.push(name);
+                    }
+                }
+                watcher::Event::Init | watcher::Event::InitDone => {}
+            }
+        }
+    }));
+    let s = seen.clone();
+    let pods = upper.clone();
+    tasks.push(tokio::spawn(async move {
+        let api: Api<Pod> = Api::namespaced(pods, "default");
+        let mut events = watcher(api, watcher::Config::default())
+            .default_backoff()
+            .boxed();
+        while let Some(event) = events.next().await {
+            let Ok(event) = event else { continue };
+            let Ok(mut s) = s.lock() else { return };
+            match event {
+                watcher::Event::Apply(p) | watcher::Event::InitApply(p) => {
+                    let Some(name) = p.metadata.name.clone() else {
+                        continue;
+                    };
+                    let phase = p.status.as_ref().and_then(|s| s.phase.as_deref());
+                    if phase == Some("Running") {
+                        s.upper_running.insert(name.clone());
+                    }
+                    if phase == Some("Failed") {
+                        s.upper_failed.insert(name.clone());
+                    }
+                    if p.metadata.deletion_timestamp.is_some() {
+                        s.upper_deleted.insert(name);
+                    }
+                }
+                watcher::Event::Delete(p) => {
+                    if let Some(name) = p.metadata.name {
+                        s.upper_deleted.insert(name);
+                    }
+                }
+                watcher::Event::Init | watcher::Event::InitDone => {}
+            }
+        }
+    }));
+    let s = seen.clone();
+    let nodes = upper.clone();
+    tasks.push(tokio::spawn(async move {
+        let api: Api<Node> = Api::all(nodes);
+        let mut events = watcher(api, watcher::Config::default())
+            .default_backoff()
+            .applied_objects()
+            .boxed();
+        while let Some(n) = events.next().await {
+            let Ok(n) = n else { continue };
+            if n.metadata.name.as_deref() != Some(NODE) {
+                continue;
+            }
+            let (ok, unreachable) = healthy(&n);
+            let Ok(mut s) = s.lock() else { return };
+            if unreachable {
+                s.unreachable_seen.push(Instant::now());
+            }
+            if s.node_healthy.map(|(h, _)| h) != Some(ok) {
+                s.node_healthy = Some((ok, Instant::now()));
+            }
+        }
+    }));
+    let s = seen.clone();
+    tasks.push(tokio::spawn(async move {
+        let api: Api<Event> = Api::all(upper);
+        let mut events = watcher(api, watcher::Config::default())
+            .default_backoff()
+            .applied_objects()
+            .boxed();
+        while let Some(e) = events.next().await {
+            let Ok(e) = e else { continue };
+            let reason = e.reason.as_deref().unwrap_or_default();
+            let Ok(mut s) = s.lock() else { return };
+            if e.involved_object.kind.as_deref() == Some("Node")
+                && e.involved_object.name.as_deref() == Some(NODE)
+                && (reason == REASON_UNREACHABLE || reason == REASON_ERRORS)
+            {
+                s.unreachable_events.push(Instant::now());
+            }
+            if e.involved_object.kind.as_deref() == Some("Pod")
+                && (reason == "Evicted" || reason == "TaintManagerEviction")
+            {
+                s.evictions
+                    .push(e.involved_object.name.clone().unwrap_or_default());
+            }
+        }
+    }));
+    tasks
+}
+
+/// `tensile virtual-node` with the README's flags (what the benchmark adds says where to
+/// listen), its lower kubeconfig `lower`.
+fn start_node(
+    env: &TestEnv,
+    lower: &Path,
+    log: &Path,
+    (kubelet_port, metrics_port): (u16, u16),
+) -> anyhow::Result<tokio::process::Child> {
+    let exe = std::env::current_exe().context("finding the tensile binary")?;
+    tokio::process::Command::new(exe)
+        .args(["virtual-node", "--nodename", NODE])
+        .arg("--kubeconfig")
+        .arg(&env.clusters[0].kubeconfig)
+        .arg("--client-kubeconfig")
+        .arg(lower)
+        .args(["--kubelet-address", "127.0.0.1"])
+        .arg(format!("--metrics-addr=127.0.0.1:{metrics_port}"))
+        .env("KUBELET_PORT", kubelet_port.to_string())
+        .env("VKUBELET_POD_IP", "127.0.0.1")
+        .env_remove("POD_NAME")
+        .env_remove("POD_NAMESPACE")
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(log).with_context(|| format!("creating {}", log.display()))?)
+        .kill_on_drop(true)
+        .spawn()
+        .context("starting tensile virtual-node")
+}
+
+/// Waits, up to `secs`, until `check` says yes; the node's log tail is the error's detail.
+async fn wait_for(
+    what: &str,
+    secs: u64,
+    log: &Path,
+    mut check: impl FnMut() -> anyhow::Result<bool>,
+) -> anyhow::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    loop {
+        if check()? {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            let text = std::fs::read_to_string(log).unwrap_or_default();
+            let lines: Vec<&str> = text.lines().collect();
+            bail!(
+                "timed out after {secs} s waiting for {what}\n--- {}\n{}",
+                log.display(),
+                lines[lines.len().saturating_sub(20)..].join("\n")
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// One fault's measurements and findings.
+#[derive(Debug, serde::Serialize)]
+struct Outcome {
+    fault: &'static str,
+    pods: usize,
+    /// Lower pods when the fault began.
+    lower_at_fault: usize,
+    /// How long the fault lasted (for a kill: until the process served again).
+    fault_seconds: f64,
+    /// Fault end -> every upper pod of the burst Running.
+    end_to_all_running_seconds: f64,
+    /// Fault end -> the node Ready with its lower cluster reachable (0 when it never left).
+    end_to_node_ready_seconds: f64,
+    /// Whether the node left that state during the fault.
+    node_left_ready: bool,
+    /// The node's lower-reachable condition False seen during the fault.
+    condition_shown: bool,
+    /// A Warning event on the Node saying so.
+    event_shown: bool,
+    /// `tensile status` showing the node's lower cluster unreachable during the fault.
+    status_shown: Option<bool>,
+    lower_listed: usize,
+    lower_created_twice: Vec<String>,
+    lower_deleted: Vec<String>,
+    upper_failed: Vec<String>,
+    upper_deleted: Vec<String>,
+    evictions: Vec<String>,
+    /// Errors the error proxy answered (lower-errors only): 429s and 500s.
+    injected: Option<(u64, u64)>,
+    violations: Vec<String>,
+}
+
+pub async fn run(args: FaultsArgs) -> anyhow::Result<()> {
+    let n = args.pods;
+    let real = tensile_sim::env::real::bin_dir().is_some();
+    if !real && args.fault.contains(&Fault::LowerEtcdKill) {
+        bail!(
+            "lower-etcd-kill needs real control planes (TENSILE_K8S_BIN): the simulator keeps its objects in memory"
+        );
+    }
+    let env = crate::bench::burst_clusters(n * args.fault.len()).await?;
+    let seen: Shared = Arc::default();
+    let watches = watch_all(&env, &seen);
+    let log = args
+        .node_log
+        .clone()
+        .unwrap_or_else(|| env.dir().join("virtual-node.log"));
+    // The error proxy is on the node's way down only when its fault is asked for: for the
+    // others the node talks to the lower cluster through the TCP fault proxy alone.
+    let errors = if args.fault.contains(&Fault::LowerErrors) {
+        Some(
+            env.clusters[1]
+                .error_proxy(&env.dir().join("lower-through-errors.kubeconfig"))
+                .await
+                .context("starting the error proxy")?,
+        )
+    } else {
+        None
+    };
+    let lower_kubeconfig = errors.as_ref().map_or_else(
+        || env.clusters[1].kubeconfig.clone(),
+        |e| e.kubeconfig().to_owned(),
+    );
+    let mut node = start_node(&env, &lower_kubeconfig, &log, (free_port()?, free_port()?))?;
+    wait_for("the node to be Ready", 120, &log, || {
+        if let Some(status) = node.try_wait()? {
+            bail!("the virtual node exited: {status}");
+        }
+        with(&seen, |s| s.node_healthy.is_some_and(|(h, _)| h))
+    })
+    .await?;
+    println!(
+        "faults benchmark on {}: {n} pods per fault ({} concurrent creates) upstairs through one virtual node with the README's flags; outage {:?}",
+        if real {
+            "real control planes (TENSILE_K8S_BIN)"
+        } else {
+            "simulated clusters"
+        },
+        args.concurrency,
+        args.outage
+    );
+    let mut outcomes = Vec::new();
+    for (i, fault) in args.fault.iter().enumerate() {
+        let outcome = one_fault(
+            &env,
+            (&seen, &log, errors.as_ref()),
+            &mut node,
+            *fault,
+            (i, &args),
+        )
+        .await?;
+        println!(
+            "{}: fault lasted {:.2} s with {}/{n} lower pods created; its end -> node Ready {:.2} s{}, -> all {n} upper pods Running {:.2} s; shown: condition {}, event {}, tensile status {}; lower pods: {} listed, {} created more than once, {} deleted; upper pods failed {}, deleted {}, evicted {}{}",
+            outcome.fault,
+            outcome.fault_seconds,
+            outcome.lower_at_fault,
+            outcome.end_to_node_ready_seconds,
+            if outcome.node_left_ready {
+                ""
+            } else {
+                " (never left)"
+            },
+            outcome.end_to_all_running_seconds,
+            outcome.condition_shown,
+            outcome.event_shown,
+            outcome
+                .status_shown
+                .map_or_else(|| "not asked".to_owned(), |b| b.to_string()),
+            outcome.lower_listed,
+            outcome.lower_created_twice.len(),
+            outcome.lower_deleted.len(),
+            outcome.upper_failed.len(),
+            outcome.upper_deleted.len(),
+            outcome.evictions.len(),
+            outcome
+                .injected
+                .map(|(a, b)| format!("; injected {a} x 429, {b} x 500"))
+                .unwrap_or_default(),
+        );
+        for v in &outcome.violations {
+            println!("  VIOLATION: {v}");
+        }
+        outcomes.push(outcome);
+    }
+    for w in watches {
+        w.abort();
+    }
+    let _ = node.kill().await;
+    let violations: usize = outcomes.iter().map(|o| o.violations.len()).sum();
+    println!(
+        "{}",
+        json!({"benchmark": "faults", "backend": if real { "real" } else { "simulated" },
+            "pods": n, "outage_seconds": args.outage.as_secs_f64(), "faults": outcomes})
+    );
+    if violations > 0 {
+        bail!("{violations} violations (see VIOLATION lines)");
+    }
+    Ok(())
+}
+
+/// One fault in the middle of its own burst.
+async fn one_fault(
+    env: &TestEnv,
+    (seen, log, errors): (&Shared, &PathBuf, Option<&ErrorProxy>),
+    node: &mut tokio::process::Child,
+    fault: Fault,
+    (index, args): (usize, &FaultsArgs),
+) -> anyhow::Result<Outcome> {
+    let n = args.pods;
+    let prefix = format!("f{index}-");
+    let ours = |name: &String| name.starts_with(&prefix);
+    let lower_count = |s: &Seen| s.lower_uids.keys().filter(|k| ours(k)).count();
+    let burst = burst(env, &prefix, n, args.concurrency);
+    wait_for(
+        &format!("{} lower pods before the fault", n / 2),
+        300,
+        log,
+        || with(seen, |s| lower_count(s) >= n / 2),
+    )
+    .await?;
+    let lower_at_fault = with(seen, |s| lower_count(s))?;
+    let (upper, lower) = (&env.clusters[0], &env.clusters[1]);
+    let began = Instant::now();
+    let mut status_shown = None;
+    // Asks `tensile status` once the node shows the outage (or at the end of the fault).
+    let status_midway = |until: Instant| async move {
+        let _ = wait_for(
+            "",
+            until.saturating_duration_since(Instant::now()).as_secs(),
+            log,
+            || with(seen, |s| s.unreachable_seen.iter().any(|t| *t >= began)),
+        )
+        .await;
+        status_says_unreachable(&env.clusters[0].kubeconfig).await
+    };
+    match fault {
+        Fault::LowerApiserverKill => {
+            lower.kill_apiserver()?;
+            lower.start_apiserver_again().await?;
+        }
+        Fault::UpperApiserverKill => {
+            upper.kill_apiserver()?;
+            upper.start_apiserver_again().await?;
+        }
+        Fault::LowerEtcdKill => {
+            lower.kill_etcd()?;
+            lower.start_etcd_again().await?;
+        }
+        Fault::LowerApiserverStop | Fault::LowerNetworkCut | Fault::LowerErrors => {
+            match fault {
+                Fault::LowerApiserverStop => lower.set_apiserver_stopped(true)?,
+                Fault::LowerNetworkCut => lower.set_available(false),
+                _ => errors
+                    .context("the error proxy is not running")?
+                    .set_error_share(args.error_share),
+            }
+            let until = began + args.outage;
+            status_shown = Some(status_midway(until).await?);
+            tokio::time::sleep_until(until.into()).await;
+            match fault {
+                Fault::LowerApiserverStop => lower.set_apiserver_stopped(false)?,
+                Fault::LowerNetworkCut => lower.set_available(true),
+                _ => errors
+                    .context("the error proxy is not running")?
+                    .set_error_share(0.0),
+            }
+        }
+    }
+    let ended = Instant::now();
+    let injected = errors
+        .filter(|_| fault == Fault::LowerErrors)
+        .map(|e| (e.counts().too_many, e.counts().internal));
+    // The node Ready again, and every upper pod of the burst Running.
+    let within = args.ready_within.as_secs_f64();
+    let ready_deadline = Instant::now() + args.ready_within.max(Duration::from_secs(60));
+    let node_ready_at = loop {
+        let state = with(seen, |s| s.node_healthy)?;
+        match state {
+            Some((true, since)) if since <= ended => break ended,
+            Some((true, since)) => break since,
+            _ if Instant::now() > ready_deadline => break ready_deadline,
+            _ => tokio::time::sleep(Duration::from_millis(50)).await,
+        }
+    };
+    let failures = burst.await.context("the burst task")?;
+    if failures > 0 {
+        bail!("{failures} pod creations failed upstairs");
+    }
+    let upper_running = |s: &Seen| s.upper_running.iter().filter(|k| ours(k)).count();
+    wait_for(
+        &format!("all {n} upper pods Running after {}", fault.name()),
+        args.timeout.as_secs(),
+        log,
+        || with(seen, |s| upper_running(s) >= n),
+    )
+    .await?;
+    let all_running = ended.elapsed();
+    if let Some(status) = node.try_wait()? {
+        bail!("the virtual node exited: {status}");
+    }
+    let listed = Api::<Pod>::namespaced(env.clusters[1].client.clone(), "default")
+        .list(&kube::api::ListParams::default())
+        .await
+        .context("listing the lower pods")?
+        .items
+        .into_iter()
+        .filter_map(|p| p.metadata.name)
+        .filter(|name| ours(name))
+        .count();
+    // The benchmark's own lower watch may still be catching up after a cut.
+    let _ = wait_for("the lower watch to catch up", 30, log, || {
+        with(seen, |s| lower_count(s) >= listed)
+    })
+    .await;
+    let mut outcome = with(seen, |s| {
+        let left = s.node_healthy.is_some_and(|(h, t)| !h || t > began);
+        Outcome {
+            fault: fault.name(),
+            pods: n,
+            lower_at_fault,
+            fault_seconds: ended.duration_since(began).as_secs_f64(),
+            end_to_all_running_seconds: all_running.as_secs_f64(),
+            end_to_node_ready_seconds: node_ready_at.duration_since(ended).as_secs_f64(),
+            node_left_ready: left,
+            condition_shown: s
+                .unreachable_seen
+                .iter()
+                .any(|t| *t >= began && *t <= ended),
+            event_shown: s
+                .unreachable_events
+                .iter()
+                .any(|t| *t >= began && *t <= ended),
+            status_shown,
+            lower_listed: listed,
+            lower_created_twice: s
+                .lower_uids
+                .iter()
+                .filter(|(k, uids)| ours(k) && uids.len() > 1)
+                .map(|(k, _)| k.clone())
+                .collect(),
+            lower_deleted: s
+                .lower_deleted
+                .iter()
+                .filter(|k| ours(k))
+                .cloned()
+                .collect(),
+            upper_failed: s.upper_failed.iter().filter(|k| ours(k)).cloned().collect(),
+            upper_deleted: s
+                .upper_deleted
+                .iter()
+                .filter(|k| ours(k))
+                .cloned()
+                .collect(),
+            evictions: s.evictions.iter().filter(|k| ours(k)).cloned().collect(),
+            injected,
+            violations: Vec::new(),
+        }
+    })?;
+    let watched = with(seen, |s| lower_count(s))?;
+    let v = &mut outcome.violations;
+    if listed != n || watched != n {
+        v.push(format!(
+            "expected {n} lower pods, listed {listed}, seen by a watch {watched}"
+        ));
+    }
+    for (what, list) in [
+        (
+            "lower pods created more than once",
+            &outcome.lower_created_twice,
+        ),
+        ("lower pods deleted", &outcome.lower_deleted),
+        ("upper pods Failed", &outcome.upper_failed),
+        ("upper pods deleted", &outcome.upper_deleted),
+        ("upper pods evicted", &outcome.evictions),
+    ] {
+        if !list.is_empty() {
+            v.push(format!("{what}: {list:?}"));
+        }
+    }
+    if outcome.end_to_node_ready_seconds > within {
+        v.push(format!(
+            "the node was not Ready with its lower cluster reachable within {within} s of the fault's end"
+        ));
+    }
+    if fault.must_show() {
+        if !outcome.condition_shown {
+            v.push("the outage did not show in the node's condition".into());
+        }
+        if !outcome.event_shown {
+            v.push("the outage did not show in an event on the node".into());
+        }
+        if outcome.status_shown != Some(true) {
+            v.push("the outage did not show in tensile status".into());
+        }
+    }
+    Ok(outcome)
+}
+
+/// Whether `tensile status --once` says the node's lower cluster is unreachable.
+async fn status_says_unreachable(upper_kubeconfig: &Path) -> anyhow::Result<bool> {
+    let exe = std::env::current_exe().context("finding the tensile binary")?;
+    let out = tokio::time::timeout(
+        Duration::from_secs(30),
+        tokio::process::Command::new(exe)
+            .args(["status", "--once", "--kubeconfig"])
+            .arg(upper_kubeconfig)
+            .env_remove("KUBECONFIG")
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+    .context("tensile status --once did not finish in 30 s")?
+    .context("running tensile status --once")?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    Ok(text
+        .lines()
+        .any(|l| l.contains(NODE) && (l.contains("LowerUnreachable") || l.contains("LowerErrors"))))
+}
+
+/// Creates `n` pods `<prefix><i>` upstairs, `concurrency` at a time, in the background; counts
+/// the failures. A create that fails while a fault lasts is retried, as a controller would.
+fn burst(
+    env: &TestEnv,
+    prefix: &str,
+    n: usize,
+    concurrency: usize,
+) -> tokio::task::JoinHandle<usize> {
+    let creator: Api<Pod> = Api::namespaced(env.clusters[0].client.clone(), "default");
+    let prefix = prefix.to_owned();
+    tokio::spawn(async move {
+        futures::stream::iter(0..n)
+            .map(|i| {
+                let api = creator.clone();
+                let name = format!("{prefix}{i}");
+                async move {
+                    // Placed by the upper scheduler: the virtual node is the only node.
+                    let pod: Pod = serde_json::from_value(json!({
+                        "apiVersion": "v1", "kind": "Pod",
+                        "metadata": {"name": name},
+                        "spec": {"tolerations": [{"key": tensile_core::keys::TAINT_VIRTUAL_KUBELET,
+                            "operator": "Exists"}],
+                            "containers": [{"name": "c", "image": "nginx:1.27",
+                            "resources": {"requests": {"cpu": "10m"}}}]}}))?;
+                    let deadline = Instant::now() + Duration::from_secs(300);
+                    loop {
+                        match api.create(&PostParams::default(), &pod).await {
+                            Ok(_) => return anyhow::Ok(()),
+                            // Created by an attempt whose answer was lost.
+                            Err(kube::Error::Api(e)) if e.code == 409 => return Ok(()),
+                            Err(e) if Instant::now() > deadline => return Err(e.into()),
+                            Err(_) => tokio::time::sleep(Duration::from_millis(500)).await,
+                        }
+                    }
+                }
+            })
+            .buffer_unordered(concurrency)
+            .filter(|r| futures::future::ready(r.is_err()))
+            .count()
+            .await
+    })
+}
+
+fn free_port() -> anyhow::Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}
