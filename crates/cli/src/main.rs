@@ -8,6 +8,7 @@ mod failover;
 mod faults;
 mod fragmentation;
 mod hostile;
+mod join;
 mod sandbox;
 mod scheduler;
 mod sim;
@@ -50,6 +51,11 @@ enum Command {
     /// The kube-scheduler extender: filters and scores virtual nodes by their lower clusters'
     /// real nodes and reserves room when it binds.
     Scheduler(Box<scheduler::SchedulerArgs>),
+    /// Add a lower cluster: its identity and token downstairs, the Secret and the virtual node
+    /// upstairs (contexts of your kubeconfig).
+    Join(Box<join::JoinArgs>),
+    /// Remove a lower cluster joined with `tensile join`, once its node runs no pods.
+    Unjoin(Box<join::UnjoinArgs>),
 }
 
 /// Resolves on SIGINT or SIGTERM (what Kubernetes sends a container it stops).
@@ -129,6 +135,8 @@ fn run(command: Command) -> anyhow::Result<()> {
             Command::Webhook(args) => webhook::run(*args).await,
             Command::Descheduler(args) => descheduler::run(*args).await,
             Command::Scheduler(args) => scheduler::run(*args).await,
+            Command::Join(args) => join::run_join(*args).await,
+            Command::Unjoin(args) => join::run_unjoin(*args).await,
         }
     })
 }

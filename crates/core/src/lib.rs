@@ -36,6 +36,7 @@ pub mod fit;
 pub mod guard;
 pub mod identity;
 pub mod inject;
+pub mod join;
 pub mod keys;
 pub mod lease;
 pub mod node;

@@ -143,18 +143,34 @@ pub(super) fn record(obj: &mut Value, manager: &str, config: &Value, now: &str) 
         .get("apiVersion")
         .cloned()
         .unwrap_or_else(|| json!("v1"));
-    let mut all: Vec<Value> = entries(obj)
-        .into_iter()
-        .filter(|e| !applied_by(e, manager))
-        .collect();
-    all.push(json!({
+    let entry = json!({
         "manager": manager,
         "operation": "Apply",
         "apiVersion": api_version,
         "time": now,
         "fieldsType": "FieldsV1",
         "fieldsV1": fields_v1(&leaves(config)),
-    }));
+    });
+    // The manager's entry keeps its place, so an apply repeating itself changes nothing but
+    // the entry's time (which the no-op check ignores).
+    let mut all = entries(obj);
+    match all.iter().position(|e| applied_by(e, manager)) {
+        Some(i) => {
+            all[i] = entry;
+            all.retain({
+                let mut seen = false;
+                move |e| {
+                    if !applied_by(e, manager) {
+                        return true;
+                    }
+                    let keep = !seen;
+                    seen = true;
+                    keep
+                }
+            });
+        }
+        None => all.push(entry),
+    }
     if let Some(m) = obj.get_mut("metadata").and_then(Value::as_object_mut) {
         m.insert("managedFields".into(), Value::Array(all));
     }
@@ -189,6 +205,25 @@ mod tests {
             .find(|e| applied_by(e, "me"))
             .unwrap();
         assert_eq!(mine["fieldsV1"], json!({"f:data": {"f:b": {}}}));
+    }
+
+    #[test]
+    fn an_apply_repeated_later_is_a_no_op_whatever_other_managers_wrote_since() {
+        let config = json!({"apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "x"}, "data": {"a": "1"}});
+        let mut first = config.clone();
+        record(&mut first, "me", &config, "2026-01-01T00:00:00Z");
+        record(
+            &mut first,
+            "other",
+            &json!({"data": {"s": "1"}}),
+            "2026-01-01T00:00:01Z",
+        );
+        let mut again = first.clone();
+        remove_dropped_fields(&mut again, "me", &config);
+        record(&mut again, "me", &config, "2026-01-01T00:00:09Z");
+        assert_ne!(again, first, "the entry's time moved");
+        assert!(super::super::rest::same_object(&again, &first));
     }
 
     #[test]

@@ -207,6 +207,26 @@ impl State {
         if known.expires.is_some_and(|e| e <= Timestamp::now()) {
             return Err("service account token has expired".to_owned());
         }
+        // A service account's token is valid only while that account (the same object, by
+        // uid) exists, as kube-apiserver checks: deleting the account revokes its tokens.
+        if let Some(rest) = known.user.username.strip_prefix("system:serviceaccount:")
+            && !known.user.uid.is_empty()
+            && let Some((ns, name)) = rest.split_once(':')
+        {
+            let live = self
+                .store
+                .get(
+                    *resources::ids::SERVICEACCOUNTS,
+                    &store::ObjKey::new(ns, name),
+                )
+                .is_some_and(|a| meta::meta_str(&a.object, "uid") == Some(known.user.uid.as_str()));
+            if !live {
+                return Err(format!(
+                    "service account {ns}/{name} ({}) the token was issued for no longer exists",
+                    known.user.uid
+                ));
+            }
+        }
         let pod = match &known.bound_pod {
             Some((ns, name, uid)) => {
                 let live = self

@@ -676,10 +676,18 @@ pub(super) fn too_many_writes(rt: &ResourceType, name: &str) -> ApiError {
 }
 
 /// Equal but for the resourceVersion: such a write is skipped, as the real server does.
-fn same_object(a: &Value, b: &Value) -> bool {
+pub(super) fn same_object(a: &Value, b: &Value) -> bool {
+    // Like kube-apiserver, a write that would change only the times of managedFields entries
+    // is a no-op: an apply repeated with the same configuration changes nothing.
     let strip = |v: &Value| {
         let mut v = v.clone();
-        meta_mut(&mut v).remove("resourceVersion");
+        let meta = meta_mut(&mut v);
+        meta.remove("resourceVersion");
+        if let Some(entries) = meta.get_mut("managedFields").and_then(Value::as_array_mut) {
+            for e in entries.iter_mut().filter_map(Value::as_object_mut) {
+                e.remove("time");
+            }
+        }
         v
     };
     strip(a) == strip(b)
