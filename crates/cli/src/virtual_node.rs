@@ -455,6 +455,7 @@ pub(crate) async fn assemble(
             },
             workers: args.pod_sync_workers,
             service_accounts: args.enable_serviceaccount,
+            retry: Default::default(),
         },
         kubelet: Some(KubeletApi {
             listen,

@@ -24,6 +24,9 @@ mod queue;
 pub mod reach;
 pub mod tokens;
 pub mod volumes;
+pub mod watches;
+
+pub use queue::Retry;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -249,6 +252,7 @@ impl VirtualNode {
             upper.clone(),
             lower.clone(),
             self.pods.translate.owner.clone(),
+            &stop,
         );
         let copies = tokio::spawn(copies::run(
             copies::CopySync {

@@ -68,6 +68,8 @@ pub struct NodeOptions {
     pub upper_qps: f32,
     /// `--authentication-token-webhook` (default true).
     pub token_reviews: bool,
+    /// When a failed pod sync is tried again (default: the node's).
+    pub retry: tensile_node::Retry,
 }
 
 impl NodeOptions {
@@ -86,6 +88,7 @@ impl NodeOptions {
             upper_identity: true,
             upper_qps: 500.0,
             token_reviews: true,
+            retry: Default::default(),
         }
     }
 
@@ -195,6 +198,7 @@ pub async fn try_spawn(
             },
             workers: 8,
             service_accounts: opts.service_accounts,
+            retry: opts.retry,
         },
         kubelet: Some(KubeletApi {
             listen: format!("{address}:0").parse().unwrap(),
