@@ -355,7 +355,7 @@ fn every_request_of_every_component_is_granted_by_the_shipped_rbac() {
     apply_rbac(
         &upper,
         &[
-            "virtual-node/rbac/rbac.yaml",
+            "virtual-node/rbac-serviceaccount/rbac.yaml",
             "webhook/rbac.yaml",
             "descheduler/rbac.yaml",
             "scheduler/rbac.yaml",

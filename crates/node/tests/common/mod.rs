@@ -70,6 +70,8 @@ pub struct NodeOptions {
     pub token_reviews: bool,
     /// When a failed pod sync is tried again (default: the node's).
     pub retry: tensile_node::Retry,
+    /// The upper kubeconfig (default: the administrator's).
+    pub upper_kubeconfig: Option<String>,
 }
 
 impl NodeOptions {
@@ -89,6 +91,7 @@ impl NodeOptions {
             upper_qps: 500.0,
             token_reviews: true,
             retry: Default::default(),
+            upper_kubeconfig: None,
         }
     }
 
@@ -138,7 +141,10 @@ pub async fn try_spawn(
         }
     };
     // The upper clients as the binary builds them: one bucket each at the same limits.
-    let upper_text = std::fs::read_to_string(&env.clusters[0].kubeconfig).unwrap();
+    let upper_text = opts
+        .upper_kubeconfig
+        .clone()
+        .unwrap_or_else(|| std::fs::read_to_string(&env.clusters[0].kubeconfig).unwrap());
     let uppers = tensile_node::clients::UpperClients::build(
         &KubeconfigSource::Text(upper_text),
         None,

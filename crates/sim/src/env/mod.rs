@@ -131,6 +131,8 @@ pub struct TestCluster {
     backend: Backend,
     kubelet: Option<SimKubelet>,
     faults: faults::FaultProxy,
+    /// Its kubeconfig entry (through the fault proxy).
+    entry: crate::apiserver::KubeconfigEntry,
     /// Stops the harness's volume provisioner of a real cluster when dropped.
     _provisioner: Option<tokio_util::sync::DropGuard>,
 }
@@ -223,6 +225,39 @@ impl TestCluster {
                 .restart_scheduler(config)
                 .await
                 .map_err(SchedulerConfigError::Real),
+        }
+    }
+
+    /// A kubeconfig of this cluster (through the same proxy as [`TestCluster::kubeconfig`])
+    /// whose only user is a client certificate for `user` in `group`, signed by the cluster CA
+    /// as an administrator issues one (a kubelet's: `system:node:<name>` in `system:nodes`).
+    pub fn kubeconfig_as(
+        &self,
+        user: &str,
+        group: Option<&str>,
+    ) -> Result<String, crate::certs::CertError> {
+        let issued = match &self.backend {
+            Backend::Sim(s) => s.state().ca.issue_client(user, group)?,
+            Backend::Real(r) => r.ca.issue_client(user, group)?,
+        };
+        Ok(kubeconfig_text(&crate::apiserver::KubeconfigEntry {
+            client: Some(issued),
+            token: None,
+            ..self.entry.clone()
+        }))
+    }
+
+    /// The requests of node identities (group `system:nodes`) this cluster refused: the
+    /// simulator's record, or a real API server's audit log.
+    pub fn refused_node_requests(&self) -> Vec<String> {
+        match &self.backend {
+            Backend::Sim(s) => s
+                .forbidden()
+                .into_iter()
+                .filter(|d| d.groups.iter().any(|g| g == "system:nodes"))
+                .map(|d| d.to_string())
+                .collect(),
+            Backend::Real(r) => r.refused_node_requests(),
         }
     }
 
@@ -379,6 +414,7 @@ impl TestEnv {
                 backend,
                 kubelet,
                 faults,
+                entry,
                 _provisioner: provisioner,
             });
         }

@@ -81,6 +81,8 @@ pub struct RealCluster {
     scheduler: Option<SchedulerRun>,
     /// Set when it failed to start: its logs say why.
     keep_files: bool,
+    /// The cluster CA (what an administrator issues client certificates with).
+    pub(crate) ca: Ca,
 }
 
 impl Drop for RealCluster {
@@ -105,6 +107,33 @@ impl Drop for RealCluster {
             return;
         }
         let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// The audit log of node identities' requests, in the control plane's folder.
+const AUDIT_LOG: &str = "audit-nodes.log";
+
+impl RealCluster {
+    /// Every request of a node identity (group `system:nodes`) the API server refused (403),
+    /// from its audit log: user, verb, URI and the reason.
+    pub fn refused_node_requests(&self) -> Vec<String> {
+        let text = std::fs::read_to_string(self.dir.join(AUDIT_LOG)).unwrap_or_default();
+        text.lines()
+            .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+            .filter(|e| e["responseStatus"]["code"] == 403)
+            .map(|e| {
+                format!(
+                    "{} {} {}: {}",
+                    e["user"]["username"].as_str().unwrap_or_default(),
+                    e["verb"].as_str().unwrap_or_default(),
+                    e["requestURI"].as_str().unwrap_or_default(),
+                    e["annotations"]["authorization.k8s.io/reason"]
+                        .as_str()
+                        .or_else(|| e["responseStatus"]["message"].as_str())
+                        .unwrap_or_default(),
+                )
+            })
+            .collect()
     }
 }
 
@@ -235,6 +264,14 @@ pub async fn start_with(
     let fp_key = f("front-proxy-client.key", &front_proxy.key_pem)?;
     let sa_key = f("sa.key", &sa.serialize_pem())?;
     let sa_pub = f("sa.pub", &sa.public_key_pem())?;
+    // Node identities' requests (users of group system:nodes) go to an audit log, so a test can
+    // list what the Node authorizer and NodeRestriction refused them; nobody else's.
+    let audit_policy = f(
+        "audit-policy.yaml",
+        "apiVersion: audit.k8s.io/v1\nkind: Policy\nomitStages: [RequestReceived]\nrules:\n  \
+         - level: Metadata\n    userGroups: [\"system:nodes\"]\n  - level: None\n",
+    )?;
+    let audit_log = dir.join(AUDIT_LOG);
     let (etcd_port, peer_port, api_port) = (free_port()?, free_port()?, free_port()?);
     let server = format!("https://127.0.0.1:{api_port}");
     let entry = KubeconfigEntry {
@@ -259,6 +296,7 @@ pub async fn start_with(
         scheduler: None,
         keep_files: false,
         dir: dir.clone(),
+        ca,
     };
     let children = match cluster_handle.children.get_mut() {
         Ok(c) => c,
@@ -297,6 +335,11 @@ pub async fn start_with(
             "--service-account-issuer=https://kubernetes.default.svc".into(),
             "--service-cluster-ip-range=10.96.0.0/16".into(),
             "--authorization-mode=Node,RBAC".into(),
+            // As kubeadm: kubelets (and virtual nodes) may change only their own Node, Lease
+            // and pods.
+            "--enable-admission-plugins=NodeRestriction".into(),
+            format!("--audit-policy-file={}", s(&audit_policy)),
+            format!("--audit-log-path={}", s(&audit_log)),
             "--allow-privileged=true".into(),
             // Simulated nodes have no resolvable host name: reach kubelets by address first,
             // as kubeadm clusters are usually set up.
