@@ -94,14 +94,13 @@ async fn a_virtual_node_with_a_kubelets_identity_is_allowed_all_it_does_and_noth
             .await
             .unwrap();
     }
-    let ns = |kind: &str| format!("{kind} in default");
     Api::<ConfigMap>::namespaced(upper.clone(), "default")
         .create(
             &pp,
             &from(json!({"metadata": {"name": "app-config"}, "data": {"k": "v"}})),
         )
         .await
-        .expect(&ns("configmap"));
+        .unwrap();
     for name in ["app-secret", "theirs"] {
         Api::<Secret>::namespaced(upper.clone(), "default")
             .create(
