@@ -6,6 +6,7 @@
 #![forbid(unsafe_code)]
 
 pub mod backoff;
+pub mod bootstrap;
 pub mod cache;
 pub mod clients;
 pub mod copies;

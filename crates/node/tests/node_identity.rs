@@ -1,8 +1,9 @@
 //! Issue 27 item 6: the virtual node upstairs as a kubelet's identity, `system:node:<name>` in
 //! `system:nodes`, on an API server with the Node authorizer and NodeRestriction (as kubeadm
-//! sets them up, and as the real control planes of the tests run). Every request the node makes
-//! through a pod's life is allowed with nothing more than the shipped extra ClusterRole, and the
-//! identity reads nothing of a pod bound to another node.
+//! sets them up, and as the real control planes of the tests run). Its certificate comes by TLS
+//! bootstrap with the shipped RBAC (the ServiceAccount asks, kube-controller-manager approves and
+//! signs). Every request the node makes through a pod's life is allowed with nothing more than
+//! the shipped extra ClusterRole, and the identity reads nothing of a pod bound to another node.
 //!
 //! Real control planes only (.config/nextest.toml says why): the simulator has no Node
 //! authorizer, so a node identity there may do nothing.
@@ -16,7 +17,7 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{
     ConfigMap, PersistentVolumeClaim, Pod, Secret, Service, ServiceAccount,
 };
-use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::api::{Api, DeleteParams, PostParams};
 use serde_json::json;
@@ -25,18 +26,54 @@ fn from<K: serde::de::DeserializeOwned>(v: serde_json::Value) -> K {
     serde_json::from_value(v).unwrap()
 }
 
-/// The shipped extra ClusterRole of virtual nodes (deploy/virtual-node/rbac/rbac.yaml).
-fn shipped_cluster_role() -> ClusterRole {
+/// Applies the shipped RBAC of virtual nodes (deploy/virtual-node/rbac/rbac.yaml).
+async fn apply_shipped_rbac(client: &kube::Client) {
     let path = concat!(
         env!("CARGO_MANIFEST_DIR"),
         "/../../deploy/virtual-node/rbac/rbac.yaml"
     );
     let text = std::fs::read_to_string(path).unwrap();
-    text.split("\n---\n")
-        .map(|doc| serde_saphyr::from_str::<serde_json::Value>(doc).unwrap())
-        .find(|o| o["kind"] == "ClusterRole")
-        .map(from)
-        .unwrap()
+    let pp = PostParams::default();
+    for doc in text.split("\n---\n") {
+        let o = serde_saphyr::from_str::<serde_json::Value>(doc).unwrap();
+        let ns = o["metadata"]["namespace"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        match o["kind"].as_str().unwrap() {
+            "ServiceAccount" => drop(
+                Api::<ServiceAccount>::namespaced(client.clone(), &ns)
+                    .create(&pp, &from(o))
+                    .await
+                    .unwrap(),
+            ),
+            "ClusterRole" => drop(
+                Api::<ClusterRole>::all(client.clone())
+                    .create(&pp, &from(o))
+                    .await
+                    .unwrap(),
+            ),
+            "ClusterRoleBinding" => drop(
+                Api::<ClusterRoleBinding>::all(client.clone())
+                    .create(&pp, &from(o))
+                    .await
+                    .unwrap(),
+            ),
+            "Role" => drop(
+                Api::<Role>::namespaced(client.clone(), &ns)
+                    .create(&pp, &from(o))
+                    .await
+                    .unwrap(),
+            ),
+            "RoleBinding" => drop(
+                Api::<RoleBinding>::namespaced(client.clone(), &ns)
+                    .create(&pp, &from(o))
+                    .await
+                    .unwrap(),
+            ),
+            other => panic!("{other} in the shipped RBAC"),
+        }
+    }
 }
 
 /// Whether `result` is the API server's 403.
@@ -54,11 +91,9 @@ async fn a_virtual_node_with_a_kubelets_identity_is_allowed_all_it_does_and_noth
     );
     let (upper, lower) = (&env.clusters[0].client, &env.clusters[1].client);
     let pp = PostParams::default();
-    // The shipped extra role, bound to this node's user as deploy/virtual-node/lower-1 binds it.
-    Api::<ClusterRole>::all(upper.clone())
-        .create(&pp, &shipped_cluster_role())
-        .await
-        .unwrap();
+    // The shipped RBAC, and the extra role bound to this node's user as
+    // deploy/virtual-node/lower-1 binds it.
+    apply_shipped_rbac(upper).await;
     Api::<ClusterRoleBinding>::all(upper.clone())
         .create(
             &pp,
@@ -68,10 +103,38 @@ async fn a_virtual_node_with_a_kubelets_identity_is_allowed_all_it_does_and_noth
         )
         .await
         .unwrap();
-    // A certificate an administrator issues for the node, as for a kubelet.
-    let node_kubeconfig = env.clusters[0]
-        .kubeconfig_as("system:node:vk-lower", Some("system:nodes"))
-        .unwrap();
+    // TLS bootstrap: the ServiceAccount's token asks for the node's certificate.
+    let token = Api::<ServiceAccount>::namespaced(upper.clone(), "kube-system")
+        .create_subresource::<TokenRequest, TokenRequest>(
+            "token",
+            "tensile-virtual-node",
+            &pp,
+            &TokenRequest::default(),
+        )
+        .await
+        .unwrap()
+        .status
+        .unwrap()
+        .token;
+    let bootstrap = tensile_sim::apiserver::client_from_kubeconfig(
+        &env.clusters[0].kubeconfig_with(None, Some(token)),
+    )
+    .await
+    .unwrap();
+    let cert = tensile_node::bootstrap::request_certificate(
+        &bootstrap,
+        "vk-lower",
+        std::time::Duration::from_secs(60),
+        &tokio_util::sync::CancellationToken::new(),
+    )
+    .await
+    .unwrap();
+    // As the binary builds its clients on it (`--tls-bootstrap`).
+    let issued = tensile_sim::certs::Issued {
+        cert_pem: cert.cert_pem.clone(),
+        key_pem: cert.key_pem.clone(),
+    };
+    let node_kubeconfig = env.clusters[0].kubeconfig_with(Some(issued), None);
     let mut opts = NodeOptions::new("vk-lower");
     opts.upper_kubeconfig = Some(node_kubeconfig.clone());
     // ServiceControllers on, so that its requests are checked too. Not PVControllers: it binds

@@ -240,11 +240,21 @@ impl TestCluster {
             Backend::Sim(s) => s.state().ca.issue_client(user, group)?,
             Backend::Real(r) => r.ca.issue_client(user, group)?,
         };
-        Ok(kubeconfig_text(&crate::apiserver::KubeconfigEntry {
-            client: Some(issued),
-            token: None,
+        Ok(self.kubeconfig_with(Some(issued), None))
+    }
+
+    /// A kubeconfig of this cluster (through the same proxy as [`TestCluster::kubeconfig`])
+    /// whose user is this client certificate, or this bearer token.
+    pub fn kubeconfig_with(
+        &self,
+        client: Option<crate::certs::Issued>,
+        token: Option<String>,
+    ) -> String {
+        kubeconfig_text(&crate::apiserver::KubeconfigEntry {
+            client,
+            token,
             ..self.entry.clone()
-        }))
+        })
     }
 
     /// The requests of node identities (group `system:nodes`) this cluster refused: the
