@@ -360,6 +360,43 @@ pub async fn run(args: VirtualNodeArgs) -> anyhow::Result<()> {
     }
 }
 
+/// The CA certificates (PEM) the upper configuration of `source` trusts.
+async fn trusted_ca(source: &KubeconfigSource) -> anyhow::Result<String> {
+    use base64::Engine as _;
+    let config = load_config(source).await?;
+    let certs = config
+        .root_cert
+        .filter(|c| !c.is_empty())
+        .context("the upper kubeconfig names no CA: set --client-verify-ca")?;
+    let mut pem = String::new();
+    for der in certs {
+        let b64 = base64::engine::general_purpose::STANDARD.encode(der);
+        pem.push_str("-----BEGIN CERTIFICATE-----\n");
+        for line in b64.as_bytes().chunks(64) {
+            pem.push_str(&String::from_utf8_lossy(line));
+            pem.push('\n');
+        }
+        pem.push_str("-----END CERTIFICATE-----\n");
+    }
+    tensile_kubelet::auth::check_ca_pem(&pem).context("the upper kubeconfig's CA")?;
+    Ok(pem)
+}
+
+/// Whether `PVControllers` is asked for but cannot run: NodeRestriction lets a node identity
+/// (`--tls-bootstrap`) write only the status of a claim, never the binding it mirrors up; the
+/// node runs without it, which is logged.
+fn pv_controllers_refused(args: &VirtualNodeArgs) -> bool {
+    let refused = args.tls_bootstrap && parse_controllers(&args.enable_controllers).volumes;
+    if refused {
+        tracing::warn!(
+            "--enable-controllers: PVControllers is off with --tls-bootstrap: NodeRestriction \
+             refuses a node the binding of an upper claim (docs/security.md); run the role-based \
+             mode for it"
+        );
+    }
+    refused
+}
+
 /// The virtual node that `args` describe, its clients built from the two sources. `env` reads the
 /// environment variables of the original (`KUBELET_PORT`, `VKUBELET_*`, ...); `kubelet_listen`
 /// overrides where the kubelet API listens (port 0 allowed: the bound port is advertised).
@@ -490,6 +527,12 @@ pub(crate) async fn assemble(
                 .with_context(|| format!("--client-verify-ca {}", p.display()))?;
             ClientCa::Pem(pem)
         }
+        // A node identity may not read kube-system's ConfigMaps: as a kubelet's
+        // --client-ca-file on kubeadm, the cluster CA its kubeconfig trusts.
+        None if args.tls_bootstrap => match trusted_ca(&upper_source).await {
+            Ok(pem) => ClientCa::Pem(pem),
+            Err(e) => ClientCa::Unavailable(format!("{e:#}")),
+        },
         None => match tensile_kubelet::auth::cluster_client_ca(&upper).await {
             Ok(pem) => ClientCa::Pem(pem),
             Err(e) => ClientCa::Unavailable(e.to_string()),
@@ -538,7 +581,7 @@ pub(crate) async fn assemble(
             listen: metrics_listen,
         },
         services,
-        volumes: controllers.volumes,
+        volumes: controllers.volumes && !pv_controllers_refused(args),
     })
 }
 
