@@ -129,13 +129,8 @@ impl Needs {
                     }
                 }
             }
-            watcher::Event::InitDone => {
-                drop(inner);
-                self.listed.send_modify(|listed| {
-                    listed.insert(side);
-                });
-                return;
-            }
+            // Below, once the pods a completed re-list dropped are forgotten.
+            watcher::Event::InitDone => {}
         }
         // Outside the lock: a watcher may start a watch, whose observers read this index.
         let watchers = inner.watchers.clone();
@@ -146,6 +141,11 @@ impl Needs {
                     watch((ns.clone(), name.clone()), first);
                 }
             }
+        }
+        if matches!(event, watcher::Event::InitDone) {
+            self.listed.send_modify(|listed| {
+                listed.insert(side);
+            });
         }
     }
 
