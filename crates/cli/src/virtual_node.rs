@@ -291,8 +291,11 @@ pub async fn run(args: VirtualNodeArgs) -> anyhow::Result<()> {
                 if let Some(url) = env("MASTER_URI").filter(|u| !u.trim().is_empty()) {
                     override_server(&mut config, &url)?;
                 }
-                let renew_at =
-                    tensile_core::bootstrap::renewal_time(cert.not_before, cert.not_after);
+                let renew_at = tensile_core::bootstrap::renewal_time(
+                    cert.not_before,
+                    cert.not_after,
+                    k8s_openapi::jiff::Timestamp::now(),
+                );
                 tracing::info!(node = %args.nodename, %renew_at, "running as system:node:{} (TLS bootstrap)", args.nodename);
                 (
                     KubeconfigSource::Loaded(Box::new(cert.credentials_of(config))),

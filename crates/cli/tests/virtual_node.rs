@@ -284,14 +284,18 @@ fn an_unreadable_lower_kubeconfig_is_a_clear_startup_error() {
 /// kube-controller-manager approves and signs it, and the node runs as `system:node:vk-lower`:
 /// a pod runs, `kubectl logs` reaches it (the kubelet API trusts the CA of the kubeconfig, as a
 /// node may not read kube-system's ConfigMaps), and the API server refused the node nothing.
+/// Certificates live 30 s here: the node renews its own before it expires and goes on (a pod
+/// deleted after the renewal is replaced and runs, its logs reached).
 /// Real control planes only (.config/nextest.toml): the simulator has no Node authorizer and
 /// signs no certificate requests.
 #[test]
 fn the_binary_with_tls_bootstrap_runs_as_a_node_identity_and_serves_logs() {
     let runtime = tokio::runtime::Runtime::new().unwrap();
+    let mut upper_spec = ClusterSpec::new("upper", 0);
+    upper_spec.certificate_duration = Some(std::time::Duration::from_secs(30));
     let env = runtime
         .block_on(TestEnv::start_with(vec![
-            ClusterSpec::new("upper", 0),
+            upper_spec,
             ClusterSpec::new("lower", 2),
         ]))
         .unwrap();
@@ -404,6 +408,44 @@ fn the_binary_with_tls_bootstrap_runs_as_a_node_identity_and_serves_logs() {
     });
     let (ok, _, err) = kubectl(&upper, &["logs", "deploy/web"]);
     assert!(ok, "logs: {err}\n{}", logs());
+    // Renewed before it expires: a second request issued, and the node works on.
+    let issued = || {
+        kubectl(
+            &upper,
+            &[
+                "get",
+                "csr",
+                "-o",
+                "jsonpath={range .items[*]}{.metadata.name} {.status.certificate}{\"\\n\"}{end}",
+            ],
+        )
+        .1
+        .lines()
+        .filter(|l| {
+            l.starts_with("tensile-vk-lower-") && l.split(' ').nth(1).is_some_and(|c| !c.is_empty())
+        })
+        .count()
+    };
+    until("the certificate renewed", || issued() >= 2);
+    assert!(logs().contains("due for renewal"), "{}", logs());
+    assert!(kubectl(&upper, &["delete", "pods", "-l", "app=web", "--wait=false"]).0);
+    until("the replacement pod running upstairs", || {
+        kubectl(
+            &upper,
+            &[
+                "get",
+                "pods",
+                "-l",
+                "app=web",
+                "-o",
+                "jsonpath={.items[*].status.phase}",
+            ],
+        )
+        .1 == "Running"
+    });
+    until("logs after the renewal", || {
+        kubectl(&upper, &["logs", "deploy/web"]).0
+    });
     let (_, labels, _) = kubectl(
         &upper,
         &[

@@ -24,8 +24,11 @@ pub fn node_user(name: &str) -> String {
     format!("system:node:{name}")
 }
 
-/// When a certificate valid from `not_before` to `not_after` is renewed.
-pub fn renewal_time(not_before: Timestamp, not_after: Timestamp) -> Timestamp {
+/// When a certificate valid from `not_before` to `not_after`, received at `now`, is renewed:
+/// its life counted from when it was received, as signers backdate `not_before` (by five
+/// minutes: a short certificate would otherwise be renewed at once, again and again).
+pub fn renewal_time(not_before: Timestamp, not_after: Timestamp, now: Timestamp) -> Timestamp {
+    let not_before = not_before.max(now);
     let lifetime = not_after.duration_since(not_before);
     let nanos = lifetime.as_nanos() / 100 * i128::from(RENEW_PERCENT);
     let after = SignedDuration::try_from_nanos_i128(nanos).unwrap_or(lifetime);
@@ -77,7 +80,11 @@ mod tests {
         let from: Timestamp = "2026-01-01T00:00:00Z".parse().unwrap();
         let to: Timestamp = "2026-01-11T00:00:00Z".parse().unwrap();
         let at: Timestamp = "2026-01-09T00:00:00Z".parse().unwrap();
-        assert_eq!(renewal_time(from, to), at);
+        assert_eq!(renewal_time(from, to, from), at);
+        // Backdated: counted from its receipt.
+        let received: Timestamp = "2026-01-06T00:00:00Z".parse().unwrap();
+        let later: Timestamp = "2026-01-10T00:00:00Z".parse().unwrap();
+        assert_eq!(renewal_time(from, to, received), later);
         assert_eq!(node_user("vk-1"), "system:node:vk-1");
     }
 

@@ -97,6 +97,9 @@ pub struct ClusterSpec {
     pub apiserver: ApiServerConfig,
     /// Simulated nodes (none: a control plane only).
     pub kubelet: Option<SimKubeletConfig>,
+    /// The life of the certificates a real kube-controller-manager signs for certificate
+    /// requests (its default, a year, when unset); the simulator signs none.
+    pub certificate_duration: Option<std::time::Duration>,
 }
 
 impl ClusterSpec {
@@ -116,6 +119,7 @@ impl ClusterSpec {
             },
             kubelet,
             name,
+            certificate_duration: None,
         }
     }
 }
@@ -358,6 +362,7 @@ impl TestEnv {
                     let options = real::RealOptions {
                         // A grace the test chose is given to the real controller too.
                         node_grace: (node_grace != default_grace).then_some(node_grace),
+                        signing_duration: spec.certificate_duration,
                     };
                     let real = real::start_with(bin, &env.dir, &cluster, &options)
                         .await

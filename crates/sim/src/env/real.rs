@@ -197,6 +197,9 @@ pub struct RealOptions {
     /// kube-controller-manager's `--node-monitor-grace-period` (how long a node may go
     /// without renewing its lease before it is marked Unknown); its default when unset.
     pub node_grace: Option<Duration>,
+    /// kube-controller-manager's `--cluster-signing-duration` (the life of the certificates
+    /// it signs for CertificateSigningRequests); its default (a year) when unset.
+    pub signing_duration: Option<Duration>,
 }
 
 /// Starts etcd, kube-apiserver, kube-controller-manager and kube-scheduler for `cluster` in a
@@ -381,6 +384,11 @@ pub async fn start_with(
             "--secure-port=0".into(),
         ]
         .into_iter()
+        .chain(
+            options
+                .signing_duration
+                .map(|d| format!("--cluster-signing-duration={}s", d.as_secs().max(1))),
+        )
         .chain(options.node_grace.iter().flat_map(|grace| {
             // The lifecycle controller looks at nodes every monitor period: keep it well
             // under the grace period so the grace is what decides.
