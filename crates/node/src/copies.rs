@@ -14,8 +14,10 @@
 //!
 //! The rules are `tensile_core::deps::dependency_action` and
 //! `tensile_core::services::{service_action, endpoints_action}`; this is the thin loop around
-//! them, one per kind: one watch of the upper objects, one of our lower copies (label selector
-//! on our owner mark), a keyed queue, a few workers.
+//! them, one per kind: the upper objects (for ConfigMaps and Secrets, one watch per object a
+//! pod bound to the node references, `crate::watches`, as the Node authorizer allows a node;
+//! for the others one watch of all), one watch of our lower copies (label selector on our
+//! owner mark), a keyed queue, a few workers.
 
 use std::fmt::Debug;
 use std::sync::Arc;
