@@ -107,7 +107,8 @@ pub enum CopyError {
 }
 
 /// ConfigMaps, Secrets and (with `PVControllers`) claims as this controller's watches see them:
-/// every upper one, and our lower copies. The pod controller reads a pod's dependencies here
+/// upstairs the ConfigMaps and Secrets our pods reference (and every claim), downstairs our
+/// copies. The pod controller reads a pod's dependencies here
 /// rather than asking the API server for each, and creates only the copies that are not there
 /// yet.
 #[derive(Clone, Debug, Default)]
