@@ -167,6 +167,13 @@ pub struct VirtualNodeArgs {
     /// context of --client-kubeconfig).
     #[arg(long)]
     lower_cluster_name: Option<String>,
+    /// Run upstairs as `system:node:<nodename>` in `system:nodes`, like a kubelet: the upper
+    /// credential (--kubeconfig, or the pod's ServiceAccount) only asks for a client
+    /// certificate (a CertificateSigningRequest for the kubernetes.io/kube-apiserver-client-kubelet
+    /// signer), which is then used for everything but leader election, and asked for again
+    /// before it expires.
+    #[arg(long, default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
+    tls_bootstrap: bool,
     #[command(flatten)]
     leader: crate::common::LeaderElectArgs,
 }
@@ -177,7 +184,7 @@ fn lower_cluster_name(args: &VirtualNodeArgs, source: &KubeconfigSource) -> Stri
     let context = match source {
         KubeconfigSource::Path(p) => kube::config::Kubeconfig::read_from(p).ok(),
         KubeconfigSource::Text(t) => kube::config::Kubeconfig::from_yaml(t).ok(),
-        KubeconfigSource::InCluster => None,
+        KubeconfigSource::InCluster | KubeconfigSource::Loaded(_) => None,
     }
     .and_then(|k| k.current_context)
     .filter(|c| !c.is_empty());
@@ -261,36 +268,136 @@ pub async fn run(args: VirtualNodeArgs) -> anyhow::Result<()> {
     if matches!(leadership, crate::common::Leadership::Stopped) {
         return Ok(());
     }
-    let vn = assemble(
-        &args,
-        upper_source,
-        KubeconfigSource::Path(lower_path),
-        &env,
-        None,
-    )
-    .await?;
-    let listen = vn.kubelet.as_ref().map(|k| k.listen);
-    standby_probes.cancel();
-    if let Some(task) = standby_listener {
-        // Ends once its listener is closed, so the node can bind the same port.
-        let _ = task.await;
-    }
+    let lower_source = KubeconfigSource::Path(lower_path);
     let stop = CancellationToken::new();
-    let running = vn
-        .start(stop.clone())
-        .await
-        .context("starting the virtual node")?;
-    tracing::info!(node = %args.nodename, ?listen, metrics = ?running.metrics_addr, "virtual node running");
-    let handle = running.handle;
-    crate::common::run_until_stopped(
-        leadership,
-        stop,
-        async {
-            let _ = handle.await;
-        },
-        Duration::from_secs(10),
-    )
-    .await
+    let mut standby = Some((standby_probes, standby_listener));
+    // Without --tls-bootstrap one round, until stopped. With it, each round runs on a new
+    // certificate and ends when that one is due for renewal: the next round asks for a new one
+    // and starts the node again on it (it adopts what the previous round left, as a restart).
+    let (election, nodename) = (election_client.clone(), args.nodename.clone());
+    let round_stop = stop.clone();
+    let rounds = async move {
+        let (args, stop, election_client) = (&args, round_stop, election);
+        loop {
+            let (source, renew_at) = if args.tls_bootstrap {
+                let cert = tensile_node::bootstrap::request_certificate(
+                    &election_client,
+                    &args.nodename,
+                    tensile_node::bootstrap::SIGN_TIMEOUT,
+                    &stop,
+                )
+                .await?;
+                let mut config = load_config(&upper_source).await?;
+                if let Some(url) = env("MASTER_URI").filter(|u| !u.trim().is_empty()) {
+                    override_server(&mut config, &url)?;
+                }
+                let renew_at = tensile_core::bootstrap::renewal_time(
+                    cert.not_before,
+                    cert.not_after,
+                    k8s_openapi::jiff::Timestamp::now(),
+                );
+                tracing::info!(node = %args.nodename, %renew_at, "running as system:node:{} (TLS bootstrap)", args.nodename);
+                (
+                    KubeconfigSource::Loaded(Box::new(cert.credentials_of(config))),
+                    Some(renew_at),
+                )
+            } else {
+                (upper_source.clone(), None)
+            };
+            let round = stop.child_token();
+            let vn = assemble(args, source, lower_source.clone(), &env, None).await?;
+            let listen = vn.kubelet.as_ref().map(|k| k.listen);
+            if let Some((probes, listener)) = standby.take() {
+                probes.cancel();
+                if let Some(task) = listener {
+                    // Ends once its listener is closed, so the node can bind the same port.
+                    let _ = task.await;
+                }
+            }
+            let running = vn
+                .start(round.clone())
+                .await
+                .context("starting the virtual node")?;
+            tracing::info!(node = %args.nodename, ?listen, metrics = ?running.metrics_addr, "virtual node running");
+            let due = async {
+                match renew_at {
+                    Some(at) => {
+                        let wait = at.duration_since(k8s_openapi::jiff::Timestamp::now());
+                        tokio::time::sleep(wait.try_into().unwrap_or_default()).await;
+                    }
+                    None => std::future::pending().await,
+                }
+            };
+            let mut handle = running.handle;
+            tokio::select! {
+                _ = &mut handle => return Ok::<(), anyhow::Error>(()),
+                () = due => {
+                    tracing::info!(node = %args.nodename, "client certificate due for renewal: the node restarts on a new one");
+                    round.cancel();
+                    let _ = handle.await;
+                }
+            }
+            if stop.is_cancelled() {
+                return Ok(());
+            }
+        }
+    };
+    // A round that fails (a certificate refused, a start that fails) ends the process with
+    // its error; otherwise it runs until a shutdown signal.
+    let (failed_tx, failed_rx) = tokio::sync::oneshot::channel();
+    let task = tokio::spawn(async move {
+        if let Err(e) = rounds.await {
+            let _ = failed_tx.send(e);
+        }
+    });
+    tokio::select! {
+        Ok(e) = failed_rx => Err(e.context(format!("virtual node {nodename}"))),
+        stopped = crate::common::run_until_stopped(
+            leadership,
+            stop,
+            async {
+                let _ = task.await;
+            },
+            Duration::from_secs(10),
+        ) => stopped,
+    }
+}
+
+/// The CA certificates (PEM) the upper configuration of `source` trusts.
+async fn trusted_ca(source: &KubeconfigSource) -> anyhow::Result<String> {
+    use base64::Engine as _;
+    let config = load_config(source).await?;
+    let certs = config
+        .root_cert
+        .filter(|c| !c.is_empty())
+        .context("the upper kubeconfig names no CA: set --client-verify-ca")?;
+    let mut pem = String::new();
+    for der in certs {
+        let b64 = base64::engine::general_purpose::STANDARD.encode(der);
+        pem.push_str("-----BEGIN CERTIFICATE-----\n");
+        for line in b64.as_bytes().chunks(64) {
+            pem.push_str(&String::from_utf8_lossy(line));
+            pem.push('\n');
+        }
+        pem.push_str("-----END CERTIFICATE-----\n");
+    }
+    tensile_kubelet::auth::check_ca_pem(&pem).context("the upper kubeconfig's CA")?;
+    Ok(pem)
+}
+
+/// Whether `PVControllers` is asked for but cannot run: NodeRestriction lets a node identity
+/// (`--tls-bootstrap`) write only the status of a claim, never the binding it mirrors up; the
+/// node runs without it, which is logged.
+fn pv_controllers_refused(args: &VirtualNodeArgs) -> bool {
+    let refused = args.tls_bootstrap && parse_controllers(&args.enable_controllers).volumes;
+    if refused {
+        tracing::warn!(
+            "--enable-controllers: PVControllers is off with --tls-bootstrap: NodeRestriction \
+             refuses a node the binding of an upper claim (docs/security.md); run the role-based \
+             mode for it"
+        );
+    }
+    refused
 }
 
 /// The virtual node that `args` describe, its clients built from the two sources. `env` reads the
@@ -300,7 +407,7 @@ pub(crate) async fn assemble(
     args: &VirtualNodeArgs,
     upper_source: KubeconfigSource,
     lower_source: KubeconfigSource,
-    env: &dyn Fn(&str) -> Option<String>,
+    env: &(dyn Fn(&str) -> Option<String> + Sync),
     kubelet_listen: Option<SocketAddr>,
 ) -> anyhow::Result<VirtualNode> {
     let metrics_listen = crate::common::metrics_addr(&args.metrics_addr)?;
@@ -423,6 +530,12 @@ pub(crate) async fn assemble(
                 .with_context(|| format!("--client-verify-ca {}", p.display()))?;
             ClientCa::Pem(pem)
         }
+        // A node identity may not read kube-system's ConfigMaps: as a kubelet's
+        // --client-ca-file on kubeadm, the cluster CA its kubeconfig trusts.
+        None if args.tls_bootstrap => match trusted_ca(&upper_source).await {
+            Ok(pem) => ClientCa::Pem(pem),
+            Err(e) => ClientCa::Unavailable(format!("{e:#}")),
+        },
         None => match tensile_kubelet::auth::cluster_client_ca(&upper).await {
             Ok(pem) => ClientCa::Pem(pem),
             Err(e) => ClientCa::Unavailable(e.to_string()),
@@ -456,6 +569,7 @@ pub(crate) async fn assemble(
             },
             workers: args.pod_sync_workers,
             service_accounts: args.enable_serviceaccount,
+            retry: Default::default(),
         },
         kubelet: Some(KubeletApi {
             listen,
@@ -471,7 +585,7 @@ pub(crate) async fn assemble(
             listen: metrics_listen,
         },
         services,
-        volumes: controllers.volumes,
+        volumes: controllers.volumes && !pv_controllers_refused(args),
     })
 }
 

@@ -278,3 +278,185 @@ fn an_unreadable_lower_kubeconfig_is_a_clear_startup_error() {
         .unwrap();
     assert!(String::from_utf8_lossy(&out.stderr).contains("--client-kubeconfig is required"));
 }
+
+/// Issue 27 item 6, as shipped: `--tls-bootstrap` with the ServiceAccount of
+/// `deploy/virtual-node/rbac` as the bootstrap credential. The binary asks for its certificate,
+/// kube-controller-manager approves and signs it, and the node runs as `system:node:vk-lower`:
+/// a pod runs, `kubectl logs` reaches it (the kubelet API trusts the CA of the kubeconfig, as a
+/// node may not read kube-system's ConfigMaps), and the API server refused the node nothing.
+/// Certificates live 30 s here: the node renews its own before it expires and goes on (a pod
+/// deleted after the renewal is replaced and runs, its logs reached).
+/// Real control planes only (.config/nextest.toml): the simulator has no Node authorizer and
+/// signs no certificate requests.
+#[test]
+fn the_binary_with_tls_bootstrap_runs_as_a_node_identity_and_serves_logs() {
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let mut upper_spec = ClusterSpec::new("upper", 0);
+    upper_spec.certificate_duration = Some(std::time::Duration::from_secs(30));
+    let env = runtime
+        .block_on(TestEnv::start_with(vec![
+            upper_spec,
+            ClusterSpec::new("lower", 2),
+        ]))
+        .unwrap();
+    assert!(
+        env.clusters[0].is_real(),
+        "needs the Node authorizer and a certificate signer: real control planes only"
+    );
+    let (upper, lower) = (
+        env.clusters[0].kubeconfig.clone(),
+        env.clusters[1].kubeconfig.clone(),
+    );
+    let rbac =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/virtual-node/rbac/rbac.yaml");
+    let (ok, _, err) = kubectl(&upper, &["apply", "-f", &rbac.display().to_string()]);
+    assert!(ok, "{err}");
+    let (ok, _, err) = kubectl(
+        &upper,
+        &[
+            "create",
+            "clusterrolebinding",
+            "tensile-virtual-node",
+            "--clusterrole=tensile-virtual-node",
+            "--user=system:node:vk-lower",
+        ],
+    );
+    assert!(ok, "{err}");
+    // The bootstrap credential: the ServiceAccount's token, as in its pod.
+    let (ok, token, err) = kubectl(
+        &upper,
+        &[
+            "create",
+            "token",
+            "tensile-virtual-node",
+            "-n",
+            "kube-system",
+        ],
+    );
+    assert!(ok, "{err}");
+    let bootstrap = env.dir().join("bootstrap.kubeconfig");
+    std::fs::write(
+        &bootstrap,
+        env.clusters[0].kubeconfig_with(None, Some(token.trim().to_owned())),
+    )
+    .unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let log = env.dir().join("virtual-node.log");
+    let child = Command::new(env!("CARGO_BIN_EXE_tensile"))
+        .args([
+            "virtual-node",
+            "--nodename=vk-lower",
+            "--disable-taint",
+            "--tls-bootstrap",
+            "--leader-elect",
+            "--kubelet-address=127.0.0.1",
+        ])
+        .arg(format!("--kubeconfig={}", bootstrap.display()))
+        .arg(format!("--client-kubeconfig={}", lower.display()))
+        .env("KUBELET_PORT", port.to_string())
+        .env("VKUBELET_POD_IP", "127.0.0.1")
+        .env("VKUBELET_NODE_LABEL", "clusterID:lower")
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let _vn = Killed(child);
+    let logs = || std::fs::read_to_string(&log).unwrap_or_default();
+    until("virtual node registered", || {
+        kubectl(&upper, &["get", "node", "vk-lower"]).0
+    });
+    let (_, csrs, _) = kubectl(
+        &upper,
+        &[
+            "get",
+            "csr",
+            "-o",
+            "jsonpath={range .items[*]}{.metadata.name} {.spec.username} {.status.conditions[0].type}{\"\\n\"}{end}",
+        ],
+    );
+    assert!(
+        csrs.lines().any(|l| l.starts_with("tensile-vk-lower-")
+            && l.contains("system:serviceaccount:kube-system:tensile-virtual-node Approved")),
+        "{csrs}\n{}",
+        logs()
+    );
+    assert!(
+        kubectl(
+            &upper,
+            &["create", "deployment", "web", "--image=nginx:1.27"]
+        )
+        .0
+    );
+    until("the pod running upstairs", || {
+        kubectl(
+            &upper,
+            &[
+                "get",
+                "pods",
+                "-l",
+                "app=web",
+                "-o",
+                "jsonpath={.items[*].status.phase}",
+            ],
+        )
+        .1 == "Running"
+    });
+    let (ok, _, err) = kubectl(&upper, &["logs", "deploy/web"]);
+    assert!(ok, "logs: {err}\n{}", logs());
+    // Renewed before it expires: a second request issued, and the node works on.
+    let issued = || {
+        kubectl(
+            &upper,
+            &[
+                "get",
+                "csr",
+                "-o",
+                "jsonpath={range .items[*]}{.metadata.name} {.status.certificate}{\"\\n\"}{end}",
+            ],
+        )
+        .1
+        .lines()
+        .filter(|l| {
+            l.starts_with("tensile-vk-lower-") && l.split(' ').nth(1).is_some_and(|c| !c.is_empty())
+        })
+        .count()
+    };
+    until("the certificate renewed", || issued() >= 2);
+    assert!(logs().contains("due for renewal"), "{}", logs());
+    assert!(kubectl(&upper, &["delete", "pods", "-l", "app=web", "--wait=false"]).0);
+    until("the replacement pod running upstairs", || {
+        kubectl(
+            &upper,
+            &[
+                "get",
+                "pods",
+                "-l",
+                "app=web",
+                "-o",
+                "jsonpath={.items[*].status.phase}",
+            ],
+        )
+        .1 == "Running"
+    });
+    until("logs after the renewal", || {
+        kubectl(&upper, &["logs", "deploy/web"]).0
+    });
+    let (_, labels, _) = kubectl(
+        &upper,
+        &[
+            "get",
+            "node",
+            "vk-lower",
+            "-o",
+            "jsonpath={.metadata.labels}",
+        ],
+    );
+    assert!(!labels.contains("kubernetes.io/role"), "{labels}");
+    let refused = env.clusters[0].refused_node_requests();
+    assert!(refused.is_empty(), "refused: {refused:#?}\n{}", logs());
+}

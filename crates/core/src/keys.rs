@@ -20,10 +20,9 @@ pub const VALUE_TRUE: &str = "true";
 pub const LABEL_NODE_TYPE: &str = "type";
 /// Value of [`LABEL_NODE_TYPE`] on virtual nodes.
 pub const VALUE_NODE_TYPE_VIRTUAL: &str = "virtual-kubelet";
-/// Node role label, `agent` on virtual nodes.
+/// The original's node role label (`agent`), which NodeRestriction refuses a node to set on
+/// itself: not set by us (docs/differences.md).
 pub const LABEL_NODE_ROLE: &str = "kubernetes.io/role";
-/// Value of [`LABEL_NODE_ROLE`] on virtual nodes.
-pub const VALUE_NODE_ROLE_AGENT: &str = "agent";
 /// Hostname label; also the key of the descheduler's `NotIn` exclusion and of PV node affinity.
 pub const LABEL_HOSTNAME: &str = "kubernetes.io/hostname";
 /// Deprecated hostname label, still rewritten in PV node affinity.

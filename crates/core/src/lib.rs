@@ -24,6 +24,7 @@
 #![forbid(unsafe_code)]
 
 pub mod absent;
+pub mod bootstrap;
 pub mod capacity;
 pub mod certs;
 pub mod cluster_selector;

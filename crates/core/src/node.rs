@@ -12,8 +12,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 
 use crate::keys::{
     EFFECT_NO_EXECUTE, EFFECT_NO_SCHEDULE, EFFECT_PREFER_NO_SCHEDULE, LABEL_ARCH, LABEL_HOSTNAME,
-    LABEL_NODE_ROLE, LABEL_NODE_TYPE, LABEL_OS, LABEL_OS_BETA, TAINT_VIRTUAL_KUBELET,
-    TAINT_VIRTUAL_KUBELET_VALUE, VALUE_NODE_ROLE_AGENT, VALUE_NODE_TYPE_VIRTUAL,
+    LABEL_NODE_TYPE, LABEL_OS, LABEL_OS_BETA, TAINT_VIRTUAL_KUBELET, TAINT_VIRTUAL_KUBELET_VALUE,
+    VALUE_NODE_TYPE_VIRTUAL,
 };
 use crate::quantity::format_quantity;
 use crate::resources::{ResourceVector, format_for_resource, node_status_quantities};
@@ -354,7 +354,6 @@ pub fn virtual_node(
             LABEL_NODE_TYPE.to_owned(),
             VALUE_NODE_TYPE_VIRTUAL.to_owned(),
         ),
-        (LABEL_NODE_ROLE.to_owned(), VALUE_NODE_ROLE_AGENT.to_owned()),
         (LABEL_HOSTNAME.to_owned(), id.name.clone()),
         (LABEL_ARCH.to_owned(), "amd64".to_owned()),
         (LABEL_OS.to_owned(), "linux".to_owned()),
@@ -430,6 +429,7 @@ pub fn virtual_node(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::keys::LABEL_NODE_ROLE;
 
     #[test]
     fn enable_controllers_is_a_trimmed_comma_list_with_unknown_names_reported() {
@@ -512,7 +512,6 @@ mod tests {
         let l = n.metadata.labels.unwrap();
         for (k, v) in [
             ("type", "virtual-kubelet"),
-            ("kubernetes.io/role", "agent"),
             ("kubernetes.io/hostname", "vk-lower-1"),
             ("kubernetes.io/os", "linux"),
             ("beta.kubernetes.io/os", "linux"),
@@ -520,6 +519,9 @@ mod tests {
         ] {
             assert_eq!(l.get(k).map(String::as_str), Some(v), "{k}");
         }
+        // The original's `kubernetes.io/role=agent` is not set: NodeRestriction refuses a node
+        // that sets its own kubernetes.io labels other than the kubelet's (docs/differences.md).
+        assert!(!l.contains_key(LABEL_NODE_ROLE), "{l:?}");
     }
 
     #[test]

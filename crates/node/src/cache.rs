@@ -125,6 +125,13 @@ where
         }
     }
 
+    /// Forgets `namespace/name` (a cache filled per object, not from one list).
+    pub fn remove(&self, namespace: &str, name: &str) {
+        if let Ok(mut objects) = self.inner.objects.write() {
+            objects.remove(&(namespace.to_owned(), name.to_owned()));
+        }
+    }
+
     /// The object `namespace/name`, decoded.
     pub fn get(&self, namespace: &str, name: &str) -> Option<K> {
         self.get_as(namespace, name)

@@ -102,6 +102,8 @@ pub enum KubeconfigSource {
     InCluster,
     /// Kubeconfig YAML text (tests, `tensile up`).
     Text(String),
+    /// A configuration already loaded (the upper one with a TLS-bootstrapped certificate).
+    Loaded(Box<Config>),
 }
 
 impl fmt::Debug for KubeconfigSource {
@@ -111,6 +113,7 @@ impl fmt::Debug for KubeconfigSource {
             Self::Path(path) => f.debug_tuple("Path").field(path).finish(),
             Self::InCluster => f.write_str("InCluster"),
             Self::Text(text) => write!(f, "Text(<{} bytes>)", text.len()),
+            Self::Loaded(config) => write!(f, "Loaded({})", config.cluster_url),
         }
     }
 }
@@ -121,6 +124,7 @@ impl fmt::Display for KubeconfigSource {
             Self::Path(path) => write!(f, "kubeconfig {}", path.display()),
             Self::InCluster => f.write_str("in-cluster configuration"),
             Self::Text(_) => f.write_str("inline kubeconfig"),
+            Self::Loaded(_) => f.write_str("bootstrapped configuration"),
         }
     }
 }
@@ -177,6 +181,7 @@ pub async fn load_config(source: &KubeconfigSource) -> Result<Config, ClientErro
                 .map_err(invalid)
         }
         KubeconfigSource::InCluster => Config::incluster().map_err(ClientError::InCluster),
+        KubeconfigSource::Loaded(config) => Ok((**config).clone()),
         KubeconfigSource::Text(text) => {
             let kubeconfig =
                 Kubeconfig::from_yaml(text).map_err(ClientError::InvalidKubeconfigText)?;

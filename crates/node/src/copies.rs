@@ -14,8 +14,10 @@
 //!
 //! The rules are `tensile_core::deps::dependency_action` and
 //! `tensile_core::services::{service_action, endpoints_action}`; this is the thin loop around
-//! them, one per kind: one watch of the upper objects, one of our lower copies (label selector
-//! on our owner mark), a keyed queue, a few workers.
+//! them, one per kind: the upper objects (for ConfigMaps and Secrets, one watch per object a
+//! pod bound to the node references, `crate::watches`, as the Node authorizer allows a node;
+//! for the others one watch of all), one watch of our lower copies (label selector on our
+//! owner mark), a keyed queue, a few workers.
 
 use std::fmt::Debug;
 use std::sync::Arc;
@@ -40,6 +42,7 @@ use crate::clients::{already_exists, delete_exact};
 use crate::namespaces::{LowerNamespaces, NamespaceError};
 use crate::needs::Needs;
 use crate::queue::Queue;
+use crate::watches::ObjectWatches;
 
 /// Settings of the copy controllers.
 #[derive(Clone)]
@@ -104,7 +107,8 @@ pub enum CopyError {
 }
 
 /// ConfigMaps, Secrets and (with `PVControllers`) claims as this controller's watches see them:
-/// every upper one, and our lower copies. The pod controller reads a pod's dependencies here
+/// upstairs the ConfigMaps and Secrets our pods reference (and every claim), downstairs our
+/// copies. The pod controller reads a pod's dependencies here
 /// rather than asking the API server for each, and creates only the copies that are not there
 /// yet.
 #[derive(Clone, Debug, Default)]
@@ -129,11 +133,23 @@ impl Dependencies {
     }
 }
 
+/// The per-object watches of the upper ConfigMaps and Secrets our pods reference.
+#[derive(Clone, Debug)]
+pub struct UpperWatches {
+    /// ConfigMaps.
+    pub config_maps: Arc<ObjectWatches<ConfigMap>>,
+    /// Secrets.
+    pub secrets: Arc<ObjectWatches<Secret>>,
+}
+
 /// What the copy controllers and the pod controller of one virtual node share.
 #[derive(Clone, Debug)]
 pub struct Shared {
-    /// The upper ConfigMaps and Secrets (filled by the copy controllers).
+    /// The upper ConfigMaps and Secrets our pods reference (filled by their per-object watches)
+    /// and, with `PVControllers`, every upper claim (the claim controller's watch).
     pub upper: Dependencies,
+    /// The watches filling `upper`'s ConfigMaps and Secrets.
+    pub watches: UpperWatches,
     /// Our lower copies of them (filled by the copy controllers).
     pub copies: Dependencies,
     /// Lower namespaces known to exist.
@@ -143,13 +159,52 @@ pub struct Shared {
 }
 
 impl Shared {
-    /// Empty caches for the clusters of `upper` and `lower`, our marks `owner`.
-    pub fn new(upper: kube::Client, lower: kube::Client, owner: String) -> Self {
+    /// Empty caches for the clusters of `upper` and `lower`, our marks `owner`, until `stop`.
+    /// The watches of upper ConfigMaps and Secrets start and stop as `needs` says.
+    pub fn new(
+        upper: kube::Client,
+        lower: kube::Client,
+        owner: String,
+        stop: &CancellationToken,
+    ) -> Self {
+        let watches = UpperWatches {
+            config_maps: Arc::new(ObjectWatches::new(upper.clone(), "configmap", stop)),
+            secrets: Arc::new(ObjectWatches::new(upper.clone(), "secret", stop)),
+        };
+        let needs: Arc<Needs> = Arc::default();
+        let follow = |kind, w: Arc<dyn Fn(Key, bool) + Send + Sync>| needs.watch_upper(kind, w);
+        let cms = watches.config_maps.clone();
+        follow(
+            CopyKind::ConfigMap,
+            Arc::new(move |key, start| {
+                if start {
+                    cms.start(key)
+                } else {
+                    cms.stop(&key)
+                }
+            }),
+        );
+        let secrets = watches.secrets.clone();
+        follow(
+            CopyKind::Secret,
+            Arc::new(move |key, start| {
+                if start {
+                    secrets.start(key)
+                } else {
+                    secrets.stop(&key)
+                }
+            }),
+        );
         Shared {
-            upper: Dependencies::default(),
+            upper: Dependencies {
+                config_maps: watches.config_maps.cache(),
+                secrets: watches.secrets.cache(),
+                claims: CompactCache::default(),
+            },
+            watches,
             copies: Dependencies::default(),
             namespaces: Arc::new(LowerNamespaces::new(upper, lower, owner)),
-            needs: Arc::default(),
+            needs,
         }
     }
 }
@@ -171,6 +226,7 @@ fn dependency<K: DependencyCopy + 'static>(
 pub async fn run(cfg: CopySync, shared: Shared, stop: CancellationToken) {
     let Shared {
         upper,
+        watches,
         copies,
         namespaces,
         needs,
@@ -247,13 +303,15 @@ pub async fn run(cfg: CopySync, shared: Shared, stop: CancellationToken) {
                 (upper.config_maps, copies.config_maps),
                 &namespaces
             )
-            .needed_by_pods(CopyKind::ConfigMap, &needs),
+            .needed_by_pods(CopyKind::ConfigMap, &needs)
+            .per_object(&watches.config_maps),
             config_maps,
             stop.clone()
         ),
         run_kind(
             Kind::new(&cfg, "secret", (upper.secrets, copies.secrets), &namespaces)
-                .needed_by_pods(CopyKind::Secret, &needs),
+                .needed_by_pods(CopyKind::Secret, &needs)
+                .per_object(&watches.secrets),
             secrets,
             stop.clone()
         ),
@@ -274,6 +332,10 @@ struct Kind<K> {
     needs: Option<(CopyKind, Arc<Needs>)>,
     /// Told of every change the watches see (`true`: upper), after the caches took it.
     observer: Option<Observer<K>>,
+    /// The upper objects are read one by one (`crate::watches`), not from a watch of all.
+    per_object: Option<Arc<ObjectWatches<K>>>,
+    /// Keys left alone because their original was not known yet: worked on once it is.
+    deferred: Arc<std::sync::Mutex<std::collections::HashSet<Key>>>,
 }
 
 /// See [`Kind::observer`].
@@ -295,6 +357,16 @@ impl<K> Kind<K> {
             namespaces: namespaces.clone(),
             needs: None,
             observer: None,
+            per_object: None,
+            deferred: Arc::default(),
+        }
+    }
+
+    /// The upper objects are those of `watches`, which the pods' references start.
+    fn per_object(self, watches: &Arc<ObjectWatches<K>>) -> Self {
+        Kind {
+            per_object: Some(watches.clone()),
+            ..self
         }
     }
 
@@ -331,12 +403,16 @@ where
         "{LABEL_OWNER}={},!{LABEL_IDENTITY_OF}",
         owner_label_value(&cfg.owner)
     );
-    let upper_events = watch(
-        Api::all(cfg.upper.clone()),
-        watcher::Config::default(),
-        kind.upper.clone(),
-    )
-    .map_ok(|o| (true, o));
+    let upper_events = match &kind.per_object {
+        Some(_) => futures::stream::empty().boxed(),
+        None => watch(
+            Api::all(cfg.upper.clone()),
+            watcher::Config::default(),
+            kind.upper.clone(),
+        )
+        .map_ok(|o| (true, o))
+        .boxed(),
+    };
     let lower_events = watch(
         Api::all(cfg.lower.clone()),
         watcher::Config::default().labels(&ours),
@@ -346,6 +422,18 @@ where
     let (queue, rx) = Queue::<Key>::new();
     if let Some((copy_kind, needs)) = &kind.needs {
         needs.subscribe(*copy_kind, queue.clone());
+    }
+    if let Some(watches) = &kind.per_object {
+        // A change upstairs is work for an existing copy (or a deferred key). A missing one is
+        // made by the pod controller before the pod that needs it (a create from here would
+        // race it), or after a deletion downstairs, which the lower watch sees.
+        let (queue, lower, deferred) = (queue.clone(), kind.lower.clone(), kind.deferred.clone());
+        watches.observe(Arc::new(move |key: &Key| {
+            let was_deferred = deferred.lock().is_ok_and(|mut d| d.remove(key));
+            if was_deferred || lower.contains(&key.0, &key.1) {
+                queue.add(key.clone());
+            }
+        }));
     }
     {
         let queue = queue.clone();
@@ -415,6 +503,17 @@ where
         + DeserializeOwned,
 {
     let (ns, name) = key;
+    // A needed copy whose original is not known yet (its watch has not listed it, or only a
+    // lower pod still needs it) stays as it is: its watch puts the key back once it knows.
+    if let (Some(watches), Some((copy_kind, needs))) = (&kind.per_object, &kind.needs)
+        && !watches.known(ns, name)
+        && needs.needed(*copy_kind, ns, name)
+    {
+        if let Ok(mut deferred) = kind.deferred.lock() {
+            deferred.insert(key.clone());
+        }
+        return Ok(());
+    }
     let copy = lower.get(ns, name);
     let api: Api<K> = Api::namespaced(kind.cfg.lower.clone(), ns);
     let err = |what: &'static str| {

@@ -6,6 +6,7 @@
 #![forbid(unsafe_code)]
 
 pub mod backoff;
+pub mod bootstrap;
 pub mod cache;
 pub mod clients;
 pub mod copies;
@@ -24,6 +25,9 @@ mod queue;
 pub mod reach;
 pub mod tokens;
 pub mod volumes;
+pub mod watches;
+
+pub use queue::Retry;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -249,6 +253,7 @@ impl VirtualNode {
             upper.clone(),
             lower.clone(),
             self.pods.translate.owner.clone(),
+            &stop,
         );
         let copies = tokio::spawn(copies::run(
             copies::CopySync {

@@ -6,6 +6,11 @@
 //! does not: the pod controller creates a new pod's copies itself, before the pod, and a second
 //! create from here would only race it (a copy that goes missing later is seen by the copy
 //! controller's own lower watch).
+//!
+//! It also knows which upper ConfigMaps and Secrets the upper pods bound to the node reference
+//! (their copies, and the root CA of pods that mount a token), and starts and stops the
+//! per-object watches of them (`crate::watches`) as the first pod referencing one appears and
+//! the last one goes; and which pods reference an object, to try them again when it appears.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
@@ -13,6 +18,8 @@ use std::sync::Mutex;
 use k8s_openapi::api::core::v1::Pod;
 use kube::runtime::watcher;
 use tensile_core::deps::{CopyKind, needed_copies};
+use tensile_core::identity::token_needs;
+use tensile_core::keys::CONFIG_MAP_KUBE_ROOT_CA;
 use tensile_core::translate::offload_decision;
 use tokio::sync::watch;
 
@@ -38,7 +45,15 @@ struct Inner {
     /// The pods each side's watch has listed: a completed re-list names the vanished ones.
     listed_keys: HashMap<Side, ListedKeys>,
     subscribers: Vec<(CopyKind, Queue<Key>)>,
+    /// The upper ConfigMaps and Secrets each upper pod references, and the reverse.
+    refs_by_pod: HashMap<Key, Vec<NeedKey>>,
+    pods_by_ref: HashMap<NeedKey, HashSet<Key>>,
+    /// Told when an upper object gains its first referencing pod (`true`) or loses its last.
+    watchers: Vec<(CopyKind, Watcher)>,
 }
+
+/// See [`Needs::watch_upper`].
+pub type Watcher = std::sync::Arc<dyn Fn(Key, bool) + Send + Sync>;
 
 /// The dependency index; share it in an `Arc`.
 pub struct Needs {
@@ -72,9 +87,13 @@ impl Needs {
     /// Takes one pod watch event of `side`.
     pub fn observe(&self, side: Side, event: &watcher::Event<Pod>) {
         let mut inner = self.lock();
+        let mut changed = Vec::new();
         let gone = inner.listed_keys.entry(side).or_default().record(event);
         for (ns, name) in gone {
-            set(&mut inner, (side, ns, name), Vec::new());
+            set(&mut inner, (side, ns.clone(), name.clone()), Vec::new());
+            if side == Side::Upper {
+                set_refs(&mut inner, (ns, name), Vec::new(), &mut changed);
+            }
         }
         match event {
             watcher::Event::Init => {}
@@ -83,7 +102,8 @@ impl Needs {
                     return;
                 };
                 // Pods that are not offloaded never get lower copies.
-                let keys = if side == Side::Lower || offload_decision(pod).is_ok() {
+                let offloaded = side == Side::Lower || offload_decision(pod).is_ok();
+                let keys: Vec<NeedKey> = if offloaded {
                     needed_copies(pod)
                         .into_iter()
                         .map(|(kind, dep)| (kind, ns.clone(), dep))
@@ -91,20 +111,57 @@ impl Needs {
                 } else {
                     Vec::new()
                 };
+                if side == Side::Upper {
+                    let refs = if offloaded {
+                        upper_references(pod, &ns, &keys)
+                    } else {
+                        Vec::new()
+                    };
+                    set_refs(&mut inner, (ns.clone(), name.clone()), refs, &mut changed);
+                }
                 set(&mut inner, (side, ns, name), keys);
             }
             watcher::Event::Delete(pod) => {
                 if let Some((ns, name)) = pod_key(pod) {
-                    set(&mut inner, (side, ns, name), Vec::new());
+                    set(&mut inner, (side, ns.clone(), name.clone()), Vec::new());
+                    if side == Side::Upper {
+                        set_refs(&mut inner, (ns, name), Vec::new(), &mut changed);
+                    }
                 }
             }
-            watcher::Event::InitDone => {
-                drop(inner);
-                self.listed.send_modify(|listed| {
-                    listed.insert(side);
-                });
+            // Below, once the pods a completed re-list dropped are forgotten.
+            watcher::Event::InitDone => {}
+        }
+        // Outside the lock: a watcher may start a watch, whose observers read this index.
+        let watchers = inner.watchers.clone();
+        drop(inner);
+        for ((kind, ns, name), first) in changed {
+            for (k, watch) in &watchers {
+                if *k == kind {
+                    watch((ns.clone(), name.clone()), first);
+                }
             }
         }
+        if matches!(event, watcher::Event::InitDone) {
+            self.listed.send_modify(|listed| {
+                listed.insert(side);
+            });
+        }
+    }
+
+    /// `watch` is told `(key, true)` when an upper object of `kind` is referenced by a first
+    /// upper pod bound to the node, `(key, false)` when by none any more.
+    pub fn watch_upper(&self, kind: CopyKind, watch: Watcher) {
+        self.lock().watchers.push((kind, watch));
+    }
+
+    /// The upper pods bound to the node that reference the upper object `kind` `key`.
+    pub fn upper_pods_referencing(&self, kind: CopyKind, key: &Key) -> Vec<Key> {
+        self.lock()
+            .pods_by_ref
+            .get(&(kind, key.0.clone(), key.1.clone()))
+            .map(|pods| pods.iter().cloned().collect())
+            .unwrap_or_default()
     }
 
     /// Whether any of our pods needs the copy `kind` `namespace/name`.
@@ -130,6 +187,67 @@ impl Needs {
 
 fn pod_key(pod: &Pod) -> Option<(String, String)> {
     Some((pod.metadata.namespace.clone()?, pod.metadata.name.clone()?))
+}
+
+/// The upper ConfigMaps and Secrets an offloaded upper `pod` of namespace `ns` references,
+/// whose copies are `copies`: those, and the namespace's root CA when it mounts a token (the
+/// upper tokens carry it, `crate::tokens`).
+fn upper_references(pod: &Pod, ns: &str, copies: &[NeedKey]) -> Vec<NeedKey> {
+    let mut refs: Vec<NeedKey> = copies
+        .iter()
+        .filter(|(kind, _, _)| matches!(kind, CopyKind::ConfigMap | CopyKind::Secret))
+        .cloned()
+        .collect();
+    if pod
+        .spec
+        .as_ref()
+        .is_some_and(|s| !token_needs(s).is_empty())
+    {
+        let ca = (
+            CopyKind::ConfigMap,
+            ns.to_owned(),
+            CONFIG_MAP_KUBE_ROOT_CA.to_owned(),
+        );
+        if !refs.contains(&ca) {
+            refs.push(ca);
+        }
+    }
+    refs
+}
+
+/// Replaces what upper `pod` references with `refs`; objects gaining their first pod or losing
+/// their last are added to `changed` (with `true` for a first).
+fn set_refs(inner: &mut Inner, pod: Key, refs: Vec<NeedKey>, changed: &mut Vec<(NeedKey, bool)>) {
+    let old = if refs.is_empty() {
+        inner.refs_by_pod.remove(&pod).unwrap_or_default()
+    } else {
+        inner
+            .refs_by_pod
+            .insert(pod.clone(), refs.clone())
+            .unwrap_or_default()
+    };
+    if old == refs {
+        return;
+    }
+    for key in &refs {
+        let pods = inner.pods_by_ref.entry(key.clone()).or_default();
+        if pods.is_empty() {
+            changed.push((key.clone(), true));
+        }
+        pods.insert(pod.clone());
+    }
+    for key in old {
+        if refs.contains(&key) {
+            continue;
+        }
+        if let Some(pods) = inner.pods_by_ref.get_mut(&key) {
+            pods.remove(&pod);
+            if pods.is_empty() {
+                inner.pods_by_ref.remove(&key);
+                changed.push((key, false));
+            }
+        }
+    }
 }
 
 /// Replaces what `pod` needs with `keys`, telling subscribers about counts falling to zero.
@@ -205,6 +323,57 @@ mod tests {
         needs.observe(Side::Upper, &watcher::Event::InitDone);
         assert!(!needed("cfg"));
         assert!(needs.lock().by_pod.is_empty() && needs.lock().counts.is_empty());
+    }
+
+    #[test]
+    fn upper_references_start_and_stop_watches_and_name_their_pods() {
+        use std::sync::{Arc, Mutex};
+        let needs = Needs::default();
+        let seen: Arc<Mutex<Vec<(String, bool)>>> = Arc::default();
+        let record = seen.clone();
+        needs.watch_upper(
+            CopyKind::ConfigMap,
+            Arc::new(move |(_, name), first| record.lock().unwrap().push((name, first))),
+        );
+        let mut with_token = pod("b", &["cfg"]);
+        with_token
+            .spec
+            .as_mut()
+            .unwrap()
+            .volumes
+            .as_mut()
+            .unwrap()
+            .push(serde_json::from_value(json!({"name": "kube-api-access-x", "projected": {"sources": [
+                {"serviceAccountToken": {"path": "token", "expirationSeconds": 3607}},
+                {"configMap": {"name": "kube-root-ca.crt", "items": [{"key": "ca.crt", "path": "ca.crt"}]}}]}}))
+            .unwrap());
+        needs.observe(Side::Upper, &watcher::Event::Apply(pod("a", &["cfg"])));
+        needs.observe(Side::Upper, &watcher::Event::Apply(with_token));
+        // Lower pods read nothing upstairs.
+        needs.observe(Side::Lower, &watcher::Event::Apply(pod("c", &["low"])));
+        let key = ("shop".to_owned(), "cfg".to_owned());
+        let mut pods = needs.upper_pods_referencing(CopyKind::ConfigMap, &key);
+        pods.sort();
+        assert_eq!(
+            pods,
+            [("shop".into(), "a".into()), ("shop".into(), "b".into())]
+        );
+        needs.observe(Side::Upper, &watcher::Event::Delete(pod("a", &["cfg"])));
+        needs.observe(Side::Upper, &watcher::Event::Delete(pod("b", &["cfg"])));
+        assert_eq!(
+            *seen.lock().unwrap(),
+            [
+                ("cfg".to_owned(), true),
+                ("kube-root-ca.crt".to_owned(), true),
+                ("cfg".to_owned(), false),
+                ("kube-root-ca.crt".to_owned(), false),
+            ]
+        );
+        assert!(
+            needs
+                .upper_pods_referencing(CopyKind::ConfigMap, &key)
+                .is_empty()
+        );
     }
 
     #[test]

@@ -356,6 +356,8 @@ pub async fn run_node(
     let mut ticker = tokio::time::interval(cfg.lease_renew);
     let mut last_status = tokio::time::Instant::now() - cfg.heartbeat;
     let mut published: Option<serde_json::Value> = None;
+    // Once refused (NodeRestriction), our taints are not written again.
+    let mut taints_refused = false;
     let mut pending = false;
     let mut capacity_open = true;
     let mut last_warning: Option<tokio::time::Instant> = None;
@@ -522,27 +524,43 @@ pub async fn run_node(
         let due = last_status.elapsed() >= cfg.heartbeat;
         if current.is_some() && (due || published.as_ref() != Some(&fingerprint)) {
             let taints = desired.spec.as_ref().and_then(|s| s.taints.clone());
-            let mut meta = json!({"metadata": {"labels": desired.metadata.labels, "annotations": desired.metadata.annotations}});
-            if taints != current_taints {
+            let meta = json!({"metadata": {"labels": desired.metadata.labels, "annotations": desired.metadata.annotations}});
+            // Taints apart: NodeRestriction refuses a node identity any change of its own
+            // taints, and that refusal must not keep the status (the heartbeat) from going out.
+            let taints_written = if taints == current_taints || taints_refused {
+                true
+            } else {
                 // A list is replaced whole by a merge patch: written only against the version
                 // it was computed from, so a taint added meanwhile is not lost (a conflict
                 // retries at the next tick).
-                meta["spec"] = json!({"taints": taints});
-                meta["metadata"]["resourceVersion"] = json!(
-                    current
-                        .as_ref()
-                        .and_then(|n| n.metadata.resource_version.clone())
-                );
-            }
+                let patch = json!({"spec": {"taints": taints}, "metadata": {"resourceVersion":
+                    current.as_ref().and_then(|n| n.metadata.resource_version.clone())}});
+                match nodes
+                    .patch(&name, &PatchParams::default(), &Patch::Merge(patch))
+                    .await
+                {
+                    Ok(_) => true,
+                    Err(kube::Error::Api(e)) if e.code == 403 => {
+                        tracing::warn!(node = %name, error = %e.message,
+                            "the upper cluster refuses this node a change of its own taints (NodeRestriction): \
+                             the lower cluster's reachability shows in the node's conditions only");
+                        taints_refused = true;
+                        true
+                    }
+                    Err(_) => false,
+                }
+            };
             let status = json!({"status": desired.status});
-            let ok = nodes
+            let meta_written = nodes
                 .patch(&name, &PatchParams::default(), &Patch::Merge(meta))
                 .await
+                .is_ok();
+            let ok = nodes
+                .patch_status(&name, &PatchParams::default(), &Patch::Merge(status))
+                .await
                 .is_ok()
-                && nodes
-                    .patch_status(&name, &PatchParams::default(), &Patch::Merge(status))
-                    .await
-                    .is_ok();
+                && meta_written
+                && taints_written;
             if ok {
                 published = Some(fingerprint);
                 last_status = tokio::time::Instant::now();

@@ -24,7 +24,8 @@ use prometheus_client::registry::Registry;
 use serde_json::json;
 use tensile_core::absent::{Absent, drop_absent};
 use tensile_core::deps::{
-    is_owned_by, lower_config_map, lower_pvc, lower_secret, lower_service_account, pod_dependencies,
+    CopyKind, is_owned_by, lower_config_map, lower_pvc, lower_secret, lower_service_account,
+    pod_dependencies,
 };
 use tensile_core::env_events::{EnvEvent, Found, Upstairs, env_events, env_references};
 use tensile_core::keys::{
@@ -137,6 +138,10 @@ pub struct PodSync {
     /// Create the ServiceAccounts pods use in the lower cluster (`--enable-serviceaccount`);
     /// when false a pod of a missing lower ServiceAccount waits for the operator to create it.
     pub service_accounts: bool,
+    /// When a pod whose sync failed is tried again ([`crate::Retry::default`]: 5 ms doubling to
+    /// 10 s). A pod waiting for an upper object is also tried again as soon as the object
+    /// appears, whatever this says.
+    pub retry: crate::Retry,
 }
 
 impl std::fmt::Debug for PodSync {
@@ -271,10 +276,12 @@ pub async fn run_with_store(
 ) {
     let Shared {
         upper: upper_objects,
+        watches,
         copies,
         namespaces,
         needs,
     } = shared;
+    let referencing = needs.clone();
     let upper_needs = needs.clone();
     let upper_api: Api<Pod> = Api::all(cfg.upper.clone());
     let gone_grace: Arc<Mutex<HashMap<Key, i64>>> = Arc::default();
@@ -313,7 +320,7 @@ pub async fn run_with_store(
         })
         .touched_objects()
         .boxed();
-    let (queue, rx) = Queue::<Key>::new();
+    let (queue, rx) = Queue::<Key>::with_retry(cfg.retry);
     let feed = {
         let queue = queue.clone();
         let stop = stop.clone();
@@ -328,6 +335,24 @@ pub async fn run_with_store(
         }
     };
     tokio::spawn(feed);
+    // A pod that waits for an upper ConfigMap or Secret (not created downstairs yet) is tried
+    // again as soon as the object's watch sees it change (appear, above all), not at its next
+    // retry.
+    {
+        let observer = |kind: CopyKind| -> crate::watches::Observer {
+            let (needs, queue, lower_pods) =
+                (referencing.clone(), queue.clone(), lower_pods.clone());
+            Arc::new(move |key: &Key| {
+                for pod in needs.upper_pods_referencing(kind, key) {
+                    if !lower_pods.contains(&pod.0, &pod.1) {
+                        queue.add(pod);
+                    }
+                }
+            })
+        };
+        watches.config_maps.observe(observer(CopyKind::ConfigMap));
+        watches.secrets.observe(observer(CopyKind::Secret));
+    }
     let tokens = cfg.translate.upper_api.is_some().then(|| {
         IdentitySecrets::start(
             cfg.upper.clone(),

@@ -15,6 +15,35 @@ struct State<K> {
     processing: HashSet<K>,
     dirty: HashSet<K>,
     failures: HashMap<K, u32>,
+    retry: Retry,
+}
+
+/// The backoff of a failed key: `first` after the first failure, doubling up to `max`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Retry {
+    /// After the first failure.
+    pub first: Duration,
+    /// The longest.
+    pub max: Duration,
+}
+
+impl Default for Retry {
+    /// 5 ms doubling to 10 s, like virtual-kubelet's.
+    fn default() -> Self {
+        Retry {
+            first: Duration::from_millis(5),
+            max: Duration::from_secs(10),
+        }
+    }
+}
+
+impl Retry {
+    /// The delay after the `n`th failure in a row (from 1).
+    fn after(&self, n: u32) -> Duration {
+        self.first
+            .saturating_mul(1 << n.saturating_sub(1).min(20))
+            .min(self.max)
+    }
 }
 
 /// The queue; cheap to clone.
@@ -42,14 +71,20 @@ impl<K> std::fmt::Debug for Queue<K> {
 pub type Receiver<K> = Arc<tokio::sync::Mutex<mpsc::UnboundedReceiver<K>>>;
 
 impl<K: Clone + Eq + Hash + Send + 'static> Queue<K> {
-    /// A queue and its receiver.
+    /// A queue and its receiver, with the default [`Retry`].
     pub fn new() -> (Self, Receiver<K>) {
+        Self::with_retry(Retry::default())
+    }
+
+    /// A queue and its receiver whose failed keys come back after `retry`.
+    pub fn with_retry(retry: Retry) -> (Self, Receiver<K>) {
         let (tx, rx) = mpsc::unbounded_channel();
         let state = State {
             queued: HashMap::new(),
             processing: HashSet::new(),
             dirty: HashSet::new(),
             failures: HashMap::new(),
+            retry,
         };
         (
             Self {
@@ -115,8 +150,8 @@ impl<K: Clone + Eq + Hash + Send + 'static> Queue<K> {
             } else {
                 let n = s.failures.entry(key.clone()).or_insert(0);
                 *n = n.saturating_add(1);
-                let ms = 5u64.saturating_mul(1 << (*n).min(11)).min(10_000);
-                Some(Duration::from_millis(ms))
+                let n = *n;
+                Some(s.retry.after(n))
             }
         };
         let dirty = self

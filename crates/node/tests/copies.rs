@@ -452,3 +452,76 @@ async fn a_config_map_update_reaches_the_lower_copy_and_the_pod_mounting_it_sees
         Some("cat: /etc/cfg/nope: No such file or directory\n")
     );
 }
+
+/// Issue 28: a pod that waits for a mandatory ConfigMap or Secret missing upstairs runs as soon
+/// as it appears, because the object's own watch (issue 27 item 6: one per referenced object)
+/// sees it. Failed syncs are retried only after an hour here, so neither pod can run by a
+/// retry within the test's deadlines: only the appearance can start it.
+#[tokio::test]
+async fn a_pod_waiting_for_a_missing_config_map_or_secret_runs_as_soon_as_it_appears() {
+    use k8s_openapi::api::core::v1::Event;
+    use kube::api::ListParams;
+    let env = clusters().await;
+    let hour = std::time::Duration::from_secs(3600);
+    let mut opts = NodeOptions::new("vk-lower");
+    opts.retry = tensile_node::Retry {
+        first: hour,
+        max: hour,
+    };
+    let node = spawn(&env, opts).await;
+    let upper = &env.clusters[0].client;
+    let pods: Api<Pod> = Api::namespaced(upper.clone(), "default");
+    let pp = PostParams::default();
+    let on_volume = json!({"spec": {"volumes": [{"name": "v", "configMap": {"name": "late-cfg"}}],
+        "containers": [{"name": "c", "image": "nginx:1.27", "volumeMounts": [{"name": "v", "mountPath": "/cfg"}]}]}});
+    let on_env = json!({"spec": {"containers": [{"name": "c", "image": "nginx:1.27",
+        "envFrom": [{"secretRef": {"name": "late-sec"}}]}]}});
+    for (name, extra) in [("wants-cfg", on_volume), ("wants-sec", on_env)] {
+        pods.create(&pp, &pod(name, "vk-lower", extra))
+            .await
+            .unwrap();
+    }
+    // Both tried and failed (the failure's event, and its status upstairs): the next retry is
+    // an hour away.
+    let events: Api<Event> = Api::namespaced(upper.clone(), "default");
+    for name in ["wants-cfg", "wants-sec"] {
+        eventually(30, &format!("{name} waiting"), || async {
+            let failed = events
+                .list(&ListParams::default())
+                .await
+                .ok()?
+                .items
+                .iter()
+                .any(|e| {
+                    e.involved_object.name.as_deref() == Some(name)
+                        && e.reason.as_deref() == Some("ProviderCreateFailed")
+                });
+            let status = pods.get(name).await.ok()?.status?;
+            (failed && status.reason.as_deref() == Some("ProviderFailed")).then_some(())
+        })
+        .await;
+    }
+    Api::<ConfigMap>::namespaced(upper.clone(), "default")
+        .create(&pp, &config_map("late-cfg", "v", json!({})))
+        .await
+        .unwrap();
+    eventually(
+        60,
+        "wants-cfg Running once its ConfigMap exists",
+        || async { (phase(&pods, "wants-cfg").await? == "Running").then_some(()) },
+    )
+    .await;
+    assert_eq!(phase(&pods, "wants-sec").await.as_deref(), Some("Pending"));
+    let secret: Secret =
+        serde_json::from_value(json!({"metadata": {"name": "late-sec"}, "stringData": {"k": "v"}}))
+            .unwrap();
+    Api::<Secret>::namespaced(upper.clone(), "default")
+        .create(&pp, &secret)
+        .await
+        .unwrap();
+    eventually(60, "wants-sec Running once its Secret exists", || async {
+        (phase(&pods, "wants-sec").await? == "Running").then_some(())
+    })
+    .await;
+    node.stop.cancel();
+}

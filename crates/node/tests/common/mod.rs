@@ -68,6 +68,10 @@ pub struct NodeOptions {
     pub upper_qps: f32,
     /// `--authentication-token-webhook` (default true).
     pub token_reviews: bool,
+    /// When a failed pod sync is tried again (default: the node's).
+    pub retry: tensile_node::Retry,
+    /// The upper kubeconfig (default: the administrator's).
+    pub upper_kubeconfig: Option<String>,
 }
 
 impl NodeOptions {
@@ -86,6 +90,8 @@ impl NodeOptions {
             upper_identity: true,
             upper_qps: 500.0,
             token_reviews: true,
+            retry: Default::default(),
+            upper_kubeconfig: None,
         }
     }
 
@@ -135,7 +141,10 @@ pub async fn try_spawn(
         }
     };
     // The upper clients as the binary builds them: one bucket each at the same limits.
-    let upper_text = std::fs::read_to_string(&env.clusters[0].kubeconfig).unwrap();
+    let upper_text = opts
+        .upper_kubeconfig
+        .clone()
+        .unwrap_or_else(|| std::fs::read_to_string(&env.clusters[0].kubeconfig).unwrap());
     let uppers = tensile_node::clients::UpperClients::build(
         &KubeconfigSource::Text(upper_text),
         None,
@@ -196,6 +205,7 @@ pub async fn try_spawn(
             },
             workers: 8,
             service_accounts: opts.service_accounts,
+            retry: opts.retry,
         },
         kubelet: Some(KubeletApi {
             listen: format!("{address}:0").parse().unwrap(),

@@ -120,6 +120,9 @@ pub struct ClusterSpec {
     pub apiserver: ApiServerConfig,
     /// Simulated nodes (none: a control plane only).
     pub kubelet: Option<SimKubeletConfig>,
+    /// The life of the certificates a real kube-controller-manager signs for certificate
+    /// requests (its default, a year, when unset); the simulator signs none.
+    pub certificate_duration: Option<std::time::Duration>,
 }
 
 impl ClusterSpec {
@@ -139,6 +142,7 @@ impl ClusterSpec {
             },
             kubelet,
             name,
+            certificate_duration: None,
         }
     }
 }
@@ -156,6 +160,8 @@ pub struct TestCluster {
     backend: Backend,
     kubelet: Option<SimKubelet>,
     faults: faults::FaultProxy,
+    /// Its kubeconfig entry (through the fault proxy).
+    entry: crate::apiserver::KubeconfigEntry,
     /// Stops the harness's volume provisioner of a real cluster when dropped.
     _provisioner: Option<tokio_util::sync::DropGuard>,
 }
@@ -340,6 +346,49 @@ impl TestCluster {
         }
     }
 
+    /// A kubeconfig of this cluster (through the same proxy as [`TestCluster::kubeconfig`])
+    /// whose only user is a client certificate for `user` in `group`, signed by the cluster CA
+    /// as an administrator issues one (a kubelet's: `system:node:<name>` in `system:nodes`).
+    pub fn kubeconfig_as(
+        &self,
+        user: &str,
+        group: Option<&str>,
+    ) -> Result<String, crate::certs::CertError> {
+        let issued = match &self.backend {
+            Backend::Sim(s) => s.state().ca.issue_client(user, group)?,
+            Backend::Real(r) => r.ca.issue_client(user, group)?,
+        };
+        Ok(self.kubeconfig_with(Some(issued), None))
+    }
+
+    /// A kubeconfig of this cluster (through the same proxy as [`TestCluster::kubeconfig`])
+    /// whose user is this client certificate, or this bearer token.
+    pub fn kubeconfig_with(
+        &self,
+        client: Option<crate::certs::Issued>,
+        token: Option<String>,
+    ) -> String {
+        kubeconfig_text(&crate::apiserver::KubeconfigEntry {
+            client,
+            token,
+            ..self.entry.clone()
+        })
+    }
+
+    /// The requests of node identities (group `system:nodes`) this cluster refused: the
+    /// simulator's record, or a real API server's audit log.
+    pub fn refused_node_requests(&self) -> Vec<String> {
+        match &self.backend {
+            Backend::Sim(s) => s
+                .forbidden()
+                .into_iter()
+                .filter(|d| d.groups.iter().any(|g| g == "system:nodes"))
+                .map(|d| d.to_string())
+                .collect(),
+            Backend::Real(r) => r.refused_node_requests(),
+        }
+    }
+
     /// Stops the simulated nodes (their leases expire; nothing looks after their pods).
     pub fn stop_nodes(&mut self) {
         if let Some(k) = self.kubelet.take() {
@@ -427,6 +476,7 @@ impl TestEnv {
                     let options = real::RealOptions {
                         // A grace the test chose is given to the real controller too.
                         node_grace: (node_grace != default_grace).then_some(node_grace),
+                        signing_duration: spec.certificate_duration,
                     };
                     let real = real::start_with(bin, &env.dir, &cluster, &options)
                         .await
@@ -494,6 +544,7 @@ impl TestEnv {
                 backend,
                 kubelet,
                 faults,
+                entry,
                 _provisioner: provisioner,
             });
         }

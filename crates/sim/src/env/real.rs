@@ -84,6 +84,8 @@ pub struct RealCluster {
     apiserver: Option<Restartable>,
     /// Set when it failed to start: its logs say why.
     keep_files: bool,
+    /// The cluster CA (what an administrator issues client certificates with).
+    pub(crate) ca: Ca,
 }
 
 impl Drop for RealCluster {
@@ -108,6 +110,33 @@ impl Drop for RealCluster {
             return;
         }
         let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// The audit log of node identities' requests, in the control plane's folder.
+const AUDIT_LOG: &str = "audit-nodes.log";
+
+impl RealCluster {
+    /// Every request of a node identity (group `system:nodes`) the API server refused (403),
+    /// from its audit log: user, verb, URI and the reason.
+    pub fn refused_node_requests(&self) -> Vec<String> {
+        let text = std::fs::read_to_string(self.dir.join(AUDIT_LOG)).unwrap_or_default();
+        text.lines()
+            .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+            .filter(|e| e["responseStatus"]["code"] == 403)
+            .map(|e| {
+                format!(
+                    "{} {} {}: {}",
+                    e["user"]["username"].as_str().unwrap_or_default(),
+                    e["verb"].as_str().unwrap_or_default(),
+                    e["requestURI"].as_str().unwrap_or_default(),
+                    e["annotations"]["authorization.k8s.io/reason"]
+                        .as_str()
+                        .or_else(|| e["responseStatus"]["message"].as_str())
+                        .unwrap_or_default(),
+                )
+            })
+            .collect()
     }
 }
 
@@ -188,6 +217,9 @@ pub struct RealOptions {
     /// kube-controller-manager's `--node-monitor-grace-period` (how long a node may go
     /// without renewing its lease before it is marked Unknown); its default when unset.
     pub node_grace: Option<Duration>,
+    /// kube-controller-manager's `--cluster-signing-duration` (the life of the certificates
+    /// it signs for CertificateSigningRequests); its default (a year) when unset.
+    pub signing_duration: Option<Duration>,
 }
 
 /// Starts etcd, kube-apiserver, kube-controller-manager and kube-scheduler for `cluster` in a
@@ -255,6 +287,14 @@ pub async fn start_with(
     let fp_key = f("front-proxy-client.key", &front_proxy.key_pem)?;
     let sa_key = f("sa.key", &sa.serialize_pem())?;
     let sa_pub = f("sa.pub", &sa.public_key_pem())?;
+    // Node identities' requests (users of group system:nodes) go to an audit log, so a test can
+    // list what the Node authorizer and NodeRestriction refused them; nobody else's.
+    let audit_policy = f(
+        "audit-policy.yaml",
+        "apiVersion: audit.k8s.io/v1\nkind: Policy\nomitStages: [RequestReceived]\nrules:\n  \
+         - level: Metadata\n    userGroups: [\"system:nodes\"]\n  - level: None\n",
+    )?;
+    let audit_log = dir.join(AUDIT_LOG);
     let (etcd_port, peer_port, api_port) = (free_port()?, free_port()?, free_port()?);
     let server = format!("https://127.0.0.1:{api_port}");
     let entry = KubeconfigEntry {
@@ -281,6 +321,7 @@ pub async fn start_with(
         apiserver: None,
         keep_files: false,
         dir: dir.clone(),
+        ca,
     };
     let children = match cluster_handle.children.get_mut() {
         Ok(c) => c,
@@ -319,6 +360,11 @@ pub async fn start_with(
         "--service-account-issuer=https://kubernetes.default.svc".into(),
         "--service-cluster-ip-range=10.96.0.0/16".into(),
         "--authorization-mode=Node,RBAC".into(),
+        // As kubeadm: kubelets (and virtual nodes) may change only their own Node, Lease
+        // and pods.
+        "--enable-admission-plugins=NodeRestriction".into(),
+        format!("--audit-policy-file={}", s(&audit_policy)),
+        format!("--audit-log-path={}", s(&audit_log)),
         "--allow-privileged=true".into(),
         // Simulated nodes have no resolvable host name: reach kubelets by address first,
         // as kubeadm clusters are usually set up.
@@ -371,6 +417,11 @@ pub async fn start_with(
             "--secure-port=0".into(),
         ]
         .into_iter()
+        .chain(
+            options
+                .signing_duration
+                .map(|d| format!("--cluster-signing-duration={}s", d.as_secs().max(1))),
+        )
         .chain(options.node_grace.iter().flat_map(|grace| {
             // The lifecycle controller looks at nodes every monitor period: keep it well
             // under the grace period so the grace is what decides.
