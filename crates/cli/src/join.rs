@@ -40,6 +40,9 @@ const UPPER_RBAC: &str = include_str!("../../../deploy/virtual-node/rbac/rbac.ya
 /// `deploy/virtual-node/base`: one virtual node, which join renders for each lower cluster as
 /// the overlays do.
 const NODE_BASE: &str = include_str!("../../../deploy/virtual-node/base/deployment.yaml");
+/// `deploy/virtual-node/base`'s binding of the node's own user (`system:node:<name>`) to what a
+/// virtual node needs beyond a kubelet's rights.
+const NODE_RBAC: &str = include_str!("../../../deploy/virtual-node/base/node-rbac.yaml");
 /// The image `deploy/kustomization.yaml` sets.
 const DEFAULT_IMAGE: &str = "ghcr.io/tensile-kube/tensile:0.1.0";
 
@@ -116,12 +119,9 @@ fn render_fixed(name: &str) -> anyhow::Result<Rendered> {
 }
 
 fn render_node(name: &str, image: &str, expires: Option<&str>) -> anyhow::Result<Vec<Value>> {
-    Ok(plan::virtual_node_objects(
-        &parse_all(NODE_BASE, "deploy/virtual-node/base")?,
-        name,
-        image,
-        expires,
-    )?)
+    let mut base = parse_all(NODE_BASE, "deploy/virtual-node/base")?;
+    base.extend(parse_all(NODE_RBAC, "deploy/virtual-node/base")?);
+    Ok(plan::virtual_node_objects(&base, name, image, expires)?)
 }
 
 fn load_kubeconfig(path: Option<&PathBuf>) -> anyhow::Result<Kubeconfig> {

@@ -4,7 +4,10 @@
 //! The test clusters have no kubelet that could run the virtual node's Deployment, so the test
 //! starts `tensile virtual-node` itself, with exactly the lower kubeconfig join stored in the
 //! upper Secret and a token of the upper ServiceAccount join's RBAC binds: what the
-//! Deployment's pod would run with.
+//! Deployment's pod would run with. On real control planes it runs as shipped, with
+//! `--tls-bootstrap` (that token only asks for its node certificate); the simulator has no
+//! Node authorizer and signs no certificate requests, so there the ServiceAccount also gets
+//! the role-based rights `deploy/virtual-node/rbac-serviceaccount` documents for such clusters.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
 
 use std::path::{Path, PathBuf};
@@ -221,18 +224,26 @@ fn stored_kubeconfig(upper: &Path, name: &str, dir: &Path) -> PathBuf {
     path
 }
 
-fn start_node(dir: &Path, name: &str, upper: &Path, lower: &Path) -> Killed {
+fn start_node(dir: &Path, name: &str, upper: &Path, lower: &Path, bootstrap: bool) -> Killed {
     let log = std::fs::File::create(dir.join(format!("virtual-node-{name}.log"))).unwrap();
+    let mut args = vec![
+        "virtual-node".to_owned(),
+        format!("--nodename=vk-{name}"),
+        "--disable-taint".into(),
+        "--kubelet-address=127.0.0.1".into(),
+        format!("--kubeconfig={}", upper.display()),
+        format!("--client-kubeconfig={}", lower.display()),
+    ];
+    if bootstrap {
+        // As deploy/virtual-node/base ships it.
+        args.extend([
+            "--tls-bootstrap".to_owned(),
+            "--enable-controllers=ServiceControllers".to_owned(),
+        ]);
+    }
     Killed(
         Command::new(env!("CARGO_BIN_EXE_tensile"))
-            .args([
-                "virtual-node".to_owned(),
-                format!("--nodename=vk-{name}"),
-                "--disable-taint".into(),
-                "--kubelet-address=127.0.0.1".into(),
-                format!("--kubeconfig={}", upper.display()),
-                format!("--client-kubeconfig={}", lower.display()),
-            ])
+            .args(args)
             .env("KUBELET_PORT", free_port().to_string())
             .env("VKUBELET_POD_IP", "127.0.0.1")
             .env("VKUBELET_NODE_LABEL", format!("clusterID:{name}"))
@@ -375,11 +386,19 @@ fn two_lower_clusters_join_run_pods_with_what_join_stored_and_one_unjoins_cleanl
 
     // The virtual nodes run with exactly what join stored.
     let vn_upper = upper_node_kubeconfig(&upper, &dir);
+    let bootstrap = env.clusters[0].is_real();
+    if !bootstrap {
+        let rbac = deploy_dir("virtual-node/rbac-serviceaccount/rbac.yaml");
+        let (ok, _, err) = kubectl(&upper, &["apply", "-f", &rbac.display().to_string()]);
+        assert!(ok, "{err}");
+    }
     let mut nodes = Vec::new();
     let mut stored = Vec::new();
     for name in ["lower-1", "lower-2"] {
         let lower_kc = stored_kubeconfig(&upper, name, &dir);
-        nodes.push(Some(start_node(&dir, name, &vn_upper, &lower_kc)));
+        nodes.push(Some(start_node(
+            &dir, name, &vn_upper, &lower_kc, bootstrap,
+        )));
         stored.push(lower_kc);
     }
     // Least privilege: the stored identity reads nodes but may not read RBAC or delete nodes.

@@ -207,6 +207,16 @@ pub fn virtual_node_objects(
                 json!(secret_name(name)),
             )?;
         }
+        // The overlay names the node's own user in its binding (the ClusterRole it binds is
+        // the shared one of `deploy/virtual-node/rbac`, which keeps its name).
+        if kind == "ClusterRoleBinding" && base_name == "tensile-virtual-node" {
+            set(
+                &mut o,
+                &what,
+                "/subjects/0/name",
+                json!(format!("system:node:{}", node_name(name))),
+            )?;
+        }
         add_labels(&mut o, &[(LABEL_MANAGED_BY, MANAGED_BY_JOIN)]);
         out.push(o);
     }
@@ -459,6 +469,10 @@ mod tests {
             json!({"apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
                 "metadata": {"name": "tensile-virtual-node", "namespace": "kube-system"},
                 "spec": {"minAvailable": 1, "selector": {"matchLabels": {"a": "b"}}}}),
+            json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+                "metadata": {"name": "tensile-virtual-node"},
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "tensile-virtual-node"},
+                "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "system:node:vk-lower"}]}),
         ]
     }
 
@@ -499,6 +513,11 @@ mod tests {
             pdb["spec"]["selector"]["matchLabels"][LABEL_LOWER_CLUSTER],
             "lower-3"
         );
+        // The node's own user gets the extra rights; the shared ClusterRole keeps its name.
+        let binding = &out[2];
+        assert_eq!(binding["metadata"]["name"], "tensile-virtual-node-lower-3");
+        assert_eq!(binding["subjects"][0]["name"], "system:node:vk-lower-3");
+        assert_eq!(binding["roleRef"]["name"], "tensile-virtual-node");
     }
 
     #[test]

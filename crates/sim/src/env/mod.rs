@@ -160,8 +160,6 @@ pub struct TestCluster {
     backend: Backend,
     kubelet: Option<SimKubelet>,
     faults: faults::FaultProxy,
-    /// Its kubeconfig entry (through the fault proxy).
-    entry: crate::apiserver::KubeconfigEntry,
     /// Stops the harness's volume provisioner of a real cluster when dropped.
     _provisioner: Option<tokio_util::sync::DropGuard>,
 }
@@ -544,7 +542,6 @@ impl TestEnv {
                 backend,
                 kubelet,
                 faults,
-                entry,
                 _provisioner: provisioner,
             });
         }
