@@ -157,6 +157,27 @@ impl Seen {
     }
 }
 
+/// A watch of `api` for a benchmark, every event handed to `on_event` until the task is
+/// aborted (errors are retried with kube's back-off and not shown).
+pub(crate) fn spawn_watch<K>(
+    api: Api<K>,
+    mut on_event: impl FnMut(watcher::Event<K>) + Send + 'static,
+) -> tokio::task::JoinHandle<()>
+where
+    K: kube::Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + 'static,
+{
+    tokio::spawn(async move {
+        let mut events = watcher(api, watcher::Config::default())
+            .default_backoff()
+            .boxed();
+        while let Some(event) = events.next().await {
+            if let Ok(event) = event {
+                on_event(event);
+            }
+        }
+    })
+}
+
 fn pct(v: &mut [Duration], p: f64) -> Duration {
     v.sort();
     if v.is_empty() {
@@ -220,9 +241,9 @@ async fn http_get(addr: &str, path: &str) -> anyhow::Result<String> {
 }
 
 /// Samples of the Prometheus text format: (name, labels) -> value.
-type Samples = BTreeMap<(String, BTreeMap<String, String>), f64>;
+pub(crate) type Samples = BTreeMap<(String, BTreeMap<String, String>), f64>;
 
-fn parse_metrics(text: &str) -> Samples {
+pub(crate) fn parse_metrics(text: &str) -> Samples {
     let mut out = Samples::new();
     for line in text.lines().filter(|l| !l.starts_with('#')) {
         let Some((series, value)) = line.rsplit_once(' ') else {
@@ -249,7 +270,7 @@ fn parse_metrics(text: &str) -> Samples {
 
 /// A quantile of a Prometheus histogram (linear within the bucket, as `histogram_quantile`),
 /// over the series whose labels include `labels` (their buckets summed).
-fn histogram_quantile(
+pub(crate) fn histogram_quantile(
     samples: &Samples,
     name: &str,
     labels: &[(&str, &str)],

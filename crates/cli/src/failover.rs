@@ -19,9 +19,11 @@ use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, PostParams};
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::runtime::watcher;
 use serde_json::json;
 use tensile_sim::env::TestEnv;
+
+use crate::bench::spawn_watch;
 
 /// Flags of `tensile bench failover`.
 #[derive(Debug, clap::Args)]
@@ -160,13 +162,9 @@ fn watch_all(
     );
     let mut tasks = Vec::new();
     let s = seen.clone();
-    tasks.push(tokio::spawn(async move {
-        let api: Api<Pod> = Api::namespaced(lower, "default");
-        let mut events = watcher(api, watcher::Config::default())
-            .default_backoff()
-            .boxed();
-        while let Some(event) = events.next().await {
-            let Ok(event) = event else { continue };
+    tasks.push(spawn_watch(
+        Api::<Pod>::namespaced(lower, "default"),
+        move |event| {
             let Ok(mut s) = s.lock() else { return };
             match event {
                 watcher::Event::Apply(p) | watcher::Event::InitApply(p) => {
@@ -186,38 +184,30 @@ fn watch_all(
                 }
                 watcher::Event::Init | watcher::Event::InitDone => {}
             }
-        }
-    }));
+        },
+    ));
     let s = seen.clone();
-    let pods = upper.clone();
-    tasks.push(tokio::spawn(async move {
-        let api: Api<Pod> = Api::namespaced(pods, "default");
-        let mut events = watcher(api, watcher::Config::default())
-            .default_backoff()
-            .applied_objects()
-            .boxed();
-        while let Some(p) = events.next().await {
-            let Ok(p) = p else { continue };
-            if p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
+    tasks.push(spawn_watch(
+        Api::<Pod>::namespaced(upper.clone(), "default"),
+        move |event| {
+            if let watcher::Event::Apply(p) | watcher::Event::InitApply(p) = event
+                && p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
                 && let Some(name) = p.metadata.name
                 && let Ok(mut s) = s.lock()
             {
                 s.upper_running.insert(name);
             }
-        }
-    }));
+        },
+    ));
     let s = seen.clone();
-    let leases = upper.clone();
-    tasks.push(tokio::spawn(async move {
-        let api: Api<Lease> = Api::namespaced(leases, lease.0);
-        let mut events = watcher(api, watcher::Config::default())
-            .default_backoff()
-            .applied_objects()
-            .boxed();
-        while let Some(l) = events.next().await {
-            let Ok(l) = l else { continue };
+    tasks.push(spawn_watch(
+        Api::<Lease>::namespaced(upper.clone(), lease.0),
+        move |event| {
+            let (watcher::Event::Apply(l) | watcher::Event::InitApply(l)) = event else {
+                return;
+            };
             if l.metadata.name.as_deref() != Some(lease.1) {
-                continue;
+                return;
             }
             let holder = l.spec.and_then(|s| s.holder_identity).unwrap_or_default();
             if let Ok(mut s) = s.lock()
@@ -225,30 +215,25 @@ fn watch_all(
             {
                 s.holder = Some((holder, Instant::now()));
             }
-        }
-    }));
+        },
+    ));
     let s = seen.clone();
-    tasks.push(tokio::spawn(async move {
-        let api: Api<Node> = Api::all(upper);
-        let mut events = watcher(api, watcher::Config::default())
-            .default_backoff()
-            .applied_objects()
-            .boxed();
-        while let Some(n) = events.next().await {
-            let Ok(n) = n else { continue };
-            if n.metadata.name.as_deref() != Some(NODE) {
-                continue;
-            }
-            let port = n
-                .status
-                .and_then(|s| s.daemon_endpoints)
-                .and_then(|d| d.kubelet_endpoint)
-                .map(|e| e.port);
-            if let (Some(port), Ok(mut s)) = (port, s.lock())
-                && s.kubelet_port.map(|(p, _)| p) != Some(port)
-            {
-                s.kubelet_port = Some((port, Instant::now()));
-            }
+    tasks.push(spawn_watch(Api::<Node>::all(upper), move |event| {
+        let (watcher::Event::Apply(n) | watcher::Event::InitApply(n)) = event else {
+            return;
+        };
+        if n.metadata.name.as_deref() != Some(NODE) {
+            return;
+        }
+        let port = n
+            .status
+            .and_then(|s| s.daemon_endpoints)
+            .and_then(|d| d.kubelet_endpoint)
+            .map(|e| e.port);
+        if let (Some(port), Ok(mut s)) = (port, s.lock())
+            && s.kubelet_port.map(|(p, _)| p) != Some(port)
+        {
+            s.kubelet_port = Some((port, Instant::now()));
         }
     }));
     tasks

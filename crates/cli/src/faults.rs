@@ -22,12 +22,14 @@ use anyhow::{Context as _, bail};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Event, Node, Pod};
 use kube::api::{Api, PostParams};
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::runtime::watcher;
 use serde_json::json;
 use tensile_core::node::{CONDITION_LOWER_REACHABLE, REASON_LOWER_ERRORS, TAINT_LOWER_UNREACHABLE};
 use tensile_core::reach::{REASON_ERRORS, REASON_UNREACHABLE};
 use tensile_sim::env::TestEnv;
 use tensile_sim::env::errors::ErrorProxy;
+
+use crate::bench::spawn_watch;
 
 /// Flags of `tensile bench faults`.
 #[derive(Debug, clap::Args)]
@@ -168,13 +170,9 @@ fn watch_all(env: &TestEnv, seen: &Shared) -> Vec<tokio::task::JoinHandle<()>> {
     );
     let mut tasks = Vec::new();
     let s = seen.clone();
-    tasks.push(tokio::spawn(async move {
-        let api: Api<Pod> = Api::namespaced(lower, "default");
-        let mut events = watcher(api, watcher::Config::default())
-            .default_backoff()
-            .boxed();
-        while let Some(event) = events.next().await {
-            let Ok(event) = event else { continue };
+    tasks.push(spawn_watch(
+        Api::<Pod>::namespaced(lower, "default"),
+        move |event| {
             let Ok(mut s) = s.lock() else { return };
             match event {
                 watcher::Event::Apply(p) | watcher::Event::InitApply(p) => {
@@ -189,22 +187,17 @@ fn watch_all(env: &TestEnv, seen: &Shared) -> Vec<tokio::task::JoinHandle<()>> {
                 }
                 watcher::Event::Init | watcher::Event::InitDone => {}
             }
-        }
-    }));
+        },
+    ));
     let s = seen.clone();
-    let pods = upper.clone();
-    tasks.push(tokio::spawn(async move {
-        let api: Api<Pod> = Api::namespaced(pods, "default");
-        let mut events = watcher(api, watcher::Config::default())
-            .default_backoff()
-            .boxed();
-        while let Some(event) = events.next().await {
-            let Ok(event) = event else { continue };
+    tasks.push(spawn_watch(
+        Api::<Pod>::namespaced(upper.clone(), "default"),
+        move |event| {
             let Ok(mut s) = s.lock() else { return };
             match event {
                 watcher::Event::Apply(p) | watcher::Event::InitApply(p) => {
                     let Some(name) = p.metadata.name.clone() else {
-                        continue;
+                        return;
                     };
                     let phase = p.status.as_ref().and_then(|s| s.phase.as_deref());
                     if phase == Some("Running") {
@@ -224,54 +217,43 @@ fn watch_all(env: &TestEnv, seen: &Shared) -> Vec<tokio::task::JoinHandle<()>> {
                 }
                 watcher::Event::Init | watcher::Event::InitDone => {}
             }
+        },
+    ));
+    let s = seen.clone();
+    tasks.push(spawn_watch(Api::<Node>::all(upper.clone()), move |event| {
+        let (watcher::Event::Apply(n) | watcher::Event::InitApply(n)) = event else {
+            return;
+        };
+        if n.metadata.name.as_deref() != Some(NODE) {
+            return;
+        }
+        let (ok, unreachable) = healthy(&n);
+        let Ok(mut s) = s.lock() else { return };
+        if unreachable {
+            s.unreachable_seen.push(Instant::now());
+        }
+        if s.node_healthy.map(|(h, _)| h) != Some(ok) {
+            s.node_healthy = Some((ok, Instant::now()));
         }
     }));
     let s = seen.clone();
-    let nodes = upper.clone();
-    tasks.push(tokio::spawn(async move {
-        let api: Api<Node> = Api::all(nodes);
-        let mut events = watcher(api, watcher::Config::default())
-            .default_backoff()
-            .applied_objects()
-            .boxed();
-        while let Some(n) = events.next().await {
-            let Ok(n) = n else { continue };
-            if n.metadata.name.as_deref() != Some(NODE) {
-                continue;
-            }
-            let (ok, unreachable) = healthy(&n);
-            let Ok(mut s) = s.lock() else { return };
-            if unreachable {
-                s.unreachable_seen.push(Instant::now());
-            }
-            if s.node_healthy.map(|(h, _)| h) != Some(ok) {
-                s.node_healthy = Some((ok, Instant::now()));
-            }
+    tasks.push(spawn_watch(Api::<Event>::all(upper), move |event| {
+        let (watcher::Event::Apply(e) | watcher::Event::InitApply(e)) = event else {
+            return;
+        };
+        let reason = e.reason.as_deref().unwrap_or_default();
+        let Ok(mut s) = s.lock() else { return };
+        if e.involved_object.kind.as_deref() == Some("Node")
+            && e.involved_object.name.as_deref() == Some(NODE)
+            && (reason == REASON_UNREACHABLE || reason == REASON_ERRORS)
+        {
+            s.unreachable_events.push(Instant::now());
         }
-    }));
-    let s = seen.clone();
-    tasks.push(tokio::spawn(async move {
-        let api: Api<Event> = Api::all(upper);
-        let mut events = watcher(api, watcher::Config::default())
-            .default_backoff()
-            .applied_objects()
-            .boxed();
-        while let Some(e) = events.next().await {
-            let Ok(e) = e else { continue };
-            let reason = e.reason.as_deref().unwrap_or_default();
-            let Ok(mut s) = s.lock() else { return };
-            if e.involved_object.kind.as_deref() == Some("Node")
-                && e.involved_object.name.as_deref() == Some(NODE)
-                && (reason == REASON_UNREACHABLE || reason == REASON_ERRORS)
-            {
-                s.unreachable_events.push(Instant::now());
-            }
-            if e.involved_object.kind.as_deref() == Some("Pod")
-                && (reason == "Evicted" || reason == "TaintManagerEviction")
-            {
-                s.evictions
-                    .push(e.involved_object.name.clone().unwrap_or_default());
-            }
+        if e.involved_object.kind.as_deref() == Some("Pod")
+            && (reason == "Evicted" || reason == "TaintManagerEviction")
+        {
+            s.evictions
+                .push(e.involved_object.name.clone().unwrap_or_default());
         }
     }));
     tasks

@@ -299,36 +299,16 @@ async fn overcommitted(sandbox: &Sandbox) -> anyhow::Result<usize> {
     Ok(count)
 }
 
-/// A quantile (0..1) of one verb of `tensile_extender_request_seconds`, in ms: the upper bound
-/// of the bucket it falls in (the buckets double from 0.1 ms), None without calls.
-fn extender_quantile(metrics_text: &str, verb: &str, q: f64) -> Option<f64> {
-    let mut buckets: Vec<(f64, f64)> = Vec::new();
-    let label = format!("verb=\"{verb}\"");
-    for line in metrics_text.lines() {
-        let Some(rest) = line.strip_prefix("tensile_extender_request_seconds_bucket{") else {
-            continue;
-        };
-        if !rest.contains(&label) {
-            continue;
-        }
-        let le = rest.split("le=\"").nth(1)?.split('"').next()?;
-        let le = if le == "+Inf" {
-            f64::INFINITY
-        } else {
-            le.parse().ok()?
-        };
-        let count: f64 = line.rsplit(' ').next()?.parse().ok()?;
-        buckets.push((le, count));
-    }
-    buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
-    let total = buckets.last()?.1;
-    if total <= 0.0 {
-        return None;
-    }
-    buckets
-        .iter()
-        .find(|(_, c)| *c >= q * total)
-        .map(|(le, _)| le * 1000.0)
+/// A quantile (0..1) of one verb of `tensile_extender_request_seconds`, in ms, None without
+/// calls.
+fn extender_quantile(samples: &crate::bench::Samples, verb: &str, q: f64) -> Option<f64> {
+    crate::bench::histogram_quantile(
+        samples,
+        "tensile_extender_request_seconds",
+        &[("verb", verb)],
+        q,
+    )
+    .map(|s| s * 1000.0)
 }
 
 /// Peak resident memory of this process (`VmHWM`), Linux only.
@@ -419,6 +399,7 @@ async fn run_mode(mode: &str, args: &FragmentationArgs) -> anyhow::Result<Outcom
     let mut text = String::new();
     prometheus_client::encoding::text::encode(&mut text, &registry)
         .context("reading the extender's metrics")?;
+    let samples = crate::bench::parse_metrics(&text);
     let overcommitted = overcommitted(&sandbox).await?;
     let outcome = {
         let seen = seen
@@ -445,9 +426,9 @@ async fn run_mode(mode: &str, args: &FragmentationArgs) -> anyhow::Result<Outcom
             bound_per_s: seen.bound.len() as f64 / last_bound.max(1e-3),
             stranded: seen.stranded.len(),
             overcommitted,
-            extender_filter_p50_ms: extender_quantile(&text, "filter", 0.5),
-            extender_filter_p99_ms: extender_quantile(&text, "filter", 0.99),
-            extender_bind_p99_ms: extender_quantile(&text, "bind", 0.99),
+            extender_filter_p50_ms: extender_quantile(&samples, "filter", 0.5),
+            extender_filter_p99_ms: extender_quantile(&samples, "filter", 0.99),
+            extender_bind_p99_ms: extender_quantile(&samples, "bind", 0.99),
             descheduler_moves: descheduler_metrics.moves(),
             process_peak_rss_mib: peak_rss_mib(),
         }
@@ -476,7 +457,7 @@ pub async fn run(args: FragmentationArgs) -> anyhow::Result<()> {
     );
     println!();
     println!(
-        "| placement help | Running after {} s | time to all Running | bound/s | stranded | over-committed nodes | extender filter p50/p99, bind p99 (ms, bucket bound) | descheduler moves |",
+        "| placement help | Running after {} s | time to all Running | bound/s | stranded | over-committed nodes | extender filter p50/p99, bind p99 (ms) | descheduler moves |",
         args.window
     );
     println!("|---|---|---|---|---|---|---|---|");
@@ -530,16 +511,5 @@ mod tests {
         assert_eq!(plan[0].iter().filter(|(n, _)| n == "a").count(), 2);
         assert!((1740..=1750).contains(&on("a")), "{}", on("a"));
         assert!((15240..=15250).contains(&on("b")), "{}", on("b"));
-    }
-
-    #[test]
-    fn quantiles_come_from_the_extender_histogram() {
-        let text = "tensile_extender_request_seconds_bucket{verb=\"filter\",le=\"0.0001\"} 10\n\
-                    tensile_extender_request_seconds_bucket{verb=\"filter\",le=\"0.0002\"} 90\n\
-                    tensile_extender_request_seconds_bucket{verb=\"filter\",le=\"0.0004\"} 100\n\
-                    tensile_extender_request_seconds_bucket{verb=\"filter\",le=\"+Inf\"} 100\n";
-        assert_eq!(extender_quantile(text, "filter", 0.5), Some(0.2));
-        assert_eq!(extender_quantile(text, "filter", 0.99), Some(0.4));
-        assert_eq!(extender_quantile(text, "bind", 0.99), None);
     }
 }
