@@ -48,7 +48,18 @@ fn killing_the_leader_mid_burst_loses_duplicates_and_deletes_no_pod() {
 #[test]
 fn a_node_killed_mid_burst_and_restarted_at_once_resumes_and_loses_nothing() {
     let out = Command::new(env!("CARGO_BIN_EXE_tensile"))
-        .args(["bench", "failover", "--restart", "--pods", "100"])
+        // Killed once 10 lower pods exist (not the default half): on a fast simulator the
+        // creates in flight when the kill lands once finished all 100, leaving the restarted
+        // process no lower pod to create, so its first create could not be timed.
+        .args([
+            "bench",
+            "failover",
+            "--restart",
+            "--pods",
+            "100",
+            "--kill-after",
+            "10",
+        ])
         .output()
         .unwrap();
     let report = String::from_utf8_lossy(&out.stdout);
