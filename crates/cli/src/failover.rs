@@ -79,8 +79,9 @@ fn with<T>(seen: &Shared, f: impl FnOnce(&mut Seen) -> T) -> anyhow::Result<T> {
 /// One replica: `tensile virtual-node` with the README's flags; with `--leader-elect` when
 /// `pod` names the Deployment's pod it stands for (`POD_NAME`: two pods are two places, and
 /// the standby waits for the lease duration). Without, a process on this host.
-fn replica(
+pub(crate) fn replica(
     env: &TestEnv,
+    lower: &Path,
     log: &Path,
     kubelet_port: u16,
     metrics_port: u16,
@@ -96,7 +97,7 @@ fn replica(
     cmd.arg("--kubeconfig")
         .arg(&env.clusters[0].kubeconfig)
         .arg("--client-kubeconfig")
-        .arg(&env.clusters[1].kubeconfig)
+        .arg(lower)
         .args(["--kubelet-address", "127.0.0.1"])
         .arg(format!("--metrics-addr=127.0.0.1:{metrics_port}"))
         .env("KUBELET_PORT", kubelet_port.to_string())
@@ -111,10 +112,10 @@ fn replica(
 }
 
 /// Waits, up to `secs`, until `check` says yes; the replicas' logs are the error's detail.
-async fn wait_for(
+pub(crate) async fn wait_for(
     what: &str,
     secs: u64,
-    logs: &[PathBuf],
+    logs: &[impl AsRef<Path>],
     mut check: impl FnMut() -> anyhow::Result<bool>,
 ) -> anyhow::Result<()> {
     let deadline = Instant::now() + Duration::from_secs(secs);
@@ -126,6 +127,7 @@ async fn wait_for(
             let tails: Vec<String> = logs
                 .iter()
                 .map(|l| {
+                    let l = l.as_ref();
                     let text = std::fs::read_to_string(l).unwrap_or_default();
                     let lines: Vec<&str> = text.lines().collect();
                     format!(
@@ -263,7 +265,14 @@ pub async fn run(args: FailoverArgs) -> anyhow::Result<()> {
         Some("vk-a"),
     )
     .await?;
-    let mut b = replica(&env, &logs[1], ports[1], metrics_ports[1], Some("vk-b"))?;
+    let mut b = replica(
+        &env,
+        &env.clusters[1].kubeconfig,
+        &logs[1],
+        ports[1],
+        metrics_ports[1],
+        Some("vk-b"),
+    )?;
     let b_pid = b.id().context("replica b exited at once")?;
     wait_for("replica b to stand by", 60, &logs, || {
         Ok(std::fs::read_to_string(&logs[1])?.contains("standing by"))
@@ -436,7 +445,14 @@ async fn run_restart(args: FailoverArgs) -> anyhow::Result<()> {
     // A second live process with the same flags on this host is refused, before it serves or
     // writes anything.
     let second_log = env.dir().join("second.log");
-    let mut second = replica(&env, &second_log, port, metrics_port, None)?;
+    let mut second = replica(
+        &env,
+        &env.clusters[1].kubeconfig,
+        &second_log,
+        port,
+        metrics_port,
+        None,
+    )?;
     let status = tokio::time::timeout(Duration::from_secs(60), second.wait())
         .await
         .context("a second process for the node did not exit")?
@@ -459,7 +475,14 @@ async fn run_restart(args: FailoverArgs) -> anyhow::Result<()> {
             .into_iter()
             .filter_map(|p| p.metadata.name)
             .collect();
-    let mut b = replica(&env, &logs[1], port, metrics_port, None)?;
+    let mut b = replica(
+        &env,
+        &env.clusters[1].kubeconfig,
+        &logs[1],
+        port,
+        metrics_port,
+        None,
+    )?;
     let restarted = Instant::now();
     let b_pid = b.id().context("the restarted process exited at once")?;
     wait_for(
@@ -542,7 +565,14 @@ async fn holding_replica(
     (port, metrics_port): (u16, u16),
     pod_name: Option<&str>,
 ) -> anyhow::Result<tokio::process::Child> {
-    let child = replica(env, &logs[i], port, metrics_port, pod_name)?;
+    let child = replica(
+        env,
+        &env.clusters[1].kubeconfig,
+        &logs[i],
+        port,
+        metrics_port,
+        pod_name,
+    )?;
     let pid = child.id().context("the process exited at once")?;
     wait_for(
         "the process to hold the lease and register the node",

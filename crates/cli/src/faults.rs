@@ -14,7 +14,6 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -30,6 +29,7 @@ use tensile_sim::env::TestEnv;
 use tensile_sim::env::errors::ErrorProxy;
 
 use crate::bench::spawn_watch;
+use crate::failover::{replica, wait_for};
 
 /// Flags of `tensile bench faults`.
 #[derive(Debug, clap::Args)]
@@ -259,60 +259,6 @@ fn watch_all(env: &TestEnv, seen: &Shared) -> Vec<tokio::task::JoinHandle<()>> {
     tasks
 }
 
-/// `tensile virtual-node` with the README's flags (what the benchmark adds says where to
-/// listen), its lower kubeconfig `lower`.
-fn start_node(
-    env: &TestEnv,
-    lower: &Path,
-    log: &Path,
-    (kubelet_port, metrics_port): (u16, u16),
-) -> anyhow::Result<tokio::process::Child> {
-    let exe = std::env::current_exe().context("finding the tensile binary")?;
-    tokio::process::Command::new(exe)
-        .args(["virtual-node", "--nodename", NODE])
-        .arg("--kubeconfig")
-        .arg(&env.clusters[0].kubeconfig)
-        .arg("--client-kubeconfig")
-        .arg(lower)
-        .args(["--kubelet-address", "127.0.0.1"])
-        .arg(format!("--metrics-addr=127.0.0.1:{metrics_port}"))
-        .env("KUBELET_PORT", kubelet_port.to_string())
-        .env("VKUBELET_POD_IP", "127.0.0.1")
-        .env_remove("POD_NAME")
-        .env_remove("POD_NAMESPACE")
-        .env("RUST_LOG", "info")
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(log).with_context(|| format!("creating {}", log.display()))?)
-        .kill_on_drop(true)
-        .spawn()
-        .context("starting tensile virtual-node")
-}
-
-/// Waits, up to `secs`, until `check` says yes; the node's log tail is the error's detail.
-async fn wait_for(
-    what: &str,
-    secs: u64,
-    log: &Path,
-    mut check: impl FnMut() -> anyhow::Result<bool>,
-) -> anyhow::Result<()> {
-    let deadline = Instant::now() + Duration::from_secs(secs);
-    loop {
-        if check()? {
-            return Ok(());
-        }
-        if Instant::now() > deadline {
-            let text = std::fs::read_to_string(log).unwrap_or_default();
-            let lines: Vec<&str> = text.lines().collect();
-            bail!(
-                "timed out after {secs} s waiting for {what}\n--- {}\n{}",
-                log.display(),
-                lines[lines.len().saturating_sub(20)..].join("\n")
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
 /// One fault's measurements and findings.
 #[derive(Debug, serde::Serialize)]
 struct Outcome {
@@ -376,8 +322,16 @@ pub async fn run(args: FaultsArgs) -> anyhow::Result<()> {
         || env.clusters[1].kubeconfig.clone(),
         |e| e.kubeconfig().to_owned(),
     );
-    let mut node = start_node(&env, &lower_kubeconfig, &log, (free_port()?, free_port()?))?;
-    wait_for("the node to be Ready", 120, &log, || {
+    // The README's flags, its lower cluster through the fault proxies.
+    let mut node = replica(
+        &env,
+        &lower_kubeconfig,
+        &log,
+        free_port()?,
+        free_port()?,
+        None,
+    )?;
+    wait_for("the node to be Ready", 120, &[&log], || {
         if let Some(status) = node.try_wait()? {
             bail!("the virtual node exited: {status}");
         }
@@ -469,7 +423,7 @@ async fn one_fault(
     wait_for(
         &format!("{} lower pods before the fault", n / 2),
         300,
-        log,
+        &[log],
         || with(seen, |s| lower_count(s) >= n / 2),
     )
     .await?;
@@ -482,7 +436,7 @@ async fn one_fault(
         let _ = wait_for(
             "",
             until.saturating_duration_since(Instant::now()).as_secs(),
-            log,
+            &[log],
             || with(seen, |s| s.unreachable_seen.iter().any(|t| *t >= began)),
         )
         .await;
@@ -545,7 +499,7 @@ async fn one_fault(
     wait_for(
         &format!("all {n} upper pods Running after {}", fault.name()),
         args.timeout.as_secs(),
-        log,
+        &[log],
         || with(seen, |s| upper_running(s) >= n),
     )
     .await?;
@@ -563,7 +517,7 @@ async fn one_fault(
         .filter(|name| ours(name))
         .count();
     // The benchmark's own lower watch may still be catching up after a cut.
-    let _ = wait_for("the lower watch to catch up", 30, log, || {
+    let _ = wait_for("the lower watch to catch up", 30, &[log], || {
         with(seen, |s| lower_count(s) >= listed)
     })
     .await;
