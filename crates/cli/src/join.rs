@@ -46,9 +46,9 @@ const NODE_RBAC: &str = include_str!("../../../deploy/virtual-node/base/node-rba
 /// The image `deploy/kustomization.yaml` sets.
 const DEFAULT_IMAGE: &str = "ghcr.io/tensile-kube/tensile:0.1.0";
 
-/// Flags of `tensile join`.
+/// The two clusters `tensile join` and `tensile unjoin` work on, from the user's kubeconfig.
 #[derive(Debug, clap::Args)]
-pub struct JoinArgs {
+pub struct ClusterPair {
     /// Kubeconfig holding both contexts (default: `KUBECONFIG`, which may list several files,
     /// else `~/.kube/config`).
     #[arg(long)]
@@ -63,6 +63,13 @@ pub struct JoinArgs {
     /// Name of the lower cluster: the node is `vk-<name>`, labelled `clusterID=<name>`.
     #[arg(long)]
     name: String,
+}
+
+/// Flags of `tensile join`.
+#[derive(Debug, clap::Args)]
+pub struct JoinArgs {
+    #[command(flatten)]
+    clusters: ClusterPair,
     /// Image of the virtual node.
     #[arg(long, default_value = DEFAULT_IMAGE)]
     image: String,
@@ -82,21 +89,11 @@ pub struct JoinArgs {
     dry_run: bool,
 }
 
-/// Flags of `tensile unjoin`.
+/// Flags of `tensile unjoin`: the clusters and the name join was given.
 #[derive(Debug, clap::Args)]
 pub struct UnjoinArgs {
-    /// Kubeconfig holding both contexts (as for `tensile join`).
-    #[arg(long)]
-    kubeconfig: Option<PathBuf>,
-    /// Context of the upper cluster.
-    #[arg(long)]
-    upper_context: String,
-    /// Context of the lower cluster.
-    #[arg(long)]
-    lower_context: String,
-    /// Name the lower cluster was joined with.
-    #[arg(long)]
-    name: String,
+    #[command(flatten)]
+    clusters: ClusterPair,
 }
 
 fn parse_all(text: &str, what: &str) -> anyhow::Result<Vec<Value>> {
@@ -274,20 +271,23 @@ fn print_yaml(comment: &str, object: &Value) -> anyhow::Result<()> {
 /// `tensile join`.
 pub async fn run_join(args: JoinArgs) -> anyhow::Result<()> {
     let started = std::time::Instant::now();
-    plan::validate_name(&args.name)?;
-    let kubeconfig = load_kubeconfig(args.kubeconfig.as_ref())?;
-    let (context_server, ca) = server_of(&kubeconfig, &args.lower_context)?;
+    plan::validate_name(&args.clusters.name)?;
+    let kubeconfig = load_kubeconfig(args.clusters.kubeconfig.as_ref())?;
+    let (context_server, ca) = server_of(&kubeconfig, &args.clusters.lower_context)?;
     let server = args.lower_server.clone().unwrap_or(context_server);
-    let rendered = render_fixed(&args.name)?;
-    let lower_at = format!("lower {} (context {})", args.name, args.lower_context);
-    let upper_at = format!("upper (context {})", args.upper_context);
+    let rendered = render_fixed(&args.clusters.name)?;
+    let lower_at = format!(
+        "lower {} (context {})",
+        args.clusters.name, args.clusters.lower_context
+    );
+    let upper_at = format!("upper (context {})", args.clusters.upper_context);
 
     if args.dry_run {
         for o in &rendered.lower {
             print_yaml(&lower_at, o)?;
         }
         let kc = plan::kubeconfig(
-            &args.name,
+            &args.clusters.name,
             &server,
             ca.as_deref(),
             "<a TokenRequest token, issued when applied>",
@@ -299,17 +299,18 @@ pub async fn run_join(args: JoinArgs) -> anyhow::Result<()> {
             expires: 0,
         };
         let secret = plan::kubeconfig_secret(
-            &args.name,
+            &args.clusters.name,
             &serde_saphyr::to_string(&kc).context("writing the kubeconfig")?,
             &credential,
             "<when issued>",
             "<when it expires>",
         );
         print_yaml(&upper_at, &secret)?;
-        for o in rendered
-            .upper_rbac
-            .iter()
-            .chain(&render_node(&args.name, &args.image, None)?)
+        for o in
+            rendered
+                .upper_rbac
+                .iter()
+                .chain(&render_node(&args.clusters.name, &args.image, None)?)
         {
             print_yaml(&upper_at, o)?;
         }
@@ -317,15 +318,15 @@ pub async fn run_join(args: JoinArgs) -> anyhow::Result<()> {
             say!(
                 "---\n# {upper_at}: deployment kube-system/{} gets --cluster={n}=/etc/tensile/{n}/kubeconfig and Secret {} mounted",
                 plan::EXTENDER_DEPLOYMENT,
-                plan::secret_name(&args.name),
-                n = args.name
+                plan::secret_name(&args.clusters.name),
+                n = args.clusters.name
             );
         }
         return Ok(());
     }
 
-    let upper = client_of(&kubeconfig, &args.upper_context).await?;
-    let lower = client_of(&kubeconfig, &args.lower_context).await?;
+    let upper = client_of(&kubeconfig, &args.clusters.upper_context).await?;
+    let lower = client_of(&kubeconfig, &args.clusters.lower_context).await?;
     let mut changed = 0usize;
     for o in &rendered.lower {
         changed += usize::from(apply(&lower, &lower_at, o).await?);
@@ -338,7 +339,7 @@ pub async fn run_join(args: JoinArgs) -> anyhow::Result<()> {
         .with_context(|| format!("reading serviceaccount kube-system/tensile in {lower_at}"))?;
     let account_uid = account.metadata.uid.clone().unwrap_or_default();
     let secrets = Api::<Secret>::namespaced(upper.clone(), plan::NAMESPACE);
-    let secret_name = plan::secret_name(&args.name);
+    let secret_name = plan::secret_name(&args.clusters.name);
     let stored = secrets
         .get_opt(&secret_name)
         .await
@@ -367,7 +368,7 @@ pub async fn run_join(args: JoinArgs) -> anyhow::Result<()> {
             .with_context(|| format!("the TokenRequest in {lower_at} came back without a token"))?;
         // The server may shorten the life asked for: its answer is what counts.
         let expires = status.expiration_timestamp.0;
-        let kc = plan::kubeconfig(&args.name, &server, ca.as_deref(), &status.token);
+        let kc = plan::kubeconfig(&args.clusters.name, &server, ca.as_deref(), &status.token);
         let credential = StoredCredential {
             account_uid: account_uid.clone(),
             server: server.clone(),
@@ -375,7 +376,7 @@ pub async fn run_join(args: JoinArgs) -> anyhow::Result<()> {
             expires: expires.as_second(),
         };
         let mut secret = plan::kubeconfig_secret(
-            &args.name,
+            &args.clusters.name,
             &serde_saphyr::to_string(&kc).context("writing the kubeconfig")?,
             &credential,
             &now.to_string(),
@@ -409,12 +410,11 @@ pub async fn run_join(args: JoinArgs) -> anyhow::Result<()> {
         expires
     };
 
-    for o in
-        rendered
-            .upper_rbac
-            .iter()
-            .chain(&render_node(&args.name, &args.image, Some(&expires))?)
-    {
+    for o in rendered.upper_rbac.iter().chain(&render_node(
+        &args.clusters.name,
+        &args.image,
+        Some(&expires),
+    )?) {
         changed += usize::from(apply(&upper, &upper_at, o).await?);
     }
 
@@ -438,7 +438,7 @@ pub async fn run_join(args: JoinArgs) -> anyhow::Result<()> {
                 )
             })?;
         let mut value = serde_json::to_value(&current).context("the extender's Deployment")?;
-        match plan::register_with_extender(&mut value, &args.name) {
+        match plan::register_with_extender(&mut value, &args.clusters.name) {
             None => bail!(
                 "deployment kube-system/{} in {upper_at} has no container {}",
                 plan::EXTENDER_DEPLOYMENT,
@@ -447,7 +447,7 @@ pub async fn run_join(args: JoinArgs) -> anyhow::Result<()> {
             Some(false) => say!(
                 "{upper_at}: deployment kube-system/{} unchanged (already has {})",
                 plan::EXTENDER_DEPLOYMENT,
-                args.name
+                args.clusters.name
             ),
             Some(true) => {
                 // A read-modify-write under resourceVersion: the args list is atomic, so an
@@ -460,7 +460,7 @@ pub async fn run_join(args: JoinArgs) -> anyhow::Result<()> {
                     .with_context(|| {
                         format!(
                             "registering {} with the scheduler extender in {upper_at}",
-                            args.name
+                            args.clusters.name
                         )
                     })?;
                 say!(
@@ -473,12 +473,12 @@ pub async fn run_join(args: JoinArgs) -> anyhow::Result<()> {
     }
 
     if changed == 0 {
-        say!("{} was already joined: nothing changed", args.name);
+        say!("{} was already joined: nothing changed", args.clusters.name);
     } else {
         say!(
             "{} joined as node {} ({changed} changes in {:.1} s)",
-            args.name,
-            plan::node_name(&args.name),
+            args.clusters.name,
+            plan::node_name(&args.clusters.name),
             started.elapsed().as_secs_f64()
         );
     }
@@ -601,13 +601,16 @@ pub async fn run_unjoin(args: UnjoinArgs) -> anyhow::Result<()> {
     use k8s_openapi::api::coordination::v1::Lease;
     use k8s_openapi::api::core::v1::{Node, Pod};
 
-    plan::validate_name(&args.name)?;
-    let kubeconfig = load_kubeconfig(args.kubeconfig.as_ref())?;
-    let upper = client_of(&kubeconfig, &args.upper_context).await?;
-    let lower = client_of(&kubeconfig, &args.lower_context).await?;
-    let lower_at = format!("lower {} (context {})", args.name, args.lower_context);
-    let upper_at = format!("upper (context {})", args.upper_context);
-    let node = plan::node_name(&args.name);
+    plan::validate_name(&args.clusters.name)?;
+    let kubeconfig = load_kubeconfig(args.clusters.kubeconfig.as_ref())?;
+    let upper = client_of(&kubeconfig, &args.clusters.upper_context).await?;
+    let lower = client_of(&kubeconfig, &args.clusters.lower_context).await?;
+    let lower_at = format!(
+        "lower {} (context {})",
+        args.clusters.name, args.clusters.lower_context
+    );
+    let upper_at = format!("upper (context {})", args.clusters.upper_context);
+    let node = plan::node_name(&args.clusters.name);
     let mut deleted = 0usize;
 
     // Refuse while the node runs pods: unjoining would strand them.
@@ -630,13 +633,13 @@ pub async fn run_unjoin(args: UnjoinArgs) -> anyhow::Result<()> {
         );
     }
 
-    let rendered = render_fixed(&args.name)?;
+    let rendered = render_fixed(&args.clusters.name)?;
     // Upstairs: the node's Deployment first (its pods stop), then what the node registered,
     // then its Secret.
-    for o in render_node(&args.name, "", None)? {
+    for o in render_node(&args.clusters.name, "", None)? {
         deleted += usize::from(delete_ours(&upper, &upper_at, &o).await?);
     }
-    wait_node_pods_gone(&upper, &args.name, &upper_at).await?;
+    wait_node_pods_gone(&upper, &args.clusters.name, &upper_at).await?;
     deleted += usize::from(
         delete_if_present(
             &Api::<Node>::all(upper.clone()),
@@ -666,7 +669,7 @@ pub async fn run_unjoin(args: UnjoinArgs) -> anyhow::Result<()> {
         .await?,
     );
     let secret = serde_json::json!({"apiVersion": "v1", "kind": "Secret",
-        "metadata": {"name": plan::secret_name(&args.name), "namespace": plan::NAMESPACE}});
+        "metadata": {"name": plan::secret_name(&args.clusters.name), "namespace": plan::NAMESPACE}});
     deleted += usize::from(delete_ours(&upper, &upper_at, &secret).await?);
 
     // The extender forgets the cluster, when it was registered.
@@ -684,7 +687,7 @@ pub async fn run_unjoin(args: UnjoinArgs) -> anyhow::Result<()> {
         .with_context(|| format!("reading the scheduler extender in {upper_at}"))?
     {
         let mut value = serde_json::to_value(&current).context("the extender's Deployment")?;
-        if plan::unregister_from_extender(&mut value, &args.name) {
+        if plan::unregister_from_extender(&mut value, &args.clusters.name) {
             let object: DynamicObject =
                 serde_json::from_value(value).context("the extender's Deployment")?;
             deployments
@@ -693,7 +696,7 @@ pub async fn run_unjoin(args: UnjoinArgs) -> anyhow::Result<()> {
                 .with_context(|| {
                     format!(
                         "removing {} from the scheduler extender in {upper_at}",
-                        args.name
+                        args.clusters.name
                     )
                 })?;
             say!(
@@ -728,9 +731,12 @@ pub async fn run_unjoin(args: UnjoinArgs) -> anyhow::Result<()> {
         deleted += usize::from(delete_ours(&lower, &lower_at, o).await?);
     }
     if deleted == 0 {
-        say!("nothing of {} was found: it is not joined", args.name);
+        say!(
+            "nothing of {} was found: it is not joined",
+            args.clusters.name
+        );
     } else {
-        say!("{} unjoined", args.name);
+        say!("{} unjoined", args.clusters.name);
     }
     Ok(())
 }
