@@ -223,8 +223,9 @@ fn watch_pods(client: kube::Client, seen: Arc<Mutex<Observed>>) -> tokio::task::
 
 /// Creates the pods that already run downstairs, bound to their nodes.
 async fn fill_lower_clusters(sandbox: &Sandbox, plan: &[Vec<(String, i64)>]) -> anyhow::Result<()> {
-    for ((name, server, _), pods) in sandbox.lowers.iter().zip(plan) {
-        let api: Api<Pod> = Api::namespaced(server.client().await?, "default");
+    for (lower, pods) in sandbox.lowers.iter().zip(plan) {
+        let name = &lower.name;
+        let api: Api<Pod> = Api::namespaced(lower.client().await?, "default");
         let creates = pods.iter().enumerate().map(|(i, (node, millis))| {
             let api = api.clone();
             let pod = json!({
@@ -253,8 +254,8 @@ async fn fill_lower_clusters(sandbox: &Sandbox, plan: &[Vec<(String, i64)>]) -> 
 /// cluster, once, at the end of a run.
 async fn overcommitted(sandbox: &Sandbox) -> anyhow::Result<usize> {
     let mut count = 0;
-    for (name, server, _) in &sandbox.lowers {
-        let client = server.client().await?;
+    for lower in &sandbox.lowers {
+        let (name, client) = (&lower.name, lower.client().await?);
         let nodes = Api::<Node>::all(client.clone())
             .list(&ListParams::default())
             .await
@@ -344,6 +345,8 @@ async fn run_mode(mode: &str, args: &FragmentationArgs) -> anyhow::Result<Outcom
             }),
             extender,
             extender_metrics,
+            // On real control planes when the harness's variable names their binaries.
+            k8s_bin: tensile_sim::env::real::bin_dir(),
         },
         &|_| {},
     )

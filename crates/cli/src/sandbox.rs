@@ -4,6 +4,7 @@
 //! descheduler, the scheduler extender called by the upper scheduler. `tensile up`, the benchmarks and the end-to-end tests all start it here.
 
 use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -20,9 +21,10 @@ use tensile_placement::extender::{
 };
 use tensile_placement::serve::{ClientAuth, Server, tls_config_live};
 use tensile_placement::webhook::{Webhook, WebhookConfig};
-use tensile_sim::apiserver::ApiServer;
 use tensile_sim::apiserver::controllers::SchedulerExtender;
-use tensile_sim::kubelet::{SimKubelet, SimNode};
+use tensile_sim::apiserver::{ApiServer, KubeconfigEntry};
+use tensile_sim::env::real::{RealCluster, RealOptions};
+use tensile_sim::kubelet::{SimKubelet, SimKubeletConfig, SimNode};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
@@ -73,16 +75,191 @@ pub struct SandboxSpec {
     pub extender: bool,
     /// Where the extender counts its calls and reservations (benchmarks read them).
     pub extender_metrics: tensile_placement::metrics::ExtenderMetrics,
+    /// Real control planes (etcd, kube-apiserver, kube-controller-manager, kube-scheduler)
+    /// from the binaries in this folder instead of simulated API servers; the nodes stay
+    /// simulated.
+    pub k8s_bin: Option<PathBuf>,
+}
+
+/// What serves a sandbox cluster's API.
+enum Backend {
+    Sim(ApiServer),
+    /// Its processes are killed and its files removed when dropped.
+    Real(Box<RealCluster>),
+}
+
+/// One cluster of the sandbox: a simulated API server or a real control plane, and its
+/// simulated nodes.
+pub struct Cluster {
+    /// Its name (and kubeconfig context).
+    pub name: String,
+    /// Administrator credentials.
+    entry: KubeconfigEntry,
+    // Fields drop in order: what talks to the API server goes before it.
+    /// Stops the volume provisioner a real cluster with nodes needs (the simulator provisions
+    /// by itself).
+    _provisioner: Option<tokio_util::sync::DropGuard>,
+    kubelet: Option<SimKubelet>,
+    backend: Backend,
+}
+
+impl Cluster {
+    /// Where its API server serves.
+    pub fn url(&self) -> &str {
+        &self.entry.server
+    }
+
+    /// Whether a real control plane serves it.
+    pub fn is_real(&self) -> bool {
+        matches!(self.backend, Backend::Real(_))
+    }
+
+    /// The cluster as one kubeconfig context, administrator credentials.
+    pub fn kubeconfig_entry(&self, context: &str) -> KubeconfigEntry {
+        KubeconfigEntry {
+            context: context.to_owned(),
+            ..self.entry.clone()
+        }
+    }
+
+    /// A kubeconfig of the cluster with one context, administrator credentials.
+    pub fn kubeconfig(&self, context: &str) -> String {
+        tensile_sim::apiserver::kubeconfig(&[self.kubeconfig_entry(context)])
+    }
+
+    /// An administrator client.
+    pub async fn client(&self) -> Result<kube::Client, kube::Error> {
+        tensile_sim::apiserver::client_from_kubeconfig(&self.kubeconfig(&self.name)).await
+    }
+
+    /// Sets up the upper cluster's scheduler as docs/virtual-node.md asks, calling these
+    /// extenders: the simulated scheduler takes them at once (it never binds claims upstairs);
+    /// a real kube-scheduler is restarted with its `VolumeBinding` plugin off (claims are bound
+    /// downstairs) and the extenders, and waited for.
+    async fn set_upper_scheduler(&self, extenders: Vec<SchedulerExtender>) -> anyhow::Result<()> {
+        match &self.backend {
+            Backend::Sim(s) => s.set_scheduler_extenders(extenders),
+            Backend::Real(r) => {
+                let entries: Vec<Value> = extenders
+                    .iter()
+                    .map(SchedulerExtender::to_scheduler_config)
+                    .collect();
+                let config = json!({
+                    "profiles": [{"schedulerName": "default-scheduler",
+                        "plugins": {"multiPoint": {"disabled": [{"name": "VolumeBinding"}]}}}],
+                    "extenders": entries,
+                });
+                r.restart_scheduler(&config)
+                    .await
+                    .with_context(|| format!("restarting kube-scheduler of {}", self.name))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Stops its nodes and API server (a real control plane ends when the cluster is dropped).
+    fn stop(&self) {
+        if let Some(k) = &self.kubelet {
+            k.stop();
+        }
+        if let Backend::Sim(s) = &self.backend {
+            s.stop();
+        }
+    }
+}
+
+/// Where real control planes come from and keep their files.
+struct RealPlanes {
+    bin: PathBuf,
+    dir: PathBuf,
+    /// The address simulated nodes listen on: kube-apiserver refuses `nodes/proxy` (node
+    /// stats) to loopback, so a non-loopback one when this machine has it.
+    node_address: Option<std::net::Ipv4Addr>,
+}
+
+/// Starts one cluster: its API server on `listen`, its `nodes` (pod IPs
+/// `10.<pod_network_octet>.<node>.<n>`), the default StorageClass.
+async fn start_cluster(
+    name: &str,
+    listen: SocketAddr,
+    nodes: Vec<SimNode>,
+    pod_network_octet: u8,
+    real: Option<&RealPlanes>,
+) -> anyhow::Result<Cluster> {
+    let Some(real) = real else {
+        let (server, kubelet) =
+            crate::sim::start_cluster(name, listen, true, nodes, pod_network_octet).await?;
+        return Ok(Cluster {
+            name: name.to_owned(),
+            entry: server.kubeconfig_entry(name),
+            backend: Backend::Sim(server),
+            kubelet,
+            _provisioner: None,
+        });
+    };
+    // kube-apiserver would only say so in its log, after the wait for it ran out.
+    if listen.port() != 0 {
+        drop(std::net::TcpListener::bind(listen).with_context(|| {
+            format!(
+                "cluster {name}: {listen} is taken (is another `tensile up` running? choose \
+                 other ports with --port)"
+            )
+        })?);
+    }
+    let options = RealOptions {
+        api_listen: Some(listen),
+        ..RealOptions::default()
+    };
+    let cluster = tensile_sim::env::real::start_with(&real.bin, &real.dir, name, &options)
+        .await
+        .with_context(|| format!("starting the control plane of cluster {name} on {listen}"))?;
+    let mut entry = cluster.entry.clone();
+    entry.context = name.to_owned();
+    let client = tensile_sim::apiserver::client_from_kubeconfig(&cluster.kubeconfig)
+        .await
+        .with_context(|| format!("building a client for cluster {name}"))?;
+    crate::sim::default_storage_class(&client)
+        .await
+        .with_context(|| format!("creating the default StorageClass of cluster {name}"))?;
+    let (kubelet, provisioner) = if nodes.is_empty() {
+        (None, None)
+    } else {
+        let names: Vec<String> = nodes.iter().map(|n| n.name.clone()).collect();
+        let config = SimKubeletConfig {
+            nodes,
+            pod_network_octet,
+            address: real.node_address,
+            ..SimKubeletConfig::default()
+        };
+        let kubelet = SimKubelet::start(client.clone(), config)
+            .await
+            .with_context(|| format!("registering the simulated nodes of cluster {name}"))?;
+        tensile_sim::env::schedulable(&client, name, &names)
+            .await
+            .with_context(|| format!("waiting for the nodes of cluster {name}"))?;
+        let stop = CancellationToken::new();
+        tensile_sim::env::provisioner::start(client, stop.clone());
+        (Some(kubelet), Some(stop.drop_guard()))
+    };
+    Ok(Cluster {
+        name: name.to_owned(),
+        entry,
+        backend: Backend::Real(Box::new(cluster)),
+        kubelet,
+        _provisioner: provisioner,
+    })
 }
 
 /// A running sandbox; [`Sandbox::stop`] shuts it down.
 pub struct Sandbox {
     /// The upper cluster.
-    pub upper: ApiServer,
-    /// Lower clusters: name, API server, simulated nodes.
-    pub lowers: Vec<(String, ApiServer, Option<SimKubelet>)>,
+    pub upper: Cluster,
+    /// The lower clusters, `lower-1`, `lower-2`, ...
+    pub lowers: Vec<Cluster>,
     /// The virtual nodes, one per lower cluster, in order.
     pub virtual_nodes: Vec<String>,
+    /// Where real control planes keep their files and logs.
+    pub real_dir: Option<PathBuf>,
     stop: CancellationToken,
     handles: Vec<JoinHandle<()>>,
     _webhook: Option<Server>,
@@ -102,8 +279,35 @@ fn port_of(base: u16, index: usize) -> anyhow::Result<u16> {
 impl Sandbox {
     /// Starts everything, telling `progress` each step.
     pub async fn start(spec: SandboxSpec, progress: &dyn Fn(&str)) -> anyhow::Result<Self> {
+        let real = match &spec.k8s_bin {
+            None => None,
+            Some(bin) => {
+                let dir = std::env::temp_dir().join(format!("tensile-up-{}", std::process::id()));
+                std::fs::create_dir_all(&dir)
+                    .with_context(|| format!("creating {}", dir.display()))?;
+                let node_address = match tensile_sim::env::testhost::address() {
+                    Ok(a) => Some(a),
+                    Err(e) => {
+                        progress(&format!(
+                            "simulated nodes on loopback, so node stats are not available: {e}"
+                        ));
+                        None
+                    }
+                };
+                progress(&format!(
+                    "real control planes from {}, files and logs in {}",
+                    bin.display(),
+                    dir.display()
+                ));
+                Some(RealPlanes {
+                    bin: bin.clone(),
+                    dir,
+                    node_address,
+                })
+            }
+        };
         let listen = SocketAddr::new(spec.address, port_of(spec.port, 0)?);
-        let (upper, _) = crate::sim::start_cluster("upper", listen, true, Vec::new(), 244).await?;
+        let upper = start_cluster("upper", listen, Vec::new(), 244, real.as_ref()).await?;
         progress(&format!("upper cluster on {}", upper.url()));
         let mut lowers = Vec::new();
         for (i, nodes) in spec.lowers.iter().enumerate() {
@@ -112,21 +316,27 @@ impl Sandbox {
             let octet = u8::try_from(i + 1)
                 .map(|i| 243_u8.wrapping_add(i))
                 .unwrap_or(243);
-            let (server, kubelet) =
-                crate::sim::start_cluster(&name, listen, true, nodes.clone(), octet).await?;
+            let cluster = start_cluster(&name, listen, nodes.clone(), octet, real.as_ref()).await?;
             progress(&format!(
                 "{name} on {} with {} nodes",
-                server.url(),
+                cluster.url(),
                 nodes.len()
             ));
-            lowers.push((name, server, kubelet));
+            lowers.push(cluster);
         }
 
+        // A real upper API server refuses `nodes/proxy` (the virtual nodes' stats) to
+        // loopback: the virtual nodes serve where the simulated nodes do.
+        let kubelet_ip = real
+            .as_ref()
+            .and_then(|r| r.node_address)
+            .map_or(spec.address, IpAddr::V4);
         let stop = CancellationToken::new();
         let upper_text = upper.kubeconfig("upper");
         let mut handles = Vec::new();
         let mut virtual_nodes = Vec::new();
-        for (name, server, _) in &lowers {
+        for lower in &lowers {
+            let name = &lower.name;
             let node_name = format!("vk-{name}");
             let vn_args = crate::virtual_node::parse_args([
                 "--nodename",
@@ -136,7 +346,7 @@ impl Sandbox {
                 "--disable-taint",
             ])
             .context("virtual node flags")?;
-            let address = spec.address.to_string();
+            let address = kubelet_ip.to_string();
             let label = format!("clusterID: {name}");
             let env = move |key: &str| match key {
                 "VKUBELET_POD_IP" => Some(address.clone()),
@@ -146,9 +356,9 @@ impl Sandbox {
             let vn = crate::virtual_node::assemble(
                 &vn_args,
                 KubeconfigSource::Text(upper_text.clone()),
-                KubeconfigSource::Text(server.kubeconfig(name)),
+                KubeconfigSource::Text(lower.kubeconfig(name)),
                 &env,
-                Some(SocketAddr::new(spec.address, 0)),
+                Some(SocketAddr::new(kubelet_ip, 0)),
             )
             .await
             .with_context(|| format!("virtual node {node_name}"))?;
@@ -171,13 +381,13 @@ impl Sandbox {
         };
         if spec.extender {
             let mut clusters = Vec::new();
-            for (name, server, _) in &lowers {
+            for lower in &lowers {
                 clusters.push(LowerClusterClient {
-                    id: name.clone(),
-                    client: server
+                    id: lower.name.clone(),
+                    client: lower
                         .client()
                         .await
-                        .with_context(|| format!("{name} client"))?,
+                        .with_context(|| format!("{} client", lower.name))?,
                 });
             }
             // The upper scheduler authenticates as kube-scheduler does as shipped: a client
@@ -213,13 +423,17 @@ impl Sandbox {
             )
             .await
             .context("starting the scheduler extender")?;
-            upper.set_scheduler_extenders(shipped_extenders(
-                &format!("https://{}", running.addr),
-                &running.ca_pem,
-                &scheduler_cert,
-            )?);
+            upper
+                .set_upper_scheduler(shipped_extenders(
+                    &format!("https://{}", running.addr),
+                    &running.ca_pem,
+                    &scheduler_cert,
+                )?)
+                .await?;
             progress(&format!("scheduler extender on {}", running.addr));
             handles.push(running.handle);
+        } else if upper.is_real() {
+            upper.set_upper_scheduler(Vec::new()).await?;
         }
         if let Some(config) = spec.descheduler {
             let (client, stop) = (client.clone(), stop.clone());
@@ -234,6 +448,7 @@ impl Sandbox {
             upper,
             lowers,
             virtual_nodes,
+            real_dir: real.map(|r| r.dir),
             stop,
             handles,
             _webhook: webhook,
@@ -272,13 +487,17 @@ impl Sandbox {
         for h in self.handles {
             let _ = tokio::time::timeout(Duration::from_secs(5), h).await;
         }
-        for (_, server, kubelet) in &self.lowers {
-            if let Some(k) = kubelet {
-                k.stop();
-            }
-            server.stop();
+        for lower in &self.lowers {
+            lower.stop();
         }
         self.upper.stop();
+        // Real control planes are killed, and their files removed, here.
+        drop(self.lowers);
+        drop(self.upper);
+        if let Some(dir) = &self.real_dir {
+            // Only when empty: a control plane that failed keeps its logs there.
+            let _ = std::fs::remove_dir(dir);
+        }
     }
 }
 
@@ -401,6 +620,7 @@ mod tests {
                 descheduler: Some(descheduler),
                 extender: false,
                 extender_metrics: Default::default(),
+                k8s_bin: None,
             },
             &|_| {},
         )

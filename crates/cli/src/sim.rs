@@ -111,7 +111,7 @@ pub(crate) async fn start_cluster(
 
 /// The StorageClass every sandbox cluster has, like kind's `standard`: volumes provisioned on
 /// the pod's node when it is scheduled (`WaitForFirstConsumer`), deleted with their claim.
-async fn default_storage_class(client: &kube::Client) -> Result<(), kube::Error> {
+pub(crate) async fn default_storage_class(client: &kube::Client) -> Result<(), kube::Error> {
     let class: k8s_openapi::api::storage::v1::StorageClass =
         serde_json::from_value(serde_json::json!({
             "metadata": {"name": STORAGE_CLASS,

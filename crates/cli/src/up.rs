@@ -38,6 +38,11 @@ pub struct UpArgs {
     /// No live table: print the summary, then the table each time it changes.
     #[arg(long)]
     no_table: bool,
+    /// Run every cluster on real control planes: etcd, kube-apiserver,
+    /// kube-controller-manager and kube-scheduler from this folder (`scripts/k8s-bin` builds
+    /// them); the nodes stay simulated. Without it the API servers are simulated.
+    #[arg(long, env = "TENSILE_K8S_BIN", value_name = "DIR")]
+    k8s_bin: Option<PathBuf>,
 }
 
 /// One simulated node's size.
@@ -136,6 +141,7 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
         descheduler: Some(DeschedulerConfig::default()),
         extender: true,
         extender_metrics: Default::default(),
+        k8s_bin: args.k8s_bin.clone().filter(|d| !d.as_os_str().is_empty()),
     };
     let sandbox = Sandbox::start(spec, &|line| progress(line, started))
         .await
@@ -143,7 +149,7 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
     let (upper, lowers, virtual_nodes) = (&sandbox.upper, &sandbox.lowers, &sandbox.virtual_nodes);
 
     let mut entries = vec![upper.kubeconfig_entry("upper")];
-    entries.extend(lowers.iter().map(|(n, s, _)| s.kubeconfig_entry(n)));
+    entries.extend(lowers.iter().map(|l| l.kubeconfig_entry(&l.name)));
     // It holds administrator credentials.
     tensile_sim::secret_file::write_secret(&kubeconfig_path, kubeconfig(&entries))
         .with_context(|| format!("writing the kubeconfig to {}", kubeconfig_path.display()))?;
@@ -156,12 +162,15 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
     let upper_client = upper.client().await.context("upper cluster client")?;
     let upper_caches = ClusterCaches::start(&upper_client, true, &stop);
     let mut lower_caches = Vec::new();
-    for (name, server, _) in lowers {
-        let client = server
+    for lower in lowers {
+        let client = lower
             .client()
             .await
-            .with_context(|| format!("{name} client"))?;
-        lower_caches.push((name.clone(), ClusterCaches::start(&client, false, &stop)));
+            .with_context(|| format!("{} client", lower.name))?;
+        lower_caches.push((
+            lower.name.clone(),
+            ClusterCaches::start(&client, false, &stop),
+        ));
     }
     sandbox.wait_ready(Duration::from_secs(30)).await?;
     progress(
@@ -169,7 +178,7 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
         started,
     );
 
-    let header = header(upper, lowers, virtual_nodes, &kubeconfig_path, started);
+    let header = header(&sandbox, &kubeconfig_path, started);
     let mut out = std::io::stdout().lock();
     writeln!(out, "{header}")?;
     out.flush()?;
@@ -191,25 +200,24 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn header(
-    upper: &tensile_sim::apiserver::ApiServer,
-    lowers: &[(
-        String,
-        tensile_sim::apiserver::ApiServer,
-        Option<tensile_sim::kubelet::SimKubelet>,
-    )],
-    virtual_nodes: &[String],
-    kubeconfig: &Path,
-    started: Instant,
-) -> String {
+fn header(sandbox: &Sandbox, kubeconfig: &Path, started: Instant) -> String {
+    let (upper, lowers, virtual_nodes) = (&sandbox.upper, &sandbox.lowers, &sandbox.virtual_nodes);
     let k = kubeconfig.display();
     let mut h = format!(
         "tensile up: ready in {:.1} s. Ctrl-C stops everything.\n  upper    {}  (context upper, the current one)\n",
         started.elapsed().as_secs_f64(),
         upper.url()
     );
-    for (name, server, _) in lowers {
-        let _ = writeln!(h, "  {name}  {}  (context {name})", server.url());
+    for lower in lowers {
+        let name = &lower.name;
+        let _ = writeln!(h, "  {name}  {}  (context {name})", lower.url());
+    }
+    if let Some(dir) = &sandbox.real_dir {
+        let _ = writeln!(
+            h,
+            "  real control planes (kube-apiserver, etcd, ...); their logs: {}",
+            dir.display()
+        );
     }
     let _ = write!(
         h,

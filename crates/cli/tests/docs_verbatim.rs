@@ -379,16 +379,23 @@ fn the_docs_commands_are_parsed_with_their_heredocs_and_background_jobs() {
 
 /// `tensile up` as the README starts it (`cargo run -p tensile-cli -- up`, with the binary
 /// cargo built for the test), in `dir`, where the commands then run (so
-/// `./tensile-up.kubeconfig` is where they look); ready when it says so.
-fn tensile_up(dir: &Path) -> Killed {
+/// `./tensile-up.kubeconfig` is where they look); ready when it says so. With `k8s_bin`, as
+/// docs/sandbox.md starts it on real control planes (`--k8s-bin`); without, simulated whatever
+/// the environment says.
+fn tensile_up(dir: &Path, k8s_bin: Option<&Path>) -> Killed {
     let readme = repo_file("README.md");
     assert!(readme.contains("cargo run -p tensile-cli -- up\n"));
-    let (up, out) = common::spawn_collecting(
-        Command::new(env!("CARGO_BIN_EXE_tensile"))
-            .arg("up")
-            .current_dir(dir)
-            .env("RUST_LOG", "warn"),
-    );
+    let mut command = Command::new(env!("CARGO_BIN_EXE_tensile"));
+    command
+        .arg("up")
+        .current_dir(dir)
+        .env("RUST_LOG", "warn")
+        .env_remove(tensile_sim::env::real::BIN_ENV);
+    if let Some(bin) = k8s_bin {
+        assert!(repo_file("docs/sandbox.md").contains("tensile-cli -- up --k8s-bin"));
+        command.arg("--k8s-bin").arg(bin);
+    }
+    let (up, out) = common::spawn_collecting(&mut command);
     common::until("tensile up to be ready", || {
         out.lock().unwrap().contains("ready in")
     });
@@ -608,18 +615,11 @@ const RUN_SPECIFIC: &[&str] = &[
 const DRAIN: &str = "N=$($K get pod -l app=api -o jsonpath='{.items[0].spec.nodeName}'); \
     $K drain $N --pod-selector=app=api --timeout=2m && $K uncordon $N";
 
-/// One test, as both runs use the README's fixed ports (7443.., 8080).
-#[test]
-fn the_docs_run_verbatim_on_tensile_up_and_give_the_same_shapes_on_clusters_of_the_binaries() {
-    let up_dir = fresh_dir("shape-up");
-    let up = tensile_up(&up_dir);
-    let sandbox = run_docs(&up_dir);
-    drop(up);
-    let dir = fresh_dir("shape-stack");
-    let (runtime, env, virtual_nodes) = stack(&dir);
-    let built = run_docs(&dir);
+/// The shapes in which two runs of the docs differ, but for the outputs that differ by
+/// design.
+fn differences(a_name: &str, a: &[(String, String)], b: &[(String, String)]) -> String {
     let mut report = String::new();
-    for ((command, a), (_, b)) in sandbox.iter().zip(&built) {
+    for ((command, a), (_, b)) in a.iter().zip(b) {
         if PLACEMENT_DEPENDENT.contains(&command.as_str())
             || RUN_SPECIFIC.contains(&command.as_str())
         {
@@ -628,14 +628,41 @@ fn the_docs_run_verbatim_on_tensile_up_and_give_the_same_shapes_on_clusters_of_t
         let (a, b) = (shape(a), shape(b));
         if a != b {
             report.push_str(&format!(
-                "`{command}`:\n  tensile up: {a}\n  binaries:   {b}\n"
+                "`{command}`:\n  {a_name}: {a}\n  binaries:   {b}\n"
             ));
         }
+    }
+    report
+}
+
+/// One test, as every run uses the README's fixed ports (7443.., 8080). In the `real` profile
+/// the docs also run on `tensile up --k8s-bin` (real control planes, simulated nodes), and
+/// both sandboxes are compared with the clusters of the binaries.
+#[test]
+fn the_docs_run_verbatim_on_tensile_up_and_give_the_same_shapes_on_clusters_of_the_binaries() {
+    let up_dir = fresh_dir("shape-up");
+    let up = tensile_up(&up_dir, None);
+    let sandbox = run_docs(&up_dir);
+    drop(up);
+    let real_up = tensile_sim::env::real::bin_dir().map(|bin| {
+        let dir = fresh_dir("shape-up-real");
+        let up = tensile_up(&dir, Some(&bin));
+        let outputs = run_docs(&dir);
+        drop(up);
+        let _ = std::fs::remove_dir_all(&dir);
+        outputs
+    });
+    let dir = fresh_dir("shape-stack");
+    let (runtime, env, virtual_nodes) = stack(&dir);
+    let built = run_docs(&dir);
+    let mut report = differences("tensile up", &sandbox, &built);
+    if let Some(real_up) = &real_up {
+        report += &differences("tensile up --k8s-bin", real_up, &built);
     }
     drop(virtual_nodes);
     drop(env);
     drop(runtime);
     let _ = std::fs::remove_dir_all(&up_dir);
     let _ = std::fs::remove_dir_all(&dir);
-    assert!(report.is_empty(), "the two runs differ in shape:\n{report}");
+    assert!(report.is_empty(), "the runs differ in shape:\n{report}");
 }

@@ -5,7 +5,7 @@
 
 pub mod errors;
 pub mod faults;
-mod provisioner;
+pub mod provisioner;
 pub mod real;
 pub mod testhost;
 
@@ -475,6 +475,7 @@ impl TestEnv {
                         // A grace the test chose is given to the real controller too.
                         node_grace: (node_grace != default_grace).then_some(node_grace),
                         signing_duration: spec.certificate_duration,
+                        api_listen: None,
                     };
                     let real = real::start_with(bin, &env.dir, &cluster, &options)
                         .await
@@ -577,7 +578,7 @@ const UNTRUSTED_NODE_TAINTS: [&str; 3] = [
 /// Waits until every node in `names` is Ready and carries none of the taints Kubernetes puts on
 /// nodes it does not trust yet (`node.kubernetes.io/not-ready` and friends, which a real node
 /// lifecycle controller removes only once it has seen the node Ready).
-async fn schedulable(
+pub async fn schedulable(
     client: &kube::Client,
     cluster: &str,
     names: &[String],

@@ -220,6 +220,9 @@ pub struct RealOptions {
     /// kube-controller-manager's `--cluster-signing-duration` (the life of the certificates
     /// it signs for CertificateSigningRequests); its default (a year) when unset.
     pub signing_duration: Option<Duration>,
+    /// Where kube-apiserver listens (its serving certificate names that address too); a free
+    /// port on 127.0.0.1 when unset. Port 0: a free port on that address.
+    pub api_listen: Option<std::net::SocketAddr>,
 }
 
 /// Starts etcd, kube-apiserver, kube-controller-manager and kube-scheduler for `cluster` in a
@@ -254,9 +257,13 @@ pub async fn start_with(
         source,
     })?;
     let ca = Ca::new(&format!("{cluster}-ca"))?;
+    let api_ip = options
+        .api_listen
+        .map_or(std::net::IpAddr::from([127, 0, 0, 1]), |a| a.ip());
     let serving = ca.issue_server(
         "kube-apiserver",
         &[
+            api_ip.to_string(),
             "127.0.0.1".into(),
             "localhost".into(),
             "10.96.0.1".into(),
@@ -295,8 +302,13 @@ pub async fn start_with(
          - level: Metadata\n    userGroups: [\"system:nodes\"]\n  - level: None\n",
     )?;
     let audit_log = dir.join(AUDIT_LOG);
-    let (etcd_port, peer_port, api_port) = (free_port()?, free_port()?, free_port()?);
-    let server = format!("https://127.0.0.1:{api_port}");
+    let api_port = match options.api_listen.map(|a| a.port()) {
+        Some(port) if port != 0 => port,
+        _ => free_port()?,
+    };
+    let (etcd_port, peer_port) = (free_port()?, free_port()?);
+    let api_addr = std::net::SocketAddr::new(api_ip, api_port);
+    let server = format!("https://{api_addr}");
     let entry = KubeconfigEntry {
         context: cluster.to_owned(),
         server: server.clone(),
@@ -313,7 +325,7 @@ pub async fn start_with(
     let mut cluster_handle = RealCluster {
         kubeconfig: config.clone(),
         entry,
-        api_addr: std::net::SocketAddr::from(([127, 0, 0, 1], api_port)),
+        api_addr,
         ca_pem: ca.cert_pem().to_owned(),
         children: std::sync::Mutex::new(Vec::new()),
         scheduler: None,
@@ -348,8 +360,17 @@ pub async fn start_with(
     let apiserver_args = vec![
         format!("--etcd-servers={etcd_url}"),
         format!("--secure-port={api_port}"),
-        "--bind-address=127.0.0.1".into(),
-        "--advertise-address=127.0.0.1".into(),
+        format!("--bind-address={api_ip}"),
+        // An address to bind to may be "any"; the one advertised (to the cluster's own
+        // endpoints) must be one address.
+        format!(
+            "--advertise-address={}",
+            if api_ip.is_unspecified() {
+                std::net::IpAddr::from([127, 0, 0, 1])
+            } else {
+                api_ip
+            }
+        ),
         format!("--tls-cert-file={}", s(&tls_crt)),
         format!("--tls-private-key-file={}", s(&tls_key)),
         format!("--client-ca-file={}", s(&ca_crt)),
@@ -398,7 +419,7 @@ pub async fn start_with(
     });
     // kube-controller-manager gives up (and exits) when the API server is not healthy within
     // its own short wait, which a busy machine can exceed: it starts once /readyz answers.
-    if let Err(e) = wait_ready(&config, cluster, &dir, false).await {
+    if let Err(e) = wait_ready(&config, api_addr, cluster, &dir, false).await {
         cluster_handle.keep_files = true;
         return Err(e);
     }
@@ -442,7 +463,7 @@ pub async fn start_with(
         index: children.len() - 1,
     });
 
-    if let Err(e) = wait_ready(&config, cluster, &dir, true).await {
+    if let Err(e) = wait_ready(&config, api_addr, cluster, &dir, true).await {
         cluster_handle.keep_files = true;
         return Err(e);
     }
@@ -740,7 +761,14 @@ impl RealCluster {
 
     /// Waits until kube-apiserver answers /readyz (its storage reachable).
     pub async fn wait_serving(&self) -> Result<(), RealError> {
-        wait_ready(&self.kubeconfig, &self.entry.context, &self.dir, false).await
+        wait_ready(
+            &self.kubeconfig,
+            self.api_addr,
+            &self.entry.context,
+            &self.dir,
+            false,
+        )
+        .await
     }
 }
 
@@ -753,20 +781,14 @@ const READY_SECONDS: u64 = 120;
 async fn wait_scheduling(port: u16, cluster: &str, dir: &Path) -> Result<(), RealError> {
     let seconds = READY_SECONDS;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(seconds);
-    let client = format!("https://127.0.0.1:{port}")
-        .parse::<http::Uri>()
-        .ok()
-        .map(|uri| {
-            let mut config = kube::Config::new(uri);
-            config.accept_invalid_certs = true;
-            config
-        })
-        .and_then(|c| kube::Client::try_from(c).ok());
+    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
     loop {
-        if let Some(client) = &client
-            && let Ok(req) = http::Request::get("/readyz").body(Vec::new())
-            && client.request_text(req).await.is_ok()
-        {
+        let answer = super::https_exchange_unverified(
+            addr,
+            b"GET /readyz HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n",
+        )
+        .await;
+        if answer.is_ok_and(|a| a.starts_with("HTTP/1.1 200")) {
             return Ok(());
         }
         if tokio::time::Instant::now() >= deadline {
@@ -784,6 +806,7 @@ async fn wait_scheduling(port: u16, cluster: &str, dir: &Path) -> Result<(), Rea
 /// ServiceAccount exists (kube-controller-manager runs: pods can be created).
 async fn wait_ready(
     config: &str,
+    addr: std::net::SocketAddr,
     cluster: &str,
     dir: &Path,
     service_account: bool,
@@ -797,6 +820,20 @@ async fn wait_ready(
     };
     let kubeconfig = kube::config::Kubeconfig::from_yaml(config).map_err(|_| not_ready())?;
     loop {
+        // First without a client: kube-client logs every failed request as an ERROR, which
+        // a starting API server answers many of (`tensile up` shows its log).
+        let probe = super::https_exchange_unverified(
+            addr,
+            b"GET /readyz HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n",
+        )
+        .await;
+        if !probe.is_ok_and(|answer| answer.starts_with("HTTP/1.1 200")) {
+            if tokio::time::Instant::now() >= deadline {
+                return Err(not_ready());
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+            continue;
+        }
         let client =
             match kube::Config::from_custom_kubeconfig(kubeconfig.clone(), &Default::default())
                 .await
