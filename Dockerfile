@@ -7,7 +7,8 @@ WORKDIR /src
 COPY Cargo.toml Cargo.lock rustfmt.toml clippy.toml ./
 COPY crates crates
 COPY deploy deploy
-RUN cargo build --release --locked -p tensile-cli \
+# Without the sandbox (`tensile up`, `sim`, `bench`): no simulator in the image.
+RUN cargo build --release --locked -p tensile-cli --no-default-features \
  && install -D target/release/tensile /out/tensile
 
 # glibc, CA certificates, nothing else; the binary links only libc (TLS is rustls).

@@ -1,18 +1,26 @@
 //! `tensile`: every component of tensile-kube as a subcommand of one binary.
 #![forbid(unsafe_code)]
 
+#[cfg(feature = "sandbox")]
 mod bench;
 mod common;
 mod descheduler;
+#[cfg(feature = "sandbox")]
 mod failover;
+#[cfg(feature = "sandbox")]
 mod faults;
+#[cfg(feature = "sandbox")]
 mod fragmentation;
+#[cfg(feature = "sandbox")]
 mod hostile;
 mod join;
+#[cfg(feature = "sandbox")]
 mod sandbox;
 mod scheduler;
+#[cfg(feature = "sandbox")]
 mod sim;
 mod status;
+#[cfg(feature = "sandbox")]
 mod up;
 mod virtual_node;
 mod webhook;
@@ -34,12 +42,15 @@ struct Cli {
 enum Command {
     /// The sandbox: an upper and lower clusters in this process, a virtual node for each lower
     /// cluster, one kubeconfig, a live status table.
+    #[cfg(feature = "sandbox")]
     Up(up::UpArgs),
     /// The status table (virtual nodes, pods, recent events) of an upper cluster.
     Status(status::StatusArgs),
     /// Run one simulated cluster (embedded API server) in the foreground.
+    #[cfg(feature = "sandbox")]
     Sim(sim::SimArgs),
     /// Benchmarks (`tensile bench offload`).
+    #[cfg(feature = "sandbox")]
     Bench(bench::BenchArgs),
     /// Register a lower cluster as one node of the upper cluster and run its pods there.
     VirtualNode(Box<virtual_node::VirtualNodeArgs>),
@@ -127,9 +138,12 @@ fn run(command: Command) -> anyhow::Result<()> {
         .build()?;
     runtime.block_on(async {
         match command {
+            #[cfg(feature = "sandbox")]
             Command::Up(args) => up::run(args).await,
             Command::Status(args) => status::run(args).await,
+            #[cfg(feature = "sandbox")]
             Command::Sim(args) => sim::run(args).await,
+            #[cfg(feature = "sandbox")]
             Command::Bench(args) => bench::run(args).await,
             Command::VirtualNode(args) => virtual_node::run(*args).await,
             Command::Webhook(args) => webhook::run(*args).await,

@@ -623,6 +623,7 @@ fn review_ttls(args: &VirtualNodeArgs) -> anyhow::Result<tensile_core::guard::Re
 }
 
 /// `args` read as the command line of `tensile virtual-node` (its environment defaults apply).
+#[cfg(any(test, feature = "sandbox"))]
 pub(crate) fn parse_args<'a>(
     args: impl IntoIterator<Item = &'a str>,
 ) -> Result<VirtualNodeArgs, clap::Error> {

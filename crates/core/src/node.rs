@@ -12,11 +12,13 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 
 use crate::keys::{
     EFFECT_NO_EXECUTE, EFFECT_NO_SCHEDULE, EFFECT_PREFER_NO_SCHEDULE, LABEL_ARCH, LABEL_HOSTNAME,
-    LABEL_NODE_TYPE, LABEL_OS, LABEL_OS_BETA, TAINT_VIRTUAL_KUBELET, TAINT_VIRTUAL_KUBELET_VALUE,
-    VALUE_NODE_TYPE_VIRTUAL,
+    LABEL_NODE_TYPE, LABEL_OS, LABEL_OS_BETA, RESOURCE_VIRTUAL_POD, TAINT_VIRTUAL_KUBELET,
+    TAINT_VIRTUAL_KUBELET_VALUE, VALUE_NODE_TYPE_VIRTUAL,
 };
 use crate::quantity::format_quantity;
-use crate::resources::{ResourceVector, format_for_resource, node_status_quantities};
+use crate::resources::{
+    RESOURCE_PODS, ResourceVector, format_for_resource, node_status_quantities,
+};
 
 /// Annotation prefix of the largest pod a single lower node fits, per resource
 /// (`tensile-kube.io/largest-pod-cpu: "3500m"`), for schedulers that look before they bind.
@@ -386,7 +388,15 @@ pub fn virtual_node(
             address: ip.clone(),
         });
     }
-    let quantities = node_status_quantities(capacity);
+    let mut quantities = node_status_quantities(capacity);
+    // Every pod the webhook mutates asks for one of the extender's marker resource, which
+    // kube-scheduler's resource fit counts unless its configuration lists the extender
+    // (`ignoredByScheduler`). Offering as many as the node takes pods lets virtual pods onto
+    // virtual nodes without that configuration too (and onto no ordinary node, which would
+    // run them without the constraints the webhook moved into `clusterSelector`).
+    if let Some(pods) = quantities.get(RESOURCE_PODS).cloned() {
+        quantities.insert(RESOURCE_VIRTUAL_POD.to_owned(), pods);
+    }
     Node {
         metadata: ObjectMeta {
             name: Some(id.name.clone()),
@@ -683,6 +693,11 @@ mod tests {
         assert_eq!(s.capacity, s.allocatable);
         assert_eq!(s.capacity.as_ref().unwrap()["memory"].0, "64Gi");
         assert_eq!(s.capacity.as_ref().unwrap()["pods"].0, "0");
+        // The extender's marker: as many as pods.
+        assert_eq!(
+            s.capacity.as_ref().unwrap()["tensile-kube.io/virtual-pod"].0,
+            "0"
+        );
         let a = n.metadata.annotations.unwrap();
         assert_eq!(a["tensile-kube.io/largest-pod-cpu"], "3500m");
         assert_eq!(a["tensile-kube.io/largest-pod-nvidia.com_gpu"], "2");

@@ -14,11 +14,9 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Node, PodSpec, Taint};
 use serde_json::{Value, json};
-use tensile_core::fit::{NodeView, PodConstraints, untolerated_taints};
 use tensile_core::keys::{
     EFFECT_NO_EXECUTE, TAINT_NOT_READY, TAINT_UNREACHABLE, TAINT_UNSCHEDULABLE,
 };
-use tensile_core::resources::ResourceVector;
 use tokio_util::sync::CancellationToken;
 
 use super::super::State;
@@ -26,6 +24,7 @@ use super::super::meta;
 use super::super::resources::ids;
 use super::super::rest::DeleteOptions;
 use super::super::store::{Event, ObjKey};
+use super::fit;
 use super::replicaset::{is_ready, owned_pods};
 use super::{
     Reconciler, all_keys, changed_owners, create, delete, modify, pod_from_template, run_loop,
@@ -78,31 +77,15 @@ fn with_daemon_tolerations(spec: &Value) -> Vec<Value> {
 /// tolerations added), and whether one already there may keep running (only `NoExecute`
 /// taints evict): the real controller's `NodeShouldRunDaemonPod`.
 fn should_run(spec: &PodSpec, node: &Node) -> (bool, bool) {
-    let empty = BTreeMap::new();
-    let labels = node.metadata.labels.as_ref().unwrap_or(&empty);
     let taints: &[Taint] = node
         .spec
         .as_ref()
         .and_then(|s| s.taints.as_deref())
         .unwrap_or_default();
-    let free = ResourceVector::default();
-    let view = NodeView {
-        name: node.metadata.name.as_deref().unwrap_or_default(),
-        labels,
-        taints,
-        // Daemon pods tolerate cordoned nodes.
-        unschedulable: false,
-        free: &free,
-    };
-    let constraints = PodConstraints::from_spec(spec);
-    let placement_fits = constraints
-        .check(&NodeView {
-            taints: &[],
-            ..view
-        })
-        .is_empty();
+    // Daemon pods tolerate cordoned nodes, and need no room.
+    let placement_fits = fit::affinity_admits(spec, &fit::NodeFacts::of(node));
     let tolerations = spec.tolerations.as_deref().unwrap_or_default();
-    let untolerated = untolerated_taints(taints, tolerations);
+    let untolerated = fit::untolerated(taints, tolerations);
     let run = placement_fits && untolerated.is_empty();
     let keep = placement_fits && !untolerated.iter().any(|t| t.effect == EFFECT_NO_EXECUTE);
     (run, keep)

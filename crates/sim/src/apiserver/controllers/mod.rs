@@ -38,6 +38,7 @@ mod daemonset;
 mod deployment;
 mod disruption;
 mod endpoints;
+mod fit;
 mod gc;
 mod job;
 mod namespace;

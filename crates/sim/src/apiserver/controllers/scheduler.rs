@@ -1,6 +1,6 @@
-//! The scheduler: binds pending pods to nodes where they fit, with `crates/core`'s fit
-//! predicates over a live capacity model (never a re-list), preferring the node with the most
-//! free room; pods that fit nowhere get `PodScheduled=False/Unschedulable` with
+//! The scheduler: binds pending pods to nodes where they fit, by its own simple rules
+//! ([`super::fit`], not `crates/core`'s, which the extender uses) over a live count of each
+//! node's room (never a re-list), preferring the least allocated node; pods that fit nowhere get `PodScheduled=False/Unschedulable` with
 //! kube-scheduler's message and are retried when the cluster changes. Like kube-scheduler it
 //! records a `Scheduled` event on binding and a `FailedScheduling` warning when the reason a
 //! pod cannot be placed changes.
@@ -11,15 +11,13 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Node, Pod};
 use serde_json::{Value, json};
-use tensile_core::capacity::CapacityModel;
-use tensile_core::extender::spread_score;
-use tensile_core::fit::{PodRequirements, Unfit, summarize};
 use tokio_util::sync::CancellationToken;
 
 use super::super::State;
 use super::super::meta;
 use super::super::resources::ids;
 use super::super::store::{Event, EventType, ObjKey};
+use super::fit::{self, Reason, Requests, Room};
 use super::volumes::{self, PodVolumes};
 use super::{Reconciler, create, modify, run_loop};
 
@@ -34,19 +32,18 @@ struct Feasible {
     /// Nodes looked at.
     total: usize,
     /// Why the others do not fit.
-    failures: Vec<Vec<Unfit>>,
+    failures: Vec<Vec<Reason>>,
 }
 
 struct Scheduler {
-    model: CapacityModel,
+    model: Room,
     pending: BTreeSet<ObjKey>,
 }
 
 impl Scheduler {
     fn new() -> Self {
-        // No owner: every pod on a node takes room.
         Self {
-            model: CapacityModel::new(String::new()),
+            model: Room::default(),
             pending: BTreeSet::new(),
         }
     }
@@ -54,16 +51,14 @@ impl Scheduler {
     fn observe(&mut self, res: usize, key: &ObjKey, obj: Option<&Value>) {
         if res == *ids::NODES {
             match obj.and_then(|o| serde_json::from_value::<Node>(o.clone()).ok()) {
-                Some(node) => {
-                    let _ = self.model.apply_node(&node);
-                }
+                Some(node) => self.model.apply_node(&node),
                 None => self.model.remove_node(&key.name),
             }
         } else if res == *ids::PODS {
             match obj {
                 Some(o) => {
                     if let Ok(pod) = serde_json::from_value::<Pod>(o.clone()) {
-                        let _ = self.model.apply_pod(&pod);
+                        self.model.apply_pod(&pod);
                     }
                     if wants_scheduling(o) {
                         self.pending.insert(key.clone());
@@ -123,7 +118,7 @@ impl Scheduler {
                             spec.node_name = Some(node);
                         }
                         // Reserve now; the binding's own event arrives later.
-                        let _ = self.model.apply_pod(&bound);
+                        self.model.apply_pod(&bound);
                         self.pending.remove(&key);
                         record_event(state, &entry.object, "Normal", "Scheduled", &message).await;
                     }
@@ -144,34 +139,34 @@ impl Scheduler {
         }
     }
 
-    /// The nodes that pass the built-in filters, with a 0..=100 score for free room.
-    fn feasible(&self, pod: &Pod, vols: Option<&PodVolumes>) -> Result<Feasible, String> {
-        let req = PodRequirements::from_pod(pod).map_err(|e| e.to_string())?;
-        let mut failures: Vec<Vec<Unfit>> = Vec::new();
-        let mut fits = Vec::new();
+    /// The nodes that pass the built-in filters, with their 0..=100 LeastAllocated score;
+    /// `ignored`: the resources extenders manage (`ignoredByScheduler`).
+    fn feasible(&self, pod: &Pod, vols: Option<&PodVolumes>, ignored: &[String]) -> Feasible {
+        let default_spec = k8s_openapi::api::core::v1::PodSpec::default();
+        let spec = pod.spec.as_ref().unwrap_or(&default_spec);
+        let req = Requests::of(spec, ignored);
+        let mut failures: Vec<Vec<Reason>> = Vec::new();
+        let mut candidates = Vec::new();
         let mut total = 0;
-        for node in self.model.ready_nodes() {
+        for (node, used, used_nonzero) in self.model.ready_nodes() {
             total += 1;
-            let checked = req.check(&node).and_then(|()| {
-                match vols.and_then(|v| volumes::filter(v, &node)) {
-                    Some(unfit) => Err(vec![unfit]),
-                    None => Ok(()),
-                }
-            });
-            match checked {
-                // Free room in millicores plus MiB; each free pod slot counts as 100m and
-                // 200 MiB, the defaults kube-scheduler scores pods without requests with, so
-                // such pods spread over nodes as they do on a real cluster.
-                Ok(()) => fits.push((node.name.to_owned(), spread_score(node.free))),
-                Err(unfit) => failures.push(unfit),
+            let mut reasons = fit::filter(spec, &req, node, used);
+            if reasons.is_empty()
+                && let Some(reason) = vols.and_then(|v| volumes::filter(v, node))
+            {
+                reasons.push(reason);
+            }
+            if reasons.is_empty() {
+                candidates.push((node.name.clone(), fit::score(&req, node, used_nonzero)));
+            } else {
+                failures.push(reasons);
             }
         }
-        let max = fits.iter().map(|(_, s)| *s).max().unwrap_or(0).max(1);
-        Ok(Feasible {
-            candidates: fits.into_iter().map(|(n, s)| (n, s * 100 / max)).collect(),
+        Feasible {
+            candidates,
             total,
             failures,
-        })
+        }
     }
 
     /// The best node: built-in filters, then the extenders' filters and scores.
@@ -186,15 +181,19 @@ impl Scheduler {
         } else {
             None
         };
+        let all_extenders = state.scheduler_extenders();
+        let ignored: Vec<String> = all_extenders
+            .iter()
+            .flat_map(|e| e.managed_resources.iter().cloned())
+            .collect();
         let Feasible {
             mut candidates,
             total,
             failures,
-        } = self.feasible(pod, vols.as_ref())?;
+        } = self.feasible(pod, vols.as_ref(), &ignored);
         // kube-scheduler's IsInterested: an extender managing resources sees only the pods
         // that ask for one.
-        let extenders: Vec<_> = state
-            .scheduler_extenders()
+        let extenders: Vec<_> = all_extenders
             .into_iter()
             .filter(|e| e.is_interested(pod_json))
             .collect();
@@ -223,7 +222,7 @@ impl Scheduler {
             }
         }
         if candidates.is_empty() {
-            let mut message = summarize(total, failures.iter().map(Vec::as_slice));
+            let mut message = fit::message(total, failures.iter().map(Vec::as_slice));
             if !extender_reasons.is_empty() {
                 let extra: Vec<String> = extender_reasons
                     .iter()
@@ -259,11 +258,11 @@ impl Scheduler {
             .iter()
             .max_by(|a, b| a.1.cmp(b.1).then_with(|| b.0.cmp(a.0)))
             .map(|(n, _)| n.clone());
-        let best = best.ok_or_else(|| summarize(total, failures.iter().map(Vec::as_slice)))?;
+        let best = best.ok_or_else(|| fit::message(total, failures.iter().map(Vec::as_slice)))?;
         if let Some(vols) = &vols
-            && let Some(node) = self.model.ready_nodes().find(|n| n.name == best)
+            && let Some((node, _, _)) = self.model.ready_nodes().find(|(n, _, _)| n.name == best)
         {
-            volumes::bind_for_node(state, vols, &node).await?;
+            volumes::bind_for_node(state, vols, node).await?;
         }
         Ok(best)
     }

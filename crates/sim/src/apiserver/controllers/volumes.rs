@@ -20,9 +20,9 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::fit::{NodeFacts, Reason, term_matches};
 use k8s_openapi::api::core::v1::{NodeSelectorTerm, PersistentVolume, PersistentVolumeClaim};
 use serde_json::{Value, json};
-use tensile_core::fit::{NodeView, Unfit, node_selector_term_matches};
 use tensile_core::volumes::storage_request;
 use tokio_util::sync::CancellationToken;
 
@@ -348,11 +348,7 @@ fn storage_of(
 /// Whether volume `pv` can serve claim `pvc` (on node `node`, when given): Available and not
 /// promised to another claim, same class and volume mode, every requested access mode, enough
 /// storage, the claim's label selector, and node affinity.
-fn satisfies(
-    pv: &PersistentVolume,
-    pvc: &PersistentVolumeClaim,
-    node: Option<&NodeView<'_>>,
-) -> bool {
+fn satisfies(pv: &PersistentVolume, pvc: &PersistentVolumeClaim, node: Option<&NodeFacts>) -> bool {
     let (Some(spec), Some(want)) = (pv.spec.as_ref(), pvc.spec.as_ref()) else {
         return false;
     };
@@ -385,24 +381,21 @@ fn satisfies(
 }
 
 /// Whether a volume's required node affinity admits node `n` (true without one).
-fn affinity_allows(pv: &PersistentVolume, n: &NodeView<'_>) -> bool {
+fn affinity_allows(pv: &PersistentVolume, n: &NodeFacts) -> bool {
     let terms: &[NodeSelectorTerm] = pv
         .spec
         .as_ref()
         .and_then(|s| s.node_affinity.as_ref())
         .and_then(|a| a.required.as_ref())
         .map_or(&[], |r| r.node_selector_terms.as_slice());
-    terms.is_empty()
-        || terms
-            .iter()
-            .any(|t| node_selector_term_matches(t, n.name, n.labels))
+    terms.is_empty() || terms.iter().any(|t| term_matches(t, &n.name, &n.labels))
 }
 
 /// The smallest volume (then first by name) that satisfies the claim.
 fn best_match<'v>(
     volumes: &'v [PersistentVolume],
     pvc: &PersistentVolumeClaim,
-    node: Option<&NodeView<'_>>,
+    node: Option<&NodeFacts>,
 ) -> Option<&'v PersistentVolume> {
     volumes
         .iter()
@@ -508,14 +501,14 @@ pub(super) fn prefilter(state: &State, pod: &Value) -> Result<Option<PodVolumes>
 }
 
 /// kube-scheduler's VolumeBinding Filter for one node.
-pub(super) fn filter(vols: &PodVolumes, node: &NodeView<'_>) -> Option<Unfit> {
+pub(super) fn filter(vols: &PodVolumes, node: &NodeFacts) -> Option<Reason> {
     if vols.bound.iter().any(|pv| !affinity_allows(pv, node)) {
-        return Some(Unfit::VolumeNodeAffinityConflict);
+        return Some(Reason::VolumeConflict);
     }
     let unserved = vols.delayed.iter().any(|(pvc, provisioner)| {
         provisioner == NO_PROVISIONER && best_match(&vols.volumes, pvc, Some(node)).is_none()
     });
-    unserved.then_some(Unfit::NoVolumeToBind)
+    unserved.then_some(Reason::NoVolume)
 }
 
 /// kube-scheduler's VolumeBinding PreBind, done at once: binds each delayed claim to a matching
@@ -523,7 +516,7 @@ pub(super) fn filter(vols: &PodVolumes, node: &NodeView<'_>) -> Option<Unfit> {
 pub(super) async fn bind_for_node(
     state: &State,
     vols: &PodVolumes,
-    node: &NodeView<'_>,
+    node: &NodeFacts,
 ) -> Result<(), String> {
     for (pvc, provisioner) in &vols.delayed {
         let key = claim_key(pvc);
@@ -540,7 +533,7 @@ pub(super) async fn bind_for_node(
                 key.namespace, key.name
             ));
         }
-        provision(state, pvc, provisioner, node.name).await?;
+        provision(state, pvc, provisioner, &node.name).await?;
     }
     Ok(())
 }
