@@ -177,6 +177,60 @@ struct RealPlanes {
     node_address: Option<std::net::Ipv4Addr>,
 }
 
+/// Stops the control planes a `tensile up --k8s-bin` left behind when it was killed
+/// (SIGKILL gives it no chance to stop its child processes): processes whose command line
+/// names the `tensile-up-<pid>` folder of a process that is gone. They would hold the
+/// sandbox's ports. Their folder is removed too.
+fn stop_leftovers(progress: &dyn Fn(&str)) {
+    let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let Some(pid) = name
+            .strip_prefix("tensile-up-")
+            .and_then(|p| p.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        // A zombie (killed, not yet reaped) is gone too.
+        let alive = std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+            stat.rsplit_once(')').is_some_and(|(_, rest)| {
+                !matches!(rest.trim_start().chars().next(), Some('Z' | 'X'))
+            })
+        });
+        if alive {
+            continue;
+        }
+        let dir = entry.path();
+        let needle = format!("{}/", dir.display());
+        let mut stopped = 0;
+        for process in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+            let Some(other) = process.file_name().to_str().map(str::to_owned) else {
+                continue;
+            };
+            let Ok(cmdline) = std::fs::read(process.path().join("cmdline")) else {
+                continue;
+            };
+            if other.chars().all(|c| c.is_ascii_digit())
+                && String::from_utf8_lossy(&cmdline).contains(&needle)
+                && std::process::Command::new("kill")
+                    .args(["-KILL", &other])
+                    .status()
+                    .is_ok_and(|s| s.success())
+            {
+                stopped += 1;
+            }
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+        progress(&format!(
+            "stopped {stopped} control-plane processes that a killed `tensile up` (pid {pid}) \
+             left, and removed {}",
+            dir.display()
+        ));
+    }
+}
+
 /// Starts one cluster: its API server on `listen`, its `nodes` (pod IPs
 /// `10.<pod_network_octet>.<node>.<n>`), the default StorageClass.
 async fn start_cluster(
@@ -282,6 +336,7 @@ impl Sandbox {
         let real = match &spec.k8s_bin {
             None => None,
             Some(bin) => {
+                stop_leftovers(progress);
                 let dir = std::env::temp_dir().join(format!("tensile-up-{}", std::process::id()));
                 std::fs::create_dir_all(&dir)
                     .with_context(|| format!("creating {}", dir.display()))?;

@@ -192,7 +192,8 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
     );
     tokio::select! {
         r = table => r?,
-        r = tokio::signal::ctrl_c() => r.context("waiting for Ctrl-C")?,
+        // SIGTERM too: the control planes of --k8s-bin are child processes to stop.
+        r = crate::shutdown_signal() => r?,
     }
     say("tensile up: stopping");
     sandbox.stop().await;

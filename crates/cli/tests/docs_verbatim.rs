@@ -396,7 +396,8 @@ fn tensile_up(dir: &Path, k8s_bin: Option<&Path>) -> Killed {
         command.arg("--k8s-bin").arg(bin);
     }
     let (up, out) = common::spawn_collecting(&mut command);
-    common::until("tensile up to be ready", || {
+    // Real control planes take longer to start beside other tests.
+    common::until_within(Duration::from_secs(240), "tensile up to be ready", || {
         out.lock().unwrap().contains("ready in")
     });
     up
@@ -648,7 +649,8 @@ fn the_docs_run_verbatim_on_tensile_up_and_give_the_same_shapes_on_clusters_of_t
         let dir = fresh_dir("shape-up-real");
         let up = tensile_up(&dir, Some(&bin));
         let outputs = run_docs(&dir);
-        drop(up);
+        // Killed, it would leave its control planes running on the fixed ports.
+        up.interrupt(Duration::from_secs(60));
         let _ = std::fs::remove_dir_all(&dir);
         outputs
     });

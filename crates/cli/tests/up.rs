@@ -320,3 +320,60 @@ fn pod_names(kc: &std::path::Path, context: &str) -> (bool, String, String) {
         ],
     )
 }
+
+/// The processes whose command line names `dir` (a `tensile up --k8s-bin` folder).
+fn processes_naming(dir: &str) -> usize {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter(|p| {
+            std::fs::read(p.path().join("cmdline"))
+                .is_ok_and(|c| String::from_utf8_lossy(&c).contains(dir))
+        })
+        .count()
+}
+
+/// Real control planes only (excluded from the simulator profile in .config/nextest.toml):
+/// `tensile up --k8s-bin` killed with SIGKILL cannot stop its control planes; the next start
+/// stops them and removes their folder, and Ctrl-C stops everything it started.
+#[test]
+fn a_killed_real_sandbox_is_cleaned_up_by_the_next_start() {
+    let bin = std::env::var("TENSILE_K8S_BIN").expect("the real profile sets TENSILE_K8S_BIN");
+    let dir = temp_dir("up-real");
+    let start = |n: u32| {
+        start_up(
+            &["--k8s-bin", &bin, "--port", "0", "--no-table"],
+            &dir.join(format!("kubeconfig-{n}")),
+        )
+    };
+    let folder_of = |out: &str| -> String {
+        let at = out.find("files and logs in ").unwrap() + "files and logs in ".len();
+        out[at..].split_whitespace().next().unwrap().to_owned()
+    };
+    let (first, out) = start(1);
+    let ready = Duration::from_secs(240);
+    common::until_within(ready, "the first sandbox ready", || {
+        text(&out).contains("ready in")
+    });
+    let first_dir = format!("{}/", folder_of(&text(&out)));
+    assert!(processes_naming(&first_dir) >= 12, "{}", text(&out));
+    drop(first); // SIGKILL
+    let (second, out) = start(2);
+    common::until_within(ready, "the second sandbox ready", || {
+        text(&out).contains("ready in")
+    });
+    let said = text(&out);
+    assert!(
+        said.contains("control-plane processes that a killed `tensile up`"),
+        "{said}"
+    );
+    assert_eq!(processes_naming(&first_dir), 0, "{said}");
+    assert!(!Path::new(&first_dir).exists());
+    let second_dir = format!("{}/", folder_of(&said));
+    second.interrupt(Duration::from_secs(60));
+    until("the second sandbox's control planes stopped", || {
+        processes_naming(&second_dir) == 0
+    });
+    assert!(!Path::new(&second_dir).exists());
+    let _ = std::fs::remove_dir_all(&dir);
+}

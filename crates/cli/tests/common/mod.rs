@@ -16,6 +16,22 @@ impl Drop for Killed {
     }
 }
 
+impl Killed {
+    /// Stops the process as Ctrl-C does (SIGINT), giving it `within` to clean up (a
+    /// `tensile up --k8s-bin` stops its control planes), then kills it.
+    pub fn interrupt(mut self, within: Duration) {
+        let pid = self.0.id().to_string();
+        let _ = Command::new("kill").args(["-INT", &pid]).status();
+        let deadline = Instant::now() + within;
+        while Instant::now() < deadline {
+            if matches!(self.0.try_wait(), Ok(Some(_))) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
 /// Spawns `command` with its stdout and stderr collected, line by line, as they come.
 pub fn spawn_collecting(
     command: &mut Command,
@@ -61,8 +77,14 @@ pub fn kubectl(kubeconfig: &Path, args: &[&str]) -> (bool, String, String) {
     )
 }
 
-pub fn until(what: &str, mut f: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(60);
+pub fn until(what: &str, f: impl FnMut() -> bool) {
+    until_within(Duration::from_secs(60), what, f);
+}
+
+/// [`until`], with another deadline (real control planes start in seconds alone, in a minute
+/// or more beside other tests on two cores).
+pub fn until_within(within: Duration, what: &str, mut f: impl FnMut() -> bool) {
+    let deadline = Instant::now() + within;
     while !f() {
         assert!(Instant::now() < deadline, "timed out waiting for {what}");
         std::thread::park_timeout(Duration::from_millis(200));
