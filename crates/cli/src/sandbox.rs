@@ -147,6 +147,7 @@ impl Sandbox {
                 &vn_args,
                 KubeconfigSource::Text(upper_text.clone()),
                 KubeconfigSource::Text(server.kubeconfig(name)),
+                None,
                 &env,
                 Some(SocketAddr::new(spec.address, 0)),
             )
