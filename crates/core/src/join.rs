@@ -199,6 +199,12 @@ pub fn virtual_node_objects(
                 &format!("{c}/env/1/value"),
                 json!(format!("clusterID:{name}")),
             )?;
+            set(
+                &mut o,
+                &what,
+                &format!("{c}/env/2/value"),
+                json!(secret_name(name)),
+            )?;
             set(&mut o, &what, &format!("{c}/image"), json!(image))?;
             set(
                 &mut o,
@@ -216,6 +222,26 @@ pub fn virtual_node_objects(
                 "/subjects/0/name",
                 json!(format!("system:node:{}", node_name(name))),
             )?;
+        }
+        // The Role on the node's own kubeconfig Secret names it; its binding refers to the
+        // Role by its suffixed name, as kustomize renames references to what it renames.
+        if kind == "Role" && base_name == "tensile-virtual-node-kubeconfig" {
+            set(
+                &mut o,
+                &what,
+                "/rules/0/resourceNames/0",
+                json!(secret_name(name)),
+            )?;
+        }
+        if kind == "RoleBinding"
+            && o.pointer("/roleRef/kind") == Some(&json!("Role"))
+            && let Some(role) = o.pointer("/roleRef/name").and_then(Value::as_str)
+            && base
+                .iter()
+                .any(|b| b["kind"] == "Role" && b["metadata"]["name"] == role)
+        {
+            let renamed = format!("{role}-{name}");
+            o["roleRef"]["name"] = json!(renamed);
         }
         add_labels(&mut o, &[(LABEL_MANAGED_BY, MANAGED_BY_JOIN)]);
         out.push(o);
@@ -535,7 +561,8 @@ mod tests {
                   "spec": {"affinity": {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
                     {"weight": 100, "podAffinityTerm": {"topologyKey": "h", "labelSelector": {"matchLabels": {"a": "b"}}}}]}},
                     "containers": [{"name": "vn", "image": "tensile",
-                    "env": [{"name": "DEFAULTNODE_NAME", "value": "vk-lower"}, {"name": "VKUBELET_NODE_LABEL", "value": "clusterID:lower"}]}],
+                    "env": [{"name": "DEFAULTNODE_NAME", "value": "vk-lower"}, {"name": "VKUBELET_NODE_LABEL", "value": "clusterID:lower"},
+                      {"name": "LOWER_KUBECONFIG_SECRET", "value": "tensile-lower-kubeconfig"}]}],
                     "volumes": [{"name": "lower-kubeconfig", "secret": {"secretName": "tensile-lower-kubeconfig"}}]}}}}),
             json!({"apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
                 "metadata": {"name": "tensile-virtual-node", "namespace": "kube-system"},
@@ -544,6 +571,13 @@ mod tests {
                 "metadata": {"name": "tensile-virtual-node"},
                 "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "tensile-virtual-node"},
                 "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "system:node:vk-lower"}]}),
+            json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+                "metadata": {"name": "tensile-virtual-node-kubeconfig", "namespace": "kube-system"},
+                "rules": [{"apiGroups": [""], "resources": ["secrets"], "resourceNames": ["tensile-lower-kubeconfig"], "verbs": ["get", "update"]}]}),
+            json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+                "metadata": {"name": "tensile-virtual-node-kubeconfig", "namespace": "kube-system"},
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "tensile-virtual-node-kubeconfig"},
+                "subjects": [{"kind": "ServiceAccount", "name": "tensile-virtual-node", "namespace": "kube-system"}]}),
         ]
     }
 
@@ -589,6 +623,21 @@ mod tests {
         assert_eq!(binding["metadata"]["name"], "tensile-virtual-node-lower-3");
         assert_eq!(binding["subjects"][0]["name"], "system:node:vk-lower-3");
         assert_eq!(binding["roleRef"]["name"], "tensile-virtual-node");
+        // The node may rewrite its own kubeconfig Secret, and no other.
+        assert_eq!(c["env"][2]["value"], "tensile-lower-3-kubeconfig");
+        let role = &out[3];
+        assert_eq!(
+            role["metadata"]["name"],
+            "tensile-virtual-node-kubeconfig-lower-3"
+        );
+        assert_eq!(
+            role["rules"][0]["resourceNames"],
+            json!(["tensile-lower-3-kubeconfig"])
+        );
+        assert_eq!(
+            out[4]["roleRef"]["name"],
+            "tensile-virtual-node-kubeconfig-lower-3"
+        );
     }
 
     #[test]
