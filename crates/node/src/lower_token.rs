@@ -127,6 +127,69 @@ impl LowerToken {
     pub fn layer(&self) -> BearerLayer {
         BearerLayer(self.clone())
     }
+
+    /// Takes `token` when it is a later token of the same account (one its kubeconfig file got
+    /// since it was read). Returns whether it did.
+    pub fn offer(&self, token: &str) -> bool {
+        let (Some(claims), Some(header)) = (claims_of(token), bearer(token)) else {
+            return false;
+        };
+        self.write(|c| {
+            let later = claims.namespace == c.claims.namespace
+                && claims.account == c.claims.account
+                && claims.expires > c.claims.expires;
+            if later {
+                c.header = header;
+                c.claims = claims;
+            }
+            later
+        })
+    }
+}
+
+/// The token of the current context's user of the kubeconfig at `path`, if it has one inline.
+fn token_in_file(path: &std::path::Path) -> Option<String> {
+    let kubeconfig = kube::config::Kubeconfig::read_from(path).ok()?;
+    let context = kubeconfig.current_context.as_deref()?;
+    let user = kubeconfig
+        .contexts
+        .iter()
+        .find(|c| c.name == context)?
+        .context
+        .as_ref()?
+        .user
+        .clone()?;
+    let auth = kubeconfig
+        .auth_infos
+        .iter()
+        .find(|a| a.name == user)?
+        .auth_info
+        .as_ref()?;
+    Some(auth.token.as_ref()?.expose_secret().to_owned())
+}
+
+/// For a component that reads the lower kubeconfig but does not renew it (the scheduler
+/// extender, which mounts the Secret the virtual node writes back): re-reads the file every
+/// `every`, as kube re-reads a token file, and a later token of the same account found there
+/// replaces the current one, until `stop`. The kubelet rewrites a mounted Secret's files
+/// within about a minute of the Secret's change.
+pub async fn follow_file(
+    token: LowerToken,
+    path: std::path::PathBuf,
+    every: Duration,
+    stop: CancellationToken,
+) {
+    loop {
+        tokio::select! {
+            () = stop.cancelled() => return,
+            () = tokio::time::sleep(every) => {}
+        }
+        if let Some(t) = token_in_file(&path)
+            && token.offer(&t)
+        {
+            tracing::info!(file = %path.display(), "a renewed lower token was read from the kubeconfig");
+        }
+    }
 }
 
 /// Sets `Authorization: Bearer <the current lower token>` on every request.
@@ -506,6 +569,17 @@ mod tests {
             format!("Bearer {token}").as_str()
         );
         assert!(!format!("{shared:?}").contains(&token));
+        // A later token of the same account is taken; an earlier one or another's is not.
+        let later = jwt(
+            &serde_json::json!({"sub": "system:serviceaccount:kube-system:tensile", "iat": 500, "exp": 1100}),
+        );
+        let other = jwt(
+            &serde_json::json!({"sub": "system:serviceaccount:kube-system:other", "iat": 900, "exp": 1500}),
+        );
+        assert!(!shared.offer(&other));
+        assert!(shared.offer(&later));
+        assert!(!shared.offer(&token));
+        assert_eq!(shared.claims().expires, 1100);
         // Anything else is left to kube.
         let mut other = kube::Config::new("https://127.0.0.1:6443".parse().unwrap());
         other.auth_info.token = Some("opaque".to_owned().into());
