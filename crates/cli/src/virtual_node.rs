@@ -769,6 +769,22 @@ mod tests {
     }
 
     #[test]
+    fn the_lower_kubeconfig_secret_is_namespace_and_name_or_a_name_in_the_pods_namespace() {
+        assert_eq!(
+            secret_ref("kube-system/tensile-l-kubeconfig", "x").unwrap(),
+            ("kube-system".to_owned(), "tensile-l-kubeconfig".to_owned())
+        );
+        assert_eq!(
+            secret_ref("tensile-l-kubeconfig", "tensile").unwrap(),
+            ("tensile".to_owned(), "tensile-l-kubeconfig".to_owned())
+        );
+        for bad in ["/x", "ns/", "a/b/c"] {
+            let e = secret_ref(bad, "ns").unwrap_err().to_string();
+            assert!(e.contains("--lower-kubeconfig-secret"), "{e}");
+        }
+    }
+
+    #[test]
     fn the_lower_cluster_is_named_by_its_context_unless_a_flag_says_otherwise() {
         let text = KubeconfigSource::Text(KUBECONFIG.to_owned());
         let args = parse_args(["--nodename", "vk-1"]).unwrap();
