@@ -586,4 +586,55 @@ mod tests {
         assert!(LowerToken::take_from(&mut other).is_none());
         assert!(other.auth_info.token.is_some());
     }
+
+    fn kubeconfig_with(token: &str) -> String {
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: l\n  cluster: {{server: 'https://127.0.0.1:6443'}}\n\
+             contexts:\n- name: l\n  context: {{cluster: l, user: tensile}}\nusers:\n- name: tensile\n  user: {{token: '{token}'}}\n\
+             current-context: l\n"
+        )
+    }
+
+    #[tokio::test]
+    async fn a_follower_takes_the_later_token_its_file_gets() {
+        let first = jwt(
+            &serde_json::json!({"sub": "system:serviceaccount:kube-system:tensile", "iat": 10, "exp": 610}),
+        );
+        let renewed = jwt(
+            &serde_json::json!({"sub": "system:serviceaccount:kube-system:tensile", "iat": 500, "exp": 1100}),
+        );
+        let dir = std::env::temp_dir().join(format!("tensile-follow-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("kubeconfig");
+        std::fs::write(&path, kubeconfig_with(&first)).unwrap();
+        let mut config = kube::Config::new("https://127.0.0.1:6443".parse().unwrap());
+        config.auth_info.token = Some(first.clone().into());
+        let shared = LowerToken::take_from(&mut config).unwrap();
+        let stop = CancellationToken::new();
+        let task = tokio::spawn(follow_file(
+            shared.clone(),
+            path.clone(),
+            Duration::from_millis(10),
+            stop.clone(),
+        ));
+        // As the kubelet rewrites a mounted Secret: a new file put in place.
+        let next = dir.join("kubeconfig.new");
+        std::fs::write(&next, kubeconfig_with(&renewed)).unwrap();
+        std::fs::rename(&next, &path).unwrap();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while shared.claims().expires != 1100 {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the renewed token was not taken"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(
+            shared.read(|c| c.header.clone()),
+            format!("Bearer {renewed}").as_str()
+        );
+        stop.cancel();
+        task.await.unwrap();
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }
