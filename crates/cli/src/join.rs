@@ -596,6 +596,64 @@ async fn wait_node_pods_gone(
     }
 }
 
+/// Deletes the lower namespaces node `node` created (owner label) that hold nothing of anyone
+/// else (`tensile_core::join::namespace_deletable`); says why it keeps the others.
+async fn delete_node_namespaces(
+    lower: &kube::Client,
+    lower_at: &str,
+    node: &str,
+) -> anyhow::Result<usize> {
+    use k8s_openapi::api::core::v1::Namespace;
+    let namespaces = Api::<Namespace>::all(lower.clone());
+    let selector = format!(
+        "{}={}",
+        tensile_core::keys::LABEL_OWNER,
+        tensile_core::keys::owner_label_value(node)
+    );
+    let marked = namespaces
+        .list(&ListParams::default().labels(&selector))
+        .await
+        .with_context(|| format!("listing the namespaces node {node} created in {lower_at}"))?;
+    let mut deleted = 0;
+    for ns in marked.items {
+        let name = ns.metadata.name.clone().unwrap_or_default();
+        if ns.metadata.deletion_timestamp.is_some() {
+            continue;
+        }
+        let mut contents = Vec::new();
+        for (group, version, kind) in plan::NAMESPACE_CONTENT_KINDS {
+            let ar = ApiResource::from_gvk(&GroupVersionKind::gvk(group, version, kind));
+            let list = Api::<DynamicObject>::namespaced_with(lower.clone(), &name, &ar)
+                .list(&ListParams::default())
+                .await
+                .with_context(|| {
+                    format!(
+                        "listing the {}s of namespace {name} in {lower_at}",
+                        kind.to_lowercase()
+                    )
+                })?;
+            for o in list.items {
+                contents.push((kind, serde_json::to_value(&o).context("reading objects")?));
+            }
+        }
+        let value = serde_json::to_value(&ns).context("reading namespaces")?;
+        match plan::namespace_deletable(&value, node, &contents) {
+            Ok(false) => {}
+            Ok(true) => {
+                deleted += usize::from(
+                    delete_if_present(&namespaces, &name, lower_at, &format!("namespace {name}"))
+                        .await?,
+                );
+            }
+            Err(foreign) => say!(
+                "{lower_at}: namespace {name} left alone: node {node} created it, but it holds {}",
+                foreign.join(", ")
+            ),
+        }
+    }
+    Ok(deleted)
+}
+
 /// `tensile unjoin`.
 pub async fn run_unjoin(args: UnjoinArgs) -> anyhow::Result<()> {
     use k8s_openapi::api::coordination::v1::Lease;
@@ -725,6 +783,10 @@ pub async fn run_unjoin(args: UnjoinArgs) -> anyhow::Result<()> {
             others.items.len()
         );
     }
+
+    // Downstairs: the namespaces the node created (its owner mark), unless something of
+    // anyone else is in them; never one the node found.
+    deleted += delete_node_namespaces(&lower, &lower_at, &node).await?;
 
     // Downstairs: the identity (deleting the ServiceAccount revokes the stored token).
     for o in rendered.lower.iter().rev() {

@@ -412,6 +412,7 @@ impl Sandbox {
                 &vn_args,
                 KubeconfigSource::Text(upper_text.clone()),
                 KubeconfigSource::Text(lower.kubeconfig(name)),
+                None,
                 &env,
                 Some(SocketAddr::new(kubelet_ip, 0)),
             )

@@ -176,15 +176,33 @@ async fn config(args: &SchedulerArgs) -> anyhow::Result<Prepared> {
     )
     .await?;
     let mut clusters = Vec::new();
+    // Followed for the process's life, standby included (it only reads a file).
+    let follow_stop = CancellationToken::new();
     for (id, path) in &args.clusters {
-        let client = crate::common::client(
-            KubeconfigSource::Path(path.clone()),
+        // A token the virtual node renews (what join stores) is followed in the mounted file.
+        let source = KubeconfigSource::Path(path.clone());
+        let mut config = tensile_node::clients::load_config(&source)
+            .await
+            .with_context(|| format!("lower cluster {id}"))?;
+        let token = tensile_node::lower_token::LowerToken::take_from(&mut config);
+        let mut registry = prometheus_client::registry::Registry::default();
+        let client = tensile_node::clients::client_with_token(
+            config,
+            token.as_ref(),
             args.kube_api_qps,
             args.kube_api_burst,
             "lower",
+            &tensile_node::clients::ApiCalls::new(&mut registry),
         )
-        .await
-        .with_context(|| format!("lower cluster {id}"))?;
+        .with_context(|| format!("lower cluster {id}: a client from {source}"))?;
+        if let Some(token) = token {
+            tokio::spawn(tensile_node::lower_token::follow_file(
+                token,
+                path.clone(),
+                Duration::from_secs(60),
+                follow_stop.clone(),
+            ));
+        }
         clusters.push(LowerClusterClient {
             id: id.clone(),
             client,

@@ -15,8 +15,8 @@ use tensile_core::node::{
 };
 use tensile_core::translate::TranslateConfig;
 use tensile_node::clients::{
-    ApiCalls, KubeconfigSource, UpperClients, build_client, build_client_with_server, load_config,
-    override_server,
+    ApiCalls, KubeconfigSource, UpperClients, build_client, build_client_with_server,
+    client_with_token, load_config, override_server,
 };
 use tensile_node::node::NodeLoop;
 use tensile_node::pods::PodSync;
@@ -174,8 +174,30 @@ pub struct VirtualNodeArgs {
     /// before it expires.
     #[arg(long, default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
     tls_bootstrap: bool,
+    /// The upper Secret holding --client-kubeconfig (`[namespace/]name`; namespace default
+    /// $POD_NAMESPACE, else kube-system). When the lower credential is a ServiceAccount token
+    /// with an expiry, the node renews it and writes the renewed kubeconfig back here, with the
+    /// pod's ServiceAccount (upper credential), so a restarted node starts with a valid token.
+    #[arg(long, env = "LOWER_KUBECONFIG_SECRET")]
+    lower_kubeconfig_secret: Option<String>,
+    /// Renew the lower token this long after it was issued (Go duration), when sooner than the
+    /// default, four fifths of its life. For seeing renewals early (tests, drills).
+    #[arg(long, value_parser = crate::common::parse_duration)]
+    lower_token_renew_after: Option<Duration>,
     #[command(flatten)]
     leader: crate::common::LeaderElectArgs,
+}
+
+/// Where `--lower-kubeconfig-secret` points: (namespace, name).
+fn secret_ref(text: &str, default_namespace: &str) -> anyhow::Result<(String, String)> {
+    let (ns, name) = match text.trim().split_once('/') {
+        Some((ns, name)) => (ns.to_owned(), name.to_owned()),
+        None => (default_namespace.to_owned(), text.trim().to_owned()),
+    };
+    if ns.is_empty() || name.is_empty() || name.contains('/') {
+        bail!("--lower-kubeconfig-secret {text:?}: expected [namespace/]name");
+    }
+    Ok((ns, name))
 }
 
 /// The lower cluster's name in messages: `--lower-cluster-name`, else the current context of
@@ -269,6 +291,30 @@ pub async fn run(args: VirtualNodeArgs) -> anyhow::Result<()> {
         return Ok(());
     }
     let lower_source = KubeconfigSource::Path(lower_path);
+    // A lower ServiceAccount token with an expiry (what join stores) is renewed by the node;
+    // every lower client of every round sends the one current token.
+    let lower_token = {
+        let mut config = load_config(&lower_source)
+            .await
+            .context("the lower kubeconfig")?;
+        tensile_node::lower_token::LowerToken::take_from(&mut config)
+    };
+    let stored_at = args
+        .lower_kubeconfig_secret
+        .as_deref()
+        .filter(|s| !s.trim().is_empty())
+        .map(|s| secret_ref(s, &args.leader.leader_elect_resource_namespace))
+        .transpose()?;
+    if let Some(t) = &lower_token {
+        let claims = t.claims();
+        tracing::info!(
+            account = %format!("{}/{}", claims.namespace, claims.account),
+            renew_at = %k8s_openapi::jiff::Timestamp::from_second(
+                tensile_core::lower_token::renewal_time(&claims, args.lower_token_renew_after)
+            ).map(|t| t.to_string()).unwrap_or_default(),
+            "the lower token is renewed by this node"
+        );
+    }
     let stop = CancellationToken::new();
     let mut standby = Some((standby_probes, standby_listener));
     // Without --tls-bootstrap one round, until stopped. With it, each round runs on a new
@@ -305,7 +351,33 @@ pub async fn run(args: VirtualNodeArgs) -> anyhow::Result<()> {
                 (upper_source.clone(), None)
             };
             let round = stop.child_token();
-            let vn = assemble(args, source, lower_source.clone(), &env, None).await?;
+            let vn = assemble(
+                args,
+                source,
+                lower_source.clone(),
+                lower_token.as_ref(),
+                &env,
+                None,
+            )
+            .await?;
+            let renewal = lower_token
+                .clone()
+                .map(|token| tensile_node::lower_token::Renewal {
+                    token,
+                    lower: vn.pods.lower.clone(),
+                    lower_name: vn.pods.lower_name.clone(),
+                    node: args.nodename.clone(),
+                    upper_events: vn.pods.upper_events.clone(),
+                    // With the ServiceAccount credential: a node identity may not write Secrets.
+                    secret: stored_at.clone().map(|(namespace, name)| {
+                        tensile_node::lower_token::StoredKubeconfig {
+                            client: election_client.clone(),
+                            namespace,
+                            name,
+                        }
+                    }),
+                    renew_after: args.lower_token_renew_after,
+                });
             let listen = vn.kubelet.as_ref().map(|k| k.listen);
             if let Some((probes, listener)) = standby.take() {
                 probes.cancel();
@@ -319,6 +391,9 @@ pub async fn run(args: VirtualNodeArgs) -> anyhow::Result<()> {
                 .await
                 .context("starting the virtual node")?;
             tracing::info!(node = %args.nodename, ?listen, metrics = ?running.metrics_addr, "virtual node running");
+            if let Some(renewal) = renewal {
+                tokio::spawn(tensile_node::lower_token::run(renewal, round.child_token()));
+            }
             let due = async {
                 match renew_at {
                     Some(at) => {
@@ -407,6 +482,7 @@ pub(crate) async fn assemble(
     args: &VirtualNodeArgs,
     upper_source: KubeconfigSource,
     lower_source: KubeconfigSource,
+    lower_token: Option<&tensile_node::lower_token::LowerToken>,
     env: &(dyn Fn(&str) -> Option<String> + Sync),
     kubelet_listen: Option<SocketAddr>,
 ) -> anyhow::Result<VirtualNode> {
@@ -455,14 +531,31 @@ pub(crate) async fn assemble(
         }),
     };
     let lower_name = lower_cluster_name(args, &lower_source);
-    let lower = build_client(
-        lower_source,
-        args.client_qps,
-        args.client_burst,
-        tensile_node::node::LOWER,
-        &calls,
-    )
-    .await
+    let lower = match lower_token {
+        None => {
+            build_client(
+                lower_source,
+                args.client_qps,
+                args.client_burst,
+                tensile_node::node::LOWER,
+                &calls,
+            )
+            .await
+        }
+        Some(token) => {
+            // The kubeconfig's own token is replaced by the shared, renewed one.
+            let mut config = load_config(&lower_source).await?;
+            config.auth_info.token = None;
+            client_with_token(
+                config,
+                Some(token),
+                args.client_qps,
+                args.client_burst,
+                tensile_node::node::LOWER,
+                &calls,
+            )
+        }
+    }
     .context("lower cluster client")?;
     let lower_version = match lower.apiserver_version().await {
         Ok(v) => v.git_version,
@@ -674,6 +767,22 @@ mod tests {
             e.contains("--authentication-token-webhook-cache-ttl"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn the_lower_kubeconfig_secret_is_namespace_and_name_or_a_name_in_the_pods_namespace() {
+        assert_eq!(
+            secret_ref("kube-system/tensile-l-kubeconfig", "x").unwrap(),
+            ("kube-system".to_owned(), "tensile-l-kubeconfig".to_owned())
+        );
+        assert_eq!(
+            secret_ref("tensile-l-kubeconfig", "tensile").unwrap(),
+            ("tensile".to_owned(), "tensile-l-kubeconfig".to_owned())
+        );
+        for bad in ["/x", "ns/", "a/b/c"] {
+            let e = secret_ref(bad, "ns").unwrap_err().to_string();
+            assert!(e.contains("--lower-kubeconfig-secret"), "{e}");
+        }
     }
 
     #[test]

@@ -224,7 +224,14 @@ fn stored_kubeconfig(upper: &Path, name: &str, dir: &Path) -> PathBuf {
     path
 }
 
-fn start_node(dir: &Path, name: &str, upper: &Path, lower: &Path, bootstrap: bool) -> Killed {
+fn start_node(
+    dir: &Path,
+    name: &str,
+    upper: &Path,
+    lower: &Path,
+    bootstrap: bool,
+    extra: &[&str],
+) -> Killed {
     let log = std::fs::File::create(dir.join(format!("virtual-node-{name}.log"))).unwrap();
     let mut args = vec![
         "virtual-node".to_owned(),
@@ -241,6 +248,7 @@ fn start_node(dir: &Path, name: &str, upper: &Path, lower: &Path, bootstrap: boo
             "--enable-controllers=ServiceControllers".to_owned(),
         ]);
     }
+    args.extend(extra.iter().map(|a| (*a).to_owned()));
     Killed(
         Command::new(env!("CARGO_BIN_EXE_tensile"))
             .args(args)
@@ -256,11 +264,15 @@ fn start_node(dir: &Path, name: &str, upper: &Path, lower: &Path, bootstrap: boo
 }
 
 fn create_pod(upper: &Path, dir: &Path, pod: &str, node: &str) {
-    let file = dir.join(format!("{pod}.json"));
+    create_pod_in(upper, dir, "default", pod, node);
+}
+
+fn create_pod_in(upper: &Path, dir: &Path, namespace: &str, pod: &str, node: &str) {
+    let file = dir.join(format!("{namespace}-{pod}.json"));
     std::fs::write(
         &file,
         serde_json::json!({"apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": pod, "namespace": "default"},
+            "metadata": {"name": pod, "namespace": namespace},
             "spec": {"nodeName": node, "containers": [{"name": "c", "image": "busybox"}]}})
         .to_string(),
     )
@@ -397,7 +409,12 @@ fn two_lower_clusters_join_run_pods_with_what_join_stored_and_one_unjoins_cleanl
     for name in ["lower-1", "lower-2"] {
         let lower_kc = stored_kubeconfig(&upper, name, &dir);
         nodes.push(Some(start_node(
-            &dir, name, &vn_upper, &lower_kc, bootstrap,
+            &dir,
+            name,
+            &vn_upper,
+            &lower_kc,
+            bootstrap,
+            &[],
         )));
         stored.push(lower_kc);
     }
@@ -416,8 +433,21 @@ fn two_lower_clusters_join_run_pods_with_what_join_stored_and_one_unjoins_cleanl
     for (i, name) in ["lower-1", "lower-2"].iter().enumerate() {
         create_pod(&upper, &dir, &format!("p{}", i + 1), &format!("vk-{name}"));
     }
+    // A namespace the node creates downstairs (`made`), and one that was there (`found`).
+    for ns in ["made", "found"] {
+        let (ok, _, err) = kubectl(&upper, &["create", "namespace", ns]);
+        assert!(ok, "{err}");
+    }
+    let (ok, _, err) = kubectl(&lower1, &["create", "namespace", "found"]);
+    assert!(ok, "{err}");
+    create_pod_in(&upper, &dir, "made", "p3", "vk-lower-1");
+    create_pod_in(&upper, &dir, "found", "p4", "vk-lower-1");
     until("both pods running through their virtual nodes", || {
         running(&upper, "p1") && running(&upper, "p2")
+    });
+    until("the pods in made and found running", || {
+        jsonpath(&upper, &["pod", "p3", "-n", "made"], "{.status.phase}") == "Running"
+            && jsonpath(&upper, &["pod", "p4", "-n", "found"], "{.status.phase}") == "Running"
     });
     assert!(exists(&lower1, &["pod", "p1", "-n", "default"]));
 
@@ -448,14 +478,17 @@ fn two_lower_clusters_join_run_pods_with_what_join_stored_and_one_unjoins_cleanl
 
     // Drained, the node deletes its lower pod; then the node process stops, as the
     // Deployment's pod would when unjoin deletes the Deployment.
-    let (ok, _, err) = kubectl(
-        &upper,
-        &["delete", "pod", "p1", "-n", "default", "--wait=false"],
-    );
-    assert!(ok, "{err}");
-    until("p1 gone upstairs and downstairs", || {
-        !exists(&upper, &["pod", "p1", "-n", "default"])
-            && !exists(&lower1, &["pod", "p1", "-n", "default"])
+    for (ns, pod) in [("default", "p1"), ("made", "p3"), ("found", "p4")] {
+        let (ok, _, err) = kubectl(&upper, &["delete", "pod", pod, "-n", ns, "--wait=false"]);
+        assert!(ok, "{err}");
+    }
+    until("p1, p3 and p4 gone upstairs and downstairs", || {
+        [("default", "p1"), ("made", "p3"), ("found", "p4")]
+            .iter()
+            .all(|(ns, pod)| {
+                !exists(&upper, &["pod", pod, "-n", ns])
+                    && !exists(&lower1, &["pod", pod, "-n", ns])
+            })
     });
     nodes[0] = None;
     let started = Instant::now();
@@ -466,6 +499,13 @@ fn two_lower_clusters_join_run_pods_with_what_join_stored_and_one_unjoins_cleanl
     );
     assert!(ok, "unjoin: {err}\n{out}");
     assert!(out.contains("lower-1 unjoined"), "{out}");
+    // The namespace the node created is deleted (or going); the one it found stays.
+    assert!(out.contains("namespace made deleted"), "{out}");
+    assert!(exists(&lower1, &["namespace", "found"]), "{out}");
+    until("namespace made gone downstairs", || {
+        !exists(&lower1, &["namespace", "made"])
+    });
+    assert!(exists(&lower1, &["namespace", "default"]));
     let (ok, out, err) = unjoin();
     assert!(ok, "{err}");
     assert!(out.contains("nothing of lower-1 was found"), "{out}");
@@ -534,4 +574,204 @@ fn two_lower_clusters_join_run_pods_with_what_join_stored_and_one_unjoins_cleanl
     // lower-2 carries on.
     assert!(running(&upper, "p2"));
     drop(nodes);
+}
+
+/// The token of the kubeconfig at `path` (its only user's).
+fn token_of(kubeconfig: &Path) -> String {
+    let (ok, out, err) = kubectl(
+        kubeconfig,
+        &[
+            "config",
+            "view",
+            "--raw",
+            "-o",
+            "jsonpath={.users[0].user.token}",
+        ],
+    );
+    assert!(ok, "{err}");
+    out.trim().to_owned()
+}
+
+#[test]
+fn the_virtual_node_renews_its_lower_token_stores_it_upstairs_and_runs_pods_on_it() {
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let env = runtime
+        .block_on(TestEnv::start_with(vec![
+            ClusterSpec::new("upper", 0),
+            ClusterSpec::new("lower-1", 1),
+        ]))
+        .unwrap();
+    let dir = env.dir().to_path_buf();
+    let files: Vec<&Path> = env
+        .clusters
+        .iter()
+        .map(|c| c.kubeconfig.as_path())
+        .collect();
+    let upper = env.clusters[0].kubeconfig.clone();
+    let lower = env.clusters[1].kubeconfig.clone();
+    // The shortest life a TokenRequest may ask for.
+    let (ok, out, err) = tensile(
+        &files,
+        &[
+            "join",
+            "--upper-context=upper",
+            "--lower-context=lower-1",
+            "--name=lower-1",
+            "--token-ttl=10m",
+        ],
+    );
+    assert!(ok, "join: {err}\n{out}");
+    let bootstrap = env.clusters[0].is_real();
+    if !bootstrap {
+        let rbac = deploy_dir("virtual-node/rbac-serviceaccount/rbac.yaml");
+        let (ok, _, err) = kubectl(&upper, &["apply", "-f", &rbac.display().to_string()]);
+        assert!(ok, "{err}");
+    }
+    let vn_upper = upper_node_kubeconfig(&upper, &dir);
+
+    // The node starts on a token of the same account that can be revoked alone: bound to a
+    // pod downstairs, it dies with that pod. Once the node has renewed, the pod goes, and with
+    // it every request still made with the first token.
+    let anchor = dir.join("anchor.json");
+    std::fs::write(
+        &anchor,
+        serde_json::json!({"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "anchor", "namespace": "kube-system"},
+            "spec": {"serviceAccountName": "tensile", "automountServiceAccountToken": false,
+                     "containers": [{"name": "c", "image": "busybox"}]}})
+        .to_string(),
+    )
+    .unwrap();
+    let (ok, _, err) = kubectl(&lower, &["apply", "-f", &anchor.display().to_string()]);
+    assert!(ok, "{err}");
+    let (ok, first, err) = kubectl(
+        &lower,
+        &[
+            "create",
+            "token",
+            "tensile",
+            "-n",
+            "kube-system",
+            "--duration=10m",
+            "--bound-object-kind=Pod",
+            "--bound-object-name=anchor",
+        ],
+    );
+    assert!(ok, "{err}");
+    let first = first.trim().to_owned();
+    // Its own file: stored_kubeconfig rewrites the one it returns.
+    let lower_kc = dir.join("first-token.kubeconfig");
+    std::fs::copy(stored_kubeconfig(&upper, "lower-1", &dir), &lower_kc).unwrap();
+    let joined_token = token_of(&lower_kc);
+    let (ok, _, err) = kubectl(
+        &lower_kc,
+        &[
+            "config",
+            "set-credentials",
+            "tensile",
+            &format!("--token={first}"),
+        ],
+    );
+    assert!(ok, "{err}");
+    let (ok, _, err) = kubectl(&lower_kc, &["get", "nodes"]);
+    assert!(ok, "the first token does not work: {err}");
+
+    let _node = start_node(
+        &dir,
+        "lower-1",
+        &vn_upper,
+        &lower_kc,
+        bootstrap,
+        &[
+            "--lower-kubeconfig-secret=kube-system/tensile-lower-1-kubeconfig",
+            "--lower-token-renew-after=5s",
+        ],
+    );
+    create_pod(&upper, &dir, "p1", "vk-lower-1");
+    until("p1 running", || running(&upper, "p1"));
+
+    // The node renews and writes the new kubeconfig back: a token neither join's nor the
+    // first, which works.
+    let stored = || token_of(&stored_kubeconfig(&upper, "lower-1", &dir));
+    until("a renewed token stored upstairs", || {
+        let t = stored();
+        !t.is_empty() && t != joined_token && t != first
+    });
+    let (ok, _, err) = kubectl(
+        &stored_kubeconfig(&upper, "lower-1", &dir),
+        &["get", "nodes"],
+    );
+    assert!(ok, "the stored renewed kubeconfig does not work: {err}");
+    let (ok, events, err) = kubectl(
+        &upper,
+        &[
+            "get",
+            "events",
+            "-A",
+            "--field-selector=reason=LowerTokenRenewed",
+            "-o",
+            "name",
+        ],
+    );
+    assert!(ok && !events.trim().is_empty(), "no renewal event: {err}");
+
+    // The first token dies; every lower client must now send a renewed one.
+    let (ok, _, err) = kubectl(
+        &lower,
+        &[
+            "delete",
+            "pod",
+            "anchor",
+            "-n",
+            "kube-system",
+            "--grace-period=0",
+            "--force",
+        ],
+    );
+    assert!(ok, "{err}");
+    let mut last = String::new();
+    until("the first token to be refused", || {
+        let (ok, _, err) = kubectl(&lower_kc, &["get", "nodes"]);
+        last = err.clone();
+        !ok && (err.contains("Unauthorized") || err.contains("provide credentials"))
+    });
+    eprintln!("first token refused: {last}");
+    create_pod(&upper, &dir, "p2", "vk-lower-1");
+    until(
+        "p2 running, created downstairs with the renewed token",
+        || running(&upper, "p2"),
+    );
+    assert!(exists(&lower, &["pod", "p2", "-n", "default"]));
+    assert!(running(&upper, "p1"));
+
+    // A renewal that is refused is a Warning event on the Node; the node goes on.
+    let (ok, _, err) = kubectl(
+        &lower,
+        &[
+            "delete",
+            "rolebinding",
+            "tensile-token-renewal",
+            "-n",
+            "kube-system",
+        ],
+    );
+    assert!(ok, "{err}");
+    until("a Warning event for the refused renewal", || {
+        let (ok, out, _) = kubectl(
+            &upper,
+            &[
+                "get",
+                "events",
+                "-A",
+                "--field-selector=reason=LowerTokenRenewalFailed,involvedObject.kind=Node",
+                "-o",
+                "jsonpath={.items[*].type}",
+            ],
+        );
+        ok && out.contains("Warning")
+    });
+    create_pod(&upper, &dir, "p3", "vk-lower-1");
+    until("p3 running on the last renewed token", || {
+        running(&upper, "p3")
+    });
 }

@@ -199,6 +199,12 @@ pub fn virtual_node_objects(
                 &format!("{c}/env/1/value"),
                 json!(format!("clusterID:{name}")),
             )?;
+            set(
+                &mut o,
+                &what,
+                &format!("{c}/env/2/value"),
+                json!(secret_name(name)),
+            )?;
             set(&mut o, &what, &format!("{c}/image"), json!(image))?;
             set(
                 &mut o,
@@ -216,6 +222,26 @@ pub fn virtual_node_objects(
                 "/subjects/0/name",
                 json!(format!("system:node:{}", node_name(name))),
             )?;
+        }
+        // The Role on the node's own kubeconfig Secret names it; its binding refers to the
+        // Role by its suffixed name, as kustomize renames references to what it renames.
+        if kind == "Role" && base_name == "tensile-virtual-node-kubeconfig" {
+            set(
+                &mut o,
+                &what,
+                "/rules/0/resourceNames/0",
+                json!(secret_name(name)),
+            )?;
+        }
+        if kind == "RoleBinding"
+            && o.pointer("/roleRef/kind") == Some(&json!("Role"))
+            && let Some(role) = o.pointer("/roleRef/name").and_then(Value::as_str)
+            && base
+                .iter()
+                .any(|b| b["kind"] == "Role" && b["metadata"]["name"] == role)
+        {
+            let renamed = format!("{role}-{name}");
+            o["roleRef"]["name"] = json!(renamed);
         }
         add_labels(&mut o, &[(LABEL_MANAGED_BY, MANAGED_BY_JOIN)]);
         out.push(o);
@@ -427,6 +453,77 @@ pub fn pods_still_running(pods: &[Value]) -> Vec<String> {
     out
 }
 
+/// The kinds unjoin looks into before deleting a lower namespace the node created: anything of
+/// these kinds that is not ours (and not made by the cluster itself) keeps the namespace.
+pub const NAMESPACE_CONTENT_KINDS: [(&str, &str, &str); 8] = [
+    ("", "v1", "Pod"),
+    ("", "v1", "Service"),
+    ("", "v1", "ConfigMap"),
+    ("", "v1", "Secret"),
+    ("", "v1", "ServiceAccount"),
+    ("", "v1", "PersistentVolumeClaim"),
+    ("rbac.authorization.k8s.io", "v1", "Role"),
+    ("rbac.authorization.k8s.io", "v1", "RoleBinding"),
+];
+
+/// What the cluster puts in every namespace by itself: the `default` ServiceAccount (with its
+/// legacy token Secret on old clusters) and the `kube-root-ca.crt` ConfigMap.
+fn made_by_the_cluster(kind: &str, object: &Value) -> bool {
+    let name = object.pointer("/metadata/name").and_then(Value::as_str);
+    match kind {
+        "ServiceAccount" => name == Some("default"),
+        "ConfigMap" => name == Some("kube-root-ca.crt"),
+        "Secret" => {
+            object.get("type").and_then(Value::as_str)
+                == Some("kubernetes.io/service-account-token")
+                && object
+                    .pointer("/metadata/annotations/kubernetes.io~1service-account.name")
+                    .and_then(Value::as_str)
+                    == Some("default")
+        }
+        _ => false,
+    }
+}
+
+/// Whether unjoin deletes lower namespace `namespace`: only when node `owner` created it (our
+/// owner label; a namespace we found, even one with our pods, is never deleted) and nothing of
+/// anyone else is in it. `contents` are `(kind, object)` of [`NAMESPACE_CONTENT_KINDS`] in it.
+/// `Err` names what keeps it (`kind/name`, sorted), `Ok(false)` when it is not ours.
+pub fn namespace_deletable(
+    namespace: &Value,
+    owner: &str,
+    contents: &[(&str, Value)],
+) -> Result<bool, Vec<String>> {
+    let ours = |o: &Value| {
+        o.pointer("/metadata/labels")
+            .and_then(|l| l.get(crate::keys::LABEL_OWNER))
+            .and_then(Value::as_str)
+            == Some(crate::keys::owner_label_value(owner).as_str())
+    };
+    if !ours(namespace) {
+        return Ok(false);
+    }
+    let mut foreign: Vec<String> = contents
+        .iter()
+        .filter(|(kind, o)| !ours(o) && !made_by_the_cluster(kind, o))
+        .map(|(kind, o)| {
+            format!(
+                "{}/{}",
+                kind.to_lowercase(),
+                o.pointer("/metadata/name")
+                    .and_then(Value::as_str)
+                    .unwrap_or_default()
+            )
+        })
+        .collect();
+    foreign.sort();
+    if foreign.is_empty() {
+        Ok(true)
+    } else {
+        Err(foreign)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -464,7 +561,8 @@ mod tests {
                   "spec": {"affinity": {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
                     {"weight": 100, "podAffinityTerm": {"topologyKey": "h", "labelSelector": {"matchLabels": {"a": "b"}}}}]}},
                     "containers": [{"name": "vn", "image": "tensile",
-                    "env": [{"name": "DEFAULTNODE_NAME", "value": "vk-lower"}, {"name": "VKUBELET_NODE_LABEL", "value": "clusterID:lower"}]}],
+                    "env": [{"name": "DEFAULTNODE_NAME", "value": "vk-lower"}, {"name": "VKUBELET_NODE_LABEL", "value": "clusterID:lower"},
+                      {"name": "LOWER_KUBECONFIG_SECRET", "value": "tensile-lower-kubeconfig"}]}],
                     "volumes": [{"name": "lower-kubeconfig", "secret": {"secretName": "tensile-lower-kubeconfig"}}]}}}}),
             json!({"apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
                 "metadata": {"name": "tensile-virtual-node", "namespace": "kube-system"},
@@ -473,6 +571,13 @@ mod tests {
                 "metadata": {"name": "tensile-virtual-node"},
                 "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "tensile-virtual-node"},
                 "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "system:node:vk-lower"}]}),
+            json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+                "metadata": {"name": "tensile-virtual-node-kubeconfig", "namespace": "kube-system"},
+                "rules": [{"apiGroups": [""], "resources": ["secrets"], "resourceNames": ["tensile-lower-kubeconfig"], "verbs": ["get", "update"]}]}),
+            json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+                "metadata": {"name": "tensile-virtual-node-kubeconfig", "namespace": "kube-system"},
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "tensile-virtual-node-kubeconfig"},
+                "subjects": [{"kind": "ServiceAccount", "name": "tensile-virtual-node", "namespace": "kube-system"}]}),
         ]
     }
 
@@ -518,6 +623,21 @@ mod tests {
         assert_eq!(binding["metadata"]["name"], "tensile-virtual-node-lower-3");
         assert_eq!(binding["subjects"][0]["name"], "system:node:vk-lower-3");
         assert_eq!(binding["roleRef"]["name"], "tensile-virtual-node");
+        // The node may rewrite its own kubeconfig Secret, and no other.
+        assert_eq!(c["env"][2]["value"], "tensile-lower-3-kubeconfig");
+        let role = &out[3];
+        assert_eq!(
+            role["metadata"]["name"],
+            "tensile-virtual-node-kubeconfig-lower-3"
+        );
+        assert_eq!(
+            role["rules"][0]["resourceNames"],
+            json!(["tensile-lower-3-kubeconfig"])
+        );
+        assert_eq!(
+            out[4]["roleRef"]["name"],
+            "tensile-virtual-node-kubeconfig-lower-3"
+        );
     }
 
     #[test]
@@ -579,5 +699,43 @@ mod tests {
             json!({"metadata": {"namespace": "a", "name": "r"}}),
         ];
         assert_eq!(pods_still_running(&pods), vec!["a/r", "b/p"]);
+    }
+
+    #[test]
+    fn only_a_namespace_we_created_holding_nothing_of_others_is_deleted() {
+        let owner = "vk-lower-1";
+        let ours =
+            json!({"metadata": {"name": "team-a", "labels": {"tensile-kube.io/owner": owner}}});
+        let found = json!({"metadata": {"name": "team-b"}});
+        let other_node = json!({"metadata": {"name": "team-c", "labels": {"tensile-kube.io/owner": "vk-lower-2"}}});
+        let automatic = vec![
+            ("ServiceAccount", json!({"metadata": {"name": "default"}})),
+            (
+                "ConfigMap",
+                json!({"metadata": {"name": "kube-root-ca.crt"}}),
+            ),
+            (
+                "Secret",
+                json!({"type": "kubernetes.io/service-account-token",
+                "metadata": {"name": "default-token-x", "annotations": {"kubernetes.io/service-account.name": "default"}}}),
+            ),
+            (
+                "Pod",
+                json!({"metadata": {"name": "p", "labels": {"tensile-kube.io/owner": owner}}}),
+            ),
+        ];
+        assert_eq!(namespace_deletable(&ours, owner, &automatic), Ok(true));
+        assert_eq!(namespace_deletable(&found, owner, &[]), Ok(false));
+        assert_eq!(namespace_deletable(&other_node, owner, &[]), Ok(false));
+        let mut theirs = automatic.clone();
+        theirs.push(("Pod", json!({"metadata": {"name": "their-pod"}})));
+        theirs.push(("ConfigMap", json!({"metadata": {"name": "settings", "labels": {"tensile-kube.io/owner": "vk-lower-2"}}})));
+        assert_eq!(
+            namespace_deletable(&ours, owner, &theirs),
+            Err(vec![
+                "configmap/settings".to_owned(),
+                "pod/their-pod".to_owned()
+            ])
+        );
     }
 }

@@ -14,6 +14,7 @@
 //! - [`translate`]: upper pod -> lower pod, and lower copies of the objects it needs.
 //! - [`node`]: the virtual Node object, its conditions and taints, flag/env parsing.
 //! - [`lease`]: whether another process holds the virtual node's Lease.
+//! - [`lower_token`]: when the node renews its own lower token, and the kubeconfig it writes back.
 //! - [`certs`]: when a serving certificate kept in a Secret, and its CA, are renewed.
 //! - [`reach`]: why a cluster could not be reached, in words, and when to say so in an Event.
 //! - [`plan`]: creation order of a pod's lower objects and what to do with existing ones.
@@ -40,6 +41,7 @@ pub mod inject;
 pub mod join;
 pub mod keys;
 pub mod lease;
+pub mod lower_token;
 pub mod node;
 pub mod plan;
 pub mod quantity;

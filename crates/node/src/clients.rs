@@ -224,7 +224,21 @@ pub fn override_server(config: &mut Config, url: &str) -> Result<(), ClientError
 /// Builds a client from a loaded configuration: kube's default stack, then API-call counting,
 /// then the token bucket (outermost). Must be called inside a Tokio runtime.
 pub fn client_from_config(
+    config: Config,
+    qps: f32,
+    burst: u32,
+    cluster: &'static str,
+    calls: &ApiCalls,
+) -> Result<Client, ClientError> {
+    client_with_token(config, None, qps, burst, cluster, calls)
+}
+
+/// [`client_from_config`] that sends `token` (the lower cluster's, renewed in place by
+/// [`crate::lower_token::run`]) on every request when given: every clone of the client, and so
+/// every watch and controller, reads the one current token.
+pub fn client_with_token(
     mut config: Config,
+    token: Option<&crate::lower_token::LowerToken>,
     qps: f32,
     burst: u32,
     cluster: &'static str,
@@ -243,11 +257,14 @@ pub fn client_from_config(
         burst = limits.burst(),
         "building client"
     );
-    Ok(builder
+    let builder = builder
         .with_layer(&ErrorAnswerLayer::new(cluster, calls.clone()))
         .with_layer(&ApiCallLayer::new(cluster, calls.clone()))
-        .with_layer(&limits)
-        .build())
+        .with_layer(&limits);
+    Ok(match token {
+        Some(t) => builder.with_layer(&t.layer()).build(),
+        None => builder.build(),
+    })
 }
 
 /// Builds a rate-limited, counted client for `cluster` (`upper` or `lower`).

@@ -15,6 +15,7 @@ pub mod kubelet_auth;
 pub mod leader;
 pub mod lower_backend;
 mod lower_portforward;
+pub mod lower_token;
 pub mod metrics;
 pub mod mirror_events;
 pub mod namespaces;

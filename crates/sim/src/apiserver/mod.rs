@@ -347,11 +347,35 @@ impl State {
         expires: Option<Timestamp>,
         bound_pod: Option<(String, String, String)>,
     ) -> String {
-        let token = format!(
-            "{}.{}",
-            meta::new_uid().replace('-', ""),
-            meta::random_suffix(16)
-        );
+        // A token with an expiry is shaped as kube-apiserver's are, a JWT whose claims say
+        // whose it is and when it was issued and expires (clients read them to schedule a
+        // renewal); it is checked against this table, never by its signature.
+        let token = match expires {
+            Some(exp) => {
+                let b64 = |v: &[u8]| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(v);
+                let now = Timestamp::now().as_second();
+                let claims = serde_json::json!({
+                    "aud": audiences,
+                    "exp": exp.as_second(),
+                    "iat": now,
+                    "nbf": now,
+                    "iss": API_AUDIENCE,
+                    "jti": meta::new_uid(),
+                    "sub": user.username,
+                });
+                format!(
+                    "{}.{}.{}",
+                    b64(br#"{"alg":"RS256","kid":"tensile-sim"}"#),
+                    b64(claims.to_string().as_bytes()),
+                    meta::random_suffix(43)
+                )
+            }
+            None => format!(
+                "{}.{}",
+                meta::new_uid().replace('-', ""),
+                meta::random_suffix(16)
+            ),
+        };
         if let Ok(mut tokens) = self.tokens.lock() {
             tokens.insert(
                 token.clone(),
