@@ -496,13 +496,23 @@ async fn one_fault(
         bail!("{failures} pod creations failed upstairs");
     }
     let upper_running = |s: &Seen| s.upper_running.iter().filter(|k| ours(k)).count();
-    wait_for(
+    if let Err(e) = wait_for(
         &format!("all {n} upper pods Running after {}", fault.name()),
         args.timeout.as_secs(),
         &[log],
         || with(seen, |s| upper_running(s) >= n),
     )
-    .await?;
+    .await
+    {
+        // Which pods, as the API servers have them now (not as the watches saw them), and
+        // where the node's log is: what a stall needs to be understood.
+        let seen_running = with(seen, |s| s.upper_running.clone())?;
+        let detail = not_running(env, &prefix, &seen_running).await;
+        bail!(
+            "{e:#}\n{detail}\nthe node's log: {}",
+            log.display()
+        );
+    }
     let all_running = ended.elapsed();
     if let Some(status) = node.try_wait()? {
         bail!("the virtual node exited: {status}");
@@ -603,6 +613,74 @@ async fn one_fault(
         }
     }
     Ok(outcome)
+}
+
+/// The upper pods of a burst not seen Running: each with its upper phase and conditions as
+/// listed now, and its lower pod (missing, or its phase), one a line.
+async fn not_running(env: &TestEnv, prefix: &str, seen_running: &BTreeSet<String>) -> String {
+    let list = |client: &kube::Client| {
+        let api = Api::<Pod>::namespaced(client.clone(), "default");
+        async move {
+            api.list(&kube::api::ListParams::default())
+                .await
+                .map(|l| {
+                    l.items
+                        .into_iter()
+                        .filter_map(|p| Some((p.metadata.name.clone()?, p)))
+                        .collect::<BTreeMap<_, _>>()
+                })
+                .map_err(|e| format!("{e}"))
+        }
+    };
+    let (upper, lower) = (
+        list(&env.clusters[0].client).await,
+        list(&env.clusters[1].client).await,
+    );
+    let (upper, lower) = match (upper, lower) {
+        (Ok(u), Ok(l)) => (u, l),
+        (u, l) => {
+            return format!(
+                "listing the pods failed: upper {:?}, lower {:?}",
+                u.err(),
+                l.err()
+            );
+        }
+    };
+    let describe = |p: &Pod| {
+        let status = p.status.as_ref();
+        let conditions: Vec<String> = status
+            .and_then(|s| s.conditions.as_deref())
+            .unwrap_or_default()
+            .iter()
+            .map(|c| format!("{}={}", c.type_, c.status))
+            .collect();
+        format!(
+            "phase {} node {} conditions [{}] rv {}",
+            status.and_then(|s| s.phase.as_deref()).unwrap_or("-"),
+            p.spec
+                .as_ref()
+                .and_then(|s| s.node_name.as_deref())
+                .unwrap_or("-"),
+            conditions.join(" "),
+            p.metadata.resource_version.as_deref().unwrap_or("-"),
+        )
+    };
+    let mut lines = Vec::new();
+    for (name, pod) in upper.iter().filter(|(k, _)| k.starts_with(prefix)) {
+        if seen_running.contains(name) {
+            continue;
+        }
+        lines.push(format!(
+            "  {name}: upper {}; lower {}",
+            describe(pod),
+            lower.get(name).map_or_else(|| "missing".to_owned(), describe)
+        ));
+    }
+    format!(
+        "{} upper pods of the burst not seen Running by the benchmark's watch:\n{}",
+        lines.len(),
+        lines.join("\n")
+    )
 }
 
 /// Whether `tensile status --once` says the node's lower cluster is unreachable.
