@@ -508,10 +508,7 @@ async fn one_fault(
         // where the node's log is: what a stall needs to be understood.
         let seen_running = with(seen, |s| s.upper_running.clone())?;
         let detail = not_running(env, &prefix, &seen_running).await;
-        bail!(
-            "{e:#}\n{detail}\nthe node's log: {}",
-            log.display()
-        );
+        bail!("{e:#}\n{detail}\nthe node's log: {}", log.display());
     }
     let all_running = ended.elapsed();
     if let Some(status) = node.try_wait()? {
@@ -673,7 +670,9 @@ async fn not_running(env: &TestEnv, prefix: &str, seen_running: &BTreeSet<String
         lines.push(format!(
             "  {name}: upper {}; lower {}",
             describe(pod),
-            lower.get(name).map_or_else(|| "missing".to_owned(), describe)
+            lower
+                .get(name)
+                .map_or_else(|| "missing".to_owned(), describe)
         ));
     }
     format!(
