@@ -196,9 +196,11 @@ const LOWER_EVENT_BUFFER: usize = 256;
 
 /// One watch of every lower pod, fanned out to `CONSUMERS` streams (the capacity model needs
 /// all of them, the pod controller ours; one watch serves both instead of two that deliver
-/// our pods twice). The watcher retries with backoff by itself; it ends at `stop`.
+/// our pods twice). The watcher retries with backoff by itself, at once when `down` says the
+/// lower cluster answers again ([`crate::backoff::watch_waking`]); it ends at `stop`.
 pub fn lower_pod_events<const CONSUMERS: usize>(
     lower: kube::Client,
+    down: tokio::sync::watch::Receiver<bool>,
     stop: CancellationToken,
 ) -> [EventReceiver<watcher::Event<Pod>>; CONSUMERS] {
     let mut senders = Vec::with_capacity(CONSUMERS);
@@ -209,7 +211,8 @@ pub fn lower_pod_events<const CONSUMERS: usize>(
     });
     tokio::spawn(async move {
         let mut events =
-            crate::backoff::watch(Api::<Pod>::all(lower), watcher::Config::default()).boxed();
+            crate::backoff::watch_waking(Api::<Pod>::all(lower), watcher::Config::default(), down)
+                .boxed();
         loop {
             let next = tokio::select! {
                 () = stop.cancelled() => return,
