@@ -102,10 +102,11 @@ impl Fault {
         )
     }
 
-    /// Whether the node's condition and event must show the outage although it lasts only a
-    /// restart: a real lower API server is away for seconds, and the node's failed requests
-    /// make it look at once (the simulator's kill ends as it begins). `tensile status` is not
-    /// asked: the outage is over by the time it would answer.
+    /// Whether the node must show the outage (its condition unreachable, a Warning event
+    /// `LowerClusterUnreachable`) although it lasts only a restart: a real lower API server is
+    /// away for seconds, and the node's failed requests make it look at once (the
+    /// simulator's kill ends as it begins). `tensile status` is not asked: the outage is over
+    /// by the time it would answer.
     fn must_show_restart(self, real: bool) -> bool {
         real && self == Self::LowerApiserverKill
     }
@@ -131,6 +132,8 @@ struct Seen {
     unreachable_seen: Vec<Instant>,
     /// Warning events on the node saying the lower cluster is unreachable or erring.
     unreachable_events: Vec<Instant>,
+    /// Of those, the ones saying it is unreachable.
+    down_events: Vec<Instant>,
     /// Events saying an upper pod was evicted.
     evictions: Vec<String>,
 }
@@ -255,6 +258,9 @@ fn watch_all(env: &TestEnv, seen: &Shared) -> Vec<tokio::task::JoinHandle<()>> {
             && (reason == REASON_UNREACHABLE || reason == REASON_ERRORS)
         {
             s.unreachable_events.push(Instant::now());
+            if reason == REASON_UNREACHABLE {
+                s.down_events.push(Instant::now());
+            }
         }
         if e.involved_object.kind.as_deref() == Some("Pod")
             && (reason == "Evicted" || reason == "TaintManagerEviction")
@@ -606,7 +612,16 @@ async fn one_fault(
         ));
     }
     let real = tensile_sim::env::real::bin_dir().is_some();
-    if fault.must_show() || fault.must_show_restart(real) {
+    let down_event = with(seen, |s| {
+        s.down_events.iter().any(|t| *t >= began && *t <= ended)
+    })?;
+    if fault.must_show_restart(real) && !(outcome.node_left_ready && down_event) {
+        v.push(
+            "the restart did not show on the node (its condition unreachable and a Warning event saying so)"
+                .into(),
+        );
+    }
+    if fault.must_show() {
         if !outcome.condition_shown {
             v.push("the outage did not show in the node's condition".into());
         }

@@ -415,13 +415,14 @@ pub async fn run_node(
                 } else {
                     // While it is known away, the rechecks every second ask already.
                     let n = cfg.api_calls.unanswered(LOWER);
-                    probe_due |= n != seen_unanswered && matches!(health, LowerHealth::Reachable);
+                    probe_due |= n != seen_unanswered
+                        && !matches!(health, LowerHealth::Unreachable { .. });
                     seen_unanswered = n;
                 }
                 continue;
             }
             () = tokio::time::sleep_until(last_ping + UNREACHABLE_RECHECK),
-                if probe_due && matches!(health, LowerHealth::Reachable) => {
+                if probe_due && !matches!(health, LowerHealth::Unreachable { .. }) => {
                 recheck = true;
                 false
             }
@@ -464,6 +465,9 @@ pub async fn run_node(
                 last_answers = (answers, requests, tokio::time::Instant::now());
             }
             health = match (&cause, errors) {
+                // A probe does not count error answers: one that finds the cluster answering
+                // leaves them to the next lease tick.
+                (None, None) if recheck && matches!(health, LowerHealth::Erroring { .. }) => health,
                 (None, None) => LowerHealth::Reachable,
                 (None, Some(message)) => {
                     tracing::warn!(node = %name, %message, "the lower cluster answers with errors");
