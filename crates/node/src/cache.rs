@@ -92,6 +92,49 @@ where
         let _ = self.apply_keys(event);
     }
 
+    /// [`Self::apply_keys`], returning the objects instead of their keys: each as the cache
+    /// shows it now, or as it last showed it when it is gone (deleted, or dropped by a
+    /// re-list).
+    pub fn apply_objects(&self, event: &watcher::Event<K>) -> Vec<K>
+    where
+        K: Clone,
+    {
+        match event {
+            watcher::Event::Apply(o) | watcher::Event::Delete(o) => {
+                self.apply(event);
+                vec![o.clone()]
+            }
+            watcher::Event::Init | watcher::Event::InitApply(_) => {
+                self.apply(event);
+                Vec::new()
+            }
+            watcher::Event::InitDone => {
+                let listed: std::collections::HashSet<Key> = self
+                    .inner
+                    .relist
+                    .lock()
+                    .ok()
+                    .and_then(|r| r.as_ref().map(|m| m.keys().cloned().collect()))
+                    .unwrap_or_default();
+                // The dropped ones as the previous list had them, before it goes.
+                let mut objects: Vec<K> = self
+                    .inner
+                    .objects
+                    .read()
+                    .map(|o| {
+                        o.iter()
+                            .filter(|(k, _)| !listed.contains(*k))
+                            .filter_map(|(_, v)| self.inner.decode(v))
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                self.apply(event);
+                objects.extend(listed.iter().filter_map(|(ns, name)| self.get(ns, name)));
+                objects
+            }
+        }
+    }
+
     /// [`Self::apply`], returning the keys whose objects may have changed as the cache shows
     /// them now: the object of a change or deletion at once; none while a (re-)list is in
     /// progress, and when it completes every key it listed and every key it dropped. Whoever
@@ -395,6 +438,46 @@ mod tests {
                 at("d", None),
             ]
         );
+    }
+
+    #[test]
+    fn a_relist_hands_out_its_objects_when_complete_and_the_dropped_ones_as_last_seen() {
+        let cache = CompactCache::<Pod>::new();
+        let images = |objects: Vec<Pod>| {
+            let mut v: Vec<(String, String)> = objects
+                .into_iter()
+                .map(|p| {
+                    let image = p.spec.unwrap().containers[0].image.clone().unwrap();
+                    (p.metadata.name.unwrap(), image)
+                })
+                .collect();
+            v.sort();
+            v
+        };
+        let pair = |n: &str, i: &str| (n.to_owned(), i.to_owned());
+        for e in [
+            watcher::Event::Init,
+            watcher::Event::InitApply(pod("a", "v1")),
+            watcher::Event::InitApply(pod("b", "v1")),
+        ] {
+            assert!(cache.apply_objects(&e).is_empty());
+        }
+        assert_eq!(
+            images(cache.apply_objects(&watcher::Event::InitDone)),
+            vec![pair("a", "v1"), pair("b", "v1")]
+        );
+        assert_eq!(
+            images(cache.apply_objects(&watcher::Event::Apply(pod("a", "v2")))),
+            vec![pair("a", "v2")]
+        );
+        cache.apply_objects(&watcher::Event::Init);
+        cache.apply_objects(&watcher::Event::InitApply(pod("a", "v3")));
+        assert_eq!(
+            images(cache.apply_objects(&watcher::Event::InitDone)),
+            vec![pair("a", "v3"), pair("b", "v1")],
+            "b was dropped: as last seen"
+        );
+        assert!(cache.get("default", "b").is_none());
     }
 
     #[tokio::test]
