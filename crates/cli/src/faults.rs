@@ -433,13 +433,21 @@ async fn one_fault(
     let ours = |name: &String| name.starts_with(&prefix);
     let lower_count = |s: &Seen| s.lower_uids.keys().filter(|k| ours(k)).count();
     let burst = burst(env, &prefix, n, args.concurrency);
-    wait_for(
+    if let Err(e) = wait_for(
         &format!("{} lower pods before the fault", n / 2),
         300,
         &[log],
         || with(seen, |s| lower_count(s) >= n / 2),
     )
-    .await?;
+    .await
+    {
+        let (watched, seen_running) = with(seen, |s| (lower_count(s), s.upper_running.clone()))?;
+        let detail = not_running(env, &prefix, &seen_running).await;
+        bail!(
+            "{e:#}\nthe benchmark's lower watch saw {watched} lower pods of the burst\n{detail}\nthe node's log: {}",
+            log.display()
+        );
+    }
     let lower_at_fault = with(seen, |s| lower_count(s))?;
     let (upper, lower) = (&env.clusters[0], &env.clusters[1]);
     let began = Instant::now();
