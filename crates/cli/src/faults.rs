@@ -94,13 +94,21 @@ impl Fault {
     }
 
     /// Whether the node must show the outage while it lasts: a fault of the lower cluster
-    /// that lasts `outage` (a kill lasts only the restart, which may end between two looks
-    /// of the node; an outage of the upper cluster cannot be shown in it).
+    /// that lasts `outage` (an outage of the upper cluster cannot be shown in it).
     fn must_show(self) -> bool {
         matches!(
             self,
             Self::LowerApiserverStop | Self::LowerNetworkCut | Self::LowerErrors
         )
+    }
+
+    /// Whether the node should show the outage (its condition unreachable, a Warning event
+    /// `LowerClusterUnreachable`) although it lasts only a restart: a real lower API server is
+    /// away for seconds, and the node's failed requests make it look at once (the
+    /// simulator's kill ends as it begins). `tensile status` is not asked: the outage is over
+    /// by the time it would answer.
+    fn shows_restart(self, real: bool) -> bool {
+        real && self == Self::LowerApiserverKill
     }
 }
 
@@ -124,6 +132,8 @@ struct Seen {
     unreachable_seen: Vec<Instant>,
     /// Warning events on the node saying the lower cluster is unreachable or erring.
     unreachable_events: Vec<Instant>,
+    /// Of those, the ones saying it is unreachable.
+    down_events: Vec<Instant>,
     /// Events saying an upper pod was evicted.
     evictions: Vec<String>,
 }
@@ -248,6 +258,9 @@ fn watch_all(env: &TestEnv, seen: &Shared) -> Vec<tokio::task::JoinHandle<()>> {
             && (reason == REASON_UNREACHABLE || reason == REASON_ERRORS)
         {
             s.unreachable_events.push(Instant::now());
+            if reason == REASON_UNREACHABLE {
+                s.down_events.push(Instant::now());
+            }
         }
         if e.involved_object.kind.as_deref() == Some("Pod")
             && (reason == "Evicted" || reason == "TaintManagerEviction")
@@ -420,13 +433,21 @@ async fn one_fault(
     let ours = |name: &String| name.starts_with(&prefix);
     let lower_count = |s: &Seen| s.lower_uids.keys().filter(|k| ours(k)).count();
     let burst = burst(env, &prefix, n, args.concurrency);
-    wait_for(
+    if let Err(e) = wait_for(
         &format!("{} lower pods before the fault", n / 2),
         300,
         &[log],
         || with(seen, |s| lower_count(s) >= n / 2),
     )
-    .await?;
+    .await
+    {
+        let (watched, seen_running) = with(seen, |s| (lower_count(s), s.upper_running.clone()))?;
+        let detail = not_running(env, &prefix, &seen_running).await;
+        bail!(
+            "{e:#}\nthe benchmark's lower watch saw {watched} lower pods of the burst\n{detail}\nthe node's log: {}",
+            log.display()
+        );
+    }
     let lower_at_fault = with(seen, |s| lower_count(s))?;
     let (upper, lower) = (&env.clusters[0], &env.clusters[1]);
     let began = Instant::now();
@@ -496,13 +517,20 @@ async fn one_fault(
         bail!("{failures} pod creations failed upstairs");
     }
     let upper_running = |s: &Seen| s.upper_running.iter().filter(|k| ours(k)).count();
-    wait_for(
+    if let Err(e) = wait_for(
         &format!("all {n} upper pods Running after {}", fault.name()),
         args.timeout.as_secs(),
         &[log],
         || with(seen, |s| upper_running(s) >= n),
     )
-    .await?;
+    .await
+    {
+        // Which pods, as the API servers have them now (not as the watches saw them), and
+        // where the node's log is: what a stall needs to be understood.
+        let seen_running = with(seen, |s| s.upper_running.clone())?;
+        let detail = not_running(env, &prefix, &seen_running).await;
+        bail!("{e:#}\n{detail}\nthe node's log: {}", log.display());
+    }
     let all_running = ended.elapsed();
     if let Some(status) = node.try_wait()? {
         bail!("the virtual node exited: {status}");
@@ -591,6 +619,17 @@ async fn one_fault(
             "the node was not Ready with its lower cluster reachable within {within} s of the fault's end"
         ));
     }
+    let real = tensile_sim::env::real::bin_dir().is_some();
+    let down_event = with(seen, |s| {
+        s.down_events.iter().any(|t| *t >= began && *t <= ended)
+    })?;
+    if fault.shows_restart(real) && !(outcome.node_left_ready && down_event) {
+        // Reported, not a violation: about 1 restart in 10 of a five-fault run went unseen.
+        println!(
+            "  NOTE: the {} did not show on the node (its condition unreachable and a Warning event saying so)",
+            fault.name()
+        );
+    }
     if fault.must_show() {
         if !outcome.condition_shown {
             v.push("the outage did not show in the node's condition".into());
@@ -598,11 +637,81 @@ async fn one_fault(
         if !outcome.event_shown {
             v.push("the outage did not show in an event on the node".into());
         }
-        if outcome.status_shown != Some(true) {
+        if fault.must_show() && outcome.status_shown != Some(true) {
             v.push("the outage did not show in tensile status".into());
         }
     }
     Ok(outcome)
+}
+
+/// The upper pods of a burst not seen Running: each with its upper phase and conditions as
+/// listed now, and its lower pod (missing, or its phase), one a line.
+async fn not_running(env: &TestEnv, prefix: &str, seen_running: &BTreeSet<String>) -> String {
+    let list = |client: &kube::Client| {
+        let api = Api::<Pod>::namespaced(client.clone(), "default");
+        async move {
+            api.list(&kube::api::ListParams::default())
+                .await
+                .map(|l| {
+                    l.items
+                        .into_iter()
+                        .filter_map(|p| Some((p.metadata.name.clone()?, p)))
+                        .collect::<BTreeMap<_, _>>()
+                })
+                .map_err(|e| format!("{e}"))
+        }
+    };
+    let (upper, lower) = (
+        list(&env.clusters[0].client).await,
+        list(&env.clusters[1].client).await,
+    );
+    let (upper, lower) = match (upper, lower) {
+        (Ok(u), Ok(l)) => (u, l),
+        (u, l) => {
+            return format!(
+                "listing the pods failed: upper {:?}, lower {:?}",
+                u.err(),
+                l.err()
+            );
+        }
+    };
+    let describe = |p: &Pod| {
+        let status = p.status.as_ref();
+        let conditions: Vec<String> = status
+            .and_then(|s| s.conditions.as_deref())
+            .unwrap_or_default()
+            .iter()
+            .map(|c| format!("{}={}", c.type_, c.status))
+            .collect();
+        format!(
+            "phase {} node {} conditions [{}] rv {}",
+            status.and_then(|s| s.phase.as_deref()).unwrap_or("-"),
+            p.spec
+                .as_ref()
+                .and_then(|s| s.node_name.as_deref())
+                .unwrap_or("-"),
+            conditions.join(" "),
+            p.metadata.resource_version.as_deref().unwrap_or("-"),
+        )
+    };
+    let mut lines = Vec::new();
+    for (name, pod) in upper.iter().filter(|(k, _)| k.starts_with(prefix)) {
+        if seen_running.contains(name) {
+            continue;
+        }
+        lines.push(format!(
+            "  {name}: upper {}; lower {}",
+            describe(pod),
+            lower
+                .get(name)
+                .map_or_else(|| "missing".to_owned(), describe)
+        ));
+    }
+    format!(
+        "{} upper pods of the burst not seen Running by the benchmark's watch:\n{}",
+        lines.len(),
+        lines.join("\n")
+    )
 }
 
 /// Whether `tensile status --once` says the node's lower cluster is unreachable.

@@ -89,11 +89,67 @@ where
     /// Applies one watcher event, as kube's reflector does: a list replaces the content when it
     /// is complete (and the cache is ready from then on), changes apply at once.
     pub fn apply(&self, event: &watcher::Event<K>) {
+        let _ = self.apply_keys(event);
+    }
+
+    /// [`Self::apply_keys`], returning the objects instead of their keys: each as the cache
+    /// shows it now, or as it last showed it when it is gone (deleted, or dropped by a
+    /// re-list).
+    pub fn apply_objects(&self, event: &watcher::Event<K>) -> Vec<K>
+    where
+        K: Clone,
+    {
+        match event {
+            watcher::Event::Apply(o) | watcher::Event::Delete(o) => {
+                self.apply(event);
+                vec![o.clone()]
+            }
+            watcher::Event::Init | watcher::Event::InitApply(_) => {
+                self.apply(event);
+                Vec::new()
+            }
+            watcher::Event::InitDone => {
+                let listed: std::collections::HashSet<Key> = self
+                    .inner
+                    .relist
+                    .lock()
+                    .ok()
+                    .and_then(|r| r.as_ref().map(|m| m.keys().cloned().collect()))
+                    .unwrap_or_default();
+                // The dropped ones as the previous list had them, before it goes.
+                let mut objects: Vec<K> = self
+                    .inner
+                    .objects
+                    .read()
+                    .map(|o| {
+                        o.iter()
+                            .filter(|(k, _)| !listed.contains(*k))
+                            .filter_map(|(_, v)| self.inner.decode(v))
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                self.apply(event);
+                objects.extend(listed.iter().filter_map(|(ns, name)| self.get(ns, name)));
+                objects
+            }
+        }
+    }
+
+    /// [`Self::apply`], returning the keys whose objects may have changed as the cache shows
+    /// them now: the object of a change or deletion at once; none while a (re-)list is in
+    /// progress, and when it completes every key it listed and every key it dropped. Whoever
+    /// reconciles these keys from the cache reads what caused them. kube's `touched_objects`
+    /// hands out a re-list's objects as they arrive, while the cache still shows the previous
+    /// list: a reconcile then decides on the old state, and when the list completes nothing
+    /// comes back for the objects that changed while the watch was down (after an API server
+    /// restart, a lower pod that became Running meanwhile stayed Pending upstairs for good).
+    pub fn apply_keys(&self, event: &watcher::Event<K>) -> Vec<Key> {
         match event {
             watcher::Event::Init => {
                 if let Ok(mut r) = self.inner.relist.lock() {
                     *r = Some(HashMap::new());
                 }
+                Vec::new()
             }
             watcher::Event::InitApply(o) => {
                 if let (Some(k), Some(v), Ok(mut r)) =
@@ -102,25 +158,38 @@ where
                 {
                     r.insert(k, v);
                 }
+                Vec::new()
             }
             watcher::Event::InitDone => {
                 let listed = self.inner.relist.lock().ok().and_then(|mut r| r.take());
+                let mut touched = Vec::new();
                 if let (Some(listed), Ok(mut objects)) = (listed, self.inner.objects.write()) {
+                    touched.extend(objects.keys().filter(|k| !listed.contains_key(*k)).cloned());
+                    touched.extend(listed.keys().cloned());
                     *objects = listed;
                 }
                 self.inner.ready.send_replace(true);
+                touched
             }
             watcher::Event::Apply(o) => {
-                if let (Some(k), Some(v), Ok(mut objects)) =
-                    (key_of(o), self.inner.encode(o), self.inner.objects.write())
+                let Some(k) = key_of(o) else {
+                    return Vec::new();
+                };
+                if let (Some(v), Ok(mut objects)) =
+                    (self.inner.encode(o), self.inner.objects.write())
                 {
-                    objects.insert(k, v);
+                    objects.insert(k.clone(), v);
                 }
+                vec![k]
             }
             watcher::Event::Delete(o) => {
-                if let (Some(k), Ok(mut objects)) = (key_of(o), self.inner.objects.write()) {
+                let Some(k) = key_of(o) else {
+                    return Vec::new();
+                };
+                if let Ok(mut objects) = self.inner.objects.write() {
                     objects.remove(&k);
                 }
+                vec![k]
             }
         }
     }
@@ -318,6 +387,97 @@ mod tests {
             "status": {"phase": "Running", "podIP": "10.0.0.1"}
         }))
         .unwrap()
+    }
+
+    /// A consumer reconciles each key it is handed from the cache: the cache must then show
+    /// the object that caused it. A re-list (a watch expired while its API server restarted)
+    /// hands out its keys only once it is complete, with the keys it dropped.
+    #[test]
+    fn keys_come_when_the_cache_shows_their_objects_and_a_relist_when_complete() {
+        let cache = CompactCache::<Pod>::new();
+        let image = |name: &str| {
+            let p = cache.get("default", name)?;
+            p.spec?.containers.first()?.image.clone()
+        };
+        let mut handed = Vec::new();
+        let events = [
+            watcher::Event::Init,
+            watcher::Event::InitApply(pod("a", "v1")),
+            watcher::Event::InitApply(pod("b", "v1")),
+            watcher::Event::InitDone,
+            watcher::Event::Apply(pod("c", "v1")),
+            watcher::Event::Apply(pod("a", "v2")),
+            // The watch expired: a re-list where a changed, b is gone and d is new.
+            watcher::Event::Init,
+            watcher::Event::InitApply(pod("a", "v3")),
+            watcher::Event::InitApply(pod("c", "v1")),
+            watcher::Event::InitApply(pod("d", "v1")),
+            watcher::Event::InitDone,
+            watcher::Event::Delete(pod("d", "v1")),
+        ];
+        for event in &events {
+            let mut keys = cache.apply_keys(event);
+            keys.sort();
+            for (_, name) in &keys {
+                handed.push((name.clone(), image(name)));
+            }
+        }
+        let at = |name: &str, image: Option<&str>| (name.to_owned(), image.map(str::to_owned));
+        assert_eq!(
+            handed,
+            vec![
+                at("a", Some("v1")),
+                at("b", Some("v1")),
+                at("c", Some("v1")),
+                at("a", Some("v2")),
+                // Only when the re-list is complete, each as it listed it (b: gone).
+                at("a", Some("v3")),
+                at("b", None),
+                at("c", Some("v1")),
+                at("d", Some("v1")),
+                at("d", None),
+            ]
+        );
+    }
+
+    #[test]
+    fn a_relist_hands_out_its_objects_when_complete_and_the_dropped_ones_as_last_seen() {
+        let cache = CompactCache::<Pod>::new();
+        let images = |objects: Vec<Pod>| {
+            let mut v: Vec<(String, String)> = objects
+                .into_iter()
+                .map(|p| {
+                    let image = p.spec.unwrap().containers[0].image.clone().unwrap();
+                    (p.metadata.name.unwrap(), image)
+                })
+                .collect();
+            v.sort();
+            v
+        };
+        let pair = |n: &str, i: &str| (n.to_owned(), i.to_owned());
+        for e in [
+            watcher::Event::Init,
+            watcher::Event::InitApply(pod("a", "v1")),
+            watcher::Event::InitApply(pod("b", "v1")),
+        ] {
+            assert!(cache.apply_objects(&e).is_empty());
+        }
+        assert_eq!(
+            images(cache.apply_objects(&watcher::Event::InitDone)),
+            vec![pair("a", "v1"), pair("b", "v1")]
+        );
+        assert_eq!(
+            images(cache.apply_objects(&watcher::Event::Apply(pod("a", "v2")))),
+            vec![pair("a", "v2")]
+        );
+        cache.apply_objects(&watcher::Event::Init);
+        cache.apply_objects(&watcher::Event::InitApply(pod("a", "v3")));
+        assert_eq!(
+            images(cache.apply_objects(&watcher::Event::InitDone)),
+            vec![pair("a", "v3"), pair("b", "v1")],
+            "b was dropped: as last seen"
+        );
+        assert!(cache.get("default", "b").is_none());
     }
 
     #[tokio::test]

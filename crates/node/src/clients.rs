@@ -690,6 +690,19 @@ struct ApiCallsInner {
     /// Answers that were errors of the server (5xx) or throttling (429), by cluster and code.
     errors: Family<ErrorAnswerLabels, Counter>,
     error_counters: RwLock<HashMap<ErrorAnswerLabels, Counter>>,
+    /// Requests that got no answer at all (refused, reset, timed out), by cluster.
+    unanswered: Unanswered,
+}
+
+/// Requests without an answer, by cluster; a change wakes the subscribers, so that the node
+/// asks at once whether the cluster still answers instead of at its next lease tick.
+#[derive(Debug)]
+struct Unanswered(tokio::sync::watch::Sender<HashMap<&'static str, u64>>);
+
+impl Default for Unanswered {
+    fn default() -> Self {
+        Self(tokio::sync::watch::Sender::new(HashMap::new()))
+    }
 }
 
 /// The labels of one error-answer counter.
@@ -740,6 +753,30 @@ impl ApiCalls {
             .unwrap_or_else(PoisonError::into_inner);
         let counter = self.inner.errors.get_or_create_owned(&labels);
         counters.entry(labels).or_insert(counter).inc();
+    }
+
+    /// Counts one request of `cluster` that got no answer (the connection refused, reset or
+    /// timed out) and wakes the subscribers of [`Self::subscribe_unanswered`].
+    pub fn record_unanswered(&self, cluster: &'static str) {
+        self.inner.unanswered.0.send_modify(|m| {
+            *m.entry(cluster).or_default() += 1;
+        });
+    }
+
+    /// Requests of `cluster` that got no answer so far.
+    pub fn unanswered(&self, cluster: &str) -> u64 {
+        self.inner
+            .unanswered
+            .0
+            .borrow()
+            .get(cluster)
+            .copied()
+            .unwrap_or_default()
+    }
+
+    /// Changes when a request of any cluster gets no answer.
+    pub fn subscribe_unanswered(&self) -> tokio::sync::watch::Receiver<HashMap<&'static str, u64>> {
+        self.inner.unanswered.0.subscribe()
     }
 
     /// The error answers of `cluster` so far.
@@ -889,7 +926,8 @@ where
 
 /// A [`Layer`] counting the answers that are errors of the server (5xx) or throttling (429)
 /// in [`ApiCalls`] under one cluster name: requests that reached the API server and failed
-/// there, which a check of whether it answers at all does not see.
+/// there, which a check of whether it answers at all does not see. Requests that got no
+/// answer at all are counted too ([`ApiCalls::record_unanswered`]).
 #[derive(Clone, Debug)]
 pub struct ErrorAnswerLayer {
     cluster: &'static str,
@@ -941,8 +979,9 @@ where
         let answer = self.inner.call(req);
         Box::pin(async move {
             let answer = answer.await;
-            if let Ok(res) = &answer {
-                calls.record_answer(cluster, res.status().as_u16());
+            match &answer {
+                Ok(res) => calls.record_answer(cluster, res.status().as_u16()),
+                Err(_) => calls.record_unanswered(cluster),
             }
             answer
         })
@@ -985,6 +1024,31 @@ mod tests {
             text.contains(r#"tensile_api_error_answers_total{cluster="lower",code="429"} 2"#),
             "{text}"
         );
+    }
+
+    #[tokio::test]
+    async fn requests_without_an_answer_are_counted_and_wake_the_subscribers() {
+        use tower::ServiceExt as _;
+        let calls = ApiCalls::default();
+        let mut woken = calls.subscribe_unanswered();
+        let inner = tower::service_fn(|req: Request<()>| async move {
+            if req.uri().path() == "/refused" {
+                return Err(std::io::Error::from(std::io::ErrorKind::ConnectionRefused));
+            }
+            Ok(http::Response::new(()))
+        });
+        let mut service = ErrorAnswerLayer::new("lower", calls.clone()).layer(inner);
+        for path in ["/ok", "/refused", "/ok", "/refused"] {
+            let req = Request::get(path).body(()).unwrap();
+            let _ = service.ready().await.unwrap().call(req).await;
+        }
+        assert_eq!(calls.unanswered("lower"), 2);
+        assert_eq!(calls.unanswered("upper"), 0);
+        assert!(woken.has_changed().unwrap());
+        woken.mark_unchanged();
+        let req = Request::get("/ok").body(()).unwrap();
+        service.ready().await.unwrap().call(req).await.unwrap();
+        assert!(!woken.has_changed().unwrap(), "an answer wakes no one");
     }
 
     fn kind(method: &str, path_and_query: &str) -> (Verb, String) {

@@ -26,7 +26,7 @@ use futures::{StreamExt as _, TryStreamExt as _};
 use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::api::core::v1::{ConfigMap, Endpoints, PersistentVolumeClaim, Secret, Service};
 use kube::api::{Api, PostParams};
-use kube::runtime::{WatchStreamExt as _, watcher};
+use kube::runtime::watcher;
 use kube::{Resource, ResourceExt as _};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -393,9 +393,17 @@ where
     let cfg = &kind.cfg;
     let lower_cache = kind.lower.clone();
     let watch = |api: Api<K>, config: watcher::Config, cache: CompactCache<K>| {
+        // The objects once the cache shows them (a re-list's when complete).
         crate::backoff::watch(api, config)
-            .inspect_ok(move |e| cache.apply(e))
-            .touched_objects()
+            .map_ok(move |e| {
+                futures::stream::iter(
+                    cache
+                        .apply_objects(&e)
+                        .into_iter()
+                        .map(Ok::<_, watcher::Error>),
+                )
+            })
+            .try_flatten()
             .boxed()
     };
     // Our token Secrets (`crate::tokens`) are not copies of anything: the pod controller keeps them.

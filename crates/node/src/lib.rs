@@ -242,7 +242,8 @@ impl VirtualNode {
         let (tx, rx) = watch::channel(Default::default());
         let lower = self.pods.lower.clone();
         let upper = self.pods.upper.clone();
-        let [for_pods, for_capacity] = pods::lower_pod_events(lower.clone(), stop.clone());
+        let [for_pods, for_capacity] =
+            pods::lower_pod_events(lower.clone(), reach.subscribe(), stop.clone());
         let capacity = tokio::spawn(node::track_capacity(
             lower.clone(),
             self.node.owner.clone(),

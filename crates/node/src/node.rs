@@ -362,7 +362,8 @@ pub async fn run_node(
     let mut capacity_open = true;
     let mut last_warning: Option<tokio::time::Instant> = None;
     let mut node_uid: Option<String> = None;
-    // Set when the wake-up is a recheck of an unreachable lower cluster (not a lease tick).
+    // Set when the wake-up is a recheck of an unreachable lower cluster, or a probe after a
+    // lower request went unanswered (not a lease tick).
     let mut recheck = false;
     // The lower cluster's error answers and requests at the last lease tick, and when.
     let mut last_answers = (
@@ -370,6 +371,14 @@ pub async fn run_node(
         cfg.api_calls.cluster_total(LOWER),
         tokio::time::Instant::now(),
     );
+    // A lower request or watch that got no answer (refused, reset) asks at once whether the
+    // lower cluster still answers, at most once per UNREACHABLE_RECHECK: an outage shorter
+    // than the lease tick (an API server restart takes seconds) shows on the node too.
+    let mut unanswered = cfg.api_calls.subscribe_unanswered();
+    let mut unanswered_open = true;
+    let mut seen_unanswered = cfg.api_calls.unanswered(LOWER);
+    let mut probe_due = false;
+    let mut last_ping = tokio::time::Instant::now();
     loop {
         // Capacity changes are patched at most once per `MIN_STATUS_INTERVAL`; the changes in
         // between are folded into the next patch.
@@ -400,11 +409,30 @@ pub async fn run_node(
                 recheck = true;
                 false
             }
+            r = unanswered.changed(), if unanswered_open => {
+                if r.is_err() {
+                    unanswered_open = false;
+                } else {
+                    // While it is known away, the rechecks every second ask already.
+                    let n = cfg.api_calls.unanswered(LOWER);
+                    probe_due |= n != seen_unanswered
+                        && !matches!(health, LowerHealth::Unreachable { .. });
+                    seen_unanswered = n;
+                }
+                continue;
+            }
+            () = tokio::time::sleep_until(last_ping + UNREACHABLE_RECHECK),
+                if probe_due && !matches!(health, LowerHealth::Unreachable { .. }) => {
+                recheck = true;
+                false
+            }
         };
         pending = false;
         // Ping the lower cluster with every tick: its health decides conditions and taints.
         if !capacity_changed {
             let was = reach.cause();
+            last_ping = tokio::time::Instant::now();
+            probe_due = false;
             let cause =
                 match tokio::time::timeout(Duration::from_secs(5), lower.apiserver_version()).await
                 {
@@ -437,6 +465,9 @@ pub async fn run_node(
                 last_answers = (answers, requests, tokio::time::Instant::now());
             }
             health = match (&cause, errors) {
+                // A probe does not count error answers: one that finds the cluster answering
+                // leaves them to the next lease tick.
+                (None, None) if recheck && matches!(health, LowerHealth::Erroring { .. }) => health,
                 (None, None) => LowerHealth::Reachable,
                 (None, Some(message)) => {
                     tracing::warn!(node = %name, %message, "the lower cluster answers with errors");
@@ -480,8 +511,9 @@ pub async fn run_node(
             }
             let still_unreachable = cause.is_some();
             reach.set(cause);
-            // A recheck that finds it still away changes nothing upstairs.
-            if recheck && still_unreachable {
+            // A recheck that finds it as it was (still away, or still answering) changes
+            // nothing upstairs.
+            if recheck && still_unreachable == was.is_some() {
                 recheck = false;
                 continue;
             }

@@ -16,7 +16,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::Resource;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::runtime::watcher;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
@@ -196,9 +196,11 @@ const LOWER_EVENT_BUFFER: usize = 256;
 
 /// One watch of every lower pod, fanned out to `CONSUMERS` streams (the capacity model needs
 /// all of them, the pod controller ours; one watch serves both instead of two that deliver
-/// our pods twice). The watcher retries with backoff by itself; it ends at `stop`.
+/// our pods twice). The watcher retries with backoff by itself, at once when `down` says the
+/// lower cluster answers again ([`crate::backoff::watch_waking`]); it ends at `stop`.
 pub fn lower_pod_events<const CONSUMERS: usize>(
     lower: kube::Client,
+    down: tokio::sync::watch::Receiver<bool>,
     stop: CancellationToken,
 ) -> [EventReceiver<watcher::Event<Pod>>; CONSUMERS] {
     let mut senders = Vec::with_capacity(CONSUMERS);
@@ -209,7 +211,8 @@ pub fn lower_pod_events<const CONSUMERS: usize>(
     });
     tokio::spawn(async move {
         let mut events =
-            crate::backoff::watch(Api::<Pod>::all(lower), watcher::Config::default()).boxed();
+            crate::backoff::watch_waking(Api::<Pod>::all(lower), watcher::Config::default(), down)
+                .boxed();
         loop {
             let next = tokio::select! {
                 () = stop.cancelled() => return,
@@ -300,25 +303,37 @@ pub async fn run_with_store(
             m.insert(k, g);
         }
     })
-    .inspect_ok({
+    // The keys to reconcile once the cache shows what changed (a re-list's when it is
+    // complete: see `CompactCache::apply_keys`).
+    .map_ok({
         let cache = upper_pods.clone();
         move |e| {
-            upper_needs.observe(Side::Upper, e);
-            cache.apply(e);
+            upper_needs.observe(Side::Upper, &e);
+            futures::stream::iter(
+                cache
+                    .apply_keys(&e)
+                    .into_iter()
+                    .map(Ok::<_, watcher::Error>),
+            )
         }
     })
-    .touched_objects()
+    .try_flatten()
     .boxed();
     let lower_stream = ours_only(lower_events, &cfg.translate.owner, lower_pods.clone())
         .map(Ok::<_, watcher::Error>)
-        .inspect_ok({
+        .map_ok({
             let cache = lower_pods.clone();
             move |e| {
-                needs.observe(Side::Lower, e);
-                cache.apply(e);
+                needs.observe(Side::Lower, &e);
+                futures::stream::iter(
+                    cache
+                        .apply_keys(&e)
+                        .into_iter()
+                        .map(Ok::<_, watcher::Error>),
+                )
             }
         })
-        .touched_objects()
+        .try_flatten()
         .boxed();
     let (queue, rx) = Queue::<Key>::with_retry(cfg.retry);
     let feed = {
@@ -326,12 +341,7 @@ pub async fn run_with_store(
         let stop = stop.clone();
         async move {
             let merged = futures::stream::select(upper_stream, lower_stream);
-            crate::backoff::drain(merged, &stop, "pods", |p| {
-                if let Some(k) = key_of(&p) {
-                    queue.add(k);
-                }
-            })
-            .await;
+            crate::backoff::drain(merged, &stop, "pods", |k| queue.add(k)).await;
         }
     };
     tokio::spawn(feed);

@@ -19,7 +19,7 @@ use k8s_openapi::api::authentication::v1::{BoundObjectReference, TokenRequest, T
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret, ServiceAccount};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, Preconditions};
-use kube::runtime::{WatchStreamExt as _, watcher};
+use kube::runtime::watcher;
 use tensile_core::deps::is_owned_by;
 use tensile_core::identity::{
     DownwardPin, IdentityStep, IssuedToken, KEY_CA, TokenNeed, Tokens, downward_pins,
@@ -153,14 +153,20 @@ impl IdentitySecrets {
             Api::<Secret>::all(lower.clone()),
             watcher::Config::default().labels(&selector),
         )
-        .inspect_ok({
+        // The Secrets once the cache shows them (a re-list's when complete).
+        .map_ok({
             let (cache, index) = (secrets.clone(), by_pod.clone());
             move |e| {
-                cache.apply(e);
-                index_secrets(&index, e);
+                index_secrets(&index, &e);
+                futures::stream::iter(
+                    cache
+                        .apply_objects(&e)
+                        .into_iter()
+                        .map(Ok::<_, watcher::Error>),
+                )
             }
         })
-        .touched_objects()
+        .try_flatten()
         .boxed();
         let feed = queue.clone();
         tokio::spawn(async move {

@@ -10,7 +10,7 @@ use futures::{StreamExt as _, TryStreamExt as _};
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use kube::ResourceExt as _;
 use kube::api::{Api, Patch, PatchParams, PostParams};
-use kube::runtime::{WatchStreamExt as _, watcher};
+use kube::runtime::watcher;
 use serde_json::Value;
 use tensile_core::deps::is_owned_by;
 use tensile_core::volumes::{Claims as ClaimPair, VolumeAction, upper_claim_patch, volume_action};
@@ -148,13 +148,21 @@ impl VolumeController {
                 Api::<PersistentVolume>::all(client),
                 watcher::Config::default(),
             )
-            .inspect_ok(move |e| cache.apply(e))
-            .touched_objects()
+            // Keys once the cache shows them (a re-list's when complete).
+            .map_ok(move |e| {
+                futures::stream::iter(
+                    cache
+                        .apply_keys(&e)
+                        .into_iter()
+                        .map(Ok::<_, watcher::Error>),
+                )
+            })
+            .try_flatten()
             .boxed();
             let (queue, stop) = (queue.clone(), stop.clone());
             tokio::spawn(async move {
-                crate::backoff::drain(events, &stop, "persistentvolumes", |pv| {
-                    queue.add(pv.name_any());
+                crate::backoff::drain(events, &stop, "persistentvolumes", |(_, name)| {
+                    queue.add(name);
                 })
                 .await;
             });

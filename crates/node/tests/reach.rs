@@ -185,6 +185,52 @@ async fn an_outage_is_a_warning_event_a_named_condition_and_503_from_the_kubelet
     stop.cancel();
 }
 
+/// An outage shorter than the lease tick shows on the node (issue 29): a lower request or
+/// watch that gets no answer makes the node ask at once whether the lower cluster answers,
+/// instead of at its next lease renewal. Here the ticks are 30 s apart and the outage begins
+/// right after the first: the condition and the Warning event must come long before the next.
+#[tokio::test]
+async fn an_outage_between_two_lease_ticks_shows_at_once() {
+    let env = clusters().await;
+    let mut opts = NodeOptions::new("vk-lower");
+    opts.lease_renew = std::time::Duration::from_secs(30);
+    let stop = try_spawn(&env, opts).await.unwrap().stop;
+    let upper = &env.clusters[0].client;
+    let nodes: Api<Node> = Api::all(upper.clone());
+    let condition = || async { reachable_condition(&nodes.get("vk-lower").await.ok()?) };
+    eventually(
+        30,
+        "the node registered, its lower cluster reachable",
+        || async { (condition().await?.0 == "True").then_some(()) },
+    )
+    .await;
+    // Its watches lose their connections and cannot connect again: nothing else asks.
+    env.clusters[1].set_available(false);
+    eventually(
+        10,
+        "the node says the lower cluster is unreachable",
+        || async { (condition().await?.0 == "False").then_some(()) },
+    )
+    .await;
+    let events: Api<Event> = Api::namespaced(upper.clone(), "default");
+    eventually(10, "a Warning event on the node", || async {
+        let list = events
+            .list(&ListParams::default().fields("involvedObject.name=vk-lower"))
+            .await
+            .ok()?;
+        list.items
+            .into_iter()
+            .find(|e| e.reason.as_deref() == Some("LowerClusterUnreachable"))
+    })
+    .await;
+    env.clusters[1].set_available(true);
+    eventually(10, "the node says it answers again", || async {
+        (condition().await?.0 == "True").then_some(())
+    })
+    .await;
+    stop.cancel();
+}
+
 /// A lower cluster whose CA is not the one in the kubeconfig (re-created with a new CA): the
 /// error names the certificate problem instead of `client error (Connect)`.
 #[tokio::test]
