@@ -275,6 +275,91 @@ mod tests {
     }
 }
 
+/// Writes whose result a watch has not shown yet: after a create succeeds, the watch that
+/// fills the cache may not have delivered the object when its key is reconciled again (another
+/// change of the key came meanwhile), and the cache would say to create it again (a create
+/// answered AlreadyExists and a GET: two round trips for nothing). A key is expected, with the
+/// version it was written for (the upper pod's UID), from the write until the watch shows
+/// anything of that key, and for at most `window` (a watch that never shows it must not hold
+/// the key back for good: the next create is idempotent anyway).
+pub struct Expected<K> {
+    window: Duration,
+    since: Mutex<HashMap<K, (String, Instant)>>,
+}
+
+impl<K> std::fmt::Debug for Expected<K> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Expected")
+            .field("window", &self.window)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<K: Clone + Eq + Hash> Expected<K> {
+    /// Expectations that last at most `window`.
+    pub fn new(window: Duration) -> Self {
+        Self {
+            window,
+            since: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// `key` was written for `version` at `now`.
+    pub fn written(&self, key: K, version: &str, now: Instant) {
+        if let Ok(mut since) = self.since.lock() {
+            since.insert(key, (version.to_owned(), now));
+        }
+    }
+
+    /// The watch showed something of `key`: the cache is to be believed again.
+    pub fn seen(&self, key: &K) {
+        if let Ok(mut since) = self.since.lock() {
+            since.remove(key);
+        }
+    }
+
+    /// Whether a write of `key` for `version` was made within the window and the watch has not
+    /// shown the key since (the cache's absence of it is not to be believed).
+    pub fn pending(&self, key: &K, version: &str, now: Instant) -> bool {
+        let Ok(mut since) = self.since.lock() else {
+            return false;
+        };
+        match since.get(key) {
+            Some((v, t)) if v == version && now.saturating_duration_since(*t) < self.window => true,
+            Some(_) => {
+                since.remove(key);
+                false
+            }
+            None => false,
+        }
+    }
+}
+
+#[cfg(test)]
+mod expected_tests {
+    use super::*;
+
+    #[test]
+    fn a_write_is_expected_until_the_watch_shows_the_key_or_the_window_ends() {
+        let expected = Expected::new(Duration::from_secs(30));
+        let t0 = Instant::now();
+        assert!(!expected.pending(&"a", "uid-1", t0));
+        expected.written("a", "uid-1", t0);
+        assert!(expected.pending(&"a", "uid-1", t0 + Duration::from_secs(1)));
+        // Another version of the key (the upper pod made again) is not expected.
+        assert!(!expected.pending(&"a", "uid-2", t0 + Duration::from_secs(1)));
+        expected.written("a", "uid-1", t0);
+        // Seen by the watch: the cache is right again.
+        expected.seen(&"a");
+        assert!(!expected.pending(&"a", "uid-1", t0 + Duration::from_secs(1)));
+        // Never seen: the window ends it.
+        expected.written("b", "uid-3", t0);
+        assert!(expected.pending(&"b", "uid-3", t0 + Duration::from_secs(29)));
+        assert!(!expected.pending(&"b", "uid-3", t0 + Duration::from_secs(30)));
+        assert!(!expected.pending(&"b", "uid-3", t0 + Duration::from_secs(1)));
+    }
+}
+
 /// Keys to put on a queue at a time of their own (a token's refresh): one sleeping task per
 /// key and time asked; asking again for the same time is free, and a new time supersedes the
 /// old one (whose task then wakes to nothing).
