@@ -316,6 +316,7 @@ pub async fn run_with_store(
         }
     })
     .touched_objects()
+    .map_ok(|p| (p, false))
     .boxed();
     let created = Arc::new(Expected::new(CREATED_EXPECTED));
     let lower_stream = ours_only(lower_events, &cfg.translate.owner, lower_pods.clone())
@@ -335,6 +336,9 @@ pub async fn run_with_store(
             }
         })
         .touched_objects()
+        // What the lower cluster reports goes first (urgent): mostly a status to write up, one
+        // request, which should not wait behind a burst of creations.
+        .map_ok(|p| (p, true))
         .boxed();
     let (queue, rx) = Queue::<Key>::with_retry(cfg.retry);
     let feed = {
@@ -342,9 +346,13 @@ pub async fn run_with_store(
         let stop = stop.clone();
         async move {
             let merged = futures::stream::select(upper_stream, lower_stream);
-            crate::backoff::drain(merged, &stop, "pods", |p| {
+            crate::backoff::drain(merged, &stop, "pods", |(p, urgent)| {
                 if let Some(k) = key_of(&p) {
-                    queue.add(k);
+                    if urgent {
+                        queue.add_urgent(k);
+                    } else {
+                        queue.add(k);
+                    }
                 }
             })
             .await;
