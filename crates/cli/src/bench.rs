@@ -661,7 +661,7 @@ async fn offload(args: OffloadArgs) -> anyhow::Result<()> {
         ("reconcile", "one reconcile, API calls included"),
         (
             "upper_tokens",
-            "a pod's upper tokens: TokenRequest upstairs, Secret downstairs",
+            "a pod's upper tokens checked; when due, TokenRequest upstairs and Secret downstairs",
         ),
         (
             "lower_pod_create",
@@ -727,7 +727,7 @@ async fn offload(args: OffloadArgs) -> anyhow::Result<()> {
         }
     } else {
         println!(
-            "the API servers' own latency: not available (the simulator serves no /metrics; run on real control planes with TENSILE_K8S_BIN)"
+            "the API servers' own latency: not available (the simulator serves no API server metrics; run on real control planes with TENSILE_K8S_BIN)"
         );
     }
     let (down_p99, up_p99) = (pct(&mut down, 0.99), pct(&mut up, 0.99));
@@ -842,7 +842,7 @@ async fn offload(args: OffloadArgs) -> anyhow::Result<()> {
         "{}",
         json!({
             "pods": n,
-            "backend": if real { "real" } else { "sim" },
+            "backend": if tensile_sim::env::real::bin_dir().is_some() { "real" } else { "sim" },
             "all_running_s": round(total.as_secs_f64(), 2),
             "bound_to_lower_created_p50_ms": duration_ms(pct(&mut down, 0.5)),
             "bound_to_lower_created_p99_ms": duration_ms(down_p99),
