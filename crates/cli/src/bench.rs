@@ -205,6 +205,18 @@ fn memory_mib(pid: u32) -> (f64, f64) {
     (field("VmRSS:"), field("VmHWM:"))
 }
 
+/// How many sockets a process has open (its connections to the API servers, mostly).
+fn sockets(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, |dir| {
+        dir.filter_map(Result::ok)
+            .filter(|e| {
+                std::fs::read_link(e.path())
+                    .is_ok_and(|l| l.to_string_lossy().starts_with("socket:"))
+            })
+            .count()
+    })
+}
+
 /// CPU time (user + system, all threads) a process has used, in seconds, from
 /// `/proc/<pid>/stat` (Linux counts it in USER_HZ ticks, 100 per second on every architecture
 /// Rust's std supports there).
@@ -342,28 +354,37 @@ async fn apiserver_metrics(client: &kube::Client) -> Option<Samples> {
     Some(parse_metrics(&text))
 }
 
-/// p50/p99 of an API server's own request latency for a verb and resource between two scrapes,
-/// to tell its time from ours.
-fn server_latency(
+/// A quantile, in seconds, of an API server's own request latency for the requests whose labels
+/// include `labels` (verb, resource, subresource), between two scrapes of its `/metrics`, to
+/// tell its time from ours. None when either scrape is missing (the simulator serves none) or
+/// no such request was served in between.
+fn server_quantile(
     before: Option<&Samples>,
     after: Option<&Samples>,
     labels: &[(&str, &str)],
-) -> Option<String> {
+    q: f64,
+) -> Option<f64> {
     let d = delta(after?, before?);
-    let name = "apiserver_request_duration_seconds";
-    let p50 = histogram_quantile(&d, name, labels, 0.5)?;
-    let p99 = histogram_quantile(&d, name, labels, 0.99)?;
-    Some(format!(
-        "p50 {:.1}ms  p99 {:.1}ms",
-        p50 * 1000.0,
-        p99 * 1000.0
-    ))
+    histogram_quantile(&d, "apiserver_request_duration_seconds", labels, q)
+}
+
+/// One of our stages next to the API server's own latency of the write it waits for: the
+/// stage's p99 over the server's p99 (how far the node is from what the server allows).
+fn ratio(stage_p99: Duration, server_p99: Option<f64>) -> Option<f64> {
+    server_p99
+        .filter(|s| *s > 0.0)
+        .map(|s| stage_p99.as_secs_f64() / s)
+}
+
+/// Milliseconds for the JSON line: a number, or null when not measured.
+fn ms_json(seconds: Option<f64>) -> serde_json::Value {
+    seconds.map_or(serde_json::Value::Null, |s| json!((s * 1e4).round() / 10.0))
 }
 
 async fn offload(args: OffloadArgs) -> anyhow::Result<()> {
     let n = args.pods;
     let lower_nodes = n.div_ceil(100).max(2);
-    let env = burst_clusters(n).await?;
+    let mut env = burst_clusters(n).await?;
     let (upper, lower) = (
         env.clusters[0].client.clone(),
         env.clusters[1].client.clone(),
@@ -501,9 +522,10 @@ async fn offload(args: OffloadArgs) -> anyhow::Result<()> {
         bail!("{failures} pod creations failed upstairs");
     }
     let deadline = Instant::now() + Duration::from_secs(600);
-    let mut peak_rss = 0.0_f64;
+    let (mut peak_rss, mut peak_sockets) = (0.0_f64, 0);
     while upper_running.lock().map_or(0, |r| r.len()) < n && Instant::now() < deadline {
         peak_rss = peak_rss.max(memory_mib(pid).0);
+        peak_sockets = peak_sockets.max(sockets(pid));
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let total = start.elapsed();
@@ -549,9 +571,15 @@ async fn offload(args: OffloadArgs) -> anyhow::Result<()> {
     let upper_gone = seen.count(&seen.upper_gone);
     let after_delete = parse_metrics(&http_get(&metrics_addr, "/metrics").await?);
     let (_, hwm) = memory_mib(pid);
+    // The benchmark ends quietly: everything that talks to the clusters (the node, our
+    // watches, the simulated lower nodes) stops before the clusters do, so no request of theirs
+    // meets a server that is gone (kube-client logs each such failure as an ERROR).
     w1.abort();
     w2.abort();
     let _ = child.kill().await;
+    for cluster in &mut env.clusters {
+        cluster.stop_nodes();
+    }
 
     let snapshot = |t: &Times| t.lock().map(|m| m.clone()).unwrap_or_default();
     let (bound, lc, lr, ur) = (
@@ -604,9 +632,26 @@ async fn offload(args: OffloadArgs) -> anyhow::Result<()> {
         "delete: {upper_gone} upper pods gone {all_gone:.2?} after the first delete, {:.2?} after the last one was acknowledged",
         all_gone.saturating_sub(last_delete_acked)
     );
-    let stage = |s: &str, q: f64| {
+    let stage_s = |s: &str, q: f64| {
         histogram_quantile(&after, "tensile_pod_sync_seconds", &[("stage", s)], q)
-            .map_or_else(|| "-".to_owned(), |v| format!("{:.1}ms", v * 1000.0))
+    };
+    let stage = |s: &str, q: f64| {
+        stage_s(s, q).map_or_else(|| "-".to_owned(), |v| format!("{:.1}ms", v * 1000.0))
+    };
+    // How many times each stage ran in the burst, per pod (a reconcile per change of a pod).
+    let stage_count = |s: &str| {
+        let count = |m: &Samples| {
+            m.iter()
+                .filter(|((name, l), _)| {
+                    name == "tensile_pod_sync_seconds_count"
+                        && l.get("stage").map(String::as_str) == Some(s)
+                })
+                .map(|(_, v)| *v)
+                .sum::<f64>()
+        };
+        #[allow(clippy::cast_precision_loss)]
+        let per_pod = (count(&after) - count(&before)) / n as f64;
+        per_pod
     };
     for (s, what) in [
         (
@@ -615,36 +660,106 @@ async fn offload(args: OffloadArgs) -> anyhow::Result<()> {
         ),
         ("reconcile", "one reconcile, API calls included"),
         (
+            "upper_tokens",
+            "a pod's upper tokens checked; when due, TokenRequest upstairs and Secret downstairs",
+        ),
+        (
             "lower_pod_create",
             "the lower API server answering the pod create",
         ),
+        (
+            "upper_status",
+            "the upper API server answering a status patch",
+        ),
     ] {
         println!(
-            "inside the node: {s:16} p50 {:>8}  p99 {:>8}  ({what})",
+            "inside the node: {s:16} p50 {:>8}  p99 {:>8}  {:5.2} per pod  ({what})",
             stage(s, 0.5),
-            stage(s, 0.99)
+            stage(s, 0.99),
+            stage_count(s),
         );
     }
-    for (what, before, after, labels) in [
+    // The API servers' own latency for the writes our stages wait for (their
+    // `apiserver_request_duration_seconds`, the difference of two scrapes around the burst).
+    let lower_create = [("verb", "POST"), ("resource", "pods"), ("subresource", "")];
+    let upper_status = [
+        ("verb", "PATCH"),
+        ("resource", "pods"),
+        ("subresource", "status"),
+    ];
+    let lower_secret = [
+        ("verb", "POST"),
+        ("resource", "secrets"),
+        ("subresource", ""),
+    ];
+    let upper_token = [
+        ("verb", "POST"),
+        ("resource", "serviceaccounts"),
+        ("subresource", "token"),
+    ];
+    let server = |upper_side: bool, labels: &[(&str, &str)], q: f64| {
+        let (before, after) = if upper_side {
+            (&upper_server_before, &upper_server_after)
+        } else {
+            (&lower_server_before, &lower_server_after)
+        };
+        server_quantile(before.as_ref(), after.as_ref(), labels, q)
+    };
+    let fmt_ms =
+        |v: Option<f64>| v.map_or_else(|| "-".to_owned(), |v| format!("{:.1}ms", v * 1000.0));
+    let real = upper_server_after.is_some() && lower_server_after.is_some();
+    if real {
+        for (what, upper_side, labels) in [
+            ("lower API server, pod creates", false, &lower_create[..]),
+            ("lower API server, secret creates", false, &lower_secret[..]),
+            ("upper API server, token requests", true, &upper_token[..]),
+            (
+                "upper API server, pod status patches",
+                true,
+                &upper_status[..],
+            ),
+        ] {
+            println!(
+                "the API servers' own latency: {what:38} p50 {:>8}  p99 {:>8}",
+                fmt_ms(server(upper_side, labels, 0.5)),
+                fmt_ms(server(upper_side, labels, 0.99)),
+            );
+        }
+    } else {
+        println!(
+            "the API servers' own latency: not available (the simulator serves no API server metrics; run on real control planes with TENSILE_K8S_BIN)"
+        );
+    }
+    let (down_p99, up_p99) = (pct(&mut down, 0.99), pct(&mut up, 0.99));
+    let (create_p99, status_p99) = (
+        server(false, &lower_create, 0.99),
+        server(true, &upper_status, 0.99),
+    );
+    let (down_ratio, up_ratio) = (ratio(down_p99, create_p99), ratio(up_p99, status_p99));
+    for (what, stage_p99, server_what, server_p99, r) in [
         (
-            "upper API server, pod status patches",
-            &upper_server_before,
-            &upper_server_after,
-            &[
-                ("verb", "PATCH"),
-                ("resource", "pods"),
-                ("subresource", "status"),
-            ][..],
+            "upper pod bound -> lower pod created",
+            down_p99,
+            "the lower API server's pod create",
+            create_p99,
+            down_ratio,
         ),
         (
-            "lower API server, pod creates",
-            &lower_server_before,
-            &lower_server_after,
-            &[("verb", "POST"), ("resource", "pods")][..],
+            "lower pod Running -> upper pod Running",
+            up_p99,
+            "the upper API server's status patch",
+            status_p99,
+            up_ratio,
         ),
     ] {
-        if let Some(l) = server_latency(before.as_ref(), after.as_ref(), labels) {
-            println!("the API servers' own latency: {what:38} {l}");
+        match r {
+            Some(r) => println!(
+                "distance to the API servers: {what}: p99 {stage_p99:.1?} = {r:.2} x {server_what} p99 ({})",
+                fmt_ms(server_p99)
+            ),
+            None => println!(
+                "distance to the API servers: {what}: p99 {stage_p99:.1?}; {server_what} p99 not available"
+            ),
         }
     }
     let calls = |m: &Samples| -> BTreeMap<(String, String, String), f64> {
@@ -711,7 +826,43 @@ async fn offload(args: OffloadArgs) -> anyhow::Result<()> {
         std::thread::available_parallelism().map_or(0, std::num::NonZero::get)
     );
     println!(
-        "virtual node memory (RSS): {idle_rss:.1} MiB before, {peak_rss:.1} MiB peak during the burst and deletion (VmHWM {hwm:.1} MiB), {settled_rss:.1} MiB 5 s after the burst"
+        "virtual node memory (RSS): {idle_rss:.1} MiB before, {peak_rss:.1} MiB peak during the burst and deletion (VmHWM {hwm:.1} MiB), {settled_rss:.1} MiB 5 s after the burst; at most {peak_sockets} sockets open during the burst"
+    );
+    let round = |v: f64, places: i32| {
+        let f = 10f64.powi(places);
+        if v.is_finite() {
+            json!((v * f).round() / f)
+        } else {
+            serde_json::Value::Null
+        }
+    };
+    let duration_ms = |d: Duration| ms_json(Some(d.as_secs_f64()));
+    // One JSON object, last, for scripts.
+    println!(
+        "{}",
+        json!({
+            "pods": n,
+            "backend": if tensile_sim::env::real::bin_dir().is_some() { "real" } else { "sim" },
+            "all_running_s": round(total.as_secs_f64(), 2),
+            "bound_to_lower_created_p50_ms": duration_ms(pct(&mut down, 0.5)),
+            "bound_to_lower_created_p99_ms": duration_ms(down_p99),
+            "lower_running_to_upper_running_p50_ms": duration_ms(pct(&mut up, 0.5)),
+            "lower_running_to_upper_running_p99_ms": duration_ms(up_p99),
+            "lower_apiserver_pod_create_p99_ms": ms_json(create_p99),
+            "upper_apiserver_status_patch_p99_ms": ms_json(status_p99),
+            "lower_created_over_apiserver_p99": down_ratio.map_or(serde_json::Value::Null, |r| round(r, 2)),
+            "upper_running_over_apiserver_p99": up_ratio.map_or(serde_json::Value::Null, |r| round(r, 2)),
+            "queue_wait_p50_ms": ms_json(stage_s("queue_wait", 0.5)),
+            "queue_wait_p99_ms": ms_json(stage_s("queue_wait", 0.99)),
+            "reconcile_p50_ms": ms_json(stage_s("reconcile", 0.5)),
+            "reconcile_p99_ms": ms_json(stage_s("reconcile", 0.99)),
+            "reconciles_per_pod": round(stage_count("reconcile"), 2),
+            "delete_all_gone_s": round(all_gone.as_secs_f64(), 2),
+            "node_cpu_s": round(node_cpu, 2),
+            "peak_rss_mib": round(peak_rss, 1),
+            "settled_rss_mib": round(settled_rss, 1),
+            "peak_sockets": peak_sockets,
+        })
     );
     Ok(())
 }

@@ -403,7 +403,9 @@ pub fn identity_secret_needed(secret: &Secret, upper: Option<&Pod>, lower: Optio
 pub enum Tokens<'a> {
     /// Newly issued ones, with the upper CA bundle.
     Fresh(&'a [IssuedToken], &'a str),
-    /// Those of the current Secret (tokens, CA and refresh time), still good.
+    /// Those of the current Secret, still good: only its refresh time is written again; the
+    /// tokens and CA are left out, and the merge patch that writes a Secret of this kind leaves
+    /// them as they are downstairs (so the cache need not hold them: [`without_token_values`]).
     Kept(&'a Secret),
     /// The pod mounts no token.
     None,
@@ -460,14 +462,6 @@ pub fn identity_secret(
                 .as_ref()
                 .and_then(|a| a.get(ANNOTATION_TOKEN_REFRESH_AT))
                 .cloned();
-            data.extend(
-                current
-                    .data
-                    .iter()
-                    .flatten()
-                    .filter(|(k, _)| k.starts_with(TOKEN_KEY_PREFIX) || *k == KEY_CA)
-                    .map(|(k, v)| (k.clone(), v.clone())),
-            );
         }
         Tokens::None => {}
     }
@@ -498,6 +492,20 @@ pub fn identity_secret(
         data: Some(data),
         ..Secret::default()
     })
+}
+
+/// Our identity Secret as the virtual node keeps it in memory: the tokens' and the CA's
+/// values emptied, their keys kept. Every decision ([`identity_step`],
+/// [`identity_secret_needed`]) reads only which keys are there, the annotations and the
+/// downward values; a token is a kilobyte or two of signature that compresses to nothing, one
+/// per offloaded pod, and the CA is the same kilobyte in every Secret.
+pub fn without_token_values(mut secret: Secret) -> Secret {
+    for (k, v) in secret.data.iter_mut().flatten() {
+        if k.starts_with(TOKEN_KEY_PREFIX) || k == KEY_CA {
+            v.0 = Vec::new();
+        }
+    }
+    secret
 }
 
 /// What to do about the identity Secret of a pod.
@@ -1241,7 +1249,46 @@ mod tests {
         )
         .unwrap();
         let kept = identity_secret(&with_token, "vk-1", Tokens::Kept(&fresh), &[]).unwrap();
-        assert_eq!(kept.data, fresh.data);
         assert_eq!(kept.metadata.annotations, fresh.metadata.annotations);
+        // ... and their values are not written again (the merge patch leaves them).
+        let keys = |s: &Secret| -> Vec<String> {
+            s.data.iter().flatten().map(|(k, _)| k.clone()).collect()
+        };
+        assert_eq!(keys(&kept), ["namespace"]);
+    }
+
+    #[test]
+    fn a_secret_kept_in_memory_has_no_token_values_and_decides_the_same() {
+        let p = pod(api_access_spec());
+        let now: Timestamp = "2026-01-01T00:10:00Z".parse().unwrap();
+        let pins = downward_pins(&p, &[]);
+        let full = identity_secret(
+            &p,
+            "vk-1",
+            Tokens::Fresh(&[issued("token-0", "2026-01-01T01:00:00Z", 3600)], "PEM"),
+            &pins,
+        )
+        .unwrap();
+        let compact = without_token_values(full.clone());
+        let data = compact.data.clone().unwrap();
+        assert!(data.get("token-0").is_some_and(|v| v.0.is_empty()));
+        assert!(data.get(KEY_CA).is_some_and(|v| v.0.is_empty()));
+        assert_eq!(
+            data.get(KEY_NAMESPACE),
+            full.data.as_ref().and_then(|d| d.get(KEY_NAMESPACE))
+        );
+        assert_eq!(compact.metadata, full.metadata);
+        assert_eq!(
+            identity_step(&p, &pins, Some(&compact), now),
+            identity_step(&p, &pins, Some(&full), now)
+        );
+        assert_ne!(
+            identity_step(&p, &pins, Some(&compact), now),
+            IdentityStep::Write { tokens: true }
+        );
+        assert_eq!(
+            identity_secret_needed(&compact, Some(&p), None),
+            identity_secret_needed(&full, Some(&p), None)
+        );
     }
 }

@@ -51,7 +51,7 @@ use crate::copies::{Dependencies, Shared};
 use crate::events::{EventSink, PodEvent};
 use crate::namespaces::LowerNamespaces;
 use crate::needs::Side;
-use crate::queue::{Hold, Holds, Queue, Receiver};
+use crate::queue::{Expected, Hold, Holds, Queue, Receiver};
 use crate::reach::LowerReach;
 use crate::tokens::IdentitySecrets;
 
@@ -169,6 +169,10 @@ struct Ctx {
     namespaces: Arc<LowerNamespaces>,
     /// Pods whose Pending status is held back (see [`STATUS_COALESCE`]).
     held_statuses: Holds<Key>,
+    /// Lower pods we created that the lower watch has not shown yet (by upper UID): a
+    /// reconcile of such a key in between (its Secret's or upper pod's event came first)
+    /// creates nothing (see [`Expected`]).
+    created: Arc<Expected<Key>>,
     queue: Queue<Key>,
     /// Upper service-account tokens, with upper identity (`TranslateConfig::upper_api`).
     tokens: Option<IdentitySecrets>,
@@ -179,6 +183,10 @@ struct Ctx {
     /// retry. Forgotten with the pod.
     env_sent: Mutex<HashMap<Key, (String, Vec<EnvEvent>)>>,
 }
+
+/// How long a lower pod we created may be missing from the lower watch before a reconcile
+/// believes the cache again and creates it anew (idempotent: AlreadyExists of ours is fine).
+const CREATED_EXPECTED: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// How long a Pending status may wait upstairs for a newer one (`may_coalesce`): short next
 /// to a container start, long next to the lower cluster's own scheduling of a burst.
@@ -318,22 +326,28 @@ pub async fn run_with_store(
         }
     })
     .try_flatten()
+    .map_ok(|k| (k, false))
     .boxed();
+    let created = Arc::new(Expected::new(CREATED_EXPECTED));
     let lower_stream = ours_only(lower_events, &cfg.translate.owner, lower_pods.clone())
         .map(Ok::<_, watcher::Error>)
         .map_ok({
-            let cache = lower_pods.clone();
+            let (cache, created) = (lower_pods.clone(), created.clone());
             move |e| {
                 needs.observe(Side::Lower, &e);
-                futures::stream::iter(
-                    cache
-                        .apply_keys(&e)
-                        .into_iter()
-                        .map(Ok::<_, watcher::Error>),
-                )
+                let keys = cache.apply_keys(&e);
+                // The watch (through the cache) shows these pods now: a create of ours is no
+                // longer in flight.
+                for k in &keys {
+                    created.seen(k);
+                }
+                futures::stream::iter(keys.into_iter().map(Ok::<_, watcher::Error>))
             }
         })
         .try_flatten()
+        // What the lower cluster reports goes first (urgent): mostly a status to write up, one
+        // request, which should not wait behind a burst of creations.
+        .map_ok(|k| (k, true))
         .boxed();
     let (queue, rx) = Queue::<Key>::with_retry(cfg.retry);
     let feed = {
@@ -341,7 +355,14 @@ pub async fn run_with_store(
         let stop = stop.clone();
         async move {
             let merged = futures::stream::select(upper_stream, lower_stream);
-            crate::backoff::drain(merged, &stop, "pods", |k| queue.add(k)).await;
+            crate::backoff::drain(merged, &stop, "pods", |(k, urgent)| {
+                if urgent {
+                    queue.add_urgent(k);
+                } else {
+                    queue.add(k);
+                }
+            })
+            .await;
         }
     };
     tokio::spawn(feed);
@@ -416,6 +437,7 @@ pub async fn run_with_store(
         gone_grace,
         namespaces,
         held_statuses: Holds::new(STATUS_COALESCE),
+        created,
         queue: queue.clone(),
         tokens,
         reach: reach.clone(),
@@ -609,6 +631,16 @@ async fn reconcile_pod(ctx: &Ctx, key: &Key) -> Result<(), SyncError> {
         PodStep::NotOffloaded(why) => {
             ctx.upper_condition(u, REASON_NOT_OFFLOADED, &why.to_string())
                 .await
+        }
+        // Created already; the lower watch will bring the key back when it shows the pod.
+        PodStep::Create
+            if ctx.created.pending(
+                key,
+                u.metadata.uid.as_deref().unwrap_or_default(),
+                std::time::Instant::now(),
+            ) =>
+        {
+            Ok(())
         }
         PodStep::Create => match create_lower(ctx, u).await {
             Ok(()) => {
@@ -866,7 +898,19 @@ async fn create_lower_steps(ctx: &Ctx, u: &Pod) -> Result<(), SyncError> {
             }
             LowerKind::Pod => {
                 if let Some(tokens) = &ctx.tokens {
-                    // The token Secret first: the kubelet mounts it when the pod starts.
+                    // With upper identity the three writes are serial, on purpose:
+                    // TokenRequest upstairs, then our Secret downstairs, then the pod.
+                    // - The token goes into the Secret, so it is requested first.
+                    // - The Secret must exist, and be ours, before the pod is created. A lower
+                    //   kubelet mounts whatever Secret of that name it finds: one that anybody
+                    //   able to write Secrets in the namespace made first, or while our create
+                    //   was in flight, would give the pod a token that is not the upper one (a
+                    //   kubelet would wait for a Secret that is missing, but not for one that
+                    //   is there and not ours). Only our create's answer proves the Secret is
+                    //   ours; a pod created at the same time could already run with the other.
+                    // So no write is made at the same time as another; what saves round trips
+                    // is not writing twice (a Secret already in the cache is not created
+                    // again, a pod just created is not created again: `Expected`).
                     let t0 = std::time::Instant::now();
                     let written = tokens.sync(u).await;
                     ctx.metrics.observe("upper_tokens", t0.elapsed());
@@ -880,17 +924,25 @@ async fn create_lower_steps(ctx: &Ctx, u: &Pod) -> Result<(), SyncError> {
                 let t0 = std::time::Instant::now();
                 let created = ctx.lower_api(&ns).create(&pp, &pod).await;
                 ctx.metrics.observe("lower_pod_create", t0.elapsed());
+                let uid = u.metadata.uid.as_deref().unwrap_or_default();
                 match created {
-                    Ok(_) => {}
+                    Ok(_) => ctx.created.written(
+                        (ns.clone(), name.clone()),
+                        uid,
+                        std::time::Instant::now(),
+                    ),
                     Err(e) if already_exists(&e) => {
                         let existing = ctx
                             .lower_api(&ns)
                             .get(&name)
                             .await
                             .map_err(|e| err("reading the existing lower pod", e))?;
-                        let uid = u.metadata.uid.clone().unwrap_or_default();
-                        match on_existing(LowerKind::Pod, &existing.metadata, &owner, &uid) {
-                            Existing::Ours => {}
+                        match on_existing(LowerKind::Pod, &existing.metadata, &owner, uid) {
+                            Existing::Ours => ctx.created.written(
+                                (ns.clone(), name.clone()),
+                                uid,
+                                std::time::Instant::now(),
+                            ),
                             Existing::Stale => {
                                 delete_lower(ctx, &existing, Some(0)).await?;
                                 return Err(SyncError(format!(

@@ -1,6 +1,11 @@
 //! A keyed work queue: each key is worked on by at most one worker at a time, a key that
 //! changes while it is being worked on is worked on again afterwards, and failures come back
 //! after a per-key exponential backoff (5 ms doubling to 10 s, like virtual-kubelet's).
+//!
+//! Two lanes: a key added as urgent ([`Queue::add_urgent`]) is taken before every key of the
+//! normal lane, whenever they were added. The pod controller puts there what the lower
+//! cluster reports (a pod Running downstairs: one status write upstairs), so that it does not
+//! wait behind a burst of creations (three writes each with upper identity).
 
 use std::collections::{HashMap, HashSet};
 use std::hash::Hash;
@@ -10,10 +15,11 @@ use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 
 struct State<K> {
-    /// Keys waiting for a worker, with when they started waiting.
-    queued: HashMap<K, Instant>,
+    /// Keys waiting for a worker, with when they started waiting and whether they are urgent.
+    queued: HashMap<K, (Instant, bool)>,
     processing: HashSet<K>,
-    dirty: HashSet<K>,
+    /// Keys changed while being worked on, and whether a change was urgent.
+    dirty: HashMap<K, bool>,
     failures: HashMap<K, u32>,
     retry: Retry,
 }
@@ -50,6 +56,7 @@ impl Retry {
 pub struct Queue<K> {
     state: Arc<Mutex<State<K>>>,
     tx: mpsc::UnboundedSender<K>,
+    urgent_tx: mpsc::UnboundedSender<K>,
 }
 
 impl<K> Clone for Queue<K> {
@@ -57,6 +64,7 @@ impl<K> Clone for Queue<K> {
         Self {
             state: self.state.clone(),
             tx: self.tx.clone(),
+            urgent_tx: self.urgent_tx.clone(),
         }
     }
 }
@@ -68,7 +76,14 @@ impl<K> std::fmt::Debug for Queue<K> {
 }
 
 /// The receiving end, shared by the workers.
-pub type Receiver<K> = Arc<tokio::sync::Mutex<mpsc::UnboundedReceiver<K>>>;
+pub type Receiver<K> = Arc<tokio::sync::Mutex<Lanes<K>>>;
+
+/// The two lanes' receivers.
+#[derive(Debug)]
+pub struct Lanes<K> {
+    urgent: mpsc::UnboundedReceiver<K>,
+    normal: mpsc::UnboundedReceiver<K>,
+}
 
 impl<K: Clone + Eq + Hash + Send + 'static> Queue<K> {
     /// A queue and its receiver, with the default [`Retry`].
@@ -78,11 +93,12 @@ impl<K: Clone + Eq + Hash + Send + 'static> Queue<K> {
 
     /// A queue and its receiver whose failed keys come back after `retry`.
     pub fn with_retry(retry: Retry) -> (Self, Receiver<K>) {
-        let (tx, rx) = mpsc::unbounded_channel();
+        let (tx, normal) = mpsc::unbounded_channel();
+        let (urgent_tx, urgent) = mpsc::unbounded_channel();
         let state = State {
             queued: HashMap::new(),
             processing: HashSet::new(),
-            dirty: HashSet::new(),
+            dirty: HashMap::new(),
             failures: HashMap::new(),
             retry,
         };
@@ -90,19 +106,44 @@ impl<K: Clone + Eq + Hash + Send + 'static> Queue<K> {
             Self {
                 state: Arc::new(Mutex::new(state)),
                 tx,
+                urgent_tx,
             },
-            Arc::new(tokio::sync::Mutex::new(rx)),
+            Arc::new(tokio::sync::Mutex::new(Lanes { urgent, normal })),
         )
     }
 
     /// Asks for `key` to be worked on.
     pub fn add(&self, key: K) {
+        self.push(key, false);
+    }
+
+    /// Asks for `key` to be worked on before every key of the normal lane.
+    pub fn add_urgent(&self, key: K) {
+        self.push(key, true);
+    }
+
+    fn push(&self, key: K, urgent: bool) {
         let Ok(mut s) = self.state.lock() else { return };
         if s.processing.contains(&key) {
-            s.dirty.insert(key);
-        } else if !s.queued.contains_key(&key) {
-            s.queued.insert(key.clone(), Instant::now());
-            let _ = self.tx.send(key);
+            *s.dirty.entry(key).or_insert(false) |= urgent;
+            return;
+        }
+        match s.queued.get_mut(&key) {
+            // Waiting in the normal lane: sent again in the urgent one; whichever copy comes
+            // first is worked on, the other finds the key no longer queued and is dropped.
+            Some((_, was_urgent)) if urgent && !*was_urgent => {
+                *was_urgent = true;
+                let _ = self.urgent_tx.send(key);
+            }
+            Some(_) => {}
+            None => {
+                s.queued.insert(key.clone(), (Instant::now(), urgent));
+                let _ = if urgent {
+                    self.urgent_tx.send(key)
+                } else {
+                    self.tx.send(key)
+                };
+            }
         }
     }
 
@@ -116,9 +157,12 @@ impl<K: Clone + Eq + Hash + Send + 'static> Queue<K> {
         loop {
             let key = {
                 let mut rx = rx.lock().await;
+                let Lanes { urgent, normal } = &mut *rx;
                 tokio::select! {
+                    biased;
                     () = stop.cancelled() => return None,
-                    k = rx.recv() => k?,
+                    k = urgent.recv() => k?,
+                    k = normal.recv() => k?,
                 }
             };
             if let Some(waited) = self.start(&key) {
@@ -127,16 +171,17 @@ impl<K: Clone + Eq + Hash + Send + 'static> Queue<K> {
         }
     }
 
-    /// A worker takes `key`: how long it waited, or None if it is already being worked on.
+    /// A worker takes `key`: how long it waited, or None if it is already being worked on or
+    /// no longer queued (the other lane's copy was taken first).
     fn start(&self, key: &K) -> Option<Duration> {
         let mut s = self.state.lock().ok()?;
-        let waited = s.queued.remove(key).map(|t| t.elapsed());
+        let (since, urgent) = s.queued.remove(key)?;
         if s.processing.contains(key) {
-            s.dirty.insert(key.clone());
+            *s.dirty.entry(key.clone()).or_insert(false) |= urgent;
             return None;
         }
         s.processing.insert(key.clone());
-        Some(waited.unwrap_or_default())
+        Some(since.elapsed())
     }
 
     /// A worker is done with `key`; `ok` says whether it succeeded.
@@ -157,18 +202,18 @@ impl<K: Clone + Eq + Hash + Send + 'static> Queue<K> {
         let dirty = self
             .state
             .lock()
-            .map(|mut s| s.dirty.remove(&key))
-            .unwrap_or(false);
-        match retry_after {
-            Some(delay) => {
+            .ok()
+            .and_then(|mut s| s.dirty.remove(&key));
+        match (retry_after, dirty) {
+            (Some(delay), _) => {
                 let q = self.clone();
                 tokio::spawn(async move {
                     tokio::time::sleep(delay).await;
                     q.add(key);
                 });
             }
-            None if dirty => self.add(key),
-            None => {}
+            (None, Some(urgent)) => self.push(key, urgent),
+            (None, None) => {}
         }
     }
 }
@@ -275,6 +320,91 @@ mod tests {
     }
 }
 
+/// Writes whose result a watch has not shown yet: after a create succeeds, the watch that
+/// fills the cache may not have delivered the object when its key is reconciled again (another
+/// change of the key came meanwhile), and the cache would say to create it again (a create
+/// answered AlreadyExists and a GET: two round trips for nothing). A key is expected, with the
+/// version it was written for (the upper pod's UID), from the write until the watch shows
+/// anything of that key, and for at most `window` (a watch that never shows it must not hold
+/// the key back for good: the next create is idempotent anyway).
+pub struct Expected<K> {
+    window: Duration,
+    since: Mutex<HashMap<K, (String, Instant)>>,
+}
+
+impl<K> std::fmt::Debug for Expected<K> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Expected")
+            .field("window", &self.window)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<K: Clone + Eq + Hash> Expected<K> {
+    /// Expectations that last at most `window`.
+    pub fn new(window: Duration) -> Self {
+        Self {
+            window,
+            since: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// `key` was written for `version` at `now`.
+    pub fn written(&self, key: K, version: &str, now: Instant) {
+        if let Ok(mut since) = self.since.lock() {
+            since.insert(key, (version.to_owned(), now));
+        }
+    }
+
+    /// The watch showed something of `key`: the cache is to be believed again.
+    pub fn seen(&self, key: &K) {
+        if let Ok(mut since) = self.since.lock() {
+            since.remove(key);
+        }
+    }
+
+    /// Whether a write of `key` for `version` was made within the window and the watch has not
+    /// shown the key since (the cache's absence of it is not to be believed).
+    pub fn pending(&self, key: &K, version: &str, now: Instant) -> bool {
+        let Ok(mut since) = self.since.lock() else {
+            return false;
+        };
+        match since.get(key) {
+            Some((v, t)) if v == version && now.saturating_duration_since(*t) < self.window => true,
+            Some(_) => {
+                since.remove(key);
+                false
+            }
+            None => false,
+        }
+    }
+}
+
+#[cfg(test)]
+mod expected_tests {
+    use super::*;
+
+    #[test]
+    fn a_write_is_expected_until_the_watch_shows_the_key_or_the_window_ends() {
+        let expected = Expected::new(Duration::from_secs(30));
+        let t0 = Instant::now();
+        assert!(!expected.pending(&"a", "uid-1", t0));
+        expected.written("a", "uid-1", t0);
+        assert!(expected.pending(&"a", "uid-1", t0 + Duration::from_secs(1)));
+        // Another version of the key (the upper pod made again) is not expected.
+        assert!(!expected.pending(&"a", "uid-2", t0 + Duration::from_secs(1)));
+        expected.written("a", "uid-1", t0);
+        // Seen by the watch: the cache is right again.
+        expected.seen(&"a");
+        assert!(!expected.pending(&"a", "uid-1", t0 + Duration::from_secs(1)));
+        // Never seen: the window ends it.
+        expected.written("b", "uid-3", t0);
+        assert!(expected.pending(&"b", "uid-3", t0 + Duration::from_secs(29)));
+        assert!(!expected.pending(&"b", "uid-3", t0 + Duration::from_secs(30)));
+        assert!(!expected.pending(&"b", "uid-3", t0 + Duration::from_secs(1)));
+    }
+}
+
 /// Keys to put on a queue at a time of their own (a token's refresh): one sleeping task per
 /// key and time asked; asking again for the same time is free, and a new time supersedes the
 /// old one (whose task then wakes to nothing).
@@ -321,6 +451,44 @@ impl<K: Clone + Eq + Hash + Send + 'static> Later<K> {
                 queue.add(key);
             }
         });
+    }
+}
+
+#[cfg(test)]
+mod lane_tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn an_urgent_key_goes_first_and_a_key_in_both_lanes_is_worked_on_once() {
+        let (queue, rx) = Queue::<&str>::new();
+        let stop = tokio_util::sync::CancellationToken::new();
+        queue.add("create-1");
+        queue.add("create-2");
+        queue.add("both");
+        queue.add_urgent("status");
+        queue.add_urgent("both");
+        let mut order = Vec::new();
+        for _ in 0..4 {
+            let (key, _) = queue.next(&rx, &stop).await.unwrap_or_default();
+            order.push(key);
+            queue.done(key, true);
+        }
+        assert_eq!(order, ["status", "both", "create-1", "create-2"]);
+        // The normal lane's copy of "both" is dropped: nothing more comes.
+        let more = tokio::time::timeout(Duration::from_secs(60), queue.next(&rx, &stop)).await;
+        assert!(more.is_err(), "{more:?}");
+        // An urgent change while a key is worked on brings it back in the urgent lane.
+        queue.add("create-3");
+        queue.add("busy");
+        let (busy, _) = queue.next(&rx, &stop).await.unwrap_or_default();
+        assert_eq!(busy, "create-3");
+        queue.add_urgent("create-3");
+        queue.done(busy, true);
+        let (again, _) = queue.next(&rx, &stop).await.unwrap_or_default();
+        assert_eq!(again, "create-3");
+        queue.done(again, true);
+        let (last, _) = queue.next(&rx, &stop).await.unwrap_or_default();
+        assert_eq!(last, "busy");
     }
 }
 

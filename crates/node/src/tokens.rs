@@ -24,6 +24,7 @@ use tensile_core::deps::is_owned_by;
 use tensile_core::identity::{
     DownwardPin, IdentityStep, IssuedToken, KEY_CA, TokenNeed, Tokens, downward_pins,
     identity_secret, identity_secret_name, identity_secret_needed, identity_step, token_needs,
+    without_token_values,
 };
 use tensile_core::keys::{
     ANNOTATION_TOKEN_POD, CONFIG_MAP_KUBE_ROOT_CA, LABEL_IDENTITY_OF, LABEL_OWNER,
@@ -153,6 +154,9 @@ impl IdentitySecrets {
             Api::<Secret>::all(lower.clone()),
             watcher::Config::default().labels(&selector),
         )
+        // Kept without the tokens' and CA's values (`without_token_values`): nothing here
+        // reads them, and they were most of what the cache held per pod.
+        .map_ok(|e| e.modify(|s| *s = without_token_values(std::mem::take(s))))
         // The Secrets once the cache shows them (a re-list's when complete).
         .map_ok({
             let (cache, index) = (secrets.clone(), by_pod.clone());
@@ -306,10 +310,10 @@ impl IdentitySecrets {
                 namespace: ns.to_owned(),
             })?;
         let needs = u.spec.as_ref().map(token_needs).unwrap_or_default();
-        let mut tokens = Vec::with_capacity(needs.len());
-        for need in &needs {
-            tokens.push(self.request(u, ns, name, need).await?);
-        }
+        // One request per audience and expiry, all at once: they do not depend on each other.
+        let tokens =
+            futures::future::try_join_all(needs.iter().map(|need| self.request(u, ns, name, need)))
+                .await?;
         Ok((tokens, ca))
     }
 

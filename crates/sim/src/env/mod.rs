@@ -157,11 +157,13 @@ pub struct TestCluster {
     pub kubeconfig: PathBuf,
     /// The same as one kubeconfig entry (through the TCP fault proxy).
     entry: crate::apiserver::KubeconfigEntry,
-    backend: Backend,
+    // Fields drop in this order: what talks to the API server (the simulated nodes, the
+    // provisioner) stops before the server does.
     kubelet: Option<SimKubelet>,
-    faults: faults::FaultProxy,
     /// Stops the harness's volume provisioner of a real cluster when dropped.
     _provisioner: Option<tokio_util::sync::DropGuard>,
+    faults: faults::FaultProxy,
+    backend: Backend,
 }
 
 /// What serves a cluster's API.

@@ -14,7 +14,7 @@ use futures::StreamExt;
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::api::{Api, DeleteParams, PostParams};
-use kube::runtime::watcher;
+use kube::runtime::{WatchStreamExt as _, watcher};
 use tokio_util::sync::CancellationToken;
 
 use crate::apiserver::controllers::{NO_PROVISIONER, provisioned_volume};
@@ -51,7 +51,10 @@ where
     F: Fn(K) -> Fut,
     Fut: std::future::Future<Output = ()>,
 {
-    let mut events = std::pin::pin!(watcher::watcher(api, watcher::Config::default()));
+    // With back-off: without it a watch whose server is gone (a cluster stopping, an API
+    // server killed by a fault test) retries at once, hundreds of failed connects a second.
+    let mut events =
+        std::pin::pin!(watcher::watcher(api, watcher::Config::default()).default_backoff());
     loop {
         let event = tokio::select! {
             () = stop.cancelled() => return,
