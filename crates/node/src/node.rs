@@ -371,14 +371,13 @@ pub async fn run_node(
         cfg.api_calls.cluster_total(LOWER),
         tokio::time::Instant::now(),
     );
-    // A lower request or watch that got no answer (refused, reset) asks at once whether the
-    // lower cluster still answers, at most once per UNREACHABLE_RECHECK: an outage shorter
-    // than the lease tick (an API server restart takes seconds) shows on the node too.
-    let mut unanswered = cfg.api_calls.subscribe_unanswered();
-    let mut unanswered_open = true;
-    let mut seen_unanswered = cfg.api_calls.unanswered(LOWER);
-    let mut probe_due = false;
-    let mut last_ping = tokio::time::Instant::now();
+    // A lower request or watch that got no answer (refused, reset) makes the probe ask at
+    // once whether the lower cluster still answers: an outage shorter than the lease tick (an
+    // API server restart takes seconds) shows on the node too. What it finds waits here until
+    // the loop, maybe busy writing upstairs meanwhile, shows it.
+    let mut probe = spawn_probe(lower.clone(), cfg.api_calls.clone(), stop.clone());
+    let mut probe_open = true;
+    let mut observed: Option<String> = None;
     loop {
         // Capacity changes are patched at most once per `MIN_STATUS_INTERVAL`; the changes in
         // between are folded into the next patch.
@@ -409,20 +408,17 @@ pub async fn run_node(
                 recheck = true;
                 false
             }
-            r = unanswered.changed(), if unanswered_open => {
+            r = probe.changed(), if probe_open => {
                 if r.is_err() {
-                    unanswered_open = false;
-                } else {
-                    // While it is known away, the rechecks every second ask already.
-                    let n = cfg.api_calls.unanswered(LOWER);
-                    probe_due |= n != seen_unanswered
-                        && !matches!(health, LowerHealth::Unreachable { .. });
-                    seen_unanswered = n;
+                    probe_open = false;
+                    continue;
                 }
-                continue;
-            }
-            () = tokio::time::sleep_until(last_ping + UNREACHABLE_RECHECK),
-                if probe_due && !matches!(health, LowerHealth::Unreachable { .. }) => {
+                observed = probe.borrow_and_update().clone();
+                // While it is known away, the rechecks every second look already.
+                if observed.is_none() || matches!(health, LowerHealth::Unreachable { .. }) {
+                    observed = None;
+                    continue;
+                }
                 recheck = true;
                 false
             }
@@ -431,18 +427,12 @@ pub async fn run_node(
         // Ping the lower cluster with every tick: its health decides conditions and taints.
         if !capacity_changed {
             let was = reach.cause();
-            last_ping = tokio::time::Instant::now();
-            probe_due = false;
-            let cause =
-                match tokio::time::timeout(Duration::from_secs(5), lower.apiserver_version()).await
-                {
-                    Ok(Ok(_)) => None,
-                    // Throttled or a server error: it answers. Counted with the other error
-                    // answers below, it shows without tainting the node for one failed ping.
-                    Ok(Err(kube::Error::Api(s))) if s.code == 429 || s.code >= 500 => None,
-                    Ok(Err(e)) => Some(crate::reach::describe(&e).1),
-                    Err(_) => Some("timed out after 5 s".to_owned()),
-                };
+            // What the probe found stands even if the cluster answers again by now: the
+            // outage shows, and the next recheck (a second later) ends it.
+            let cause = match observed.take() {
+                Some(cause) => Some(cause),
+                None => ping(&lower).await,
+            };
             // Requests that reached the lower API server and failed there (429, 5xx) since the
             // last look: a server shedding load or losing its etcd answers the ping now and
             // then, and would otherwise look healthy.
@@ -605,6 +595,54 @@ pub async fn run_node(
             renew_lease(&leases, &name, &cfg.holder_identity, node_uid.as_deref()).await;
         }
     }
+}
+
+/// Whether the lower cluster answers: `None` if it does (a 429 or 5xx is an answer, counted
+/// with the other error answers), else why not.
+async fn ping(lower: &kube::Client) -> Option<String> {
+    match tokio::time::timeout(Duration::from_secs(5), lower.apiserver_version()).await {
+        Ok(Ok(_)) => None,
+        Ok(Err(kube::Error::Api(s))) if s.code == 429 || s.code >= 500 => None,
+        Ok(Err(e)) => Some(crate::reach::describe(&e).1),
+        Err(_) => Some("timed out after 5 s".to_owned()),
+    }
+}
+
+/// Pings the lower cluster when a lower request or watch got no answer (at most once per
+/// [`UNREACHABLE_RECHECK`]), in a task of its own: the node loop may be busy writing upstairs
+/// for longer than a lower API server takes to restart. Each ping that finds no answer is
+/// sent on the channel (`Some(cause)`) for the loop to show.
+fn spawn_probe(
+    lower: kube::Client,
+    api_calls: crate::clients::ApiCalls,
+    stop: CancellationToken,
+) -> watch::Receiver<Option<String>> {
+    let (found, rx) = watch::channel(None);
+    tokio::spawn(async move {
+        let mut unanswered = api_calls.subscribe_unanswered();
+        let mut seen = api_calls.unanswered(LOWER);
+        let mut last = tokio::time::Instant::now() - UNREACHABLE_RECHECK;
+        loop {
+            tokio::select! {
+                () = stop.cancelled() => return,
+                r = unanswered.changed() => if r.is_err() { return },
+            }
+            let n = api_calls.unanswered(LOWER);
+            if n == seen {
+                continue;
+            }
+            seen = n;
+            tokio::select! {
+                () = stop.cancelled() => return,
+                () = tokio::time::sleep_until(last + UNREACHABLE_RECHECK) => {}
+            }
+            last = tokio::time::Instant::now();
+            if let Some(cause) = ping(&lower).await {
+                found.send_replace(Some(cause));
+            }
+        }
+    });
+    rx
 }
 
 fn unreachable_since(previous: &LowerHealth, reason: String) -> LowerHealth {
