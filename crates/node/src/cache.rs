@@ -285,6 +285,49 @@ where
 /// LZ4 refers back at most 64 KiB: a longer dictionary would be dead weight.
 const MAX_DICT: usize = 64 * 1024;
 
+/// A watch's events, or its error.
+type Events<K> = Result<watcher::Event<K>, watcher::Error>;
+
+impl<K> CompactCache<K>
+where
+    K: kube::Resource + Serialize + DeserializeOwned + Clone + Send + 'static,
+{
+    /// `events` applied to this cache, as the keys to reconcile once it shows them
+    /// ([`Self::apply_keys`]); `observe` sees each event first.
+    pub fn keys_shown(
+        &self,
+        events: impl futures::Stream<Item = Events<K>> + Send + 'static,
+        mut observe: impl FnMut(&watcher::Event<K>) + Send + 'static,
+    ) -> futures::stream::BoxStream<'static, Result<Key, watcher::Error>> {
+        use futures::{StreamExt as _, TryStreamExt as _};
+        let cache = self.clone();
+        events
+            .map_ok(move |e| {
+                observe(&e);
+                futures::stream::iter(cache.apply_keys(&e).into_iter().map(Ok))
+            })
+            .try_flatten()
+            .boxed()
+    }
+
+    /// [`Self::keys_shown`], the objects ([`Self::apply_objects`]).
+    pub fn objects_shown(
+        &self,
+        events: impl futures::Stream<Item = Events<K>> + Send + 'static,
+        mut observe: impl FnMut(&watcher::Event<K>) + Send + 'static,
+    ) -> futures::stream::BoxStream<'static, Result<K, watcher::Error>> {
+        use futures::{StreamExt as _, TryStreamExt as _};
+        let cache = self.clone();
+        events
+            .map_ok(move |e| {
+                observe(&e);
+                futures::stream::iter(cache.apply_objects(&e).into_iter().map(Ok))
+            })
+            .try_flatten()
+            .boxed()
+    }
+}
+
 impl Inner {
     fn encode<K: Serialize>(&self, o: &K) -> Option<Box<[u8]>> {
         let json = match serde_json::to_vec(o) {

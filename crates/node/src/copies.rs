@@ -394,17 +394,7 @@ where
     let lower_cache = kind.lower.clone();
     let watch = |api: Api<K>, config: watcher::Config, cache: CompactCache<K>| {
         // The objects once the cache shows them (a re-list's when complete).
-        crate::backoff::watch(api, config)
-            .map_ok(move |e| {
-                futures::stream::iter(
-                    cache
-                        .apply_objects(&e)
-                        .into_iter()
-                        .map(Ok::<_, watcher::Error>),
-                )
-            })
-            .try_flatten()
-            .boxed()
+        cache.objects_shown(crate::backoff::watch(api, config), |_| {})
     };
     // Our token Secrets (`crate::tokens`) are not copies of anything: the pod controller keeps them.
     let ours = format!(

@@ -310,41 +310,26 @@ pub async fn run_with_store(
         {
             m.insert(k, g);
         }
-    })
+    });
     // The keys to reconcile once the cache shows what changed (a re-list's when it is
     // complete: see `CompactCache::apply_keys`).
-    .map_ok({
-        let cache = upper_pods.clone();
-        move |e| {
-            upper_needs.observe(Side::Upper, &e);
-            futures::stream::iter(
-                cache
-                    .apply_keys(&e)
-                    .into_iter()
-                    .map(Ok::<_, watcher::Error>),
-            )
-        }
-    })
-    .try_flatten()
-    .map_ok(|k| (k, false))
-    .boxed();
+    let upper_stream = upper_pods
+        .keys_shown(upper_stream, move |e| upper_needs.observe(Side::Upper, e))
+        .map_ok(|k| (k, false))
+        .boxed();
     let created = Arc::new(Expected::new(CREATED_EXPECTED));
-    let lower_stream = ours_only(lower_events, &cfg.translate.owner, lower_pods.clone())
-        .map(Ok::<_, watcher::Error>)
-        .map_ok({
-            let (cache, created) = (lower_pods.clone(), created.clone());
-            move |e| {
-                needs.observe(Side::Lower, &e);
-                let keys = cache.apply_keys(&e);
-                // The watch (through the cache) shows these pods now: a create of ours is no
-                // longer in flight.
-                for k in &keys {
-                    created.seen(k);
-                }
-                futures::stream::iter(keys.into_iter().map(Ok::<_, watcher::Error>))
-            }
+    let lower_stream = lower_pods
+        .keys_shown(
+            ours_only(lower_events, &cfg.translate.owner, lower_pods.clone())
+                .map(Ok::<_, watcher::Error>),
+            move |e| needs.observe(Side::Lower, e),
+        )
+        // The watch (through the cache) shows these pods now: a create of ours is no longer
+        // in flight.
+        .inspect_ok({
+            let created = created.clone();
+            move |k| created.seen(k)
         })
-        .try_flatten()
         // What the lower cluster reports goes first (urgent): mostly a status to write up, one
         // request, which should not wait behind a burst of creations.
         .map_ok(|k| (k, true))

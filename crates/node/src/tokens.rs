@@ -14,7 +14,7 @@
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, PoisonError};
 
-use futures::{StreamExt as _, TryStreamExt as _};
+use futures::TryStreamExt as _;
 use k8s_openapi::api::authentication::v1::{BoundObjectReference, TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret, ServiceAccount};
 use k8s_openapi::jiff::Timestamp;
@@ -156,22 +156,10 @@ impl IdentitySecrets {
         )
         // Kept without the tokens' and CA's values (`without_token_values`): nothing here
         // reads them, and they were most of what the cache held per pod.
-        .map_ok(|e| e.modify(|s| *s = without_token_values(std::mem::take(s))))
+        .map_ok(|e| e.modify(|s| *s = without_token_values(std::mem::take(s))));
         // The Secrets once the cache shows them (a re-list's when complete).
-        .map_ok({
-            let (cache, index) = (secrets.clone(), by_pod.clone());
-            move |e| {
-                index_secrets(&index, &e);
-                futures::stream::iter(
-                    cache
-                        .apply_objects(&e)
-                        .into_iter()
-                        .map(Ok::<_, watcher::Error>),
-                )
-            }
-        })
-        .try_flatten()
-        .boxed();
+        let index = by_pod.clone();
+        let events = secrets.objects_shown(events, move |e| index_secrets(&index, e));
         let feed = queue.clone();
         tokio::spawn(async move {
             crate::backoff::drain(events, &stop, "token secrets", |s: Secret| {

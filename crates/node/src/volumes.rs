@@ -6,7 +6,6 @@
 
 use std::sync::Arc;
 
-use futures::{StreamExt as _, TryStreamExt as _};
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
 use kube::ResourceExt as _;
 use kube::api::{Api, Patch, PatchParams, PostParams};
@@ -147,18 +146,9 @@ impl VolumeController {
             let events = crate::backoff::watch(
                 Api::<PersistentVolume>::all(client),
                 watcher::Config::default(),
-            )
+            );
             // Keys once the cache shows them (a re-list's when complete).
-            .map_ok(move |e| {
-                futures::stream::iter(
-                    cache
-                        .apply_keys(&e)
-                        .into_iter()
-                        .map(Ok::<_, watcher::Error>),
-                )
-            })
-            .try_flatten()
-            .boxed();
+            let events = cache.keys_shown(events, |_| {});
             let (queue, stop) = (queue.clone(), stop.clone());
             tokio::spawn(async move {
                 crate::backoff::drain(events, &stop, "persistentvolumes", |(_, name)| {
