@@ -776,6 +776,18 @@ impl RealCluster {
 /// worth of processes at a time on two cores, and a start-up can take over a minute then.
 const READY_SECONDS: u64 = 120;
 
+/// Whether the server at `addr` answers `/readyz` with 200 (anonymously, its certificate not
+/// checked). Without a kube client, which logs every failed request as an ERROR: a starting
+/// server answers many, and `tensile up` shows its log.
+async fn answers_ready(addr: std::net::SocketAddr) -> bool {
+    super::https_exchange_unverified(
+        addr,
+        b"GET /readyz HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n",
+    )
+    .await
+    .is_ok_and(|answer| answer.starts_with("HTTP/1.1 200"))
+}
+
 /// Waits until kube-scheduler answers /readyz (its informers synced: it schedules from then
 /// on). Its serving certificate is self-signed, and /readyz needs no credentials.
 async fn wait_scheduling(port: u16, cluster: &str, dir: &Path) -> Result<(), RealError> {
@@ -783,12 +795,7 @@ async fn wait_scheduling(port: u16, cluster: &str, dir: &Path) -> Result<(), Rea
     let deadline = tokio::time::Instant::now() + Duration::from_secs(seconds);
     let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
     loop {
-        let answer = super::https_exchange_unverified(
-            addr,
-            b"GET /readyz HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n",
-        )
-        .await;
-        if answer.is_ok_and(|a| a.starts_with("HTTP/1.1 200")) {
+        if answers_ready(addr).await {
             return Ok(());
         }
         if tokio::time::Instant::now() >= deadline {
@@ -820,14 +827,8 @@ async fn wait_ready(
     };
     let kubeconfig = kube::config::Kubeconfig::from_yaml(config).map_err(|_| not_ready())?;
     loop {
-        // First without a client: kube-client logs every failed request as an ERROR, which
-        // a starting API server answers many of (`tensile up` shows its log).
-        let probe = super::https_exchange_unverified(
-            addr,
-            b"GET /readyz HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n",
-        )
-        .await;
-        if !probe.is_ok_and(|answer| answer.starts_with("HTTP/1.1 200")) {
+        // First without a client (see `answers_ready`).
+        if !answers_ready(addr).await {
             if tokio::time::Instant::now() >= deadline {
                 return Err(not_ready());
             }

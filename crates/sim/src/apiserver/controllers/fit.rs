@@ -347,6 +347,8 @@ pub(crate) struct Room {
 impl Room {
     pub(crate) fn apply_node(&mut self, node: &Node) {
         let facts = NodeFacts::of(node);
+        // Every known node has its count, empty until a pod is bound there.
+        self.used.entry(facts.name.clone()).or_default();
         self.nodes.insert(facts.name.clone(), facts);
     }
 
@@ -398,14 +400,10 @@ impl Room {
 
     /// The Ready nodes, with what their pods take (and LeastAllocated's count of it).
     pub(crate) fn ready_nodes(&self) -> impl Iterator<Item = (&NodeFacts, &Amounts, (i128, i128))> {
-        static NONE: std::sync::LazyLock<Amounts> = std::sync::LazyLock::new(Amounts::new);
         self.nodes
             .values()
             .filter(|n| n.ready)
-            .map(|n| match self.used.get(&n.name) {
-                Some((a, nz)) => (n, a, *nz),
-                None => (n, &*NONE, (0, 0)),
-            })
+            .filter_map(|n| self.used.get(&n.name).map(|(a, nz)| (n, a, *nz)))
     }
 }
 
