@@ -302,30 +302,20 @@ pub async fn start_with(
          - level: Metadata\n    userGroups: [\"system:nodes\"]\n  - level: None\n",
     )?;
     let audit_log = dir.join(AUDIT_LOG);
-    let api_port = match options.api_listen.map(|a| a.port()) {
-        Some(port) if port != 0 => port,
-        _ => free_port()?,
-    };
-    let (etcd_port, peer_port) = (free_port()?, free_port()?);
-    let api_addr = std::net::SocketAddr::new(api_ip, api_port);
-    let server = format!("https://{api_addr}");
-    let entry = KubeconfigEntry {
-        context: cluster.to_owned(),
-        server: server.clone(),
-        ca_pem: ca.cert_pem().to_owned(),
-        client: Some(admin),
-        token: None,
-    };
-    let config = kubeconfig(std::slice::from_ref(&entry));
-    let kubeconfig_file = f("admin.kubeconfig", &config)?;
+    let fixed_api_port = options.api_listen.map(|a| a.port()).filter(|p| *p != 0);
     let s = |p: &Path| p.display().to_string();
-    let etcd_url = format!("http://127.0.0.1:{etcd_port}");
-    let peer_url = format!("http://127.0.0.1:{peer_port}");
-    // Made before the first process starts, so a failure part-way kills what did start.
+    // Made before the first process starts, so a failure part-way kills what did start; its
+    // address and kubeconfig are set once kube-apiserver listens (its port may change).
     let mut cluster_handle = RealCluster {
-        kubeconfig: config.clone(),
-        entry,
-        api_addr,
+        kubeconfig: String::new(),
+        entry: KubeconfigEntry {
+            context: cluster.to_owned(),
+            server: String::new(),
+            ca_pem: ca.cert_pem().to_owned(),
+            client: Some(admin),
+            token: None,
+        },
+        api_addr: std::net::SocketAddr::new(api_ip, 0),
         ca_pem: ca.cert_pem().to_owned(),
         children: std::sync::Mutex::new(Vec::new()),
         scheduler: None,
@@ -335,95 +325,124 @@ pub async fn start_with(
         dir: dir.clone(),
         ca,
     };
-    let children = match cluster_handle.children.get_mut() {
-        Ok(c) => c,
-        Err(poisoned) => poisoned.into_inner(),
+    let loopback = std::net::IpAddr::from([127, 0, 0, 1]);
+    let etcd_dir = dir.join("etcd");
+    let etcd_log = dir.join("etcd.log");
+    let etcd = spawn_listening(bin, "etcd", &etcd_log, loopback, None, |[client, peer]| {
+        let client = format!("http://127.0.0.1:{client}");
+        let peer = format!("http://127.0.0.1:{peer}");
+        vec![
+            format!("--data-dir={}", s(&etcd_dir)),
+            "--name=default".into(),
+            format!("--listen-client-urls={client}"),
+            format!("--advertise-client-urls={client}"),
+            format!("--listen-peer-urls={peer}"),
+            format!("--initial-advertise-peer-urls={peer}"),
+            format!("--initial-cluster=default={peer}"),
+            "--unsafe-no-fsync".into(),
+        ]
+    })
+    .await;
+    let etcd = match etcd {
+        Ok(started) => started,
+        Err(e) => {
+            cluster_handle.keep_files = true;
+            return Err(e);
+        }
     };
-    let etcd_args = vec![
-        format!("--data-dir={}", s(&dir.join("etcd"))),
-        "--name=default".into(),
-        format!("--listen-client-urls={etcd_url}"),
-        format!("--advertise-client-urls={etcd_url}"),
-        format!("--listen-peer-urls={peer_url}"),
-        format!("--initial-advertise-peer-urls={peer_url}"),
-        format!("--initial-cluster=default={peer_url}"),
-        "--unsafe-no-fsync".into(),
-    ];
-    children.push(spawn(bin, "etcd", &etcd_args, &dir.join("etcd.log"))?);
+    let etcd_url = format!("http://127.0.0.1:{}", etcd.ports[0]);
+    cluster_handle.push(etcd.child);
     cluster_handle.etcd = Some(Restartable {
         bin: bin.to_owned(),
         binary: "etcd",
-        args: etcd_args,
-        log: dir.join("etcd.log"),
-        index: children.len() - 1,
+        args: etcd.args,
+        log: etcd_log,
+        index: cluster_handle.child_count() - 1,
     });
-    let apiserver_args = vec![
-        format!("--etcd-servers={etcd_url}"),
-        format!("--secure-port={api_port}"),
-        format!("--bind-address={api_ip}"),
-        // An address to bind to may be "any"; the one advertised (to the cluster's own
-        // endpoints) must be one address.
-        format!(
-            "--advertise-address={}",
-            if api_ip.is_unspecified() {
-                std::net::IpAddr::from([127, 0, 0, 1])
-            } else {
-                api_ip
-            }
-        ),
-        format!("--tls-cert-file={}", s(&tls_crt)),
-        format!("--tls-private-key-file={}", s(&tls_key)),
-        format!("--client-ca-file={}", s(&ca_crt)),
-        format!("--kubelet-client-certificate={}", s(&kc_crt)),
-        format!("--kubelet-client-key={}", s(&kc_key)),
-        format!("--service-account-key-file={}", s(&sa_pub)),
-        format!("--service-account-signing-key-file={}", s(&sa_key)),
-        "--service-account-issuer=https://kubernetes.default.svc".into(),
-        "--service-cluster-ip-range=10.96.0.0/16".into(),
-        "--authorization-mode=Node,RBAC".into(),
-        // As kubeadm: kubelets (and virtual nodes) may change only their own Node, Lease
-        // and pods.
-        "--enable-admission-plugins=NodeRestriction".into(),
-        format!("--audit-policy-file={}", s(&audit_policy)),
-        format!("--audit-log-path={}", s(&audit_log)),
-        "--allow-privileged=true".into(),
-        // Simulated nodes have no resolvable host name: reach kubelets by address first,
-        // as kubeadm clusters are usually set up.
-        "--kubelet-preferred-address-types=InternalIP,ExternalIP,Hostname".into(),
-        // The aggregation layer, for metrics-server; routed to its endpoint directly, as
-        // there is no kube-proxy to reach a ClusterIP.
-        format!("--requestheader-client-ca-file={}", s(&ca_crt)),
-        "--requestheader-allowed-names=front-proxy-client".into(),
-        "--requestheader-username-headers=X-Remote-User".into(),
-        "--requestheader-group-headers=X-Remote-Group".into(),
-        "--requestheader-extra-headers-prefix=X-Remote-Extra-".into(),
-        format!("--proxy-client-cert-file={}", s(&fp_crt)),
-        format!("--proxy-client-key-file={}", s(&fp_key)),
-        "--enable-aggregator-routing=true".into(),
-        // About a tenth of a test cluster's start-up CPU; the tests never depend on API
-        // priority and fairness (max-requests-inflight still applies).
-        "--enable-priority-and-fairness=false".into(),
-    ];
-    children.push(spawn(
+    // An address to bind to may be "any"; the one advertised (to the cluster's own
+    // endpoints) and probed must be one address.
+    let advertised = if api_ip.is_unspecified() {
+        loopback
+    } else {
+        api_ip
+    };
+    let apiserver_log = dir.join("kube-apiserver.log");
+    let apiserver = spawn_listening(
         bin,
         "kube-apiserver",
-        &apiserver_args,
-        &dir.join("kube-apiserver.log"),
-    )?);
+        &apiserver_log,
+        advertised,
+        fixed_api_port.map(|p| [p]),
+        |[api_port]| {
+            vec![
+                format!("--etcd-servers={etcd_url}"),
+                format!("--secure-port={api_port}"),
+                format!("--bind-address={api_ip}"),
+                format!("--advertise-address={advertised}"),
+                format!("--tls-cert-file={}", s(&tls_crt)),
+                format!("--tls-private-key-file={}", s(&tls_key)),
+                format!("--client-ca-file={}", s(&ca_crt)),
+                format!("--kubelet-client-certificate={}", s(&kc_crt)),
+                format!("--kubelet-client-key={}", s(&kc_key)),
+                format!("--service-account-key-file={}", s(&sa_pub)),
+                format!("--service-account-signing-key-file={}", s(&sa_key)),
+                "--service-account-issuer=https://kubernetes.default.svc".into(),
+                "--service-cluster-ip-range=10.96.0.0/16".into(),
+                "--authorization-mode=Node,RBAC".into(),
+                // As kubeadm: kubelets (and virtual nodes) may change only their own Node,
+                // Lease and pods.
+                "--enable-admission-plugins=NodeRestriction".into(),
+                format!("--audit-policy-file={}", s(&audit_policy)),
+                format!("--audit-log-path={}", s(&audit_log)),
+                "--allow-privileged=true".into(),
+                // Simulated nodes have no resolvable host name: reach kubelets by address
+                // first, as kubeadm clusters are usually set up.
+                "--kubelet-preferred-address-types=InternalIP,ExternalIP,Hostname".into(),
+                // The aggregation layer, for metrics-server; routed to its endpoint directly,
+                // as there is no kube-proxy to reach a ClusterIP.
+                format!("--requestheader-client-ca-file={}", s(&ca_crt)),
+                "--requestheader-allowed-names=front-proxy-client".into(),
+                "--requestheader-username-headers=X-Remote-User".into(),
+                "--requestheader-group-headers=X-Remote-Group".into(),
+                "--requestheader-extra-headers-prefix=X-Remote-Extra-".into(),
+                format!("--proxy-client-cert-file={}", s(&fp_crt)),
+                format!("--proxy-client-key-file={}", s(&fp_key)),
+                "--enable-aggregator-routing=true".into(),
+                // About a tenth of a test cluster's start-up CPU; the tests never depend on
+                // API priority and fairness (max-requests-inflight still applies).
+                "--enable-priority-and-fairness=false".into(),
+            ]
+        },
+    )
+    .await;
+    let apiserver = match apiserver {
+        Ok(started) => started,
+        Err(e) => {
+            cluster_handle.keep_files = true;
+            return Err(e);
+        }
+    };
+    let api_addr = std::net::SocketAddr::new(api_ip, apiserver.ports[0]);
+    cluster_handle.push(apiserver.child);
     cluster_handle.apiserver = Some(Restartable {
         bin: bin.to_owned(),
         binary: "kube-apiserver",
-        args: apiserver_args,
-        log: dir.join("kube-apiserver.log"),
-        index: children.len() - 1,
+        args: apiserver.args,
+        log: apiserver_log,
+        index: cluster_handle.child_count() - 1,
     });
+    cluster_handle.api_addr = api_addr;
+    cluster_handle.entry.server = format!("https://{api_addr}");
+    let config = kubeconfig(std::slice::from_ref(&cluster_handle.entry));
+    cluster_handle.kubeconfig = config.clone();
+    let kubeconfig_file = f("admin.kubeconfig", &config)?;
     // kube-controller-manager gives up (and exits) when the API server is not healthy within
     // its own short wait, which a busy machine can exceed: it starts once /readyz answers.
     if let Err(e) = wait_ready(&config, api_addr, cluster, &dir, false).await {
         cluster_handle.keep_files = true;
         return Err(e);
     }
-    children.push(spawn(
+    cluster_handle.push(spawn(
         bin,
         "kube-controller-manager",
         &[
@@ -455,12 +474,19 @@ pub async fn start_with(
         .collect::<Vec<_>>(),
         &dir.join("kube-controller-manager.log"),
     )?);
-    let (scheduler, _) = start_scheduler(bin, &dir, &kubeconfig_file, &serde_json::json!({}))?;
-    children.push(scheduler);
+    let scheduler = start_scheduler(bin, &dir, &kubeconfig_file, &serde_json::json!({})).await;
+    let scheduler = match scheduler {
+        Ok((child, _)) => child,
+        Err(e) => {
+            cluster_handle.keep_files = true;
+            return Err(e);
+        }
+    };
+    cluster_handle.push(scheduler);
     cluster_handle.scheduler = Some(SchedulerRun {
         bin: bin.to_owned(),
         kubeconfig: kubeconfig_file.clone(),
-        index: children.len() - 1,
+        index: cluster_handle.child_count() - 1,
     });
 
     if let Err(e) = wait_ready(&config, api_addr, cluster, &dir, true).await {
@@ -469,11 +495,104 @@ pub async fn start_with(
     }
     if bin.join("metrics-server").is_file() {
         let child = start_metrics_server(bin, &dir, &kubeconfig_file, &config).await?;
-        if let Ok(mut c) = cluster_handle.children.lock() {
-            c.push(child);
-        }
+        cluster_handle.push(child);
     }
     Ok(cluster_handle)
+}
+
+impl RealCluster {
+    fn push(&mut self, child: Child) {
+        match self.children.get_mut() {
+            Ok(c) => c.push(child),
+            Err(poisoned) => poisoned.into_inner().push(child),
+        }
+    }
+
+    fn child_count(&mut self) -> usize {
+        match self.children.get_mut() {
+            Ok(c) => c.len(),
+            Err(poisoned) => poisoned.into_inner().len(),
+        }
+    }
+}
+
+/// How many times a process is started on fresh ports when one it was given was taken.
+const PORT_ATTEMPTS: usize = 5;
+
+/// A process listening on the ports it was started with.
+struct Listening<const N: usize> {
+    child: Child,
+    ports: [u16; N],
+    args: Vec<String>,
+}
+
+/// Starts `binary` with `args(ports)` and waits until it accepts connections on
+/// `host:ports[0]`. Ports are found free here, but another process (another test's cluster,
+/// an outgoing connection) may take one before the child binds it: a child that exits saying
+/// its address is in use is started again on fresh ports. `fixed` ports are the caller's
+/// choice and never changed.
+async fn spawn_listening<const N: usize>(
+    bin: &Path,
+    binary: &'static str,
+    log: &Path,
+    host: std::net::IpAddr,
+    fixed: Option<[u16; N]>,
+    args: impl Fn([u16; N]) -> Vec<String>,
+) -> Result<Listening<N>, RealError> {
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        let ports = match fixed {
+            Some(ports) => ports,
+            None => {
+                let mut ports = [0; N];
+                for port in &mut ports {
+                    *port = free_port()?;
+                }
+                ports
+            }
+        };
+        let run_args = args(ports);
+        let mut child = spawn(bin, binary, &run_args, log)?;
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(READY_SECONDS);
+        let addr = std::net::SocketAddr::new(host, ports[0]);
+        let exited = loop {
+            if let Ok(Some(status)) = child.try_wait() {
+                break status;
+            }
+            if tokio::net::TcpStream::connect(addr).await.is_ok() {
+                return Ok(Listening {
+                    child,
+                    ports,
+                    args: run_args,
+                });
+            }
+            if tokio::time::Instant::now() >= deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(RealError::Io {
+                    path: log.to_owned(),
+                    source: std::io::Error::other(format!(
+                        "{binary} not listening on {addr} after {READY_SECONDS} s"
+                    )),
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        let said = std::fs::read_to_string(log).unwrap_or_default();
+        if fixed.is_none() && attempt < PORT_ATTEMPTS && said.contains("address already in use") {
+            tracing::info!(
+                binary,
+                ?ports,
+                "a port was taken before it bound: fresh ports"
+            );
+            continue;
+        }
+        return Err(RealError::Io {
+            path: log.to_owned(),
+            source: std::io::Error::other(format!("{binary} exited at start: {exited}")),
+        });
+    }
 }
 
 /// Starts metrics-server as a process on the test-host address and registers it the way its
@@ -619,7 +738,7 @@ struct SchedulerRun {
 /// Starts kube-scheduler with `config`, a KubeSchedulerConfiguration (JSON) whose client
 /// connection and leader election the harness sets, serving /readyz on a free port so a
 /// restart can be waited for.
-fn start_scheduler(
+async fn start_scheduler(
     bin: &Path,
     dir: &Path,
     kubeconfig: &Path,
@@ -636,18 +755,22 @@ fn start_scheduler(
     config["leaderElection"] = serde_json::json!({"leaderElect": false});
     // JSON is YAML: kube-scheduler reads it as it is.
     let file = write(dir, "kube-scheduler-config.yaml", &config.to_string())?;
-    let port = free_port()?;
-    let child = spawn(
+    let started = spawn_listening(
         bin,
         "kube-scheduler",
-        &[
-            format!("--config={}", file.display()),
-            "--bind-address=127.0.0.1".into(),
-            format!("--secure-port={port}"),
-        ],
         &dir.join("kube-scheduler.log"),
-    )?;
-    Ok((child, port))
+        std::net::IpAddr::from([127, 0, 0, 1]),
+        None,
+        |[port]| {
+            vec![
+                format!("--config={}", file.display()),
+                "--bind-address=127.0.0.1".into(),
+                format!("--secure-port={port}"),
+            ]
+        },
+    )
+    .await?;
+    Ok((started.child, started.ports[0]))
 }
 
 impl RealCluster {
@@ -663,21 +786,24 @@ impl RealCluster {
             });
         };
         let log = self.dir.join("kube-scheduler.log");
-        let port = {
-            let mut children = self.children.lock().map_err(|_| RealError::Io {
-                path: log.clone(),
-                source: std::io::Error::other("a previous restart panicked"),
-            })?;
+        let poisoned = || RealError::Io {
+            path: log.clone(),
+            source: std::io::Error::other("a previous restart panicked"),
+        };
+        {
+            let mut children = self.children.lock().map_err(|_| poisoned())?;
             if let Some(old) = children.get_mut(run.index) {
                 let _ = old.kill();
                 let _ = old.wait();
             }
-            let (new, port) = start_scheduler(&run.bin, &self.dir, &run.kubeconfig, config)?;
+        }
+        let (new, port) = start_scheduler(&run.bin, &self.dir, &run.kubeconfig, config).await?;
+        {
+            let mut children = self.children.lock().map_err(|_| poisoned())?;
             if let Some(slot) = children.get_mut(run.index) {
                 *slot = new;
             }
-            port
-        };
+        }
         wait_scheduling(port, &self.entry.context, &self.dir).await
     }
 }
@@ -877,6 +1003,94 @@ mod tests {
             "{err}"
         );
         assert!(err.to_string().contains("TENSILE_K8S_BIN"), "{err}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A folder holding `name`, a shell script with `body`.
+    fn script(test: &str, name: &str, body: &str) -> PathBuf {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = std::env::temp_dir().join(format!("tensile-real-{test}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join(name);
+        std::fs::write(&path, format!("#!/bin/sh\n{body}\n")).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+        dir
+    }
+
+    #[tokio::test]
+    async fn a_process_whose_port_was_taken_starts_again_on_fresh_ports() {
+        // The first run finds its port taken, as etcd does when another process binds it
+        // first; the second writes the port it was given, and this test listens there for it.
+        let dir = script(
+            "taken",
+            "fake",
+            "if [ ! -e \"$0.ran\" ]; then touch \"$0.ran\"; \
+             echo 'listen tcp 127.0.0.1:1: bind: address already in use'; exit 1; fi\n\
+             echo \"$1\" > \"$0.port\"; exec sleep 60",
+        );
+        let loopback = std::net::IpAddr::from([127, 0, 0, 1]);
+        let log = dir.join("fake.log");
+        let port_file = dir.join("fake.port");
+        let listen = async {
+            let port = loop {
+                if let Some(port) = std::fs::read_to_string(&port_file)
+                    .ok()
+                    .and_then(|p| p.trim().parse::<u16>().ok())
+                {
+                    break port;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            };
+            tokio::net::TcpListener::bind((loopback, port))
+                .await
+                .unwrap()
+        };
+        let start = spawn_listening(&dir, "fake", &log, loopback, None, |[port]| {
+            vec![port.to_string()]
+        });
+        let (started, _listener) = tokio::join!(start, listen);
+        let mut started = started.unwrap();
+        let first_ports = std::fs::read_to_string(&port_file).unwrap();
+        assert_eq!(first_ports.trim(), started.ports[0].to_string());
+        assert_eq!(started.args, vec![started.ports[0].to_string()]);
+        started.child.kill().unwrap();
+        started.child.wait().unwrap();
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[tokio::test]
+    async fn a_process_that_exits_for_another_reason_or_on_a_fixed_port_is_an_error_at_once() {
+        let dir = script(
+            "exits",
+            "fake",
+            "echo 'bind: address already in use'; echo \"$1\" >> \"$0.runs\"; exit 3",
+        );
+        let loopback = std::net::IpAddr::from([127, 0, 0, 1]);
+        let log = dir.join("fake.log");
+        let err = spawn_listening(&dir, "fake", &log, loopback, Some([1]), |[port]| {
+            vec![port.to_string()]
+        })
+        .await
+        .err()
+        .unwrap();
+        assert!(err.to_string().contains("fake exited at start"), "{err}");
+        let runs = std::fs::read_to_string(dir.join("fake.runs")).unwrap();
+        assert_eq!(
+            runs.lines().count(),
+            1,
+            "a fixed port is never changed: {runs}"
+        );
+
+        let _ = std::fs::remove_dir_all(&dir);
+        let dir = script("refuses", "fake", "echo 'unknown flag'; exit 2");
+        let log = dir.join("fake.log");
+        let err = spawn_listening(&dir, "fake", &log, loopback, None, |[port]| {
+            vec![port.to_string()]
+        })
+        .await
+        .err()
+        .unwrap();
+        assert!(err.to_string().contains("exited at start"), "{err}");
         let _ = std::fs::remove_dir_all(&dir);
     }
 }
