@@ -17,8 +17,8 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use serde_json::json;
-use tensile_sim::env::{ClusterSpec, TestEnv};
 use tensile_sim::kubelet::{SimKubeletConfig, SimNode};
+use tensile_testenv::{ClusterSpec, TestEnv};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// `tensile bench ...`
@@ -599,7 +599,7 @@ async fn offload(args: OffloadArgs) -> anyhow::Result<()> {
 
     println!(
         "offload benchmark on {}: {n} pods created at once ({} concurrent creates) upstairs, placed by the upper scheduler on one virtual node",
-        if tensile_sim::env::real::bin_dir().is_some() {
+        if tensile_testenv::real::bin_dir().is_some() {
             "real control planes (TENSILE_K8S_BIN)"
         } else {
             "simulated clusters"
@@ -842,7 +842,7 @@ async fn offload(args: OffloadArgs) -> anyhow::Result<()> {
         "{}",
         json!({
             "pods": n,
-            "backend": if tensile_sim::env::real::bin_dir().is_some() { "real" } else { "sim" },
+            "backend": if tensile_testenv::real::bin_dir().is_some() { "real" } else { "sim" },
             "all_running_s": round(total.as_secs_f64(), 2),
             "bound_to_lower_created_p50_ms": duration_ms(pct(&mut down, 0.5)),
             "bound_to_lower_created_p99_ms": duration_ms(down_p99),

@@ -370,7 +370,7 @@ mod tests {
         let metrics = tensile_placement::metrics::DeschedulerMetrics::new(&mut registry);
         let (readiness, addr) = serve_metrics(&args, true, registry, &stop).await.unwrap();
         let addr = addr.unwrap();
-        let get = |path| tensile_sim::env::http_get(addr, path);
+        let get = |path| tensile_testenv::http_get(addr, path);
         assert_eq!(get("/healthz").await.unwrap(), (200, "ok".into()));
         assert_eq!(get("/readyz").await.unwrap(), (503, STANDBY.into()));
         readiness.set_ready();
@@ -379,7 +379,7 @@ mod tests {
         let (status, text) = get("/metrics").await.unwrap();
         assert_eq!(status, 200);
         assert_eq!(
-            tensile_sim::env::metric_value(&text, "tensile_descheduler_give_ups_total"),
+            tensile_testenv::metric_value(&text, "tensile_descheduler_give_ups_total"),
             Some(1.0),
             "{text}"
         );

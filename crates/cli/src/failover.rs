@@ -21,7 +21,7 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, PostParams};
 use kube::runtime::watcher;
 use serde_json::json;
-use tensile_sim::env::TestEnv;
+use tensile_testenv::TestEnv;
 
 use crate::bench::spawn_watch;
 
@@ -280,7 +280,7 @@ pub async fn run(args: FailoverArgs) -> anyhow::Result<()> {
     .await?;
     // The probes: the standby is alive and not ready, the leader ready.
     let probe = |i: usize, path: &'static str| {
-        tensile_sim::env::http_get(SocketAddr::from(([127, 0, 0, 1], metrics_ports[i])), path)
+        tensile_testenv::http_get(SocketAddr::from(([127, 0, 0, 1], metrics_ports[i])), path)
     };
     let standby_probes = (
         probe(1, "/healthz").await.context("replica b's /healthz")?,
@@ -550,7 +550,7 @@ async fn run_restart(args: FailoverArgs) -> anyhow::Result<()> {
 
 /// Which backend the clusters run on, for the report.
 fn backend() -> &'static str {
-    if tensile_sim::env::real::bin_dir().is_some() {
+    if tensile_testenv::real::bin_dir().is_some() {
         "real control planes (TENSILE_K8S_BIN)"
     } else {
         "simulated clusters"

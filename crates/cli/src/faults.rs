@@ -25,8 +25,8 @@ use kube::runtime::watcher;
 use serde_json::json;
 use tensile_core::node::{CONDITION_LOWER_REACHABLE, REASON_LOWER_ERRORS, TAINT_LOWER_UNREACHABLE};
 use tensile_core::reach::{REASON_ERRORS, REASON_UNREACHABLE};
-use tensile_sim::env::TestEnv;
-use tensile_sim::env::errors::ErrorProxy;
+use tensile_testenv::TestEnv;
+use tensile_testenv::errors::ErrorProxy;
 
 use crate::bench::spawn_watch;
 use crate::failover::{replica, wait_for};
@@ -306,7 +306,7 @@ struct Outcome {
 
 pub async fn run(args: FaultsArgs) -> anyhow::Result<()> {
     let n = args.pods;
-    let real = tensile_sim::env::real::bin_dir().is_some();
+    let real = tensile_testenv::real::bin_dir().is_some();
     if !real && args.fault.contains(&Fault::LowerEtcdKill) {
         bail!(
             "lower-etcd-kill needs real control planes (TENSILE_K8S_BIN): the simulator keeps its objects in memory"
@@ -619,7 +619,7 @@ async fn one_fault(
             "the node was not Ready with its lower cluster reachable within {within} s of the fault's end"
         ));
     }
-    let real = tensile_sim::env::real::bin_dir().is_some();
+    let real = tensile_testenv::real::bin_dir().is_some();
     let down_event = with(seen, |s| {
         s.down_events.iter().any(|t| *t >= began && *t <= ended)
     })?;

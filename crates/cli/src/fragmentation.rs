@@ -346,7 +346,7 @@ async fn run_mode(mode: &str, args: &FragmentationArgs) -> anyhow::Result<Outcom
             extender,
             extender_metrics,
             // On real control planes when the harness's variable names their binaries.
-            k8s_bin: tensile_sim::env::real::bin_dir(),
+            k8s_bin: tensile_testenv::real::bin_dir(),
         },
         &|_| {},
     )

@@ -20,7 +20,7 @@ use anyhow::{Context as _, bail};
 use rustls_pki_types::pem::PemObject as _;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use tensile_sim::certs::{Ca, Issued};
-use tensile_sim::env::{ClusterSpec, TestEnv};
+use tensile_testenv::{ClusterSpec, TestEnv};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// Flags of `tensile bench hostile-bodies`.

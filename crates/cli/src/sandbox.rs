@@ -23,8 +23,8 @@ use tensile_placement::serve::{ClientAuth, Server, tls_config_live};
 use tensile_placement::webhook::{Webhook, WebhookConfig};
 use tensile_sim::apiserver::controllers::SchedulerExtender;
 use tensile_sim::apiserver::{ApiServer, KubeconfigEntry};
-use tensile_sim::env::real::{RealCluster, RealOptions};
 use tensile_sim::kubelet::{SimKubelet, SimKubeletConfig, SimNode};
+use tensile_testenv::real::{RealCluster, RealOptions};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
@@ -264,7 +264,7 @@ async fn start_cluster(
         api_listen: Some(listen),
         ..RealOptions::default()
     };
-    let cluster = tensile_sim::env::real::start_with(&real.bin, &real.dir, name, &options)
+    let cluster = tensile_testenv::real::start_with(&real.bin, &real.dir, name, &options)
         .await
         .with_context(|| format!("starting the control plane of cluster {name} on {listen}"))?;
     let mut entry = cluster.entry.clone();
@@ -288,11 +288,11 @@ async fn start_cluster(
         let kubelet = SimKubelet::start(client.clone(), config)
             .await
             .with_context(|| format!("registering the simulated nodes of cluster {name}"))?;
-        tensile_sim::env::schedulable(&client, name, &names)
+        tensile_testenv::schedulable(&client, name, &names)
             .await
             .with_context(|| format!("waiting for the nodes of cluster {name}"))?;
         let stop = CancellationToken::new();
-        tensile_sim::env::provisioner::start(client, stop.clone());
+        tensile_testenv::provisioner::start(client, stop.clone());
         (Some(kubelet), Some(stop.drop_guard()))
     };
     Ok(Cluster {
@@ -340,7 +340,7 @@ impl Sandbox {
                 let dir = std::env::temp_dir().join(format!("tensile-up-{}", std::process::id()));
                 std::fs::create_dir_all(&dir)
                     .with_context(|| format!("creating {}", dir.display()))?;
-                let node_address = match tensile_sim::env::testhost::address() {
+                let node_address = match tensile_testenv::testhost::address() {
                     Ok(a) => Some(a),
                     Err(e) => {
                         progress(&format!(
@@ -626,7 +626,7 @@ async fn start_webhook(
 mod tests {
     use super::*;
     use k8s_openapi::api::core::v1::Pod;
-    use tensile_sim::env::eventually;
+    use tensile_testenv::eventually;
 
     #[test]
     fn lower_clusters_take_the_ports_after_the_upper_one() {

@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use serde_json::Value;
-use tensile_sim::env::{ClusterSpec, TestEnv};
+use tensile_testenv::{ClusterSpec, TestEnv};
 
 mod common;
 use common::kubectl;

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 use serde_json::{Value, json};
-use tensile_sim::env::{ClusterSpec, TestEnv};
+use tensile_testenv::{ClusterSpec, TestEnv};
 
 mod common;
 use common::{Killed, kubectl, until};

@@ -390,7 +390,7 @@ fn tensile_up(dir: &Path, k8s_bin: Option<&Path>) -> Killed {
         .arg("up")
         .current_dir(dir)
         .env("RUST_LOG", "warn")
-        .env_remove(tensile_sim::env::real::BIN_ENV);
+        .env_remove(tensile_testenv::real::BIN_ENV);
     if let Some(bin) = k8s_bin {
         assert!(repo_file("docs/sandbox.md").contains("tensile-cli -- up --k8s-bin"));
         command.arg("--k8s-bin").arg(bin);
@@ -499,10 +499,10 @@ fn stack(
     dir: &Path,
 ) -> (
     tokio::runtime::Runtime,
-    tensile_sim::env::TestEnv,
+    tensile_testenv::TestEnv,
     Vec<Killed>,
 ) {
-    use tensile_sim::env::{ClusterSpec, TestEnv};
+    use tensile_testenv::{ClusterSpec, TestEnv};
     let runtime = tokio::runtime::Runtime::new().unwrap();
     // The upper scheduler leaves claims to the lower clusters (docs/virtual-node.md: its
     // VolumeBinding plugin off), as the sandbox's does.
@@ -645,7 +645,7 @@ fn the_docs_run_verbatim_on_tensile_up_and_give_the_same_shapes_on_clusters_of_t
     let up = tensile_up(&up_dir, None);
     let sandbox = run_docs(&up_dir);
     drop(up);
-    let real_up = tensile_sim::env::real::bin_dir().map(|bin| {
+    let real_up = tensile_testenv::real::bin_dir().map(|bin| {
         let dir = fresh_dir("shape-up-real");
         let up = tensile_up(&dir, Some(&bin));
         let outputs = run_docs(&dir);

@@ -15,7 +15,7 @@ use base64::engine::general_purpose::STANDARD as B64;
 use rustls_pki_types::CertificateDer;
 use rustls_pki_types::pem::PemObject;
 use serde_json::{Value, json};
-use tensile_sim::env::{ClusterSpec, TestEnv};
+use tensile_testenv::{ClusterSpec, TestEnv};
 
 mod common;
 use common::{Killed, kubectl, until};
@@ -71,7 +71,7 @@ fn presented(port: u16, ca_pem: &str) -> Result<Vec<u8>, String> {
         .enable_all()
         .build()
         .unwrap();
-    runtime.block_on(tensile_sim::env::presented_certificate(
+    runtime.block_on(tensile_testenv::presented_certificate(
         std::net::SocketAddr::from(([127, 0, 0, 1], port)),
         "localhost",
         ca_pem,

@@ -7,7 +7,7 @@ use std::io::{Read as _, Write as _};
 use std::path::Path;
 use std::process::{Command, Stdio};
 
-use tensile_sim::env::{ClusterSpec, TestEnv};
+use tensile_testenv::{ClusterSpec, TestEnv};
 
 mod common;
 use common::{Killed, kubectl, until};

@@ -347,7 +347,7 @@ async fn checklist_47_deleting_an_upper_pod_whose_lower_pod_is_already_gone_fini
 type Recorded = Arc<Mutex<Vec<(String, String, String)>>>;
 
 /// A client of the lower cluster that records what it sends.
-async fn recording_client(env: &tensile_sim::env::TestEnv) -> (kube::Client, Recorded) {
+async fn recording_client(env: &tensile_testenv::TestEnv) -> (kube::Client, Recorded) {
     struct Recording<S> {
         inner: S,
         seen: Recorded,
@@ -509,7 +509,7 @@ async fn checklist_56_fix_at_start_only_this_nodes_orphans_are_deleted() {
 }
 
 /// A running pod upstairs that logs `line 1`..`line 15`, on a node with metrics served.
-async fn logging_pod() -> (tensile_sim::env::TestEnv, common::Spawned, Api<Pod>) {
+async fn logging_pod() -> (tensile_testenv::TestEnv, common::Spawned, Api<Pod>) {
     let env = clusters().await;
     let mut opts = NodeOptions::new("vk-lower");
     opts.metrics = true;
@@ -534,7 +534,7 @@ async fn logging_pod() -> (tensile_sim::env::TestEnv, common::Spawned, Api<Pod>)
 
 /// A GET on the virtual node's kubelet API through the upper API server's node proxy (the
 /// API server's kubelet client certificate, authorized by SubjectAccessReview upstairs).
-async fn via_proxy(env: &tensile_sim::env::TestEnv, path: &str) -> Result<String, kube::Error> {
+async fn via_proxy(env: &tensile_testenv::TestEnv, path: &str) -> Result<String, kube::Error> {
     env.clusters[0]
         .client
         .request_text(get(&format!("/api/v1/nodes/vk-lower/proxy{path}")))
@@ -758,7 +758,7 @@ async fn checklist_65_66_67_stats_summary_on_the_kubelet_port_only_and_the_other
     for stage in ["lower_pod_create", "upper_status"] {
         let series = format!("tensile_pod_sync_seconds_count{{stage=\"{stage}\"}}");
         assert!(
-            tensile_sim::env::metric_value(&metrics, &series).is_some_and(|n| n >= 1.0),
+            tensile_testenv::metric_value(&metrics, &series).is_some_and(|n| n >= 1.0),
             "{series} in\n{metrics}"
         );
     }

@@ -291,13 +291,13 @@ async fn a_copy_goes_when_its_last_pod_goes_and_comes_back_when_needed_again() {
     run_pod(upper, "c", volumes).await;
     assert_eq!(data(&low_cms, "cfg").await.as_deref(), Some("v1"));
     // Every copy sync is timed: created, kept, deleted, created again.
-    let (status, metrics) = tensile_sim::env::http_get(node.metrics.unwrap(), "/metrics")
+    let (status, metrics) = tensile_testenv::http_get(node.metrics.unwrap(), "/metrics")
         .await
         .unwrap();
     assert_eq!(status, 200);
     let series = r#"tensile_pod_sync_seconds_count{stage="copy"}"#;
     assert!(
-        tensile_sim::env::metric_value(&metrics, series).is_some_and(|n| n >= 3.0),
+        tensile_testenv::metric_value(&metrics, series).is_some_and(|n| n >= 3.0),
         "{series} in\n{metrics}"
     );
     node.stop.cancel();

@@ -152,7 +152,7 @@ async fn bogus_request(addr: std::net::SocketAddr, token: &str) -> u16 {
     let request = format!(
         "GET /pods HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {token}\r\nConnection: close\r\n\r\n"
     );
-    tensile_sim::env::https_exchange_unverified(addr, request.as_bytes())
+    tensile_testenv::https_exchange_unverified(addr, request.as_bytes())
         .await
         .ok()
         .and_then(|r| r.strip_prefix("HTTP/1.1 ")?.get(..3)?.parse().ok())

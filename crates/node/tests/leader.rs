@@ -10,7 +10,7 @@ use kube::Api;
 use kube::api::PostParams;
 use tensile_core::lease::Timings;
 use tensile_node::leader::{LeaderElection, LostLeadership};
-use tensile_sim::env::{ClusterSpec, TestEnv};
+use tensile_testenv::{ClusterSpec, TestEnv};
 use tokio_util::sync::CancellationToken;
 
 /// Short timings: a lease of 2 s, so a takeover is quick to wait for.

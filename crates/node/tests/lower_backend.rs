@@ -17,7 +17,7 @@ use tensile_kubelet::{
     StreamOptions, StreamingConfig,
 };
 use tensile_node::lower_backend::LowerBackend;
-use tensile_sim::env::TestEnv;
+use tensile_testenv::TestEnv;
 use tokio::io::{AsyncReadExt, AsyncWriteExt, DuplexStream};
 
 const NS: &str = "default";
@@ -381,7 +381,7 @@ async fn kubectl_port_forward_through_the_virtual_node_survives_a_half_close() {
                     .spawn()
                     .unwrap(),
             );
-            let port = tensile_sim::env::forwarded_port(pf.0.stdout.take().unwrap()).unwrap();
+            let port = tensile_testenv::forwarded_port(pf.0.stdout.take().unwrap()).unwrap();
             for round in 0..3 {
                 let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
                 s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();

@@ -18,7 +18,7 @@ use tensile_core::deps::is_owned_by;
 use tensile_core::keys::{
     ANNOTATION_GLOBAL, ANNOTATION_LABEL_SELECTOR, LABEL_OWNER, owner_label_value,
 };
-use tensile_sim::env::{ClusterSpec, TestEnv};
+use tensile_testenv::{ClusterSpec, TestEnv};
 use tokio_util::sync::CancellationToken;
 
 /// An upper cluster and `lowers` lower clusters of two nodes, each with its own pod network, and

@@ -13,7 +13,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 use tensile_core::keys::{ANNOTATION_GLOBAL, ANNOTATION_SELECTED_NODE};
-use tensile_sim::env::TestEnv;
+use tensile_testenv::TestEnv;
 use tokio_util::sync::CancellationToken;
 
 fn from<T: serde::de::DeserializeOwned>(v: Value) -> T {

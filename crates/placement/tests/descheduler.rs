@@ -22,7 +22,7 @@ use tensile_node::metrics::{Readiness, serve_probes};
 use tensile_placement::descheduler::{self, DeschedulerConfig, LABEL_MOVE, VALUE_EXCLUSIONS};
 use tensile_placement::metrics::DeschedulerMetrics;
 use tensile_placement::webhook::{Webhook, WebhookConfig};
-use tensile_sim::env::{ClusterSpec, TestEnv, eventually, http_get, metric_value};
+use tensile_testenv::{ClusterSpec, TestEnv, eventually, http_get, metric_value};
 use tokio_util::sync::CancellationToken;
 
 const NODE: &str = "vk-refusing";

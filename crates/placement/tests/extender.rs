@@ -22,8 +22,8 @@ use tensile_placement::extender::{self, ExtenderConfig, LowerClusterClient, Runn
 use tensile_placement::metrics::ExtenderMetrics;
 use tensile_placement::serve::{ClientAuth, LiveCert, ServingCert};
 use tensile_sim::certs::{Ca, Issued};
-use tensile_sim::env::{ClusterSpec, TestEnv, eventually, http_get, metric_value};
 use tensile_sim::kubelet::{SimKubeletConfig, SimNode};
+use tensile_testenv::{ClusterSpec, TestEnv, eventually, http_get, metric_value};
 use tokio_util::sync::CancellationToken;
 
 /// Lower clusters by id, each with nodes of the given cpu counts (8Gi each).

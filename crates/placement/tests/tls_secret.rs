@@ -21,7 +21,7 @@ use serde_json::json;
 use tensile_core::certs::Policy;
 use tensile_placement::serve::{Handler, Reply, Server, tls_config_live};
 use tensile_placement::tls_secret::{self, SecretName, TlsSecret, TlsSecretConfig, TlsSecretError};
-use tensile_sim::env::{ClusterSpec, TestEnv, eventually};
+use tensile_testenv::{ClusterSpec, TestEnv, eventually};
 use tokio_util::sync::CancellationToken;
 
 const NAMESPACE: &str = "kube-system";
@@ -79,7 +79,7 @@ async fn replica(client: kube::Client, config: TlsSecretConfig) -> Result<Replic
 /// The leaf certificate `addr` presents in a handshake that verifies it against `trusted` (PEM),
 /// or why the handshake failed.
 async fn presented(addr: SocketAddr, trusted: &str) -> Result<Vec<u8>, String> {
-    tensile_sim::env::presented_certificate(addr, "localhost", trusted).await
+    tensile_testenv::presented_certificate(addr, "localhost", trusted).await
 }
 
 fn pem_der(pem: &str) -> Vec<u8> {

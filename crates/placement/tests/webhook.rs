@@ -20,7 +20,7 @@ use tensile_placement::metrics::WebhookMetrics;
 use tensile_placement::serve::{Server, ServingCert, tls_config};
 use tensile_placement::webhook::{Webhook, WebhookConfig};
 use tensile_sim::apiserver::{ApiServer, ApiServerConfig};
-use tensile_sim::env::{http_get, metric_value};
+use tensile_testenv::{http_get, metric_value};
 use tokio_util::sync::CancellationToken;
 
 fn review(operation: &str, object: Value) -> Vec<u8> {

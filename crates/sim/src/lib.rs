@@ -1,9 +1,8 @@
-//! An embedded Kubernetes API server with a simulated scheduler and simulated kubelets, and a
-//! `TestEnv` that starts simulated or real clusters for tests, benchmarks and `tensile up`.
+//! An embedded Kubernetes API server with a simulated scheduler and simulated kubelets: the
+//! clusters of `tensile up` and of the tests (`tensile-testenv` starts them).
 #![forbid(unsafe_code)]
 
 pub mod apiserver;
 pub mod certs;
-pub mod env;
 pub mod kubelet;
 pub mod secret_file;

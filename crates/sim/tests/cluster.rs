@@ -13,7 +13,7 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use serde_json::json;
 use tensile_sim::apiserver::controllers::Controllers;
-use tensile_sim::env::{ClusterSpec, TestEnv};
+use tensile_testenv::{ClusterSpec, TestEnv};
 
 fn deployment(name: &str, replicas: i32, cpu: &str) -> Deployment {
     from(

@@ -14,7 +14,7 @@ use kube::api::{
 use kube::core::Status;
 use serde_json::json;
 use tensile_sim::apiserver::{ApiServer, ApiServerConfig};
-use tensile_sim::env::{ClusterSpec, TestEnv, eventually};
+use tensile_testenv::{ClusterSpec, TestEnv, eventually};
 
 /// A cluster without nodes: simulated, or real with TENSILE_K8S_BIN.
 async fn cluster() -> (TestEnv, kube::Client) {

@@ -115,7 +115,7 @@ fn port_forward_over_both_transports_and_top() {
                 .spawn()
                 .unwrap(),
         );
-        let port = tensile_sim::env::forwarded_port(pf.0.stdout.take().unwrap()).unwrap();
+        let port = tensile_testenv::forwarded_port(pf.0.stdout.take().unwrap()).unwrap();
         let handles: Vec<_> = (0..4)
             .map(|i| {
                 std::thread::spawn(move || {

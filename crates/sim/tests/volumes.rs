@@ -10,7 +10,7 @@ use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod};
 use k8s_openapi::api::storage::v1::StorageClass;
 use kube::api::{Api, DeleteParams, PostParams};
 use serde_json::json;
-use tensile_sim::env::TestEnv;
+use tensile_testenv::TestEnv;
 
 async fn class(client: &kube::Client, name: &str, provisioner: &str, mode: &str) {
     Api::<StorageClass>::all(client.clone())

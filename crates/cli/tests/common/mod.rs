@@ -104,7 +104,7 @@ pub fn port_forward_echo(kubeconfig: &Path, target: &str, port: u16) {
             .spawn()
             .unwrap(),
     );
-    let local = tensile_sim::env::forwarded_port(pf.0.stdout.take().unwrap()).unwrap();
+    let local = tensile_testenv::forwarded_port(pf.0.stdout.take().unwrap()).unwrap();
     let mut s = std::net::TcpStream::connect(("127.0.0.1", local)).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
     s.write_all(b"hello through two clusters").unwrap();

@@ -14,10 +14,10 @@ use tensile_node::clients::{ApiCalls, KubeconfigSource, build_client};
 use tensile_node::node::NodeLoop;
 use tensile_node::pods::PodSync;
 use tensile_node::{KubeletApi, Metrics, VirtualNode};
-use tensile_sim::env::{ClusterSpec, TestEnv};
+use tensile_testenv::{ClusterSpec, TestEnv};
 use tokio_util::sync::CancellationToken;
 
-pub use tensile_sim::env::eventually;
+pub use tensile_testenv::eventually;
 
 /// An upper cluster and a lower cluster of two nodes (8 CPUs), with virtual node `vk-lower`.
 pub async fn start() -> (TestEnv, CancellationToken) {
@@ -168,7 +168,7 @@ pub async fn try_spawn(
     let version = lower.apiserver_version().await.unwrap().git_version;
     let name = opts.name.as_str();
     // Not loopback: API servers refuse nodes/proxy to loopback kubelets.
-    let address = tensile_sim::env::testhost::address().unwrap().to_string();
+    let address = tensile_testenv::testhost::address().unwrap().to_string();
     let vn = VirtualNode {
         heartbeat: uppers.heartbeat,
         node: NodeLoop {

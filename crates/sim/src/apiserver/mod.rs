@@ -17,6 +17,7 @@ pub mod patch;
 mod proto_schema;
 pub mod protobuf;
 pub(crate) mod proxy;
+pub use proxy::CertNotVerified;
 pub mod rbac;
 mod rbac_strategy;
 pub mod request;

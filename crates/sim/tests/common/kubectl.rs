@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use tensile_sim::env::TestEnv;
+use tensile_testenv::TestEnv;
 
 pub struct Env {
     pub env: TestEnv,

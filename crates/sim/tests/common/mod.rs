@@ -4,7 +4,7 @@
 pub mod kubectl;
 
 #[allow(unused_imports)] // not every test binary waits this way
-pub use tensile_sim::env::eventually;
+pub use tensile_testenv::eventually;
 
 /// A typed object from JSON.
 pub fn from<T: serde::de::DeserializeOwned>(v: serde_json::Value) -> T {

@@ -17,7 +17,7 @@ use kube::api::{Api, DeleteParams, PostParams};
 use kube::runtime::{WatchStreamExt as _, watcher};
 use tokio_util::sync::CancellationToken;
 
-use crate::apiserver::controllers::{NO_PROVISIONER, provisioned_volume};
+use tensile_sim::apiserver::controllers::{NO_PROVISIONER, provisioned_volume};
 
 const ANN_SELECTED_NODE: &str = "volume.kubernetes.io/selected-node";
 const ANN_STORAGE_PROVISIONER: &str = "volume.kubernetes.io/storage-provisioner";

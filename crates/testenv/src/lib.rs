@@ -3,6 +3,8 @@
 //! `TENSILE_K8S_BIN` set, real control planes from binaries instead (see [`real`]); the
 //! simulated nodes are the same either way, and tests cannot tell the difference.
 
+#![forbid(unsafe_code)]
+
 pub mod errors;
 pub mod faults;
 pub mod provisioner;
@@ -12,8 +14,8 @@ pub mod testhost;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use crate::apiserver::{ApiServer, ApiServerConfig, ApiServerError};
-use crate::kubelet::{SimKubelet, SimKubeletConfig, SimKubeletError, SimNode};
+use tensile_sim::apiserver::{ApiServer, ApiServerConfig, ApiServerError};
+use tensile_sim::kubelet::{SimKubelet, SimKubeletConfig, SimKubeletError, SimNode};
 
 /// Starting a test environment failed.
 #[derive(Debug, thiserror::Error)]
@@ -156,7 +158,7 @@ pub struct TestCluster {
     /// The kubeconfig file (context = name).
     pub kubeconfig: PathBuf,
     /// The same as one kubeconfig entry (through the TCP fault proxy).
-    entry: crate::apiserver::KubeconfigEntry,
+    entry: tensile_sim::apiserver::KubeconfigEntry,
     // Fields drop in this order: what talks to the API server (the simulated nodes, the
     // provisioner) stops before the server does.
     kubelet: Option<SimKubelet>,
@@ -313,11 +315,11 @@ impl TestCluster {
     /// them and waited for.
     pub async fn set_scheduler_extenders(
         &self,
-        extenders: Vec<crate::apiserver::controllers::SchedulerExtender>,
+        extenders: Vec<tensile_sim::apiserver::controllers::SchedulerExtender>,
     ) -> Result<(), SchedulerConfigError> {
         let entries: Vec<serde_json::Value> = extenders
             .iter()
-            .map(crate::apiserver::controllers::SchedulerExtender::to_scheduler_config)
+            .map(tensile_sim::apiserver::controllers::SchedulerExtender::to_scheduler_config)
             .collect();
         self.set_scheduler_config(&serde_json::json!({ "extenders": entries }))
             .await
@@ -334,8 +336,10 @@ impl TestCluster {
         match &self.backend {
             Backend::Sim(s) => {
                 let extenders =
-                    crate::apiserver::controllers::SchedulerExtender::from_scheduler_config(config)
-                        .map_err(SchedulerConfigError::Invalid)?;
+                    tensile_sim::apiserver::controllers::SchedulerExtender::from_scheduler_config(
+                        config,
+                    )
+                    .map_err(SchedulerConfigError::Invalid)?;
                 s.set_scheduler_extenders(extenders);
                 Ok(())
             }
@@ -353,7 +357,7 @@ impl TestCluster {
         &self,
         user: &str,
         group: Option<&str>,
-    ) -> Result<String, crate::certs::CertError> {
+    ) -> Result<String, tensile_sim::certs::CertError> {
         let issued = match &self.backend {
             Backend::Sim(s) => s.state().ca.issue_client(user, group)?,
             Backend::Real(r) => r.ca.issue_client(user, group)?,
@@ -365,10 +369,10 @@ impl TestCluster {
     /// whose user is this client certificate, or this bearer token.
     pub fn kubeconfig_with(
         &self,
-        client: Option<crate::certs::Issued>,
+        client: Option<tensile_sim::certs::Issued>,
         token: Option<String>,
     ) -> String {
-        kubeconfig_text(&crate::apiserver::KubeconfigEntry {
+        kubeconfig_text(&tensile_sim::apiserver::KubeconfigEntry {
             client,
             token,
             ..self.entry.clone()
@@ -471,7 +475,7 @@ impl TestEnv {
                 }
                 Some(bin) => {
                     let default_grace =
-                        crate::apiserver::controllers::Controllers::default().node_grace;
+                        tensile_sim::apiserver::controllers::Controllers::default().node_grace;
                     let node_grace = spec.apiserver.controllers.node_grace;
                     let options = real::RealOptions {
                         // A grace the test chose is given to the real controller too.
@@ -494,7 +498,7 @@ impl TestEnv {
                 source,
             };
             // The cluster's own parts talk to it directly; everyone else through the proxy.
-            let direct = crate::apiserver::client_from_kubeconfig(&kubeconfig_text(&entry))
+            let direct = tensile_sim::apiserver::client_from_kubeconfig(&kubeconfig_text(&entry))
                 .await
                 .map_err(client_error)?;
             let faults = faults::FaultProxy::start(upstream)
@@ -505,13 +509,13 @@ impl TestEnv {
                 })?;
             entry.server = format!("https://{}", faults.addr());
             let text = kubeconfig_text(&entry);
-            crate::secret_file::write_secret(&kubeconfig, &text).map_err(|source| {
+            tensile_sim::secret_file::write_secret(&kubeconfig, &text).map_err(|source| {
                 TestEnvError::Kubeconfig {
                     path: kubeconfig.clone(),
                     source,
                 }
             })?;
-            let client = crate::apiserver::client_from_kubeconfig(&text)
+            let client = tensile_sim::apiserver::client_from_kubeconfig(&text)
                 .await
                 .map_err(client_error)?;
             let kubelet = match spec.kubelet.take() {
@@ -566,8 +570,8 @@ impl Drop for TestEnv {
     }
 }
 
-fn kubeconfig_text(entry: &crate::apiserver::KubeconfigEntry) -> String {
-    crate::apiserver::kubeconfig(std::slice::from_ref(entry))
+fn kubeconfig_text(entry: &tensile_sim::apiserver::KubeconfigEntry) -> String {
+    tensile_sim::apiserver::kubeconfig(std::slice::from_ref(entry))
 }
 
 /// The taints the node lifecycle controller keeps on a node until it has seen it Ready.
@@ -664,7 +668,7 @@ pub async fn https_exchange_unverified(
         .map_err(|e| e.to_string())?
         .dangerous()
         .with_custom_certificate_verifier(std::sync::Arc::new(
-            crate::apiserver::proxy::CertNotVerified(provider),
+            tensile_sim::apiserver::CertNotVerified(provider),
         ))
         .with_no_client_auth();
     let tcp = tokio::net::TcpStream::connect(addr)

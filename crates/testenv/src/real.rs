@@ -10,8 +10,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use crate::apiserver::{KubeconfigEntry, kubeconfig};
-use crate::certs::{Ca, CertError};
+use tensile_sim::apiserver::{KubeconfigEntry, kubeconfig};
+use tensile_sim::certs::{Ca, CertError};
 
 /// The environment variable naming the binaries folder.
 pub const BIN_ENV: &str = "TENSILE_K8S_BIN";
@@ -164,7 +164,7 @@ fn free_port() -> Result<u16, RealError> {
 /// this user's processes read them.
 fn write(dir: &Path, name: &str, text: &str) -> Result<PathBuf, RealError> {
     let path = dir.join(name);
-    crate::secret_file::write_secret(&path, text).map_err(|source| RealError::Io {
+    tensile_sim::secret_file::write_secret(&path, text).map_err(|source| RealError::Io {
         path: path.clone(),
         source,
     })?;
@@ -662,7 +662,7 @@ async fn start_metrics_server(
         source: std::io::Error::other(format!("registering metrics-server ({what}): {e}")),
     };
     let register = async {
-        let client = crate::apiserver::client_from_kubeconfig(config)
+        let client = tensile_sim::apiserver::client_from_kubeconfig(config)
             .await
             .map_err(|e| fail("client", &e))?;
         for object in objects {
