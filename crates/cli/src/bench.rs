@@ -11,6 +11,7 @@ use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::process::{cpu_seconds, memory_mib};
 use anyhow::{Context as _, bail};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, Pod};
@@ -192,19 +193,6 @@ fn pct(v: &mut [Duration], p: f64) -> Duration {
     v[i.min(v.len() - 1)]
 }
 
-/// A process's memory from `/proc/<pid>/status`: (current RSS, peak RSS) in MiB.
-fn memory_mib(pid: u32) -> (f64, f64) {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    let field = |name: &str| {
-        status
-            .lines()
-            .find(|l| l.starts_with(name))
-            .and_then(|l| l.split_whitespace().nth(1)?.parse::<f64>().ok())
-            .map_or(f64::NAN, |kib| kib / 1024.0)
-    };
-    (field("VmRSS:"), field("VmHWM:"))
-}
-
 /// How many sockets a process has open (its connections to the API servers, mostly).
 fn sockets(pid: u32) -> usize {
     std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, |dir| {
@@ -215,22 +203,6 @@ fn sockets(pid: u32) -> usize {
             })
             .count()
     })
-}
-
-/// CPU time (user + system, all threads) a process has used, in seconds, from
-/// `/proc/<pid>/stat` (Linux counts it in USER_HZ ticks, 100 per second on every architecture
-/// Rust's std supports there).
-fn cpu_seconds(pid: u32) -> f64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    // The command name may hold spaces: fields are counted after its closing parenthesis.
-    let fields: Vec<&str> = stat
-        .rsplit_once(')')
-        .map_or(Vec::new(), |(_, rest)| rest.split_whitespace().collect());
-    let ticks = |i: usize| fields.get(i).and_then(|f| f.parse::<f64>().ok());
-    match (ticks(11), ticks(12)) {
-        (Some(user), Some(system)) => (user + system) / 100.0,
-        _ => f64::NAN,
-    }
 }
 
 /// GET over plain HTTP/1.1 (the node's metrics listener), body as text.

@@ -28,10 +28,11 @@ use kube::runtime::watcher;
 use serde_json::json;
 use tensile_core::quantity::parse_quantity;
 use tensile_placement::descheduler::DeschedulerConfig;
-use tensile_placement::metrics::{DeschedulerMetrics, ExtenderMetrics};
+use tensile_placement::metrics::DeschedulerMetrics;
 use tensile_sim::kubelet::SimNode;
 
-use crate::sandbox::{Sandbox, SandboxSpec};
+use crate::process::{cpu_seconds, memory_mib};
+use crate::sandbox::{ExtenderRun, Sandbox, SandboxSpec};
 
 /// Flags of `tensile bench fragmentation`.
 #[derive(Debug, clap::Args)]
@@ -176,8 +177,11 @@ struct Outcome {
     extender_filter_p99_ms: Option<f64>,
     extender_bind_p99_ms: Option<f64>,
     descheduler_moves: u64,
-    /// The whole process: the sandbox's clusters, virtual nodes and placement (the extender
-    /// runs in it, so its own share is not separated here).
+    /// The extender's own process (`tensile scheduler`, the shipped flags): peak RSS and
+    /// CPU time from its start to the end of the burst.
+    extender_peak_rss_mib: Option<f64>,
+    extender_cpu_s: Option<f64>,
+    /// This process: the sandbox's clusters, virtual nodes, webhook and descheduler.
     process_peak_rss_mib: Option<f64>,
 }
 
@@ -312,14 +316,6 @@ fn extender_quantile(samples: &crate::bench::Samples, verb: &str, q: f64) -> Opt
     .map(|s| s * 1000.0)
 }
 
-/// Peak resident memory of this process (`VmHWM`), Linux only.
-fn peak_rss_mib() -> Option<f64> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
-    let kib: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kib / 1024.0)
-}
-
 async fn run_mode(mode: &str, args: &FragmentationArgs) -> anyhow::Result<Outcome> {
     let (descheduler, extender) = match mode {
         "none" => (false, false),
@@ -328,8 +324,7 @@ async fn run_mode(mode: &str, args: &FragmentationArgs) -> anyhow::Result<Outcom
         "both" => (true, true),
         other => anyhow::bail!("unknown mode {other:?}: none, descheduler, extender or both"),
     };
-    let mut registry = prometheus_client::registry::Registry::default();
-    let extender_metrics = ExtenderMetrics::new(&mut registry);
+    let binary = std::env::current_exe().context("finding this binary")?;
     let descheduler_metrics = DeschedulerMetrics::default();
     let lowers = fleet(args);
     let plan = running_pods(&lowers, args.running_pods, args.fill);
@@ -343,8 +338,7 @@ async fn run_mode(mode: &str, args: &FragmentationArgs) -> anyhow::Result<Outcom
                 metrics: descheduler_metrics.clone(),
                 ..DeschedulerConfig::default()
             }),
-            extender,
-            extender_metrics,
+            extender: extender.then_some(ExtenderRun::Process { binary }),
             // On real control planes when the harness's variable names their binaries.
             k8s_bin: tensile_testenv::real::bin_dir(),
         },
@@ -399,10 +393,20 @@ async fn run_mode(mode: &str, args: &FragmentationArgs) -> anyhow::Result<Outcom
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     watch.abort();
-    let mut text = String::new();
-    prometheus_client::encoding::text::encode(&mut text, &registry)
-        .context("reading the extender's metrics")?;
-    let samples = crate::bench::parse_metrics(&text);
+    let (samples, extender_peak_rss_mib, extender_cpu_s) = match &sandbox.extender_process {
+        Some(p) => {
+            let (status, text) = tensile_testenv::http_get(p.metrics_addr, "/metrics")
+                .await
+                .context("reading the extender's metrics")?;
+            anyhow::ensure!(status == 200, "the extender's /metrics answered {status}");
+            (
+                crate::bench::parse_metrics(&text),
+                Some(memory_mib(p.pid).1),
+                Some(cpu_seconds(p.pid)),
+            )
+        }
+        None => (Default::default(), None, None),
+    };
     let overcommitted = overcommitted(&sandbox).await?;
     let outcome = {
         let seen = seen
@@ -433,7 +437,9 @@ async fn run_mode(mode: &str, args: &FragmentationArgs) -> anyhow::Result<Outcom
             extender_filter_p99_ms: extender_quantile(&samples, "filter", 0.99),
             extender_bind_p99_ms: extender_quantile(&samples, "bind", 0.99),
             descheduler_moves: descheduler_metrics.moves(),
-            process_peak_rss_mib: peak_rss_mib(),
+            extender_peak_rss_mib,
+            extender_cpu_s,
+            process_peak_rss_mib: Some(memory_mib(std::process::id()).1),
         }
     };
     sandbox.stop().await;
@@ -460,16 +466,16 @@ pub async fn run(args: FragmentationArgs) -> anyhow::Result<()> {
     );
     println!();
     println!(
-        "| placement help | Running after {} s | time to all Running | bound/s | stranded | over-committed nodes | extender filter p50/p99, bind p99 (ms) | descheduler moves |",
+        "| placement help | Running after {} s | time to all Running | bound/s | stranded | over-committed nodes | extender filter p50/p99, bind p99 (ms) | extender peak RSS, CPU | descheduler moves |",
         args.window
     );
-    println!("|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|");
     let mut outcomes = Vec::new();
     for mode in &args.modes {
         let o = run_mode(mode, &args).await?;
         let ms = |v: Option<f64>| v.map_or_else(|| "-".to_owned(), |v| format!("{v:.1}"));
         println!(
-            "| {} | {}/{} ({:.0} %) | {} | {:.0} | {} | {} | {} / {} / {} | {} |",
+            "| {} | {}/{} ({:.0} %) | {} | {:.0} | {} | {} | {} / {} / {} | {} | {} |",
             o.mode,
             o.running_in_window,
             o.total,
@@ -484,6 +490,10 @@ pub async fn run(args: FragmentationArgs) -> anyhow::Result<()> {
             ms(o.extender_filter_p50_ms),
             ms(o.extender_filter_p99_ms),
             ms(o.extender_bind_p99_ms),
+            match (o.extender_peak_rss_mib, o.extender_cpu_s) {
+                (Some(rss), Some(cpu)) => format!("{rss:.1} MiB, {cpu:.1} s"),
+                _ => "-".to_owned(),
+            },
             o.descheduler_moves
         );
         outcomes.push(o);

@@ -12,11 +12,11 @@
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use anyhow::{Context as _, bail};
+use crate::process::{free_port, listening, memory_mib, spawn};
+use anyhow::Context as _;
 use rustls_pki_types::pem::PemObject as _;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use tensile_sim::certs::{Ca, Issued};
@@ -228,49 +228,6 @@ async fn send(
         .unwrap_or(0)
 }
 
-/// A process's peak RSS (`VmHWM`) in MiB.
-fn peak_mib(pid: u32) -> f64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    status
-        .lines()
-        .find(|l| l.starts_with("VmHWM:"))
-        .and_then(|l| l.split_whitespace().nth(1)?.parse::<f64>().ok())
-        .map_or(f64::NAN, |kib| kib / 1024.0)
-}
-
-fn free_port() -> anyhow::Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
-}
-
-/// Starts `tensile <args>`, its log in `log`.
-fn spawn(binary: &Path, args: &[String], log: &Path) -> anyhow::Result<tokio::process::Child> {
-    tokio::process::Command::new(binary)
-        .args(args)
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(log).with_context(|| format!("creating {}", log.display()))?)
-        .kill_on_drop(true)
-        .spawn()
-        .with_context(|| format!("starting {} {}", binary.display(), args.join(" ")))
-}
-
-/// Waits until `addr` accepts connections (the server listens once ready).
-async fn listening(addr: SocketAddr, log: &Path) -> anyhow::Result<()> {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while tokio::net::TcpStream::connect(addr).await.is_err() {
-        if Instant::now() > deadline {
-            bail!(
-                "{addr} did not listen within 60 s; its log:\n{}",
-                std::fs::read_to_string(log).unwrap_or_default()
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    Ok(())
-}
-
 pub async fn run(args: HostileBodiesArgs) -> anyhow::Result<()> {
     let binary = match args.binary {
         Some(b) => b,
@@ -383,11 +340,11 @@ pub async fn run(args: HostileBodiesArgs) -> anyhow::Result<()> {
                 let log = dir.join(format!("{server}.log"));
                 let child = spawn(&binary, &start(server, port), &log)?;
                 let addr: SocketAddr = ([127, 0, 0, 1], port).into();
-                listening(addr, &log).await?;
+                listening(addr, &log, Duration::from_secs(60)).await?;
                 // Settled: it listed what it watches.
                 tokio::time::sleep(Duration::from_secs(1)).await;
                 let pid = child.id().context("the server exited")?;
-                let idle = peak_mib(pid);
+                let idle = memory_mib(pid).1;
                 let sends = (0..args.parallel)
                     .map(|_| tokio::spawn(send(addr, tls.clone(), path, body.clone())))
                     .collect::<Vec<_>>();
@@ -395,7 +352,7 @@ pub async fn run(args: HostileBodiesArgs) -> anyhow::Result<()> {
                 for s in sends {
                     *answers.entry(s.await.unwrap_or(0)).or_default() += 1;
                 }
-                let peak = peak_mib(pid);
+                let peak = memory_mib(pid).1;
                 drop(child);
                 let e = worst.entry(server).or_insert(0.0);
                 *e = e.max(peak);

@@ -15,6 +15,8 @@ mod fragmentation;
 mod hostile;
 mod join;
 #[cfg(feature = "sandbox")]
+mod process;
+#[cfg(feature = "sandbox")]
 mod sandbox;
 mod scheduler;
 #[cfg(feature = "sandbox")]

@@ -70,15 +70,38 @@ pub struct SandboxSpec {
     pub webhook: bool,
     /// Run the descheduler with this configuration.
     pub descheduler: Option<DeschedulerConfig>,
-    /// Run the scheduler extender and have the upper scheduler call it (filter, prioritize,
-    /// bind).
-    pub extender: bool,
-    /// Where the extender counts its calls and reservations (benchmarks read them).
-    pub extender_metrics: tensile_placement::metrics::ExtenderMetrics,
+    /// Run the scheduler extender, so, and have the upper scheduler call it (filter,
+    /// prioritize, bind).
+    pub extender: Option<ExtenderRun>,
     /// Real control planes (etcd, kube-apiserver, kube-controller-manager, kube-scheduler)
     /// from the binaries in this folder instead of simulated API servers; the nodes stay
     /// simulated.
     pub k8s_bin: Option<PathBuf>,
+}
+
+/// How the sandbox runs the scheduler extender.
+#[derive(Debug, Clone)]
+pub enum ExtenderRun {
+    /// In this process, counting into these metrics (`tensile up`: one process).
+    InProcess(tensile_placement::metrics::ExtenderMetrics),
+    /// As its own `tensile scheduler` process of this binary, with the shipped flags, so a
+    /// benchmark reads its memory, CPU and metrics apart from the clusters'.
+    Process {
+        /// The `tensile` binary.
+        binary: PathBuf,
+    },
+}
+
+/// The scheduler extender running as its own process ([`ExtenderRun::Process`]).
+pub struct ExtenderProcess {
+    /// Killed when dropped.
+    child: tokio::process::Child,
+    /// Its process id.
+    pub pid: u32,
+    /// Its plain-HTTP `/metrics` listener.
+    pub metrics_addr: SocketAddr,
+    /// Its kubeconfigs, CA files and log; removed on stop unless it failed.
+    dir: PathBuf,
 }
 
 /// What serves a sandbox cluster's API.
@@ -314,6 +337,8 @@ pub struct Sandbox {
     pub virtual_nodes: Vec<String>,
     /// Where real control planes keep their files and logs.
     pub real_dir: Option<PathBuf>,
+    /// The scheduler extender, when it runs as its own process.
+    pub extender_process: Option<ExtenderProcess>,
     stop: CancellationToken,
     handles: Vec<JoinHandle<()>>,
     _webhook: Option<Server>,
@@ -435,17 +460,8 @@ impl Sandbox {
         } else {
             None
         };
-        if spec.extender {
-            let mut clusters = Vec::new();
-            for lower in &lowers {
-                clusters.push(LowerClusterClient {
-                    id: lower.name.clone(),
-                    client: lower
-                        .client()
-                        .await
-                        .with_context(|| format!("{} client", lower.name))?,
-                });
-            }
+        let mut extender_process = None;
+        if let Some(run) = &spec.extender {
             // The upper scheduler authenticates as kube-scheduler does as shipped: a client
             // certificate for system:kube-scheduler, here from a CA of the sandbox's own.
             let clients = tensile_sim::certs::Ca::new("tensile-scheduler-clients")
@@ -453,41 +469,71 @@ impl Sandbox {
             let scheduler_cert = clients
                 .issue_client(KUBE_SCHEDULER_USER, None)
                 .context("the scheduler's client certificate")?;
-            let running = tensile_placement::extender::start(
-                ExtenderConfig {
-                    upper: client.clone(),
-                    clusters,
-                    reservation_ttl: DEFAULT_RESERVATION_TTL,
-                    listen: SocketAddr::new(spec.address, 0),
-                    cert: serve_from_secret(
-                        &client,
-                        SCHEDULER_SECRET,
-                        OWNER_SCHEDULER,
-                        spec.address,
-                        &stop,
+            let (addr, ca_pem) = match run {
+                ExtenderRun::InProcess(metrics) => {
+                    let mut clusters = Vec::new();
+                    for lower in &lowers {
+                        clusters.push(LowerClusterClient {
+                            id: lower.name.clone(),
+                            client: lower
+                                .client()
+                                .await
+                                .with_context(|| format!("{} client", lower.name))?,
+                        });
+                    }
+                    let running = tensile_placement::extender::start(
+                        ExtenderConfig {
+                            upper: client.clone(),
+                            clusters,
+                            reservation_ttl: DEFAULT_RESERVATION_TTL,
+                            listen: SocketAddr::new(spec.address, 0),
+                            cert: serve_from_secret(
+                                &client,
+                                SCHEDULER_SECRET,
+                                OWNER_SCHEDULER,
+                                spec.address,
+                                &stop,
+                            )
+                            .await?
+                            .cert,
+                            client_auth: Some(ClientAuth {
+                                ca_pem: clients.cert_pem().to_owned(),
+                                allowed_names: vec![KUBE_SCHEDULER_USER.to_owned()],
+                            }),
+                            insecure_without_client_auth: false,
+                            metrics: metrics.clone(),
+                        },
+                        stop.clone(),
                     )
-                    .await?
-                    .cert,
-                    client_auth: Some(ClientAuth {
-                        ca_pem: clients.cert_pem().to_owned(),
-                        allowed_names: vec![KUBE_SCHEDULER_USER.to_owned()],
-                    }),
-                    insecure_without_client_auth: false,
-                    metrics: spec.extender_metrics.clone(),
-                },
-                stop.clone(),
-            )
-            .await
-            .context("starting the scheduler extender")?;
+                    .await
+                    .context("starting the scheduler extender")?;
+                    handles.push(running.handle);
+                    (running.addr, running.ca_pem)
+                }
+                ExtenderRun::Process { binary } => {
+                    let process = start_extender_process(
+                        binary,
+                        spec.address,
+                        &upper,
+                        &lowers,
+                        clients.cert_pem(),
+                    )
+                    .await?;
+                    let ca_pem = std::fs::read_to_string(process.dir.join("ca.crt"))
+                        .context("the extender's CA")?;
+                    let addr = process.addr;
+                    extender_process = Some(process.running);
+                    (addr, ca_pem)
+                }
+            };
             upper
                 .set_upper_scheduler(shipped_extenders(
-                    &format!("https://{}", running.addr),
-                    &running.ca_pem,
+                    &format!("https://{addr}"),
+                    &ca_pem,
                     &scheduler_cert,
                 )?)
                 .await?;
-            progress(&format!("scheduler extender on {}", running.addr));
-            handles.push(running.handle);
+            progress(&format!("scheduler extender on {addr}"));
         } else if upper.is_real() {
             upper.set_upper_scheduler(Vec::new()).await?;
         }
@@ -505,6 +551,7 @@ impl Sandbox {
             lowers,
             virtual_nodes,
             real_dir: real.map(|r| r.dir),
+            extender_process,
             stop,
             handles,
             _webhook: webhook,
@@ -547,6 +594,10 @@ impl Sandbox {
             lower.stop();
         }
         self.upper.stop();
+        if let Some(mut extender) = self.extender_process {
+            let _ = extender.child.kill().await;
+            let _ = std::fs::remove_dir_all(&extender.dir);
+        }
         // Real control planes are killed, and their files removed, here.
         drop(self.lowers);
         drop(self.upper);
@@ -581,6 +632,94 @@ async fn serve_from_secret(
     )
     .await
     .with_context(|| format!("the serving certificate of {owner}"))
+}
+
+/// The extender process and where it serves.
+struct StartedExtender {
+    running: ExtenderProcess,
+    addr: SocketAddr,
+    dir: PathBuf,
+}
+
+/// Starts `binary scheduler` with the shipped manifest's flags (its certificate in the
+/// `--tls-secret` Secret, kube-scheduler's client certificates required) for `upper` and
+/// `lowers`, on `address`, and waits until it serves and has written its CA.
+async fn start_extender_process(
+    binary: &std::path::Path,
+    address: IpAddr,
+    upper: &Cluster,
+    lowers: &[Cluster],
+    client_ca_pem: &str,
+) -> anyhow::Result<StartedExtender> {
+    use crate::process::{free_port, listening, spawn};
+    let dir = std::env::temp_dir().join(format!(
+        "tensile-extender-{}-{}",
+        std::process::id(),
+        free_port()?
+    ));
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let secret = |name: &str, text: &str| -> anyhow::Result<String> {
+        let path = dir.join(name);
+        tensile_sim::secret_file::write_secret(&path, text)
+            .with_context(|| format!("writing {}", path.display()))?;
+        Ok(path.display().to_string())
+    };
+    let (port, metrics_port) = (free_port()?, free_port()?);
+    let mut args = vec![
+        "scheduler".to_owned(),
+        format!(
+            "--kubeconfig={}",
+            secret("upper.kubeconfig", &upper.kubeconfig("upper"))?
+        ),
+        format!("--address={address}"),
+        format!("--port={port}"),
+        format!("--tls-secret={SCHEDULER_SECRET}"),
+        format!("--tls-san={address}"),
+        format!("--write-ca={}", dir.join("ca.crt").display()),
+        format!(
+            "--client-ca-file={}",
+            secret("client-ca.crt", client_ca_pem)?
+        ),
+        format!("--metrics-addr=127.0.0.1:{metrics_port}"),
+    ];
+    for lower in lowers {
+        let file = secret(
+            &format!("{}.kubeconfig", lower.name),
+            &lower.kubeconfig(&lower.name),
+        )?;
+        args.push(format!("--cluster={}={file}", lower.name));
+    }
+    let log = dir.join("scheduler.log");
+    let child = spawn(binary, &args, &log)?;
+    let pid = child.id().context("the extender exited at once")?;
+    let addr = SocketAddr::new(address, port);
+    listening(addr, &log, Duration::from_secs(120)).await?;
+    // Ready once it has listed every lower cluster's nodes and pods: before, it would fail
+    // their virtual nodes.
+    let metrics_addr = SocketAddr::from(([127, 0, 0, 1], metrics_port));
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
+    while !matches!(
+        tensile_testenv::http_get(metrics_addr, "/readyz").await,
+        Ok((200, _))
+    ) {
+        if tokio::time::Instant::now() > deadline {
+            anyhow::bail!(
+                "the scheduler extender was not ready within 120 s; its log:\n{}",
+                std::fs::read_to_string(&log).unwrap_or_default()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    Ok(StartedExtender {
+        running: ExtenderProcess {
+            child,
+            pid,
+            metrics_addr,
+            dir: dir.clone(),
+        },
+        addr,
+        dir,
+    })
 }
 
 /// Serves the webhook on loopback and registers the shipped configuration, called by URL (the
@@ -674,8 +813,7 @@ mod tests {
                 ],
                 webhook: true,
                 descheduler: Some(descheduler),
-                extender: false,
-                extender_metrics: Default::default(),
+                extender: None,
                 k8s_bin: None,
             },
             &|_| {},

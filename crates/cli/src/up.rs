@@ -14,7 +14,7 @@ use tensile_placement::descheduler::DeschedulerConfig;
 use tensile_sim::apiserver::kubeconfig;
 use tensile_sim::kubelet::SimNode;
 
-use crate::sandbox::{Sandbox, SandboxSpec};
+use crate::sandbox::{ExtenderRun, Sandbox, SandboxSpec};
 use crate::status::{ClusterCaches, show};
 
 /// Flags of `tensile up`.
@@ -139,8 +139,7 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
             .collect(),
         webhook: true,
         descheduler: Some(DeschedulerConfig::default()),
-        extender: true,
-        extender_metrics: Default::default(),
+        extender: Some(ExtenderRun::InProcess(Default::default())),
         k8s_bin: args.k8s_bin.clone().filter(|d| !d.as_os_str().is_empty()),
     };
     let sandbox = Sandbox::start(spec, &|line| progress(line, started))
