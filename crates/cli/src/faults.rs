@@ -1,5 +1,6 @@
 //! `tensile bench faults`: faults of the control planes (not of the node) in the middle of a
-//! burst of pods through one virtual node run with the README's flags. Per fault: the lower
+//! burst of pods through one virtual node run with the README's flags (the burst's second half
+//! is created as the fault begins, so it always has requests to hit). Per fault: the lower
 //! kube-apiserver killed and started again, or stopped (SIGSTOP) for the outage; the lower
 //! etcd killed and started again; the upper kube-apiserver killed and started again; the TCP
 //! connection between the node and the lower cluster cut for the outage; a share of the
@@ -432,7 +433,16 @@ async fn one_fault(
     let prefix = format!("f{index}-");
     let ours = |name: &String| name.starts_with(&prefix);
     let lower_count = |s: &Seen| s.lower_uids.keys().filter(|k| ours(k)).count();
-    let burst = burst(env, &prefix, n, args.concurrency);
+    // The burst's second half waits for the fault: a burst fast enough to finish between two
+    // looks at the lower pods would otherwise leave the fault nothing to hit.
+    let (release_tx, release_rx) = tokio::sync::oneshot::channel();
+    let mut release_tx = Some(release_tx);
+    let mut release = move || {
+        if let Some(tx) = release_tx.take() {
+            let _ = tx.send(());
+        }
+    };
+    let burst = burst(env, &prefix, n, args.concurrency, release_rx);
     if let Err(e) = wait_for(
         &format!("{} lower pods before the fault", n / 2),
         300,
@@ -466,14 +476,17 @@ async fn one_fault(
     match fault {
         Fault::LowerApiserverKill => {
             lower.kill_apiserver()?;
+            release();
             lower.start_apiserver_again().await?;
         }
         Fault::UpperApiserverKill => {
             upper.kill_apiserver()?;
+            release();
             upper.start_apiserver_again().await?;
         }
         Fault::LowerEtcdKill => {
             lower.kill_etcd()?;
+            release();
             lower.start_etcd_again().await?;
         }
         Fault::LowerApiserverStop | Fault::LowerNetworkCut | Fault::LowerErrors => {
@@ -484,6 +497,7 @@ async fn one_fault(
                     .context("the error proxy is not running")?
                     .set_error_share(args.error_share),
             }
+            release();
             let until = began + args.outage;
             status_shown = Some(status_midway(until).await?);
             tokio::time::sleep_until(until.into()).await;
@@ -496,6 +510,7 @@ async fn one_fault(
             }
         }
     }
+    release();
     let ended = Instant::now();
     let injected = errors
         .filter(|_| fault == Fault::LowerErrors)
@@ -737,16 +752,26 @@ async fn status_says_unreachable(upper_kubeconfig: &Path) -> anyhow::Result<bool
 
 /// Creates `n` pods `<prefix><i>` upstairs, `concurrency` at a time, in the background; counts
 /// the failures. A create that fails while a fault lasts is retried, as a controller would.
+/// Creates `n` pods upstairs, `concurrency` at a time: the first half at once, the rest once
+/// `release` fires (or is dropped). Answers how many could not be created.
 fn burst(
     env: &TestEnv,
     prefix: &str,
     n: usize,
     concurrency: usize,
+    release: tokio::sync::oneshot::Receiver<()>,
 ) -> tokio::task::JoinHandle<usize> {
     let creator: Api<Pod> = Api::namespaced(env.clusters[0].client.clone(), "default");
     let prefix = prefix.to_owned();
     tokio::spawn(async move {
-        futures::stream::iter(0..n)
+        let first_half = futures::stream::iter(0..n / 2);
+        let second_half = futures::stream::once(async move {
+            let _ = release.await;
+            futures::stream::iter(n / 2..n)
+        })
+        .flatten();
+        first_half
+            .chain(second_half)
             .map(|i| {
                 let api = creator.clone();
                 let name = format!("{prefix}{i}");
