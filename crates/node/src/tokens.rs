@@ -32,9 +32,9 @@ use tensile_core::keys::{
 };
 use tokio_util::sync::CancellationToken;
 
-use crate::cache::{CompactCache, Key};
-use crate::clients::already_exists;
-use crate::queue::{Later, Queue};
+use tensile_runtime::cache::{CompactCache, Key};
+use tensile_runtime::clients::already_exists;
+use tensile_runtime::queue::{Later, Queue};
 
 /// Why a pod's upper tokens could not be delivered; each names the pod and what failed.
 #[derive(Debug, thiserror::Error)]
@@ -150,7 +150,7 @@ impl IdentitySecrets {
             "{LABEL_OWNER}={},{LABEL_IDENTITY_OF}",
             owner_label_value(&owner)
         );
-        let events = crate::backoff::watch(
+        let events = tensile_runtime::backoff::watch(
             Api::<Secret>::all(lower.clone()),
             watcher::Config::default().labels(&selector),
         )
@@ -162,7 +162,7 @@ impl IdentitySecrets {
         let events = secrets.objects_shown(events, move |e| index_secrets(&index, e));
         let feed = queue.clone();
         tokio::spawn(async move {
-            crate::backoff::drain(events, &stop, "token secrets", |s: Secret| {
+            tensile_runtime::backoff::drain(events, &stop, "token secrets", |s: Secret| {
                 let pod = s
                     .metadata
                     .annotations

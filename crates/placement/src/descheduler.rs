@@ -45,10 +45,10 @@ use tensile_core::deschedule::{
 use tensile_core::keys::{
     ANNOTATION_UNSCHEDULABLE_NODE, EVENT_RESCHEDULED, LABEL_NODE_TYPE, VALUE_NODE_TYPE_VIRTUAL,
 };
-use tensile_node::cache::CompactCache;
-use tensile_node::clients::{TokenBucket, already_exists, delete_exact};
-use tensile_node::events::{EventSink, PodEvent};
-use tensile_node::metrics::Readiness;
+use tensile_runtime::cache::CompactCache;
+use tensile_runtime::clients::{TokenBucket, already_exists, delete_exact};
+use tensile_runtime::events::{EventSink, PodEvent};
+use tensile_runtime::metrics::Readiness;
 use tokio::sync::{Semaphore, mpsc};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -345,7 +345,7 @@ pub async fn run(
 }
 
 fn watch_nodes(shared: &Arc<Shared>, stop: &CancellationToken, tx: mpsc::UnboundedSender<Touched>) {
-    let events = tensile_node::backoff::watch(
+    let events = tensile_runtime::backoff::watch(
         Api::<Node>::all(shared.client.clone()),
         watcher::Config::default().labels(&shared.config.node_selector),
     );
@@ -358,7 +358,7 @@ fn watch_nodes(shared: &Arc<Shared>, stop: &CancellationToken, tx: mpsc::Unbound
             }
         });
         let mut seen = HashSet::new();
-        tensile_node::backoff::drain(
+        tensile_runtime::backoff::drain(
             Box::pin(events.touched_objects()),
             &stop,
             "nodes",
@@ -383,13 +383,13 @@ fn watch_nodes(shared: &Arc<Shared>, stop: &CancellationToken, tx: mpsc::Unbound
 }
 
 fn watch_pods(shared: &Arc<Shared>, stop: &CancellationToken, tx: mpsc::UnboundedSender<Touched>) {
-    let events = tensile_node::backoff::watch(
+    let events = tensile_runtime::backoff::watch(
         Api::<Pod>::all(shared.client.clone()),
         watcher::Config::default().fields("status.phase=Pending"),
     );
     let (shared, stop) = (shared.clone(), stop.clone());
     tokio::spawn(async move {
-        tensile_node::backoff::drain(Box::pin(events), &stop, "pods", |event| {
+        tensile_runtime::backoff::drain(Box::pin(events), &stop, "pods", |event| {
             shared.pods.apply(&event);
             let (pod, gone) = match event {
                 watcher::Event::Init => {
@@ -415,7 +415,7 @@ fn watch_pods(shared: &Arc<Shared>, stop: &CancellationToken, tx: mpsc::Unbounde
 }
 
 fn watch_moves(shared: &Arc<Shared>, stop: &CancellationToken, tx: mpsc::UnboundedSender<Touched>) {
-    let events = tensile_node::backoff::watch(
+    let events = tensile_runtime::backoff::watch(
         Api::<ConfigMap>::namespaced(shared.client.clone(), &shared.config.namespace),
         // One watch for both kinds of our ConfigMaps.
         watcher::Config::default().labels(&format!("{LABEL_MOVE} in (true,{VALUE_EXCLUSIONS})")),
@@ -428,7 +428,7 @@ fn watch_moves(shared: &Arc<Shared>, stop: &CancellationToken, tx: mpsc::Unbound
                 moves.apply(e);
             }
         });
-        tensile_node::backoff::drain(
+        tensile_runtime::backoff::drain(
             Box::pin(events.touched_objects()),
             &stop,
             "move intents",
