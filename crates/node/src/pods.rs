@@ -482,19 +482,15 @@ async fn worker(ctx: Arc<Ctx>, queue: Queue<Key>, rx: Receiver<Key>, stop: Cance
 }
 
 impl Ctx {
-    /// Whether to hold a Pending status back for now ([`Holds`]); when newly held, the key
-    /// comes back once the window is over.
+    /// Whether to hold a Pending status back for now ([`Holds`]); while held, the key comes
+    /// back once the window is over (asked again at every look: a look in between, which the
+    /// queue runs at once, takes the key out of its wait).
     fn hold_status(&self, key: &Key) -> bool {
         match self.held_statuses.hold(key, std::time::Instant::now()) {
-            Hold::Newly => {
-                let (queue, key) = (self.queue.clone(), key.clone());
-                tokio::spawn(async move {
-                    tokio::time::sleep(STATUS_COALESCE).await;
-                    queue.add(key);
-                });
+            Hold::Newly(left) | Hold::Still(left) => {
+                self.queue.add_after(key.clone(), left);
                 true
             }
-            Hold::Still => true,
             Hold::Over => false,
         }
     }

@@ -34,7 +34,7 @@ use tokio_util::sync::CancellationToken;
 
 use tensile_runtime::cache::{CompactCache, Key};
 use tensile_runtime::clients::already_exists;
-use tensile_runtime::queue::{Later, Queue};
+use tensile_runtime::queue::Queue;
 
 /// Why a pod's upper tokens could not be delivered; each names the pod and what failed.
 #[derive(Debug, thiserror::Error)]
@@ -122,7 +122,8 @@ pub struct IdentitySecrets {
     by_pod: Arc<Mutex<HashMap<Key, BTreeSet<String>>>>,
     /// Every upper ConfigMap (the copy controller's cache): each namespace's root CA.
     upper_config_maps: CompactCache<ConfigMap>,
-    later: Later<Key>,
+    /// The pod controller's queue: a pod's tokens are looked at again when they are due.
+    queue: Queue<Key>,
 }
 
 impl std::fmt::Debug for IdentitySecrets {
@@ -183,7 +184,7 @@ impl IdentitySecrets {
             secrets,
             by_pod,
             upper_config_maps,
-            later: Later::new(queue),
+            queue,
         }
     }
 
@@ -263,8 +264,8 @@ impl IdentitySecrets {
             }
         };
         if let Some(at) = due {
-            self.later
-                .at((ns.to_owned(), name.to_owned()), instant_at(at));
+            self.queue
+                .add_at((ns.to_owned(), name.to_owned()), instant_at(at));
         }
         Ok(())
     }

@@ -351,7 +351,8 @@ impl<K: Clone + Eq + Hash + Send + 'static> Queue<K> {
 
 /// Keys held back for a window: the first sighting holds a key, later ones within the window
 /// keep holding it, the first one after lets it through (and forgets it). What a key's holder
-/// does meanwhile (come back when the window is over) is up to the caller.
+/// does meanwhile (come back when the window is over: [`Queue::add_after`] what is left) is up
+/// to the caller.
 pub struct Holds<K> {
     window: Duration,
     since: Mutex<HashMap<K, std::time::Instant>>,
@@ -360,10 +361,10 @@ pub struct Holds<K> {
 /// What [`Holds::hold`] decided.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Hold {
-    /// Held from now on: come back after the window.
-    Newly,
-    /// Still within its window.
-    Still,
+    /// Held from now on: come back after this long (the window).
+    Newly(Duration),
+    /// Still within its window: come back after this long (what is left of it).
+    Still(Duration),
     /// The window is over: go ahead.
     Over,
 }
@@ -393,13 +394,16 @@ impl<K: Clone + Eq + Hash> Holds<K> {
         match since.get(key) {
             None => {
                 since.insert(key.clone(), now);
-                Hold::Newly
+                Hold::Newly(self.window)
             }
             // A margin, so that the caller coming back after the window never finds it open.
             Some(t)
                 if now.saturating_duration_since(*t) + Duration::from_millis(5) < self.window =>
             {
-                Hold::Still
+                Hold::Still(
+                    self.window
+                        .saturating_sub(now.saturating_duration_since(*t)),
+                )
             }
             Some(_) => {
                 since.remove(key);
@@ -424,14 +428,17 @@ mod tests {
     fn a_key_is_held_for_its_window_then_let_through_once() {
         let holds = Holds::new(Duration::from_millis(200));
         let t0 = std::time::Instant::now();
-        assert_eq!(holds.hold(&"a", t0), Hold::Newly);
         assert_eq!(
-            holds.hold(&"a", t0 + Duration::from_millis(100)),
-            Hold::Still
+            holds.hold(&"a", t0),
+            Hold::Newly(Duration::from_millis(200))
+        );
+        assert_eq!(
+            holds.hold(&"a", t0 + Duration::from_millis(150)),
+            Hold::Still(Duration::from_millis(50))
         );
         assert_eq!(
             holds.hold(&"b", t0 + Duration::from_millis(100)),
-            Hold::Newly
+            Hold::Newly(Duration::from_millis(200))
         );
         assert_eq!(
             holds.hold(&"a", t0 + Duration::from_millis(200)),
@@ -440,13 +447,13 @@ mod tests {
         // Let through and forgotten: the next sighting opens a new window.
         assert_eq!(
             holds.hold(&"a", t0 + Duration::from_millis(210)),
-            Hold::Newly
+            Hold::Newly(Duration::from_millis(200))
         );
         // Released: forgotten at once.
         holds.release(&"b");
         assert_eq!(
             holds.hold(&"b", t0 + Duration::from_millis(110)),
-            Hold::Newly
+            Hold::Newly(Duration::from_millis(200))
         );
     }
 }
@@ -536,55 +543,6 @@ mod expected_tests {
     }
 }
 
-/// Keys to put on a queue at a time of their own (a token's refresh): one sleeping task per
-/// key and time asked; asking again for the same time is free, and a new time supersedes the
-/// old one (whose task then wakes to nothing).
-pub struct Later<K> {
-    due: Arc<Mutex<HashMap<K, tokio::time::Instant>>>,
-    queue: Queue<K>,
-}
-
-impl<K> std::fmt::Debug for Later<K> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Later").finish_non_exhaustive()
-    }
-}
-
-impl<K: Clone + Eq + Hash + Send + 'static> Later<K> {
-    /// Adds to `queue`.
-    pub fn new(queue: Queue<K>) -> Self {
-        Self {
-            due: Arc::default(),
-            queue,
-        }
-    }
-
-    /// Puts `key` on the queue at `when`.
-    pub fn at(&self, key: K, when: tokio::time::Instant) {
-        {
-            let Ok(mut due) = self.due.lock() else { return };
-            if due.get(&key) == Some(&when) {
-                return;
-            }
-            due.insert(key.clone(), when);
-        }
-        let (due, queue) = (self.due.clone(), self.queue.clone());
-        tokio::spawn(async move {
-            tokio::time::sleep_until(when).await;
-            let still = due.lock().is_ok_and(|mut d| {
-                let current = d.get(&key) == Some(&when);
-                if current {
-                    d.remove(&key);
-                }
-                current
-            });
-            if still {
-                queue.add(key);
-            }
-        });
-    }
-}
-
 #[cfg(test)]
 mod lane_tests {
     use super::*;
@@ -620,29 +578,6 @@ mod lane_tests {
         queue.done(again, true);
         let (last, _) = queue.next(&rx, &stop).await.unwrap_or_default();
         assert_eq!(last, "busy");
-    }
-}
-
-#[cfg(test)]
-mod later_tests {
-    use super::*;
-
-    #[tokio::test(start_paused = true)]
-    async fn a_key_comes_once_at_its_latest_time() {
-        let (queue, rx) = Queue::<u32>::new();
-        let later = Later::new(queue.clone());
-        let t0 = tokio::time::Instant::now();
-        later.at(1, t0 + Duration::from_secs(10));
-        later.at(1, t0 + Duration::from_secs(10));
-        later.at(1, t0 + Duration::from_secs(20));
-        let stop = tokio_util::sync::CancellationToken::new();
-        let (key, _) = queue.next(&rx, &stop).await.unwrap_or_default();
-        assert_eq!(key, 1);
-        assert!(tokio::time::Instant::now() >= t0 + Duration::from_secs(20));
-        queue.done(key, true);
-        // Nothing else comes: the superseded time woke to nothing.
-        let more = tokio::time::timeout(Duration::from_secs(60), queue.next(&rx, &stop)).await;
-        assert!(more.is_err());
     }
 }
 
