@@ -170,7 +170,7 @@ where
     K: kube::Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + 'static,
 {
     tokio::spawn(async move {
-        let mut events = tensile_node::backoff::watch(api, watcher::Config::default()).boxed();
+        let mut events = tensile_runtime::backoff::watch(api, watcher::Config::default()).boxed();
         while let Some(event) = events.next().await {
             if let Ok(event) = event {
                 on_event(event);

@@ -8,10 +8,10 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use prometheus_client::registry::Registry;
-use tensile_node::clients::{ApiCalls, KubeconfigSource, build_client};
-use tensile_node::metrics::Readiness;
 use tensile_placement::serve::{LiveCert, ServingCert};
 use tensile_placement::tls_secret::{SecretName, TlsSecretConfig};
+use tensile_runtime::clients::{ApiCalls, KubeconfigSource, build_client};
+use tensile_runtime::metrics::Readiness;
 use tokio_util::sync::CancellationToken;
 
 /// `--metrics-addr` of the webhook, the descheduler and the scheduler extender.
@@ -53,7 +53,7 @@ pub async fn serve_metrics(
     let readiness = Readiness::not_ready(if leader_elect { STANDBY } else { "starting" });
     let bound = match metrics_addr(&args.metrics_addr)? {
         Some(addr) => Some(
-            tensile_node::metrics::serve_probes(
+            tensile_runtime::metrics::serve_probes(
                 addr,
                 Arc::new(registry),
                 readiness.clone(),
@@ -281,11 +281,11 @@ pub async fn lead(
         .clone()
         .filter(|n| !n.is_empty())
         .unwrap_or_else(|| default_name.to_owned());
-    let election = tensile_node::leader::LeaderElection::new(
+    let election = tensile_runtime::leader::LeaderElection::new(
         upper.clone(),
         &args.leader_elect_resource_namespace,
         &name,
-        tensile_node::node::holder_identity(identity_prefix),
+        tensile_runtime::leader::holder_identity(identity_prefix),
         timings,
     );
     tracing::info!(lease = %format!("{}/{name}", args.leader_elect_resource_namespace), identity = %election.identity(), "running for leader");
@@ -309,7 +309,7 @@ pub async fn lead(
 
 /// Renews until `renewing` is cancelled (then gives the Lease up); exits the process when
 /// leadership is lost.
-async fn hold_or_exit(leader: tensile_node::leader::Leader, renewing: CancellationToken) {
+async fn hold_or_exit(leader: tensile_runtime::leader::Leader, renewing: CancellationToken) {
     if let Err(lost) = leader.hold(renewing).await {
         tracing::error!("{lost}; exiting");
         let _ = std::io::Write::write_fmt(&mut std::io::stderr(), format_args!("error: {lost}\n"));

@@ -14,13 +14,13 @@ use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use kube::api::{Api, PostParams};
 use serde_json::{Value, json};
 use tensile_core::keys::{OWNER_SCHEDULER, OWNER_WEBHOOK};
-use tensile_node::clients::KubeconfigSource;
 use tensile_placement::descheduler::DeschedulerConfig;
 use tensile_placement::extender::{
     DEFAULT_RESERVATION_TTL, ExtenderConfig, KUBE_SCHEDULER_USER, LowerClusterClient,
 };
 use tensile_placement::serve::{ClientAuth, Server, tls_config_live};
 use tensile_placement::webhook::{Webhook, WebhookConfig};
+use tensile_runtime::clients::KubeconfigSource;
 use tensile_sim::apiserver::controllers::SchedulerExtender;
 use tensile_sim::apiserver::{ApiServer, KubeconfigEntry};
 use tensile_sim::kubelet::{SimKubelet, SimKubeletConfig, SimNode};

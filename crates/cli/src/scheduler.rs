@@ -10,10 +10,10 @@ use std::time::Duration;
 use anyhow::{Context as _, bail};
 use clap::Args;
 use tensile_core::keys::OWNER_SCHEDULER;
-use tensile_node::clients::KubeconfigSource;
 use tensile_placement::extender::{self, ExtenderConfig, LowerClusterClient};
 use tensile_placement::metrics::ExtenderMetrics;
 use tensile_placement::serve::ClientAuth;
+use tensile_runtime::clients::KubeconfigSource;
 use tokio_util::sync::CancellationToken;
 
 use crate::common::CertSource;
@@ -181,7 +181,7 @@ async fn config(args: &SchedulerArgs) -> anyhow::Result<Prepared> {
     for (id, path) in &args.clusters {
         // A token the virtual node renews (what join stores) is followed in the mounted file.
         let source = KubeconfigSource::Path(path.clone());
-        let mut config = tensile_node::clients::load_config(&source)
+        let mut config = tensile_runtime::clients::load_config(&source)
             .await
             .with_context(|| format!("lower cluster {id}"))?;
         let token = tensile_node::lower_token::LowerToken::take_from(&mut config);
@@ -192,7 +192,7 @@ async fn config(args: &SchedulerArgs) -> anyhow::Result<Prepared> {
             args.kube_api_qps,
             args.kube_api_burst,
             "lower",
-            &tensile_node::clients::ApiCalls::new(&mut registry),
+            &tensile_runtime::clients::ApiCalls::new(&mut registry),
         )
         .with_context(|| format!("lower cluster {id}: a client from {source}"))?;
         if let Some(token) = token {
@@ -342,7 +342,7 @@ pub async fn run(args: SchedulerArgs) -> anyhow::Result<()> {
 /// it, so this looks twice a second (cheap: one lock).
 async fn ready_when_synced(
     extender: extender::Extender,
-    readiness: tensile_node::metrics::Readiness,
+    readiness: tensile_runtime::metrics::Readiness,
     stop: CancellationToken,
 ) {
     let mut tick = tokio::time::interval(Duration::from_millis(500));

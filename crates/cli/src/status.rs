@@ -113,7 +113,7 @@ where
     let (store, writer) = reflector::store();
     let stream = reflector::reflector(
         writer,
-        tensile_node::backoff::watch(api, watcher::Config::default()),
+        tensile_runtime::backoff::watch(api, watcher::Config::default()),
     );
     let stop = stop.clone();
     tokio::spawn(async move {

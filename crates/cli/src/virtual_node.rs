@@ -14,13 +14,14 @@ use tensile_core::node::{
     parse_service_filter,
 };
 use tensile_core::translate::TranslateConfig;
-use tensile_node::clients::{
-    ApiCalls, KubeconfigSource, UpperClients, build_client, build_client_with_server,
-    client_with_token, load_config, override_server,
-};
+use tensile_node::clients::{UpperClients, client_with_token};
 use tensile_node::node::NodeLoop;
 use tensile_node::pods::PodSync;
 use tensile_node::{ClientCa, KubeletApi, Metrics, VirtualNode};
+use tensile_runtime::clients::{
+    ApiCalls, KubeconfigSource, build_client, build_client_with_server, load_config,
+    override_server,
+};
 use tokio_util::sync::CancellationToken;
 
 /// `--pod-identity`.
@@ -41,10 +42,10 @@ pub struct VirtualNodeArgs {
     #[arg(long)]
     client_kubeconfig: Option<PathBuf>,
     /// QPS of the lower-cluster client (0: no client-side limit).
-    #[arg(long, default_value_t = tensile_node::clients::DEFAULT_QPS)]
+    #[arg(long, default_value_t = tensile_runtime::clients::DEFAULT_QPS)]
     client_qps: f32,
     /// Burst of the lower-cluster client (0: twice the QPS).
-    #[arg(long, default_value_t = tensile_node::clients::DEFAULT_BURST)]
+    #[arg(long, default_value_t = tensile_runtime::clients::DEFAULT_BURST)]
     client_burst: u32,
     /// Pod labels removed from lower pods (recorded in `tripped-labels`).
     #[arg(long, default_value = tensile_core::keys::DEFAULT_IGNORE_LABELS)]
@@ -108,10 +109,10 @@ pub struct VirtualNodeArgs {
     #[arg(long, default_value = "0")]
     startup_timeout: String,
     /// QPS of the upper client (0: no client-side limit; the original's 0 meant client-go's 5).
-    #[arg(long, default_value_t = tensile_node::clients::DEFAULT_QPS)]
+    #[arg(long, default_value_t = tensile_runtime::clients::DEFAULT_QPS)]
     kube_api_qps: f32,
     /// Burst of the upper client (0: twice the QPS).
-    #[arg(long, default_value_t = tensile_node::clients::DEFAULT_BURST)]
+    #[arg(long, default_value_t = tensile_runtime::clients::DEFAULT_BURST)]
     kube_api_burst: u32,
     /// CA of client certificates on the kubelet port (default: the upper cluster's CA).
     #[arg(long, env = "APISERVER_CA_CERT_LOCATION")]
@@ -269,10 +270,10 @@ pub async fn run(args: VirtualNodeArgs) -> anyhow::Result<()> {
     let standby_probes = CancellationToken::new();
     let standby_listener = match crate::common::metrics_addr(&args.metrics_addr)? {
         Some(addr) if args.leader.leader_elect => Some(
-            tensile_node::metrics::serve_probes_joinable(
+            tensile_runtime::metrics::serve_probes_joinable(
                 addr,
                 std::sync::Arc::new(Registry::default()),
-                tensile_node::metrics::Readiness::not_ready(crate::common::STANDBY),
+                tensile_runtime::metrics::Readiness::not_ready(crate::common::STANDBY),
                 standby_probes.clone(),
             )
             .await?
@@ -645,7 +646,7 @@ pub(crate) async fn assemble(
             not_ready_after: args.not_ready_after_seconds.map(Duration::from_secs),
             lease_renew: Duration::from_secs(10),
             heartbeat: Duration::from_secs(60),
-            holder_identity: tensile_node::node::holder_identity(&args.nodename),
+            holder_identity: tensile_runtime::leader::holder_identity(&args.nodename),
             leader_elected: args.leader.leader_elect,
             api_calls: calls.clone(),
         },

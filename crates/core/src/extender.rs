@@ -537,7 +537,7 @@ fn hash_json(value: &impl serde::Serialize) -> u64 {
 }
 
 /// How long a lower cluster counts as unreachable after its watches last failed to reach it.
-/// Our watches retry at most every 4 s plus a quarter of jitter (`tensile_node::backoff`), so
+/// Our watches retry at most every 4 s plus a quarter of jitter (`tensile_runtime::backoff`), so
 /// while an outage lasts a failure comes at least this often; once they stop, the cluster is
 /// back (a quiet watch that reconnected sends no event to say so).
 pub const UNREACHABLE_WINDOW: std::time::Duration = std::time::Duration::from_secs(6);

@@ -9,7 +9,7 @@ use crate::spdy::SessionConfig;
 #[derive(Debug, Clone)]
 pub struct StreamingConfig {
     /// How long a client may take to complete the TLS handshake and to send a request's headers.
-    pub connection: crate::tls::ConnectionLimits,
+    pub connection: tensile_runtime::tls::ConnectionLimits,
     /// How long a client may take to open the streams of an exec/attach, or to complete a
     /// port-forward data/error pair (kubelet: 30 s).
     pub stream_creation_timeout: Duration,
@@ -25,7 +25,7 @@ pub struct StreamingConfig {
 impl Default for StreamingConfig {
     fn default() -> Self {
         Self {
-            connection: crate::tls::ConnectionLimits::default(),
+            connection: tensile_runtime::tls::ConnectionLimits::default(),
             stream_creation_timeout: Duration::from_secs(30),
             close_grace: Duration::from_secs(15),
             websocket_max_message: 16 << 20,

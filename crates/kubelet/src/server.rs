@@ -237,7 +237,7 @@ impl KubeletServer {
             auth: config.auth,
             streaming: config.streaming,
         });
-        crate::tls::accept_loop(listener, tls, limits, stop.clone(), move |tls| {
+        tensile_runtime::tls::accept_loop(listener, tls, limits, stop.clone(), move |tls| {
             let (ctx, backend, checker) = (ctx.clone(), backend.clone(), checker.clone());
             async move {
                 // Once per connection: the certificate is the handshake's.
@@ -247,7 +247,7 @@ impl KubeletServer {
                     async move { Ok::<_, Infallible>(handle(&ctx, backend, cert, req).await) }
                 });
                 // HTTP/1.1, the only protocol ALPN offers: streams upgrade the connection.
-                crate::tls::serve_connection(tls, &limits, svc).await;
+                tensile_runtime::tls::serve_connection(tls, &limits, svc).await;
             }
         });
         Ok(Self { addr, stop })

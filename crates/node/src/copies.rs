@@ -37,12 +37,12 @@ use tensile_core::services::{ServiceFilter, endpoints_action, service_action};
 use tensile_core::volumes::claim_action;
 use tokio_util::sync::CancellationToken;
 
-use crate::cache::{CompactCache, Key};
-use crate::clients::{already_exists, delete_exact};
 use crate::namespaces::{LowerNamespaces, NamespaceError};
 use crate::needs::Needs;
-use crate::queue::Queue;
 use crate::watches::ObjectWatches;
+use tensile_runtime::cache::{CompactCache, Key};
+use tensile_runtime::clients::{already_exists, delete_exact};
+use tensile_runtime::queue::Queue;
 
 /// Settings of the copy controllers.
 #[derive(Clone)]
@@ -394,7 +394,7 @@ where
     let lower_cache = kind.lower.clone();
     let watch = |api: Api<K>, config: watcher::Config, cache: CompactCache<K>| {
         // The objects once the cache shows them (a re-list's when complete).
-        cache.objects_shown(crate::backoff::watch(api, config), |_| {})
+        cache.objects_shown(tensile_runtime::backoff::watch(api, config), |_| {})
     };
     // Our token Secrets (`crate::tokens`) are not copies of anything: the pod controller keeps them.
     let ours = format!(
@@ -440,7 +440,7 @@ where
         let observer = kind.observer.clone();
         tokio::spawn(async move {
             let merged = futures::stream::select(upper_events, lower_events);
-            crate::backoff::drain(merged, &stop, name, |(upper, o)| {
+            tensile_runtime::backoff::drain(merged, &stop, name, |(upper, o)| {
                 queue.add((o.namespace().unwrap_or_default(), o.name_any()));
                 if let Some(observe) = &observer {
                     observe(upper, &o);

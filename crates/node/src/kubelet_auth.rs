@@ -30,7 +30,7 @@ use tensile_kubelet::{Refusal, RefusalHook, RefusalReason};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::events::{EventSink, PodEvent};
+use tensile_runtime::events::{EventSink, PodEvent};
 
 /// Reason of the event about a refused client certificate.
 pub const REASON_REFUSED: &str = "KubeletClientRefused";

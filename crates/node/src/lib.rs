@@ -5,34 +5,29 @@
 //! Built in issues 5 and 6 on top of `tensile-core`.
 #![forbid(unsafe_code)]
 
-pub mod backoff;
 pub mod bootstrap;
-pub mod cache;
 pub mod clients;
 pub mod copies;
-pub mod events;
 pub mod kubelet_auth;
-pub mod leader;
 pub mod lower_backend;
 mod lower_portforward;
 pub mod lower_token;
-pub mod metrics;
 pub mod mirror_events;
 pub mod namespaces;
 pub mod needs;
 pub mod node;
 pub mod pods;
-mod queue;
 pub mod reach;
 pub mod tokens;
 pub mod volumes;
 pub mod watches;
 
-pub use queue::Retry;
+pub use tensile_runtime::queue::Retry;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 
+use tensile_runtime::{cache, events, metrics};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 

@@ -60,7 +60,7 @@ pub struct LowerBackend {
     started: String,
     upper_pods: Arc<UpperPods>,
     /// Our lower pods, from the pod controller's watch (stats read it once it has listed).
-    lower_pods: Option<crate::cache::CompactCache<Pod>>,
+    lower_pods: Option<tensile_runtime::cache::CompactCache<Pod>>,
     cpu: Mutex<CpuIntegrator>,
     /// The lower cluster's name and whether it answers (failures name it; 503 while down).
     reach: crate::reach::LowerReach,
@@ -116,7 +116,10 @@ impl LowerBackend {
 
     /// Reads our lower pods from a watch cache (`None` while it has not listed once) instead of
     /// listing them at every stats request.
-    pub fn with_lower_pods(mut self, lower_pods: crate::cache::CompactCache<Pod>) -> Self {
+    pub fn with_lower_pods(
+        mut self,
+        lower_pods: tensile_runtime::cache::CompactCache<Pod>,
+    ) -> Self {
         self.lower_pods = Some(lower_pods);
         self
     }

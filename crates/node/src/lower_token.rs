@@ -38,7 +38,7 @@ use tensile_core::lower_token::{
 use tokio_util::sync::CancellationToken;
 use tower::{Layer, Service};
 
-use crate::events::{EventSink, PodEvent};
+use tensile_runtime::events::{EventSink, PodEvent};
 
 /// Reason of the Warning event on the Node when a renewal fails.
 pub const REASON_RENEWAL_FAILED: &str = "LowerTokenRenewalFailed";

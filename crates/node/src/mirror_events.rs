@@ -15,9 +15,9 @@ use tensile_core::events::{EventAction, EventBudget, event_action, mirrored_even
 use tensile_core::keys::{LABEL_OWNER, owner_label_value};
 use tokio_util::sync::CancellationToken;
 
-use crate::cache::{CompactCache, Key};
-use crate::clients::already_exists;
-use crate::queue::Queue;
+use tensile_runtime::cache::{CompactCache, Key};
+use tensile_runtime::clients::already_exists;
+use tensile_runtime::queue::Queue;
 
 /// Mirrored events per pod at once, then one more every [`REFILL`].
 const BURST: u32 = 25;
@@ -92,13 +92,13 @@ pub async fn run(
     let mirrors = CompactCache::<Event>::new();
     let ours = format!("{LABEL_OWNER}={}", owner_label_value(&cfg.owner));
     let mirror_cache = mirrors.clone();
-    let mut mirror_events = crate::backoff::watch(
+    let mut mirror_events = tensile_runtime::backoff::watch(
         Api::<Event>::all(cfg.upper.clone()),
         watcher::Config::default().labels(&ours),
     )
     .inspect_ok(move |e| mirror_cache.apply(e))
     .boxed();
-    let mut lower_events = crate::backoff::watch(
+    let mut lower_events = tensile_runtime::backoff::watch(
         Api::<Event>::all(cfg.lower.clone()),
         watcher::Config::default().fields("involvedObject.kind=Pod"),
     )

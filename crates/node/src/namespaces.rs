@@ -12,7 +12,7 @@ use kube::api::{Api, PostParams};
 use tensile_core::deps::lower_namespace_of;
 use tokio::sync::OnceCell;
 
-use crate::clients::already_exists;
+use tensile_runtime::clients::already_exists;
 
 /// Why a lower namespace could not be made to exist.
 #[derive(Debug, thiserror::Error)]

@@ -23,8 +23,8 @@ use tensile_core::keys::CONFIG_MAP_KUBE_ROOT_CA;
 use tensile_core::translate::offload_decision;
 use tokio::sync::watch;
 
-use crate::cache::{Key, ListedKeys};
-use crate::queue::Queue;
+use tensile_runtime::cache::{Key, ListedKeys};
+use tensile_runtime::queue::Queue;
 
 /// Which cluster a pod was seen in.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

@@ -18,11 +18,12 @@ use tensile_core::resources::ResourceVector;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use crate::cache::ListedKeys;
-use crate::events::{EventSink, PodEvent};
 use crate::reach::LowerReach;
 use k8s_openapi::api::core::v1::ObjectReference;
 use tensile_core::reach::{REASON_ERRORS, errors_message, health_event, unreachable_message};
+use tensile_runtime::cache::ListedKeys;
+use tensile_runtime::events::{EventSink, PodEvent};
+use tensile_runtime::leader::locate;
 
 /// Settings of the node loop.
 #[derive(Clone, Debug)]
@@ -45,94 +46,11 @@ pub struct NodeLoop {
     pub leader_elected: bool,
     /// The API-call counters of the node's clients: the lower cluster's error answers (429,
     /// 5xx) between two looks make the node say it answers with errors.
-    pub api_calls: crate::clients::ApiCalls,
+    pub api_calls: tensile_runtime::clients::ApiCalls,
 }
 
 /// The cluster name the lower clients are counted under.
 pub const LOWER: &str = "lower";
-
-/// A `holderIdentity` naming this process, `<node>_<host>_<scope>_<pid>_<process>.<n>` (see
-/// [`tensile_core::lease::parse_holder`]): a restarted process reads its dead predecessor's
-/// back and takes the lease over at once, and two live processes for one node never take each
-/// other for themselves.
-pub fn holder_identity(node: &str) -> String {
-    static PROCESS: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
-    static STARTS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-    let env = |k: &str| std::env::var(k).ok().filter(|v| !v.trim().is_empty());
-    // In a pod (POD_NAME from the downward API, as deploy/ sets it) the pod names the place:
-    // its container restarts keep it, and a pod runs one container of a name at a time.
-    let (host, scope) = match env("POD_NAME") {
-        Some(pod) => (
-            match env("POD_NAMESPACE") {
-                Some(ns) => format!("{}.{}", pod.trim(), ns.trim()),
-                None => pod.trim().to_owned(),
-            },
-            tensile_core::lease::SCOPE_POD.to_owned(),
-        ),
-        None => (
-            env("HOSTNAME")
-                .or_else(|| std::fs::read_to_string("/proc/sys/kernel/hostname").ok())
-                .map(|h| h.trim().to_owned())
-                .filter(|h| !h.is_empty())
-                .unwrap_or_else(|| "unknown-host".to_owned()),
-            pid_scope().unwrap_or_else(|| tensile_core::lease::SCOPE_UNKNOWN.to_owned()),
-        ),
-    };
-    let process = PROCESS.get_or_init(|| {
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_nanos());
-        // std's randomly keyed hasher over the clock: enough to tell two processes of one
-        // host and pid (a container restarted) apart.
-        std::hash::BuildHasher::hash_one(&std::collections::hash_map::RandomState::new(), nanos)
-            & 0xff_ffff
-    });
-    let n = STARTS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    format!(
-        "{node}_{host}_{scope}_{}_{process:06x}.{n}",
-        std::process::id()
-    )
-}
-
-/// Where this process's pid means something: the kernel's boot and the PID namespace (a pid
-/// of another boot or namespace says nothing here). None without procfs.
-fn pid_scope() -> Option<String> {
-    let boot = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").ok()?;
-    let boot: String = boot.trim().chars().filter(|c| *c != '-').take(8).collect();
-    let ns = std::fs::read_link("/proc/self/ns/pid").ok()?;
-    // "pid:[4026531836]": the namespace's inode.
-    let ns: String = ns
-        .to_string_lossy()
-        .chars()
-        .filter(char::is_ascii_digit)
-        .collect();
-    (!boot.is_empty() && !ns.is_empty()).then(|| format!("{boot}.{ns}"))
-}
-
-/// Whether another process with this pid runs here and may be a virtual node: it exists, is
-/// not a zombie (killed, not yet reaped), and runs our program (or we cannot see which
-/// program; then it may). None without procfs.
-fn pid_running(pid: u32) -> Option<bool> {
-    let me = std::fs::read_link("/proc/self/exe").ok()?;
-    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-        return Some(false);
-    };
-    // "pid (comm) state ...": the state follows the last ')'.
-    let state = stat
-        .rsplit_once(')')
-        .and_then(|(_, rest)| rest.trim_start().chars().next());
-    if matches!(state, Some('Z' | 'X')) {
-        return Some(false);
-    }
-    Some(std::fs::read_link(format!("/proc/{pid}/exe")).map_or(true, |exe| exe == me))
-}
-
-/// Where the holder of a lease runs, seen from `me`, both identities of [`holder_identity`]
-/// (another format: [`HolderIs::Elsewhere`]).
-pub fn locate(holder: &str, me: &str) -> tensile_core::lease::HolderIs {
-    use tensile_core::lease::{locate_holder, parse_holder};
-    locate_holder(parse_holder(holder), parse_holder(me), pid_running)
-}
 
 /// Another process holds the node's Lease: this one must not run the node too.
 #[derive(Debug, thiserror::Error)]
@@ -272,8 +190,9 @@ pub async fn track_capacity(
     tx: watch::Sender<Capacity>,
     stop: CancellationToken,
 ) {
-    let nodes = crate::backoff::watch(Api::<Node>::all(lower), watcher::Config::default())
-        .map(|e| e.map(|e| Either::Node(Box::new(e))));
+    let nodes =
+        tensile_runtime::backoff::watch(Api::<Node>::all(lower), watcher::Config::default())
+            .map(|e| e.map(|e| Either::Node(Box::new(e))));
     let pods = pods.map(|e| Ok(Either::Pod(Box::new(e))));
     let mut events = futures::stream::select(nodes.boxed(), pods.boxed());
     let mut model = CapacityModel::new(owner);
@@ -614,7 +533,7 @@ async fn ping(lower: &kube::Client) -> Option<String> {
 /// sent on the channel (`Some(cause)`) for the loop to show.
 fn spawn_probe(
     lower: kube::Client,
-    api_calls: crate::clients::ApiCalls,
+    api_calls: tensile_runtime::clients::ApiCalls,
     stop: CancellationToken,
 ) -> watch::Receiver<Option<String>> {
     let (found, rx) = watch::channel(None);
@@ -717,42 +636,6 @@ async fn renew_lease(leases: &Api<Lease>, name: &str, me: &str, node_uid: Option
 mod tests {
     use super::*;
     use serde_json::json;
-
-    /// A pid is a possible holder only while a process of our program has it: this process
-    /// is; another program, a killed and unreaped child (a zombie) or no process is not.
-    #[test]
-    #[allow(clippy::unwrap_used)] // test code
-    fn a_pid_runs_a_possible_holder_only_while_our_program_has_it() {
-        assert_eq!(pid_running(std::process::id()), Some(true));
-        let mut child = std::process::Command::new("sleep")
-            .arg("30")
-            .spawn()
-            .unwrap();
-        assert_eq!(pid_running(child.id()), Some(false), "another program");
-        child.kill().unwrap();
-        let zombie = || {
-            std::fs::read_to_string(format!("/proc/{}/stat", child.id())).is_ok_and(|s| {
-                s.rsplit_once(')')
-                    .is_some_and(|(_, r)| r.trim_start().starts_with('Z'))
-            })
-        };
-        let deadline = std::time::Instant::now() + Duration::from_secs(10);
-        while !zombie() {
-            assert!(std::time::Instant::now() < deadline, "the child never died");
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        assert_eq!(pid_running(child.id()), Some(false), "a zombie");
-        child.wait().unwrap();
-        assert_eq!(pid_running(child.id()), Some(false), "gone");
-        let me = holder_identity("vk");
-        let again = holder_identity("vk");
-        assert_ne!(me, again);
-        assert_eq!(
-            locate(&again, &me),
-            tensile_core::lease::HolderIs::ThisProcess,
-            "{me} {again}"
-        );
-    }
 
     #[test]
     fn a_relist_drops_lower_nodes_and_pods_deleted_while_the_watch_was_down() {

@@ -45,15 +45,15 @@ use tensile_core::translate::{TranslateConfig, lower_pod};
 use tensile_core::update::PodUpdate;
 use tokio_util::sync::CancellationToken;
 
-use crate::cache::CompactCache;
-use crate::clients::{already_exists, delete_exact};
 use crate::copies::{Dependencies, Shared};
-use crate::events::{EventSink, PodEvent};
 use crate::namespaces::LowerNamespaces;
 use crate::needs::Side;
-use crate::queue::{Expected, Hold, Holds, Queue, Receiver};
 use crate::reach::LowerReach;
 use crate::tokens::IdentitySecrets;
+use tensile_runtime::cache::CompactCache;
+use tensile_runtime::clients::{already_exists, delete_exact};
+use tensile_runtime::events::{EventSink, PodEvent};
+use tensile_runtime::queue::{Expected, Hold, Holds, Queue, Receiver};
 
 /// Where a pod sync spends its time: the Prometheus histogram `tensile_pod_sync_seconds`
 /// with `stage` `queue_wait` (a changed pod waiting for a worker), `reconcile` (one whole
@@ -205,7 +205,7 @@ const LOWER_EVENT_BUFFER: usize = 256;
 /// One watch of every lower pod, fanned out to `CONSUMERS` streams (the capacity model needs
 /// all of them, the pod controller ours; one watch serves both instead of two that deliver
 /// our pods twice). The watcher retries with backoff by itself, at once when `down` says the
-/// lower cluster answers again ([`crate::backoff::watch_waking`]); it ends at `stop`.
+/// lower cluster answers again ([`tensile_runtime::backoff::watch_waking`]); it ends at `stop`.
 pub fn lower_pod_events<const CONSUMERS: usize>(
     lower: kube::Client,
     down: tokio::sync::watch::Receiver<bool>,
@@ -218,9 +218,12 @@ pub fn lower_pod_events<const CONSUMERS: usize>(
         rx
     });
     tokio::spawn(async move {
-        let mut events =
-            crate::backoff::watch_waking(Api::<Pod>::all(lower), watcher::Config::default(), down)
-                .boxed();
+        let mut events = tensile_runtime::backoff::watch_waking(
+            Api::<Pod>::all(lower),
+            watcher::Config::default(),
+            down,
+        )
+        .boxed();
         loop {
             let next = tokio::select! {
                 () = stop.cancelled() => return,
@@ -297,7 +300,7 @@ pub async fn run_with_store(
     let upper_api: Api<Pod> = Api::all(cfg.upper.clone());
     let gone_grace: Arc<Mutex<HashMap<Key, i64>>> = Arc::default();
     let record_gone = gone_grace.clone();
-    let upper_stream = crate::backoff::watch(
+    let upper_stream = tensile_runtime::backoff::watch(
         upper_api,
         watcher::Config::default().fields(&format!("spec.nodeName={}", cfg.node)),
     )
@@ -340,7 +343,7 @@ pub async fn run_with_store(
         let stop = stop.clone();
         async move {
             let merged = futures::stream::select(upper_stream, lower_stream);
-            crate::backoff::drain(merged, &stop, "pods", |(k, urgent)| {
+            tensile_runtime::backoff::drain(merged, &stop, "pods", |(k, urgent)| {
                 if urgent {
                     queue.add_urgent(k);
                 } else {
@@ -479,19 +482,15 @@ async fn worker(ctx: Arc<Ctx>, queue: Queue<Key>, rx: Receiver<Key>, stop: Cance
 }
 
 impl Ctx {
-    /// Whether to hold a Pending status back for now ([`Holds`]); when newly held, the key
-    /// comes back once the window is over.
+    /// Whether to hold a Pending status back for now ([`Holds`]); while held, the key comes
+    /// back once the window is over (asked again at every look: a look in between, which the
+    /// queue runs at once, takes the key out of its wait).
     fn hold_status(&self, key: &Key) -> bool {
         match self.held_statuses.hold(key, std::time::Instant::now()) {
-            Hold::Newly => {
-                let (queue, key) = (self.queue.clone(), key.clone());
-                tokio::spawn(async move {
-                    tokio::time::sleep(STATUS_COALESCE).await;
-                    queue.add(key);
-                });
+            Hold::Newly(left) | Hold::Still(left) => {
+                self.queue.add_after(key.clone(), left);
                 true
             }
-            Hold::Still => true,
             Hold::Over => false,
         }
     }

@@ -32,9 +32,9 @@ use tensile_core::keys::{
 };
 use tokio_util::sync::CancellationToken;
 
-use crate::cache::{CompactCache, Key};
-use crate::clients::already_exists;
-use crate::queue::{Later, Queue};
+use tensile_runtime::cache::{CompactCache, Key};
+use tensile_runtime::clients::already_exists;
+use tensile_runtime::queue::Queue;
 
 /// Why a pod's upper tokens could not be delivered; each names the pod and what failed.
 #[derive(Debug, thiserror::Error)]
@@ -122,7 +122,8 @@ pub struct IdentitySecrets {
     by_pod: Arc<Mutex<HashMap<Key, BTreeSet<String>>>>,
     /// Every upper ConfigMap (the copy controller's cache): each namespace's root CA.
     upper_config_maps: CompactCache<ConfigMap>,
-    later: Later<Key>,
+    /// The pod controller's queue: a pod's tokens are looked at again when they are due.
+    queue: Queue<Key>,
 }
 
 impl std::fmt::Debug for IdentitySecrets {
@@ -150,7 +151,7 @@ impl IdentitySecrets {
             "{LABEL_OWNER}={},{LABEL_IDENTITY_OF}",
             owner_label_value(&owner)
         );
-        let events = crate::backoff::watch(
+        let events = tensile_runtime::backoff::watch(
             Api::<Secret>::all(lower.clone()),
             watcher::Config::default().labels(&selector),
         )
@@ -162,7 +163,7 @@ impl IdentitySecrets {
         let events = secrets.objects_shown(events, move |e| index_secrets(&index, e));
         let feed = queue.clone();
         tokio::spawn(async move {
-            crate::backoff::drain(events, &stop, "token secrets", |s: Secret| {
+            tensile_runtime::backoff::drain(events, &stop, "token secrets", |s: Secret| {
                 let pod = s
                     .metadata
                     .annotations
@@ -183,7 +184,7 @@ impl IdentitySecrets {
             secrets,
             by_pod,
             upper_config_maps,
-            later: Later::new(queue),
+            queue,
         }
     }
 
@@ -263,8 +264,8 @@ impl IdentitySecrets {
             }
         };
         if let Some(at) = due {
-            self.later
-                .at((ns.to_owned(), name.to_owned()), instant_at(at));
+            self.queue
+                .add_at((ns.to_owned(), name.to_owned()), instant_at(at));
         }
         Ok(())
     }

@@ -15,9 +15,9 @@ use tensile_core::deps::is_owned_by;
 use tensile_core::volumes::{Claims as ClaimPair, VolumeAction, upper_claim_patch, volume_action};
 use tokio_util::sync::CancellationToken;
 
-use crate::cache::CompactCache;
-use crate::clients::{already_exists, delete_exact};
-use crate::queue::{Queue, Receiver};
+use tensile_runtime::cache::CompactCache;
+use tensile_runtime::clients::{already_exists, delete_exact};
+use tensile_runtime::queue::{Queue, Receiver};
 
 /// Settings of the volume controller.
 #[derive(Clone)]
@@ -143,7 +143,7 @@ impl VolumeController {
             (cfg.upper.clone(), upper_volumes.clone()),
             (cfg.lower.clone(), lower_volumes.clone()),
         ] {
-            let events = crate::backoff::watch(
+            let events = tensile_runtime::backoff::watch(
                 Api::<PersistentVolume>::all(client),
                 watcher::Config::default(),
             );
@@ -151,7 +151,7 @@ impl VolumeController {
             let events = cache.keys_shown(events, |_| {});
             let (queue, stop) = (queue.clone(), stop.clone());
             tokio::spawn(async move {
-                crate::backoff::drain(events, &stop, "persistentvolumes", |(_, name)| {
+                tensile_runtime::backoff::drain(events, &stop, "persistentvolumes", |(_, name)| {
                     queue.add(name);
                 })
                 .await;

@@ -24,7 +24,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tokio_util::sync::CancellationToken;
 
-use crate::cache::{CompactCache, Key};
+use tensile_runtime::cache::{CompactCache, Key};
 
 /// Told the key of an object whose state changed.
 pub type Observer = Arc<dyn Fn(&Key) + Send + Sync>;
@@ -183,7 +183,7 @@ async fn follow<K>(
 {
     let (ns, name) = key.clone();
     let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
-    let stream = crate::backoff::watch(api, config).boxed();
+    let stream = tensile_runtime::backoff::watch(api, config).boxed();
     // What the list in progress found (at most the one object).
     let mut listing: Option<Option<K>> = None;
     let notify = |synced: bool| {
@@ -200,7 +200,7 @@ async fn follow<K>(
             observe(&key);
         }
     };
-    crate::backoff::drain(stream, &stop, what, |event| {
+    tensile_runtime::backoff::drain(stream, &stop, what, |event| {
         if stop.is_cancelled() {
             return;
         }

@@ -729,7 +729,7 @@ async fn checklist_65_66_67_stats_summary_on_the_kubelet_port_only_and_the_other
     };
     let lower_pod_lists = || {
         node.calls
-            .count("lower", tensile_node::clients::Verb::List, "pods")
+            .count("lower", tensile_runtime::clients::Verb::List, "pods")
     };
     let e = plain("/stats/summary").await.unwrap_err();
     assert!(matches!(&e, kube::Error::Api(s) if s.code == 404), "{e:?}");

@@ -7,7 +7,7 @@ use futures::StreamExt as _;
 use k8s_openapi::api::core::v1::Namespace;
 use kube::Api;
 use kube::api::{ListParams, WatchParams};
-use tensile_node::clients::{
+use tensile_runtime::clients::{
     ApiCalls, ClientError, KubeconfigSource, Verb, build_client, build_client_with_server,
 };
 use tensile_sim::apiserver::{ApiServer, ApiServerConfig};

@@ -348,7 +348,7 @@ async fn a_pods_config_maps_and_secrets_are_read_from_the_shared_watch_cache_not
     .await;
     let gets = |resource: &str| {
         node.calls
-            .count("upper", tensile_node::clients::Verb::Get, resource)
+            .count("upper", tensile_runtime::clients::Verb::Get, resource)
     };
     let before = (gets("configmaps"), gets("secrets"));
     run_pod(
@@ -368,8 +368,11 @@ async fn a_pods_config_maps_and_secrets_are_read_from_the_shared_watch_cache_not
     // A dependency new downstairs is created once, by the first pod's plan: the second pod finds
     // our copy in the watch cache, and the copy controller does not race with a create of its own.
     let creates = || {
-        node.calls
-            .count("lower", tensile_node::clients::Verb::Create, "configmaps")
+        node.calls.count(
+            "lower",
+            tensile_runtime::clients::Verb::Create,
+            "configmaps",
+        )
     };
     Api::<ConfigMap>::namespaced(upper.clone(), "default")
         .create(&PostParams::default(), &config_map("fresh", "f", json!({})))

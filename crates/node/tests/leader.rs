@@ -9,7 +9,7 @@ use k8s_openapi::api::coordination::v1::Lease;
 use kube::Api;
 use kube::api::PostParams;
 use tensile_core::lease::Timings;
-use tensile_node::leader::{LeaderElection, LostLeadership};
+use tensile_runtime::leader::{LeaderElection, LostLeadership};
 use tensile_testenv::{ClusterSpec, TestEnv};
 use tokio_util::sync::CancellationToken;
 

@@ -800,7 +800,7 @@ async fn a_restart_in_the_middle_of_a_200_pod_burst_loses_duplicates_and_deletes
 #[tokio::test]
 async fn a_burst_in_one_namespace_creates_it_once_and_a_deleted_lower_namespace_comes_back() {
     use k8s_openapi::api::core::v1::Namespace;
-    use tensile_node::clients::{ApiCallLabels, ApiCalls, KubeconfigSource, Verb, build_client};
+    use tensile_runtime::clients::{ApiCallLabels, ApiCalls, KubeconfigSource, Verb, build_client};
     let env = TestEnv::start_with(vec![
         ClusterSpec::new("upper", 0),
         ClusterSpec::new("lower", 2),

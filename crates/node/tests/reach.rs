@@ -11,8 +11,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::api::{Api, ListParams, LogParams, PostParams};
 use serde_json::json;
-use tensile_node::clients::{ApiCalls, KubeconfigSource, build_client};
-use tensile_node::node::holder_identity;
+use tensile_runtime::clients::{ApiCalls, KubeconfigSource, build_client};
+use tensile_runtime::leader::holder_identity;
 
 fn reachable_condition(n: &Node) -> Option<(String, String)> {
     n.status

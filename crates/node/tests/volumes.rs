@@ -37,7 +37,7 @@ struct Fixture {
     env: TestEnv,
     node: CancellationToken,
     /// The API calls of the virtual node's clients.
-    calls: tensile_node::clients::ApiCalls,
+    calls: tensile_runtime::clients::ApiCalls,
     /// The upper claim as created.
     claim: PersistentVolumeClaim,
     /// The name of the volume the lower cluster bound.
@@ -337,7 +337,7 @@ async fn a_claim_two_pods_use_is_read_from_the_watch_cache_and_copied_once() {
     let f = offloaded_with_claim(Storage::StaticLocal).await;
     upper_volume(&f).await;
     let count = |cluster: &str, verb, resource: &str| f.calls.count(cluster, verb, resource);
-    use tensile_node::clients::Verb;
+    use tensile_runtime::clients::Verb;
     let before = (
         count("upper", Verb::Get, "persistentvolumeclaims"),
         count("lower", Verb::Create, "persistentvolumeclaims"),

@@ -3,8 +3,10 @@
 //! Event driven: one watch of Pending upper pods, one of virtual nodes and one of our move
 //! intents (ConfigMaps labelled `tensile-kube.io/move=true` in `--namespace`). Each pod event
 //! computes when the pod becomes due (`tensile_core::deschedule::due`: Unschedulable in the
-//! lower cluster for the threshold, or the original's age rule) and arms a timer for that
-//! moment; when it fires the pod is checked again from the cache and, if still due, moved.
+//! lower cluster for the threshold, or the original's age rule) and puts the pod on the work
+//! queue for that moment (`tensile_runtime::queue`, delayed requeue); then the pod is checked
+//! again from the cache and, if still due, moved. Moves and exclusion records are keys of the
+//! same queue, each step saying when to look again.
 //!
 //! A move is first written down as an intent (`tensile_core::deschedule::Move`), then carried
 //! out step by step (`move_step`) from the caches, each step idempotent, until it is complete:
@@ -28,7 +30,7 @@
 //! Moves are rate limited (a global token bucket and a per-node limit per minute), a pod moved
 //! `max_attempts` times is left alone with a Warning event, and `dry_run` writes nothing.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -45,11 +47,12 @@ use tensile_core::deschedule::{
 use tensile_core::keys::{
     ANNOTATION_UNSCHEDULABLE_NODE, EVENT_RESCHEDULED, LABEL_NODE_TYPE, VALUE_NODE_TYPE_VIRTUAL,
 };
-use tensile_node::cache::CompactCache;
-use tensile_node::clients::{TokenBucket, already_exists, delete_exact};
-use tensile_node::events::{EventSink, PodEvent};
-use tensile_node::metrics::Readiness;
-use tokio::sync::{Semaphore, mpsc};
+use tensile_runtime::cache::CompactCache;
+use tensile_runtime::clients::{TokenBucket, already_exists, delete_exact};
+use tensile_runtime::events::{EventSink, PodEvent};
+use tensile_runtime::metrics::Readiness;
+use tensile_runtime::queue::{Action, Queue, Receiver};
+use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -155,7 +158,7 @@ pub enum MoveError {
 /// Namespace and name of a pod.
 type PodKey = (String, String);
 
-/// What a timer is for: a pod that may become due, a move intent to carry on, or an
+/// What a key of the work queue is: a pod that may become due, a move intent to carry on, or an
 /// exclusions record to clean up.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 enum Key {
@@ -248,104 +251,91 @@ pub async fn run(
         readiness.set_ready();
     }
 
-    let mut timers = Timers::default();
+    let (queue, rx) = Queue::<Key>::new();
     // Everything listed at start is looked at once; intents left by an earlier run (or by a
     // step that failed) are carried on.
     for pod in shared.pods.state() {
-        timers.arm_pod(&shared, &key_of(&pod));
+        arm_pod(&shared, &queue, &key_of(&pod));
     }
     let mut intents: HashMap<String, (PodKey, Option<String>)> = HashMap::new();
     for cm in shared.moves.state() {
         let name = cm.metadata.name.clone().unwrap_or_default();
         if is_exclusions(&cm) {
             if !shared.config.dry_run {
-                timers.set(Key::Exclusions(name), Instant::now());
+                queue.add(Key::Exclusions(name));
             }
             continue;
         }
         note_intent(&shared, &name, &mut intents);
         if !shared.config.dry_run {
-            timers.set(Key::Move(name), Instant::now());
+            queue.add(Key::Move(name));
         }
     }
-    let steps = Arc::new(Semaphore::new(CONCURRENT_MOVES));
-    let mut in_flight: HashSet<Key> = HashSet::new();
-    // Keys touched while in flight: looked at again as soon as they are done.
-    let mut again: HashSet<Key> = HashSet::new();
-    let (done_tx, mut done_rx) =
-        mpsc::unbounded_channel::<(Key, Option<Instant>, Option<String>)>();
+    // A key is worked on by one worker at a time; one touched meanwhile is looked at again
+    // once it is done (the queue's rules).
+    for _ in 0..CONCURRENT_MOVES {
+        tokio::spawn(work(
+            shared.clone(),
+            queue.clone(),
+            rx.clone(),
+            stop.clone(),
+        ));
+    }
     loop {
-        let next = timers.next();
-        let sleep = async {
-            match next {
-                Some(at) => tokio::time::sleep_until(at).await,
-                None => std::future::pending().await,
-            }
-        };
-        tokio::select! {
+        let touched = tokio::select! {
             () = stop.cancelled() => return Ok(()),
-            Some(touched) = touched_rx.recv() => match touched {
-                Touched::Pod(key, controller) => {
-                    timers.arm_pod(&shared, &key);
-                    if shared.config.dry_run {
-                        continue;
-                    }
-                    // A move waiting for this pod to go, or for its controller's next pod.
-                    for (name, (pod, owner)) in &intents {
-                        if *pod == key || (owner.is_some() && *owner == controller) {
-                            timers.set(Key::Move(name.clone()), Instant::now());
-                        }
-                    }
+            Some(touched) = touched_rx.recv() => touched,
+        };
+        match touched {
+            Touched::Pod(key, controller) => {
+                arm_pod(&shared, &queue, &key);
+                if shared.config.dry_run {
+                    continue;
                 }
-                Touched::Exclusions(name) => {
-                    if !shared.config.dry_run {
-                        timers.set(Key::Exclusions(name), Instant::now());
+                // A move waiting for this pod to go, or for its controller's next pod.
+                for (name, (pod, owner)) in &intents {
+                    if *pod == key || (owner.is_some() && *owner == controller) {
+                        queue.add(Key::Move(name.clone()));
                     }
-                }
-                Touched::Move(name) => {
-                    note_intent(&shared, &name, &mut intents);
-                    if intents.contains_key(&name) && !shared.config.dry_run {
-                        timers.set(Key::Move(name), Instant::now());
-                    } else {
-                        timers.unset(&Key::Move(name));
-                    }
-                }
-            },
-            Some((key, retry, drive)) = done_rx.recv() => {
-                in_flight.remove(&key);
-                if again.remove(&key) {
-                    timers.set(key, Instant::now());
-                } else if let Some(at) = retry {
-                    timers.set(key, at);
-                }
-                if let Some(name) = drive {
-                    timers.set(Key::Move(name), Instant::now());
                 }
             }
-            () = sleep => {
-                for key in timers.take_due(Instant::now()) {
-                    if !in_flight.insert(key.clone()) {
-                        again.insert(key);
-                        continue;
-                    }
-                    let (shared, steps, done) = (shared.clone(), steps.clone(), done_tx.clone());
-                    tokio::spawn(async move {
-                        let _permit = steps.acquire().await;
-                        let (retry, drive) = match &key {
-                            Key::Pod(pod) => consider(&shared, pod).await,
-                            Key::Move(name) => (carry_on(&shared, name).await, None),
-                            Key::Exclusions(name) => (clean_exclusions(&shared, name).await, None),
-                        };
-                        let _ = done.send((key, retry, drive));
-                    });
+            Touched::Exclusions(name) => {
+                if !shared.config.dry_run {
+                    queue.add(Key::Exclusions(name));
+                }
+            }
+            Touched::Move(name) => {
+                note_intent(&shared, &name, &mut intents);
+                // An intent that is gone needs nothing: if it was due, its step finds it gone.
+                if intents.contains_key(&name) && !shared.config.dry_run {
+                    queue.add(Key::Move(name));
                 }
             }
         }
     }
 }
 
+/// A worker: takes the due keys one at a time and comes back to each when its step says.
+async fn work(shared: Arc<Shared>, queue: Queue<Key>, rx: Receiver<Key>, stop: CancellationToken) {
+    while let Some((key, _)) = queue.next(&rx, &stop).await {
+        let again = match &key {
+            Key::Pod(pod) => {
+                let (again, drive) = consider(&shared, pod).await;
+                if let Some(name) = drive {
+                    queue.add(Key::Move(name));
+                }
+                again
+            }
+            Key::Move(name) => carry_on(&shared, name).await,
+            Key::Exclusions(name) => clean_exclusions(&shared, name).await,
+        };
+        let action = again.map_or(Action::Done, Action::requeue_at);
+        queue.finish(key, &Ok::<_, std::convert::Infallible>(action));
+    }
+}
+
 fn watch_nodes(shared: &Arc<Shared>, stop: &CancellationToken, tx: mpsc::UnboundedSender<Touched>) {
-    let events = tensile_node::backoff::watch(
+    let events = tensile_runtime::backoff::watch(
         Api::<Node>::all(shared.client.clone()),
         watcher::Config::default().labels(&shared.config.node_selector),
     );
@@ -358,7 +348,7 @@ fn watch_nodes(shared: &Arc<Shared>, stop: &CancellationToken, tx: mpsc::Unbound
             }
         });
         let mut seen = HashSet::new();
-        tensile_node::backoff::drain(
+        tensile_runtime::backoff::drain(
             Box::pin(events.touched_objects()),
             &stop,
             "nodes",
@@ -383,13 +373,13 @@ fn watch_nodes(shared: &Arc<Shared>, stop: &CancellationToken, tx: mpsc::Unbound
 }
 
 fn watch_pods(shared: &Arc<Shared>, stop: &CancellationToken, tx: mpsc::UnboundedSender<Touched>) {
-    let events = tensile_node::backoff::watch(
+    let events = tensile_runtime::backoff::watch(
         Api::<Pod>::all(shared.client.clone()),
         watcher::Config::default().fields("status.phase=Pending"),
     );
     let (shared, stop) = (shared.clone(), stop.clone());
     tokio::spawn(async move {
-        tensile_node::backoff::drain(Box::pin(events), &stop, "pods", |event| {
+        tensile_runtime::backoff::drain(Box::pin(events), &stop, "pods", |event| {
             shared.pods.apply(&event);
             let (pod, gone) = match event {
                 watcher::Event::Init => {
@@ -415,7 +405,7 @@ fn watch_pods(shared: &Arc<Shared>, stop: &CancellationToken, tx: mpsc::Unbounde
 }
 
 fn watch_moves(shared: &Arc<Shared>, stop: &CancellationToken, tx: mpsc::UnboundedSender<Touched>) {
-    let events = tensile_node::backoff::watch(
+    let events = tensile_runtime::backoff::watch(
         Api::<ConfigMap>::namespaced(shared.client.clone(), &shared.config.namespace),
         // One watch for both kinds of our ConfigMaps.
         watcher::Config::default().labels(&format!("{LABEL_MOVE} in (true,{VALUE_EXCLUSIONS})")),
@@ -428,7 +418,7 @@ fn watch_moves(shared: &Arc<Shared>, stop: &CancellationToken, tx: mpsc::Unbound
                 moves.apply(e);
             }
         });
-        tensile_node::backoff::drain(
+        tensile_runtime::backoff::drain(
             Box::pin(events.touched_objects()),
             &stop,
             "move intents",
@@ -490,55 +480,15 @@ fn decode_move(cm: &ConfigMap) -> Option<(Move, Timestamp)> {
     Some((m, since))
 }
 
-/// The timers: one per key, earliest first.
-#[derive(Default)]
-struct Timers {
-    queue: BTreeMap<(Instant, Key), ()>,
-    armed: HashMap<Key, Instant>,
-}
-
-impl Timers {
-    fn next(&self) -> Option<Instant> {
-        self.queue.keys().next().map(|(at, _)| *at)
-    }
-
-    fn set(&mut self, key: Key, at: Instant) {
-        if let Some(old) = self.armed.insert(key.clone(), at) {
-            self.queue.remove(&(old, key.clone()));
-        }
-        self.queue.insert((at, key), ());
-    }
-
-    fn unset(&mut self, key: &Key) {
-        if let Some(old) = self.armed.remove(key) {
-            self.queue.remove(&(old, key.clone()));
-        }
-    }
-
-    /// Removes and returns the keys due at `now`.
-    fn take_due(&mut self, now: Instant) -> Vec<Key> {
-        let mut due = Vec::new();
-        while let Some(entry) = self.queue.first_entry() {
-            if entry.key().0 > now {
-                break;
-            }
-            let (_, key) = entry.remove_entry().0;
-            self.armed.remove(&key);
-            due.push(key);
-        }
-        due
-    }
-
-    /// Arms (or disarms) the pod's timer from its current state.
-    fn arm_pod(&mut self, shared: &Shared, key: &PodKey) {
-        let due = shared
-            .pods
-            .get(&key.0, &key.1)
-            .and_then(|pod| deschedule::due(&pod, &shared.config.policy));
-        match due {
-            Some((when, _)) => self.set(Key::Pod(key.clone()), instant_of(when)),
-            None => self.unset(&Key::Pod(key.clone())),
-        }
+/// Puts the pod on the queue for when it becomes due, from its current state (a pod that is
+/// not due needs nothing: if it was to come, its look finds it not due).
+fn arm_pod(shared: &Shared, queue: &Queue<Key>, key: &PodKey) {
+    let due = shared
+        .pods
+        .get(&key.0, &key.1)
+        .and_then(|pod| deschedule::due(&pod, &shared.config.policy));
+    if let Some((when, _)) = due {
+        queue.add_at(Key::Pod(key.clone()), instant_of(when));
     }
 }
 

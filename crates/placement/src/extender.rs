@@ -43,7 +43,7 @@ use serde_json::{Value, json};
 use tensile_core::extender::{
     Demand, LowerCluster, Outage, Reservations, Room, Verdict, cluster_of,
 };
-use tensile_node::cache::ListedKeys;
+use tensile_runtime::cache::ListedKeys;
 use tokio_util::sync::CancellationToken;
 
 use crate::bounded::{self, Bounded, DecodeError, Key, Keys, Text};
@@ -909,13 +909,13 @@ async fn watch_lower_nodes(ext: Extender, cluster: LowerClusterClient, stop: Can
     let stream = noting_outages(
         ext.clone(),
         cluster.id.clone(),
-        tensile_node::backoff::watch(
+        tensile_runtime::backoff::watch(
             Api::<Node>::all(cluster.client.clone()),
             watcher::Config::default(),
         ),
     );
     let what = format!("lower nodes of {}", cluster.id);
-    tensile_node::backoff::drain(Box::pin(stream), &stop, &what, |e| {
+    tensile_runtime::backoff::drain(Box::pin(stream), &stop, &what, |e| {
         ext.on_lower_node(&cluster.id, &e);
     })
     .await;
@@ -925,21 +925,22 @@ async fn watch_lower_pods(ext: Extender, cluster: LowerClusterClient, stop: Canc
     let stream = noting_outages(
         ext.clone(),
         cluster.id.clone(),
-        tensile_node::backoff::watch(
+        tensile_runtime::backoff::watch(
             Api::<Pod>::all(cluster.client.clone()),
             watcher::Config::default(),
         ),
     );
     let what = format!("lower pods of {}", cluster.id);
-    tensile_node::backoff::drain(Box::pin(stream), &stop, &what, |e| {
+    tensile_runtime::backoff::drain(Box::pin(stream), &stop, &what, |e| {
         ext.on_lower_pod(&cluster.id, &e);
     })
     .await;
 }
 
 async fn watch_upper_nodes(ext: Extender, upper: kube::Client, stop: CancellationToken) {
-    let stream = tensile_node::backoff::watch(Api::<Node>::all(upper), watcher::Config::default());
-    tensile_node::backoff::drain(Box::pin(stream), &stop, "upper nodes", |e| {
+    let stream =
+        tensile_runtime::backoff::watch(Api::<Node>::all(upper), watcher::Config::default());
+    tensile_runtime::backoff::drain(Box::pin(stream), &stop, "upper nodes", |e| {
         ext.on_upper_node(&e);
     })
     .await;
@@ -958,11 +959,11 @@ async fn watch_bound_upper_pods(ext: Extender, upper: kube::Client, stop: Cancel
             () = listed => {}
         }
     }
-    let stream = tensile_node::backoff::watch(
+    let stream = tensile_runtime::backoff::watch(
         Api::<Pod>::all(upper),
         watcher::Config::default().fields("status.phase=Pending,spec.nodeName!="),
     );
-    tensile_node::backoff::drain(Box::pin(stream), &stop, "bound upper pods", |e| {
+    tensile_runtime::backoff::drain(Box::pin(stream), &stop, "bound upper pods", |e| {
         ext.on_bound_upper_pod(&e);
     })
     .await;

@@ -1,5 +1,5 @@
 //! Prometheus metrics of the webhook, the descheduler and the scheduler extender, registered in
-//! the registry that their `--metrics-addr` listener serves (`tensile_node::metrics`). Each set
+//! the registry that their `--metrics-addr` listener serves (`tensile_runtime::metrics`). Each set
 //! is cheap to clone and clones share the values; `Default` gives an unregistered set (counted,
 //! never served), for callers that serve no metrics.
 

@@ -3,7 +3,7 @@
 //! ([`LiveCert`], `crate::tls_secret`) (its CA is what a `MutatingWebhookConfiguration`'s
 //! `caBundle` or an extender's `tlsConfig.caData` needs),
 //! optional required client certificates, `/healthz`, and JSON POST handlers. TLS, the accept
-//! loop and the connection limits (TLS handshake, request headers) are `tensile_kubelet::tls`,
+//! loop and the connection limits (TLS handshake, request headers) are `tensile_runtime::tls`,
 //! shared with the kubelet API. Bodies are bounded in size (413) and in time (408), requests in
 //! progress are bounded in number (a few wait, more get 503), and a handler error is an HTTP
 //! error with a reason; none of them stops the server. Client certificates ([`ClientAuth`]) can
@@ -31,7 +31,7 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
 use rustls::server::{ClientHello, ResolvesServerCert, WebPkiClientVerifier};
 use rustls::sign::CertifiedKey;
-use tensile_kubelet::tls::ConnectionLimits;
+use tensile_runtime::tls::ConnectionLimits;
 use tokio::net::TcpListener;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
@@ -407,10 +407,10 @@ pub fn tls_config(
     cert: &ServingCert,
     client_ca: Option<&str>,
 ) -> Result<Arc<rustls::ServerConfig>, ServeError> {
-    tensile_kubelet::tls::server_config(
+    tensile_runtime::tls::server_config(
         &cert.cert_pem,
         &cert.key_pem,
-        client_ca.map(|ca| (ca, tensile_kubelet::tls::ClientCerts::Required)),
+        client_ca.map(|ca| (ca, tensile_runtime::tls::ClientCerts::Required)),
         &[b"h2", b"http/1.1"],
     )
     .map_err(ServeError::Tls)
@@ -616,7 +616,7 @@ impl Server {
             handler.max_waiting(),
             handler.large_bodies(),
         ));
-        tensile_kubelet::tls::accept_loop(listener, tls, connection, stop.clone(), move |tls| {
+        tensile_runtime::tls::accept_loop(listener, tls, connection, stop.clone(), move |tls| {
             let (handler, gate) = (handler.clone(), gate.clone());
             async move {
                 let svc = service_fn(move |req| {
@@ -627,7 +627,7 @@ impl Server {
                         )
                     }
                 });
-                tensile_kubelet::tls::serve_connection(tls, &connection, svc).await;
+                tensile_runtime::tls::serve_connection(tls, &connection, svc).await;
             }
         });
         Ok(Self { addr, stop })

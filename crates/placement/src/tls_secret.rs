@@ -751,7 +751,7 @@ impl Keeper {
     ) {
         let config = watcher::Config::default()
             .fields(&format!("metadata.name={}", self.config.secret.name));
-        let mut events = std::pin::pin!(tensile_node::backoff::watch(self.api.clone(), config));
+        let mut events = std::pin::pin!(tensile_runtime::backoff::watch(self.api.clone(), config));
         let mut last: Option<Secret> = None;
         let mut seen_in_init = false;
         let mut retry = RETRY_FIRST;

@@ -30,7 +30,7 @@ use serde_json::{Value, json};
 use tensile_core::deschedule;
 use tensile_core::inject::{self, Mutation};
 use tensile_core::keys::ANNOTATION_SELECTED_NODE;
-use tensile_node::cache::CompactCache;
+use tensile_runtime::cache::CompactCache;
 use tokio_util::sync::CancellationToken;
 
 use crate::bounded::{self, Keys};
@@ -84,11 +84,11 @@ where
         + 'static,
 {
     let cache: CompactCache<K> = CompactCache::new();
-    let events = tensile_node::backoff::watch(api, config);
+    let events = tensile_runtime::backoff::watch(api, config);
     let (filler, stop) = (cache.clone(), stop.clone());
     tokio::spawn(async move {
         let events = events.inspect_ok(move |e| filler.apply(e));
-        tensile_node::backoff::drain(Box::pin(events), &stop, what, |_| {}).await;
+        tensile_runtime::backoff::drain(Box::pin(events), &stop, what, |_| {}).await;
     });
     cache
 }

@@ -18,10 +18,10 @@ use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::watcher;
 use serde_json::json;
 use tensile_core::deschedule::Policy;
-use tensile_node::metrics::{Readiness, serve_probes};
 use tensile_placement::descheduler::{self, DeschedulerConfig, LABEL_MOVE, VALUE_EXCLUSIONS};
 use tensile_placement::metrics::DeschedulerMetrics;
 use tensile_placement::webhook::{Webhook, WebhookConfig};
+use tensile_runtime::metrics::{Readiness, serve_probes};
 use tensile_testenv::{ClusterSpec, TestEnv, eventually, http_get, metric_value};
 use tokio_util::sync::CancellationToken;
 

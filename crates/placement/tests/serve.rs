@@ -12,11 +12,11 @@ use std::time::Duration;
 use bytes::Bytes;
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, ServerName};
-use tensile_kubelet::tls::ConnectionLimits;
 use tensile_placement::serve::{
     DEFAULT_MAX_BODY, Handler, Reply, SMALL_BODY, Server, ServerLimits, ServingCert, tls_config,
 };
 use tensile_placement::webhook::{MAX_ADMISSION_REVIEW, Webhook, WebhookConfig};
+use tensile_runtime::tls::ConnectionLimits;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 

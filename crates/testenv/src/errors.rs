@@ -159,11 +159,11 @@ async fn accept(
     shared: Arc<Shared>,
     stop: CancellationToken,
 ) {
-    let mut errors = tensile_kubelet::tls::AcceptErrors::new("error proxy");
+    let mut errors = tensile_runtime::tls::AcceptErrors::new("error proxy");
     loop {
         let (tcp, _) = tokio::select! {
             () = stop.cancelled() => return,
-            c = tensile_kubelet::tls::accept_backing_off(&listener, &mut errors) => c,
+            c = tensile_runtime::tls::accept_backing_off(&listener, &mut errors) => c,
         };
         let (tls, upstream, shared, stop) =
             (tls.clone(), upstream.clone(), shared.clone(), stop.clone());

@@ -80,11 +80,11 @@ async fn accept(
     (available, frozen): (Arc<watch::Sender<bool>>, Arc<watch::Sender<bool>>),
     stop: CancellationToken,
 ) {
-    let mut errors = tensile_kubelet::tls::AcceptErrors::new("fault proxy");
+    let mut errors = tensile_runtime::tls::AcceptErrors::new("fault proxy");
     loop {
         let (client, _) = tokio::select! {
             () = stop.cancelled() => return,
-            c = tensile_kubelet::tls::accept_backing_off(&listener, &mut errors) => c,
+            c = tensile_runtime::tls::accept_backing_off(&listener, &mut errors) => c,
         };
         if !*available.borrow() {
             drop(client);

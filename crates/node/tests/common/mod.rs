@@ -10,10 +10,10 @@ use kube::api::Api;
 use serde_json::json;
 use tensile_core::node::NodeIdentity;
 use tensile_core::translate::TranslateConfig;
-use tensile_node::clients::{ApiCalls, KubeconfigSource, build_client};
 use tensile_node::node::NodeLoop;
 use tensile_node::pods::PodSync;
 use tensile_node::{KubeletApi, Metrics, VirtualNode};
+use tensile_runtime::clients::{ApiCalls, KubeconfigSource, build_client};
 use tensile_testenv::{ClusterSpec, TestEnv};
 use tokio_util::sync::CancellationToken;
 

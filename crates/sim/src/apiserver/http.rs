@@ -60,12 +60,12 @@ pub(super) async fn serve(
     stop: CancellationToken,
 ) {
     let acceptor = tls.map(TlsAcceptor::from);
-    let mut errors = tensile_kubelet::tls::AcceptErrors::new("sim api server");
+    let mut errors = tensile_runtime::tls::AcceptErrors::new("sim api server");
     loop {
         // Backs off after accept errors (out of file descriptors) rather than spinning.
         let (tcp, _peer) = tokio::select! {
             () = stop.cancelled() => return,
-            accepted = tensile_kubelet::tls::accept_backing_off(&listener, &mut errors) => accepted,
+            accepted = tensile_runtime::tls::accept_backing_off(&listener, &mut errors) => accepted,
         };
         let _ = tcp.set_nodelay(true);
         let state = state.clone();

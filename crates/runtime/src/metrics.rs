@@ -11,13 +11,13 @@ use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::{Arc, RwLock};
 
+use crate::tls::{AcceptErrors, ConnectionLimits, accept_backing_off};
 use bytes::Bytes;
 use http::{Method, Request, Response, StatusCode, header};
 use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper::service::service_fn;
 use prometheus_client::registry::Registry;
-use tensile_kubelet::tls::{AcceptErrors, ConnectionLimits, accept_backing_off};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
@@ -139,7 +139,7 @@ async fn serve_routes(
                 // HTTP/1.1 only (Prometheus and probes speak it), with the header timeout.
                 tokio::select! {
                     () = stop.cancelled() => {}
-                    () = tensile_kubelet::tls::serve_plain_connection(tcp, &limits, svc) => {}
+                    () = crate::tls::serve_plain_connection(tcp, &limits, svc) => {}
                 }
             });
         }
