@@ -1,11 +1,23 @@
 //! The resource table: every resource the API server serves is one row of data (group,
-//! version, names, scope, subresources, field selectors) plus, where a resource has behaviour
-//! of its own, hooks in `strategy.rs` looked up by the row. Adding a resource is adding a row.
+//! version, names, scope, subresources, field selectors) naming, where a resource has
+//! behaviour of its own, its strategy (`kinds`). Adding a resource is adding a row.
 
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 
+use super::kinds::core::{
+    EndpointSlices, Endpoints, Events, EventsV1, Leases, Secrets, ServiceAccounts,
+};
+use super::kinds::namespace::Namespaces;
+use super::kinds::node::Nodes;
+use super::kinds::pod::{Bindings, Pods};
+use super::kinds::rbac::Rbac;
+use super::kinds::review::Review;
+use super::kinds::service::Services;
+use super::kinds::volume::{PersistentVolumeClaims, PersistentVolumes};
+use super::kinds::workload::Workload;
+use super::strategy::{Generational, Plain, Strategy};
 use k8s_openapi::api::{
     admissionregistration::v1 as admreg, apps::v1 as apps, authentication::v1 as authn,
     authorization::v1 as authz, autoscaling::v2 as autoscaling, batch::v1 as batch,
@@ -44,6 +56,8 @@ pub struct ResourceType {
     /// Decodes a body into the typed object and back: rejects ill-typed JSON like the real
     /// decoder and drops unknown fields like the real server does for built-in types.
     pub normalize: fn(Value) -> Result<Value, String>,
+    /// What the REST verbs do beyond storing.
+    pub(crate) strategy: &'static dyn Strategy,
 }
 
 impl ResourceType {
@@ -105,9 +119,12 @@ const STATUS: (&str, &str) = ("status", "");
 const NONE: &[&str] = &[];
 
 macro_rules! row {
+    (@strategy) => { &Plain };
+    (@strategy $strategy:expr) => { &$strategy };
     ($group:literal, $version:literal, $plural:literal, $singular:literal, $kind:literal, $ty:ty,
      namespaced: $ns:literal $(, short: [$($short:literal),*])? $(, categories: [$($cat:literal),*])?
-     $(, sub: [$($sub:expr),*])? $(, fields: [$($field:literal),*])? $(, create_only: $co:literal)?) => {
+     $(, sub: [$($sub:expr),*])? $(, fields: [$($field:literal),*])? $(, create_only: $co:literal)?
+     $(, strategy: $strategy:expr)?) => {
         ResourceType {
             group: $group,
             version: $version,
@@ -122,6 +139,7 @@ macro_rules! row {
             create_only: false $(|| $co)?,
             read_only: false,
             normalize: normalize::<$ty>,
+            strategy: row!(@strategy $($strategy)?),
         }
     };
 }
@@ -129,7 +147,8 @@ macro_rules! row {
 /// Every resource served, in discovery order.
 pub static RESOURCES: &[ResourceType] = &[
     row!("", "v1", "namespaces", "namespace", "Namespace", core::Namespace, namespaced: false,
-        short: ["ns"], sub: [STATUS, ("finalize", "Namespace")], fields: ["status.phase"]),
+        short: ["ns"], sub: [STATUS, ("finalize", "Namespace")], fields: ["status.phase"],
+        strategy: Namespaces),
     row!("", "v1", "pods", "pod", "Pod", core::Pod, namespaced: true, short: ["po"],
         categories: ["all"],
         sub: [STATUS, ("binding", "Binding"), ("eviction", "Eviction"), ("log", "Pod"),
@@ -138,62 +157,83 @@ pub static RESOURCES: &[ResourceType] = &[
               ("ephemeralcontainers", "Pod")],
         fields: ["spec.nodeName", "spec.restartPolicy", "spec.schedulerName",
                  "spec.serviceAccountName", "spec.hostNetwork", "status.phase", "status.podIP",
-                 "status.nominatedNodeName"]),
+                 "status.nominatedNodeName"],
+        strategy: Pods),
     row!("", "v1", "bindings", "binding", "Binding", core::Binding, namespaced: true,
-        create_only: true),
+        create_only: true,
+        strategy: Bindings),
     row!("", "v1", "nodes", "node", "Node", core::Node, namespaced: false, short: ["no"],
-        sub: [STATUS, ("proxy", "NodeProxyOptions")], fields: ["spec.unschedulable"]),
+        sub: [STATUS, ("proxy", "NodeProxyOptions")], fields: ["spec.unschedulable"],
+        strategy: Nodes),
     row!("", "v1", "services", "service", "Service", core::Service, namespaced: true,
         short: ["svc"], categories: ["all"], sub: [STATUS, ("proxy", "ServiceProxyOptions")],
-        fields: ["spec.clusterIP", "spec.type"]),
+        fields: ["spec.clusterIP", "spec.type"],
+        strategy: Services),
     row!("", "v1", "endpoints", "endpoints", "Endpoints", core::Endpoints, namespaced: true,
-        short: ["ep"]),
+        short: ["ep"],
+        strategy: Endpoints),
     row!("", "v1", "configmaps", "configmap", "ConfigMap", core::ConfigMap, namespaced: true,
         short: ["cm"]),
     row!("", "v1", "secrets", "secret", "Secret", core::Secret, namespaced: true,
-        fields: ["type"]),
+        fields: ["type"],
+        strategy: Secrets),
     row!("", "v1", "serviceaccounts", "serviceaccount", "ServiceAccount",
-        core::ServiceAccount, namespaced: true, short: ["sa"], sub: [("token", "TokenRequest")]),
+        core::ServiceAccount, namespaced: true, short: ["sa"], sub: [("token", "TokenRequest")],
+        strategy: ServiceAccounts),
     row!("", "v1", "persistentvolumes", "persistentvolume", "PersistentVolume",
-        core::PersistentVolume, namespaced: false, short: ["pv"], sub: [STATUS]),
+        core::PersistentVolume, namespaced: false, short: ["pv"], sub: [STATUS],
+        strategy: PersistentVolumes),
     row!("", "v1", "persistentvolumeclaims", "persistentvolumeclaim", "PersistentVolumeClaim",
-        core::PersistentVolumeClaim, namespaced: true, short: ["pvc"], sub: [STATUS]),
+        core::PersistentVolumeClaim, namespaced: true, short: ["pvc"], sub: [STATUS],
+        strategy: PersistentVolumeClaims),
     row!("", "v1", "events", "event", "Event", core::Event, namespaced: true, short: ["ev"],
         fields: ["involvedObject.kind", "involvedObject.namespace", "involvedObject.name",
                  "involvedObject.uid", "involvedObject.apiVersion",
                  "involvedObject.resourceVersion", "involvedObject.fieldPath", "reason",
-                 "reportingComponent", "source", "type"]),
+                 "reportingComponent", "source", "type"],
+        strategy: Events),
     row!("", "v1", "resourcequotas", "resourcequota", "ResourceQuota", core::ResourceQuota,
         namespaced: true, short: ["quota"], sub: [STATUS]),
     row!("", "v1", "limitranges", "limitrange", "LimitRange", core::LimitRange,
         namespaced: true, short: ["limits"]),
     row!("apps", "v1", "deployments", "deployment", "Deployment", apps::Deployment,
-        namespaced: true, short: ["deploy"], categories: ["all"], sub: [STATUS, ("scale", "Scale")]),
+        namespaced: true, short: ["deploy"], categories: ["all"], sub: [STATUS, ("scale", "Scale")],
+        strategy: Workload::Deployment),
     row!("apps", "v1", "replicasets", "replicaset", "ReplicaSet", apps::ReplicaSet,
         namespaced: true, short: ["rs"], categories: ["all"], sub: [STATUS, ("scale", "Scale")],
-        fields: ["status.replicas"]),
+        fields: ["status.replicas"],
+        strategy: Workload::ReplicaSet),
     row!("apps", "v1", "statefulsets", "statefulset", "StatefulSet", apps::StatefulSet,
-        namespaced: true, short: ["sts"], categories: ["all"], sub: [STATUS, ("scale", "Scale")]),
+        namespaced: true, short: ["sts"], categories: ["all"], sub: [STATUS, ("scale", "Scale")],
+        strategy: Workload::StatefulSet),
     row!("apps", "v1", "daemonsets", "daemonset", "DaemonSet", apps::DaemonSet,
-        namespaced: true, short: ["ds"], categories: ["all"], sub: [STATUS]),
+        namespaced: true, short: ["ds"], categories: ["all"], sub: [STATUS],
+        strategy: Workload::DaemonSet),
     row!("apps", "v1", "controllerrevisions", "controllerrevision", "ControllerRevision",
-        apps::ControllerRevision, namespaced: true),
+        apps::ControllerRevision, namespaced: true,
+        strategy: Generational),
     row!("batch", "v1", "jobs", "job", "Job", batch::Job, namespaced: true,
-        categories: ["all"], sub: [STATUS]),
+        categories: ["all"], sub: [STATUS],
+        strategy: Workload::Job),
     row!("batch", "v1", "cronjobs", "cronjob", "CronJob", batch::CronJob, namespaced: true,
-        short: ["cj"], categories: ["all"], sub: [STATUS]),
+        short: ["cj"], categories: ["all"], sub: [STATUS],
+        strategy: Workload::CronJob),
     row!("discovery.k8s.io", "v1", "endpointslices", "endpointslice", "EndpointSlice",
-        discovery::EndpointSlice, namespaced: true),
+        discovery::EndpointSlice, namespaced: true,
+        strategy: EndpointSlices),
     row!("events.k8s.io", "v1", "events", "event", "Event", events::Event, namespaced: true,
-        short: ["ev"]),
+        short: ["ev"],
+        strategy: EventsV1),
     row!("coordination.k8s.io", "v1", "leases", "lease", "Lease", coordination::Lease,
-        namespaced: true),
+        namespaced: true,
+        strategy: Leases),
     row!("storage.k8s.io", "v1", "storageclasses", "storageclass", "StorageClass",
         storage::StorageClass, namespaced: false, short: ["sc"]),
     row!("scheduling.k8s.io", "v1", "priorityclasses", "priorityclass", "PriorityClass",
         scheduling::PriorityClass, namespaced: false, short: ["pc"]),
     row!("policy", "v1", "poddisruptionbudgets", "poddisruptionbudget", "PodDisruptionBudget",
-        policy::PodDisruptionBudget, namespaced: true, short: ["pdb"], sub: [STATUS]),
+        policy::PodDisruptionBudget, namespaced: true, short: ["pdb"], sub: [STATUS],
+        strategy: Generational),
     row!("admissionregistration.k8s.io", "v1", "mutatingwebhookconfigurations",
         "mutatingwebhookconfiguration", "MutatingWebhookConfiguration",
         admreg::MutatingWebhookConfiguration, namespaced: false),
@@ -201,20 +241,27 @@ pub static RESOURCES: &[ResourceType] = &[
         "validatingwebhookconfiguration", "ValidatingWebhookConfiguration",
         admreg::ValidatingWebhookConfiguration, namespaced: false),
     row!("authentication.k8s.io", "v1", "tokenreviews", "tokenreview", "TokenReview",
-        authn::TokenReview, namespaced: false, create_only: true),
+        authn::TokenReview, namespaced: false, create_only: true,
+        strategy: Review::Token),
     row!("authorization.k8s.io", "v1", "subjectaccessreviews", "subjectaccessreview",
-        "SubjectAccessReview", authz::SubjectAccessReview, namespaced: false, create_only: true),
+        "SubjectAccessReview", authz::SubjectAccessReview, namespaced: false, create_only: true,
+        strategy: Review::SubjectAccess),
     row!("authorization.k8s.io", "v1", "selfsubjectaccessreviews", "selfsubjectaccessreview",
         "SelfSubjectAccessReview", authz::SelfSubjectAccessReview, namespaced: false,
-        create_only: true),
+        create_only: true,
+        strategy: Review::SelfSubjectAccess),
     row!("rbac.authorization.k8s.io", "v1", "clusterrolebindings", "clusterrolebinding",
-        "ClusterRoleBinding", rbac::ClusterRoleBinding, namespaced: false),
+        "ClusterRoleBinding", rbac::ClusterRoleBinding, namespaced: false,
+        strategy: Rbac::ClusterRoleBinding),
     row!("rbac.authorization.k8s.io", "v1", "clusterroles", "clusterrole", "ClusterRole",
-        rbac::ClusterRole, namespaced: false),
+        rbac::ClusterRole, namespaced: false,
+        strategy: Rbac::ClusterRole),
     row!("rbac.authorization.k8s.io", "v1", "rolebindings", "rolebinding", "RoleBinding",
-        rbac::RoleBinding, namespaced: true),
+        rbac::RoleBinding, namespaced: true,
+        strategy: Rbac::RoleBinding),
     row!("rbac.authorization.k8s.io", "v1", "roles", "role", "Role", rbac::Role,
-        namespaced: true),
+        namespaced: true,
+        strategy: Rbac::Role),
     // Kinds the simulator stores, watches and lists with no behaviour of their own, so an
     // ordinary application applies in the sandbox: nothing here acts on them (no ingress
     // controller, network policy, autoscaler, replication manager or CSI), which
@@ -257,6 +304,7 @@ pub static RESOURCES: &[ResourceType] = &[
         create_only: false,
         read_only: true,
         normalize: untyped,
+        strategy: &Plain,
     },
     ResourceType {
         group: "metrics.k8s.io",
@@ -272,6 +320,7 @@ pub static RESOURCES: &[ResourceType] = &[
         create_only: false,
         read_only: true,
         normalize: untyped,
+        strategy: &Plain,
     },
 ];
 
