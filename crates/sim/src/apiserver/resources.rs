@@ -23,8 +23,9 @@ use k8s_openapi::api::{
     admissionregistration::v1 as admreg, apps::v1 as apps, authentication::v1 as authn,
     authorization::v1 as authz, autoscaling::v2 as autoscaling, batch::v1 as batch,
     coordination::v1 as coordination, core::v1 as core, discovery::v1 as discovery,
-    events::v1 as events, networking::v1 as networking, node::v1 as node, policy::v1 as policy,
-    rbac::v1 as rbac, scheduling::v1 as scheduling, storage::v1 as storage,
+    events::v1 as events, flowcontrol::v1 as flowcontrol, networking::v1 as networking,
+    node::v1 as node, policy::v1 as policy, rbac::v1 as rbac, scheduling::v1 as scheduling,
+    storage::v1 as storage,
 };
 
 /// One served resource.
@@ -256,6 +257,12 @@ pub static RESOURCES: &[ResourceType] = &[
         "SelfSubjectAccessReview", authz::SelfSubjectAccessReview, namespaced: false,
         create_only: true,
         strategy: Review::SelfSubjectAccess),
+    row!("authorization.k8s.io", "v1", "localsubjectaccessreviews", "localsubjectaccessreview",
+        "LocalSubjectAccessReview", authz::LocalSubjectAccessReview, namespaced: true,
+        create_only: true, strategy: Review::LocalSubjectAccess),
+    row!("authentication.k8s.io", "v1", "selfsubjectreviews", "selfsubjectreview",
+        "SelfSubjectReview", authn::SelfSubjectReview, namespaced: false, create_only: true,
+        strategy: Review::SelfSubject),
     row!("rbac.authorization.k8s.io", "v1", "clusterrolebindings", "clusterrolebinding",
         "ClusterRoleBinding", rbac::ClusterRoleBinding, namespaced: false,
         strategy: Rbac::ClusterRoleBinding, print: ROLE_BINDINGS),
@@ -294,6 +301,13 @@ pub static RESOURCES: &[ResourceType] = &[
         "CSIStorageCapacity", storage::CSIStorageCapacity, namespaced: true, print: CSI_STORAGE_CAPACITIES),
     row!("storage.k8s.io", "v1", "volumeattachments", "volumeattachment", "VolumeAttachment",
         storage::VolumeAttachment, namespaced: false, sub: [STATUS], print: VOLUME_ATTACHMENTS),
+    row!("flowcontrol.apiserver.k8s.io", "v1", "flowschemas", "flowschema", "FlowSchema",
+        flowcontrol::FlowSchema, namespaced: false, sub: [STATUS], strategy: Generational,
+        print: FLOW_SCHEMAS),
+    row!("flowcontrol.apiserver.k8s.io", "v1", "prioritylevelconfigurations",
+        "prioritylevelconfiguration", "PriorityLevelConfiguration",
+        flowcontrol::PriorityLevelConfiguration, namespaced: false, sub: [STATUS],
+        strategy: Generational, print: PRIORITY_LEVEL_CONFIGURATIONS),
     row!("node.k8s.io", "v1", "runtimeclasses", "runtimeclass", "RuntimeClass",
         node::RuntimeClass, namespaced: false, print: RUNTIME_CLASSES),
     ResourceType {

@@ -480,10 +480,6 @@ pub(super) fn prepare_update(rt: &ResourceType, new: &mut Value, old: &Value, su
     rt.strategy.prepare_update(new, old);
 }
 
-/// The `ephemeralcontainers` subresource's update: the stored pod with only its
-/// `spec.ephemeralContainers` from the request (defaulted as containers are), its generation
-/// moved when that changed the spec (`dropNonEphemeralContainerUpdates`, `updatePodGeneration`).
-
 /// Whether an update leaves an object that is to be removed now (deleting, no finalizers
 /// left, and whatever else the kind waits for).
 pub(super) fn may_finish_deletion(rt: &ResourceType, obj: &Value) -> bool {
@@ -530,10 +526,6 @@ pub(crate) fn mark_for_deletion(obj: &Value, opts: &DeleteOptions, grace: i64) -
     }
     Some(marked)
 }
-
-/// A pod deleted without grace is first written with `deletionTimestamp` and
-/// `deletionGracePeriodSeconds: 0`, then removed, as kube-apiserver's graceful pod strategy does
-/// (watchers see MODIFIED, then DELETED). None for other kinds, and for a pod already marked
 
 /// The value of a field-selector label on an object, as the real server's field sets give it.
 pub(super) fn field_value(rt: &ResourceType, obj: &Value, field: &str) -> Option<String> {

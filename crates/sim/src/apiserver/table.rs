@@ -1038,6 +1038,61 @@ pub(crate) static RUNTIME_CLASSES: Printer = named(
     },
 );
 
+/// API Priority and Fairness: which priority level a flow schema sends to (`MISSINGPL` is
+/// its Dangling condition, `?` before the APF controller, which the simulator has not, sets it).
+pub(crate) static FLOW_SCHEMAS: Printer = named(
+    &[
+        col("PriorityLevel", "string", 0),
+        col("MatchingPrecedence", "string", 0),
+        col("DistinguisherMethod", "string", 0),
+        col("Age", "string", 0),
+        col("MissingPL", "string", 0),
+    ],
+    |obj, age, _now, c| {
+        let dangling = arr(obj, "/status/conditions")
+            .iter()
+            .find(|c| c.get("type").and_then(Value::as_str) == Some("Dangling"))
+            .map_or_else(|| "?".to_owned(), |c| s(c.get("status")));
+        c.extend([
+            json!(s(obj.pointer("/spec/priorityLevelConfiguration/name"))),
+            json!(int(obj, "/spec/matchingPrecedence")),
+            json!(or_none(s(obj.pointer("/spec/distinguisherMethod/type")))),
+            json!(age),
+            json!(dangling),
+        ]);
+    },
+);
+
+/// Priority levels: shares and queueing of a Limited one, `<none>` where not set.
+pub(crate) static PRIORITY_LEVEL_CONFIGURATIONS: Printer = named(
+    &[
+        col("Type", "string", 0),
+        col("NominalConcurrencyShares", "string", 0),
+        col("Queues", "string", 0),
+        col("HandSize", "string", 0),
+        col("QueueLengthLimit", "string", 0),
+        col("Age", "string", 0),
+    ],
+    |obj, age, _now, c| {
+        let limited = obj.pointer("/spec/limited").filter(|l| l.is_object());
+        let number = |p: &str| {
+            limited
+                .and_then(|l| l.pointer(p))
+                .filter(|v| v.is_number())
+                .cloned()
+                .unwrap_or_else(|| json!("<none>"))
+        };
+        c.extend([
+            json!(s(obj.pointer("/spec/type"))),
+            number("/nominalConcurrencyShares"),
+            number("/limitResponse/queuing/queues"),
+            number("/limitResponse/queuing/handSize"),
+            number("/limitResponse/queuing/queueLengthLimit"),
+            json!(age),
+        ]);
+    },
+);
+
 /// Kinds without columns of their own: the name and the age.
 pub(crate) static DEFAULT: Printer = named(&[col("Age", "string", 0)], |_obj, age, _now, c| {
     c.push(json!(age));

@@ -183,8 +183,6 @@ fn event_causes(obj: &Value) -> Vec<(String, String)> {
     causes
 }
 
-/// The pod update rule of `ValidatePodUpdate`: only images, `activeDeadlineSeconds` (set or
-
 /// As the real API server: a Secret's `stringData` is written into `data` (base64), over the
 /// same keys, and never stored.
 fn fold_string_data(obj: &mut Value) {

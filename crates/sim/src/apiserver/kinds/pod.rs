@@ -525,9 +525,6 @@ fn pod_spec_causes(obj: &Value) -> Vec<(String, String)> {
     causes
 }
 
-/// Validation of an update through a subresource: the `ephemeralcontainers` one validates
-/// the pod and the change of its ephemeral containers (`ValidatePodEphemeralContainersUpdate`),
-
 /// The annotation of a static (mirror) pod.
 const MIRROR_POD_ANNOTATION: &str = "kubernetes.io/config.mirror";
 
@@ -705,9 +702,6 @@ fn field_diff(before: &Value, after: &Value) -> String {
     out
 }
 
-/// What `ValidateService` (and its update rule) says of the fields the simulator keeps: port
-/// numbers in range, and cluster IPs that never change once set.
-
 /// The pod update rule of `ValidatePodUpdate`: only images, `activeDeadlineSeconds` (set or
 /// lowered), added tolerations and removed scheduling gates may change.
 fn pod_update_forbidden(old: &Value, new: &Value) -> Option<String> {
@@ -804,8 +798,6 @@ fn strip_nulls(v: &mut Value) {
     }
 }
 
-/// Resources whose objects carry `metadata.generation`: workloads, and since Kubernetes 1.34
-
 /// The `ephemeralcontainers` subresource's update: the stored pod with only its
 /// `spec.ephemeralContainers` from the request (defaulted as containers are), its generation
 /// moved when that changed the spec (`dropNonEphemeralContainerUpdates`, `updatePodGeneration`).
@@ -853,17 +845,12 @@ pub(crate) fn prepare_ephemeral_update(new: &mut Value, old: &Value) {
     }
 }
 
-/// Whether an update leaves an object that is to be removed now (deleting, no finalizers
-/// left, and for a pod nothing still running: grace over, or never bound).
-
 fn is_terminal(obj: &Value) -> bool {
     matches!(
         obj.pointer("/status/phase").and_then(Value::as_str),
         Some("Succeeded" | "Failed")
     )
 }
-
-/// How a delete proceeds: `Some(marked)` keeps the object marked for deletion (finalizers,
 
 /// Binds a pod to a node (`pods/binding`, `bindings`).
 pub(crate) fn bind_pod(

@@ -146,8 +146,6 @@ fn allocate_cluster_ip(state: &State, requested: &str) -> Result<String, String>
         .ok_or_else(|| "Internal error: range is full".to_owned())
 }
 
-/// Mutating admission (webhooks).
-
 /// What `ValidateService` (and its update rule) says of the fields the simulator keeps: port
 /// numbers in range, and cluster IPs that never change once set.
 fn service_causes(obj: &Value, old: Option<&Value>) -> Vec<(String, String)> {
