@@ -521,7 +521,7 @@ async fn create_as(
         super::apply::record(&mut obj, manager, config, &meta::now());
     }
     strategy::prepare_create(state, rt, &mut obj)?;
-    let mut obj = strategy::admit(state, rt, obj, None, user).await?;
+    let mut obj = super::admission::mutate(state, rt, obj, None, user).await?;
     strategy::validate(rt, &obj, None)?;
     if rt.strategy.tracks_generation() {
         meta_mut(&mut obj).insert("generation".into(), json!(1));
@@ -613,7 +613,7 @@ async fn write_loop(
         let mut new = compute(&current.object)?;
         strategy::prepare_update(rt, &mut new, &current.object, sub);
         let new = if sub == Subresource::Main {
-            strategy::admit(state, rt, new, Some(&current.object), user).await?
+            super::admission::mutate(state, rt, new, Some(&current.object), user).await?
         } else {
             new
         };

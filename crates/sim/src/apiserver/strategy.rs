@@ -288,6 +288,7 @@ pub(super) fn bootstrap(state: &State) {
     }
 }
 
+/// The uid and creation time of an object the server makes itself.
 pub(super) fn init_meta(obj: &mut Value) {
     let m = meta_mut(obj);
     m.insert("uid".into(), json!(meta::new_uid()));
@@ -363,17 +364,6 @@ pub(super) fn prepare_create(
 ) -> Result<(), ApiError> {
     rt.strategy.defaults(obj);
     rt.strategy.prepare_create(state, obj)
-}
-
-/// Mutating admission (webhooks).
-pub(super) async fn admit(
-    state: &State,
-    rt: &ResourceType,
-    obj: Value,
-    old: Option<&Value>,
-    user: &UserInfo,
-) -> Result<Value, ApiError> {
-    super::admission::mutate(state, rt, obj, old, user).await
 }
 
 /// Validation of a created or updated object.
@@ -525,11 +515,6 @@ pub(crate) fn mark_for_deletion(obj: &Value, opts: &DeleteOptions, grace: i64) -
         m.insert("finalizers".into(), json!(finalizers));
     }
     Some(marked)
-}
-
-/// The value of a field-selector label on an object, as the real server's field sets give it.
-pub(super) fn field_value(rt: &ResourceType, obj: &Value, field: &str) -> Option<String> {
-    Some(rt.strategy.field_value(obj, field))
 }
 
 /// Subresources with verbs of their own.
