@@ -375,7 +375,7 @@ fn a_cronjob_makes_jobs_on_schedule_and_keeps_its_history_to_the_limit() {
 
 /// An ordinary application's manifest: a Deployment behind a Service, published by an
 /// Ingress, scaled by a HorizontalPodAutoscaler, fenced by a NetworkPolicy, configured by a
-/// ConfigMap.
+/// ConfigMap (and a VolumeAttributesClass, storage.k8s.io/v1 since 1.34).
 const APPLICATION: &str = r#"apiVersion: v1
 kind: ConfigMap
 metadata: {name: web}
@@ -430,6 +430,12 @@ spec:
   - type: Resource
     resource: {name: cpu, target: {type: Utilization, averageUtilization: 70}}
 ---
+apiVersion: storage.k8s.io/v1
+kind: VolumeAttributesClass
+metadata: {name: gold}
+driverName: csi.example.com
+parameters: {iops: "3000"}
+---
 apiVersion: networking.k8s.io/v1
 kind: NetworkPolicy
 metadata: {name: web}
@@ -454,6 +460,7 @@ fn an_ordinary_application_applies_runs_and_lists_and_reviews_are_created() {
         "ingress.networking.k8s.io/web created",
         "horizontalpodautoscaler.autoscaling/web created",
         "networkpolicy.networking.k8s.io/web created",
+        "volumeattributesclass.storage.k8s.io/gold created",
     ] {
         assert!(out.contains(created), "{created} missing from:\n{out}");
     }

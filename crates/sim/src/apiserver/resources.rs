@@ -25,7 +25,7 @@ use k8s_openapi::api::{
     coordination::v1 as coordination, core::v1 as core, discovery::v1 as discovery,
     events::v1 as events, flowcontrol::v1 as flowcontrol, networking::v1 as networking,
     node::v1 as node, policy::v1 as policy, rbac::v1 as rbac, scheduling::v1 as scheduling,
-    storage::v1 as storage,
+    storage::v1 as storage, storage::v1beta1 as storage_v1beta1,
 };
 
 /// One served resource.
@@ -110,6 +110,22 @@ fn normalize<K: DeserializeOwned + Serialize>(value: Value) -> Result<Value, Str
     serde_json::to_value(&typed).map_err(|e| e.to_string())
 }
 
+/// A kind served at a version newer than k8s-openapi 1.33 has (GA in 1.34), decoded as its
+/// previous version, which has the same fields: [`normalize`] without the older
+/// `apiVersion`, which the type would insist on.
+fn promoted<K: DeserializeOwned + Serialize + k8s_openapi::Resource>(
+    mut value: Value,
+) -> Result<Value, String> {
+    if let Some(m) = value.as_object_mut() {
+        m.remove("apiVersion");
+    }
+    let mut value = normalize::<K>(value)?;
+    if let Some(m) = value.as_object_mut() {
+        m.insert("apiVersion".into(), format!("{}/v1", K::GROUP).into());
+    }
+    Ok(value)
+}
+
 /// Objects we serve without a k8s-openapi type (metrics): kept as they are.
 fn untyped(value: Value) -> Result<Value, String> {
     if value.is_object() {
@@ -125,11 +141,14 @@ const NONE: &[&str] = &[];
 macro_rules! row {
     (@strategy) => { &Plain };
     (@strategy $strategy:expr) => { &$strategy };
+    (@decode $ty:ty) => { normalize::<$ty> };
+    (@decode $ty:ty, $decode:ident) => { $decode::<$ty> };
     (@print) => { &print::DEFAULT };
     (@print $print:ident) => { &print::$print };
     ($group:literal, $version:literal, $plural:literal, $singular:literal, $kind:literal, $ty:ty,
      namespaced: $ns:literal $(, short: [$($short:literal),*])? $(, categories: [$($cat:literal),*])?
      $(, sub: [$($sub:expr),*])? $(, fields: [$($field:literal),*])? $(, create_only: $co:literal)?
+     $(, decode: $decode:ident)?
      $(, strategy: $strategy:expr)? $(, print: $print:ident)?) => {
         ResourceType {
             group: $group,
@@ -144,7 +163,7 @@ macro_rules! row {
             fields: &[$($($field),*)?],
             create_only: false $(|| $co)?,
             read_only: false,
-            normalize: normalize::<$ty>,
+            normalize: row!(@decode $ty $(, $decode)?),
             strategy: row!(@strategy $($strategy)?),
             print: row!(@print $($print)?),
         }
@@ -299,6 +318,9 @@ pub static RESOURCES: &[ResourceType] = &[
         namespaced: false, print: CSI_NODES),
     row!("storage.k8s.io", "v1", "csistoragecapacities", "csistoragecapacity",
         "CSIStorageCapacity", storage::CSIStorageCapacity, namespaced: true, print: CSI_STORAGE_CAPACITIES),
+    row!("storage.k8s.io", "v1", "volumeattributesclasses", "volumeattributesclass",
+        "VolumeAttributesClass", storage_v1beta1::VolumeAttributesClass, namespaced: false,
+        short: ["vac"], decode: promoted, print: VOLUME_ATTRIBUTES_CLASSES),
     row!("storage.k8s.io", "v1", "volumeattachments", "volumeattachment", "VolumeAttachment",
         storage::VolumeAttachment, namespaced: false, sub: [STATUS], print: VOLUME_ATTACHMENTS),
     row!("flowcontrol.apiserver.k8s.io", "v1", "flowschemas", "flowschema", "FlowSchema",
@@ -453,5 +475,16 @@ mod tests {
         assert!(ok.get("bogus").is_none());
         let err = (pods.normalize)(json!({"spec": {"containers": "nope"}})).unwrap_err();
         assert!(err.contains("invalid type"), "{err}");
+    }
+
+    #[test]
+    fn a_kind_newer_than_its_type_keeps_its_served_version() {
+        let id = find("storage.k8s.io", "v1", "volumeattributesclasses").unwrap();
+        let vac = (get(id).normalize)(json!({"apiVersion": "storage.k8s.io/v1",
+            "kind": "VolumeAttributesClass", "metadata": {"name": "gold"},
+            "driverName": "csi.example.com", "parameters": {"iops": "3000"}}))
+        .unwrap();
+        assert_eq!(vac["apiVersion"], "storage.k8s.io/v1");
+        assert_eq!(vac["parameters"]["iops"], "3000");
     }
 }

@@ -1093,6 +1093,12 @@ pub(crate) static PRIORITY_LEVEL_CONFIGURATIONS: Printer = named(
     },
 );
 
+/// Volume attributes classes: the CSI driver.
+pub(crate) static VOLUME_ATTRIBUTES_CLASSES: Printer = named(
+    &[col("DriverName", "string", 0), col("Age", "string", 0)],
+    |obj, age, _now, c| c.extend([json!(s(obj.pointer("/driverName"))), json!(age)]),
+);
+
 /// Kinds without columns of their own: the name and the age.
 pub(crate) static DEFAULT: Printer = named(&[col("Age", "string", 0)], |_obj, age, _now, c| {
     c.push(json!(age));
