@@ -1,5 +1,6 @@
 //! Workloads as a user drives them with the real `kubectl`, on whichever backend TestEnv
-//! runs: drains that wait for PodDisruptionBudgets, StatefulSets, DaemonSets and CronJobs.
+//! runs: drains that wait for PodDisruptionBudgets, StatefulSets, DaemonSets and CronJobs, and
+//! an ordinary application's manifest (with the kinds nothing acts on in the simulator).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
 
 mod common;
@@ -370,4 +371,176 @@ fn a_cronjob_makes_jobs_on_schedule_and_keeps_its_history_to_the_limit() {
         "--timeout=60s",
     ]);
     assert_eq!(last_line(env.ok(&["logs", "job/by-hand"])), "tick");
+}
+
+/// An ordinary application's manifest: a Deployment behind a Service, published by an
+/// Ingress, scaled by a HorizontalPodAutoscaler, fenced by a NetworkPolicy, configured by a
+/// ConfigMap (and a VolumeAttributesClass, storage.k8s.io/v1 since 1.34).
+const APPLICATION: &str = r#"apiVersion: v1
+kind: ConfigMap
+metadata: {name: web}
+data: {greeting: hello}
+---
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: web}
+spec:
+  replicas: 2
+  selector: {matchLabels: {app: web}}
+  template:
+    metadata: {labels: {app: web}}
+    spec:
+      containers:
+      - name: web
+        image: nginx:1.27
+        ports: [{containerPort: 80}]
+        envFrom: [{configMapRef: {name: web}}]
+---
+apiVersion: v1
+kind: Service
+metadata: {name: web}
+spec:
+  selector: {app: web}
+  ports: [{port: 80, targetPort: 80}]
+---
+apiVersion: networking.k8s.io/v1
+kind: IngressClass
+metadata: {name: sandbox}
+spec: {controller: example.com/ingress}
+---
+apiVersion: networking.k8s.io/v1
+kind: Ingress
+metadata: {name: web}
+spec:
+  ingressClassName: sandbox
+  rules:
+  - host: web.example.com
+    http:
+      paths:
+      - {path: /, pathType: Prefix, backend: {service: {name: web, port: {number: 80}}}}
+---
+apiVersion: autoscaling/v2
+kind: HorizontalPodAutoscaler
+metadata: {name: web}
+spec:
+  scaleTargetRef: {apiVersion: apps/v1, kind: Deployment, name: web}
+  minReplicas: 2
+  maxReplicas: 4
+  metrics:
+  - type: Resource
+    resource: {name: cpu, target: {type: Utilization, averageUtilization: 70}}
+---
+apiVersion: storage.k8s.io/v1
+kind: VolumeAttributesClass
+metadata: {name: gold}
+driverName: csi.example.com
+parameters: {iops: "3000"}
+---
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: web}
+spec:
+  podSelector: {matchLabels: {app: web}}
+  policyTypes: [Ingress]
+  ingress: [{ports: [{port: 80}]}]
+"#;
+
+#[test]
+fn an_ordinary_application_applies_runs_and_lists_and_reviews_are_created() {
+    let env = Env::start();
+    let file = env.kubeconfig.with_file_name("application.yaml");
+    std::fs::write(&file, APPLICATION).unwrap();
+    let file = file.to_str().unwrap();
+    let out = env.ok(&["apply", "-f", file]);
+    for created in [
+        "configmap/web created",
+        "deployment.apps/web created",
+        "service/web created",
+        "ingressclass.networking.k8s.io/sandbox created",
+        "ingress.networking.k8s.io/web created",
+        "horizontalpodautoscaler.autoscaling/web created",
+        "networkpolicy.networking.k8s.io/web created",
+        "volumeattributesclass.storage.k8s.io/gold created",
+    ] {
+        assert!(out.contains(created), "{created} missing from:\n{out}");
+    }
+    env.ok(&["rollout", "status", "deployment/web", "--timeout=60s"]);
+    assert!(
+        env.ok(&["apply", "-f", file])
+            .contains("ingress.networking.k8s.io/web unchanged"),
+        "a second apply changes nothing"
+    );
+
+    let listed = env.ok(&["get", "ingress,hpa,networkpolicy"]);
+    let names: Vec<&str> = listed
+        .lines()
+        .filter_map(|l| l.split_whitespace().next())
+        .filter(|n| *n != "NAME")
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "ingress.networking.k8s.io/web",
+            "horizontalpodautoscaler.autoscaling/web",
+            "networkpolicy.networking.k8s.io/web",
+        ],
+        "{listed}"
+    );
+    let ingress: Vec<String> = env
+        .ok(&["get", "ingress", "web", "--no-headers"])
+        .split_whitespace()
+        .map(str::to_owned)
+        .collect();
+    assert_eq!(ingress[..4], ["web", "sandbox", "web.example.com", "80"]);
+    assert!(
+        env.ok(&["get", "hpa", "web"]).contains("Deployment/web"),
+        "the autoscaler names its target"
+    );
+    assert_eq!(
+        env.jsonpath(
+            &["networkpolicy", "web"],
+            "{.spec.podSelector.matchLabels.app}"
+        ),
+        "web"
+    );
+
+    // Reviews go through kubectl's client-side validation and are answered, not stored.
+    let review = |name: &str, manifest: &str| -> serde_json::Value {
+        let path = env.kubeconfig.with_file_name(name);
+        std::fs::write(&path, manifest).unwrap();
+        let out = env.ok(&["create", "-f", path.to_str().unwrap(), "-o", "json"]);
+        serde_json::from_str(&out).unwrap()
+    };
+    let token = review(
+        "token-review.yaml",
+        "apiVersion: authentication.k8s.io/v1\nkind: TokenReview\nspec: {token: not-a-token}\n",
+    );
+    assert_ne!(token["status"]["authenticated"], true, "{token}");
+    assert!(token["status"]["error"].is_string(), "{token}");
+    let access = review(
+        "access-review.yaml",
+        "apiVersion: authorization.k8s.io/v1\nkind: SelfSubjectAccessReview\nspec:\n  resourceAttributes: {verb: delete, group: networking.k8s.io, resource: ingresses}\n",
+    );
+    assert_eq!(access["status"]["allowed"], true, "{access}");
+    let local = review(
+        "local-review.yaml",
+        "apiVersion: authorization.k8s.io/v1\nkind: LocalSubjectAccessReview\nmetadata: {namespace: default}\nspec:\n  user: nobody\n  resourceAttributes: {namespace: default, verb: get, resource: pods}\n",
+    );
+    assert_eq!(local["status"]["allowed"], false, "{local}");
+    let me: serde_json::Value =
+        serde_json::from_str(&env.ok(&["auth", "whoami", "-o", "json"])).unwrap();
+    let groups = me["status"]["userInfo"]["groups"].to_string();
+    assert!(groups.contains("system:masters"), "{me}");
+
+    env.ok(&["delete", "-f", file]);
+    let left = env.run(
+        &["get", "ingress,hpa,networkpolicy", "-o", "name"],
+        &[],
+        None,
+    );
+    assert!(
+        left.stdout.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&left.stdout)
+    );
 }

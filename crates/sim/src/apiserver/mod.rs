@@ -11,6 +11,7 @@ pub mod controllers;
 pub mod discovery;
 pub mod errors;
 mod http;
+mod kinds;
 pub mod meta;
 mod metrics;
 pub mod patch;
@@ -19,7 +20,6 @@ pub mod protobuf;
 pub(crate) mod proxy;
 pub use proxy::CertNotVerified;
 pub mod rbac;
-mod rbac_strategy;
 pub mod request;
 pub mod resources;
 mod rest;
@@ -28,7 +28,6 @@ pub mod selectors;
 pub mod store;
 mod strategy;
 pub mod table;
-mod volume_strategy;
 mod watch;
 
 use std::collections::HashMap;
@@ -178,6 +177,32 @@ pub struct Authenticated {
 }
 
 impl State {
+    /// A state with the objects every cluster starts with and nothing serving it: strategies
+    /// are unit tested against it.
+    #[cfg(test)]
+    pub(crate) fn for_tests() -> Self {
+        let config = ApiServerConfig::default();
+        let ca = Ca::new("test-ca").expect("a CA");
+        let kubelet_client = ca
+            .issue_client("kube-apiserver-kubelet-client", Some("system:masters"))
+            .expect("a client certificate");
+        let state = Self {
+            store: Store::new(resources::RESOURCES.len(), config.watch_history),
+            config,
+            ca,
+            kubelet_client,
+            url: String::new(),
+            tokens: Mutex::new(HashMap::new()),
+            metrics: metrics::MetricsCache::default(),
+            extenders: Mutex::new(Vec::new()),
+            available: tokio::sync::watch::Sender::new(true),
+            policy: Mutex::new(None),
+            denials: Mutex::new(Vec::new()),
+        };
+        strategy::bootstrap(&state);
+        state
+    }
+
     /// The user a bearer token of the API server's audience belongs to.
     pub fn user_for_token(&self, token: &str) -> Option<UserInfo> {
         self.authenticate(token, &[]).ok().map(|a| a.user)

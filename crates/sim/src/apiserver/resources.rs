@@ -1,17 +1,31 @@
 //! The resource table: every resource the API server serves is one row of data (group,
-//! version, names, scope, subresources, field selectors) plus, where a resource has behaviour
-//! of its own, hooks in `strategy.rs` looked up by the row. Adding a resource is adding a row.
+//! version, names, scope, subresources, field selectors) naming, where a resource has
+//! behaviour of its own, its strategy (`kinds`). Adding a resource is adding a row.
 
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 
+use super::kinds::core::{
+    EndpointSlices, Endpoints, Events, EventsV1, Leases, Secrets, ServiceAccounts,
+};
+use super::kinds::namespace::Namespaces;
+use super::kinds::node::Nodes;
+use super::kinds::pod::{Bindings, Pods};
+use super::kinds::rbac::Rbac;
+use super::kinds::review::Review;
+use super::kinds::service::Services;
+use super::kinds::volume::{PersistentVolumeClaims, PersistentVolumes};
+use super::kinds::workload::Workload;
+use super::strategy::{Generational, Plain, Strategy};
+use super::table::{self as print, Printer};
 use k8s_openapi::api::{
     admissionregistration::v1 as admreg, apps::v1 as apps, authentication::v1 as authn,
     authorization::v1 as authz, autoscaling::v2 as autoscaling, batch::v1 as batch,
     coordination::v1 as coordination, core::v1 as core, discovery::v1 as discovery,
-    events::v1 as events, networking::v1 as networking, node::v1 as node, policy::v1 as policy,
-    rbac::v1 as rbac, scheduling::v1 as scheduling, storage::v1 as storage,
+    events::v1 as events, flowcontrol::v1 as flowcontrol, networking::v1 as networking,
+    node::v1 as node, policy::v1 as policy, rbac::v1 as rbac, scheduling::v1 as scheduling,
+    storage::v1 as storage, storage::v1beta1 as storage_v1beta1,
 };
 
 /// One served resource.
@@ -44,6 +58,10 @@ pub struct ResourceType {
     /// Decodes a body into the typed object and back: rejects ill-typed JSON like the real
     /// decoder and drops unknown fields like the real server does for built-in types.
     pub normalize: fn(Value) -> Result<Value, String>,
+    /// What the REST verbs do beyond storing.
+    pub(crate) strategy: &'static dyn Strategy,
+    /// How objects print as a Table.
+    pub(crate) print: &'static Printer,
 }
 
 impl ResourceType {
@@ -92,6 +110,22 @@ fn normalize<K: DeserializeOwned + Serialize>(value: Value) -> Result<Value, Str
     serde_json::to_value(&typed).map_err(|e| e.to_string())
 }
 
+/// A kind served at a version newer than k8s-openapi 1.33 has (GA in 1.34), decoded as its
+/// previous version, which has the same fields: [`normalize`] without the older
+/// `apiVersion`, which the type would insist on.
+fn promoted<K: DeserializeOwned + Serialize + k8s_openapi::Resource>(
+    mut value: Value,
+) -> Result<Value, String> {
+    if let Some(m) = value.as_object_mut() {
+        m.remove("apiVersion");
+    }
+    let mut value = normalize::<K>(value)?;
+    if let Some(m) = value.as_object_mut() {
+        m.insert("apiVersion".into(), format!("{}/v1", K::GROUP).into());
+    }
+    Ok(value)
+}
+
 /// Objects we serve without a k8s-openapi type (metrics): kept as they are.
 fn untyped(value: Value) -> Result<Value, String> {
     if value.is_object() {
@@ -105,9 +139,17 @@ const STATUS: (&str, &str) = ("status", "");
 const NONE: &[&str] = &[];
 
 macro_rules! row {
+    (@strategy) => { &Plain };
+    (@strategy $strategy:expr) => { &$strategy };
+    (@decode $ty:ty) => { normalize::<$ty> };
+    (@decode $ty:ty, $decode:ident) => { $decode::<$ty> };
+    (@print) => { &print::DEFAULT };
+    (@print $print:ident) => { &print::$print };
     ($group:literal, $version:literal, $plural:literal, $singular:literal, $kind:literal, $ty:ty,
      namespaced: $ns:literal $(, short: [$($short:literal),*])? $(, categories: [$($cat:literal),*])?
-     $(, sub: [$($sub:expr),*])? $(, fields: [$($field:literal),*])? $(, create_only: $co:literal)?) => {
+     $(, sub: [$($sub:expr),*])? $(, fields: [$($field:literal),*])? $(, create_only: $co:literal)?
+     $(, decode: $decode:ident)?
+     $(, strategy: $strategy:expr)? $(, print: $print:ident)?) => {
         ResourceType {
             group: $group,
             version: $version,
@@ -121,7 +163,9 @@ macro_rules! row {
             fields: &[$($($field),*)?],
             create_only: false $(|| $co)?,
             read_only: false,
-            normalize: normalize::<$ty>,
+            normalize: row!(@decode $ty $(, $decode)?),
+            strategy: row!(@strategy $($strategy)?),
+            print: row!(@print $($print)?),
         }
     };
 }
@@ -129,7 +173,8 @@ macro_rules! row {
 /// Every resource served, in discovery order.
 pub static RESOURCES: &[ResourceType] = &[
     row!("", "v1", "namespaces", "namespace", "Namespace", core::Namespace, namespaced: false,
-        short: ["ns"], sub: [STATUS, ("finalize", "Namespace")], fields: ["status.phase"]),
+        short: ["ns"], sub: [STATUS, ("finalize", "Namespace")], fields: ["status.phase"],
+        strategy: Namespaces, print: NAMESPACES),
     row!("", "v1", "pods", "pod", "Pod", core::Pod, namespaced: true, short: ["po"],
         categories: ["all"],
         sub: [STATUS, ("binding", "Binding"), ("eviction", "Eviction"), ("log", "Pod"),
@@ -138,111 +183,155 @@ pub static RESOURCES: &[ResourceType] = &[
               ("ephemeralcontainers", "Pod")],
         fields: ["spec.nodeName", "spec.restartPolicy", "spec.schedulerName",
                  "spec.serviceAccountName", "spec.hostNetwork", "status.phase", "status.podIP",
-                 "status.nominatedNodeName"]),
+                 "status.nominatedNodeName"],
+        strategy: Pods, print: PODS),
     row!("", "v1", "bindings", "binding", "Binding", core::Binding, namespaced: true,
-        create_only: true),
+        create_only: true,
+        strategy: Bindings),
     row!("", "v1", "nodes", "node", "Node", core::Node, namespaced: false, short: ["no"],
-        sub: [STATUS, ("proxy", "NodeProxyOptions")], fields: ["spec.unschedulable"]),
+        sub: [STATUS, ("proxy", "NodeProxyOptions")], fields: ["spec.unschedulable"],
+        strategy: Nodes, print: NODES),
     row!("", "v1", "services", "service", "Service", core::Service, namespaced: true,
         short: ["svc"], categories: ["all"], sub: [STATUS, ("proxy", "ServiceProxyOptions")],
-        fields: ["spec.clusterIP", "spec.type"]),
+        fields: ["spec.clusterIP", "spec.type"],
+        strategy: Services, print: SERVICES),
     row!("", "v1", "endpoints", "endpoints", "Endpoints", core::Endpoints, namespaced: true,
-        short: ["ep"]),
+        short: ["ep"],
+        strategy: Endpoints, print: ENDPOINTS),
     row!("", "v1", "configmaps", "configmap", "ConfigMap", core::ConfigMap, namespaced: true,
-        short: ["cm"]),
+        short: ["cm"], print: CONFIG_MAPS),
     row!("", "v1", "secrets", "secret", "Secret", core::Secret, namespaced: true,
-        fields: ["type"]),
+        fields: ["type"],
+        strategy: Secrets, print: SECRETS),
     row!("", "v1", "serviceaccounts", "serviceaccount", "ServiceAccount",
-        core::ServiceAccount, namespaced: true, short: ["sa"], sub: [("token", "TokenRequest")]),
+        core::ServiceAccount, namespaced: true, short: ["sa"], sub: [("token", "TokenRequest")],
+        strategy: ServiceAccounts, print: SERVICE_ACCOUNTS),
     row!("", "v1", "persistentvolumes", "persistentvolume", "PersistentVolume",
-        core::PersistentVolume, namespaced: false, short: ["pv"], sub: [STATUS]),
+        core::PersistentVolume, namespaced: false, short: ["pv"], sub: [STATUS],
+        strategy: PersistentVolumes, print: PERSISTENT_VOLUMES),
     row!("", "v1", "persistentvolumeclaims", "persistentvolumeclaim", "PersistentVolumeClaim",
-        core::PersistentVolumeClaim, namespaced: true, short: ["pvc"], sub: [STATUS]),
+        core::PersistentVolumeClaim, namespaced: true, short: ["pvc"], sub: [STATUS],
+        strategy: PersistentVolumeClaims, print: PERSISTENT_VOLUME_CLAIMS),
     row!("", "v1", "events", "event", "Event", core::Event, namespaced: true, short: ["ev"],
         fields: ["involvedObject.kind", "involvedObject.namespace", "involvedObject.name",
                  "involvedObject.uid", "involvedObject.apiVersion",
                  "involvedObject.resourceVersion", "involvedObject.fieldPath", "reason",
-                 "reportingComponent", "source", "type"]),
+                 "reportingComponent", "source", "type"],
+        strategy: Events, print: EVENTS),
     row!("", "v1", "resourcequotas", "resourcequota", "ResourceQuota", core::ResourceQuota,
-        namespaced: true, short: ["quota"], sub: [STATUS]),
+        namespaced: true, short: ["quota"], sub: [STATUS], print: RESOURCE_QUOTAS),
     row!("", "v1", "limitranges", "limitrange", "LimitRange", core::LimitRange,
-        namespaced: true, short: ["limits"]),
+        namespaced: true, short: ["limits"], print: LIMIT_RANGES),
     row!("apps", "v1", "deployments", "deployment", "Deployment", apps::Deployment,
-        namespaced: true, short: ["deploy"], categories: ["all"], sub: [STATUS, ("scale", "Scale")]),
+        namespaced: true, short: ["deploy"], categories: ["all"], sub: [STATUS, ("scale", "Scale")],
+        strategy: Workload::Deployment, print: DEPLOYMENTS),
     row!("apps", "v1", "replicasets", "replicaset", "ReplicaSet", apps::ReplicaSet,
         namespaced: true, short: ["rs"], categories: ["all"], sub: [STATUS, ("scale", "Scale")],
-        fields: ["status.replicas"]),
+        fields: ["status.replicas"],
+        strategy: Workload::ReplicaSet, print: REPLICA_SETS),
     row!("apps", "v1", "statefulsets", "statefulset", "StatefulSet", apps::StatefulSet,
-        namespaced: true, short: ["sts"], categories: ["all"], sub: [STATUS, ("scale", "Scale")]),
+        namespaced: true, short: ["sts"], categories: ["all"], sub: [STATUS, ("scale", "Scale")],
+        strategy: Workload::StatefulSet, print: STATEFUL_SETS),
     row!("apps", "v1", "daemonsets", "daemonset", "DaemonSet", apps::DaemonSet,
-        namespaced: true, short: ["ds"], categories: ["all"], sub: [STATUS]),
+        namespaced: true, short: ["ds"], categories: ["all"], sub: [STATUS],
+        strategy: Workload::DaemonSet, print: DAEMON_SETS),
     row!("apps", "v1", "controllerrevisions", "controllerrevision", "ControllerRevision",
-        apps::ControllerRevision, namespaced: true),
+        apps::ControllerRevision, namespaced: true,
+        strategy: Generational, print: CONTROLLER_REVISIONS),
     row!("batch", "v1", "jobs", "job", "Job", batch::Job, namespaced: true,
-        categories: ["all"], sub: [STATUS]),
+        categories: ["all"], sub: [STATUS],
+        strategy: Workload::Job, print: JOBS),
     row!("batch", "v1", "cronjobs", "cronjob", "CronJob", batch::CronJob, namespaced: true,
-        short: ["cj"], categories: ["all"], sub: [STATUS]),
+        short: ["cj"], categories: ["all"], sub: [STATUS],
+        strategy: Workload::CronJob, print: CRON_JOBS),
     row!("discovery.k8s.io", "v1", "endpointslices", "endpointslice", "EndpointSlice",
-        discovery::EndpointSlice, namespaced: true),
+        discovery::EndpointSlice, namespaced: true,
+        strategy: EndpointSlices, print: ENDPOINT_SLICES),
     row!("events.k8s.io", "v1", "events", "event", "Event", events::Event, namespaced: true,
-        short: ["ev"]),
+        short: ["ev"],
+        strategy: EventsV1, print: EVENTS_V1),
     row!("coordination.k8s.io", "v1", "leases", "lease", "Lease", coordination::Lease,
-        namespaced: true),
+        namespaced: true,
+        strategy: Leases, print: LEASES),
     row!("storage.k8s.io", "v1", "storageclasses", "storageclass", "StorageClass",
-        storage::StorageClass, namespaced: false, short: ["sc"]),
+        storage::StorageClass, namespaced: false, short: ["sc"], print: STORAGE_CLASSES),
     row!("scheduling.k8s.io", "v1", "priorityclasses", "priorityclass", "PriorityClass",
-        scheduling::PriorityClass, namespaced: false, short: ["pc"]),
+        scheduling::PriorityClass, namespaced: false, short: ["pc"], print: PRIORITY_CLASSES),
     row!("policy", "v1", "poddisruptionbudgets", "poddisruptionbudget", "PodDisruptionBudget",
-        policy::PodDisruptionBudget, namespaced: true, short: ["pdb"], sub: [STATUS]),
+        policy::PodDisruptionBudget, namespaced: true, short: ["pdb"], sub: [STATUS],
+        strategy: Generational, print: POD_DISRUPTION_BUDGETS),
     row!("admissionregistration.k8s.io", "v1", "mutatingwebhookconfigurations",
         "mutatingwebhookconfiguration", "MutatingWebhookConfiguration",
-        admreg::MutatingWebhookConfiguration, namespaced: false),
+        admreg::MutatingWebhookConfiguration, namespaced: false, print: WEBHOOK_CONFIGURATIONS),
     row!("admissionregistration.k8s.io", "v1", "validatingwebhookconfigurations",
         "validatingwebhookconfiguration", "ValidatingWebhookConfiguration",
-        admreg::ValidatingWebhookConfiguration, namespaced: false),
+        admreg::ValidatingWebhookConfiguration, namespaced: false, print: WEBHOOK_CONFIGURATIONS),
     row!("authentication.k8s.io", "v1", "tokenreviews", "tokenreview", "TokenReview",
-        authn::TokenReview, namespaced: false, create_only: true),
+        authn::TokenReview, namespaced: false, create_only: true,
+        strategy: Review::Token),
     row!("authorization.k8s.io", "v1", "subjectaccessreviews", "subjectaccessreview",
-        "SubjectAccessReview", authz::SubjectAccessReview, namespaced: false, create_only: true),
+        "SubjectAccessReview", authz::SubjectAccessReview, namespaced: false, create_only: true,
+        strategy: Review::SubjectAccess),
     row!("authorization.k8s.io", "v1", "selfsubjectaccessreviews", "selfsubjectaccessreview",
         "SelfSubjectAccessReview", authz::SelfSubjectAccessReview, namespaced: false,
-        create_only: true),
+        create_only: true,
+        strategy: Review::SelfSubjectAccess),
+    row!("authorization.k8s.io", "v1", "localsubjectaccessreviews", "localsubjectaccessreview",
+        "LocalSubjectAccessReview", authz::LocalSubjectAccessReview, namespaced: true,
+        create_only: true, strategy: Review::LocalSubjectAccess),
+    row!("authentication.k8s.io", "v1", "selfsubjectreviews", "selfsubjectreview",
+        "SelfSubjectReview", authn::SelfSubjectReview, namespaced: false, create_only: true,
+        strategy: Review::SelfSubject),
     row!("rbac.authorization.k8s.io", "v1", "clusterrolebindings", "clusterrolebinding",
-        "ClusterRoleBinding", rbac::ClusterRoleBinding, namespaced: false),
+        "ClusterRoleBinding", rbac::ClusterRoleBinding, namespaced: false,
+        strategy: Rbac::ClusterRoleBinding, print: ROLE_BINDINGS),
     row!("rbac.authorization.k8s.io", "v1", "clusterroles", "clusterrole", "ClusterRole",
-        rbac::ClusterRole, namespaced: false),
+        rbac::ClusterRole, namespaced: false,
+        strategy: Rbac::ClusterRole, print: ROLES),
     row!("rbac.authorization.k8s.io", "v1", "rolebindings", "rolebinding", "RoleBinding",
-        rbac::RoleBinding, namespaced: true),
+        rbac::RoleBinding, namespaced: true,
+        strategy: Rbac::RoleBinding, print: ROLE_BINDINGS),
     row!("rbac.authorization.k8s.io", "v1", "roles", "role", "Role", rbac::Role,
-        namespaced: true),
+        namespaced: true,
+        strategy: Rbac::Role, print: ROLES),
     // Kinds the simulator stores, watches and lists with no behaviour of their own, so an
     // ordinary application applies in the sandbox: nothing here acts on them (no ingress
     // controller, network policy, autoscaler, replication manager or CSI), which
     // docs/sim.md says.
     row!("", "v1", "replicationcontrollers", "replicationcontroller", "ReplicationController",
         core::ReplicationController, namespaced: true, short: ["rc"], categories: ["all"],
-        sub: [STATUS]),
+        sub: [STATUS], print: REPLICATION_CONTROLLERS),
     row!("", "v1", "podtemplates", "podtemplate", "PodTemplate", core::PodTemplate,
-        namespaced: true),
+        namespaced: true, print: POD_TEMPLATES),
     row!("networking.k8s.io", "v1", "ingresses", "ingress", "Ingress", networking::Ingress,
-        namespaced: true, short: ["ing"], sub: [STATUS]),
+        namespaced: true, short: ["ing"], sub: [STATUS], print: INGRESSES),
     row!("networking.k8s.io", "v1", "ingressclasses", "ingressclass", "IngressClass",
-        networking::IngressClass, namespaced: false),
+        networking::IngressClass, namespaced: false, print: INGRESS_CLASSES),
     row!("networking.k8s.io", "v1", "networkpolicies", "networkpolicy", "NetworkPolicy",
-        networking::NetworkPolicy, namespaced: true, short: ["netpol"]),
+        networking::NetworkPolicy, namespaced: true, short: ["netpol"], print: NETWORK_POLICIES),
     row!("autoscaling", "v2", "horizontalpodautoscalers", "horizontalpodautoscaler",
         "HorizontalPodAutoscaler", autoscaling::HorizontalPodAutoscaler, namespaced: true,
-        short: ["hpa"], categories: ["all"], sub: [STATUS]),
+        short: ["hpa"], categories: ["all"], sub: [STATUS], print: HORIZONTAL_POD_AUTOSCALERS),
     row!("storage.k8s.io", "v1", "csidrivers", "csidriver", "CSIDriver", storage::CSIDriver,
-        namespaced: false),
+        namespaced: false, print: CSI_DRIVERS),
     row!("storage.k8s.io", "v1", "csinodes", "csinode", "CSINode", storage::CSINode,
-        namespaced: false),
+        namespaced: false, print: CSI_NODES),
     row!("storage.k8s.io", "v1", "csistoragecapacities", "csistoragecapacity",
-        "CSIStorageCapacity", storage::CSIStorageCapacity, namespaced: true),
+        "CSIStorageCapacity", storage::CSIStorageCapacity, namespaced: true, print: CSI_STORAGE_CAPACITIES),
+    row!("storage.k8s.io", "v1", "volumeattributesclasses", "volumeattributesclass",
+        "VolumeAttributesClass", storage_v1beta1::VolumeAttributesClass, namespaced: false,
+        short: ["vac"], decode: promoted, print: VOLUME_ATTRIBUTES_CLASSES),
     row!("storage.k8s.io", "v1", "volumeattachments", "volumeattachment", "VolumeAttachment",
-        storage::VolumeAttachment, namespaced: false, sub: [STATUS]),
+        storage::VolumeAttachment, namespaced: false, sub: [STATUS], print: VOLUME_ATTACHMENTS),
+    row!("flowcontrol.apiserver.k8s.io", "v1", "flowschemas", "flowschema", "FlowSchema",
+        flowcontrol::FlowSchema, namespaced: false, sub: [STATUS], strategy: Generational,
+        print: FLOW_SCHEMAS),
+    row!("flowcontrol.apiserver.k8s.io", "v1", "prioritylevelconfigurations",
+        "prioritylevelconfiguration", "PriorityLevelConfiguration",
+        flowcontrol::PriorityLevelConfiguration, namespaced: false, sub: [STATUS],
+        strategy: Generational, print: PRIORITY_LEVEL_CONFIGURATIONS),
     row!("node.k8s.io", "v1", "runtimeclasses", "runtimeclass", "RuntimeClass",
-        node::RuntimeClass, namespaced: false),
+        node::RuntimeClass, namespaced: false, print: RUNTIME_CLASSES),
     ResourceType {
         group: "metrics.k8s.io",
         version: "v1beta1",
@@ -257,6 +346,8 @@ pub static RESOURCES: &[ResourceType] = &[
         create_only: false,
         read_only: true,
         normalize: untyped,
+        strategy: &Plain,
+        print: &print::DEFAULT,
     },
     ResourceType {
         group: "metrics.k8s.io",
@@ -272,6 +363,8 @@ pub static RESOURCES: &[ResourceType] = &[
         create_only: false,
         read_only: true,
         normalize: untyped,
+        strategy: &Plain,
+        print: &print::DEFAULT,
     },
 ];
 
@@ -382,5 +475,16 @@ mod tests {
         assert!(ok.get("bogus").is_none());
         let err = (pods.normalize)(json!({"spec": {"containers": "nope"}})).unwrap_err();
         assert!(err.contains("invalid type"), "{err}");
+    }
+
+    #[test]
+    fn a_kind_newer_than_its_type_keeps_its_served_version() {
+        let id = find("storage.k8s.io", "v1", "volumeattributesclasses").unwrap();
+        let vac = (get(id).normalize)(json!({"apiVersion": "storage.k8s.io/v1",
+            "kind": "VolumeAttributesClass", "metadata": {"name": "gold"},
+            "driverName": "csi.example.com", "parameters": {"iops": "3000"}}))
+        .unwrap();
+        assert_eq!(vac["apiVersion"], "storage.k8s.io/v1");
+        assert_eq!(vac["parameters"]["iops"], "3000");
     }
 }

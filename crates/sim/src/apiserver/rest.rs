@@ -23,7 +23,7 @@ use super::{State, UserInfo, table, watch};
 
 /// Query parameters of a request.
 #[derive(Debug, Default)]
-pub(super) struct Query(Vec<(String, String)>);
+pub(crate) struct Query(Vec<(String, String)>);
 
 impl Query {
     pub(super) fn parse(query: Option<&str>) -> Self {
@@ -118,7 +118,8 @@ pub(super) async fn dispatch(
         }
         (&Method::POST, None, None) => match read_object(&state, req).await {
             Ok(body) if rt.create_only => {
-                strategy::create_only(&state, rt, r.namespace.as_deref(), body, &user).await
+                rt.strategy
+                    .create(&state, r.namespace.as_deref(), body, &user)
             }
             Ok(body) => create(&state, &r, body, &q, &user).await.map(|e| (201, e)),
             Err(e) => Err(e),
@@ -181,7 +182,7 @@ pub(super) async fn dispatch(
             return super::scale::serve(&state, req, &r, n, &q).await;
         }
         (_, Some(n), Some(s)) => {
-            return strategy::subresource(state, req, &r, n, s, &q, &user).await;
+            return strategy::subresource(state, req, &r, n, s, &q).await;
         }
         _ => Err(ApiError::method_not_allowed(format!(
             "the server does not allow this method on the requested resource ({method} {})",
@@ -519,10 +520,10 @@ async fn create_as(
     if let Some((manager, config)) = &applied {
         super::apply::record(&mut obj, manager, config, &meta::now());
     }
-    strategy::prepare_create(state, rt, &mut obj, user)?;
-    let mut obj = strategy::admit(state, rt, obj, None, user).await?;
-    strategy::validate(state, rt, &obj, None)?;
-    if strategy::has_generation(rt) {
+    strategy::prepare_create(state, rt, &mut obj)?;
+    let mut obj = super::admission::mutate(state, rt, obj, None, user).await?;
+    strategy::validate(rt, &obj, None)?;
+    if rt.strategy.tracks_generation() {
         meta_mut(&mut obj).insert("generation".into(), json!(1));
     }
     if q.dry_run() {
@@ -533,7 +534,7 @@ async fn create_as(
         StoreError::AlreadyExists => ApiError::already_exists(rt.group, rt.plural, &name),
         other => ApiError::internal(other.to_string()),
     })?;
-    strategy::after_create(state, r.res, &entry);
+    rt.strategy.after_create(state, &entry.object);
     Ok(entry_value(&entry))
 }
 
@@ -562,9 +563,7 @@ async fn update(
             v.parse::<u64>()
                 .map_err(|_| ApiError::bad_request(format!("invalid resourceVersion {v:?}")))?,
         ),
-        // Leases' strategy refuses an update without a resourceVersion (the real server's
-        // AllowUnconditionalUpdate is false for them): a lease is only taken knowingly.
-        None if rt.group == "coordination.k8s.io" && rt.plural == "leases" => {
+        None if !rt.strategy.unconditional_update() => {
             return Err(ApiError::invalid(
                 rt.group,
                 rt.plural,
@@ -614,11 +613,11 @@ async fn write_loop(
         let mut new = compute(&current.object)?;
         strategy::prepare_update(rt, &mut new, &current.object, sub);
         let new = if sub == Subresource::Main {
-            strategy::admit(state, rt, new, Some(&current.object), user).await?
+            super::admission::mutate(state, rt, new, Some(&current.object), user).await?
         } else {
             new
         };
-        strategy::validate_update(state, rt, &new, &current.object, sub)?;
+        strategy::validate_update(rt, &new, &current.object, sub)?;
         if same_object(&new, &current.object) {
             return Ok(entry_value(&current));
         }
@@ -631,10 +630,7 @@ async fn write_loop(
             state.store.replace(r.res, k.clone(), new, Some(current.rv))
         };
         match written {
-            Ok(entry) => {
-                strategy::after_update(state, r.res, &entry);
-                return Ok(entry_value(&entry));
-            }
+            Ok(entry) => return Ok(entry_value(&entry)),
             Err(e) => match write_error(rt, name, e, precondition.is_some()) {
                 Some(err) => return Err(err),
                 None => continue,
@@ -771,7 +767,7 @@ async fn patch(
 
 /// DeleteOptions from the body or the query.
 #[derive(Debug, Default)]
-pub(super) struct DeleteOptions {
+pub(crate) struct DeleteOptions {
     pub grace_period_seconds: Option<i64>,
     pub propagation: Option<String>,
     pub uid: Option<String>,
@@ -893,7 +889,7 @@ fn delete_or_mark(
                 ),
             ));
         }
-        let plan = strategy::deletion(rt, &current.object, opts);
+        let plan = rt.strategy.deletion(&current.object, opts);
         if opts.dry_run {
             return Ok((plan.unwrap_or_else(|| entry_value(&current)), false));
         }
@@ -905,7 +901,7 @@ fn delete_or_mark(
             Some(marked) => state
                 .store
                 .replace(res, k.clone(), marked, Some(current.rv)),
-            None => match strategy::graceless_pod_mark(rt, &current.object) {
+            None => match rt.strategy.last_mark(&current.object) {
                 Some(marked) => state
                     .store
                     .replace(res, k.clone(), marked, Some(current.rv))
@@ -914,10 +910,7 @@ fn delete_or_mark(
             },
         };
         match written {
-            Ok(entry) => {
-                strategy::after_delete(state, res, &entry);
-                return Ok((entry_value(&entry), removed));
-            }
+            Ok(entry) => return Ok((entry_value(&entry), removed)),
             Err(StoreError::Conflict) => continue,
             Err(StoreError::NotFound) => {
                 return Err(ApiError::not_found(rt.group, rt.plural, &k.name));

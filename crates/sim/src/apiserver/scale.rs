@@ -200,7 +200,7 @@ fn update(
         let mut new = (*current.object).clone();
         new["spec"]["replicas"] = json!(replicas);
         strategy::prepare_update(rt, &mut new, &current.object, Subresource::Main);
-        strategy::validate(state, rt, &new, Some(&current.object))?;
+        strategy::validate(rt, &new, Some(&current.object))?;
         if new == *current.object {
             // Nothing changes: no write, no new resourceVersion (as for any no-op update).
             return scale_of(&current.object);
@@ -209,10 +209,7 @@ fn update(
             return scale_of(&new);
         }
         match state.store.replace(r.res, k.clone(), new, Some(current.rv)) {
-            Ok(entry) => {
-                strategy::after_update(state, r.res, &entry);
-                return scale_of(&entry.object);
-            }
+            Ok(entry) => return scale_of(&entry.object),
             Err(e) => match rest::write_error(rt, name, e, precondition.is_some()) {
                 Some(err) => return Err(err),
                 None => continue,

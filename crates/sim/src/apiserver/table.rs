@@ -20,6 +20,7 @@ pub fn wants_table(accept: Option<&str>) -> bool {
     })
 }
 
+#[derive(Debug)]
 struct Column {
     name: &'static str,
     kind: &'static str,
@@ -47,431 +48,289 @@ const fn name_col(name: &'static str) -> Column {
     }
 }
 
-fn columns(rt: &ResourceType) -> Vec<Column> {
-    let mut cols = vec![name_col("Name")];
-    cols.extend(match (rt.group, rt.plural) {
-        ("", "pods") => vec![
-            col("Ready", "string", 0),
-            col("Status", "string", 0),
-            col("Restarts", "string", 0),
-            col("Age", "string", 0),
-            col("IP", "string", 1),
-            col("Node", "string", 1),
-            col("Nominated Node", "string", 1),
-            col("Readiness Gates", "string", 1),
-        ],
-        ("", "nodes") => vec![
-            col("Status", "string", 0),
-            col("Roles", "string", 0),
-            col("Age", "string", 0),
-            col("Version", "string", 0),
-            col("Internal-IP", "string", 1),
-            col("External-IP", "string", 1),
-            col("OS-Image", "string", 1),
-            col("Kernel-Version", "string", 1),
-            col("Container-Runtime", "string", 1),
-        ],
-        ("", "namespaces") => vec![col("Status", "string", 0), col("Age", "string", 0)],
-        ("", "services") => vec![
-            col("Type", "string", 0),
-            col("Cluster-IP", "string", 0),
-            col("External-IP", "string", 0),
-            col("Port(s)", "string", 0),
-            col("Age", "string", 0),
-            col("Selector", "string", 1),
-        ],
-        ("", "configmaps") => vec![col("Data", "string", 0), col("Age", "string", 0)],
-        ("", "secrets") => vec![
-            col("Type", "string", 0),
-            col("Data", "string", 0),
-            col("Age", "string", 0),
-        ],
-        ("", "endpoints") => vec![col("Endpoints", "string", 0), col("Age", "string", 0)],
-        ("", "persistentvolumeclaims") => vec![
-            col("Status", "string", 0),
-            col("Volume", "string", 0),
-            col("Capacity", "string", 0),
-            col("Access Modes", "string", 0),
-            col("StorageClass", "string", 0),
-            col("VolumeAttributesClass", "string", 0),
-            col("Age", "string", 0),
-            col("VolumeMode", "string", 1),
-        ],
-        ("apps", "deployments") => vec![
-            col("Ready", "string", 0),
-            col("Up-to-date", "string", 0),
-            col("Available", "string", 0),
-            col("Age", "string", 0),
-            col("Containers", "string", 1),
-            col("Images", "string", 1),
-            col("Selector", "string", 1),
-        ],
-        ("apps", "replicasets") => vec![
-            col("Desired", "integer", 0),
-            col("Current", "integer", 0),
-            col("Ready", "integer", 0),
-            col("Age", "string", 0),
-            col("Containers", "string", 1),
-            col("Images", "string", 1),
-            col("Selector", "string", 1),
-        ],
-        ("coordination.k8s.io", "leases") => {
-            vec![col("Holder", "string", 0), col("Age", "string", 0)]
-        }
-        ("rbac.authorization.k8s.io", "roles" | "clusterroles") => {
-            vec![col("Created At", "date", 0)]
-        }
-        ("rbac.authorization.k8s.io", "rolebindings" | "clusterrolebindings") => vec![
-            col("Role", "string", 0),
-            col("Age", "string", 0),
-            col("Users", "string", 1),
-            col("Groups", "string", 1),
-            col("ServiceAccounts", "string", 1),
-        ],
-        ("" | "events.k8s.io", "events") => {
-            return vec![
-                col("Last Seen", "string", 0),
-                col("Type", "string", 0),
-                col("Reason", "string", 0),
-                col("Object", "string", 0),
-                col("Subobject", "string", 1),
-                col("Source", "string", 1),
-                col("Message", "string", 0),
-                col("First Seen", "string", 1),
-                col("Count", "string", 1),
-                Column {
-                    priority: 1,
-                    ..name_col("Name")
-                },
-            ];
-        }
-        ("", "limitranges") => vec![col("Created At", "date", 0)],
-        ("", "persistentvolumes") => vec![
-            col("Capacity", "string", 0),
-            col("Access Modes", "string", 0),
-            col("Reclaim Policy", "string", 0),
-            col("Status", "string", 0),
-            col("Claim", "string", 0),
-            col("StorageClass", "string", 0),
-            col("VolumeAttributesClass", "string", 0),
-            col("Reason", "string", 0),
-            col("Age", "string", 0),
-            col("VolumeMode", "string", 1),
-        ],
-        ("", "resourcequotas") => vec![
-            col("Request", "string", 0),
-            col("Limit", "string", 0),
-            col("Age", "string", 0),
-        ],
-        ("", "serviceaccounts") => vec![col("Secrets", "string", 0), col("Age", "string", 0)],
-        (
-            "admissionregistration.k8s.io",
-            "mutatingwebhookconfigurations" | "validatingwebhookconfigurations",
-        ) => vec![col("Webhooks", "integer", 0), col("Age", "string", 0)],
-        ("apps", "daemonsets") => vec![
-            col("Desired", "integer", 0),
-            col("Current", "integer", 0),
-            col("Ready", "integer", 0),
-            col("Up-to-date", "integer", 0),
-            col("Available", "integer", 0),
-            col("Node Selector", "string", 0),
-            col("Age", "string", 0),
-            col("Containers", "string", 1),
-            col("Images", "string", 1),
-            col("Selector", "string", 1),
-        ],
-        ("apps", "statefulsets") => vec![
-            col("Ready", "string", 0),
-            col("Age", "string", 0),
-            col("Containers", "string", 1),
-            col("Images", "string", 1),
-        ],
-        ("apps", "controllerrevisions") => vec![
-            col("Controller", "string", 0),
-            col("Revision", "string", 0),
-            col("Age", "string", 0),
-        ],
-        ("batch", "cronjobs") => vec![
-            col("Schedule", "string", 0),
-            col("Timezone", "string", 0),
-            col("Suspend", "boolean", 0),
-            col("Active", "integer", 0),
-            col("Last Schedule", "string", 0),
-            col("Age", "string", 0),
-            col("Containers", "string", 1),
-            col("Images", "string", 1),
-            col("Selector", "string", 1),
-        ],
-        ("batch", "jobs") => vec![
-            col("Status", "string", 0),
-            col("Completions", "string", 0),
-            col("Duration", "string", 0),
-            col("Age", "string", 0),
-            col("Containers", "string", 1),
-            col("Images", "string", 1),
-            col("Selector", "string", 1),
-        ],
-        ("discovery.k8s.io", "endpointslices") => vec![
-            col("AddressType", "string", 0),
-            col("Ports", "string", 0),
-            col("Endpoints", "string", 0),
-            col("Age", "string", 0),
-        ],
-        ("policy", "poddisruptionbudgets") => vec![
-            col("Min Available", "string", 0),
-            col("Max Unavailable", "string", 0),
-            col("Allowed Disruptions", "integer", 0),
-            col("Age", "string", 0),
-        ],
-        ("scheduling.k8s.io", "priorityclasses") => vec![
-            col("Value", "integer", 0),
-            col("Global-Default", "boolean", 0),
-            col("Age", "string", 0),
-            col("PreemptionPolicy", "string", 0),
-        ],
-        ("storage.k8s.io", "storageclasses") => vec![
-            col("Provisioner", "string", 0),
-            col("ReclaimPolicy", "string", 0),
-            col("VolumeBindingMode", "string", 0),
-            col("AllowVolumeExpansion", "string", 0),
-            col("Age", "string", 0),
-        ],
-        ("networking.k8s.io", "ingresses") => vec![
-            col("Class", "string", 0),
-            col("Hosts", "string", 0),
-            col("Address", "string", 0),
-            col("Ports", "string", 0),
-            col("Age", "string", 0),
-        ],
-        ("networking.k8s.io", "ingressclasses") => vec![
-            col("Controller", "string", 0),
-            col("Parameters", "string", 0),
-            col("Age", "string", 0),
-        ],
-        ("networking.k8s.io", "networkpolicies") => {
-            vec![col("Pod-Selector", "string", 0), col("Age", "string", 0)]
-        }
-        ("autoscaling", "horizontalpodautoscalers") => vec![
-            col("Reference", "string", 0),
-            col("Targets", "string", 0),
-            col("MinPods", "string", 0),
-            col("MaxPods", "string", 0),
-            col("Replicas", "string", 0),
-            col("Age", "string", 0),
-        ],
-        ("", "replicationcontrollers") => vec![
-            col("Desired", "integer", 0),
-            col("Current", "integer", 0),
-            col("Ready", "integer", 0),
-            col("Age", "string", 0),
-            col("Containers", "string", 1),
-            col("Images", "string", 1),
-            col("Selector", "string", 1),
-        ],
-        ("", "podtemplates") => vec![
-            col("Containers", "string", 0),
-            col("Images", "string", 0),
-            col("Pod Labels", "string", 0),
-        ],
-        ("storage.k8s.io", "csidrivers") => vec![
-            col("AttachRequired", "boolean", 0),
-            col("PodInfoOnMount", "boolean", 0),
-            col("StorageCapacity", "boolean", 0),
-            col("TokenRequests", "string", 0),
-            col("RequiresRepublish", "boolean", 0),
-            col("Modes", "string", 0),
-            col("Age", "string", 0),
-        ],
-        ("storage.k8s.io", "csinodes") => {
-            vec![col("Drivers", "integer", 0), col("Age", "string", 0)]
-        }
-        // The real server has no printer for it: the default columns.
-        ("storage.k8s.io", "csistoragecapacities") => vec![col("Created At", "date", 0)],
-        ("storage.k8s.io", "volumeattachments") => vec![
-            name_col("Attacher"),
-            col("PV", "string", 0),
-            col("Node", "string", 0),
-            col("Attached", "boolean", 0),
-            col("Age", "string", 0),
-        ],
-        ("node.k8s.io", "runtimeclasses") => {
-            vec![col("Handler", "string", 0), col("Age", "string", 0)]
-        }
-        _ => vec![col("Age", "string", 0)],
-    });
-    cols
+/// How a kind prints as a Table (the real server's printer of the kind): its columns and the
+/// cells of one object, named by the kind's row in `resources::RESOURCES`.
+#[derive(Debug)]
+pub(crate) struct Printer {
+    columns: &'static [Column],
+    /// Pushes the cells of `obj` (its age and now given) onto the row.
+    cells: fn(&Value, String, Timestamp, &mut Vec<Value>),
+    /// Whether a Name column comes first (every kind but events).
+    name_first: bool,
 }
 
-fn s(v: Option<&Value>) -> String {
-    v.and_then(Value::as_str).unwrap_or_default().to_owned()
+/// A printer whose first column is the name.
+const fn named(
+    columns: &'static [Column],
+    cells: fn(&Value, String, Timestamp, &mut Vec<Value>),
+) -> Printer {
+    Printer {
+        columns,
+        cells,
+        name_first: true,
+    }
 }
 
-fn or_none(v: String) -> String {
-    if v.is_empty() { "<none>".to_owned() } else { v }
+impl Printer {
+    fn columns(&self) -> Vec<&Column> {
+        let name = self.name_first.then_some(&NAME);
+        name.into_iter().chain(self.columns).collect()
+    }
+
+    fn cells(&self, obj: &Value, now: Timestamp) -> Vec<Value> {
+        let age = meta::meta_str(obj, "creationTimestamp")
+            .and_then(meta::parse_time)
+            .map(|t| human_duration(now, t))
+            .unwrap_or_else(|| "<unknown>".into());
+        let mut c = Vec::new();
+        if self.name_first {
+            c.push(json!(meta::name(obj).unwrap_or_default()));
+        }
+        (self.cells)(obj, age, now, &mut c);
+        c
+    }
 }
 
-fn cells(rt: &ResourceType, obj: &Value, now: Timestamp) -> Vec<Value> {
-    let name = meta::name(obj).unwrap_or_default().to_owned();
-    let age = meta::meta_str(obj, "creationTimestamp")
-        .and_then(meta::parse_time)
-        .map(|t| human_duration(now, t))
-        .unwrap_or_else(|| "<unknown>".into());
-    let arr = |p: &str| {
-        obj.pointer(p)
-            .and_then(Value::as_array)
+const NAME: Column = name_col("Name");
+
+fn arr(obj: &Value, p: &str) -> Vec<Value> {
+    obj.pointer(p)
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default()
+}
+
+fn count(obj: &Value, p: &str) -> usize {
+    obj.pointer(p)
+        .and_then(Value::as_object)
+        .map_or(0, serde_json::Map::len)
+}
+
+fn int(obj: &Value, p: &str) -> i64 {
+    obj.pointer(p).and_then(Value::as_i64).unwrap_or(0)
+}
+
+pub(crate) static PODS: Printer = named(
+    &[
+        col("Ready", "string", 0),
+        col("Status", "string", 0),
+        col("Restarts", "string", 0),
+        col("Age", "string", 0),
+        col("IP", "string", 1),
+        col("Node", "string", 1),
+        col("Nominated Node", "string", 1),
+        col("Readiness Gates", "string", 1),
+    ],
+    |obj, age, now, c| {
+        let statuses = arr(obj, "/status/containerStatuses");
+        let total = arr(obj, "/spec/containers").len();
+        let ready = statuses
+            .iter()
+            .filter(|s| s.get("ready").and_then(Value::as_bool) == Some(true))
+            .count();
+        // Restarts of every container, with when the latest ended (`1 (5s ago)`).
+        let all = statuses
+            .iter()
+            .chain(arr(obj, "/status/initContainerStatuses").iter())
             .cloned()
-            .unwrap_or_default()
-    };
-    let count = |p: &str| {
-        obj.pointer(p)
-            .and_then(Value::as_object)
-            .map_or(0, serde_json::Map::len)
-    };
-    let int = |p: &str| obj.pointer(p).and_then(Value::as_i64).unwrap_or(0);
-    let mut c = vec![json!(name)];
-    match (rt.group, rt.plural) {
-        ("", "pods") => {
-            let statuses = arr("/status/containerStatuses");
-            let total = arr("/spec/containers").len();
-            let ready = statuses
-                .iter()
-                .filter(|s| s.get("ready").and_then(Value::as_bool) == Some(true))
-                .count();
-            // Restarts of every container, with when the latest ended (`1 (5s ago)`).
-            let all = statuses
-                .iter()
-                .chain(arr("/status/initContainerStatuses").iter())
-                .cloned()
-                .collect::<Vec<_>>();
-            let restarts: i64 = all
-                .iter()
-                .filter_map(|s| s.get("restartCount").and_then(Value::as_i64))
-                .sum();
-            let last_restart = all
-                .iter()
-                .filter_map(|s| s.pointer("/lastState/terminated/finishedAt"))
-                .filter_map(Value::as_str)
-                .filter_map(meta::parse_time)
-                .max();
-            let restarts = match last_restart {
-                Some(at) if restarts != 0 => {
-                    format!("{restarts} ({} ago)", human_duration(now, at))
-                }
-                _ => restarts.to_string(),
-            };
-            c.extend([
-                json!(format!("{ready}/{total}")),
-                json!(pod_status(obj)),
-                json!(restarts),
-                json!(age),
-                json!(or_none(s(obj.pointer("/status/podIP")))),
-                json!(or_none(s(obj.pointer("/spec/nodeName")))),
-                json!(or_none(s(obj.pointer("/status/nominatedNodeName")))),
-                json!("<none>"),
-            ]);
-        }
-        ("", "nodes") => {
-            let ready = arr("/status/conditions")
-                .iter()
-                .find(|c| c.get("type").and_then(Value::as_str) == Some("Ready"))
-                .map(|c| s(c.get("status")));
-            let mut status = match ready.as_deref() {
-                Some("True") => "Ready".to_owned(),
-                _ => "NotReady".to_owned(),
-            };
-            if obj.pointer("/spec/unschedulable").and_then(Value::as_bool) == Some(true) {
-                status.push_str(",SchedulingDisabled");
+            .collect::<Vec<_>>();
+        let restarts: i64 = all
+            .iter()
+            .filter_map(|s| s.get("restartCount").and_then(Value::as_i64))
+            .sum();
+        let last_restart = all
+            .iter()
+            .filter_map(|s| s.pointer("/lastState/terminated/finishedAt"))
+            .filter_map(Value::as_str)
+            .filter_map(meta::parse_time)
+            .max();
+        let restarts = match last_restart {
+            Some(at) if restarts != 0 => {
+                format!("{restarts} ({} ago)", human_duration(now, at))
             }
-            let roles: Vec<String> = meta::labels(obj)
-                .into_iter()
-                .filter_map(|(k, v)| {
-                    k.strip_prefix("node-role.kubernetes.io/")
-                        .map(str::to_owned)
-                        .or_else(|| (k == "kubernetes.io/role").then_some(v))
-                })
-                .collect();
-            let addr = |t: &str| {
-                arr("/status/addresses")
-                    .iter()
-                    .find(|a| a.get("type").and_then(Value::as_str) == Some(t))
-                    .map(|a| s(a.get("address")))
-                    .unwrap_or_default()
-            };
-            c.extend([
-                json!(status),
-                json!(or_none(roles.join(","))),
-                json!(age),
-                json!(s(obj.pointer("/status/nodeInfo/kubeletVersion"))),
-                json!(or_none(addr("InternalIP"))),
-                json!(or_none(addr("ExternalIP"))),
-                json!(or_none(s(obj.pointer("/status/nodeInfo/osImage")))),
-                json!(or_none(s(obj.pointer("/status/nodeInfo/kernelVersion")))),
-                json!(or_none(s(
-                    obj.pointer("/status/nodeInfo/containerRuntimeVersion")
-                ))),
-            ]);
-        }
-        ("", "namespaces") => c.extend([json!(s(obj.pointer("/status/phase"))), json!(age)]),
-        ("", "services") => {
-            let ports: Vec<String> = arr("/spec/ports")
-                .iter()
-                .map(|p| {
-                    let port = p.get("port").and_then(Value::as_i64).unwrap_or(0);
-                    let proto = s(p.get("protocol"));
-                    match p.get("nodePort").and_then(Value::as_i64) {
-                        Some(n) => format!("{port}:{n}/{proto}"),
-                        None => format!("{port}/{proto}"),
-                    }
-                })
-                .collect();
-            let selector: Vec<String> = meta::string_map(obj.pointer("/spec/selector"))
-                .into_iter()
-                .map(|(k, v)| format!("{k}={v}"))
-                .collect();
-            let external = match s(obj.pointer("/spec/type")).as_str() {
-                "LoadBalancer" => "<pending>".to_owned(),
-                _ => "<none>".to_owned(),
-            };
-            c.extend([
-                json!(s(obj.pointer("/spec/type"))),
-                json!(s(obj.pointer("/spec/clusterIP"))),
-                json!(external),
-                json!(or_none(ports.join(","))),
-                json!(age),
-                json!(or_none(selector.join(","))),
-            ]);
-        }
-        ("", "configmaps") => c.extend([json!(count("/data") + count("/binaryData")), json!(age)]),
-        ("", "secrets") => c.extend([
-            json!(s(obj.pointer("/type"))),
-            json!(count("/data")),
+            _ => restarts.to_string(),
+        };
+        c.extend([
+            json!(format!("{ready}/{total}")),
+            json!(pod_status(obj)),
+            json!(restarts),
             json!(age),
-        ]),
-        ("", "endpoints") => {
-            let eps: Vec<String> = arr("/subsets")
-                .iter()
-                .flat_map(|sub| {
-                    let ports: Vec<i64> = sub
-                        .get("ports")
-                        .and_then(Value::as_array)
-                        .into_iter()
-                        .flatten()
-                        .filter_map(|p| p.get("port").and_then(Value::as_i64))
-                        .collect();
-                    sub.get("addresses")
-                        .and_then(Value::as_array)
-                        .cloned()
-                        .unwrap_or_default()
-                        .into_iter()
-                        .flat_map(move |a| {
-                            let ip = s(a.get("ip"));
-                            ports.clone().into_iter().map(move |p| format!("{ip}:{p}"))
-                        })
-                })
-                .collect();
-            c.extend([json!(or_none(eps.join(","))), json!(age)]);
+            json!(or_none(s(obj.pointer("/status/podIP")))),
+            json!(or_none(s(obj.pointer("/spec/nodeName")))),
+            json!(or_none(s(obj.pointer("/status/nominatedNodeName")))),
+            json!("<none>"),
+        ]);
+    },
+);
+
+pub(crate) static NODES: Printer = named(
+    &[
+        col("Status", "string", 0),
+        col("Roles", "string", 0),
+        col("Age", "string", 0),
+        col("Version", "string", 0),
+        col("Internal-IP", "string", 1),
+        col("External-IP", "string", 1),
+        col("OS-Image", "string", 1),
+        col("Kernel-Version", "string", 1),
+        col("Container-Runtime", "string", 1),
+    ],
+    |obj, age, _now, c| {
+        let ready = arr(obj, "/status/conditions")
+            .iter()
+            .find(|c| c.get("type").and_then(Value::as_str) == Some("Ready"))
+            .map(|c| s(c.get("status")));
+        let mut status = match ready.as_deref() {
+            Some("True") => "Ready".to_owned(),
+            _ => "NotReady".to_owned(),
+        };
+        if obj.pointer("/spec/unschedulable").and_then(Value::as_bool) == Some(true) {
+            status.push_str(",SchedulingDisabled");
         }
-        ("", "persistentvolumeclaims") => c.extend([
+        let roles: Vec<String> = meta::labels(obj)
+            .into_iter()
+            .filter_map(|(k, v)| {
+                k.strip_prefix("node-role.kubernetes.io/")
+                    .map(str::to_owned)
+                    .or_else(|| (k == "kubernetes.io/role").then_some(v))
+            })
+            .collect();
+        let addr = |t: &str| {
+            arr(obj, "/status/addresses")
+                .iter()
+                .find(|a| a.get("type").and_then(Value::as_str) == Some(t))
+                .map(|a| s(a.get("address")))
+                .unwrap_or_default()
+        };
+        c.extend([
+            json!(status),
+            json!(or_none(roles.join(","))),
+            json!(age),
+            json!(s(obj.pointer("/status/nodeInfo/kubeletVersion"))),
+            json!(or_none(addr("InternalIP"))),
+            json!(or_none(addr("ExternalIP"))),
+            json!(or_none(s(obj.pointer("/status/nodeInfo/osImage")))),
+            json!(or_none(s(obj.pointer("/status/nodeInfo/kernelVersion")))),
+            json!(or_none(s(
+                obj.pointer("/status/nodeInfo/containerRuntimeVersion")
+            ))),
+        ]);
+    },
+);
+
+pub(crate) static NAMESPACES: Printer = named(
+    &[col("Status", "string", 0), col("Age", "string", 0)],
+    |obj, age, _now, c| {
+        c.extend([json!(s(obj.pointer("/status/phase"))), json!(age)]);
+    },
+);
+
+pub(crate) static SERVICES: Printer = named(
+    &[
+        col("Type", "string", 0),
+        col("Cluster-IP", "string", 0),
+        col("External-IP", "string", 0),
+        col("Port(s)", "string", 0),
+        col("Age", "string", 0),
+        col("Selector", "string", 1),
+    ],
+    |obj, age, _now, c| {
+        let ports: Vec<String> = arr(obj, "/spec/ports")
+            .iter()
+            .map(|p| {
+                let port = p.get("port").and_then(Value::as_i64).unwrap_or(0);
+                let proto = s(p.get("protocol"));
+                match p.get("nodePort").and_then(Value::as_i64) {
+                    Some(n) => format!("{port}:{n}/{proto}"),
+                    None => format!("{port}/{proto}"),
+                }
+            })
+            .collect();
+        let selector: Vec<String> = meta::string_map(obj.pointer("/spec/selector"))
+            .into_iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect();
+        let external = match s(obj.pointer("/spec/type")).as_str() {
+            "LoadBalancer" => "<pending>".to_owned(),
+            _ => "<none>".to_owned(),
+        };
+        c.extend([
+            json!(s(obj.pointer("/spec/type"))),
+            json!(s(obj.pointer("/spec/clusterIP"))),
+            json!(external),
+            json!(or_none(ports.join(","))),
+            json!(age),
+            json!(or_none(selector.join(","))),
+        ]);
+    },
+);
+
+pub(crate) static CONFIG_MAPS: Printer = named(
+    &[col("Data", "string", 0), col("Age", "string", 0)],
+    |obj, age, _now, c| {
+        c.extend([
+            json!(count(obj, "/data") + count(obj, "/binaryData")),
+            json!(age),
+        ]);
+    },
+);
+
+pub(crate) static SECRETS: Printer = named(
+    &[
+        col("Type", "string", 0),
+        col("Data", "string", 0),
+        col("Age", "string", 0),
+    ],
+    |obj, age, _now, c| {
+        c.extend([
+            json!(s(obj.pointer("/type"))),
+            json!(count(obj, "/data")),
+            json!(age),
+        ]);
+    },
+);
+
+pub(crate) static ENDPOINTS: Printer = named(
+    &[col("Endpoints", "string", 0), col("Age", "string", 0)],
+    |obj, age, _now, c| {
+        let eps: Vec<String> = arr(obj, "/subsets")
+            .iter()
+            .flat_map(|sub| {
+                let ports: Vec<i64> = sub
+                    .get("ports")
+                    .and_then(Value::as_array)
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|p| p.get("port").and_then(Value::as_i64))
+                    .collect();
+                sub.get("addresses")
+                    .and_then(Value::as_array)
+                    .cloned()
+                    .unwrap_or_default()
+                    .into_iter()
+                    .flat_map(move |a| {
+                        let ip = s(a.get("ip"));
+                        ports.clone().into_iter().map(move |p| format!("{ip}:{p}"))
+                    })
+            })
+            .collect();
+        c.extend([json!(or_none(eps.join(","))), json!(age)]);
+    },
+);
+
+pub(crate) static PERSISTENT_VOLUME_CLAIMS: Printer = named(
+    &[
+        col("Status", "string", 0),
+        col("Volume", "string", 0),
+        col("Capacity", "string", 0),
+        col("Access Modes", "string", 0),
+        col("StorageClass", "string", 0),
+        col("VolumeAttributesClass", "string", 0),
+        col("Age", "string", 0),
+        col("VolumeMode", "string", 1),
+    ],
+    |obj, age, _now, c| {
+        c.extend([
             json!(s(obj.pointer("/status/phase"))),
             json!(s(obj.pointer("/spec/volumeName"))),
             json!(s(obj.pointer("/status/capacity/storage"))),
@@ -480,221 +339,414 @@ fn cells(rt: &ResourceType, obj: &Value, now: Timestamp) -> Vec<Value> {
             json!(or_unset(s(obj.pointer("/spec/volumeAttributesClassName")))),
             json!(age),
             json!(s(obj.pointer("/spec/volumeMode"))),
-        ]),
-        ("apps", "deployments") => {
-            let containers = arr("/spec/template/spec/containers");
-            let names: Vec<String> = containers.iter().map(|c| s(c.get("name"))).collect();
-            let images: Vec<String> = containers.iter().map(|c| s(c.get("image"))).collect();
-            let selector: Vec<String> = meta::string_map(obj.pointer("/spec/selector/matchLabels"))
-                .into_iter()
-                .map(|(k, v)| format!("{k}={v}"))
+        ]);
+    },
+);
+
+pub(crate) static DEPLOYMENTS: Printer = named(
+    &[
+        col("Ready", "string", 0),
+        col("Up-to-date", "string", 0),
+        col("Available", "string", 0),
+        col("Age", "string", 0),
+        col("Containers", "string", 1),
+        col("Images", "string", 1),
+        col("Selector", "string", 1),
+    ],
+    |obj, age, _now, c| {
+        let containers = arr(obj, "/spec/template/spec/containers");
+        let names: Vec<String> = containers.iter().map(|c| s(c.get("name"))).collect();
+        let images: Vec<String> = containers.iter().map(|c| s(c.get("image"))).collect();
+        let selector: Vec<String> = meta::string_map(obj.pointer("/spec/selector/matchLabels"))
+            .into_iter()
+            .map(|(k, v)| format!("{k}={v}"))
+            .collect();
+        c.extend([
+            json!(format!(
+                "{}/{}",
+                int(obj, "/status/readyReplicas"),
+                int(obj, "/spec/replicas")
+            )),
+            json!(int(obj, "/status/updatedReplicas")),
+            json!(int(obj, "/status/availableReplicas")),
+            json!(age),
+            json!(names.join(",")),
+            json!(images.join(",")),
+            json!(selector.join(",")),
+        ]);
+    },
+);
+
+pub(crate) static REPLICA_SETS: Printer = named(
+    &[
+        col("Desired", "integer", 0),
+        col("Current", "integer", 0),
+        col("Ready", "integer", 0),
+        col("Age", "string", 0),
+        col("Containers", "string", 1),
+        col("Images", "string", 1),
+        col("Selector", "string", 1),
+    ],
+    |obj, age, _now, c| {
+        c.extend([
+            json!(int(obj, "/spec/replicas")),
+            json!(int(obj, "/status/replicas")),
+            json!(int(obj, "/status/readyReplicas")),
+            json!(age),
+        ]);
+        c.extend(template_cells(obj, true));
+    },
+);
+
+pub(crate) static LEASES: Printer = named(
+    &[col("Holder", "string", 0), col("Age", "string", 0)],
+    |obj, age, _now, c| c.extend([json!(s(obj.pointer("/spec/holderIdentity"))), json!(age)]),
+);
+
+pub(crate) static ROLES: Printer = named(&[col("Created At", "date", 0)], |obj, _age, _now, c| {
+    c.push(json!(s(obj.pointer("/metadata/creationTimestamp"))));
+});
+
+pub(crate) static ROLE_BINDINGS: Printer = named(
+    &[
+        col("Role", "string", 0),
+        col("Age", "string", 0),
+        col("Users", "string", 1),
+        col("Groups", "string", 1),
+        col("ServiceAccounts", "string", 1),
+    ],
+    |obj, age, _now, c| {
+        let subjects = arr(obj, "/subjects");
+        let of_kind = |kind: &str| {
+            let names: Vec<String> = subjects
+                .iter()
+                .filter(|x| x.get("kind").and_then(Value::as_str) == Some(kind))
+                .map(|x| {
+                    let name = s(x.get("name"));
+                    if kind == "ServiceAccount" {
+                        format!("{}/{name}", s(x.get("namespace")))
+                    } else {
+                        name
+                    }
+                })
                 .collect();
-            c.extend([
-                json!(format!(
-                    "{}/{}",
-                    int("/status/readyReplicas"),
-                    int("/spec/replicas")
-                )),
-                json!(int("/status/updatedReplicas")),
-                json!(int("/status/availableReplicas")),
-                json!(age),
-                json!(names.join(",")),
-                json!(images.join(",")),
-                json!(selector.join(",")),
-            ]);
-        }
-        ("apps", "replicasets") => {
-            c.extend([
-                json!(int("/spec/replicas")),
-                json!(int("/status/replicas")),
-                json!(int("/status/readyReplicas")),
-                json!(age),
-            ]);
-            c.extend(template_cells(obj, true));
-        }
-        ("apps", "daemonsets") => {
-            c.extend([
-                json!(int("/status/desiredNumberScheduled")),
-                json!(int("/status/currentNumberScheduled")),
-                json!(int("/status/numberReady")),
-                json!(int("/status/updatedNumberScheduled")),
-                json!(int("/status/numberAvailable")),
-                json!(or_none(pairs(
-                    obj.pointer("/spec/template/spec/nodeSelector")
-                ))),
-                json!(age),
-            ]);
-            c.extend(template_cells(obj, true));
-        }
-        ("apps", "statefulsets") => {
-            c.extend([
-                json!(format!(
-                    "{}/{}",
-                    int("/status/readyReplicas"),
-                    int("/spec/replicas")
-                )),
-                json!(age),
-            ]);
-            c.extend(template_cells(obj, false));
-        }
-        ("apps", "controllerrevisions") => {
-            // `group-kind/name` of its controller, lowercased (`statefulset.apps/web`).
-            let controller = obj
-                .pointer("/metadata/ownerReferences")
-                .and_then(Value::as_array)
-                .into_iter()
-                .flatten()
-                .find(|r| r.get("controller").and_then(Value::as_bool) == Some(true))
-                .map_or_else(
-                    || "<none>".to_owned(),
-                    |r| {
-                        let api = s(r.get("apiVersion"));
-                        let group = api.rsplit_once('/').map(|(g, _)| g).unwrap_or_default();
-                        let kind = s(r.get("kind"));
-                        let gk = if group.is_empty() {
-                            kind
-                        } else {
-                            format!("{kind}.{group}")
-                        };
-                        format!("{}/{}", gk.to_lowercase(), s(r.get("name")))
-                    },
-                );
-            c.extend([json!(controller), json!(int("/revision")), json!(age)]);
-        }
-        ("batch", "cronjobs") => {
-            let last = obj
-                .pointer("/status/lastScheduleTime")
+            names.join(", ")
+        };
+        c.extend([
+            json!(format!(
+                "{}/{}",
+                s(obj.pointer("/roleRef/kind")),
+                s(obj.pointer("/roleRef/name"))
+            )),
+            json!(age),
+            json!(of_kind("User")),
+            json!(of_kind("Group")),
+            json!(of_kind("ServiceAccount")),
+        ]);
+    },
+);
+
+pub(crate) static LIMIT_RANGES: Printer =
+    named(&[col("Created At", "date", 0)], |obj, _age, _now, c| {
+        c.push(json!(s(obj.pointer("/metadata/creationTimestamp"))));
+    });
+
+pub(crate) static PERSISTENT_VOLUMES: Printer = named(
+    &[
+        col("Capacity", "string", 0),
+        col("Access Modes", "string", 0),
+        col("Reclaim Policy", "string", 0),
+        col("Status", "string", 0),
+        col("Claim", "string", 0),
+        col("StorageClass", "string", 0),
+        col("VolumeAttributesClass", "string", 0),
+        col("Reason", "string", 0),
+        col("Age", "string", 0),
+        col("VolumeMode", "string", 1),
+    ],
+    |obj, age, _now, c| {
+        let claim = match (
+            s(obj.pointer("/spec/claimRef/namespace")),
+            s(obj.pointer("/spec/claimRef/name")),
+        ) {
+            (_, name) if name.is_empty() => String::new(),
+            (ns, name) => format!("{ns}/{name}"),
+        };
+        let status = if meta::deleting(obj) {
+            "Terminating".to_owned()
+        } else {
+            s(obj.pointer("/status/phase"))
+        };
+        c.extend([
+            json!(s(obj.pointer("/spec/capacity/storage"))),
+            json!(access_modes(obj)),
+            json!(s(obj.pointer("/spec/persistentVolumeReclaimPolicy"))),
+            json!(status),
+            json!(claim),
+            json!(s(obj.pointer("/spec/storageClassName"))),
+            json!(or_unset(s(obj.pointer("/spec/volumeAttributesClassName")))),
+            json!(s(obj.pointer("/status/reason"))),
+            json!(age),
+            json!(s(obj.pointer("/spec/volumeMode"))),
+        ]);
+    },
+);
+
+pub(crate) static RESOURCE_QUOTAS: Printer = named(
+    &[
+        col("Request", "string", 0),
+        col("Limit", "string", 0),
+        col("Age", "string", 0),
+    ],
+    |obj, age, _now, c| {
+        let hard = obj.pointer("/spec/hard").and_then(Value::as_object);
+        let (mut requests, mut limits) = (Vec::new(), Vec::new());
+        let mut names: Vec<&String> = hard.into_iter().flat_map(|h| h.keys()).collect();
+        names.sort();
+        for name in names {
+            let used = obj
+                .pointer(&format!(
+                    "/status/used/{}",
+                    name.replace('~', "~0").replace('/', "~1")
+                ))
                 .and_then(Value::as_str)
-                .and_then(meta::parse_time)
-                .map_or_else(|| "<none>".to_owned(), |t| human_duration(now, t));
-            c.extend([
-                json!(s(obj.pointer("/spec/schedule"))),
-                json!(or_none(s(obj.pointer("/spec/timeZone")))),
-                json!(obj.pointer("/spec/suspend").and_then(Value::as_bool) == Some(true)),
-                json!(arr("/status/active").len()),
-                json!(last),
-                json!(age),
-            ]);
-            let job = obj
-                .pointer("/spec/jobTemplate")
-                .cloned()
-                .unwrap_or_else(|| json!({}));
-            c.extend(template_cells(&job, true));
-        }
-        ("batch", "jobs") => {
-            c.extend([
-                json!(job_status(obj)),
-                json!(job_completions(obj)),
-                json!(job_duration(obj, now)),
-                json!(age),
-            ]);
-            c.extend(template_cells(obj, true));
-        }
-        ("discovery.k8s.io", "endpointslices") => {
-            let ports: Vec<String> = arr("/ports")
-                .iter()
-                .map(|p| match p.get("port").and_then(Value::as_i64) {
-                    Some(n) => n.to_string(),
-                    None => p
-                        .get("name")
-                        .and_then(Value::as_str)
-                        .unwrap_or("*")
-                        .to_owned(),
-                })
-                .collect();
-            let addresses: Vec<String> = arr("/endpoints")
-                .iter()
-                .flat_map(|e| {
-                    e.get("addresses")
-                        .and_then(Value::as_array)
-                        .cloned()
-                        .unwrap_or_default()
-                })
-                .map(|a| s(Some(&a)))
-                .collect();
-            c.extend([
-                json!(s(obj.pointer("/addressType"))),
-                json!(three_and_more(&ports)),
-                json!(three_and_more(&addresses)),
-                json!(age),
-            ]);
-        }
-        ("", "persistentvolumes") => {
-            let claim = match (
-                s(obj.pointer("/spec/claimRef/namespace")),
-                s(obj.pointer("/spec/claimRef/name")),
-            ) {
-                (_, name) if name.is_empty() => String::new(),
-                (ns, name) => format!("{ns}/{name}"),
-            };
-            let status = if meta::deleting(obj) {
-                "Terminating".to_owned()
+                .unwrap_or("0");
+            let limit = s(hard.and_then(|h| h.get(name)));
+            let text = format!("{name}: {used}/{limit}");
+            if name.split('.').next() == Some("limits") && name.contains('.') {
+                limits.push(text);
             } else {
-                s(obj.pointer("/status/phase"))
-            };
-            c.extend([
-                json!(s(obj.pointer("/spec/capacity/storage"))),
-                json!(access_modes(obj)),
-                json!(s(obj.pointer("/spec/persistentVolumeReclaimPolicy"))),
-                json!(status),
-                json!(claim),
-                json!(s(obj.pointer("/spec/storageClassName"))),
-                json!(or_unset(s(obj.pointer("/spec/volumeAttributesClassName")))),
-                json!(s(obj.pointer("/status/reason"))),
-                json!(age),
-                json!(s(obj.pointer("/spec/volumeMode"))),
-            ]);
-        }
-        ("", "limitranges") => {
-            c.push(json!(s(obj.pointer("/metadata/creationTimestamp"))));
-        }
-        ("", "resourcequotas") => {
-            let hard = obj.pointer("/spec/hard").and_then(Value::as_object);
-            let (mut requests, mut limits) = (Vec::new(), Vec::new());
-            let mut names: Vec<&String> = hard.into_iter().flat_map(|h| h.keys()).collect();
-            names.sort();
-            for name in names {
-                let used = obj
-                    .pointer(&format!(
-                        "/status/used/{}",
-                        name.replace('~', "~0").replace('/', "~1")
-                    ))
-                    .and_then(Value::as_str)
-                    .unwrap_or("0");
-                let limit = s(hard.and_then(|h| h.get(name)));
-                let text = format!("{name}: {used}/{limit}");
-                if name.split('.').next() == Some("limits") && name.contains('.') {
-                    limits.push(text);
-                } else {
-                    requests.push(text);
-                }
+                requests.push(text);
             }
-            c.extend([
-                json!(requests.join(", ")),
-                json!(limits.join(", ")),
-                json!(age),
-            ]);
         }
-        ("", "serviceaccounts") => c.extend([json!(arr("/secrets").len()), json!(age)]),
-        (
-            "admissionregistration.k8s.io",
-            "mutatingwebhookconfigurations" | "validatingwebhookconfigurations",
-        ) => c.extend([json!(arr("/webhooks").len()), json!(age)]),
-        ("policy", "poddisruptionbudgets") => {
-            let or_na = |p: &str| match obj.pointer(p) {
-                Some(Value::Number(n)) => n.to_string(),
-                Some(Value::String(t)) => t.clone(),
-                _ => "N/A".to_owned(),
-            };
-            c.extend([
-                json!(or_na("/spec/minAvailable")),
-                json!(or_na("/spec/maxUnavailable")),
-                json!(int("/status/disruptionsAllowed")),
-                json!(age),
-            ]);
-        }
-        ("scheduling.k8s.io", "priorityclasses") => c.extend([
-            json!(int("/value")),
+        c.extend([
+            json!(requests.join(", ")),
+            json!(limits.join(", ")),
+            json!(age),
+        ]);
+    },
+);
+
+pub(crate) static SERVICE_ACCOUNTS: Printer = named(
+    &[col("Secrets", "string", 0), col("Age", "string", 0)],
+    |obj, age, _now, c| {
+        c.extend([json!(arr(obj, "/secrets").len()), json!(age)]);
+    },
+);
+
+pub(crate) static WEBHOOK_CONFIGURATIONS: Printer = named(
+    &[col("Webhooks", "integer", 0), col("Age", "string", 0)],
+    |obj, age, _now, c| {
+        c.extend([json!(arr(obj, "/webhooks").len()), json!(age)]);
+    },
+);
+
+pub(crate) static DAEMON_SETS: Printer = named(
+    &[
+        col("Desired", "integer", 0),
+        col("Current", "integer", 0),
+        col("Ready", "integer", 0),
+        col("Up-to-date", "integer", 0),
+        col("Available", "integer", 0),
+        col("Node Selector", "string", 0),
+        col("Age", "string", 0),
+        col("Containers", "string", 1),
+        col("Images", "string", 1),
+        col("Selector", "string", 1),
+    ],
+    |obj, age, _now, c| {
+        c.extend([
+            json!(int(obj, "/status/desiredNumberScheduled")),
+            json!(int(obj, "/status/currentNumberScheduled")),
+            json!(int(obj, "/status/numberReady")),
+            json!(int(obj, "/status/updatedNumberScheduled")),
+            json!(int(obj, "/status/numberAvailable")),
+            json!(or_none(pairs(
+                obj.pointer("/spec/template/spec/nodeSelector")
+            ))),
+            json!(age),
+        ]);
+        c.extend(template_cells(obj, true));
+    },
+);
+
+pub(crate) static STATEFUL_SETS: Printer = named(
+    &[
+        col("Ready", "string", 0),
+        col("Age", "string", 0),
+        col("Containers", "string", 1),
+        col("Images", "string", 1),
+    ],
+    |obj, age, _now, c| {
+        c.extend([
+            json!(format!(
+                "{}/{}",
+                int(obj, "/status/readyReplicas"),
+                int(obj, "/spec/replicas")
+            )),
+            json!(age),
+        ]);
+        c.extend(template_cells(obj, false));
+    },
+);
+
+pub(crate) static CONTROLLER_REVISIONS: Printer = named(
+    &[
+        col("Controller", "string", 0),
+        col("Revision", "string", 0),
+        col("Age", "string", 0),
+    ],
+    |obj, age, _now, c| {
+        // `group-kind/name` of its controller, lowercased (`statefulset.apps/web`).
+        let controller = obj
+            .pointer("/metadata/ownerReferences")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .find(|r| r.get("controller").and_then(Value::as_bool) == Some(true))
+            .map_or_else(
+                || "<none>".to_owned(),
+                |r| {
+                    let api = s(r.get("apiVersion"));
+                    let group = api.rsplit_once('/').map(|(g, _)| g).unwrap_or_default();
+                    let kind = s(r.get("kind"));
+                    let gk = if group.is_empty() {
+                        kind
+                    } else {
+                        format!("{kind}.{group}")
+                    };
+                    format!("{}/{}", gk.to_lowercase(), s(r.get("name")))
+                },
+            );
+        c.extend([json!(controller), json!(int(obj, "/revision")), json!(age)]);
+    },
+);
+
+pub(crate) static CRON_JOBS: Printer = named(
+    &[
+        col("Schedule", "string", 0),
+        col("Timezone", "string", 0),
+        col("Suspend", "boolean", 0),
+        col("Active", "integer", 0),
+        col("Last Schedule", "string", 0),
+        col("Age", "string", 0),
+        col("Containers", "string", 1),
+        col("Images", "string", 1),
+        col("Selector", "string", 1),
+    ],
+    |obj, age, now, c| {
+        let last = obj
+            .pointer("/status/lastScheduleTime")
+            .and_then(Value::as_str)
+            .and_then(meta::parse_time)
+            .map_or_else(|| "<none>".to_owned(), |t| human_duration(now, t));
+        c.extend([
+            json!(s(obj.pointer("/spec/schedule"))),
+            json!(or_none(s(obj.pointer("/spec/timeZone")))),
+            json!(obj.pointer("/spec/suspend").and_then(Value::as_bool) == Some(true)),
+            json!(arr(obj, "/status/active").len()),
+            json!(last),
+            json!(age),
+        ]);
+        let job = obj
+            .pointer("/spec/jobTemplate")
+            .cloned()
+            .unwrap_or_else(|| json!({}));
+        c.extend(template_cells(&job, true));
+    },
+);
+
+pub(crate) static JOBS: Printer = named(
+    &[
+        col("Status", "string", 0),
+        col("Completions", "string", 0),
+        col("Duration", "string", 0),
+        col("Age", "string", 0),
+        col("Containers", "string", 1),
+        col("Images", "string", 1),
+        col("Selector", "string", 1),
+    ],
+    |obj, age, now, c| {
+        c.extend([
+            json!(job_status(obj)),
+            json!(job_completions(obj)),
+            json!(job_duration(obj, now)),
+            json!(age),
+        ]);
+        c.extend(template_cells(obj, true));
+    },
+);
+
+pub(crate) static ENDPOINT_SLICES: Printer = named(
+    &[
+        col("AddressType", "string", 0),
+        col("Ports", "string", 0),
+        col("Endpoints", "string", 0),
+        col("Age", "string", 0),
+    ],
+    |obj, age, _now, c| {
+        let ports: Vec<String> = arr(obj, "/ports")
+            .iter()
+            .map(|p| match p.get("port").and_then(Value::as_i64) {
+                Some(n) => n.to_string(),
+                None => p
+                    .get("name")
+                    .and_then(Value::as_str)
+                    .unwrap_or("*")
+                    .to_owned(),
+            })
+            .collect();
+        let addresses: Vec<String> = arr(obj, "/endpoints")
+            .iter()
+            .flat_map(|e| {
+                e.get("addresses")
+                    .and_then(Value::as_array)
+                    .cloned()
+                    .unwrap_or_default()
+            })
+            .map(|a| s(Some(&a)))
+            .collect();
+        c.extend([
+            json!(s(obj.pointer("/addressType"))),
+            json!(three_and_more(&ports)),
+            json!(three_and_more(&addresses)),
+            json!(age),
+        ]);
+    },
+);
+
+pub(crate) static POD_DISRUPTION_BUDGETS: Printer = named(
+    &[
+        col("Min Available", "string", 0),
+        col("Max Unavailable", "string", 0),
+        col("Allowed Disruptions", "integer", 0),
+        col("Age", "string", 0),
+    ],
+    |obj, age, _now, c| {
+        let or_na = |p: &str| match obj.pointer(p) {
+            Some(Value::Number(n)) => n.to_string(),
+            Some(Value::String(t)) => t.clone(),
+            _ => "N/A".to_owned(),
+        };
+        c.extend([
+            json!(or_na("/spec/minAvailable")),
+            json!(or_na("/spec/maxUnavailable")),
+            json!(int(obj, "/status/disruptionsAllowed")),
+            json!(age),
+        ]);
+    },
+);
+
+pub(crate) static PRIORITY_CLASSES: Printer = named(
+    &[
+        col("Value", "integer", 0),
+        col("Global-Default", "boolean", 0),
+        col("Age", "string", 0),
+        col("PreemptionPolicy", "string", 0),
+    ],
+    |obj, age, _now, c| {
+        c.extend([
+            json!(int(obj, "/value")),
             json!(
                 obj.pointer("/globalDefault")
                     .and_then(Value::as_bool)
@@ -706,207 +758,266 @@ fn cells(rt: &ResourceType, obj: &Value, now: Timestamp) -> Vec<Value> {
                     .and_then(Value::as_str)
                     .unwrap_or("PreemptLowerPriority")
             ),
-        ]),
-        ("storage.k8s.io", "storageclasses") => {
-            let default = meta::string_map(obj.pointer("/metadata/annotations"))
-                .get("storageclass.kubernetes.io/is-default-class")
-                .is_some_and(|v| v == "true");
-            if default {
-                c[0] = json!(format!("{name} (default)"));
+        ]);
+    },
+);
+
+pub(crate) static STORAGE_CLASSES: Printer = named(
+    &[
+        col("Provisioner", "string", 0),
+        col("ReclaimPolicy", "string", 0),
+        col("VolumeBindingMode", "string", 0),
+        col("AllowVolumeExpansion", "string", 0),
+        col("Age", "string", 0),
+    ],
+    |obj, age, _now, c| {
+        let default = meta::string_map(obj.pointer("/metadata/annotations"))
+            .get("storageclass.kubernetes.io/is-default-class")
+            .is_some_and(|v| v == "true");
+        if default {
+            c[0] = json!(format!("{} (default)", meta::name(obj).unwrap_or_default()));
+        }
+        c.extend([
+            json!(s(obj.pointer("/provisioner"))),
+            json!(
+                obj.pointer("/reclaimPolicy")
+                    .and_then(Value::as_str)
+                    .unwrap_or("Delete")
+            ),
+            json!(
+                obj.pointer("/volumeBindingMode")
+                    .and_then(Value::as_str)
+                    .unwrap_or("Immediate")
+            ),
+            json!(
+                obj.pointer("/allowVolumeExpansion")
+                    .and_then(Value::as_bool)
+                    .unwrap_or(false)
+                    .to_string()
+            ),
+            json!(age),
+        ]);
+    },
+);
+
+pub(crate) static INGRESSES: Printer = named(
+    &[
+        col("Class", "string", 0),
+        col("Hosts", "string", 0),
+        col("Address", "string", 0),
+        col("Ports", "string", 0),
+        col("Age", "string", 0),
+    ],
+    |obj, age, _now, c| {
+        let class = or_none(s(obj.pointer("/spec/ingressClassName")));
+        let hosts: Vec<String> = arr(obj, "/spec/rules")
+            .iter()
+            .map(|r| s(r.get("host")))
+            .filter(|h| !h.is_empty())
+            .collect();
+        let hosts = if hosts.is_empty() {
+            "*".to_owned()
+        } else {
+            let more = arr(obj, "/spec/rules").len().saturating_sub(3);
+            let shown = hosts.iter().take(3).cloned().collect::<Vec<_>>().join(",");
+            if hosts.len() > 3 {
+                format!("{shown} + {more} more...")
+            } else {
+                shown
             }
-            c.extend([
-                json!(s(obj.pointer("/provisioner"))),
-                json!(
-                    obj.pointer("/reclaimPolicy")
-                        .and_then(Value::as_str)
-                        .unwrap_or("Delete")
-                ),
-                json!(
-                    obj.pointer("/volumeBindingMode")
-                        .and_then(Value::as_str)
-                        .unwrap_or("Immediate")
-                ),
-                json!(
-                    obj.pointer("/allowVolumeExpansion")
-                        .and_then(Value::as_bool)
-                        .unwrap_or(false)
-                        .to_string()
-                ),
-                json!(age),
-            ]);
-        }
-        ("coordination.k8s.io", "leases") => {
-            c.extend([json!(s(obj.pointer("/spec/holderIdentity"))), json!(age)])
-        }
-        ("rbac.authorization.k8s.io", "roles" | "clusterroles") => {
-            c.push(json!(s(obj.pointer("/metadata/creationTimestamp"))));
-        }
-        ("rbac.authorization.k8s.io", "rolebindings" | "clusterrolebindings") => {
-            let subjects = arr("/subjects");
-            let of_kind = |kind: &str| {
-                let names: Vec<String> = subjects
-                    .iter()
-                    .filter(|x| x.get("kind").and_then(Value::as_str) == Some(kind))
-                    .map(|x| {
-                        let name = s(x.get("name"));
-                        if kind == "ServiceAccount" {
-                            format!("{}/{name}", s(x.get("namespace")))
-                        } else {
-                            name
-                        }
-                    })
-                    .collect();
-                names.join(", ")
-            };
-            c.extend([
-                json!(format!(
-                    "{}/{}",
-                    s(obj.pointer("/roleRef/kind")),
-                    s(obj.pointer("/roleRef/name"))
-                )),
-                json!(age),
-                json!(of_kind("User")),
-                json!(of_kind("Group")),
-                json!(of_kind("ServiceAccount")),
-            ]);
-        }
-        ("" | "events.k8s.io", "events") => return event_cells(rt.group, obj, now),
-        ("networking.k8s.io", "ingresses") => {
-            let class = or_none(s(obj.pointer("/spec/ingressClassName")));
-            let hosts: Vec<String> = arr("/spec/rules")
-                .iter()
-                .map(|r| s(r.get("host")))
-                .filter(|h| !h.is_empty())
-                .collect();
-            let hosts = if hosts.is_empty() {
-                "*".to_owned()
-            } else {
-                let more = arr("/spec/rules").len().saturating_sub(3);
-                let shown = hosts.iter().take(3).cloned().collect::<Vec<_>>().join(",");
-                if hosts.len() > 3 {
-                    format!("{shown} + {more} more...")
+        };
+        let mut addresses: Vec<String> = arr(obj, "/status/loadBalancer/ingress")
+            .iter()
+            .map(|i| {
+                let ip = s(i.get("ip"));
+                if ip.is_empty() {
+                    s(i.get("hostname"))
                 } else {
-                    shown
+                    ip
                 }
-            };
-            let mut addresses: Vec<String> = arr("/status/loadBalancer/ingress")
-                .iter()
-                .map(|i| {
-                    let ip = s(i.get("ip"));
-                    if ip.is_empty() {
-                        s(i.get("hostname"))
-                    } else {
-                        ip
-                    }
-                })
-                .filter(|a| !a.is_empty())
-                .collect();
-            addresses.sort();
-            addresses.dedup();
-            let ports = if arr("/spec/tls").is_empty() {
-                "80"
-            } else {
-                "80, 443"
-            };
-            c.extend([
-                json!(class),
-                json!(hosts),
-                json!(addresses.join(",")),
-                json!(ports),
-                json!(age),
-            ]);
-        }
-        ("networking.k8s.io", "ingressclasses") => {
-            let parameters = match obj.pointer("/spec/parameters") {
-                Some(p) => {
-                    let group = s(p.get("apiGroup"));
-                    let kind = s(p.get("kind"));
-                    let kind = if group.is_empty() {
-                        kind
-                    } else {
-                        format!("{kind}.{group}")
-                    };
-                    format!("{kind}/{}", s(p.get("name")))
-                }
-                None => "<none>".to_owned(),
-            };
-            c.extend([
-                json!(s(obj.pointer("/spec/controller"))),
-                json!(parameters),
-                json!(age),
-            ]);
-        }
-        ("networking.k8s.io", "networkpolicies") => c.extend([
+            })
+            .filter(|a| !a.is_empty())
+            .collect();
+        addresses.sort();
+        addresses.dedup();
+        let ports = if arr(obj, "/spec/tls").is_empty() {
+            "80"
+        } else {
+            "80, 443"
+        };
+        c.extend([
+            json!(class),
+            json!(hosts),
+            json!(addresses.join(",")),
+            json!(ports),
+            json!(age),
+        ]);
+    },
+);
+
+pub(crate) static INGRESS_CLASSES: Printer = named(
+    &[
+        col("Controller", "string", 0),
+        col("Parameters", "string", 0),
+        col("Age", "string", 0),
+    ],
+    |obj, age, _now, c| {
+        let parameters = match obj.pointer("/spec/parameters") {
+            Some(p) => {
+                let group = s(p.get("apiGroup"));
+                let kind = s(p.get("kind"));
+                let kind = if group.is_empty() {
+                    kind
+                } else {
+                    format!("{kind}.{group}")
+                };
+                format!("{kind}/{}", s(p.get("name")))
+            }
+            None => "<none>".to_owned(),
+        };
+        c.extend([
+            json!(s(obj.pointer("/spec/controller"))),
+            json!(parameters),
+            json!(age),
+        ]);
+    },
+);
+
+pub(crate) static NETWORK_POLICIES: Printer = named(
+    &[col("Pod-Selector", "string", 0), col("Age", "string", 0)],
+    |obj, age, _now, c| {
+        c.extend([
             json!(label_selector(obj.pointer("/spec/podSelector"))),
             json!(age),
-        ]),
-        ("autoscaling", "horizontalpodautoscalers") => {
-            let min = obj
-                .pointer("/spec/minReplicas")
-                .and_then(Value::as_i64)
-                .map_or_else(|| "<unset>".to_owned(), |n| n.to_string());
-            c.extend([
-                json!(format!(
-                    "{}/{}",
-                    s(obj.pointer("/spec/scaleTargetRef/kind")),
-                    s(obj.pointer("/spec/scaleTargetRef/name"))
-                )),
-                json!(hpa_targets(obj)),
-                json!(min),
-                json!(int("/spec/maxReplicas")),
-                json!(int("/status/currentReplicas")),
-                json!(age),
-            ]);
-        }
-        ("", "replicationcontrollers") => {
-            c.extend([
-                json!(
-                    obj.pointer("/spec/replicas")
-                        .and_then(Value::as_i64)
-                        .unwrap_or(1)
-                ),
-                json!(int("/status/replicas")),
-                json!(int("/status/readyReplicas")),
-                json!(age),
-            ]);
-            c.extend(template_cells(obj, false));
-            c.push(json!(or_none(pairs(obj.pointer("/spec/selector")))));
-        }
-        ("", "podtemplates") => {
-            let template = json!({"spec": obj.get("template").cloned().unwrap_or_default()});
-            c.extend(template_cells(&template, false));
-            c.push(json!(or_none(pairs(
-                obj.pointer("/template/metadata/labels")
-            ))));
-        }
-        ("storage.k8s.io", "csidrivers") => {
-            let flag =
-                |p: &str, default: bool| obj.pointer(p).and_then(Value::as_bool).unwrap_or(default);
-            let audiences: Option<Vec<String>> = obj
-                .pointer("/spec/tokenRequests")
-                .and_then(Value::as_array)
-                .map(|t| t.iter().map(|r| s(r.get("audience"))).collect());
-            let modes: Vec<String> = arr("/spec/volumeLifecycleModes")
-                .iter()
-                .map(|m| s(Some(m)))
-                .collect();
-            c.extend([
-                json!(flag("/spec/attachRequired", true)),
-                json!(flag("/spec/podInfoOnMount", false)),
-                json!(flag("/spec/storageCapacity", false)),
-                json!(audiences.map_or_else(|| "<unset>".to_owned(), |a| a.join(","))),
-                json!(flag("/spec/requiresRepublish", false)),
-                json!(or_none(modes.join(","))),
-                json!(age),
-            ]);
-        }
-        ("storage.k8s.io", "csinodes") => {
-            c.extend([json!(arr("/spec/drivers").len()), json!(age)]);
-        }
-        ("storage.k8s.io", "csistoragecapacities") => {
-            c.push(json!(s(obj.pointer("/metadata/creationTimestamp"))));
-        }
-        ("storage.k8s.io", "volumeattachments") => c.extend([
+        ]);
+    },
+);
+
+pub(crate) static HORIZONTAL_POD_AUTOSCALERS: Printer = named(
+    &[
+        col("Reference", "string", 0),
+        col("Targets", "string", 0),
+        col("MinPods", "string", 0),
+        col("MaxPods", "string", 0),
+        col("Replicas", "string", 0),
+        col("Age", "string", 0),
+    ],
+    |obj, age, _now, c| {
+        let min = obj
+            .pointer("/spec/minReplicas")
+            .and_then(Value::as_i64)
+            .map_or_else(|| "<unset>".to_owned(), |n| n.to_string());
+        c.extend([
+            json!(format!(
+                "{}/{}",
+                s(obj.pointer("/spec/scaleTargetRef/kind")),
+                s(obj.pointer("/spec/scaleTargetRef/name"))
+            )),
+            json!(hpa_targets(obj)),
+            json!(min),
+            json!(int(obj, "/spec/maxReplicas")),
+            json!(int(obj, "/status/currentReplicas")),
+            json!(age),
+        ]);
+    },
+);
+
+pub(crate) static REPLICATION_CONTROLLERS: Printer = named(
+    &[
+        col("Desired", "integer", 0),
+        col("Current", "integer", 0),
+        col("Ready", "integer", 0),
+        col("Age", "string", 0),
+        col("Containers", "string", 1),
+        col("Images", "string", 1),
+        col("Selector", "string", 1),
+    ],
+    |obj, age, _now, c| {
+        c.extend([
+            json!(
+                obj.pointer("/spec/replicas")
+                    .and_then(Value::as_i64)
+                    .unwrap_or(1)
+            ),
+            json!(int(obj, "/status/replicas")),
+            json!(int(obj, "/status/readyReplicas")),
+            json!(age),
+        ]);
+        c.extend(template_cells(obj, false));
+        c.push(json!(or_none(pairs(obj.pointer("/spec/selector")))));
+    },
+);
+
+pub(crate) static POD_TEMPLATES: Printer = named(
+    &[
+        col("Containers", "string", 0),
+        col("Images", "string", 0),
+        col("Pod Labels", "string", 0),
+    ],
+    |obj, _age, _now, c| {
+        let template = json!({"spec": obj.get("template").cloned().unwrap_or_default()});
+        c.extend(template_cells(&template, false));
+        c.push(json!(or_none(pairs(
+            obj.pointer("/template/metadata/labels")
+        ))));
+    },
+);
+
+pub(crate) static CSI_DRIVERS: Printer = named(
+    &[
+        col("AttachRequired", "boolean", 0),
+        col("PodInfoOnMount", "boolean", 0),
+        col("StorageCapacity", "boolean", 0),
+        col("TokenRequests", "string", 0),
+        col("RequiresRepublish", "boolean", 0),
+        col("Modes", "string", 0),
+        col("Age", "string", 0),
+    ],
+    |obj, age, _now, c| {
+        let flag =
+            |p: &str, default: bool| obj.pointer(p).and_then(Value::as_bool).unwrap_or(default);
+        let audiences: Option<Vec<String>> = obj
+            .pointer("/spec/tokenRequests")
+            .and_then(Value::as_array)
+            .map(|t| t.iter().map(|r| s(r.get("audience"))).collect());
+        let modes: Vec<String> = arr(obj, "/spec/volumeLifecycleModes")
+            .iter()
+            .map(|m| s(Some(m)))
+            .collect();
+        c.extend([
+            json!(flag("/spec/attachRequired", true)),
+            json!(flag("/spec/podInfoOnMount", false)),
+            json!(flag("/spec/storageCapacity", false)),
+            json!(audiences.map_or_else(|| "<unset>".to_owned(), |a| a.join(","))),
+            json!(flag("/spec/requiresRepublish", false)),
+            json!(or_none(modes.join(","))),
+            json!(age),
+        ]);
+    },
+);
+
+pub(crate) static CSI_NODES: Printer = named(
+    &[col("Drivers", "integer", 0), col("Age", "string", 0)],
+    |obj, age, _now, c| {
+        c.extend([json!(arr(obj, "/spec/drivers").len()), json!(age)]);
+    },
+);
+
+pub(crate) static CSI_STORAGE_CAPACITIES: Printer =
+    named(&[col("Created At", "date", 0)], |obj, _age, _now, c| {
+        c.push(json!(s(obj.pointer("/metadata/creationTimestamp"))));
+    });
+
+pub(crate) static VOLUME_ATTACHMENTS: Printer = named(
+    &[
+        name_col("Attacher"),
+        col("PV", "string", 0),
+        col("Node", "string", 0),
+        col("Attached", "boolean", 0),
+        col("Age", "string", 0),
+    ],
+    |obj, age, _now, c| {
+        c.extend([
             json!(s(obj.pointer("/spec/attacher"))),
             json!(s(obj.pointer("/spec/source/persistentVolumeName"))),
             json!(s(obj.pointer("/spec/nodeName"))),
@@ -916,13 +1027,120 @@ fn cells(rt: &ResourceType, obj: &Value, now: Timestamp) -> Vec<Value> {
                     .unwrap_or(false)
             ),
             json!(age),
-        ]),
-        ("node.k8s.io", "runtimeclasses") => {
-            c.extend([json!(s(obj.pointer("/handler"))), json!(age)]);
-        }
-        _ => c.push(json!(age)),
-    }
-    c
+        ]);
+    },
+);
+
+pub(crate) static RUNTIME_CLASSES: Printer = named(
+    &[col("Handler", "string", 0), col("Age", "string", 0)],
+    |obj, age, _now, c| {
+        c.extend([json!(s(obj.pointer("/handler"))), json!(age)]);
+    },
+);
+
+/// API Priority and Fairness: which priority level a flow schema sends to (`MISSINGPL` is
+/// its Dangling condition, `?` before the APF controller, which the simulator has not, sets it).
+pub(crate) static FLOW_SCHEMAS: Printer = named(
+    &[
+        col("PriorityLevel", "string", 0),
+        col("MatchingPrecedence", "string", 0),
+        col("DistinguisherMethod", "string", 0),
+        col("Age", "string", 0),
+        col("MissingPL", "string", 0),
+    ],
+    |obj, age, _now, c| {
+        let dangling = arr(obj, "/status/conditions")
+            .iter()
+            .find(|c| c.get("type").and_then(Value::as_str) == Some("Dangling"))
+            .map_or_else(|| "?".to_owned(), |c| s(c.get("status")));
+        c.extend([
+            json!(s(obj.pointer("/spec/priorityLevelConfiguration/name"))),
+            json!(int(obj, "/spec/matchingPrecedence")),
+            json!(or_none(s(obj.pointer("/spec/distinguisherMethod/type")))),
+            json!(age),
+            json!(dangling),
+        ]);
+    },
+);
+
+/// Priority levels: shares and queueing of a Limited one, `<none>` where not set.
+pub(crate) static PRIORITY_LEVEL_CONFIGURATIONS: Printer = named(
+    &[
+        col("Type", "string", 0),
+        col("NominalConcurrencyShares", "string", 0),
+        col("Queues", "string", 0),
+        col("HandSize", "string", 0),
+        col("QueueLengthLimit", "string", 0),
+        col("Age", "string", 0),
+    ],
+    |obj, age, _now, c| {
+        let limited = obj.pointer("/spec/limited").filter(|l| l.is_object());
+        let number = |p: &str| {
+            limited
+                .and_then(|l| l.pointer(p))
+                .filter(|v| v.is_number())
+                .cloned()
+                .unwrap_or_else(|| json!("<none>"))
+        };
+        c.extend([
+            json!(s(obj.pointer("/spec/type"))),
+            number("/nominalConcurrencyShares"),
+            number("/limitResponse/queuing/queues"),
+            number("/limitResponse/queuing/handSize"),
+            number("/limitResponse/queuing/queueLengthLimit"),
+            json!(age),
+        ]);
+    },
+);
+
+/// Volume attributes classes: the CSI driver.
+pub(crate) static VOLUME_ATTRIBUTES_CLASSES: Printer = named(
+    &[col("DriverName", "string", 0), col("Age", "string", 0)],
+    |obj, age, _now, c| c.extend([json!(s(obj.pointer("/driverName"))), json!(age)]),
+);
+
+/// Kinds without columns of their own: the name and the age.
+pub(crate) static DEFAULT: Printer = named(&[col("Age", "string", 0)], |_obj, age, _now, c| {
+    c.push(json!(age));
+});
+
+/// The columns of both Event kinds (`kubectl get events`): the name comes last.
+const EVENT_COLUMNS: &[Column] = &[
+    col("Last Seen", "string", 0),
+    col("Type", "string", 0),
+    col("Reason", "string", 0),
+    col("Object", "string", 0),
+    col("Subobject", "string", 1),
+    col("Source", "string", 1),
+    col("Message", "string", 0),
+    col("First Seen", "string", 1),
+    col("Count", "string", 1),
+    Column {
+        priority: 1,
+        ..name_col("Name")
+    },
+];
+
+/// Core (`v1`) Events.
+pub(crate) static EVENTS: Printer = Printer {
+    columns: EVENT_COLUMNS,
+    cells: |obj, _age, now, c| c.extend(event_cells("", obj, now)),
+    name_first: false,
+};
+
+/// `events.k8s.io` Events.
+pub(crate) static EVENTS_V1: Printer = Printer {
+    columns: EVENT_COLUMNS,
+    cells: |obj, _age, now, c| c.extend(event_cells("events.k8s.io", obj, now)),
+    name_first: false,
+};
+
+fn s(v: Option<&Value>) -> String {
+    v.and_then(Value::as_str).unwrap_or_default().to_owned()
+}
+
+fn or_none(v: String) -> String {
+    if v.is_empty() { "<none>".to_owned() } else { v }
 }
 
 /// The TARGETS column of an autoscaler (the printers' `formatHPAMetrics`): each metric as
@@ -1353,7 +1571,9 @@ pub fn table(
     continue_token: Option<&Value>,
 ) -> Value {
     let now = Timestamp::now();
-    let cols: Vec<Value> = columns(rt)
+    let cols: Vec<Value> = rt
+        .print
+        .columns()
         .iter()
         .map(|c| json!({"name": c.name, "type": c.kind, "format": c.format, "description": "", "priority": c.priority}))
         .collect();
@@ -1365,7 +1585,7 @@ pub fn table(
                 Some("Object") => o.clone(),
                 _ => json!({"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": o.get("metadata")}),
             };
-            json!({"cells": cells(rt, o, now), "object": object})
+            json!({"cells": rt.print.cells(o, now), "object": object})
         })
         .collect();
     let mut metadata = json!({"resourceVersion": rv.to_string()});
@@ -1387,8 +1607,8 @@ mod tests {
             json!({"metadata": {"name": "x", "creationTimestamp": "2026-11-22T09:00:00Z"}});
         for rt in crate::apiserver::resources::RESOURCES {
             assert_eq!(
-                cells(rt, &sample, now).len(),
-                columns(rt).len(),
+                rt.print.cells(&sample, now).len(),
+                rt.print.columns().len(),
                 "{}/{}",
                 rt.group,
                 rt.plural

@@ -23,7 +23,7 @@ use super::resources::{self, ResourceType};
 use super::rest::Query;
 use super::selectors::{FieldSelector, LabelSelector};
 use super::store::{EventType, StoreError};
-use super::{strategy, table};
+use super::table;
 
 /// Namespace, label and field selection of a list or watch.
 #[derive(Debug, Default)]
@@ -91,12 +91,7 @@ impl Filter {
         if let Some(f) = &self.fields {
             let values: std::collections::BTreeMap<String, String> = f
                 .fields()
-                .map(|field| {
-                    (
-                        field.to_owned(),
-                        strategy::field_value(rt, obj, field).unwrap_or_default(),
-                    )
-                })
+                .map(|field| (field.to_owned(), rt.strategy.field_value(obj, field)))
                 .collect();
             if !f.matches(&values) {
                 return false;

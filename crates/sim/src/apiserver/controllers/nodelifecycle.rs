@@ -20,7 +20,7 @@ use super::super::store::{Event, ObjKey};
 use super::{Reconciler, modify, run_loop};
 
 const UNREACHABLE: &str = "node.kubernetes.io/unreachable";
-use super::super::strategy::{NOT_READY_TAINT, has_taint, node_taints_mut};
+use super::super::kinds::node::{NOT_READY_TAINT, has_taint, node_taints_mut};
 
 pub(super) async fn run(state: Arc<State>, stop: CancellationToken) {
     let grace = state.config.controllers.node_grace;

@@ -17,11 +17,11 @@ use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
 use super::super::State;
+use super::super::kinds::volume::{PV_PROTECTION, PVC_PROTECTION};
 use super::super::meta::{self, meta_mut};
 use super::super::resources::{self, ResId, ids};
 use super::super::store::{Event, ObjKey, StoreError};
 use super::super::strategy;
-use super::super::volume_strategy::{PV_PROTECTION, PVC_PROTECTION};
 use super::{Reconciler, controller_of, run_loop};
 
 pub(super) async fn run(state: Arc<State>, stop: CancellationToken) {

@@ -433,7 +433,7 @@ async fn bind(state: &State, key: &ObjKey, pod: &Value, node: &str) -> Result<()
     }
     let binding = json!({"apiVersion": "v1", "kind": "Binding", "metadata": {"name": key.name},
         "target": {"apiVersion": "v1", "kind": "Node", "name": node}});
-    super::super::strategy::bind_pod(state, &key.namespace, &key.name, &binding)
+    super::super::kinds::pod::bind_pod(state, &key.namespace, &key.name, &binding)
         .map(drop)
         .map_err(|_| None)
 }

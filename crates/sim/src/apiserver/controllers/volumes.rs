@@ -27,12 +27,12 @@ use tensile_core::volumes::storage_request;
 use tokio_util::sync::CancellationToken;
 
 use super::super::State;
+use super::super::kinds::volume::set_volume_phase;
 use super::super::meta;
 use super::super::resources::ids;
 use super::super::rest::DeleteOptions;
 use super::super::selectors::LabelSelector;
 use super::super::store::{Event, ObjKey};
-use super::super::volume_strategy::set_volume_phase;
 use super::{Reconciler, create, delete, modify, run_loop};
 
 /// The provisioner name of classes whose volumes are created by hand (static local volumes).

@@ -4,15 +4,60 @@
 
 use serde_json::{Value, json};
 
-use super::rbac::{self, Action, GROUP, ResourceAttributes};
-use super::resources::{ResId, ResourceType, ids};
-use super::{State, UserInfo};
+use crate::apiserver::rbac::{self, Action, GROUP, ResourceAttributes};
+use crate::apiserver::resources::{ResId, ids};
+use crate::apiserver::strategy::{Causes, NameRule, Strategy};
+use crate::apiserver::{State, UserInfo};
+
+/// The strategy of the four RBAC kinds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Rbac {
+    /// Role (namespaced).
+    Role,
+    /// ClusterRole.
+    ClusterRole,
+    /// RoleBinding (namespaced).
+    RoleBinding,
+    /// ClusterRoleBinding.
+    ClusterRoleBinding,
+}
+
+impl Rbac {
+    fn is_binding(self) -> bool {
+        matches!(self, Self::RoleBinding | Self::ClusterRoleBinding)
+    }
+
+    fn namespaced(self) -> bool {
+        matches!(self, Self::Role | Self::RoleBinding)
+    }
+}
+
+impl Strategy for Rbac {
+    /// Roles and bindings only need names that are path segments (`system:discovery`).
+    fn name_rule(&self) -> NameRule {
+        NameRule::PathSegment
+    }
+
+    fn defaults(&self, obj: &mut Value) {
+        if self.is_binding() {
+            set_binding_defaults(obj);
+        }
+    }
+
+    fn validate(&self, obj: &Value, old: Option<&Value>) -> Causes {
+        if self.is_binding() {
+            validate_binding(obj, old, self.namespaced())
+        } else {
+            validate_role(obj, self.namespaced())
+        }
+    }
+}
 
 /// The part of Kubernetes' bootstrap policy the sim keeps: `cluster-admin` (bound to
 /// `system:masters`), and what every authenticated user may do: discovery and health URLs
 /// (`system:discovery`, `system:public-info-viewer`) and reviews of itself
 /// (`system:basic-user`). As (resource, object) pairs.
-pub(super) fn bootstrap_policy() -> Vec<(ResId, Value)> {
+pub(crate) fn bootstrap_policy() -> Vec<(ResId, Value)> {
     let meta = |name: &str| {
         json!({"name": name, "labels": {"kubernetes.io/bootstrapping": "rbac-defaults"},
             "annotations": {"rbac.authorization.kubernetes.io/autoupdate": "true"}})
@@ -91,25 +136,9 @@ pub(super) fn bootstrap_policy() -> Vec<(ResId, Value)> {
     ]
 }
 
-fn is_binding(rt: &ResourceType) -> bool {
-    rt.group == GROUP && matches!(rt.plural, "rolebindings" | "clusterrolebindings")
-}
-
-fn is_role(rt: &ResourceType) -> bool {
-    rt.group == GROUP && matches!(rt.plural, "roles" | "clusterroles")
-}
-
-/// Whether a resource is one of the four RBAC resources.
-pub(super) fn is_rbac(rt: &ResourceType) -> bool {
-    is_role(rt) || is_binding(rt)
-}
-
 /// v1 defaulting: a binding's `roleRef.apiGroup`, and the `apiGroup` of User and Group
 /// subjects, default to `rbac.authorization.k8s.io`.
-pub(super) fn set_defaults(rt: &ResourceType, obj: &mut Value) {
-    if !is_binding(rt) {
-        return;
-    }
+fn set_binding_defaults(obj: &mut Value) {
     if let Some(role_ref) = obj.get_mut("roleRef").and_then(Value::as_object_mut)
         && role_ref
             .get("apiGroup")
@@ -139,7 +168,7 @@ pub(super) fn set_defaults(rt: &ResourceType, obj: &mut Value) {
 }
 
 /// Why a name cannot be an RBAC object's (`path.IsValidPathSegmentName`), if it cannot.
-pub(super) fn invalid_name(name: &str) -> Option<&'static str> {
+pub(crate) fn invalid_name(name: &str) -> Option<&'static str> {
     match name {
         "." => Some("may not be '.'"),
         ".." => Some("may not be '..'"),
@@ -169,78 +198,72 @@ fn s<'a>(v: &'a Value, key: &str) -> &'a str {
 /// The validation causes (field, message) of an RBAC object, as the real server's
 /// `ValidateRole`, `ValidateClusterRole`, `ValidateRoleBinding`, `ValidateClusterRoleBinding`
 /// and their update variants (a binding's `roleRef` cannot change) report them.
-pub(super) fn validate(
-    rt: &ResourceType,
-    obj: &Value,
-    old: Option<&Value>,
-) -> Vec<(String, String)> {
+fn validate_role(obj: &Value, namespaced: bool) -> Causes {
     let mut causes = Vec::new();
-    if is_role(rt) {
-        let namespaced = rt.namespaced;
-        for (i, rule) in obj
-            .get("rules")
-            .and_then(Value::as_array)
-            .into_iter()
-            .flatten()
-            .enumerate()
-        {
-            let at = |f: &str| format!("rules[{i}].{f}");
-            if strings(rule.get("verbs")).is_empty() {
-                causes.push((
-                    at("verbs"),
-                    "Required value: verbs must contain at least one value".to_owned(),
-                ));
-            }
-            let urls = strings(rule.get("nonResourceURLs"));
-            let groups = strings(rule.get("apiGroups"));
-            let resources = strings(rule.get("resources"));
-            let names = strings(rule.get("resourceNames"));
-            if !urls.is_empty() {
-                if namespaced {
-                    causes.push((
-                        at("nonResourceURLs"),
-                        format!(
-                            "Invalid value: {}: namespaced rules cannot apply to non-resource URLs",
-                            go_strings(&urls)
-                        ),
-                    ));
-                }
-                if !groups.is_empty() || !resources.is_empty() || !names.is_empty() {
-                    causes.push((
-                        at("nonResourceURLs"),
-                        format!(
-                            "Invalid value: {}: rules cannot apply to both regular resources and non-resource URLs",
-                            go_strings(&urls)
-                        ),
-                    ));
-                }
-                continue;
-            }
-            if groups.is_empty() {
-                causes.push((
-                    at("apiGroups"),
-                    "Required value: resource rules must supply at least one api group".to_owned(),
-                ));
-            }
-            if resources.is_empty() {
-                causes.push((
-                    at("resources"),
-                    "Required value: resource rules must supply at least one resource".to_owned(),
-                ));
-            }
-            if !names.is_empty() && resources.len() > 1 {
-                causes.push((
-                    at("resourceNames"),
-                    "Required value: resource names cannot apply to multiple resources".to_owned(),
-                ));
-            }
+    for (i, rule) in obj
+        .get("rules")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .enumerate()
+    {
+        let at = |f: &str| format!("rules[{i}].{f}");
+        if strings(rule.get("verbs")).is_empty() {
+            causes.push((
+                at("verbs"),
+                "Required value: verbs must contain at least one value".to_owned(),
+            ));
         }
-        return causes;
+        let urls = strings(rule.get("nonResourceURLs"));
+        let groups = strings(rule.get("apiGroups"));
+        let resources = strings(rule.get("resources"));
+        let names = strings(rule.get("resourceNames"));
+        if !urls.is_empty() {
+            if namespaced {
+                causes.push((
+                    at("nonResourceURLs"),
+                    format!(
+                        "Invalid value: {}: namespaced rules cannot apply to non-resource URLs",
+                        go_strings(&urls)
+                    ),
+                ));
+            }
+            if !groups.is_empty() || !resources.is_empty() || !names.is_empty() {
+                causes.push((
+                    at("nonResourceURLs"),
+                    format!(
+                        "Invalid value: {}: rules cannot apply to both regular resources and non-resource URLs",
+                        go_strings(&urls)
+                    ),
+                ));
+            }
+            continue;
+        }
+        if groups.is_empty() {
+            causes.push((
+                at("apiGroups"),
+                "Required value: resource rules must supply at least one api group".to_owned(),
+            ));
+        }
+        if resources.is_empty() {
+            causes.push((
+                at("resources"),
+                "Required value: resource rules must supply at least one resource".to_owned(),
+            ));
+        }
+        if !names.is_empty() && resources.len() > 1 {
+            causes.push((
+                at("resourceNames"),
+                "Required value: resource names cannot apply to multiple resources".to_owned(),
+            ));
+        }
     }
-    if !is_binding(rt) {
-        return causes;
-    }
-    let namespaced = rt.namespaced;
+    causes
+}
+
+/// `ValidateRoleBinding`, `ValidateClusterRoleBinding` and their update rule.
+fn validate_binding(obj: &Value, old: Option<&Value>, namespaced: bool) -> Causes {
+    let mut causes = Vec::new();
     let role_ref = obj.get("roleRef").cloned().unwrap_or_default();
     let api_group = s(&role_ref, "apiGroup");
     if api_group != GROUP {
@@ -327,7 +350,7 @@ pub(super) fn validate(
 
 /// The status of a SubjectAccessReview: the same decision a request of that user would get
 /// (`system:masters` allowed, everyone else by RBAC).
-pub(super) fn review_status(state: &State, body: &Value) -> Value {
+pub(crate) fn review_status(state: &State, body: &Value) -> Value {
     let spec = body.get("spec").cloned().unwrap_or_default();
     let user = UserInfo {
         username: s(&spec, "user").to_owned(),
@@ -365,4 +388,44 @@ pub(super) fn review_status(state: &State, body: &Value) -> Value {
         status["reason"] = json!(decision.reason);
     }
     status
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bindings_default_their_groups_and_keep_their_role() {
+        let mut b = json!({"roleRef": {"kind": "ClusterRole", "name": "view"},
+            "subjects": [{"kind": "User", "name": "u"}, {"kind": "ServiceAccount", "name": "s"}]});
+        Rbac::RoleBinding.defaults(&mut b);
+        assert_eq!(b["roleRef"]["apiGroup"], GROUP);
+        assert_eq!(b["subjects"][0]["apiGroup"], GROUP);
+        assert!(b["subjects"][1].get("apiGroup").is_none());
+        assert!(Rbac::RoleBinding.validate(&b, None).is_empty());
+        // A cluster-wide binding of a ServiceAccount must name its namespace.
+        assert_eq!(
+            Rbac::ClusterRoleBinding.validate(&b, None)[0].0,
+            "subjects[1].namespace"
+        );
+        let mut other = b.clone();
+        other["roleRef"]["name"] = json!("edit");
+        assert_eq!(Rbac::RoleBinding.validate(&other, Some(&b))[0].0, "roleRef");
+    }
+
+    #[test]
+    fn role_rules_are_validated_like_the_real_servers() {
+        let role = json!({"rules": [{"verbs": [], "apiGroups": [""], "resources": ["pods"]},
+            {"verbs": ["get"], "nonResourceURLs": ["/healthz"]}]});
+        let fields: Vec<String> = Rbac::Role
+            .validate(&role, None)
+            .into_iter()
+            .map(|c| c.0)
+            .collect();
+        assert_eq!(fields, ["rules[0].verbs", "rules[1].nonResourceURLs"]);
+        assert_eq!(Rbac::ClusterRole.validate(&role, None).len(), 1);
+        assert_eq!(Rbac::Role.name_rule(), NameRule::PathSegment);
+        assert_eq!(invalid_name("a/b"), Some("may not contain '/'"));
+        assert_eq!(invalid_name("system:discovery"), None);
+    }
 }
