@@ -48,7 +48,7 @@ use crate::copies::{Dependencies, Shared};
 use crate::namespaces::LowerNamespaces;
 use crate::needs::Side;
 use crate::reach::LowerReach;
-use crate::sync_error::{Call, Cluster, Failure, Level, Op, SyncError, Then, policy};
+use crate::sync_error::{Call, Cluster, Failure, Level, Op, SyncError, Then, failing_for, policy};
 use crate::tokens::IdentitySecrets;
 use tensile_runtime::cache::CompactCache;
 use tensile_runtime::clients::{already_exists, delete_exact};
@@ -477,10 +477,7 @@ impl Ctx {
     /// Carries out what follows from `failure` of pod `key` ([`policy`]): the Warning event
     /// and the log line; whether the queue takes it as done (else it backs off).
     fn failed(&self, queue: &Queue<Key>, key: &Key, failure: &Failure) -> bool {
-        let failing_for = queue
-            .failing_since(key)
-            .map_or(std::time::Duration::ZERO, |since| since.elapsed());
-        let then = policy(failure, failing_for);
+        let then = policy(failure, failing_for(queue, key));
         if let Some(reason) = then.event
             && let Some(u) = self.upper_pods.get(&key.0, &key.1)
         {
@@ -892,7 +889,15 @@ async fn delete_lower(ctx: &Ctx, l: &Pod, grace: Option<i64>) -> Result<(), Sync
     let grace = grace.and_then(|g| u32::try_from(g.max(0)).ok());
     delete_exact(&ctx.lower_api(&ns), &name, l.metadata.uid.clone(), grace)
         .await
-        .map_err(|e| SyncError::api(ctx.lower_call("deleting", "Pod", &ns, &name), e))
+        .map_err(|e| {
+            // The event is on the pod itself: "deleting the pod in lower cluster X", as before.
+            let call = Call {
+                doing: "deleting",
+                object: "the pod".to_owned(),
+                cluster: ctx.lower_cluster(),
+            };
+            SyncError::api(call, e)
+        })
 }
 
 async fn force_delete_upper(ctx: &Ctx, u: &Pod) -> Result<(), SyncError> {

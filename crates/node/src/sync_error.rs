@@ -105,6 +105,37 @@ pub fn classify(e: &kube::Error) -> ApiClass {
     }
 }
 
+/// The log level of a failed sync of a controller that sends no events (copies, volumes),
+/// failing for `failing_for`: as a pod's ([`policy`]), a conflict and a passing outage at
+/// debug (the back-off and the watches take care of them), a refusal or an outage that lasts
+/// at warn.
+pub fn quiet_level(class: ApiClass, failing_for: Duration) -> Level {
+    match class {
+        ApiClass::Conflict => Level::Debug,
+        ApiClass::Transient if failing_for < TRANSIENT_QUIET => Level::Debug,
+        ApiClass::Transient | ApiClass::Refused => Level::Warn,
+    }
+}
+
+/// Logs the failed sync `e` (`what`) at `level`.
+pub fn log_failure(level: Level, e: &dyn std::error::Error, what: &'static str) {
+    match level {
+        Level::Debug => tracing::debug!(error = %e, "{what}"),
+        Level::Info => tracing::info!(error = %e, "{what}"),
+        Level::Warn => tracing::warn!(error = %e, "{what}"),
+    }
+}
+
+/// How long `key` of `queue` has been failing (zero at its first failure).
+pub fn failing_for<K: Clone + Eq + std::hash::Hash + Send + 'static>(
+    queue: &tensile_runtime::queue::Queue<K>,
+    key: &K,
+) -> Duration {
+    queue
+        .failing_since(key)
+        .map_or(Duration::ZERO, |since| since.elapsed())
+}
+
 /// Why a pod's sync failed.
 #[derive(Debug, thiserror::Error)]
 pub enum SyncError {
@@ -610,6 +641,15 @@ mod tests {
                 level: Level::Warn
             }
         );
+    }
+
+    #[test]
+    fn controllers_without_events_log_quietly_until_it_matters() {
+        let (now, later) = (Duration::ZERO, TRANSIENT_QUIET);
+        assert_eq!(quiet_level(ApiClass::Transient, now), Level::Debug);
+        assert_eq!(quiet_level(ApiClass::Transient, later), Level::Warn);
+        assert_eq!(quiet_level(ApiClass::Conflict, later), Level::Debug);
+        assert_eq!(quiet_level(ApiClass::Refused, now), Level::Warn);
     }
 
     /// Today's bug this fixes: a pod that cannot be translated (a malformed `clusterSelector`,
