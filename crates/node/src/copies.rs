@@ -39,6 +39,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::namespaces::{LowerNamespaces, NamespaceError};
 use crate::needs::Needs;
+use crate::sync_error::{ApiClass, classify, failing_for, log_failure, quiet_level};
 use crate::watches::ObjectWatches;
 use tensile_runtime::cache::{CompactCache, Key};
 use tensile_runtime::clients::{already_exists, delete_exact};
@@ -104,6 +105,19 @@ pub enum CopyError {
         #[source]
         source: NamespaceError,
     },
+}
+
+impl CopyError {
+    /// How the failed call classifies ([`crate::sync_error::classify`]).
+    fn class(&self) -> ApiClass {
+        match self {
+            CopyError::Write { source, .. }
+            | CopyError::Namespace {
+                source: NamespaceError::Upper { source, .. } | NamespaceError::Lower { source, .. },
+                ..
+            } => classify(source),
+        }
+    }
 }
 
 /// ConfigMaps, Secrets and (with `PVControllers`) claims as this controller's watches see them:
@@ -476,7 +490,8 @@ where
                 let result = sync(kind, decide, lower, &key).await;
                 kind.cfg.metrics.observe("copy", t0.elapsed());
                 if let Err(e) = &result {
-                    tracing::warn!(error = %e, "copy sync failed");
+                    let level = quiet_level(e.class(), failing_for(&queue, &key));
+                    log_failure(level, e, "copy sync failed");
                 }
                 queue.done(key, result.is_ok());
             }

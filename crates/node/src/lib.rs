@@ -18,6 +18,7 @@ pub mod needs;
 pub mod node;
 pub mod pods;
 pub mod reach;
+pub mod sync_error;
 pub mod tokens;
 pub mod volumes;
 pub mod watches;

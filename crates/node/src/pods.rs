@@ -29,8 +29,7 @@ use tensile_core::deps::{
 };
 use tensile_core::env_events::{EnvEvent, Found, Upstairs, env_events, env_references};
 use tensile_core::keys::{
-    ANNOTATION_UPPER_UID, EVENT_PROVIDER_CREATE_FAILED, EVENT_PROVIDER_CREATE_SUCCESS,
-    EVENT_PROVIDER_DELETE_FAILED, EVENT_PROVIDER_DELETE_SUCCESS, EVENT_PROVIDER_UPDATE_FAILED,
+    ANNOTATION_UPPER_UID, EVENT_PROVIDER_CREATE_SUCCESS, EVENT_PROVIDER_DELETE_SUCCESS,
     EVENT_PROVIDER_UPDATE_SUCCESS, REASON_NOT_OFFLOADED, REASON_PROVIDER_FAILED,
 };
 use tensile_core::plan::{
@@ -42,13 +41,14 @@ use tensile_core::status::{
 };
 use tensile_core::sync::{PodStep, pod_step};
 use tensile_core::translate::{TranslateConfig, lower_pod};
-use tensile_core::update::PodUpdate;
+use tensile_core::update::{PodUpdate, UpdateError};
 use tokio_util::sync::CancellationToken;
 
 use crate::copies::{Dependencies, Shared};
 use crate::namespaces::LowerNamespaces;
 use crate::needs::Side;
 use crate::reach::LowerReach;
+use crate::sync_error::{Call, Cluster, Failure, Level, Op, SyncError, Then, failing_for, policy};
 use crate::tokens::IdentitySecrets;
 use tensile_runtime::cache::CompactCache;
 use tensile_runtime::clients::{already_exists, delete_exact};
@@ -104,15 +104,6 @@ impl SyncMetrics {
 
 /// A pod key: (namespace, name), the same in both clusters.
 pub type Key = (String, String);
-
-/// A failed reconcile: the message goes to the upper pod as an Event.
-#[derive(Debug, thiserror::Error)]
-#[error("{0}")]
-pub struct SyncError(String);
-
-fn err(context: &str, e: impl std::fmt::Display) -> SyncError {
-    SyncError(format!("{context}: {e}"))
-}
 
 fn not_found(e: &kube::Error) -> bool {
     matches!(e, kube::Error::Api(s) if s.code == 404)
@@ -474,14 +465,48 @@ async fn worker(ctx: Arc<Ctx>, queue: Queue<Key>, rx: Receiver<Key>, stop: Cance
         let t0 = std::time::Instant::now();
         let result = reconcile(&ctx, &key).await;
         ctx.metrics.observe("reconcile", t0.elapsed());
-        if let Err(e) = &result {
-            tracing::warn!(namespace = %key.0, pod = %key.1, error = %e, "pod sync failed");
-        }
-        queue.done(key, result.is_ok());
+        let ok = match &result {
+            Ok(()) => true,
+            Err(failure) => ctx.failed(&queue, &key, failure),
+        };
+        queue.done(key, ok);
     }
 }
 
 impl Ctx {
+    /// Carries out what follows from `failure` of pod `key` ([`policy`]): the Warning event
+    /// and the log line; whether the queue takes it as done (else it backs off).
+    fn failed(&self, queue: &Queue<Key>, key: &Key, failure: &Failure) -> bool {
+        let then = policy(failure, failing_for(queue, key));
+        if let Some(reason) = then.event
+            && let Some(u) = self.upper_pods.get(&key.0, &key.1)
+        {
+            self.event(&u, true, reason, failure.to_string());
+        }
+        let (ns, pod, kind) = (&key.0, &key.1, failure.error.kind());
+        match then.level {
+            Level::Debug => {
+                tracing::debug!(namespace = %ns, pod = %pod, kind, error = %failure, "pod sync failed")
+            }
+            Level::Info => {
+                tracing::info!(namespace = %ns, pod = %pod, kind, error = %failure, "pod sync failed")
+            }
+            Level::Warn => {
+                tracing::warn!(namespace = %ns, pod = %pod, kind, error = %failure, "pod sync failed")
+            }
+        }
+        then.then == Then::Done
+    }
+
+    fn lower_cluster(&self) -> Cluster {
+        Cluster::Lower(self.cfg.lower_name.clone())
+    }
+
+    /// `doing` the lower `kind` `ns/name`.
+    fn lower_call(&self, doing: &'static str, kind: &str, ns: &str, name: &str) -> Call {
+        Call::new(doing, kind, ns, name, self.lower_cluster())
+    }
+
     /// Whether to hold a Pending status back for now ([`Holds`]); while held, the key comes
     /// back once the window is over (asked again at every look: a look in between, which the
     /// queue runs at once, takes the key out of its wait).
@@ -529,7 +554,7 @@ impl Ctx {
         let Some(conditions) = not_offloaded_conditions(pod, reason, message, &now) else {
             return Ok(());
         };
-        let (ns, name) = key_of(pod).ok_or_else(|| SyncError("pod without name".into()))?;
+        let (ns, name) = key_of(pod).ok_or_else(unnamed)?;
         let patch = if reason == REASON_PROVIDER_FAILED {
             provider_failed_patch(&conditions, message)
         } else {
@@ -538,12 +563,22 @@ impl Ctx {
         self.upper_api(&ns)
             .patch_status(&name, &PatchParams::default(), &Patch::Merge(patch))
             .await
-            .map_err(|e| err("updating the upper pod status", e))?;
+            .map_err(|e| SyncError::api(upper_status(&ns, &name), e))?;
         Ok(())
     }
 }
 
-async fn reconcile(ctx: &Ctx, key: &Key) -> Result<(), SyncError> {
+/// A pod without a name or namespace (never so for one read from an API server).
+fn unnamed() -> SyncError {
+    SyncError::Invalid("pod without name".into())
+}
+
+/// Writing the status of upper pod `ns/name`.
+fn upper_status(ns: &str, name: &str) -> Call {
+    Call::new("writing the status of", "Pod", ns, name, Cluster::Upper)
+}
+
+async fn reconcile(ctx: &Ctx, key: &Key) -> Result<(), Failure> {
     let result = reconcile_pod(ctx, key).await;
     if let Some(tokens) = &ctx.tokens {
         // From the caches as they are now: a lower pod the step just deleted still holds its
@@ -553,13 +588,13 @@ async fn reconcile(ctx: &Ctx, key: &Key) -> Result<(), SyncError> {
         tokens
             .collect(key, upper.as_ref(), lower.as_ref())
             .await
-            .map_err(|e| SyncError(e.to_string()))?;
+            .map_err(|e| SyncError::tokens(e, ns, name, &ctx.cfg.lower_name))?;
     }
     result
 }
 
 /// One step of the pod `key` (see [`pod_step`]).
-async fn reconcile_pod(ctx: &Ctx, key: &Key) -> Result<(), SyncError> {
+async fn reconcile_pod(ctx: &Ctx, key: &Key) -> Result<(), Failure> {
     let (ns, name) = key;
     let upper = ctx.upper_pods.get(ns, name);
     let lower = ctx.lower_pods.get(ns, name);
@@ -573,7 +608,19 @@ async fn reconcile_pod(ctx: &Ctx, key: &Key) -> Result<(), SyncError> {
         gone_grace,
         &now,
     )
-    .map_err(|e| SyncError(e.to_string()))?;
+    .map_err(|e| {
+        // Only a pod with a lower copy is compared: what fails is carrying its change down.
+        let error = match e {
+            UpdateError::Translate(e) => SyncError::Invalid(Box::new(e)),
+            UpdateError::NotOurs(foreign) => SyncError::Ownership {
+                kind: "Pod",
+                namespace: foreign.namespace,
+                name: foreign.name,
+                cluster: ctx.lower_cluster(),
+            },
+        };
+        Failure::new(Op::Update, error)
+    })?;
     if !matches!(&step, PodStep::Sync { status: Some(s), .. } if may_coalesce(s)) {
         ctx.release_status(key);
     }
@@ -585,7 +632,7 @@ async fn reconcile_pod(ctx: &Ctx, key: &Key) -> Result<(), SyncError> {
     // Each step that needs a pod has it: `pod_step` only returns them when it is there.
     let (Some(u), l) = (upper.as_ref(), lower.as_ref()) else {
         return match (step, lower.as_ref()) {
-            (PodStep::DeleteLower { grace, .. }, Some(l)) => delete_lower(ctx, l, grace).await,
+            (PodStep::DeleteLower { grace, .. }, Some(l)) => Ok(delete_lower(ctx, l, grace).await?),
             _ => Ok(()),
         };
     };
@@ -596,11 +643,10 @@ async fn reconcile_pod(ctx: &Ctx, key: &Key) -> Result<(), SyncError> {
             upper_deleting,
         } => {
             let Some(l) = l else { return Ok(()) };
-            if let Err(e) = delete_lower(ctx, l, grace).await {
-                // As virtual-kubelet: the failure is on the upper pod, where its owner looks.
-                ctx.event(u, true, EVENT_PROVIDER_DELETE_FAILED, e.to_string());
-                return Err(e);
-            }
+            // As virtual-kubelet: a failure is on the upper pod, where its owner looks.
+            delete_lower(ctx, l, grace)
+                .await
+                .map_err(|e| Failure::new(Op::Delete, e))?;
             if upper_deleting {
                 ctx.event(
                     u,
@@ -611,11 +657,10 @@ async fn reconcile_pod(ctx: &Ctx, key: &Key) -> Result<(), SyncError> {
             }
             Ok(())
         }
-        PodStep::FinishUpperDeletion => force_delete_upper(ctx, u).await,
-        PodStep::NotOffloaded(why) => {
-            ctx.upper_condition(u, REASON_NOT_OFFLOADED, &why.to_string())
-                .await
-        }
+        PodStep::FinishUpperDeletion => Ok(force_delete_upper(ctx, u).await?),
+        PodStep::NotOffloaded(why) => Ok(ctx
+            .upper_condition(u, REASON_NOT_OFFLOADED, &why.to_string())
+            .await?),
         // Created already; the lower watch will bring the key back when it shows the pod.
         PodStep::Create
             if ctx.created.pending(
@@ -637,11 +682,12 @@ async fn reconcile_pod(ctx: &Ctx, key: &Key) -> Result<(), SyncError> {
                 Ok(())
             }
             Err(e) => {
-                ctx.event(u, true, EVENT_PROVIDER_CREATE_FAILED, e.to_string());
+                // The status says it whatever the kind (`kubectl get` shows ProviderFailed);
+                // the event follows from the kind (the worker's `policy`).
                 let _ = ctx
                     .upper_condition(u, REASON_PROVIDER_FAILED, &e.to_string())
                     .await;
-                Err(e)
+                Err(Failure::new(Op::Create, e))
             }
         },
         PodStep::MarkLost(status) => {
@@ -652,7 +698,7 @@ async fn reconcile_pod(ctx: &Ctx, key: &Key) -> Result<(), SyncError> {
                     &Patch::Merge(json!({"status": status})),
                 )
                 .await
-                .map_err(|e| err("marking the upper pod lost", e))?;
+                .map_err(|e| SyncError::api(upper_status(ns, name), e))?;
             Ok(())
         }
         PodStep::DeleteUpper { grace } => {
@@ -663,16 +709,27 @@ async fn reconcile_pod(ctx: &Ctx, key: &Key) -> Result<(), SyncError> {
             match ctx.upper_api(ns).delete(name, &dp).await {
                 Ok(_) => Ok(()),
                 Err(e) if not_found(&e) => Ok(()),
-                Err(e) => Err(err(
-                    "deleting the upper pod after its lower pod was deleted",
-                    e,
-                )),
+                Err(e) => {
+                    let call = Call::new(
+                        "deleting (its lower pod was deleted)",
+                        "Pod",
+                        ns,
+                        name,
+                        Cluster::Upper,
+                    );
+                    Err(SyncError::api(call, e).into())
+                }
             }
         }
-        PodStep::Conflict => Err(SyncError(format!(
-            "a pod {ns}/{name} that is not ours exists in lower cluster {}",
-            ctx.cfg.lower_name
-        ))),
+        PodStep::Conflict => Err(Failure::new(
+            Op::Create,
+            SyncError::Ownership {
+                kind: "Pod",
+                namespace: ns.clone(),
+                name: name.clone(),
+                cluster: ctx.lower_cluster(),
+            },
+        )),
         // The lower pod's state is unknown: the upper pod is not Ready (nothing else changes).
         PodStep::Sync { .. } if let Some(message) = ctx.reach.message() => {
             let Some(conditions) = unreachable_conditions(u, &message, &Time(Timestamp::now()))
@@ -686,13 +743,13 @@ async fn reconcile_pod(ctx: &Ctx, key: &Key) -> Result<(), SyncError> {
                     &Patch::Merge(json!({"status": {"conditions": conditions}})),
                 )
                 .await
-                .map_err(|e| err("marking the upper pod not ready", e))?;
+                .map_err(|e| SyncError::api(upper_status(ns, name), e))?;
             Ok(())
         }
         PodStep::Sync { update, status } => {
             let status = status.filter(|s| !(may_coalesce(s) && ctx.hold_status(key)));
             sync_existing(ctx, (u, l), &update, status).await?;
-            sync_tokens(ctx, u, l).await
+            Ok(sync_tokens(ctx, u, l).await?)
         }
     }
 }
@@ -705,10 +762,11 @@ async fn sync_tokens(ctx: &Ctx, u: &Pod, l: Option<&Pod>) -> Result<(), SyncErro
     if u.metadata.deletion_timestamp.is_some() || l.metadata.deletion_timestamp.is_some() {
         return Ok(());
     }
+    let (ns, name) = key_of(u).ok_or_else(unnamed)?;
     let t0 = std::time::Instant::now();
     let result = tokens.sync(u).await;
     ctx.metrics.observe("upper_tokens", t0.elapsed());
-    result.map_err(|e| SyncError(e.to_string()))
+    result.map_err(|e| SyncError::tokens(e, &ns, &name, &ctx.cfg.lower_name))
 }
 
 /// Carries a [`PodStep::Sync`] out: the lower patch, ephemeral containers, the upper status.
@@ -717,37 +775,34 @@ async fn sync_existing(
     (u, l): (&Pod, Option<&Pod>),
     update: &PodUpdate,
     status: Option<Box<PodStatus>>,
-) -> Result<(), SyncError> {
-    let (ns, name) = key_of(u).ok_or_else(|| SyncError("pod without name".into()))?;
+) -> Result<(), Failure> {
+    let (ns, name) = key_of(u).ok_or_else(unnamed)?;
+    let (ns_ref, name_ref) = (ns.as_str(), name.as_str());
+    let update_failed = |doing| {
+        move |e| {
+            let call = ctx.lower_call(doing, "Pod", ns_ref, name_ref);
+            Failure::new(Op::Update, SyncError::api(call, e))
+        }
+    };
     if let Some(patch) = &update.patch {
-        match ctx
-            .lower_api(&ns)
+        ctx.lower_api(&ns)
             .patch(&name, &PatchParams::default(), &Patch::Strategic(patch))
             .await
-        {
-            Ok(_) => ctx.event(
-                u,
-                false,
-                EVENT_PROVIDER_UPDATE_SUCCESS,
-                "updated the lower pod".into(),
-            ),
-            Err(e) => {
-                ctx.event(u, true, EVENT_PROVIDER_UPDATE_FAILED, e.to_string());
-                return Err(err("updating the lower pod", e));
-            }
-        }
+            .map_err(update_failed("updating"))?;
+        ctx.event(
+            u,
+            false,
+            EVENT_PROVIDER_UPDATE_SUCCESS,
+            "updated the lower pod".into(),
+        );
     }
     if let Some(ephemeral) = &update.ephemeral_containers {
         // A container added with `kubectl debug` gets its environment events too (the
         // library's since v1.6); those of the pod's own containers were sent already.
         send_env_events(ctx, u, &ns, &name).await;
-        let ephemeral = match ephemeral_dependencies(ctx, &ns, l, ephemeral).await {
-            Ok(e) => e,
-            Err(e) => {
-                ctx.event(u, true, EVENT_PROVIDER_UPDATE_FAILED, e.to_string());
-                return Err(e);
-            }
-        };
+        let ephemeral = ephemeral_dependencies(ctx, &ns, l, ephemeral)
+            .await
+            .map_err(|e| Failure::new(Op::Update, e))?;
         let patch = json!({"spec": {"ephemeralContainers": ephemeral}});
         ctx.lower_api(&ns)
             .patch_subresource(
@@ -757,7 +812,7 @@ async fn sync_existing(
                 &Patch::Strategic(patch),
             )
             .await
-            .map_err(|e| err("adding ephemeral containers to the lower pod", e))?;
+            .map_err(update_failed("adding ephemeral containers to"))?;
     }
     if let Some(conditions) = &update.gate_conditions {
         // The lower kubelet counts them into the lower pod's Ready, which then comes back up.
@@ -768,7 +823,11 @@ async fn sync_existing(
                 &Patch::Strategic(json!({"status": {"conditions": conditions}})),
             )
             .await
-            .map_err(|e| err("setting readiness-gate conditions on the lower pod", e))?;
+            .map_err(|e| {
+                let call =
+                    ctx.lower_call("setting readiness-gate conditions of", "Pod", &ns, &name);
+                SyncError::api(call, e)
+            })?;
     }
     if let Some(status) = status {
         let t0 = std::time::Instant::now();
@@ -781,7 +840,7 @@ async fn sync_existing(
             )
             .await;
         ctx.metrics.observe("upper_status", t0.elapsed());
-        written.map_err(|e| err("updating the upper pod status", e))?;
+        written.map_err(|e| SyncError::api(upper_status(&ns, &name), e))?;
     }
     Ok(())
 }
@@ -826,21 +885,35 @@ async fn ephemeral_dependencies(
 }
 
 async fn delete_lower(ctx: &Ctx, l: &Pod, grace: Option<i64>) -> Result<(), SyncError> {
-    let (ns, name) = key_of(l).ok_or_else(|| SyncError("pod without name".into()))?;
+    let (ns, name) = key_of(l).ok_or_else(unnamed)?;
     let grace = grace.and_then(|g| u32::try_from(g.max(0)).ok());
     delete_exact(&ctx.lower_api(&ns), &name, l.metadata.uid.clone(), grace)
         .await
         .map_err(|e| {
-            let context = format!("deleting the pod in lower cluster {}", ctx.cfg.lower_name);
-            err(&context, e)
+            // The event is on the pod itself: "deleting the pod in lower cluster X", as before.
+            let call = Call {
+                doing: "deleting",
+                object: "the pod".to_owned(),
+                cluster: ctx.lower_cluster(),
+            };
+            SyncError::api(call, e)
         })
 }
 
 async fn force_delete_upper(ctx: &Ctx, u: &Pod) -> Result<(), SyncError> {
-    let (ns, name) = key_of(u).ok_or_else(|| SyncError("pod without name".into()))?;
+    let (ns, name) = key_of(u).ok_or_else(unnamed)?;
     delete_exact(&ctx.upper_api(&ns), &name, u.metadata.uid.clone(), Some(0))
         .await
-        .map_err(|e| err("finishing the upper pod's deletion", e))
+        .map_err(|e| {
+            let call = Call::new(
+                "finishing the deletion of",
+                "Pod",
+                &ns,
+                &name,
+                Cluster::Upper,
+            );
+            SyncError::api(call, e)
+        })
 }
 
 /// Creates what the pod needs in the lower cluster, then the pod, in the plan's order.
@@ -855,11 +928,11 @@ async fn create_lower(ctx: &Ctx, u: &Pod) -> Result<(), SyncError> {
 }
 
 async fn create_lower_steps(ctx: &Ctx, u: &Pod) -> Result<(), SyncError> {
-    let (ns, name) = key_of(u).ok_or_else(|| SyncError("pod without name".into()))?;
+    let (ns, name) = key_of(u).ok_or_else(unnamed)?;
     send_env_events(ctx, u, &ns, &name).await;
     let owner = ctx.cfg.translate.owner.clone();
     let deps = pod_dependencies(u);
-    let plan = pod_creation_plan(u, &deps).ok_or_else(|| SyncError("pod without name".into()))?;
+    let plan = pod_creation_plan(u, &deps).ok_or_else(unnamed)?;
     let pp = PostParams::default();
     // Optional references whose object the upper cluster does not have (or never lets go):
     // left out of the lower pod, so a lower object of the same name is never read.
@@ -870,7 +943,7 @@ async fn create_lower_steps(ctx: &Ctx, u: &Pod) -> Result<(), SyncError> {
                 .namespaces
                 .ensure(&ns)
                 .await
-                .map_err(|e| err(&format!("lower cluster {}", ctx.cfg.lower_name), e))?,
+                .map_err(|e| SyncError::namespace(e, "Pod", &name, &ctx.cfg.lower_name))?,
             // The operator creates lower ServiceAccounts by hand: theirs is the one to use.
             LowerKind::ServiceAccount if !ctx.cfg.service_accounts => {}
             LowerKind::ServiceAccount => {
@@ -898,10 +971,10 @@ async fn create_lower_steps(ctx: &Ctx, u: &Pod) -> Result<(), SyncError> {
                     let t0 = std::time::Instant::now();
                     let written = tokens.sync(u).await;
                     ctx.metrics.observe("upper_tokens", t0.elapsed());
-                    written.map_err(|e| SyncError(e.to_string()))?;
+                    written.map_err(|e| SyncError::tokens(e, &ns, &name, &ctx.cfg.lower_name))?;
                 }
-                let mut pod =
-                    lower_pod(u, &ctx.cfg.translate).map_err(|e| SyncError(e.to_string()))?;
+                let mut pod = lower_pod(u, &ctx.cfg.translate)
+                    .map_err(|e| SyncError::Invalid(Box::new(e)))?;
                 if let Some(spec) = pod.spec.as_mut() {
                     drop_absent(spec, &absent);
                 }
@@ -916,39 +989,40 @@ async fn create_lower_steps(ctx: &Ctx, u: &Pod) -> Result<(), SyncError> {
                         std::time::Instant::now(),
                     ),
                     Err(e) if already_exists(&e) => {
-                        let existing = ctx
-                            .lower_api(&ns)
-                            .get(&name)
-                            .await
-                            .map_err(|e| err("reading the existing lower pod", e))?;
+                        let existing = ctx.lower_api(&ns).get(&name).await.map_err(|e| {
+                            let call = ctx.lower_call("reading the existing", "Pod", &ns, &name);
+                            SyncError::api(call, e)
+                        })?;
                         match on_existing(LowerKind::Pod, &existing.metadata, &owner, uid) {
                             Existing::Ours => ctx.created.written(
                                 (ns.clone(), name.clone()),
                                 uid,
                                 std::time::Instant::now(),
                             ),
+                            // Ours, of an earlier upper pod of the name: gone now, and its
+                            // deletion brings the key back (the cache was behind).
                             Existing::Stale => {
                                 delete_lower(ctx, &existing, Some(0)).await?;
-                                return Err(SyncError(format!(
-                                    "replacing a stale lower pod {ns}/{name}"
-                                )));
+                                return Err(SyncError::Conflict {
+                                    call: ctx.lower_call("creating", "Pod", &ns, &name),
+                                    source: "the lower pod of an earlier upper pod of the name \
+                                             is being replaced"
+                                        .into(),
+                                });
                             }
                             _ => {
-                                return Err(SyncError(format!(
-                                    "a pod {ns}/{name} that is not ours exists in lower cluster {}",
-                                    ctx.cfg.lower_name
-                                )));
+                                return Err(SyncError::Ownership {
+                                    kind: "Pod",
+                                    namespace: ns.clone(),
+                                    name: name.clone(),
+                                    cluster: ctx.lower_cluster(),
+                                });
                             }
                         }
                     }
                     Err(e) => {
-                        return Err(err(
-                            &format!(
-                                "creating pod {ns}/{name} in lower cluster {}",
-                                ctx.cfg.lower_name
-                            ),
-                            e,
-                        ));
+                        let call = ctx.lower_call("creating", "Pod", &ns, &name);
+                        return Err(SyncError::api(call, e));
                     }
                 }
             }
@@ -1028,11 +1102,19 @@ async fn dependency(
 ) -> Result<(), SyncError> {
     let owner = &ctx.cfg.translate.owner;
     let upper = &ctx.cfg.upper;
-    let missing = |kind: &str| {
-        SyncError(format!(
-            "{kind} {ns}/{} not found in the upper cluster; the pod waits for it",
-            step.name
-        ))
+    let missing = |kind: &'static str| SyncError::MissingDependency {
+        kind,
+        namespace: ns.to_owned(),
+        name: step.name.clone(),
+        why: "not found in the upper cluster",
+    };
+    let unreadable = |kind: &'static str| {
+        move |e| {
+            SyncError::api(
+                Call::new("reading", kind, ns, &step.name, Cluster::Upper),
+                e,
+            )
+        }
     };
     match step.kind {
         // Our copy is there already (another pod needs it too): the copy controller keeps it
@@ -1050,7 +1132,7 @@ async fn dependency(
                 absent.config_maps.insert(step.name.clone());
             }
             Ok(None) => return Err(missing("configmap")),
-            Err(e) => return Err(err(&format!("reading configmap {ns}/{}", step.name), e)),
+            Err(e) => return Err(unreadable("ConfigMap")(e)),
         },
         LowerKind::Secret => match ctx
             .upper_objects
@@ -1065,13 +1147,15 @@ async fn dependency(
                 Err(_) if step.optional => {
                     absent.secrets.insert(step.name.clone());
                 }
-                Err(e) => return Err(SyncError(format!("{e}; the pod waits"))),
+                // Never copied, so retrying changes nothing: the Secret's (or the pod's) next
+                // change brings the pod back.
+                Err(e) => return Err(SyncError::Invalid(Box::new(e))),
             },
             Ok(None) if step.optional => {
                 absent.secrets.insert(step.name.clone());
             }
             Ok(None) => return Err(missing("secret")),
-            Err(e) => return Err(err(&format!("reading secret {ns}/{}", step.name), e)),
+            Err(e) => return Err(unreadable("Secret")(e)),
         },
         LowerKind::PersistentVolumeClaim => {
             match ctx
@@ -1084,7 +1168,7 @@ async fn dependency(
                 // As a kubelet waits for a claim (the original skipped it, and the lower pod
                 // mounted a lower claim of that name).
                 Ok(None) => return Err(missing("persistentvolumeclaim")),
-                Err(e) => return Err(err(&format!("reading claim {ns}/{}", step.name), e)),
+                Err(e) => return Err(unreadable("PersistentVolumeClaim")(e)),
             }
         }
         LowerKind::Namespace | LowerKind::ServiceAccount | LowerKind::Pod => {}
@@ -1106,15 +1190,11 @@ where
     let api: Api<K> = Api::namespaced(ctx.cfg.lower.clone(), ns);
     let name = object.meta().name.clone().unwrap_or_default();
     let what = kind_name(kind);
-    let cluster = &ctx.cfg.lower_name;
     match api.create(&PostParams::default(), object).await {
         Ok(_) => Ok(()),
         Err(e) if already_exists(&e) => {
             let existing = api.get(&name).await.map_err(|e| {
-                err(
-                    &format!("reading the existing {what} {ns}/{name} in lower cluster {cluster}"),
-                    e,
-                )
+                SyncError::api(ctx.lower_call("reading the existing", what, ns, &name), e)
             })?;
             let upper_uid = object
                 .meta()
@@ -1124,14 +1204,16 @@ where
                 .map_or("", String::as_str);
             match on_existing(kind, existing.meta(), &ctx.cfg.translate.owner, upper_uid) {
                 Existing::Ours | Existing::UseAsIs | Existing::Sibling => Ok(()),
-                Existing::Stale | Existing::Conflict => Err(SyncError(format!(
-                    "a {what} {ns}/{name} that is not ours exists in lower cluster {cluster}: it is \
-                     never used for an upper pod, and the pod waits until it is gone"
-                ))),
+                Existing::Stale | Existing::Conflict => Err(SyncError::Ownership {
+                    kind: what,
+                    namespace: ns.to_owned(),
+                    name,
+                    cluster: ctx.lower_cluster(),
+                }),
             }
         }
-        Err(e) => Err(err(
-            &format!("creating {what} {ns}/{name} in lower cluster {cluster}"),
+        Err(e) => Err(SyncError::api(
+            ctx.lower_call("creating", what, ns, &name),
             e,
         )),
     }

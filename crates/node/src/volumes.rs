@@ -19,6 +19,8 @@ use tensile_runtime::cache::CompactCache;
 use tensile_runtime::clients::{already_exists, delete_exact};
 use tensile_runtime::queue::{Queue, Receiver};
 
+use crate::sync_error::{classify, failing_for, log_failure, quiet_level};
+
 /// Settings of the volume controller.
 #[derive(Clone)]
 pub struct VolumeSync {
@@ -182,7 +184,8 @@ impl VolumeController {
             let result = sync(cfg, claims, upper, lower, &name).await;
             cfg.metrics.observe("volume", t0.elapsed());
             if let Err(e) = &result {
-                tracing::warn!(error = %e, "volume sync failed");
+                let level = quiet_level(classify(&e.source), failing_for(&queue, &name));
+                log_failure(level, e, "volume sync failed");
             }
             queue.done(name, result.is_ok());
         }

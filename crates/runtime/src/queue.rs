@@ -58,7 +58,8 @@ struct State<K> {
     processing: HashSet<K>,
     /// What was asked for keys while they were being worked on.
     dirty: HashMap<K, Again>,
-    failures: HashMap<K, u32>,
+    /// Failures in a row of each failing key, and when the first of them was.
+    failures: HashMap<K, (u32, Instant)>,
     retry: Retry,
 }
 
@@ -307,6 +308,14 @@ impl<K: Clone + Eq + Hash + Send + 'static> Queue<K> {
         Some(since.elapsed())
     }
 
+    /// Since when `key` has been failing: the time of the first of its failures in a row, or
+    /// None when its last work succeeded (or it never failed). A worker asks before it
+    /// finishes a failed attempt, to tell a failure that persists from a passing one.
+    pub fn failing_since(&self, key: &K) -> Option<Instant> {
+        let s = self.state.lock().ok()?;
+        s.failures.get(key).map(|(_, since)| *since)
+    }
+
     /// A worker is done with `key`; `ok` says whether it succeeded ([`Action::Done`]).
     pub fn done(&self, key: K, ok: bool) {
         self.finish(key, &if ok { Ok(Action::Done) } else { Err(()) });
@@ -324,7 +333,7 @@ impl<K: Clone + Eq + Hash + Send + 'static> Queue<K> {
                 s.failures.remove(&key);
                 None
             } else {
-                let n = s.failures.entry(key.clone()).or_insert(0);
+                let (n, _) = s.failures.entry(key.clone()).or_insert((0, Instant::now()));
                 *n = n.saturating_add(1);
                 let n = *n;
                 Some(s.retry.after(n))
@@ -701,6 +710,7 @@ mod delayed_tests {
         let (queue, rx) = Queue::with_retry(retry);
         queue.add("a");
         assert_eq!(next_within_a_minute(&queue, &rx).await, Some("a"));
+        let t0 = Instant::now();
         let mut delays = Vec::new();
         for _ in 0..3 {
             // Added while failing: it still waits for its backoff.
@@ -712,8 +722,12 @@ mod delayed_tests {
         }
         // 1 s, doubling, capped at 3 s.
         assert_eq!(delays, [1, 2, 3].map(Duration::from_secs));
+        // Failing since the first of the three, not the last.
+        assert_eq!(queue.failing_since(&"a"), Some(t0));
+        assert_eq!(queue.failing_since(&"b"), None);
         // A success forgets the failures: the next failure waits the first delay again.
         queue.done("a", true);
+        assert_eq!(queue.failing_since(&"a"), None);
         queue.add("a");
         assert_eq!(next_within_a_minute(&queue, &rx).await, Some("a"));
         let t = Instant::now();

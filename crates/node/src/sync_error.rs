@@ -1,0 +1,670 @@
+//! The pod path's errors, typed by what follows from them. Each variant is a kind of failure
+//! with its context (which object, which cluster, what was being done); [`policy`] maps a
+//! failure to what the controller does next: the queue's action, the Warning event on the
+//! upper pod (and its reason), and the log level. The rule lives here, in one function, so
+//! that retry, back-off and events follow from the type and nowhere else.
+//!
+//! API errors are sorted by their status code in one place ([`classify`]): 5xx, 429, 408,
+//! 401 and answers that never came are transient; 409 and 404 mean our cache is behind the
+//! API server (the watch brings the object's news); any other 4xx is a refusal of the object.
+
+use std::time::Duration;
+
+use tensile_core::keys::{
+    EVENT_PROVIDER_CREATE_FAILED, EVENT_PROVIDER_DELETE_FAILED, EVENT_PROVIDER_UPDATE_FAILED,
+};
+
+use crate::namespaces::NamespaceError;
+use crate::tokens::TokenError;
+
+/// Which cluster a call went to.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Cluster {
+    /// The upper cluster.
+    Upper,
+    /// The lower cluster of this name.
+    Lower(String),
+}
+
+impl std::fmt::Display for Cluster {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Cluster::Upper => f.write_str("the upper cluster"),
+            Cluster::Lower(name) => write!(f, "lower cluster {name}"),
+        }
+    }
+}
+
+/// What was being done when a call failed: `creating Pod default/web in lower cluster a`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Call {
+    /// What was being done, as a verb (`creating`, `writing the status of`).
+    pub doing: &'static str,
+    /// The object, as `Kind namespace/name`.
+    pub object: String,
+    /// Where.
+    pub cluster: Cluster,
+}
+
+impl Call {
+    /// `doing` the `kind` `namespace/name` in `cluster`.
+    pub fn new(
+        doing: &'static str,
+        kind: &str,
+        namespace: &str,
+        name: &str,
+        cluster: Cluster,
+    ) -> Self {
+        Call {
+            doing,
+            object: format!("{kind} {namespace}/{name}"),
+            cluster,
+        }
+    }
+}
+
+impl std::fmt::Display for Call {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} {} in {}", self.doing, self.object, self.cluster)
+    }
+}
+
+/// The underlying error of a failed call (the API server's answer, or the error of the module
+/// that made the call, which names its object too).
+pub type Source = Box<dyn std::error::Error + Send + Sync>;
+
+/// How an API server's answer classifies (see [`classify`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ApiClass {
+    /// Unreachable, timed out, overloaded (5xx, 429, 408), or our credentials were not taken
+    /// (401: the client renews them): the same call may well succeed later.
+    Transient,
+    /// 409 or 404: the object changed or went since our cache saw it; the watch brings its
+    /// news, and the next look decides anew.
+    Conflict,
+    /// Any other 4xx: the API server refused the object (validation, admission, quota, RBAC).
+    Refused,
+}
+
+/// How an answer of HTTP status `code` classifies.
+pub fn classify_code(code: u16) -> ApiClass {
+    match code {
+        404 | 409 => ApiClass::Conflict,
+        401 | 408 | 429 => ApiClass::Transient,
+        400..=499 => ApiClass::Refused,
+        _ => ApiClass::Transient,
+    }
+}
+
+/// How a client error classifies: by its status code when the API server answered, transient
+/// otherwise (no connection, a timeout, a TLS failure, an answer cut short).
+pub fn classify(e: &kube::Error) -> ApiClass {
+    match e {
+        kube::Error::Api(status) => classify_code(status.code),
+        _ => ApiClass::Transient,
+    }
+}
+
+/// The log level of a failed sync of a controller that sends no events (copies, volumes),
+/// failing for `failing_for`: as a pod's ([`policy`]), a conflict and a passing outage at
+/// debug (the back-off and the watches take care of them), a refusal or an outage that lasts
+/// at warn.
+pub fn quiet_level(class: ApiClass, failing_for: Duration) -> Level {
+    match class {
+        ApiClass::Conflict => Level::Debug,
+        ApiClass::Transient if failing_for < TRANSIENT_QUIET => Level::Debug,
+        ApiClass::Transient | ApiClass::Refused => Level::Warn,
+    }
+}
+
+/// Logs the failed sync `e` (`what`) at `level`.
+pub fn log_failure(level: Level, e: &dyn std::error::Error, what: &'static str) {
+    match level {
+        Level::Debug => tracing::debug!(error = %e, "{what}"),
+        Level::Info => tracing::info!(error = %e, "{what}"),
+        Level::Warn => tracing::warn!(error = %e, "{what}"),
+    }
+}
+
+/// How long `key` of `queue` has been failing (zero at its first failure).
+pub fn failing_for<K: Clone + Eq + std::hash::Hash + Send + 'static>(
+    queue: &tensile_runtime::queue::Queue<K>,
+    key: &K,
+) -> Duration {
+    queue
+        .failing_since(key)
+        .map_or(Duration::ZERO, |since| since.elapsed())
+}
+
+/// Why a pod's sync failed.
+#[derive(Debug, thiserror::Error)]
+pub enum SyncError {
+    /// The API server could not answer now (see [`ApiClass::Transient`]).
+    #[error("{call}: {source}")]
+    Transient {
+        /// What failed.
+        call: Call,
+        /// Why.
+        #[source]
+        source: Source,
+    },
+    /// The API server is ahead of our cache (see [`ApiClass::Conflict`]).
+    #[error("{call}: {source}")]
+    Conflict {
+        /// What failed.
+        call: Call,
+        /// Why.
+        #[source]
+        source: Source,
+    },
+    /// An upper object the pod needs is not there (yet): it waits, as a kubelet does.
+    #[error("{kind} {namespace}/{name} {why}; the pod waits for it")]
+    MissingDependency {
+        /// The kind, as in today's messages (`secret`).
+        kind: &'static str,
+        /// Its namespace.
+        namespace: String,
+        /// Its name.
+        name: String,
+        /// What is missing (`not found in the upper cluster`).
+        why: &'static str,
+    },
+    /// The lower API server refused the object (validation, admission, quota, RBAC).
+    #[error("{call}: {source}")]
+    RefusedByLower {
+        /// What failed.
+        call: Call,
+        /// The lower API server's answer, with its reason.
+        #[source]
+        source: Source,
+    },
+    /// The upper API server refused a call of ours (a TokenRequest, a status).
+    #[error("{call}: {source}")]
+    RefusedByUpper {
+        /// What failed.
+        call: Call,
+        /// The upper API server's answer.
+        #[source]
+        source: Source,
+    },
+    /// The upper pod itself cannot be carried down (it does not translate, or needs what is
+    /// never copied): nothing changes until the pod, or what it names, does.
+    #[error("{0}")]
+    Invalid(#[source] Source),
+    /// A lower object of the name is not ours: never used for an upper pod, never overwritten.
+    #[error(
+        "a {kind} {namespace}/{name} that is not ours exists in {cluster}: it is never used for \
+         an upper pod, and the pod waits until it is gone"
+    )]
+    Ownership {
+        /// Its kind.
+        kind: &'static str,
+        /// Its namespace.
+        namespace: String,
+        /// Its name.
+        name: String,
+        /// Where.
+        cluster: Cluster,
+    },
+}
+
+impl SyncError {
+    /// The failure of `call`, whose client error was `e`.
+    pub fn api(call: Call, e: kube::Error) -> Self {
+        let class = classify(&e);
+        Self::classified(call, class, Box::new(e))
+    }
+
+    /// The failure of `call`, classified as `class`, for `source`.
+    fn classified(call: Call, class: ApiClass, source: Source) -> Self {
+        match class {
+            ApiClass::Transient => SyncError::Transient { call, source },
+            ApiClass::Conflict => SyncError::Conflict { call, source },
+            ApiClass::Refused if call.cluster == Cluster::Upper => {
+                SyncError::RefusedByUpper { call, source }
+            }
+            ApiClass::Refused => SyncError::RefusedByLower { call, source },
+        }
+    }
+
+    /// The failure to make lower namespace `ns` exist, for an object `kind` `ns/name`.
+    pub fn namespace(e: NamespaceError, kind: &str, name: &str, lower: &str) -> Self {
+        let (class, cluster) = match &e {
+            NamespaceError::Upper { source, .. } => (classify(source), Cluster::Upper),
+            NamespaceError::Lower { source, .. } => {
+                (classify(source), Cluster::Lower(lower.to_owned()))
+            }
+        };
+        let ns = match &e {
+            NamespaceError::Upper { name, .. } | NamespaceError::Lower { name, .. } => name.clone(),
+        };
+        let call = Call::new("making the namespace exist for", kind, &ns, name, cluster);
+        Self::classified(call, class, Box::new(e))
+    }
+
+    /// The failure to deliver the upper tokens of pod `ns/pod` (to the lower cluster `lower`).
+    pub fn tokens(e: TokenError, ns: &str, pod: &str, lower: &str) -> Self {
+        let call = |cluster| Call::new("delivering the upper tokens of", "Pod", ns, pod, cluster);
+        let lower = || Cluster::Lower(lower.to_owned());
+        match e {
+            // The ServiceAccount is not there upstairs (yet, or any more).
+            TokenError::Request {
+                namespace,
+                service_account,
+                source,
+                ..
+            } if matches!(source.as_ref(), kube::Error::Api(s) if s.code == 404) => {
+                SyncError::MissingDependency {
+                    kind: "serviceaccount",
+                    namespace,
+                    name: service_account,
+                    why: "not found in the upper cluster",
+                }
+            }
+            TokenError::Request { ref source, .. } => {
+                let class = classify(source);
+                Self::classified(call(Cluster::Upper), class, Box::new(e))
+            }
+            TokenError::Write { ref source, .. } => {
+                let class = classify(source);
+                Self::classified(call(lower()), class, Box::new(e))
+            }
+            TokenError::EmptyAnswer { .. } => SyncError::Transient {
+                call: call(Cluster::Upper),
+                source: Box::new(e),
+            },
+            TokenError::NoCa { namespace } => SyncError::MissingDependency {
+                kind: "configmap",
+                namespace,
+                name: tensile_core::keys::CONFIG_MAP_KUBE_ROOT_CA.to_owned(),
+                why: "(the upper cluster's CA, published by its controller manager) has no ca.crt yet",
+            },
+            TokenError::Secret { .. } => SyncError::Invalid(Box::new(e)),
+            TokenError::NotOurs {
+                namespace,
+                secret,
+                cluster,
+            } => SyncError::Ownership {
+                kind: "Secret",
+                namespace,
+                name: secret,
+                cluster: Cluster::Lower(cluster),
+            },
+        }
+    }
+
+    /// A short name of the kind, for logs.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            SyncError::Transient { .. } => "transient",
+            SyncError::Conflict { .. } => "conflict",
+            SyncError::MissingDependency { .. } => "missing-dependency",
+            SyncError::RefusedByLower { .. } => "refused-by-lower",
+            SyncError::RefusedByUpper { .. } => "refused-by-upper",
+            SyncError::Invalid(_) => "invalid",
+            SyncError::Ownership { .. } => "ownership",
+        }
+    }
+}
+
+/// Which part of a pod's sync failed: it names the Warning event (virtual-kubelet's reasons).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Op {
+    /// Creating the lower pod and what it needs first.
+    Create,
+    /// Carrying a change of the upper pod down.
+    Update,
+    /// Deleting the lower pod.
+    Delete,
+    /// Anything else (statuses written up, token garbage): no event, the log tells.
+    Other,
+}
+
+impl Op {
+    /// The reason of the Warning event of a failure of this part.
+    fn reason(self) -> Option<&'static str> {
+        match self {
+            Op::Create => Some(EVENT_PROVIDER_CREATE_FAILED),
+            Op::Update => Some(EVENT_PROVIDER_UPDATE_FAILED),
+            Op::Delete => Some(EVENT_PROVIDER_DELETE_FAILED),
+            Op::Other => None,
+        }
+    }
+}
+
+/// A failed pod sync: what failed, in which part.
+#[derive(Debug, thiserror::Error)]
+#[error("{error}")]
+pub struct Failure {
+    /// The part.
+    pub op: Op,
+    /// What failed.
+    #[source]
+    pub error: SyncError,
+}
+
+impl Failure {
+    /// `error` in part `op`.
+    pub fn new(op: Op, error: SyncError) -> Self {
+        Failure { op, error }
+    }
+}
+
+impl From<SyncError> for Failure {
+    fn from(error: SyncError) -> Self {
+        Failure::new(Op::Other, error)
+    }
+}
+
+/// What the queue does with the key of a failed sync.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Then {
+    /// Forget it until something changes (its watches bring it back).
+    Done,
+    /// Again after the queue's back-off for the key (5 ms doubling to 10 s by default), sooner
+    /// when something changes.
+    Backoff,
+}
+
+/// How loud a failure is in the log.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Level {
+    /// Expected on the way (a conflict, a wait the user was told of by an event).
+    Debug,
+    /// The user's input, told on the pod.
+    Info,
+    /// The operator should look: a refusal, someone else's object, an outage that lasts.
+    Warn,
+}
+
+/// What follows from a failure.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Policy {
+    /// What the queue does.
+    pub then: Then,
+    /// The reason of the Warning event on the upper pod, if one is due.
+    pub event: Option<&'static str>,
+    /// The log level.
+    pub level: Level,
+}
+
+/// How long a transient failure of one pod lasts before it is worth an event and a warning: an
+/// API server that restarts, or answers 429 for a moment, is no news to the pod's owner.
+pub const TRANSIENT_QUIET: Duration = Duration::from_secs(30);
+
+/// What follows from `failure`, for a pod whose sync has been failing for `failing_for`
+/// (zero at its first failure).
+pub fn policy(failure: &Failure, failing_for: Duration) -> Policy {
+    let event = failure.op.reason();
+    let (then, event, level) = match &failure.error {
+        SyncError::Transient { .. } if failing_for < TRANSIENT_QUIET => {
+            (Then::Backoff, None, Level::Debug)
+        }
+        SyncError::Transient { .. } => (Then::Backoff, event, Level::Warn),
+        // The watch brings the change: at once in effect (the first back-off is 5 ms), and
+        // slower while the cache stays behind, so that a stale cache is no hot loop.
+        SyncError::Conflict { .. } => (Then::Backoff, None, Level::Debug),
+        // As a kubelet waiting for a ConfigMap: an event at every attempt (one series with a
+        // count: the sink folds repeats); the object's watch brings the pod back at once.
+        SyncError::MissingDependency { .. } => (Then::Backoff, event, Level::Debug),
+        // Quotas free up and admission changes: tried again, with back-off.
+        SyncError::RefusedByLower { .. } | SyncError::RefusedByUpper { .. } => {
+            (Then::Backoff, event, Level::Warn)
+        }
+        // Trying again changes nothing: the pod's (or its dependency's) next change does.
+        SyncError::Invalid(_) => (Then::Done, event, Level::Info),
+        // Nobody tells us when someone else's object goes: looked at again, with back-off.
+        SyncError::Ownership { .. } => (Then::Backoff, event, Level::Warn),
+    };
+    Policy { then, event, level }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    fn api_error(code: u16, reason: &str) -> kube::Error {
+        kube::Error::Api(Box::new(kube::core::Status {
+            code,
+            reason: reason.to_owned(),
+            message: format!("answer {code}"),
+            ..kube::core::Status::default()
+        }))
+    }
+
+    fn lower() -> Cluster {
+        Cluster::Lower("a".into())
+    }
+
+    fn call(cluster: Cluster) -> Call {
+        Call::new("creating", "Pod", "default", "web", cluster)
+    }
+
+    #[test]
+    fn status_codes_classify_in_one_place() {
+        for (code, class) in [
+            (500, ApiClass::Transient),
+            (503, ApiClass::Transient),
+            (504, ApiClass::Transient),
+            (429, ApiClass::Transient),
+            (408, ApiClass::Transient),
+            (401, ApiClass::Transient),
+            (0, ApiClass::Transient),
+            (409, ApiClass::Conflict),
+            (404, ApiClass::Conflict),
+            (400, ApiClass::Refused),
+            (403, ApiClass::Refused),
+            (413, ApiClass::Refused),
+            (422, ApiClass::Refused),
+        ] {
+            assert_eq!(classify_code(code), class, "{code}");
+            assert_eq!(classify(&api_error(code, "")), class, "{code}");
+        }
+        // No answer at all (no connection, a timeout): transient.
+        let cut = kube::Error::Service("connection refused".into());
+        assert_eq!(classify(&cut), ApiClass::Transient);
+    }
+
+    #[test]
+    fn a_refusal_names_the_cluster_that_refused_and_keeps_its_reason() {
+        let e = SyncError::api(call(lower()), api_error(403, "Forbidden"));
+        assert_eq!(e.kind(), "refused-by-lower");
+        let text = e.to_string();
+        assert!(
+            text.starts_with("creating Pod default/web in lower cluster a: "),
+            "{text}"
+        );
+        assert!(text.contains("Forbidden"), "{text}");
+        let e = SyncError::api(call(Cluster::Upper), api_error(422, "Invalid"));
+        assert_eq!(e.kind(), "refused-by-upper");
+        assert!(e.to_string().contains("in the upper cluster"), "{e}");
+        let e = SyncError::api(call(lower()), api_error(409, "Conflict"));
+        assert_eq!(e.kind(), "conflict");
+        let e = SyncError::api(call(lower()), api_error(503, "ServiceUnavailable"));
+        assert_eq!(e.kind(), "transient");
+    }
+
+    #[test]
+    fn token_and_namespace_errors_take_their_kind_from_what_failed() {
+        let request = |code| TokenError::Request {
+            namespace: "default".into(),
+            service_account: "robot".into(),
+            pod: "web".into(),
+            source: Box::new(api_error(code, "")),
+        };
+        let kind = |e| SyncError::tokens(e, "default", "web", "a").kind();
+        assert_eq!(kind(request(403)), "refused-by-upper");
+        assert_eq!(kind(request(500)), "transient");
+        assert_eq!(kind(request(404)), "missing-dependency");
+        let write = TokenError::Write {
+            namespace: "default".into(),
+            secret: "s".into(),
+            cluster: "a".into(),
+            source: Box::new(api_error(422, "Invalid")),
+        };
+        assert_eq!(kind(write), "refused-by-lower");
+        let no_ca = SyncError::tokens(
+            TokenError::NoCa {
+                namespace: "default".into(),
+            },
+            "default",
+            "web",
+            "a",
+        );
+        assert_eq!(no_ca.kind(), "missing-dependency");
+        assert!(
+            no_ca.to_string().contains("default/kube-root-ca.crt"),
+            "{no_ca}"
+        );
+        let not_ours = SyncError::tokens(
+            TokenError::NotOurs {
+                namespace: "default".into(),
+                secret: "s".into(),
+                cluster: "a".into(),
+            },
+            "default",
+            "web",
+            "a",
+        );
+        assert_eq!(
+            not_ours.to_string(),
+            "a Secret default/s that is not ours exists in lower cluster a: it is never used for \
+             an upper pod, and the pod waits until it is gone"
+        );
+        let ns = NamespaceError::Lower {
+            name: "shop".into(),
+            source: api_error(403, "Forbidden"),
+        };
+        let e = SyncError::namespace(ns, "Pod", "web", "a");
+        assert_eq!(e.kind(), "refused-by-lower");
+        assert!(
+            e.to_string()
+                .starts_with("making the namespace exist for Pod shop/web in lower cluster a"),
+            "{e}"
+        );
+        let ns = NamespaceError::Upper {
+            name: "shop".into(),
+            source: kube::Error::Service("timed out".into()),
+        };
+        assert_eq!(
+            SyncError::namespace(ns, "Pod", "web", "a").kind(),
+            "transient"
+        );
+    }
+
+    fn failure(op: Op, error: SyncError) -> Failure {
+        Failure::new(op, error)
+    }
+
+    fn missing() -> SyncError {
+        SyncError::MissingDependency {
+            kind: "secret",
+            namespace: "default".into(),
+            name: "s".into(),
+            why: "not found in the upper cluster",
+        }
+    }
+
+    #[test]
+    fn the_policy_follows_from_the_kind_and_the_part_that_failed() {
+        let now = Duration::ZERO;
+        let api = |class_code, cluster| SyncError::api(call(cluster), api_error(class_code, ""));
+        let policy_of = |op, e, d| policy(&failure(op, e), d);
+        // Transient: quiet at first, an event and a warning once it lasts.
+        assert_eq!(
+            policy_of(Op::Create, api(503, lower()), now),
+            Policy {
+                then: Then::Backoff,
+                event: None,
+                level: Level::Debug
+            }
+        );
+        assert_eq!(
+            policy_of(Op::Create, api(503, lower()), TRANSIENT_QUIET),
+            Policy {
+                then: Then::Backoff,
+                event: Some(EVENT_PROVIDER_CREATE_FAILED),
+                level: Level::Warn
+            }
+        );
+        // Conflict: the watch brings the news; never an event, however long.
+        assert_eq!(
+            policy_of(Op::Update, api(409, lower()), Duration::from_secs(3600)),
+            Policy {
+                then: Then::Backoff,
+                event: None,
+                level: Level::Debug
+            }
+        );
+        // A missing dependency: an event at once (kubelet-style), back-off.
+        assert_eq!(
+            policy_of(Op::Create, missing(), now),
+            Policy {
+                then: Then::Backoff,
+                event: Some(EVENT_PROVIDER_CREATE_FAILED),
+                level: Level::Debug
+            }
+        );
+        // Refused by the lower cluster: an event with its reason at once, back-off, a warning.
+        for (op, reason) in [
+            (Op::Create, EVENT_PROVIDER_CREATE_FAILED),
+            (Op::Update, EVENT_PROVIDER_UPDATE_FAILED),
+            (Op::Delete, EVENT_PROVIDER_DELETE_FAILED),
+        ] {
+            assert_eq!(
+                policy_of(op, api(422, lower()), now),
+                Policy {
+                    then: Then::Backoff,
+                    event: Some(reason),
+                    level: Level::Warn
+                }
+            );
+        }
+        // Statuses written up and token garbage: never an event.
+        assert_eq!(
+            policy_of(Op::Other, api(422, Cluster::Upper), now).event,
+            None
+        );
+        // Someone else's object: an event, looked at again with back-off.
+        let theirs = SyncError::Ownership {
+            kind: "Pod",
+            namespace: "default".into(),
+            name: "web".into(),
+            cluster: lower(),
+        };
+        assert_eq!(
+            policy_of(Op::Create, theirs, now),
+            Policy {
+                then: Then::Backoff,
+                event: Some(EVENT_PROVIDER_CREATE_FAILED),
+                level: Level::Warn
+            }
+        );
+    }
+
+    #[test]
+    fn controllers_without_events_log_quietly_until_it_matters() {
+        let (now, later) = (Duration::ZERO, TRANSIENT_QUIET);
+        assert_eq!(quiet_level(ApiClass::Transient, now), Level::Debug);
+        assert_eq!(quiet_level(ApiClass::Transient, later), Level::Warn);
+        assert_eq!(quiet_level(ApiClass::Conflict, later), Level::Debug);
+        assert_eq!(quiet_level(ApiClass::Refused, now), Level::Warn);
+    }
+
+    /// Today's bug this fixes: a pod that cannot be translated (a malformed `clusterSelector`,
+    /// a mandatory service-account token Secret) was retried every 10 s for ever, with an event
+    /// each time. Retrying changes nothing: the pod's next change brings it back.
+    #[test]
+    fn an_invalid_pod_is_told_once_and_not_retried_until_it_changes() {
+        let invalid = SyncError::Invalid("pod default/web has no containers".into());
+        assert_eq!(
+            policy(&failure(Op::Create, invalid), Duration::ZERO),
+            Policy {
+                then: Then::Done,
+                event: Some(EVENT_PROVIDER_CREATE_FAILED),
+                level: Level::Info
+            }
+        );
+    }
+}
