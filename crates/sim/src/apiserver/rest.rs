@@ -905,7 +905,15 @@ fn delete_or_mark(
                 Some(marked) => state
                     .store
                     .replace(res, k.clone(), marked, Some(current.rv))
-                    .and_then(|entry| state.store.remove(res, k, Some(entry.rv))),
+                    .and_then(|entry| {
+                        // Another client may remove the marked object first (a kubelet that
+                        // saw it): the delete happened, and kube-apiserver's registry then
+                        // answers with the last state it wrote, as here.
+                        match state.store.remove(res, k, Some(entry.rv)) {
+                            Err(StoreError::NotFound) => Ok(entry),
+                            other => other,
+                        }
+                    }),
                 None => state.store.remove(res, k, Some(current.rv)),
             },
         };
