@@ -28,19 +28,37 @@ pub fn spawn(binary: &Path, args: &[String], log: &Path) -> anyhow::Result<tokio
         .with_context(|| format!("starting {} {}", binary.display(), args.join(" ")))
 }
 
-/// Waits until `addr` accepts connections (the server listens once ready), up to `within`.
-pub async fn listening(addr: SocketAddr, log: &Path, within: Duration) -> anyhow::Result<()> {
+/// Polls `check` every 100 ms until it says yes; after `within`, an error saying what was
+/// waited for, with the log of the process waited on.
+pub async fn poll_until<F, Fut>(
+    what: &str,
+    log: &Path,
+    within: Duration,
+    mut check: F,
+) -> anyhow::Result<()>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
     let deadline = Instant::now() + within;
-    while tokio::net::TcpStream::connect(addr).await.is_err() {
+    while !check().await {
         if Instant::now() > deadline {
             bail!(
-                "{addr} did not listen within {within:?}; its log:\n{}",
+                "{what}: not within {within:?}; its log:\n{}",
                 std::fs::read_to_string(log).unwrap_or_default()
             );
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     Ok(())
+}
+
+/// Waits until `addr` accepts connections (the server listens once ready), up to `within`.
+pub async fn listening(addr: SocketAddr, log: &Path, within: Duration) -> anyhow::Result<()> {
+    poll_until(&format!("{addr} listening"), log, within, || async move {
+        tokio::net::TcpStream::connect(addr).await.is_ok()
+    })
+    .await
 }
 
 /// A process's memory from `/proc/<pid>/status`: (current RSS, peak RSS `VmHWM`) in MiB.

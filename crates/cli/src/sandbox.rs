@@ -511,7 +511,7 @@ impl Sandbox {
                     (running.addr, running.ca_pem)
                 }
                 ExtenderRun::Process { binary } => {
-                    let process = start_extender_process(
+                    let (process, addr, ca_pem) = start_extender_process(
                         binary,
                         spec.address,
                         &upper,
@@ -519,10 +519,7 @@ impl Sandbox {
                         clients.cert_pem(),
                     )
                     .await?;
-                    let ca_pem = std::fs::read_to_string(process.dir.join("ca.crt"))
-                        .context("the extender's CA")?;
-                    let addr = process.addr;
-                    extender_process = Some(process.running);
+                    extender_process = Some(process);
                     (addr, ca_pem)
                 }
             };
@@ -634,24 +631,18 @@ async fn serve_from_secret(
     .with_context(|| format!("the serving certificate of {owner}"))
 }
 
-/// The extender process and where it serves.
-struct StartedExtender {
-    running: ExtenderProcess,
-    addr: SocketAddr,
-    dir: PathBuf,
-}
-
 /// Starts `binary scheduler` with the shipped manifest's flags (its certificate in the
 /// `--tls-secret` Secret, kube-scheduler's client certificates required) for `upper` and
-/// `lowers`, on `address`, and waits until it serves and has written its CA.
+/// `lowers`, on `address`, and waits until it is ready. Answers the process, where it serves
+/// and the CA of its serving certificate.
 async fn start_extender_process(
     binary: &std::path::Path,
     address: IpAddr,
     upper: &Cluster,
     lowers: &[Cluster],
     client_ca_pem: &str,
-) -> anyhow::Result<StartedExtender> {
-    use crate::process::{free_port, listening, spawn};
+) -> anyhow::Result<(ExtenderProcess, SocketAddr, String)> {
+    use crate::process::{free_port, listening, poll_until, spawn};
     let dir = std::env::temp_dir().join(format!(
         "tensile-extender-{}-{}",
         std::process::id(),
@@ -697,29 +688,27 @@ async fn start_extender_process(
     // Ready once it has listed every lower cluster's nodes and pods: before, it would fail
     // their virtual nodes.
     let metrics_addr = SocketAddr::from(([127, 0, 0, 1], metrics_port));
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
-    while !matches!(
-        tensile_testenv::http_get(metrics_addr, "/readyz").await,
-        Ok((200, _))
-    ) {
-        if tokio::time::Instant::now() > deadline {
-            anyhow::bail!(
-                "the scheduler extender was not ready within 120 s; its log:\n{}",
-                std::fs::read_to_string(&log).unwrap_or_default()
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    Ok(StartedExtender {
-        running: ExtenderProcess {
-            child,
-            pid,
-            metrics_addr,
-            dir: dir.clone(),
+    poll_until(
+        "the scheduler extender's /readyz",
+        &log,
+        Duration::from_secs(120),
+        || async {
+            matches!(
+                tensile_testenv::http_get(metrics_addr, "/readyz").await,
+                Ok((200, _))
+            )
         },
-        addr,
+    )
+    .await?;
+    // Written (from its Secret) before it starts serving.
+    let ca_pem = std::fs::read_to_string(dir.join("ca.crt")).context("the extender's CA")?;
+    let process = ExtenderProcess {
+        child,
+        pid,
+        metrics_addr,
         dir,
-    })
+    };
+    Ok((process, addr, ca_pem))
 }
 
 /// Serves the webhook on loopback and registers the shipped configuration, called by URL (the
