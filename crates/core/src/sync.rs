@@ -124,6 +124,21 @@ pub fn pod_step(
     })
 }
 
+/// The step for an upper pod whose lower pod has left the lower cache, when the lower pod's last
+/// state is known to have been deleted through the API (`last`: its removal carried a deletion
+/// timestamp). The upper pod is deleted as the lower one was, as when the marked lower pod is
+/// seen before it goes (`pod_step`); `None` when that rule does not apply (the pod is already
+/// being deleted or is finished upstairs, or `last` belongs to another upper pod), and
+/// [`pod_step`] decides with the lower pod absent.
+pub fn deleted_below_step(upper: &Pod, last: &Pod, owner: &str) -> Option<PodStep> {
+    if !is_lower_pod_of(last, upper, owner) {
+        return None;
+    }
+    deletion_from_below(upper, last).map(|del| PodStep::DeleteUpper {
+        grace: del.grace_period_seconds,
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -266,5 +281,28 @@ mod tests {
             matches!(&lost, PodStep::MarkLost(s) if s.phase.as_deref() == Some("Failed")),
             "{lost:?}"
         );
+    }
+
+    #[test]
+    fn a_lower_pod_deleted_through_the_api_deletes_its_upper_pod_even_when_only_its_removal_is_seen()
+     {
+        let u = upper();
+        let marked = deleting(lower_of(&u), 0);
+        assert_eq!(
+            deleted_below_step(&u, &marked, OWNER),
+            Some(PodStep::DeleteUpper { grace: Some(0) })
+        );
+        // Not marked: it was lost, not deleted (pod_step fails the upper pod instead).
+        assert_eq!(deleted_below_step(&u, &lower_of(&u), OWNER), None);
+        // The upper pod already going: its own deletion finishes (pod_step).
+        assert_eq!(
+            deleted_below_step(&deleting(u.clone(), 30), &marked, OWNER),
+            None
+        );
+        // The lower pod of an earlier upper pod of the same name says nothing of this one.
+        let other = upper_in("default", "u2", json!({"phase": "Pending"}));
+        assert_eq!(deleted_below_step(&other, &marked, OWNER), None);
+        // Another owner's pod never steers ours.
+        assert_eq!(deleted_below_step(&u, &marked, "someone-else"), None);
     }
 }

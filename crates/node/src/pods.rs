@@ -39,7 +39,7 @@ use tensile_core::status::{
     may_coalesce, not_offloaded_conditions, provider_failed_patch, status_merge_patch,
     unreachable_conditions,
 };
-use tensile_core::sync::{PodStep, pod_step};
+use tensile_core::sync::{PodStep, deleted_below_step, pod_step};
 use tensile_core::translate::{TranslateConfig, lower_pod};
 use tensile_core::update::{PodUpdate, UpdateError};
 use tokio_util::sync::CancellationToken;
@@ -155,6 +155,9 @@ struct Ctx {
     metrics: SyncMetrics,
     /// The grace period of upper pods whose deletion we saw, until their key is reconciled.
     gone_grace: Arc<Mutex<HashMap<Key, i64>>>,
+    /// The last state of our lower pods that were deleted through the API (see
+    /// [`record_lower_deleted`]), until their upper pod is gone or a lower pod is back.
+    lower_deleted: Arc<Mutex<HashMap<Key, Pod>>>,
     /// Lower namespaces known to exist (shared with the Service controller). Forgotten on any
     /// failed creation (the namespace may have gone).
     namespaces: Arc<LowerNamespaces>,
@@ -182,6 +185,29 @@ const CREATED_EXPECTED: std::time::Duration = std::time::Duration::from_secs(30)
 /// How long a Pending status may wait upstairs for a newer one (`may_coalesce`): short next
 /// to a container start, long next to the lower cluster's own scheduling of a burst.
 const STATUS_COALESCE: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Keeps the last state of a lower pod of ours whose removal shows it was deleted through the
+/// API (it carries a deletion timestamp), so that its upper pod is deleted as the lower one was
+/// (`deletion_from_below`). The marked state and the removal may reach the cache before the key
+/// is reconciled; without this the reconcile saw only a vanished pod and failed the upper pod
+/// as lost. A pod that vanished unmarked (a re-list after an outage) is lost indeed.
+fn record_lower_deleted(deleted: &Mutex<HashMap<Key, Pod>>, event: &watcher::Event<Pod>) {
+    let watcher::Event::Delete(p) = event else {
+        return;
+    };
+    if p.metadata.deletion_timestamp.is_some()
+        && let Some(k) = key_of(p)
+        && let Ok(mut m) = deleted.lock()
+    {
+        m.insert(
+            k,
+            Pod {
+                metadata: p.metadata.clone(),
+                ..Pod::default()
+            },
+        );
+    }
+}
 
 fn key_of(p: &Pod) -> Option<Key> {
     Some((p.metadata.namespace.clone()?, p.metadata.name.clone()?))
@@ -312,9 +338,12 @@ pub async fn run_with_store(
         .map_ok(|k| (k, false))
         .boxed();
     let created = Arc::new(Expected::new(CREATED_EXPECTED));
+    let lower_deleted: Arc<Mutex<HashMap<Key, Pod>>> = Arc::default();
+    let record_deleted = lower_deleted.clone();
     let lower_stream = lower_pods
         .keys_shown(
             ours_only(lower_events, &cfg.translate.owner, lower_pods.clone())
+                .inspect(move |e| record_lower_deleted(&record_deleted, e))
                 .map(Ok::<_, watcher::Error>),
             move |e| needs.observe(Side::Lower, e),
         )
@@ -414,6 +443,7 @@ pub async fn run_with_store(
         recorder,
         metrics,
         gone_grace,
+        lower_deleted,
         namespaces,
         held_statuses: Holds::new(STATUS_COALESCE),
         created,
@@ -598,16 +628,34 @@ async fn reconcile_pod(ctx: &Ctx, key: &Key) -> Result<(), Failure> {
     let (ns, name) = key;
     let upper = ctx.upper_pods.get(ns, name);
     let lower = ctx.lower_pods.get(ns, name);
+    // A lower pod deleted through the API whose removal came before this reconcile.
+    let deleted_below = match (&upper, &lower) {
+        (Some(u), None) => ctx
+            .lower_deleted
+            .lock()
+            .ok()
+            .and_then(|m| m.get(key).cloned())
+            .and_then(|last| deleted_below_step(u, &last, &ctx.cfg.translate.owner)),
+        _ => {
+            if let Ok(mut m) = ctx.lower_deleted.lock() {
+                m.remove(key);
+            }
+            None
+        }
+    };
     let now = Time(Timestamp::now());
     let gone_grace = ctx.gone_grace.lock().ok().and_then(|mut m| m.remove(key));
-    let step = pod_step(
-        upper.as_ref(),
-        lower.as_ref(),
-        &ctx.cfg.translate,
-        &ctx.cfg.lower_name,
-        gone_grace,
-        &now,
-    )
+    let step = match deleted_below {
+        Some(step) => Ok(step),
+        None => pod_step(
+            upper.as_ref(),
+            lower.as_ref(),
+            &ctx.cfg.translate,
+            &ctx.cfg.lower_name,
+            gone_grace,
+            &now,
+        ),
+    }
     .map_err(|e| {
         // Only a pod with a lower copy is compared: what fails is carrying its change down.
         let error = match e {
