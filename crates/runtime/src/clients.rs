@@ -22,7 +22,6 @@ use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
 use http::{Method, Request};
-use kube::client::ClientBuilder;
 use kube::config::{InClusterError, KubeConfigOptions, Kubeconfig, KubeconfigError};
 use kube::{Client, Config};
 use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue, LabelValueEncoder};
@@ -82,7 +81,23 @@ pub enum ClientError {
         /// Why it was refused.
         reason: String,
     },
-    /// kube could not build the client from the configuration (TLS material, proxy, ...).
+    /// The kubeconfig's `tls-server-name` is not a DNS name or an IP address.
+    #[error("invalid tls-server-name {name:?} for the {cluster} cluster")]
+    InvalidServerName {
+        /// The cluster (`upper` or `lower`).
+        cluster: &'static str,
+        /// The name as given.
+        name: String,
+    },
+    /// The kubeconfig names a proxy, which our clients do not support.
+    #[error("the {cluster} cluster's kubeconfig names a proxy ({url}), which is not supported")]
+    Proxy {
+        /// The cluster (`upper` or `lower`).
+        cluster: &'static str,
+        /// The proxy URL.
+        url: String,
+    },
+    /// kube could not build the client from the configuration (TLS material, credential, ...).
     #[error("cannot build the {cluster} cluster client: {source}")]
     Build {
         /// The cluster (`upper` or `lower`).
@@ -240,8 +255,7 @@ pub fn client_from_config(
     )
 }
 
-/// kube's default stack (what `ClientBuilder::try_from(Config)` starts from; kube does not
-/// export its name).
+/// The stack [`crate::transport::client_builder`] starts from: kube's, on HTTP/2.
 pub type KubeStack = tower::util::BoxService<
     Request<kube::client::Body>,
     http::Response<Box<kube::client::DynBody>>,
@@ -274,8 +288,7 @@ where
     // hang on an unavailable cluster with nothing said on the pod. Our work queue retries with
     // backoff and reports each failure instead; watches back off by themselves.
     config.default_retry = false;
-    let builder =
-        ClientBuilder::try_from(config).map_err(|source| ClientError::Build { cluster, source })?;
+    let builder = crate::transport::client_builder(&config, cluster)?;
     let limits = RateLimitLayer::new(qps, burst);
     tracing::debug!(
         cluster,

@@ -2,7 +2,7 @@
 //! and the placement components (`tensile-placement`): watches that back off and wake up
 //! ([`backoff`]), compact watch caches ([`cache`]), a keyed work queue with delayed requeue
 //! ([`queue`]), an event sink ([`events`]), leader election ([`leader`]), rate-limited and
-//! counted clients ([`clients`]), the metrics and probes listener with readiness
+//! counted clients ([`clients`]) on HTTP/2 ([`transport`]), the metrics and probes listener with readiness
 //! ([`metrics`]), and the TLS server plumbing ([`tls`]).
 #![forbid(unsafe_code)]
 
@@ -14,3 +14,4 @@ pub mod leader;
 pub mod metrics;
 pub mod queue;
 pub mod tls;
+pub mod transport;

@@ -177,8 +177,9 @@ pub fn provider() -> Arc<rustls::crypto::CryptoProvider> {
 }
 
 /// A TLS server configuration presenting `serving` and asking (not requiring) client
-/// certificates signed by `client_ca`, so bearer-token clients can connect too. HTTP/1.1 only:
-/// exec, attach and port-forward upgrade the connection, which HTTP/2 cannot.
+/// certificates signed by `client_ca`, so bearer-token clients can connect too. HTTP/2 and
+/// HTTP/1.1, as kube-apiserver offers them: clients that upgrade the connection (exec, attach,
+/// port-forward) ask for HTTP/1.1.
 pub fn server_config(
     serving: &Issued,
     client_ca: &str,
@@ -198,7 +199,7 @@ pub fn server_config(
             certs_from_pem("serving certificate", &serving.cert_pem)?,
             key_from_pem("serving key", &serving.key_pem)?,
         )?;
-    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
     Ok(Arc::new(config))
 }
 
