@@ -182,3 +182,110 @@ async fn an_invalid_server_override_is_refused() {
         "{err:?}"
     );
 }
+
+/// A TLS server offering HTTP/2 and HTTP/1.1, as kube-apiserver does, that records each
+/// request's HTTP version and counts connections.
+async fn version_recorder() -> (
+    kube::Config,
+    std::sync::Arc<std::sync::Mutex<Vec<http::Version>>>,
+    std::sync::Arc<std::sync::atomic::AtomicUsize>,
+) {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::{Arc, Mutex};
+    use tensile_sim::certs::{Ca, certs_from_pem, server_config};
+    let ca = Ca::new("h2-ca").unwrap();
+    let cert = ca.issue_server("h2", &["127.0.0.1".into()]).unwrap();
+    let tls = tokio_rustls::TlsAcceptor::from(server_config(&cert, ca.cert_pem()).unwrap());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let versions: Arc<Mutex<Vec<http::Version>>> = Arc::default();
+    let connections = Arc::new(AtomicUsize::new(0));
+    let (seen, count) = (versions.clone(), connections.clone());
+    tokio::spawn(async move {
+        while let Ok((tcp, _)) = listener.accept().await {
+            count.fetch_add(1, Ordering::SeqCst);
+            let (tls, seen) = (tls.clone(), seen.clone());
+            tokio::spawn(async move {
+                let Ok(stream) = tls.accept(tcp).await else {
+                    return;
+                };
+                let svc =
+                    hyper::service::service_fn(move |req: http::Request<hyper::body::Incoming>| {
+                        seen.lock().unwrap().push(req.version());
+                        async {
+                            Ok::<_, std::convert::Infallible>(http::Response::new(
+                                http_body_util::Full::new(bytes::Bytes::from_static(b"{}")),
+                            ))
+                        }
+                    });
+                let _ = hyper_util::server::conn::auto::Builder::new(
+                    hyper_util::rt::TokioExecutor::new(),
+                )
+                .serve_connection(hyper_util::rt::TokioIo::new(stream), svc)
+                .await;
+            });
+        }
+    });
+    let mut config = kube::Config::new(format!("https://{addr}").parse().unwrap());
+    config.root_cert = Some(
+        certs_from_pem("CA", ca.cert_pem())
+            .unwrap()
+            .into_iter()
+            .map(|c| c.to_vec())
+            .collect(),
+    );
+    (config, versions, connections)
+}
+
+#[tokio::test]
+async fn requests_share_one_http2_connection_and_upgrades_go_over_http1() {
+    use std::sync::atomic::Ordering;
+    let (config, versions, connections) = version_recorder().await;
+    let calls = ApiCalls::default();
+    let client =
+        tensile_runtime::clients::client_from_config(config, 0.0, 0, "lower", &calls).unwrap();
+    let burst = || {
+        futures::future::join_all((0..20).map(|_| {
+            let client = client.clone();
+            async move {
+                client
+                    .request_text(http::Request::get("/version").body(Vec::new()).unwrap())
+                    .await
+                    .unwrap()
+            }
+        }))
+    };
+    // The first burst races the first handshake: hyper's pool may open several connections
+    // before ALPN says HTTP/2, and keeps one of them.
+    burst().await;
+    let opened = connections.load(Ordering::SeqCst);
+    burst().await;
+    assert_eq!(versions.lock().unwrap().len(), 40);
+    assert!(
+        versions
+            .lock()
+            .unwrap()
+            .iter()
+            .all(|v| *v == http::Version::HTTP_2),
+        "{:?}",
+        versions.lock().unwrap()
+    );
+    assert_eq!(
+        connections.load(Ordering::SeqCst),
+        opened,
+        "the second burst rides the connection the first left"
+    );
+
+    // A WebSocket upgrade (exec, attach, port-forward) cannot ride HTTP/2: it gets HTTP/1.1.
+    let upgrade = http::Request::get("/api/v1/namespaces/a/pods/p/exec")
+        .header(http::header::CONNECTION, "Upgrade")
+        .header(http::header::UPGRADE, "websocket")
+        .body(kube::client::Body::empty())
+        .unwrap();
+    client.send(upgrade).await.unwrap();
+    assert_eq!(
+        versions.lock().unwrap().last(),
+        Some(&http::Version::HTTP_11)
+    );
+    assert_eq!(connections.load(Ordering::SeqCst), opened + 1);
+}
