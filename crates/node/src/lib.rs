@@ -16,6 +16,7 @@ pub mod mirror_events;
 pub mod namespaces;
 pub mod needs;
 pub mod node;
+pub mod pod_index;
 pub mod pods;
 pub mod reach;
 pub mod sync_error;
