@@ -214,6 +214,11 @@ impl PodIndex {
         &self.lower
     }
 
+    /// Whether the lower cluster answers.
+    pub fn reach(&self) -> &LowerReach {
+        &self.reach
+    }
+
     /// Applies an event of the upper pod watch; answers the keys to plan once the cache shows
     /// them (a re-list's when it is complete: see `CompactCache::apply_keys`).
     pub fn apply_upper(&self, event: &watcher::Event<Pod>) -> Vec<Key> {
@@ -485,7 +490,7 @@ mod tests {
     use super::*;
     use k8s_openapi::api::core::v1::PodStatus;
     use tensile_core::identity::UpperApi;
-    use tensile_core::keys::{CONDITION_OFFLOADED, LABEL_OWNER};
+    use tensile_core::keys::{CONDITION_OFFLOADED, LABEL_OWNER, owner_label_value};
     use tensile_core::status::upper_status;
     use tensile_core::translate::lower_pod;
 
@@ -779,8 +784,21 @@ mod tests {
         let mut foreign = lower_of(&u, "Running");
         foreign.metadata.labels = None;
         // Not ours: the index never holds it, and the pod is to be created (the create then
-        // finds the name taken and reports it: never uses it).
+        // finds the name taken and reports it: never uses it). Nor another node's, listed or
+        // changed.
         assert!(lower_event(&index, apply(foreign.clone())).is_empty());
+        let mut other_node = lower_of(&u, "Running");
+        other_node.metadata.labels =
+            Some([(LABEL_OWNER.to_owned(), owner_label_value("vk-2"))].into());
+        for e in [
+            watcher::Event::Init,
+            watcher::Event::InitApply(other_node.clone()),
+            watcher::Event::InitApply(foreign.clone()),
+            watcher::Event::InitDone,
+            apply(other_node),
+        ] {
+            lower_event(&index, e);
+        }
         assert!(!index.lower_pods().contains("default", "web"));
         assert_eq!(effects(&index, &now())[0], Effect::CreateLower);
         // Ours losing our label leaves as a deletion.
