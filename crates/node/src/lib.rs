@@ -16,6 +16,7 @@ pub mod mirror_events;
 pub mod namespaces;
 pub mod needs;
 pub mod node;
+pub mod pod_index;
 pub mod pods;
 pub mod reach;
 pub mod sync_error;
@@ -145,7 +146,8 @@ impl std::fmt::Debug for VirtualNode {
 
 impl VirtualNode {
     /// Starts the kubelet API (its port is then advertised on the node), the capacity tracker,
-    /// the node loop and the pod controller; runs until `stop`.
+    /// the node loop, the copy controllers, the event mirror and the pod controller; runs until
+    /// `stop`. The one place a virtual node's tasks are started.
     pub async fn start(mut self, stop: CancellationToken) -> Result<Running, StartError> {
         // Before anything is served or written: a second process for the same node would
         // overwrite the first one's kubelet endpoint. An elected leader skips the check: the
@@ -275,17 +277,44 @@ impl VirtualNode {
             node_events,
             stop.clone(),
         ));
-        let pods = tokio::spawn(pods::run_with_store(
+        // Lower events are mirrored once both pod caches are complete (ours only, and only
+        // the events of the very lower pod of an upper pod).
+        let mirror = {
+            let mirror = mirror_events::EventMirror {
+                upper: self.pods.upper_events.clone(),
+                lower: self.pods.lower.clone(),
+                owner: self.pods.translate.owner.clone(),
+                lower_cluster: self.pods.lower_name.clone(),
+                metrics: sync_metrics.clone(),
+            };
+            let (upper_pods, lower_pods, stop) =
+                (upper_pods.clone(), lower_pods.clone(), stop.clone());
+            tokio::spawn(async move {
+                tokio::select! {
+                    () = stop.cancelled() => return,
+                    _ = futures::future::join(
+                        upper_pods.wait_until_ready(),
+                        lower_pods.wait_until_ready(),
+                    ) => {}
+                }
+                mirror_events::run(mirror, upper_pods, lower_pods, stop).await;
+            })
+        };
+        let pods = pods::PodController::new(
             self.pods,
-            upper_pods,
-            lower_pods,
-            shared,
-            for_pods,
-            (sync_metrics, reach),
+            pods::PodWiring {
+                upper_pods,
+                lower_pods,
+                shared,
+                lower_events: futures::StreamExt::boxed(for_pods),
+                metrics: sync_metrics,
+                reach,
+            },
             stop.clone(),
-        ));
+        );
+        let pods = tokio::spawn(pods.run());
         let handle = tokio::spawn(async move {
-            let _ = tokio::join!(capacity, node_loop, pods, copies);
+            let _ = tokio::join!(capacity, node_loop, pods, copies, mirror);
             drop(server);
         });
         Ok(Running {

@@ -1,17 +1,20 @@
 //! The pod controller: upper pods bound to the virtual node and lower pods we created (field
 //! selector `spec.nodeName=<node>` upstairs; downstairs our pods, taken from the one shared
-//! watch of all lower pods that the capacity tracker reads too);
-//! every change puts the pod's key on a work queue; a reconcile reads both caches, asks
-//! `tensile-core` what should be, and writes only the difference.
+//! watch of all lower pods that the capacity tracker reads too). Every change is applied to the
+//! [`PodIndex`] and puts the pod's key on a work queue; a worker takes the key, asks the index
+//! for the plan (the effects, decided without I/O), and this module's writer carries the
+//! effects out against the API servers, mapping failures to [`SyncError`]s.
 
-use std::collections::{BTreeSet, HashMap};
-use std::sync::{Arc, Mutex};
+use std::collections::BTreeSet;
+use std::sync::Arc;
 
 use futures::SinkExt as _;
 use futures::channel::mpsc::{Receiver as EventReceiver, channel};
-use futures::{Stream, StreamExt, TryStreamExt};
+use futures::future::BoxFuture;
+use futures::stream::BoxStream;
+use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::NamespaceResourceScope;
-use k8s_openapi::api::core::v1::{EphemeralContainer, Pod, PodSpec, PodStatus};
+use k8s_openapi::api::core::v1::{EphemeralContainer, Pod, PodSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::Resource;
@@ -24,36 +27,27 @@ use prometheus_client::registry::Registry;
 use serde_json::json;
 use tensile_core::absent::{Absent, drop_absent};
 use tensile_core::deps::{
-    CopyKind, is_owned_by, lower_config_map, lower_pvc, lower_secret, lower_service_account,
-    pod_dependencies,
+    CopyKind, lower_config_map, lower_pvc, lower_secret, lower_service_account, pod_dependencies,
 };
-use tensile_core::env_events::{EnvEvent, Found, Upstairs, env_events, env_references};
-use tensile_core::keys::{
-    ANNOTATION_UPPER_UID, EVENT_PROVIDER_CREATE_SUCCESS, EVENT_PROVIDER_DELETE_SUCCESS,
-    EVENT_PROVIDER_UPDATE_SUCCESS, REASON_NOT_OFFLOADED, REASON_PROVIDER_FAILED,
-};
+use tensile_core::env_events::{Found, Upstairs, env_events, env_references};
+use tensile_core::keys::ANNOTATION_UPPER_UID;
 use tensile_core::plan::{
     Existing, LowerKind, Step, creation_plan, on_existing, pod_creation_plan,
 };
-use tensile_core::status::{
-    may_coalesce, not_offloaded_conditions, provider_failed_patch, status_merge_patch,
-    unreachable_conditions,
-};
-use tensile_core::sync::{PodStep, deleted_below_step, pod_step};
 use tensile_core::translate::{TranslateConfig, lower_pod};
-use tensile_core::update::{PodUpdate, UpdateError};
 use tokio_util::sync::CancellationToken;
 
 use crate::copies::{Dependencies, Shared};
 use crate::namespaces::LowerNamespaces;
 use crate::needs::Side;
+use crate::pod_index::{Effect, Now, Plan, PodIndex, StatusWhy};
 use crate::reach::LowerReach;
 use crate::sync_error::{Call, Cluster, Failure, Level, Op, SyncError, Then, failing_for, policy};
-use crate::tokens::IdentitySecrets;
+use crate::tokens::{PodTokens, TokenWiring};
 use tensile_runtime::cache::CompactCache;
 use tensile_runtime::clients::{already_exists, delete_exact};
 use tensile_runtime::events::{EventSink, PodEvent};
-use tensile_runtime::queue::{Expected, Hold, Holds, Queue, Receiver};
+use tensile_runtime::queue::{Queue, Receiver};
 
 /// Where a pod sync spends its time: the Prometheus histogram `tensile_pod_sync_seconds`
 /// with `stage` `queue_wait` (a changed pod waiting for a worker), `reconcile` (one whole
@@ -103,7 +97,7 @@ impl SyncMetrics {
 }
 
 /// A pod key: (namespace, name), the same in both clusters.
-pub type Key = (String, String);
+pub type Key = crate::pod_index::Key;
 
 fn not_found(e: &kube::Error) -> bool {
     matches!(e, kube::Error::Api(s) if s.code == 404)
@@ -143,70 +137,23 @@ impl std::fmt::Debug for PodSync {
     }
 }
 
+/// What the writer and the workers share.
 struct Ctx {
     cfg: PodSync,
-    upper_pods: CompactCache<Pod>,
-    lower_pods: CompactCache<Pod>,
+    /// The decisions' state: both pod caches and the marks.
+    index: Arc<PodIndex>,
     /// Upper ConfigMaps and Secrets (the ConfigMap and Secret controller's watches).
     upper_objects: Dependencies,
     /// Our lower copies of them (the same controller's watches).
     copies: Dependencies,
     recorder: EventSink,
     metrics: SyncMetrics,
-    /// The grace period of upper pods whose deletion we saw, until their key is reconciled.
-    gone_grace: Arc<Mutex<HashMap<Key, i64>>>,
-    /// The last state of our lower pods that were deleted through the API (see
-    /// [`record_lower_deleted`]), until their upper pod is gone or a lower pod is back.
-    lower_deleted: Arc<Mutex<HashMap<Key, Pod>>>,
     /// Lower namespaces known to exist (shared with the Service controller). Forgotten on any
     /// failed creation (the namespace may have gone).
     namespaces: Arc<LowerNamespaces>,
-    /// Pods whose Pending status is held back (see [`STATUS_COALESCE`]).
-    held_statuses: Holds<Key>,
-    /// Lower pods we created that the lower watch has not shown yet (by upper UID): a
-    /// reconcile of such a key in between (its Secret's or upper pod's event came first)
-    /// creates nothing (see [`Expected`]).
-    created: Arc<Expected<Key>>,
     queue: Queue<Key>,
     /// Upper service-account tokens, with upper identity (`TranslateConfig::upper_api`).
-    tokens: Option<IdentitySecrets>,
-    /// Whether the lower cluster answers (the node loop's health check).
-    reach: LowerReach,
-    /// The environment events last sent for each pod (by upper UID): a retry that finds the
-    /// same sends none, so a pod waiting for a ConfigMap gets one event per change, not one per
-    /// retry. Forgotten with the pod.
-    env_sent: Mutex<HashMap<Key, (String, Vec<EnvEvent>)>>,
-}
-
-/// How long a lower pod we created may be missing from the lower watch before a reconcile
-/// believes the cache again and creates it anew (idempotent: AlreadyExists of ours is fine).
-const CREATED_EXPECTED: std::time::Duration = std::time::Duration::from_secs(30);
-
-/// How long a Pending status may wait upstairs for a newer one (`may_coalesce`): short next
-/// to a container start, long next to the lower cluster's own scheduling of a burst.
-const STATUS_COALESCE: std::time::Duration = std::time::Duration::from_secs(1);
-
-/// Keeps the last state of a lower pod of ours whose removal shows it was deleted through the
-/// API (it carries a deletion timestamp), so that its upper pod is deleted as the lower one was
-/// (`deletion_from_below`). The marked state and the removal may reach the cache before the key
-/// is reconciled; without this the reconcile saw only a vanished pod and failed the upper pod
-/// as lost. A pod that vanished unmarked (a re-list after an outage) is lost indeed.
-fn record_lower_deleted(deleted: &Mutex<HashMap<Key, Pod>>, event: &watcher::Event<Pod>) {
-    let watcher::Event::Delete(p) = event else {
-        return;
-    };
-    if p.metadata.deletion_timestamp.is_some()
-        && let Some(k) = key_of(p)
-        && let Ok(mut m) = deleted.lock()
-    {
-        m.insert(
-            k,
-            Pod {
-                metadata: p.metadata.clone(),
-                ..Pod::default()
-            },
-        );
-    }
+    tokens: PodTokens,
 }
 
 fn key_of(p: &Pod) -> Option<Key> {
@@ -265,231 +212,232 @@ pub fn lower_pod_events<const CONSUMERS: usize>(
     receivers
 }
 
-/// Keeps of a stream of every lower pod what the pod controller's cache holds: the pods with
-/// our owner label. A pod that loses the label leaves the cache as a deletion, as it would from
-/// a label-selector watch.
-fn ours_only<S: Stream<Item = watcher::Event<Pod>>>(
-    events: S,
-    owner: &str,
-    cache: CompactCache<Pod>,
-) -> impl Stream<Item = watcher::Event<Pod>> + use<S> {
-    let owner = owner.to_owned();
-    let is_ours = move |p: &Pod| is_owned_by(&p.metadata, &owner);
-    events.filter_map(move |e| {
-        let cached = |p: &Pod| key_of(p).is_some_and(|(ns, name)| cache.contains(&ns, &name));
-        let kept = match e {
-            watcher::Event::Apply(p) if is_ours(&p) => Some(watcher::Event::Apply(p)),
-            watcher::Event::Apply(p) | watcher::Event::Delete(p) if cached(&p) => {
-                Some(watcher::Event::Delete(p))
-            }
-            watcher::Event::InitApply(p) if is_ours(&p) => Some(watcher::Event::InitApply(p)),
-            watcher::Event::Apply(_) | watcher::Event::Delete(_) | watcher::Event::InitApply(_) => {
-                None
-            }
-            watcher::Event::Init => Some(watcher::Event::Init),
-            watcher::Event::InitDone => Some(watcher::Event::InitDone),
-        };
-        futures::future::ready(kept)
-    })
+/// What the pod controller is wired to, besides its settings.
+pub struct PodWiring {
+    /// The upper pods bound to the node (shared with the kubelet API's `/pods`).
+    pub upper_pods: CompactCache<Pod>,
+    /// Our lower pods (shared with the kubelet API's stats).
+    pub lower_pods: CompactCache<Pod>,
+    /// What the copy controllers share: upper objects, their watches, our copies, the lower
+    /// namespaces, what pods need.
+    pub shared: Shared,
+    /// Every lower pod's events (one consumer of [`lower_pod_events`]).
+    pub lower_events: BoxStream<'static, watcher::Event<Pod>>,
+    /// Sync stage histograms.
+    pub metrics: SyncMetrics,
+    /// Whether the lower cluster answers (the node loop's health check).
+    pub reach: LowerReach,
 }
 
-/// Runs until `stop`: fills the given upper pod store (shared with the kubelet API's `/pods`)
-/// and lower pod store (ours only, shared with its stats) from `lower_events` (see
-/// [`lower_pod_events`]).
-pub async fn run_with_store(
-    cfg: PodSync,
-    upper_pods: CompactCache<Pod>,
-    lower_pods: CompactCache<Pod>,
-    shared: Shared,
-    lower_events: impl Stream<Item = watcher::Event<Pod>> + Send + 'static,
-    (metrics, reach): (SyncMetrics, LowerReach),
+impl std::fmt::Debug for PodWiring {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PodWiring").finish_non_exhaustive()
+    }
+}
+
+/// The pod controller, built; [`PodController::run`] runs it until its stop token.
+pub struct PodController {
+    ctx: Arc<Ctx>,
+    rx: Receiver<Key>,
+    /// The pod watches into the index and the queue.
+    feed: BoxFuture<'static, ()>,
+    /// The token Secrets' watch (nothing without upper identity).
+    token_feed: BoxFuture<'static, ()>,
     stop: CancellationToken,
-) {
-    let Shared {
-        upper: upper_objects,
-        watches,
-        copies,
-        namespaces,
-        needs,
-    } = shared;
-    let referencing = needs.clone();
-    let upper_needs = needs.clone();
-    let upper_api: Api<Pod> = Api::all(cfg.upper.clone());
-    let gone_grace: Arc<Mutex<HashMap<Key, i64>>> = Arc::default();
-    let record_gone = gone_grace.clone();
-    let upper_stream = tensile_runtime::backoff::watch(
-        upper_api,
-        watcher::Config::default().fields(&format!("spec.nodeName={}", cfg.node)),
-    )
-    .inspect_ok(move |e| {
-        // A pod deleted with grace 0 vanishes at once; its last state still says so, and the
-        // lower pod goes the same way.
-        if let watcher::Event::Delete(p) = e
-            && let (Some(k), Some(g)) = (key_of(p), p.metadata.deletion_grace_period_seconds)
-            && let Ok(mut m) = record_gone.lock()
-        {
-            m.insert(k, g);
-        }
-    });
-    // The keys to reconcile once the cache shows what changed (a re-list's when it is
-    // complete: see `CompactCache::apply_keys`).
-    let upper_stream = upper_pods
-        .keys_shown(upper_stream, move |e| upper_needs.observe(Side::Upper, e))
-        .map_ok(|k| (k, false))
-        .boxed();
-    let created = Arc::new(Expected::new(CREATED_EXPECTED));
-    let lower_deleted: Arc<Mutex<HashMap<Key, Pod>>> = Arc::default();
-    let record_deleted = lower_deleted.clone();
-    let lower_stream = lower_pods
-        .keys_shown(
-            ours_only(lower_events, &cfg.translate.owner, lower_pods.clone())
-                .inspect(move |e| record_lower_deleted(&record_deleted, e))
-                .map(Ok::<_, watcher::Error>),
-            move |e| needs.observe(Side::Lower, e),
-        )
-        // The watch (through the cache) shows these pods now: a create of ours is no longer
-        // in flight.
-        .inspect_ok({
-            let created = created.clone();
-            move |k| created.seen(k)
-        })
-        // What the lower cluster reports goes first (urgent): mostly a status to write up, one
-        // request, which should not wait behind a burst of creations.
-        .map_ok(|k| (k, true))
-        .boxed();
-    let (queue, rx) = Queue::<Key>::with_retry(cfg.retry);
-    let feed = {
-        let queue = queue.clone();
-        let stop = stop.clone();
-        async move {
-            let merged = futures::stream::select(upper_stream, lower_stream);
-            tensile_runtime::backoff::drain(merged, &stop, "pods", |(k, urgent)| {
-                if urgent {
-                    queue.add_urgent(k);
-                } else {
-                    queue.add(k);
-                }
+}
+
+impl std::fmt::Debug for PodController {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PodController")
+            .field("node", &self.ctx.cfg.node)
+            .finish_non_exhaustive()
+    }
+}
+
+impl PodController {
+    /// Wires the controller (no task is started, nothing is read yet): the upper pod watch and
+    /// `wiring.lower_events` feed the index and the queue, a change of an upper ConfigMap or
+    /// Secret brings back the pods that wait for it, and the tokens' watch is made.
+    pub fn new(cfg: PodSync, wiring: PodWiring, stop: CancellationToken) -> Self {
+        let PodWiring {
+            upper_pods,
+            lower_pods,
+            shared,
+            lower_events,
+            metrics,
+            reach,
+        } = wiring;
+        let Shared {
+            upper: upper_objects,
+            watches,
+            copies,
+            namespaces,
+            needs,
+        } = shared;
+        let index = Arc::new(PodIndex::new(
+            cfg.translate.clone(),
+            cfg.lower_name.clone(),
+            (upper_pods, lower_pods),
+            reach,
+        ));
+        let upper_stream = {
+            let (index, needs) = (index.clone(), needs.clone());
+            tensile_runtime::backoff::watch(
+                Api::<Pod>::all(cfg.upper.clone()),
+                watcher::Config::default().fields(&format!("spec.nodeName={}", cfg.node)),
+            )
+            .map_ok(move |e| {
+                needs.observe(Side::Upper, &e);
+                let keys = index.apply_upper(&e);
+                futures::stream::iter(
+                    keys.into_iter()
+                        .map(|k| Ok::<_, watcher::Error>((k, false))),
+                )
             })
-            .await;
-        }
-    };
-    tokio::spawn(feed);
-    // A pod that waits for an upper ConfigMap or Secret (not created downstairs yet) is tried
-    // again as soon as the object's watch sees it change (appear, above all), not at its next
-    // retry.
-    {
-        let observer = |kind: CopyKind| -> crate::watches::Observer {
-            let (needs, queue, lower_pods) =
-                (referencing.clone(), queue.clone(), lower_pods.clone());
-            Arc::new(move |key: &Key| {
-                for pod in needs.upper_pods_referencing(kind, key) {
-                    if !lower_pods.contains(&pod.0, &pod.1) {
-                        queue.add(pod);
-                    }
-                }
+            .try_flatten()
+            .boxed()
+        };
+        let lower_stream = {
+            let (index, keep, needs) = (index.clone(), index.clone(), needs.clone());
+            lower_events
+                .filter_map(move |e| futures::future::ready(keep.ours(e)))
+                .flat_map(move |e| {
+                    needs.observe(Side::Lower, &e);
+                    // What the lower cluster reports goes first (urgent): mostly a status to
+                    // write up, one request, which should not wait behind a burst of
+                    // creations.
+                    let keys = index.apply_lower(&e);
+                    futures::stream::iter(
+                        keys.into_iter().map(|k| Ok::<_, watcher::Error>((k, true))),
+                    )
+                })
+                .boxed()
+        };
+        let (queue, rx) = Queue::<Key>::with_retry(cfg.retry);
+        let feed = {
+            let (queue, stop) = (queue.clone(), stop.clone());
+            Box::pin(async move {
+                let merged = futures::stream::select(upper_stream, lower_stream);
+                tensile_runtime::backoff::drain(
+                    merged,
+                    &stop,
+                    "pods",
+                    |(k, urgent): (Key, bool)| {
+                        if urgent {
+                            queue.add_urgent(k);
+                        } else {
+                            queue.add(k);
+                        }
+                    },
+                )
+                .await;
             })
         };
-        watches.config_maps.observe(observer(CopyKind::ConfigMap));
-        watches.secrets.observe(observer(CopyKind::Secret));
-    }
-    let tokens = cfg.translate.upper_api.is_some().then(|| {
-        IdentitySecrets::start(
-            cfg.upper.clone(),
-            cfg.lower.clone(),
-            (
-                cfg.translate.owner.clone(),
-                cfg.translate.ignore_labels.clone(),
-            ),
-            cfg.lower_name.clone(),
-            upper_objects.config_maps.clone(),
+        // A pod that waits for an upper ConfigMap or Secret (not created downstairs yet) is
+        // tried again as soon as the object's watch sees it change (appear, above all), not at
+        // its next retry.
+        {
+            let observer = |kind: CopyKind| -> crate::watches::Observer {
+                let (needs, queue, index) = (needs.clone(), queue.clone(), index.clone());
+                Arc::new(move |key: &Key| {
+                    for pod in needs.upper_pods_referencing(kind, key) {
+                        if !index.lower_pods().contains(&pod.0, &pod.1) {
+                            queue.add(pod);
+                        }
+                    }
+                })
+            };
+            watches.config_maps.observe(observer(CopyKind::ConfigMap));
+            watches.secrets.observe(observer(CopyKind::Secret));
+        }
+        let (tokens, token_feed) = PodTokens::new(
+            TokenWiring {
+                upper: cfg.upper.clone(),
+                lower: cfg.lower.clone(),
+                translate: cfg.translate.clone(),
+                lower_name: cfg.lower_name.clone(),
+                upper_config_maps: upper_objects.config_maps.clone(),
+                metrics: metrics.clone(),
+            },
             queue.clone(),
             stop.clone(),
-        )
-    });
-    // Nothing is decided before the caches are complete: an absent lower pod must mean absent.
-    let tokens_ready = async {
-        if let Some(t) = &tokens {
-            t.wait_until_ready().await;
+        );
+        let recorder = EventSink::start(cfg.upper_events.clone(), "tensile-kube", &cfg.node);
+        let ctx = Arc::new(Ctx {
+            cfg,
+            index,
+            upper_objects,
+            copies,
+            recorder,
+            metrics,
+            namespaces,
+            queue,
+            tokens,
+        });
+        PodController {
+            ctx,
+            rx,
+            feed,
+            token_feed,
+            stop,
         }
-    };
-    tokio::select! {
-        () = stop.cancelled() => return,
-        _ = futures::future::join3(
-            upper_pods.wait_until_ready(),
-            lower_pods.wait_until_ready(),
-            tokens_ready,
-        ) => {}
     }
-    tokio::spawn(crate::mirror_events::run(
-        crate::mirror_events::EventMirror {
-            upper: cfg.upper_events.clone(),
-            lower: cfg.lower.clone(),
-            owner: cfg.translate.owner.clone(),
-            lower_cluster: cfg.lower_name.clone(),
-            metrics: metrics.clone(),
-        },
-        upper_pods.clone(),
-        lower_pods.clone(),
-        stop.clone(),
-    ));
-    let recorder = EventSink::start(cfg.upper_events.clone(), "tensile-kube", &cfg.node);
-    let workers = cfg.workers.max(1);
-    let ctx = Arc::new(Ctx {
-        cfg,
-        upper_pods,
-        lower_pods,
-        upper_objects,
-        copies,
-        recorder,
-        metrics,
-        gone_grace,
-        lower_deleted,
-        namespaces,
-        held_statuses: Holds::new(STATUS_COALESCE),
-        created,
-        queue: queue.clone(),
-        tokens,
-        reach: reach.clone(),
-        env_sent: Mutex::default(),
-    });
-    // Every pod's Ready follows the lower cluster's reachability.
-    {
-        let (ctx, mut changes, stop) = (ctx.clone(), reach.subscribe(), stop.clone());
-        tokio::spawn(async move {
+
+    /// Runs until the stop token: the feeds, and once the caches are complete, the workers
+    /// and the reachability follower.
+    pub async fn run(self) {
+        let PodController {
+            ctx,
+            rx,
+            feed,
+            token_feed,
+            stop,
+        } = self;
+        let work = async {
+            // Nothing is decided before the caches are complete: an absent lower pod must mean
+            // absent.
+            tokio::select! {
+                () = stop.cancelled() => return,
+                _ = futures::future::join3(
+                    ctx.index.upper_pods().wait_until_ready(),
+                    ctx.index.lower_pods().wait_until_ready(),
+                    ctx.tokens.ready(),
+                ) => {}
+            }
+            for k in ctx
+                .index
+                .upper_pods()
+                .keys()
+                .into_iter()
+                .chain(ctx.index.lower_pods().keys())
+            {
+                ctx.queue.add(k);
+            }
+            let workers: Vec<_> = (0..ctx.cfg.workers.max(1))
+                .map(|_| tokio::spawn(worker(ctx.clone(), rx.clone(), stop.clone())))
+                .collect();
+            // Every pod's Ready follows the lower cluster's reachability.
+            let mut changes = ctx.index.reach().subscribe();
             loop {
                 tokio::select! {
-                    () = stop.cancelled() => return,
-                    changed = changes.changed() => if changed.is_err() { return },
+                    () = stop.cancelled() => break,
+                    changed = changes.changed() => if changed.is_err() { break },
                 }
-                for k in ctx.upper_pods.keys() {
+                for k in ctx.index.upper_pods().keys() {
                     ctx.queue.add(k);
                 }
             }
-        });
-    }
-    for k in ctx
-        .upper_pods
-        .keys()
-        .into_iter()
-        .chain(ctx.lower_pods.keys())
-    {
-        queue.add(k);
-    }
-    let mut tasks = Vec::new();
-    for _ in 0..workers {
-        tasks.push(tokio::spawn(worker(
-            ctx.clone(),
-            queue.clone(),
-            rx.clone(),
-            stop.clone(),
-        )));
-    }
-    for t in tasks {
-        let _ = t.await;
+            for w in workers {
+                let _ = w.await;
+            }
+        };
+        futures::join!(feed, token_feed, work);
     }
 }
 
-async fn worker(ctx: Arc<Ctx>, queue: Queue<Key>, rx: Receiver<Key>, stop: CancellationToken) {
+/// Takes a key, plans, carries the plan out; the queue learns how it went.
+async fn worker(ctx: Arc<Ctx>, rx: Receiver<Key>, stop: CancellationToken) {
+    let queue = ctx.queue.clone();
     while let Some((key, waited)) = queue.next(&rx, &stop).await {
         ctx.metrics.observe("queue_wait", waited);
         let t0 = std::time::Instant::now();
@@ -509,7 +457,7 @@ impl Ctx {
     fn failed(&self, queue: &Queue<Key>, key: &Key, failure: &Failure) -> bool {
         let then = policy(failure, failing_for(queue, key));
         if let Some(reason) = then.event
-            && let Some(u) = self.upper_pods.get(&key.0, &key.1)
+            && let Some(u) = self.index.upper_pods().get(&key.0, &key.1)
         {
             self.event(&u, true, reason, failure.to_string());
         }
@@ -537,23 +485,6 @@ impl Ctx {
         Call::new(doing, kind, ns, name, self.lower_cluster())
     }
 
-    /// Whether to hold a Pending status back for now ([`Holds`]); while held, the key comes
-    /// back once the window is over (asked again at every look: a look in between, which the
-    /// queue runs at once, takes the key out of its wait).
-    fn hold_status(&self, key: &Key) -> bool {
-        match self.held_statuses.hold(key, std::time::Instant::now()) {
-            Hold::Newly(left) | Hold::Still(left) => {
-                self.queue.add_after(key.clone(), left);
-                true
-            }
-            Hold::Over => false,
-        }
-    }
-
-    fn release_status(&self, key: &Key) {
-        self.held_statuses.release(key);
-    }
-
     fn upper_api(&self, ns: &str) -> Api<Pod> {
         Api::namespaced(self.cfg.upper.clone(), ns)
     }
@@ -572,28 +503,17 @@ impl Ctx {
         });
     }
 
-    /// Sets our condition on the upper pod to False for `reason` (no write when it already
-    /// says so; `tensile-core` decides).
-    async fn upper_condition(
+    /// Merge-patches the status of upper pod `ns/name`.
+    async fn patch_upper_status(
         &self,
-        pod: &Pod,
-        reason: &str,
-        message: &str,
+        ns: &str,
+        name: &str,
+        patch: serde_json::Value,
     ) -> Result<(), SyncError> {
-        let now = Time(Timestamp::now());
-        let Some(conditions) = not_offloaded_conditions(pod, reason, message, &now) else {
-            return Ok(());
-        };
-        let (ns, name) = key_of(pod).ok_or_else(unnamed)?;
-        let patch = if reason == REASON_PROVIDER_FAILED {
-            provider_failed_patch(&conditions, message)
-        } else {
-            json!({"status": {"conditions": conditions}})
-        };
-        self.upper_api(&ns)
-            .patch_status(&name, &PatchParams::default(), &Patch::Merge(patch))
+        self.upper_api(ns)
+            .patch_status(name, &PatchParams::default(), &Patch::Merge(patch))
             .await
-            .map_err(|e| SyncError::api(upper_status(&ns, &name), e))?;
+            .map_err(|e| SyncError::api(upper_status(ns, name), e))?;
         Ok(())
     }
 }
@@ -608,289 +528,140 @@ fn upper_status(ns: &str, name: &str) -> Call {
     Call::new("writing the status of", "Pod", ns, name, Cluster::Upper)
 }
 
+/// One look at pod `key`: the index's plan, carried out; then the token Secrets no pod needs.
 async fn reconcile(ctx: &Ctx, key: &Key) -> Result<(), Failure> {
-    let result = reconcile_pod(ctx, key).await;
-    if let Some(tokens) = &ctx.tokens {
-        // From the caches as they are now: a lower pod the step just deleted still holds its
-        // Secret until its delete event brings the key back.
-        let (ns, name) = key;
-        let (upper, lower) = (ctx.upper_pods.get(ns, name), ctx.lower_pods.get(ns, name));
-        tokens
-            .collect(key, upper.as_ref(), lower.as_ref())
-            .await
-            .map_err(|e| SyncError::tokens(e, ns, name, &ctx.cfg.lower_name))?;
-    }
+    let result = match ctx.index.plan(key, &Now::system()) {
+        Ok(plan) => execute(ctx, key, plan).await,
+        Err(failure) => Err(failure),
+    };
+    // From the caches as they are now: a lower pod the plan just deleted still holds its
+    // Secret until its delete event brings the key back.
+    let (ns, name) = key;
+    let (upper, lower) = (
+        ctx.index.upper_pods().get(ns, name),
+        ctx.index.lower_pods().get(ns, name),
+    );
+    ctx.tokens
+        .collect(key, upper.as_ref(), lower.as_ref())
+        .await?;
     result
 }
 
-/// One step of the pod `key` (see [`pod_step`]).
-async fn reconcile_pod(ctx: &Ctx, key: &Key) -> Result<(), Failure> {
-    let (ns, name) = key;
-    let upper = ctx.upper_pods.get(ns, name);
-    let lower = ctx.lower_pods.get(ns, name);
-    // A lower pod deleted through the API whose removal came before this reconcile.
-    let deleted_below = match (&upper, &lower) {
-        (Some(u), None) => ctx
-            .lower_deleted
-            .lock()
-            .ok()
-            .and_then(|m| m.get(key).cloned())
-            .and_then(|last| deleted_below_step(u, &last, &ctx.cfg.translate.owner)),
-        _ => {
-            if let Ok(mut m) = ctx.lower_deleted.lock() {
-                m.remove(key);
-            }
-            None
-        }
-    };
-    let now = Time(Timestamp::now());
-    let gone_grace = ctx.gone_grace.lock().ok().and_then(|mut m| m.remove(key));
-    let step = match deleted_below {
-        Some(step) => Ok(step),
-        None => pod_step(
-            upper.as_ref(),
-            lower.as_ref(),
-            &ctx.cfg.translate,
-            &ctx.cfg.lower_name,
-            gone_grace,
-            &now,
-        ),
-    }
-    .map_err(|e| {
-        // Only a pod with a lower copy is compared: what fails is carrying its change down.
-        let error = match e {
-            UpdateError::Translate(e) => SyncError::Invalid(Box::new(e)),
-            UpdateError::NotOurs(foreign) => SyncError::Ownership {
-                kind: "Pod",
-                namespace: foreign.namespace,
-                name: foreign.name,
-                cluster: ctx.lower_cluster(),
-            },
-        };
-        Failure::new(Op::Update, error)
-    })?;
-    if !matches!(&step, PodStep::Sync { status: Some(s), .. } if may_coalesce(s)) {
-        ctx.release_status(key);
-    }
-    if upper.is_none()
-        && let Ok(mut sent) = ctx.env_sent.lock()
-    {
-        sent.remove(key);
-    }
-    // Each step that needs a pod has it: `pod_step` only returns them when it is there.
-    let (Some(u), l) = (upper.as_ref(), lower.as_ref()) else {
-        return match (step, lower.as_ref()) {
-            (PodStep::DeleteLower { grace, .. }, Some(l)) => Ok(delete_lower(ctx, l, grace).await?),
-            _ => Ok(()),
-        };
-    };
-    match step {
-        PodStep::Nothing => Ok(()),
-        PodStep::DeleteLower {
-            grace,
-            upper_deleting,
-        } => {
-            let Some(l) = l else { return Ok(()) };
-            // As virtual-kubelet: a failure is on the upper pod, where its owner looks.
-            delete_lower(ctx, l, grace)
+/// The writer: carries the effects of `plan` out in order; the first failure ends it.
+async fn execute(ctx: &Ctx, key: &Key, plan: Plan) -> Result<(), Failure> {
+    let (ns, name) = (key.0.as_str(), key.1.as_str());
+    let Plan {
+        upper,
+        lower,
+        effects,
+    } = plan;
+    // Every effect but a lower pod's deletion is about the upper pod: the index plans them
+    // only when it is there.
+    let upper = || upper.as_ref().ok_or_else(unnamed);
+    for effect in effects {
+        match effect {
+            Effect::DeleteLower { uid, grace, op } => delete_lower(ctx, (ns, name), uid, grace)
                 .await
-                .map_err(|e| Failure::new(Op::Delete, e))?;
-            if upper_deleting {
-                ctx.event(
-                    u,
-                    false,
-                    EVENT_PROVIDER_DELETE_SUCCESS,
-                    format!("deleting the pod in lower cluster {}", ctx.cfg.lower_name),
-                );
-            }
-            Ok(())
-        }
-        PodStep::FinishUpperDeletion => Ok(force_delete_upper(ctx, u).await?),
-        PodStep::NotOffloaded(why) => Ok(ctx
-            .upper_condition(u, REASON_NOT_OFFLOADED, &why.to_string())
-            .await?),
-        // Created already; the lower watch will bring the key back when it shows the pod.
-        PodStep::Create
-            if ctx.created.pending(
-                key,
-                u.metadata.uid.as_deref().unwrap_or_default(),
-                std::time::Instant::now(),
-            ) =>
-        {
-            Ok(())
-        }
-        PodStep::Create => match create_lower(ctx, u).await {
-            Ok(()) => {
-                ctx.event(
-                    u,
-                    false,
-                    EVENT_PROVIDER_CREATE_SUCCESS,
-                    format!("created in lower cluster {}", ctx.cfg.lower_name),
-                );
-                Ok(())
-            }
-            Err(e) => {
-                // The status says it whatever the kind (`kubectl get` shows ProviderFailed);
-                // the event follows from the kind (the worker's `policy`).
-                let _ = ctx
-                    .upper_condition(u, REASON_PROVIDER_FAILED, &e.to_string())
-                    .await;
-                Err(Failure::new(Op::Create, e))
-            }
-        },
-        PodStep::MarkLost(status) => {
-            ctx.upper_api(ns)
-                .patch_status(
-                    name,
-                    &PatchParams::default(),
-                    &Patch::Merge(json!({"status": status})),
-                )
-                .await
-                .map_err(|e| SyncError::api(upper_status(ns, name), e))?;
-            Ok(())
-        }
-        PodStep::DeleteUpper { grace } => {
-            let dp = DeleteParams {
-                grace_period_seconds: grace.and_then(|g| u32::try_from(g).ok()),
-                ..DeleteParams::default()
-            };
-            match ctx.upper_api(ns).delete(name, &dp).await {
-                Ok(_) => Ok(()),
-                Err(e) if not_found(&e) => Ok(()),
-                Err(e) => {
-                    let call = Call::new(
-                        "deleting (its lower pod was deleted)",
-                        "Pod",
-                        ns,
-                        name,
-                        Cluster::Upper,
-                    );
-                    Err(SyncError::api(call, e).into())
+                .map_err(|e| Failure::new(op, e))?,
+            Effect::ForceDeleteUpper => force_delete_upper(ctx, upper()?).await?,
+            Effect::DeleteUpper { grace } => delete_upper(ctx, (ns, name), grace).await?,
+            Effect::CreateLower => {
+                let u = upper()?;
+                if let Err(e) = create_lower(ctx, u).await {
+                    // The status says it whatever the kind (`kubectl get` shows
+                    // ProviderFailed); the event follows from the kind (the worker's `policy`).
+                    let now = Time(Timestamp::now());
+                    if let Some(patch) = Effect::failed_create_patch(u, &e.to_string(), &now) {
+                        let _ = ctx.patch_upper_status(ns, name, patch).await;
+                    }
+                    return Err(Failure::new(Op::Create, e));
                 }
             }
+            Effect::PatchLower(patch) => {
+                ctx.lower_api(ns)
+                    .patch(name, &PatchParams::default(), &Patch::Strategic(patch))
+                    .await
+                    .map_err(|e| update_failed(ctx, "updating", key, e))?;
+            }
+            Effect::AddEphemeralContainers(all) => {
+                let u = upper()?;
+                // A container added with `kubectl debug` gets its environment events too (the
+                // library's since v1.6); those of the pod's own containers were sent already.
+                send_env_events(ctx, u, ns, name).await;
+                let ephemeral = ephemeral_dependencies(ctx, ns, lower.as_ref(), &all)
+                    .await
+                    .map_err(|e| Failure::new(Op::Update, e))?;
+                let patch = json!({"spec": {"ephemeralContainers": ephemeral}});
+                ctx.lower_api(ns)
+                    .patch_subresource(
+                        "ephemeralcontainers",
+                        name,
+                        &PatchParams::default(),
+                        &Patch::Strategic(patch),
+                    )
+                    .await
+                    .map_err(|e| update_failed(ctx, "adding ephemeral containers to", key, e))?;
+            }
+            Effect::SetLowerConditions(conditions) => {
+                ctx.lower_api(ns)
+                    .patch_status(
+                        name,
+                        &PatchParams::default(),
+                        &Patch::Strategic(json!({"status": {"conditions": conditions}})),
+                    )
+                    .await
+                    .map_err(|e| {
+                        let doing = "setting readiness-gate conditions of";
+                        SyncError::api(ctx.lower_call(doing, "Pod", ns, name), e)
+                    })?;
+            }
+            Effect::PatchUpperStatus { patch, why } => {
+                let t0 = std::time::Instant::now();
+                let written = ctx.patch_upper_status(ns, name, patch).await;
+                if why == StatusWhy::Mirror {
+                    ctx.metrics.observe("upper_status", t0.elapsed());
+                }
+                written?;
+            }
+            Effect::SyncTokens => ctx.tokens.write(upper()?).await?,
+            Effect::Event { reason, note } => ctx.event(upper()?, false, reason, note),
+            Effect::RequeueAfter(after) => ctx.queue.add_after(key.clone(), after),
         }
-        PodStep::Conflict => Err(Failure::new(
-            Op::Create,
-            SyncError::Ownership {
-                kind: "Pod",
-                namespace: ns.clone(),
-                name: name.clone(),
-                cluster: ctx.lower_cluster(),
-            },
-        )),
-        // The lower pod's state is unknown: the upper pod is not Ready (nothing else changes).
-        PodStep::Sync { .. } if let Some(message) = ctx.reach.message() => {
-            let Some(conditions) = unreachable_conditions(u, &message, &Time(Timestamp::now()))
-            else {
-                return Ok(());
-            };
-            ctx.upper_api(ns)
-                .patch_status(
-                    name,
-                    &PatchParams::default(),
-                    &Patch::Merge(json!({"status": {"conditions": conditions}})),
-                )
-                .await
-                .map_err(|e| SyncError::api(upper_status(ns, name), e))?;
-            Ok(())
-        }
-        PodStep::Sync { update, status } => {
-            let status = status.filter(|s| !(may_coalesce(s) && ctx.hold_status(key)));
-            sync_existing(ctx, (u, l), &update, status).await?;
-            Ok(sync_tokens(ctx, u, l).await?)
-        }
-    }
-}
-
-/// Keeps the upper tokens of a pod whose lower copy exists current (with upper identity).
-async fn sync_tokens(ctx: &Ctx, u: &Pod, l: Option<&Pod>) -> Result<(), SyncError> {
-    let (Some(tokens), Some(l)) = (&ctx.tokens, l) else {
-        return Ok(());
-    };
-    if u.metadata.deletion_timestamp.is_some() || l.metadata.deletion_timestamp.is_some() {
-        return Ok(());
-    }
-    let (ns, name) = key_of(u).ok_or_else(unnamed)?;
-    let t0 = std::time::Instant::now();
-    let result = tokens.sync(u).await;
-    ctx.metrics.observe("upper_tokens", t0.elapsed());
-    result.map_err(|e| SyncError::tokens(e, &ns, &name, &ctx.cfg.lower_name))
-}
-
-/// Carries a [`PodStep::Sync`] out: the lower patch, ephemeral containers, the upper status.
-async fn sync_existing(
-    ctx: &Ctx,
-    (u, l): (&Pod, Option<&Pod>),
-    update: &PodUpdate,
-    status: Option<Box<PodStatus>>,
-) -> Result<(), Failure> {
-    let (ns, name) = key_of(u).ok_or_else(unnamed)?;
-    let (ns_ref, name_ref) = (ns.as_str(), name.as_str());
-    let update_failed = |doing| {
-        move |e| {
-            let call = ctx.lower_call(doing, "Pod", ns_ref, name_ref);
-            Failure::new(Op::Update, SyncError::api(call, e))
-        }
-    };
-    if let Some(patch) = &update.patch {
-        ctx.lower_api(&ns)
-            .patch(&name, &PatchParams::default(), &Patch::Strategic(patch))
-            .await
-            .map_err(update_failed("updating"))?;
-        ctx.event(
-            u,
-            false,
-            EVENT_PROVIDER_UPDATE_SUCCESS,
-            "updated the lower pod".into(),
-        );
-    }
-    if let Some(ephemeral) = &update.ephemeral_containers {
-        // A container added with `kubectl debug` gets its environment events too (the
-        // library's since v1.6); those of the pod's own containers were sent already.
-        send_env_events(ctx, u, &ns, &name).await;
-        let ephemeral = ephemeral_dependencies(ctx, &ns, l, ephemeral)
-            .await
-            .map_err(|e| Failure::new(Op::Update, e))?;
-        let patch = json!({"spec": {"ephemeralContainers": ephemeral}});
-        ctx.lower_api(&ns)
-            .patch_subresource(
-                "ephemeralcontainers",
-                &name,
-                &PatchParams::default(),
-                &Patch::Strategic(patch),
-            )
-            .await
-            .map_err(update_failed("adding ephemeral containers to"))?;
-    }
-    if let Some(conditions) = &update.gate_conditions {
-        // The lower kubelet counts them into the lower pod's Ready, which then comes back up.
-        ctx.lower_api(&ns)
-            .patch_status(
-                &name,
-                &PatchParams::default(),
-                &Patch::Strategic(json!({"status": {"conditions": conditions}})),
-            )
-            .await
-            .map_err(|e| {
-                let call =
-                    ctx.lower_call("setting readiness-gate conditions of", "Pod", &ns, &name);
-                SyncError::api(call, e)
-            })?;
-    }
-    if let Some(status) = status {
-        let t0 = std::time::Instant::now();
-        let written = ctx
-            .upper_api(&ns)
-            .patch_status(
-                &name,
-                &PatchParams::default(),
-                &Patch::Merge(status_merge_patch(u, &status)),
-            )
-            .await;
-        ctx.metrics.observe("upper_status", t0.elapsed());
-        written.map_err(|e| SyncError::api(upper_status(&ns, &name), e))?;
     }
     Ok(())
+}
+
+/// A failed write of the lower pod's change.
+fn update_failed(ctx: &Ctx, doing: &'static str, (ns, name): &Key, e: kube::Error) -> Failure {
+    let call = ctx.lower_call(doing, "Pod", ns, name);
+    Failure::new(Op::Update, SyncError::api(call, e))
+}
+
+/// Deletes upper pod `ns/name` (its lower pod was deleted downstairs); one already gone is
+/// fine.
+async fn delete_upper(
+    ctx: &Ctx,
+    (ns, name): (&str, &str),
+    grace: Option<i64>,
+) -> Result<(), SyncError> {
+    let dp = DeleteParams {
+        grace_period_seconds: grace.and_then(|g| u32::try_from(g).ok()),
+        ..DeleteParams::default()
+    };
+    match ctx.upper_api(ns).delete(name, &dp).await {
+        Ok(_) => Ok(()),
+        Err(e) if not_found(&e) => Ok(()),
+        Err(e) => {
+            let call = Call::new(
+                "deleting (its lower pod was deleted)",
+                "Pod",
+                ns,
+                name,
+                Cluster::Upper,
+            );
+            Err(SyncError::api(call, e))
+        }
+    }
 }
 
 /// The ephemeral containers for the lower pod (`all`: those it has, then the new ones), once
@@ -932,10 +703,15 @@ async fn ephemeral_dependencies(
     Ok(kept)
 }
 
-async fn delete_lower(ctx: &Ctx, l: &Pod, grace: Option<i64>) -> Result<(), SyncError> {
-    let (ns, name) = key_of(l).ok_or_else(unnamed)?;
+/// Deletes lower pod `ns/name` of UID `uid` (precondition: only the pod judged).
+async fn delete_lower(
+    ctx: &Ctx,
+    (ns, name): (&str, &str),
+    uid: Option<String>,
+    grace: Option<i64>,
+) -> Result<(), SyncError> {
     let grace = grace.and_then(|g| u32::try_from(g.max(0)).ok());
-    delete_exact(&ctx.lower_api(&ns), &name, l.metadata.uid.clone(), grace)
+    delete_exact(&ctx.lower_api(ns), name, uid, grace)
         .await
         .map_err(|e| {
             // The event is on the pod itself: "deleting the pod in lower cluster X", as before.
@@ -1002,25 +778,9 @@ async fn create_lower_steps(ctx: &Ctx, u: &Pod) -> Result<(), SyncError> {
                 dependency(ctx, &ns, &step, &mut absent).await?;
             }
             LowerKind::Pod => {
-                if let Some(tokens) = &ctx.tokens {
-                    // With upper identity the three writes are serial, on purpose:
-                    // TokenRequest upstairs, then our Secret downstairs, then the pod.
-                    // - The token goes into the Secret, so it is requested first.
-                    // - The Secret must exist, and be ours, before the pod is created. A lower
-                    //   kubelet mounts whatever Secret of that name it finds: one that anybody
-                    //   able to write Secrets in the namespace made first, or while our create
-                    //   was in flight, would give the pod a token that is not the upper one (a
-                    //   kubelet would wait for a Secret that is missing, but not for one that
-                    //   is there and not ours). Only our create's answer proves the Secret is
-                    //   ours; a pod created at the same time could already run with the other.
-                    // So no write is made at the same time as another; what saves round trips
-                    // is not writing twice (a Secret already in the cache is not created
-                    // again, a pod just created is not created again: `Expected`).
-                    let t0 = std::time::Instant::now();
-                    let written = tokens.sync(u).await;
-                    ctx.metrics.observe("upper_tokens", t0.elapsed());
-                    written.map_err(|e| SyncError::tokens(e, &ns, &name, &ctx.cfg.lower_name))?;
-                }
+                // With upper identity: the pod's token Secret first, ours, then the pod
+                // (`PodTokens::write` says why the writes are serial).
+                ctx.tokens.write(u).await?;
                 let mut pod = lower_pod(u, &ctx.cfg.translate)
                     .map_err(|e| SyncError::Invalid(Box::new(e)))?;
                 if let Some(spec) = pod.spec.as_mut() {
@@ -1031,7 +791,7 @@ async fn create_lower_steps(ctx: &Ctx, u: &Pod) -> Result<(), SyncError> {
                 ctx.metrics.observe("lower_pod_create", t0.elapsed());
                 let uid = u.metadata.uid.as_deref().unwrap_or_default();
                 match created {
-                    Ok(_) => ctx.created.written(
+                    Ok(_) => ctx.index.created(
                         (ns.clone(), name.clone()),
                         uid,
                         std::time::Instant::now(),
@@ -1042,7 +802,7 @@ async fn create_lower_steps(ctx: &Ctx, u: &Pod) -> Result<(), SyncError> {
                             SyncError::api(call, e)
                         })?;
                         match on_existing(LowerKind::Pod, &existing.metadata, &owner, uid) {
-                            Existing::Ours => ctx.created.written(
+                            Existing::Ours => ctx.index.created(
                                 (ns.clone(), name.clone()),
                                 uid,
                                 std::time::Instant::now(),
@@ -1050,7 +810,13 @@ async fn create_lower_steps(ctx: &Ctx, u: &Pod) -> Result<(), SyncError> {
                             // Ours, of an earlier upper pod of the name: gone now, and its
                             // deletion brings the key back (the cache was behind).
                             Existing::Stale => {
-                                delete_lower(ctx, &existing, Some(0)).await?;
+                                delete_lower(
+                                    ctx,
+                                    (&ns, &name),
+                                    existing.metadata.uid.clone(),
+                                    Some(0),
+                                )
+                                .await?;
                                 return Err(SyncError::Conflict {
                                     call: ctx.lower_call("creating", "Pod", &ns, &name),
                                     source: "the lower pod of an earlier upper pod of the name \
@@ -1111,29 +877,9 @@ async fn send_env_events(ctx: &Ctx, u: &Pod, ns: &str, name: &str) {
         upstairs.secrets.insert(secret, found(read));
     }
     let events = env_events(spec, ns, &upstairs);
-    let uid = u.metadata.uid.clone().unwrap_or_default();
-    // Only the events the last attempt for this pod did not send.
-    let new: Vec<EnvEvent> = {
-        let Ok(mut sent) = ctx.env_sent.lock() else {
-            return;
-        };
-        let key = (ns.to_owned(), name.to_owned());
-        if events.is_empty() {
-            sent.remove(&key);
-            return;
-        }
-        let before: &[EnvEvent] = match sent.get(&key) {
-            Some((sent_uid, before)) if *sent_uid == uid => before,
-            _ => &[],
-        };
-        let new = events
-            .iter()
-            .filter(|e| !before.contains(e))
-            .cloned()
-            .collect();
-        sent.insert(key, (uid, events));
-        new
-    };
+    let uid = u.metadata.uid.as_deref().unwrap_or_default();
+    let key = (ns.to_owned(), name.to_owned());
+    let new = ctx.index.env_events_to_send(&key, uid, events);
     for e in new {
         ctx.event(u, true, e.reason, e.message);
     }
@@ -1276,75 +1022,5 @@ fn kind_name(kind: LowerKind) -> &'static str {
         LowerKind::Secret => "Secret",
         LowerKind::PersistentVolumeClaim => "PersistentVolumeClaim",
         LowerKind::Pod => "Pod",
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    #![allow(clippy::unwrap_used)]
-    use super::*;
-    use tensile_core::keys::{LABEL_OWNER, owner_label_value};
-
-    fn lower(name: &str, owner: Option<&str>) -> Pod {
-        let mut p = Pod::default();
-        p.metadata.namespace = Some("default".into());
-        p.metadata.name = Some(name.into());
-        p.metadata.labels = owner.map(|o| {
-            [(LABEL_OWNER.to_owned(), owner_label_value(o))]
-                .into_iter()
-                .collect()
-        });
-        p
-    }
-
-    fn names(events: &[watcher::Event<Pod>]) -> Vec<String> {
-        events
-            .iter()
-            .map(|e| match e {
-                watcher::Event::Apply(p) => format!("apply {}", p.metadata.name.clone().unwrap()),
-                watcher::Event::Delete(p) => format!("delete {}", p.metadata.name.clone().unwrap()),
-                watcher::Event::InitApply(p) => {
-                    format!("init {}", p.metadata.name.clone().unwrap())
-                }
-                watcher::Event::Init => "begin".into(),
-                watcher::Event::InitDone => "done".into(),
-            })
-            .collect()
-    }
-
-    #[tokio::test]
-    async fn only_our_lower_pods_reach_the_cache_and_a_pod_that_loses_our_label_leaves_it() {
-        let store = CompactCache::<Pod>::new();
-        let run = |events: Vec<watcher::Event<Pod>>, store: CompactCache<Pod>| async move {
-            ours_only(futures::stream::iter(events), "vk", store)
-                .collect::<Vec<_>>()
-                .await
-        };
-        let listed = run(
-            vec![
-                watcher::Event::Init,
-                watcher::Event::InitApply(lower("mine", Some("vk"))),
-                watcher::Event::InitApply(lower("other-node", Some("vk-2"))),
-                watcher::Event::InitApply(lower("foreign", None)),
-                watcher::Event::InitDone,
-            ],
-            store.clone(),
-        )
-        .await;
-        assert_eq!(names(&listed), ["begin", "init mine", "done"]);
-        for e in &listed {
-            store.apply(e);
-        }
-        let changes = run(
-            vec![
-                watcher::Event::Apply(lower("foreign", None)),
-                watcher::Event::Delete(lower("foreign", None)),
-                watcher::Event::Apply(lower("mine", None)),
-                watcher::Event::Apply(lower("new", Some("vk"))),
-            ],
-            store,
-        )
-        .await;
-        assert_eq!(names(&changes), ["delete mine", "apply new"]);
     }
 }

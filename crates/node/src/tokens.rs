@@ -10,6 +10,10 @@
 //! One watch of our token Secrets downstairs (label selector) fills the cache the decisions
 //! read, and an index of them by pod name (so orphans are found after a restart); a change of
 //! one puts its pod back on the pod controller's queue.
+//!
+//! The pod controller sees one interface, [`PodTokens`]: ready, write a pod's Secret (before
+//! its creation, and when the index says `SyncTokens`), collect what no pod needs. Without
+//! upper identity each of them does nothing.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -32,9 +36,160 @@ use tensile_core::keys::{
 };
 use tokio_util::sync::CancellationToken;
 
+use futures::future::BoxFuture;
+use tensile_core::translate::TranslateConfig;
 use tensile_runtime::cache::{CompactCache, Key};
 use tensile_runtime::clients::already_exists;
 use tensile_runtime::queue::Queue;
+
+use crate::pods::SyncMetrics;
+use crate::sync_error::SyncError;
+
+/// What the pod controller's tokens are made of.
+pub struct TokenWiring {
+    /// Upper cluster (TokenRequests).
+    pub upper: kube::Client,
+    /// Lower cluster (our Secrets).
+    pub lower: kube::Client,
+    /// Owner id, `--ignore-labels`, and whether pods have upper identity (`upper_api`).
+    pub translate: TranslateConfig,
+    /// A name for the lower cluster in messages.
+    pub lower_name: String,
+    /// Every upper ConfigMap (the copy controller's cache): each namespace's root CA.
+    pub upper_config_maps: CompactCache<ConfigMap>,
+    /// Where the time of a pod's tokens is measured (`upper_tokens`).
+    pub metrics: SyncMetrics,
+}
+
+impl std::fmt::Debug for TokenWiring {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TokenWiring")
+            .field("lower_name", &self.lower_name)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The token side of the pod controller, behind one interface; off (each method does
+/// nothing) when pods do not have upper identity.
+pub struct PodTokens {
+    secrets: Option<IdentitySecrets>,
+    lower_name: String,
+    metrics: SyncMetrics,
+}
+
+impl std::fmt::Debug for PodTokens {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PodTokens")
+            .field("on", &self.secrets.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+impl PodTokens {
+    /// The tokens of the pods of `queue`, and the feed that keeps their cache (the watch of
+    /// our token Secrets; a change puts its pod on `queue`) for the controller to run until
+    /// `stop`.
+    pub fn new(
+        wiring: TokenWiring,
+        queue: Queue<Key>,
+        stop: CancellationToken,
+    ) -> (Self, BoxFuture<'static, ()>) {
+        let TokenWiring {
+            upper,
+            lower,
+            translate,
+            lower_name,
+            upper_config_maps,
+            metrics,
+        } = wiring;
+        let (secrets, feed) = if translate.upper_api.is_some() {
+            let (secrets, feed) = IdentitySecrets::start(
+                upper,
+                lower,
+                translate,
+                lower_name.clone(),
+                upper_config_maps,
+                queue,
+                stop,
+            );
+            (Some(secrets), feed)
+        } else {
+            let feed: BoxFuture<'static, ()> = Box::pin(async {});
+            (None, feed)
+        };
+        let tokens = PodTokens {
+            secrets,
+            lower_name,
+            metrics,
+        };
+        (tokens, feed)
+    }
+
+    /// Waits for the first list of our token Secrets: nothing is decided before.
+    pub async fn ready(&self) {
+        if let Some(s) = &self.secrets {
+            s.wait_until_ready().await;
+        }
+    }
+
+    /// Brings the token Secret of upper pod `u` up to date: written when missing or due, and
+    /// looked at again when its earliest token is due.
+    ///
+    /// Before a lower pod is created the writes are serial, on purpose: TokenRequest upstairs,
+    /// then our Secret downstairs, then the pod.
+    /// - The token goes into the Secret, so it is requested first.
+    /// - The Secret must exist, and be ours, before the pod is created. A lower kubelet mounts
+    ///   whatever Secret of that name it finds: one that anybody able to write Secrets in the
+    ///   namespace made first, or while our create was in flight, would give the pod a token
+    ///   that is not the upper one (a kubelet would wait for a Secret that is missing, but not
+    ///   for one that is there and not ours). Only our create's answer proves the Secret is
+    ///   ours; a pod created at the same time could already run with the other.
+    ///
+    /// So no write is made at the same time as another; what saves round trips is not writing
+    /// twice (a Secret already in the cache is not created again, a pod just created is not
+    /// created again: `Expected`).
+    pub async fn write(&self, u: &Pod) -> Result<(), SyncError> {
+        let Some(secrets) = &self.secrets else {
+            return Ok(());
+        };
+        let t0 = std::time::Instant::now();
+        let written = secrets.sync(u).await;
+        self.metrics.observe("upper_tokens", t0.elapsed());
+        written.map_err(|e| {
+            self.error(
+                e,
+                u.metadata.namespace.as_deref(),
+                u.metadata.name.as_deref(),
+            )
+        })
+    }
+
+    /// Deletes the token Secrets of pod `key` that neither its lower pod nor its upper pod
+    /// needs any more.
+    pub async fn collect(
+        &self,
+        key: &Key,
+        upper: Option<&Pod>,
+        lower: Option<&Pod>,
+    ) -> Result<(), SyncError> {
+        let Some(secrets) = &self.secrets else {
+            return Ok(());
+        };
+        secrets
+            .collect(key, upper, lower)
+            .await
+            .map_err(|e| self.error(e, Some(&key.0), Some(&key.1)))
+    }
+
+    fn error(&self, e: TokenError, ns: Option<&str>, pod: Option<&str>) -> SyncError {
+        SyncError::tokens(
+            e,
+            ns.unwrap_or_default(),
+            pod.unwrap_or_default(),
+            &self.lower_name,
+        )
+    }
+}
 
 /// Why a pod's upper tokens could not be delivered; each names the pod and what failed.
 #[derive(Debug, thiserror::Error)]
@@ -108,8 +263,8 @@ pub enum TokenError {
     },
 }
 
-/// The token side of the pod controller.
-pub struct IdentitySecrets {
+/// Our token Secrets downstairs, and how they are written.
+struct IdentitySecrets {
     upper: kube::Client,
     lower: kube::Client,
     owner: String,
@@ -135,16 +290,22 @@ impl std::fmt::Debug for IdentitySecrets {
 }
 
 impl IdentitySecrets {
-    /// Starts the watch of our token Secrets; their changes, and refresh times, go to `queue`.
-    pub fn start(
+    /// The watch of our token Secrets (the feed, to run until `stop`); their changes, and
+    /// refresh times, go to `queue`.
+    fn start(
         upper: kube::Client,
         lower: kube::Client,
-        (owner, ignore_labels): (String, Vec<String>),
+        translate: TranslateConfig,
         lower_name: String,
         upper_config_maps: CompactCache<ConfigMap>,
         queue: Queue<Key>,
         stop: CancellationToken,
-    ) -> Self {
+    ) -> (Self, BoxFuture<'static, ()>) {
+        let TranslateConfig {
+            owner,
+            ignore_labels,
+            ..
+        } = translate;
         let secrets = CompactCache::new();
         let by_pod: Arc<Mutex<HashMap<Key, BTreeSet<String>>>> = Arc::default();
         let selector = format!(
@@ -162,7 +323,7 @@ impl IdentitySecrets {
         let index = by_pod.clone();
         let events = secrets.objects_shown(events, move |e| index_secrets(&index, e));
         let feed = queue.clone();
-        tokio::spawn(async move {
+        let feed = Box::pin(async move {
             tensile_runtime::backoff::drain(events, &stop, "token secrets", |s: Secret| {
                 let pod = s
                     .metadata
@@ -175,7 +336,7 @@ impl IdentitySecrets {
             })
             .await;
         });
-        IdentitySecrets {
+        let secrets = IdentitySecrets {
             upper,
             lower,
             owner,
@@ -185,12 +346,13 @@ impl IdentitySecrets {
             by_pod,
             upper_config_maps,
             queue,
-        }
+        };
+        (secrets, feed)
     }
 
     /// Deletes the identity Secrets of pod `key` that neither its lower pod nor its upper pod
     /// needs any more (UID precondition: only the Secret judged).
-    pub async fn collect(
+    async fn collect(
         &self,
         key: &Key,
         upper: Option<&Pod>,
@@ -230,13 +392,13 @@ impl IdentitySecrets {
     }
 
     /// Waits for the first list of our token Secrets.
-    pub async fn wait_until_ready(&self) {
+    async fn wait_until_ready(&self) {
         self.secrets.wait_until_ready().await;
     }
 
     /// Brings the token Secret of upper pod `u` up to date: written when missing or due, and
     /// looked at again when its earliest token is due.
-    pub async fn sync(&self, u: &Pod) -> Result<(), TokenError> {
+    async fn sync(&self, u: &Pod) -> Result<(), TokenError> {
         let (Some(ns), Some(name), Some(uid)) = (
             u.metadata.namespace.as_deref(),
             u.metadata.name.as_deref(),
