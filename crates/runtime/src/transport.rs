@@ -61,8 +61,10 @@ pub struct Transport {
 }
 
 impl Transport {
-    /// The two pools for `config`'s server, TLS material and timeouts.
+    /// The two pools for `config`'s server, TLS material and timeouts. HTTP/2 is not offered
+    /// when the environment sets `DISABLE_HTTP2`, as client-go does.
     pub fn new(config: &Config, cluster: &'static str) -> Result<Self, ClientError> {
+        let http2 = std::env::var_os("DISABLE_HTTP2").is_none_or(|v| v.is_empty());
         let build = |http2: bool| -> Result<Pool, ClientError> {
             let tls = config
                 .rustls_client_config()
@@ -103,7 +105,7 @@ impl Transport {
             Ok(pool.build(connector))
         };
         Ok(Self {
-            multiplexed: build(true)?,
+            multiplexed: build(http2)?,
             upgrades: build(false)?,
         })
     }
