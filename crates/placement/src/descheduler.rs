@@ -239,19 +239,16 @@ pub async fn run(
     }
     // A key is worked on by one worker at a time; one touched meanwhile is looked at again
     // once it is done (the queue's rules).
-    let workers: Vec<_> = (0..CONCURRENT_MOVES)
-        .map(|_| {
-            tokio::spawn(work(
-                shared.clone(),
-                queue.clone(),
-                rx.clone(),
-                stop.clone(),
-            ))
-        })
-        .collect();
-    for worker in workers {
-        let _ = worker.await;
+    for _ in 0..CONCURRENT_MOVES {
+        tokio::spawn(work(
+            shared.clone(),
+            queue.clone(),
+            rx.clone(),
+            stop.clone(),
+        ));
     }
+    // Back at once on stop: a worker in the middle of an API call does not hold up shutdown.
+    stop.cancelled().await;
     Ok(())
 }
 
