@@ -17,6 +17,10 @@
 //!   Pending: a pod bound to a virtual node whose lower pod is not seen holds one. So a new
 //!   leader (or a restarted extender) counts the pods its predecessor bound, and a pod deleted
 //!   before its lower pod appeared frees its room at once.
+//! - Split as an index and a thin HTTP layer: the index (`index.rs`) applies every watch's
+//!   events and answers the decisions as values (a verdict per candidate node, where a bind
+//!   goes, what it reserved), tested without clusters; this module reads requests, posts the
+//!   Binding and writes the answers.
 //!
 //! Wire format: kube-scheduler's `k8s.io/kube-scheduler/extender/v1` types. They have no JSON
 //! tags, so kube-scheduler sends Go field names (`Pod`, `Nodes`, `NodeNames`, `PodName`, ...)
@@ -25,7 +29,7 @@
 //! the historical tag names (`nodes`, `nodenames`, `failedNodes`, `failedAndUnresolvableNodes`,
 //! `error`, `host`, `score`).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
@@ -40,11 +44,12 @@ use kube::api::{Api, PostParams};
 use kube::runtime::watcher;
 use serde_json::value::RawValue;
 use serde_json::{Value, json};
-use tensile_core::extender::{
-    Demand, LowerCluster, Outage, Reservations, Room, Verdict, cluster_of,
-};
-use tensile_runtime::cache::ListedKeys;
+use tensile_core::extender::{Demand, Verdict};
 use tokio_util::sync::CancellationToken;
+
+mod index;
+
+use index::{BindTarget, Index, Reserved};
 
 use crate::bounded::{self, Bounded, DecodeError, Key, Keys, Text};
 use crate::metrics::ExtenderMetrics;
@@ -221,66 +226,10 @@ impl std::fmt::Debug for Extender {
 
 struct Shared {
     upper: kube::Client,
-    ttl: Duration,
     metrics: ExtenderMetrics,
-    state: Mutex<State>,
+    index: Mutex<Index>,
     /// Told when the upper node watch has listed (a bound pod's cluster is its node's).
     upper_nodes_listed: tokio::sync::Notify,
-}
-
-struct ClusterState {
-    lower: LowerCluster,
-    nodes: ListedKeys,
-    pods: ListedKeys,
-    /// The room after the pending lower pods and the first reservations, kept while the
-    /// cluster's generation holds: during a burst each call places only the new reservations.
-    room: Option<RoomCache>,
-    /// Whether its watches reach it: an unreachable cluster gets no pods, whatever its last
-    /// known room (they would wait there until it is back).
-    outage: Outage,
-}
-
-struct RoomCache {
-    generation: u64,
-    /// UIDs of the reservations placed, in order.
-    reserved: Vec<String>,
-    room: Room,
-}
-
-impl ClusterState {
-    fn synced(&self) -> bool {
-        self.nodes.synced() && self.pods.synced()
-    }
-}
-
-struct State {
-    clusters: BTreeMap<String, ClusterState>,
-    reservations: Reservations,
-    /// Upper nodes from the watch: name -> the cluster id it is judged by (None: passes).
-    upper_nodes: HashMap<String, Option<String>>,
-    upper_listed: ListedKeys,
-    /// Upper nodes seen in filter/prioritize requests (full nodes), for `/bind`.
-    learned_nodes: HashMap<String, Option<String>>,
-    /// Demands of upper pods seen in filter/prioritize, by UID, for `/bind`.
-    recent: HashMap<String, (Demand, Instant)>,
-}
-
-impl State {
-    fn expire(&mut self, now: Instant) {
-        for (uid, cluster) in self.reservations.expire(now) {
-            tracing::debug!(%uid, %cluster, "reservation lapsed without a lower pod");
-        }
-    }
-}
-
-/// How an upper node is judged.
-enum Judged {
-    /// Not a virtual node, no clusterID, or an unknown cluster: passes unchanged.
-    Pass,
-    /// Its lower cluster decides.
-    Cluster(String),
-    /// Cannot tell yet: fails with this reason.
-    Unknown(String),
 }
 
 impl Extender {
@@ -300,181 +249,46 @@ impl Extender {
         ttl: Duration,
         metrics: ExtenderMetrics,
     ) -> Self {
-        let clusters = clusters
-            .into_iter()
-            .map(|id| {
-                (
-                    id,
-                    ClusterState {
-                        lower: LowerCluster::new(),
-                        nodes: ListedKeys::default(),
-                        pods: ListedKeys::default(),
-                        room: None,
-                        outage: Outage::default(),
-                    },
-                )
-            })
-            .collect();
         Self {
             shared: Arc::new(Shared {
                 upper,
-                ttl,
                 metrics,
-                state: Mutex::new(State {
-                    clusters,
-                    reservations: Reservations::new(),
-                    upper_nodes: HashMap::new(),
-                    upper_listed: ListedKeys::default(),
-                    learned_nodes: HashMap::new(),
-                    recent: HashMap::new(),
-                }),
+                index: Mutex::new(Index::new(clusters, ttl)),
                 upper_nodes_listed: tokio::sync::Notify::new(),
             }),
         }
     }
 
-    fn state(&self) -> MutexGuard<'_, State> {
+    fn index(&self) -> MutexGuard<'_, Index> {
         // A panic while holding the lock leaves consistent-enough bookkeeping; keep serving.
         self.shared
-            .state
+            .index
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Whether every lower cluster's watches (and the upper node watch) have listed.
     pub fn synced(&self) -> bool {
-        let state = self.state();
-        state.upper_listed.synced() && state.clusters.values().all(ClusterState::synced)
+        self.index().synced()
     }
 
     /// Whether the upper node watch has seen the node `name`.
     pub fn knows_upper_node(&self, name: &str) -> bool {
-        self.state().upper_nodes.contains_key(name)
+        self.index().knows_upper_node(name)
     }
 
-    /// Sets the reservations gauge of every cluster from `state`.
-    fn publish_reservations(&self, state: &State) {
-        for id in state.clusters.keys() {
-            self.shared
-                .metrics
-                .set_reservations(id, state.reservations.count(id));
+    /// Sets the reservations gauge of every cluster from `index`.
+    fn publish_reservations(&self, index: &Index) {
+        for (id, count) in index.reservation_counts() {
+            self.shared.metrics.set_reservations(id, count);
         }
     }
 
     /// How many reservations `cluster` holds now.
     pub fn reservations(&self, cluster: &str) -> usize {
-        let mut state = self.state();
-        state.expire(Instant::now());
-        state.reservations.count(cluster)
-    }
-
-    fn judge(
-        state: &State,
-        name: &str,
-        labels: Option<Option<&BTreeMap<String, String>>>,
-    ) -> Judged {
-        let id = match labels {
-            Some(labels) => cluster_of(labels).map(str::to_owned),
-            None => match state
-                .upper_nodes
-                .get(name)
-                .or_else(|| state.learned_nodes.get(name))
-            {
-                Some(id) => id.clone(),
-                None => {
-                    return Judged::Unknown(format!(
-                        "upper node {name} is not known to the tensile extender yet{}",
-                        if state.upper_listed.synced() {
-                            ""
-                        } else {
-                            " (its node watch has not listed)"
-                        }
-                    ));
-                }
-            },
-        };
-        match id {
-            Some(id) if state.clusters.contains_key(&id) => Judged::Cluster(id),
-            _ => Judged::Pass,
-        }
-    }
-
-    /// The verdict of cluster `id` for a pod (`uid` leaves out its own reservation).
-    fn verdict(
-        state: &mut State,
-        id: &str,
-        uid: Option<&str>,
-        demand: &Result<Demand, String>,
-    ) -> Verdict {
-        let State {
-            clusters,
-            reservations,
-            ..
-        } = state;
-        let Some(ClusterState {
-            lower,
-            nodes,
-            pods,
-            room,
-            outage,
-        }) = clusters.get_mut(id)
-        else {
-            return Verdict::Fits {
-                node: String::new(),
-                score: 0,
-            };
-        };
-        if !(nodes.synced() && pods.synced()) {
-            return Verdict::Fails {
-                reason: format!(
-                    "lower cluster {id}: not synced yet (its nodes and pods are still being \
-                     listed); the pod is retried"
-                ),
-                unresolvable: false,
-            };
-        }
-        if let Some(error) = outage.unreachable(Instant::now()) {
-            return Verdict::Fails {
-                reason: format!(
-                    "lower cluster {id}: unreachable ({}); the pod is retried",
-                    truncated(error, 200)
-                ),
-                unresolvable: false,
-            };
-        }
-        let demand = match demand {
-            Err(e) => {
-                return Verdict::Fails {
-                    reason: format!("lower cluster {id}: {e}"),
-                    unresolvable: true,
-                };
-            }
-            Ok(d) => d,
-        };
-        let entries: Vec<(&str, &Demand)> = reservations
-            .entries(id)
-            .into_iter()
-            .filter(|(u, _)| Some(*u) != uid)
-            .collect();
-        let generation = lower.generation();
-        let reusable = room.as_ref().is_some_and(|c| {
-            c.generation == generation
-                && c.reserved.len() <= entries.len()
-                && c.reserved.iter().zip(&entries).all(|(a, (b, _))| a == b)
-        });
-        let cache = match room {
-            Some(c) if reusable => c,
-            _ => room.insert(RoomCache {
-                generation,
-                reserved: Vec::new(),
-                room: lower.room(),
-            }),
-        };
-        for (reserved, d) in &entries[cache.reserved.len()..] {
-            lower.place(&mut cache.room, d);
-            cache.reserved.push((*reserved).to_owned());
-        }
-        lower.judge(id, &cache.room, demand)
+        let mut index = self.index();
+        index.expire(Instant::now());
+        index.reservations(cluster)
     }
 
     async fn filter_or_prioritize(&self, verb: Verb, body: &[u8]) -> Reply {
@@ -483,40 +297,18 @@ impl Extender {
             Err(e) => return Reply::error(StatusCode::BAD_REQUEST, &e),
         };
         let pod_name = args.pod_name();
-        let uid = args.pod.metadata.uid.clone().filter(|u| !u.is_empty());
-        let demand = Demand::of_upper_pod(&args.pod).map_err(|e| e.to_string());
-        let now = Instant::now();
-        let mut state = self.state();
-        state.expire(now);
-        if let (Some(uid), Ok(d)) = (&uid, &demand) {
-            remember(&mut state, uid, d.clone(), now, self.shared.ttl);
-        }
-        let mut verdicts: BTreeMap<String, Verdict> = BTreeMap::new();
+        let verdicts = self.index().judge_pod(
+            &args.pod,
+            args.nodes
+                .iter()
+                .map(|n| (n.name.as_str(), n.labels.as_ref().map(Option::as_ref))),
+            Instant::now(),
+        );
         let mut kept = Vec::new();
         let mut failed = serde_json::Map::new();
         let mut unresolvable = serde_json::Map::new();
         let mut scores = Vec::new();
-        for node in &args.nodes {
-            if let Some(labels) = &node.labels {
-                let id = cluster_of(labels.as_ref()).map(str::to_owned);
-                state.learned_nodes.insert(node.name.clone(), id);
-            }
-            let judged = Self::judge(&state, &node.name, node.labels.as_ref().map(Option::as_ref));
-            let verdict = match &judged {
-                Judged::Pass => None,
-                Judged::Unknown(reason) => Some(Verdict::Fails {
-                    reason: reason.clone(),
-                    unresolvable: false,
-                }),
-                Judged::Cluster(id) => Some(match verdicts.get(id) {
-                    Some(v) => v.clone(),
-                    None => {
-                        let v = Self::verdict(&mut state, id, uid.as_deref(), &demand);
-                        verdicts.insert(id.clone(), v.clone());
-                        v
-                    }
-                }),
-            };
+        for (node, verdict) in args.nodes.iter().zip(verdicts) {
             tracing::debug!(pod = %pod_name, node = %node.name, ?verb, ?verdict, "extender decision");
             match (verb, verdict) {
                 (Verb::Filter, None | Some(Verdict::Fits { .. })) => kept.push(node),
@@ -536,7 +328,6 @@ impl Extender {
                 (Verb::Prioritize, _) => scores.push(json!({"host": node.name, "score": 0})),
             }
         }
-        drop(state);
         match verb {
             Verb::Prioritize => Reply::json(&Value::Array(scores)),
             Verb::Filter => {
@@ -591,26 +382,13 @@ impl Extender {
     async fn bind_pod(&self, args: &BindingArgs) -> Result<(), String> {
         let pods: Api<Pod> = Api::namespaced(self.shared.upper.clone(), &args.namespace);
         let key = format!("{}/{}", args.namespace, args.name);
-        let (judged, known) = {
-            let state = self.state();
-            let judged = Self::judge(&state, &args.node, None);
-            let known = args
-                .uid
-                .as_ref()
-                .and_then(|uid| state.recent.get(uid))
-                .map(|(d, _)| d.clone());
-            (judged, known)
-        };
-        let cluster = match judged {
-            Judged::Pass => None,
-            Judged::Unknown(reason) => return Err(reason),
-            Judged::Cluster(id) => Some(id),
-        };
+        let target = self.index().bind_target(&args.node, args.uid.as_deref())?;
         let mut uid = args.uid.clone();
-        if let Some(id) = &cluster {
+        let mut reserved = false;
+        if let BindTarget::Cluster { id, demand: known } = target {
             // The pod's demand: from its filter call, or read once from the upper cluster.
             let demand = match known {
-                Some(d) => d,
+                Some(d) => *d,
                 None => {
                     let pod = pods
                         .get(&args.name)
@@ -629,23 +407,11 @@ impl Extender {
                 }
             };
             let uid = uid.clone().unwrap_or_default();
-            let now = Instant::now();
-            let mut state = self.state();
-            state.expire(now);
-            let exists = state
-                .clusters
-                .get(id)
-                .is_some_and(|c| c.lower.has_upper_uid(&uid));
-            if !exists {
-                match Self::verdict(&mut state, id, Some(&uid), &Ok(demand.clone())) {
-                    Verdict::Fails { reason, .. } => return Err(reason),
-                    Verdict::Fits { node, .. } => {
-                        tracing::debug!(pod = %key, cluster = %id, lower_node = %node, "reserving room");
-                        state
-                            .reservations
-                            .reserve(&uid, id, demand, now + self.shared.ttl);
-                    }
-                }
+            if let Reserved::Room { lower_node } =
+                self.index().reserve(&id, &uid, demand, Instant::now())?
+            {
+                tracing::debug!(pod = %key, cluster = %id, %lower_node, "room reserved");
+                reserved = true;
             }
         }
         let binding = Binding {
@@ -667,9 +433,9 @@ impl Extender {
             .await;
         if let Err(e) = posted {
             if let Some(uid) = &uid
-                && cluster.is_some()
+                && reserved
             {
-                self.state().reservations.release(uid);
+                self.index().release(uid);
             }
             return Err(format!("binding pod {key} to node {}: {e}", args.node));
         }
@@ -677,142 +443,25 @@ impl Extender {
         Ok(())
     }
 
-    fn on_lower_node(&self, id: &str, event: &watcher::Event<Node>) {
-        let mut state = self.state();
-        let Some(cluster) = state.clusters.get_mut(id) else {
-            return;
-        };
-        cluster.outage.answered();
-        for (_, name) in cluster.nodes.record(event) {
-            cluster.lower.remove_node(&name);
-        }
-        match event {
-            watcher::Event::Apply(n) | watcher::Event::InitApply(n) => {
-                if let Err(e) = cluster.lower.apply_node(n) {
-                    tracing::debug!(cluster = %id, error = %e, "lower node partly read");
-                }
-            }
-            watcher::Event::Delete(n) => {
-                cluster
-                    .lower
-                    .remove_node(n.metadata.name.as_deref().unwrap_or_default());
-            }
-            watcher::Event::Init | watcher::Event::InitDone => {}
-        }
-    }
-
     fn on_lower_pod(&self, id: &str, event: &watcher::Event<Pod>) {
-        let mut guard = self.state();
-        let state = &mut *guard;
-        let Some(cluster) = state.clusters.get_mut(id) else {
-            return;
-        };
-        cluster.outage.answered();
-        for (namespace, name) in cluster.pods.record(event) {
-            cluster.lower.remove_pod(&namespace, &name);
-        }
-        match event {
-            watcher::Event::Apply(p) | watcher::Event::InitApply(p) => {
-                let (uid, result) = cluster.lower.apply_pod(p);
-                if let Err(e) = result {
-                    tracing::debug!(cluster = %id, error = %e, "lower pod partly read");
-                }
-                if let Some(uid) = uid
-                    && state.reservations.release(&uid).is_some()
-                {
-                    tracing::debug!(cluster = %id, %uid, "reservation released: its lower pod exists");
-                    self.publish_reservations(state);
-                }
-            }
-            watcher::Event::Delete(p) => cluster.lower.remove_pod(
-                p.metadata.namespace.as_deref().unwrap_or_default(),
-                p.metadata.name.as_deref().unwrap_or_default(),
-            ),
-            watcher::Event::Init | watcher::Event::InitDone => {}
+        let mut index = self.index();
+        if index.apply_lower_pod(id, event) {
+            self.publish_reservations(&index);
         }
     }
 
     fn on_upper_node(&self, event: &watcher::Event<Node>) {
-        let mut guard = self.state();
-        let state = &mut *guard;
-        for (_, name) in state.upper_listed.record(event) {
-            state.upper_nodes.remove(&name);
-        }
-        match event {
-            watcher::Event::Apply(n) | watcher::Event::InitApply(n) => {
-                let id = cluster_of(n.metadata.labels.as_ref()).map(str::to_owned);
-                state
-                    .upper_nodes
-                    .insert(n.metadata.name.clone().unwrap_or_default(), id);
-            }
-            watcher::Event::Delete(n) => {
-                state
-                    .upper_nodes
-                    .remove(n.metadata.name.as_deref().unwrap_or_default());
-            }
-            watcher::Event::InitDone => self.shared.upper_nodes_listed.notify_waiters(),
-            watcher::Event::Init => {}
+        if self.index().apply_upper_node(event) {
+            self.shared.upper_nodes_listed.notify_waiters();
         }
     }
 
-    /// A bound, Pending upper pod: it holds a reservation unless its lower pod is seen. Gone
-    /// (deleted, or no longer Pending: its lower pod exists by then), it holds none.
     fn on_bound_upper_pod(&self, event: &watcher::Event<Pod>) {
-        let mut guard = self.state();
-        let state = &mut *guard;
-        match event {
-            watcher::Event::Apply(p) | watcher::Event::InitApply(p) => {
-                let (Some(uid), Some(node)) = (
-                    p.metadata.uid.as_deref(),
-                    p.spec.as_ref().and_then(|s| s.node_name.as_deref()),
-                ) else {
-                    return;
-                };
-                let Judged::Cluster(id) = Self::judge(state, node, None) else {
-                    return;
-                };
-                let seen = state
-                    .clusters
-                    .get(&id)
-                    .is_some_and(|c| c.lower.has_upper_uid(uid));
-                if seen || state.reservations.contains(uid) {
-                    return;
-                }
-                match Demand::of_upper_pod(p) {
-                    Ok(demand) => {
-                        tracing::debug!(%uid, cluster = %id, "reservation of a bound pod rebuilt");
-                        state.reservations.reserve(
-                            uid,
-                            &id,
-                            demand,
-                            Instant::now() + self.shared.ttl,
-                        );
-                        self.publish_reservations(state);
-                    }
-                    Err(e) => tracing::debug!(%uid, error = %e, "bound pod not counted"),
-                }
-            }
-            watcher::Event::Delete(p) => {
-                if let Some(uid) = p.metadata.uid.as_deref()
-                    && state.reservations.release(uid).is_some()
-                {
-                    tracing::debug!(%uid, "reservation released: the upper pod left Pending");
-                    self.publish_reservations(state);
-                }
-            }
-            watcher::Event::Init | watcher::Event::InitDone => {}
+        let mut index = self.index();
+        if index.apply_bound_upper_pod(event, Instant::now()) {
+            self.publish_reservations(&index);
         }
     }
-}
-
-/// Keeps a pod's demand for its `/bind`, forgetting those older than the reservation TTL.
-fn remember(state: &mut State, uid: &str, demand: Demand, now: Instant, ttl: Duration) {
-    if state.recent.len() >= 1024 {
-        state
-            .recent
-            .retain(|_, (_, seen)| now.saturating_duration_since(*seen) < ttl);
-    }
-    state.recent.insert(uid.to_owned(), (demand, now));
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -868,26 +517,9 @@ impl Handler for Extender {
             };
             self.shared.metrics.observe(label, started.elapsed());
             // Every verb may have expired, placed or released reservations.
-            self.publish_reservations(&self.state());
+            self.publish_reservations(&self.index());
             reply
         })
-    }
-}
-
-impl Extender {
-    /// A watch of lower cluster `id` failed: when it could not reach the cluster, the cluster
-    /// is unreachable for now.
-    fn on_lower_watch_error(&self, id: &str, error: &watcher::Error) {
-        let reached = matches!(
-            error,
-            watcher::Error::WatchError(_) | watcher::Error::NoResourceVersion
-        );
-        if reached {
-            return;
-        }
-        if let Some(cluster) = self.state().clusters.get_mut(id) {
-            cluster.outage.failed(Instant::now(), error.to_string());
-        }
     }
 }
 
@@ -900,7 +532,7 @@ fn noting_outages<K>(
     use futures::StreamExt as _;
     stream.inspect(move |item| {
         if let Err(e) = item {
-            ext.on_lower_watch_error(&id, e);
+            ext.index().lower_watch_failed(&id, e, Instant::now());
         }
     })
 }
@@ -916,7 +548,7 @@ async fn watch_lower_nodes(ext: Extender, cluster: LowerClusterClient, stop: Can
     );
     let what = format!("lower nodes of {}", cluster.id);
     tensile_runtime::backoff::drain(Box::pin(stream), &stop, &what, |e| {
-        ext.on_lower_node(&cluster.id, &e);
+        ext.index().apply_lower_node(&cluster.id, &e);
     })
     .await;
 }
@@ -951,7 +583,7 @@ async fn watch_bound_upper_pods(ext: Extender, upper: kube::Client, stop: Cancel
     // Their cluster is their node's: wait until the upper nodes have listed.
     loop {
         let listed = ext.shared.upper_nodes_listed.notified();
-        if ext.state().upper_listed.synced() {
+        if ext.index().upper_listed() {
             break;
         }
         tokio::select! {

@@ -57,12 +57,16 @@ impl Default for WebhookConfig {
 }
 
 /// The webhook: configuration and what it reads from the upper cluster.
+///
+/// Its state is two watch caches (the descheduler's exclusion records and the upper claims);
+/// what it does with a pod is decided from them and the time alone ([`Webhook::admit`]), so
+/// its rules are tested by filling the caches with watch events, without a cluster.
 #[derive(Debug)]
 pub struct Webhook {
     config: WebhookConfig,
     /// The descheduler's exclusion records.
-    exclusions: Option<CompactCache<ConfigMap>>,
-    claims: Option<CompactCache<PersistentVolumeClaim>>,
+    exclusions: CompactCache<ConfigMap>,
+    claims: CompactCache<PersistentVolumeClaim>,
     metrics: WebhookMetrics,
 }
 
@@ -99,8 +103,8 @@ impl Webhook {
     pub fn new(config: WebhookConfig) -> Self {
         Self {
             config,
-            exclusions: None,
-            claims: None,
+            exclusions: CompactCache::new(),
+            claims: CompactCache::new(),
             metrics: WebhookMetrics::default(),
         }
     }
@@ -129,8 +133,8 @@ impl Webhook {
         exclusions.wait_until_ready().await;
         Self {
             config,
-            exclusions: Some(exclusions),
-            claims: Some(claims),
+            exclusions,
+            claims,
             metrics: WebhookMetrics::default(),
         }
     }
@@ -144,22 +148,24 @@ impl Webhook {
 
     /// The virtual nodes the controller with UID `owner` is currently kept off.
     pub fn excluded_for(&self, owner: &str) -> Vec<String> {
+        self.excluded_at(owner, Timestamp::now())
+    }
+
+    /// The virtual nodes the controller with UID `owner` is kept off at `now`.
+    fn excluded_at(&self, owner: &str, now: Timestamp) -> Vec<String> {
         self.exclusions
-            .as_ref()
-            .and_then(|c| {
-                c.get(
-                    &self.config.exclusions_namespace,
-                    &deschedule::exclusions_name(owner),
-                )
-            })
+            .get(
+                &self.config.exclusions_namespace,
+                &deschedule::exclusions_name(owner),
+            )
             .and_then(|cm| cm.data)
-            .map(|record| deschedule::excluded_now(&record, Timestamp::now()))
+            .map(|record| deschedule::excluded_now(&record, now))
             .unwrap_or_default()
     }
 
     /// The virtual node the first claim of `pod` with a `selected-node` is on.
     fn selected_node(&self, pod: &Pod, namespace: &str) -> Option<String> {
-        let claims = self.claims.as_ref()?;
+        let claims = &self.claims;
         pod.spec
             .as_ref()?
             .volumes
@@ -265,7 +271,16 @@ impl Webhook {
         let namespace = Some(request.namespace.as_str())
             .filter(|n| !n.is_empty())
             .or(pod.metadata.namespace.as_deref())
-            .unwrap_or("default");
+            .unwrap_or("default")
+            .to_owned();
+        self.admit(pod, &namespace, Timestamp::now())
+    }
+
+    /// What the webhook does with `pod`, created in `namespace`, at `now`: left alone (not a
+    /// virtual pod, `kube-system`, a descheduler's replacement), or the patch that moves its
+    /// constraints into `clusterSelector`, pins it to its claim's node and keeps it off the
+    /// nodes its controller is excluded from; `Err` with the reason it is refused.
+    fn admit(&self, pod: Pod, namespace: &str, now: Timestamp) -> Result<Decision, String> {
         let name = truncated(pod.metadata.name.as_deref().unwrap_or_default(), 253);
         let namespace_shown = truncated(namespace, 63);
         if let Some(why) = inject::skip(&pod, namespace) {
@@ -273,7 +288,7 @@ impl Webhook {
             return Ok(Decision::Allow);
         }
         let owner = deschedule::controller_uid(&pod);
-        let excluded = owner.map(|o| self.excluded_for(o)).unwrap_or_default();
+        let excluded = owner.map(|o| self.excluded_at(o, now)).unwrap_or_default();
         let selected = self.selected_node(&pod, namespace);
         // The touched fields as sent, then the pod is mutated in place (not held twice).
         let before = Touched::of(&pod).map_err(|e| e.to_string())?;
@@ -420,6 +435,7 @@ fn patch_of(before: &Pod, after: &Pod) -> Result<json_patch::Patch, serde_json::
     Touched::of(before)?.patch_to(after)
 }
 
+#[derive(Debug)]
 enum Decision {
     Allow,
     Patch(json_patch::Patch),
@@ -533,6 +549,171 @@ mod tests {
         let mut sent = serde_json::to_value(&pod).unwrap();
         json_patch::patch(&mut sent, &patch).unwrap();
         assert_eq!(sent, serde_json::to_value(&mutated).unwrap());
+    }
+
+    const NOW: &str = "2026-11-28T00:00:00Z";
+
+    /// A webhook whose watches showed an exclusion record of controller `rs-1` (vk-1 until
+    /// after NOW, vk-0 lapsed), one of `rs-2` (vk-2), and a claim `data` of namespace `ns`
+    /// bound on vk-3.
+    fn filled() -> Webhook {
+        let webhook = Webhook::new(WebhookConfig {
+            exclusions_namespace: "tensile".into(),
+            ..WebhookConfig::default()
+        });
+        for (owner, data) in [
+            (
+                "rs-1",
+                json!({"vk-1": "2026-11-28T00:03:00Z", "vk-0": "2026-11-27T23:59:00Z"}),
+            ),
+            ("rs-2", json!({"vk-2": "2026-11-28T00:03:00Z"})),
+        ] {
+            let record: ConfigMap = serde_json::from_value(json!({"metadata": {
+                "name": deschedule::exclusions_name(owner), "namespace": "tensile",
+                "labels": {LABEL_MOVE: VALUE_EXCLUSIONS}}, "data": data}))
+            .unwrap();
+            webhook.exclusions.apply(&watcher::Event::Apply(record));
+        }
+        let claim: PersistentVolumeClaim = serde_json::from_value(json!({"metadata": {
+            "name": "data", "namespace": "ns",
+            "annotations": {ANNOTATION_SELECTED_NODE: "vk-3"}}}))
+        .unwrap();
+        webhook.claims.apply(&watcher::Event::Apply(claim));
+        webhook
+    }
+
+    /// A pod labelled `labels`, controlled by `owner` (`controller: true` unless `"~"` is
+    /// prefixed), with the claim `data` when `claim`.
+    fn pod(labels: Value, owner: Option<&str>, claim: bool) -> Pod {
+        let mut pod = json!({
+            "metadata": {"name": "p", "labels": labels},
+            "spec": {"containers": [{"name": "c", "image": "i"}]}
+        });
+        if let Some(owner) = owner {
+            let (uid, controller) = match owner.strip_prefix('~') {
+                Some(uid) => (uid, false),
+                None => (owner, true),
+            };
+            pod["metadata"]["ownerReferences"] = json!([{"apiVersion": "apps/v1",
+                "kind": "ReplicaSet", "name": "rs", "uid": uid, "controller": controller}]);
+        }
+        if claim {
+            pod["spec"]["volumes"] =
+                json!([{"name": "v", "persistentVolumeClaim": {"claimName": "data"}}]);
+        }
+        serde_json::from_value(pod).unwrap()
+    }
+
+    /// The pod as the webhook's answer leaves it: `None` when it is left alone.
+    fn admitted(webhook: &Webhook, pod: &Pod, namespace: &str) -> Result<Option<Value>, String> {
+        let now: Timestamp = NOW.parse().unwrap();
+        match webhook.admit(pod.clone(), namespace, now)? {
+            Decision::Allow => Ok(None),
+            Decision::Patch(patch) => {
+                let mut sent = serde_json::to_value(pod).unwrap();
+                json_patch::patch(&mut sent, &patch).unwrap();
+                Ok(Some(sent))
+            }
+        }
+    }
+
+    #[test]
+    fn which_pods_are_kept_off_which_nodes() {
+        use tensile_core::keys::ANNOTATION_EXCLUDED_NODES;
+        let webhook = filled();
+        let virtual_pod = json!({"virtual-pod": "true"});
+        // (case, namespace, pod, the excluded-nodes annotation expected; None: left alone)
+        let rows: [(&str, &str, Pod, Option<Option<&str>>); 8] = [
+            (
+                "a virtual pod of an excluded controller: its live nodes",
+                "ns",
+                pod(virtual_pod.clone(), Some("rs-1"), false),
+                Some(Some("vk-1")),
+            ),
+            (
+                "another controller's record is not its own",
+                "ns",
+                pod(virtual_pod.clone(), Some("rs-2"), false),
+                Some(Some("vk-2")),
+            ),
+            (
+                "a controller without a record",
+                "ns",
+                pod(virtual_pod.clone(), Some("rs-3"), false),
+                Some(None),
+            ),
+            (
+                "an owner that is not the controller excludes nothing",
+                "ns",
+                pod(virtual_pod.clone(), Some("~rs-1"), false),
+                Some(None),
+            ),
+            (
+                "a bare pod",
+                "ns",
+                pod(virtual_pod.clone(), None, false),
+                Some(None),
+            ),
+            (
+                "not a virtual pod: left alone",
+                "ns",
+                pod(json!({"app": "x"}), Some("rs-1"), false),
+                None,
+            ),
+            (
+                "kube-system: left alone",
+                "kube-system",
+                pod(virtual_pod.clone(), Some("rs-1"), false),
+                None,
+            ),
+            (
+                "the descheduler's replacement: left alone",
+                "ns",
+                pod(
+                    json!({"virtual-pod": "true", "create-by-descheduler": "true"}),
+                    Some("rs-1"),
+                    false,
+                ),
+                None,
+            ),
+        ];
+        for (case, namespace, pod, expected) in rows {
+            let admitted = admitted(&webhook, &pod, namespace).unwrap();
+            match (expected, admitted) {
+                (None, None) => {}
+                (Some(excluded), Some(after)) => {
+                    let annotation =
+                        after["metadata"]["annotations"][ANNOTATION_EXCLUDED_NODES].as_str();
+                    assert_eq!(annotation, excluded, "{case}: {after}");
+                    let affinity = after["spec"]["affinity"].to_string();
+                    for node in excluded.into_iter().flat_map(|e| e.split(',')) {
+                        assert!(
+                            affinity.contains(node),
+                            "{case}: kept off {node}: {affinity}"
+                        );
+                    }
+                }
+                (expected, admitted) => {
+                    panic!("{case}: expected {expected:?}, got {admitted:?}")
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_virtual_pod_is_pinned_to_its_claims_node_and_a_bad_selector_is_refused() {
+        let webhook = filled();
+        let with_claim = pod(json!({"virtual-pod": "true"}), None, true);
+        let after = admitted(&webhook, &with_claim, "ns").unwrap().unwrap();
+        assert_eq!(after["spec"]["nodeName"], "vk-3");
+        // The claim is looked up in the pod's namespace.
+        let after = admitted(&webhook, &with_claim, "other").unwrap().unwrap();
+        assert_eq!(after["spec"]["nodeName"], Value::Null);
+        let mut bad = pod(json!({"virtual-pod": "true"}), None, false);
+        bad.metadata.annotations =
+            Some([("clusterSelector".to_owned(), "{not json".to_owned())].into());
+        let refused = admitted(&webhook, &bad, "ns").unwrap_err();
+        assert!(refused.contains("clusterSelector"), "{refused}");
     }
 
     #[test]
