@@ -266,6 +266,9 @@ async fn forward(
     {
         parts.uri = uri;
     }
+    // The protocol is per hop: a request that came over HTTP/2 goes on as the upstream
+    // client speaks.
+    parts.version = http::Version::default();
     let req = Request::from_parts(parts, kube::client::Body::from(body));
     let (parts, body) = upstream.send(req).await?.into_parts();
     Ok(Response::from_parts(
