@@ -183,9 +183,12 @@ async fn an_invalid_server_override_is_refused() {
     );
 }
 
-/// A TLS server offering HTTP/2 and HTTP/1.1, as kube-apiserver does, that records each
-/// request's HTTP version and counts connections.
-async fn version_recorder() -> (
+/// A TLS server offering HTTP/2 (at most `max_streams` streams per connection) and HTTP/1.1, as
+/// kube-apiserver does, that records each request's HTTP version and counts connections.
+/// `/watch` answers with headers and a body that never ends.
+async fn version_recorder(
+    max_streams: u32,
+) -> (
     kube::Config,
     std::sync::Arc<std::sync::Mutex<Vec<http::Version>>>,
     std::sync::Arc<std::sync::atomic::AtomicUsize>,
@@ -212,17 +215,29 @@ async fn version_recorder() -> (
                 let svc =
                     hyper::service::service_fn(move |req: http::Request<hyper::body::Incoming>| {
                         seen.lock().unwrap().push(req.version());
-                        async {
-                            Ok::<_, std::convert::Infallible>(http::Response::new(
-                                http_body_util::Full::new(bytes::Bytes::from_static(b"{}")),
+                        let body = if req.uri().path() == "/watch" {
+                            http_body_util::BodyExt::boxed(http_body_util::StreamBody::new(
+                                futures::stream::pending::<
+                                    Result<
+                                        hyper::body::Frame<bytes::Bytes>,
+                                        std::convert::Infallible,
+                                    >,
+                                >(),
                             ))
-                        }
+                        } else {
+                            http_body_util::BodyExt::boxed(http_body_util::Full::new(
+                                bytes::Bytes::from_static(b"{}"),
+                            ))
+                        };
+                        async { Ok::<_, std::convert::Infallible>(http::Response::new(body)) }
                     });
-                let _ = hyper_util::server::conn::auto::Builder::new(
+                let mut server = hyper_util::server::conn::auto::Builder::new(
                     hyper_util::rt::TokioExecutor::new(),
-                )
-                .serve_connection(hyper_util::rt::TokioIo::new(stream), svc)
-                .await;
+                );
+                server.http2().max_concurrent_streams(max_streams);
+                let _ = server
+                    .serve_connection(hyper_util::rt::TokioIo::new(stream), svc)
+                    .await;
             });
         }
     });
@@ -240,7 +255,7 @@ async fn version_recorder() -> (
 #[tokio::test]
 async fn requests_share_one_http2_connection_and_upgrades_go_over_http1() {
     use std::sync::atomic::Ordering;
-    let (config, versions, connections) = version_recorder().await;
+    let (config, versions, connections) = version_recorder(100).await;
     let calls = ApiCalls::default();
     let client =
         tensile_runtime::clients::client_from_config(config, 0.0, 0, "lower", &calls).unwrap();
@@ -288,4 +303,52 @@ async fn requests_share_one_http2_connection_and_upgrades_go_over_http1() {
         Some(&http::Version::HTTP_11)
     );
     assert_eq!(connections.load(Ordering::SeqCst), opened + 1);
+}
+
+#[tokio::test]
+async fn watches_beyond_a_connections_stream_limit_open_another_connection_instead_of_blocking() {
+    use std::sync::atomic::Ordering;
+    use tensile_runtime::transport::MAX_STREAMS_PER_CONNECTION;
+    // The server allows exactly as many streams per connection as the client uses at most.
+    let (config, _versions, connections) =
+        version_recorder(u32::try_from(MAX_STREAMS_PER_CONNECTION).unwrap()).await;
+    let calls = ApiCalls::default();
+    let client =
+        tensile_runtime::clients::client_from_config(config, 0.0, 0, "upper", &calls).unwrap();
+    // Warm one connection up so the watches share it (see the test above).
+    client
+        .request_text(http::Request::get("/version").body(Vec::new()).unwrap())
+        .await
+        .unwrap();
+    let opened = connections.load(Ordering::SeqCst);
+    let watches = 2 * MAX_STREAMS_PER_CONNECTION + 10;
+    let watch = || {
+        let watch = http::Request::get("/watch")
+            .body(kube::client::Body::empty())
+            .unwrap();
+        client.send(watch)
+    };
+    // Every watch holds its stream; a request after them is still answered. Without more
+    // connections the 101st waits for one of them to end, which is never: the deadline is a
+    // hang's, not a speed's.
+    let mut open = tokio::time::timeout(Duration::from_secs(60), async {
+        let mut open = Vec::new();
+        for _ in 0..watches {
+            open.push(watch().await.unwrap());
+        }
+        client
+            .request_text(http::Request::get("/version").body(Vec::new()).unwrap())
+            .await
+            .unwrap();
+        open
+    })
+    .await
+    .expect("requests behind a full connection's watches were never sent");
+    assert_eq!(connections.load(Ordering::SeqCst), opened + 2);
+    // Watches that end give their places back: the next ones take no new connection.
+    open.truncate(MAX_STREAMS_PER_CONNECTION);
+    for _ in 0..50 {
+        open.push(watch().await.unwrap());
+    }
+    assert_eq!(connections.load(Ordering::SeqCst), opened + 2);
 }

@@ -7,6 +7,12 @@
 //! sides. Over HTTP/2 a client keeps one connection per API server and multiplexes its requests
 //! and watches as streams on it.
 //!
+//! A server limits the streams of one connection (kube-apiserver to 100 unless told otherwise),
+//! and hyper's client waits for a free stream rather than open another connection, so requests
+//! would queue behind long watches (a virtual node watches each ConfigMap and Secret its pods
+//! mount). Requests therefore go on lanes of at most [`MAX_STREAMS_PER_CONNECTION`] streams
+//! each, a new connection per lane, as Go's client opens one when a connection is full.
+//!
 //! Exec, attach and port-forward upgrade an HTTP/1.1 connection to a WebSocket, which HTTP/2 has
 //! no `Upgrade` for, so [`Transport`] sends requests that carry an `Upgrade` header on a second,
 //! HTTP/1.1-only pool of the same configuration.
@@ -17,13 +23,17 @@
 //! with context), and its read/write timeouts, which kube leaves off for reads by default; a dead
 //! HTTP/2 connection is found by keep-alive pings instead, as client-go's `ReadIdleTimeout` does.
 
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
 use http::Request;
 use hyper_rustls::{FixedServerNameResolver, HttpsConnector, HttpsConnectorBuilder};
+use hyper_util::client::legacy::Client as HyperClient;
 use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::client::legacy::{Client as HyperClient, ResponseFuture};
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 use kube::Config;
 use kube::client::{Body, ClientBuilder, ConfigExt as _};
@@ -51,21 +61,112 @@ const POOL_IDLE: Duration = Duration::from_secs(90);
 
 type Pool = HyperClient<HttpsConnector<HttpConnector>, Body>;
 
-/// Sends a request on the HTTP/2-capable pool, or on the HTTP/1.1 pool when it asks to upgrade
-/// the connection.
+/// Requests and watches at most in flight on one HTTP/2 connection. Servers limit the streams of
+/// a connection (kube-apiserver and Go's default 100 to 250, hyper's 200), and hyper's client
+/// waits for a free stream instead of opening another connection: a virtual node watching one
+/// object per ConfigMap its pods mount would stop every other request behind its watches. Past
+/// this many a new connection is opened, as Go's client does.
+pub const MAX_STREAMS_PER_CONNECTION: usize = 100;
+
+/// Sends a request on an HTTP/2-capable lane with a free stream, or on the HTTP/1.1 pool when
+/// it asks to upgrade the connection.
 #[derive(Clone)]
 #[allow(missing_debug_implementations)] // hyper pools: nothing to show
 pub struct Transport {
-    multiplexed: Pool,
+    lanes: Arc<Lanes>,
     upgrades: Pool,
 }
 
+/// Pools of one connection each (with HTTP/2; with HTTP/1.1 each pool opens what it needs),
+/// with the requests each has in flight, responses' bodies included (a watch holds its stream
+/// until its body ends).
+struct Lanes {
+    builder: hyper_util::client::legacy::Builder,
+    connector: HttpsConnector<HttpConnector>,
+    lanes: Mutex<Vec<Lane>>,
+}
+
+#[derive(Clone)]
+struct Lane {
+    pool: Pool,
+    open: Arc<AtomicUsize>,
+}
+
+impl Lanes {
+    /// A lane with a free stream, a new one when all are full; the stream is counted as taken.
+    fn take(&self) -> (Pool, Open) {
+        let mut lanes = self.lanes.lock().unwrap_or_else(PoisonError::into_inner);
+        let lane = match lanes
+            .iter()
+            .find(|l| l.open.load(Ordering::Relaxed) < MAX_STREAMS_PER_CONNECTION)
+        {
+            Some(lane) => lane.clone(),
+            None => {
+                let lane = Lane {
+                    pool: self.builder.build(self.connector.clone()),
+                    open: Arc::default(),
+                };
+                lanes.push(lane.clone());
+                lane
+            }
+        };
+        lane.open.fetch_add(1, Ordering::Relaxed);
+        (lane.pool, Open(Some(lane.open)))
+    }
+}
+
+/// A stream counted on its lane until dropped.
+#[derive(Debug)]
+struct Open(Option<Arc<AtomicUsize>>);
+
+impl Drop for Open {
+    fn drop(&mut self) {
+        if let Some(open) = &self.0 {
+            open.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+}
+
+/// A response body that keeps its stream counted until it ends or is dropped.
+#[derive(Debug)]
+pub struct Counted {
+    body: hyper::body::Incoming,
+    open: Open,
+}
+
+impl hyper::body::Body for Counted {
+    type Data = bytes::Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<hyper::body::Frame<Self::Data>, Self::Error>>> {
+        let polled = Pin::new(&mut self.body).poll_frame(cx);
+        if let Poll::Ready(None | Some(Err(_))) = &polled {
+            // The stream is closed: its place is free before the body is dropped.
+            if let Some(open) = self.open.0.take() {
+                open.fetch_sub(1, Ordering::Relaxed);
+            }
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.body.size_hint()
+    }
+}
+
 impl Transport {
-    /// The two pools for `config`'s server, TLS material and timeouts. HTTP/2 is not offered
-    /// when the environment sets `DISABLE_HTTP2`, as client-go does.
+    /// The lanes and the upgrade pool for `config`'s server, TLS material and timeouts.
+    /// HTTP/2 is not offered when the environment sets `DISABLE_HTTP2`, as client-go does.
     pub fn new(config: &Config, cluster: &'static str) -> Result<Self, ClientError> {
         let http2 = std::env::var_os("DISABLE_HTTP2").is_none_or(|v| v.is_empty());
-        let build = |http2: bool| -> Result<Pool, ClientError> {
+        let build = |http2: bool| -> Result<_, ClientError> {
             let tls = config
                 .rustls_client_config()
                 .map_err(|source| ClientError::Build { cluster, source })?;
@@ -102,11 +203,17 @@ impl Transport {
             } else {
                 builder.enable_http1().wrap_connector(http)
             };
-            Ok(pool.build(connector))
+            Ok((pool, connector))
         };
+        let (builder, connector) = build(http2)?;
+        let (upgrades, upgrade_connector) = build(false)?;
         Ok(Self {
-            multiplexed: build(http2)?,
-            upgrades: build(false)?,
+            lanes: Arc::new(Lanes {
+                builder,
+                connector,
+                lanes: Mutex::default(),
+            }),
+            upgrades: upgrades.build(upgrade_connector),
         })
     }
 }
@@ -116,22 +223,29 @@ fn upgrades<B>(request: &Request<B>) -> bool {
     request.headers().contains_key(http::header::UPGRADE)
 }
 
+type Answer = Result<http::Response<Counted>, hyper_util::client::legacy::Error>;
+
 impl Service<Request<Body>> for Transport {
-    type Response = http::Response<hyper::body::Incoming>;
+    type Response = http::Response<Counted>;
     type Error = hyper_util::client::legacy::Error;
-    type Future = ResponseFuture;
+    type Future = Pin<Box<dyn Future<Output = Answer> + Send>>;
 
     fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        // hyper's pool takes every request at once (it queues for a connection itself).
+        // hyper's pools take every request at once (they queue for a connection themselves).
         Poll::Ready(Ok(()))
     }
 
     fn call(&mut self, request: Request<Body>) -> Self::Future {
-        if upgrades(&request) {
-            self.upgrades.request(request)
+        let (sent, open) = if upgrades(&request) {
+            (self.upgrades.request(request), Open(None))
         } else {
-            self.multiplexed.request(request)
-        }
+            let (pool, open) = self.lanes.take();
+            (pool.request(request), open)
+        };
+        Box::pin(async move {
+            let response = sent.await?;
+            Ok(response.map(|body| Counted { body, open }))
+        })
     }
 }
 
@@ -156,7 +270,7 @@ pub fn client_builder(
         .layer(config.extra_headers_layer().map_err(build)?)
         .map_err(BoxError::from)
         .service(transport)
-        .map_response(|response: http::Response<hyper::body::Incoming>| {
+        .map_response(|response: http::Response<Counted>| {
             response.map(|body| {
                 Box::new(http_body_util::BodyExt::map_err(body, BoxError::from))
                     as Box<kube::client::DynBody>
