@@ -169,6 +169,25 @@ pub enum SyncError {
         /// What is missing (`not found in the upper cluster`).
         why: &'static str,
     },
+    /// The copy of an upper object the pod needs is not in the lower cluster yet: the copy
+    /// controller (its only writer, `crate::copies`) makes it and wakes the pod. Quiet while it
+    /// is a moment's wait; an event once it lasts, or when making it failed.
+    #[error(
+        "{kind} {namespace}/{name} is not copied to {cluster} yet{}; the pod waits for it",
+        failed.as_ref().map(|f| format!(" (the last attempt failed: {f})")).unwrap_or_default()
+    )]
+    CopyPending {
+        /// The kind, as `kubectl` spells it.
+        kind: &'static str,
+        /// Its namespace.
+        namespace: String,
+        /// Its name.
+        name: String,
+        /// Where.
+        cluster: Cluster,
+        /// Why the copy controller's last create failed, if it did.
+        failed: Option<String>,
+    },
     /// The lower API server refused the object (validation, admission, quota, RBAC).
     #[error("{call}: {source}")]
     RefusedByLower {
@@ -293,12 +312,19 @@ impl SyncError {
         }
     }
 
+    /// A wait for a copy the copy controller is making, with nothing to tell the pod's owner
+    /// yet: the pod's status is left as it is.
+    pub fn is_quiet_wait(&self) -> bool {
+        matches!(self, SyncError::CopyPending { failed: None, .. })
+    }
+
     /// A short name of the kind, for logs.
     pub fn kind(&self) -> &'static str {
         match self {
             SyncError::Transient { .. } => "transient",
             SyncError::Conflict { .. } => "conflict",
             SyncError::MissingDependency { .. } => "missing-dependency",
+            SyncError::CopyPending { .. } => "copy-pending",
             SyncError::RefusedByLower { .. } => "refused-by-lower",
             SyncError::RefusedByUpper { .. } => "refused-by-upper",
             SyncError::Invalid(_) => "invalid",
@@ -407,6 +433,12 @@ pub fn policy(failure: &Failure, failing_for: Duration) -> Policy {
         // As a kubelet waiting for a ConfigMap: an event at every attempt (one series with a
         // count: the sink folds repeats); the object's watch brings the pod back at once.
         SyncError::MissingDependency { .. } => (Then::Backoff, event, Level::Debug),
+        // The copy controller wakes the pod when the copy is there: a moment's wait is no news,
+        // a copy that does not come (or failed) is.
+        SyncError::CopyPending { failed: None, .. } if failing_for < TRANSIENT_QUIET => {
+            (Then::Backoff, None, Level::Debug)
+        }
+        SyncError::CopyPending { .. } => (Then::Backoff, event, Level::Warn),
         // Quotas free up and admission changes: tried again, with back-off.
         SyncError::RefusedByLower { .. } | SyncError::RefusedByUpper { .. } => {
             (Then::Backoff, event, Level::Warn)
