@@ -277,13 +277,11 @@ where
         match (self.decide)(self.upper.get(ns, name).as_ref(), lower.as_ref(), needed) {
             CopyAction::Nothing => CopyEffect::Nothing,
             CopyAction::Create(copy) => match &self.pods {
-                // Made already: the watch has not shown it yet.
+                // Made already: the watch has not shown it yet. (A sibling's copy is not ours to
+                // keep: should its owner delete it, the next look makes ours.)
                 Some((kind, _, marks))
-                    if marks.get(*kind, key).is_some_and(|m| match m {
-                        Mark::Created(uid) | Mark::Sibling(uid) => {
-                            Some(uid.as_str()) == recorded_uid(copy.meta())
-                        }
-                        Mark::NotOurs | Mark::Failed(_) => false,
+                    if marks.get(*kind, key).is_some_and(|m| {
+                        matches!(m, Mark::Created(uid) if Some(uid.as_str()) == recorded_uid(copy.meta()))
                     }) =>
                 {
                     CopyEffect::Nothing
@@ -533,7 +531,9 @@ mod tests {
             .insert(LABEL_OWNER.into(), owner_label_value("vk-b"));
         assert_eq!(index.found(&k, &copy, &sibling), Existing::Sibling);
         assert_eq!(index.state(&k, Some("u1")), CopyState::Ready);
-        assert_eq!(index.effect(&k), CopyEffect::Nothing, "not created again");
+        // Looked at again (its original changed), a create is tried again: it never
+        // overwrites, and makes ours should the sibling's owner have deleted its copy.
+        assert_eq!(index.effect(&k), CopyEffect::CreateCopy(copy));
         // Not for a pod reading a newer upper object of the name.
         assert_eq!(index.state(&k, Some("u2")), CopyState::Pending(None));
     }
