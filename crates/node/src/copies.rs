@@ -502,12 +502,12 @@ where
             let merged = futures::stream::select(upper_events, lower_events);
             tensile_runtime::backoff::drain(merged, &stop, name, |(upper, o)| {
                 let key = (o.namespace().unwrap_or_default(), o.name_any());
-                if !upper {
-                    index.lower_shown(&key);
-                    // A pod waiting for this copy looks again.
-                    if let Some((copy_kind, needs)) = index.pod_dependency() {
-                        needs.copy_changed(copy_kind, &key);
-                    }
+                // A pod waiting for this copy looks again (unless our create's answer told it).
+                if !upper
+                    && index.lower_shown(&key)
+                    && let Some((copy_kind, needs)) = index.pod_dependency()
+                {
+                    needs.copy_changed(copy_kind, &key);
                 }
                 queue.add(key);
                 if let Some(observe) = &observer {

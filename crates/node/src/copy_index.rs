@@ -239,18 +239,21 @@ where
     pub fn apply_lower(&self, event: &watcher::Event<K>) -> Vec<Key> {
         let keys = self.lower.apply_keys(event);
         for key in &keys {
-            self.lower_shown(key);
+            let _ = self.lower_shown(key);
         }
         keys
     }
 
-    /// The lower watch showed `key` (its cache is to be believed again).
-    pub fn lower_shown(&self, key: &Key) {
+    /// The lower watch showed `key` (its cache is to be believed again); whether it is news to
+    /// the pods waiting for it (false: our create's answer told them already).
+    pub fn lower_shown(&self, key: &Key) -> bool {
         if let Some((kind, _, marks)) = &self.pods
             && matches!(marks.get(*kind, key), Some(Mark::Created(_)))
         {
             marks.forget(*kind, key);
+            return false;
         }
+        true
     }
 
     /// Whether a pod needs the copy `key` (false for kinds that are not pod dependencies).

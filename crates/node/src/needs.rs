@@ -201,16 +201,18 @@ impl Needs {
     }
 
     /// The copy of `kind` `key` changed (made, found, failed, or shown by the lower watch): the
-    /// upper pods referencing it whose lower pod does not exist yet look again (those with a
-    /// lower pod need nothing more to be created).
+    /// upper pods referencing it whose lower pod does not exist yet look again, urgently (those
+    /// with a lower pod need nothing more to be created).
     pub fn copy_changed(&self, kind: CopyKind, key: &Key) {
         let inner = self.lock();
         let Some(queue) = &inner.pods else { return };
         let need = (kind, key.0.clone(), key.1.clone());
         for pod in inner.pods_by_ref.get(&need).into_iter().flatten() {
             let lower = (Side::Lower, pod.0.clone(), pod.1.clone());
+            // Ahead of pods not looked at yet: one whose copies are there is one write from
+            // done, and was in the queue once already.
             if !inner.by_pod.contains_key(&lower) {
-                queue.add(pod.clone());
+                queue.add_urgent(pod.clone());
             }
         }
     }

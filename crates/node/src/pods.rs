@@ -1201,7 +1201,7 @@ async fn dependency(
 }
 
 /// Creates our lower `object` of `kind` in `ns`. One of that name that exists already is used
-/// only when it is ours (a copy another pod made, or a create that raced); one that is not ours
+/// only when it is ours (a restart, or a create that raced); one that is not ours
 /// is never used nor touched: the pod waits until it is gone (docs/security.md).
 async fn create_ours<K>(ctx: &Ctx, kind: LowerKind, ns: &str, object: &K) -> Result<(), SyncError>
 where

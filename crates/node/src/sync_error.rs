@@ -433,8 +433,13 @@ pub fn policy(failure: &Failure, failing_for: Duration) -> Policy {
         // As a kubelet waiting for a ConfigMap: an event at every attempt (one series with a
         // count: the sink folds repeats); the object's watch brings the pod back at once.
         SyncError::MissingDependency { .. } => (Then::Backoff, event, Level::Debug),
-        // The copy controller wakes the pod when the copy is there: a moment's wait is no news,
-        // a copy that does not come (or failed) is.
+        // The copy controller wakes a pod still to be created when the copy is there, or when
+        // making it failed: nothing to look at before (no polling), and a moment's wait is no
+        // news. A pod that exists downstairs (an ephemeral container waits) is not woken: it
+        // looks again with back-off, quietly for a while.
+        SyncError::CopyPending { failed: None, .. } if failure.op == Op::Create => {
+            (Then::Done, None, Level::Debug)
+        }
         SyncError::CopyPending { failed: None, .. } if failing_for < TRANSIENT_QUIET => {
             (Then::Backoff, None, Level::Debug)
         }
@@ -596,6 +601,42 @@ mod tests {
             name: "s".into(),
             why: "not found in the upper cluster",
         }
+    }
+
+    #[test]
+    fn a_pod_waiting_for_its_copy_is_woken_not_polled_and_quiet_until_it_is_news() {
+        let pending = |failed: Option<&str>| SyncError::CopyPending {
+            kind: "ConfigMap",
+            namespace: "default".into(),
+            name: "cfg".into(),
+            cluster: lower(),
+            failed: failed.map(str::to_owned),
+        };
+        let quiet = |then| Policy {
+            then,
+            event: None,
+            level: Level::Debug,
+        };
+        let (now, later) = (Duration::ZERO, TRANSIENT_QUIET);
+        assert_eq!(
+            policy(&failure(Op::Create, pending(None)), later),
+            quiet(Then::Done),
+            "the copy controller wakes it"
+        );
+        assert_eq!(
+            policy(&failure(Op::Update, pending(None)), now),
+            quiet(Then::Backoff)
+        );
+        let news = Policy {
+            then: Then::Backoff,
+            event: Some(EVENT_PROVIDER_CREATE_FAILED),
+            level: Level::Warn,
+        };
+        assert_eq!(
+            policy(&failure(Op::Create, pending(Some("quota"))), now),
+            news
+        );
+        assert!(pending(None).is_quiet_wait() && !pending(Some("quota")).is_quiet_wait());
     }
 
     #[test]
