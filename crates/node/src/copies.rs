@@ -651,10 +651,10 @@ where
     }
 }
 
-/// Creates `copy` under `key`, its namespace first. One that exists already is ours (the
-/// watch shows it), another virtual node's copy of the same upper object (used as it is), or
-/// not ours: never touched, and an error (the queue looks again with back-off: nobody tells us
-/// when it goes).
+/// Creates `copy` under `key`, its namespace first. A pod dependency that exists already is
+/// ours (the watch shows it), another virtual node's copy of the same upper object (used as it
+/// is), or not ours: never touched, and an error (the queue looks again with back-off: nobody
+/// tells us when it goes, and pods wait for it).
 async fn create_copy<K>(kind: &Kind<K>, api: &Api<K>, key: &Key, copy: &K) -> Result<(), CopyError>
 where
     K: Resource<Scope = NamespaceResourceScope, DynamicType = ()>
@@ -687,6 +687,9 @@ where
             kind.index.created(key, copy);
             Ok(())
         }
+        // A mirror (Service, Endpoints) of ours arrives through the watch; anyone else's is
+        // never touched, and no pod waits for it.
+        Err(e) if already_exists(&e) && kind.index.pod_dependency().is_none() => Ok(()),
         Err(e) if already_exists(&e) => {
             let existing = api.get(name).await.map_err(write("reading the existing"))?;
             match kind.index.found(key, copy, existing.meta()) {
