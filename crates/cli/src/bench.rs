@@ -70,6 +70,10 @@ struct OffloadArgs {
     /// `--pod-identity` of the virtual node (default: none given, so `upper`, the default).
     #[arg(long)]
     pod_identity: Option<String>,
+    /// Each pod mounts a ConfigMap of its own, created upstairs just before it: every pod then
+    /// waits for a lower copy, which measures what copies add to a pod's creation.
+    #[arg(long)]
+    config_maps: bool,
 }
 
 /// An upper cluster without nodes and a lower one with a large simulated node per 100 pods
@@ -468,14 +472,27 @@ async fn offload(args: OffloadArgs) -> anyhow::Result<()> {
         .map(|i| {
             let api = creator.clone();
             let acked = acked.clone();
+            let config_maps = args.config_maps;
             async move {
                 let name = format!("p-{i}");
+                let volumes = if config_maps {
+                    let cm: k8s_openapi::api::core::v1::ConfigMap = serde_json::from_value(
+                        json!({"metadata": {"name": name}, "data": {"k": "v"}}),
+                    )?;
+                    Api::namespaced(api.clone().into_client(), "default")
+                        .create(&PostParams::default(), &cm)
+                        .await?;
+                    json!([{"name": "c", "configMap": {"name": name}}])
+                } else {
+                    json!([])
+                };
                 // Placed by the upper scheduler, as a user's pod is: the virtual node is the
                 // only node upstairs, and the pods tolerate its taint.
                 let pod: Pod = serde_json::from_value(
                     json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
                     "spec": {"tolerations": [{"key": tensile_core::keys::TAINT_VIRTUAL_KUBELET,
                         "operator": "Exists"}],
+                        "volumes": volumes,
                         "containers": [{"name": "c", "image": "nginx:1.27",
                         "resources": {"requests": {"cpu": "10m"}}}]}}),
                 )?;

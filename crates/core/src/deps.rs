@@ -487,8 +487,8 @@ pub(crate) fn meta_differs(lower: &ObjectMeta, desired: &ObjectMeta) -> bool {
 pub enum CopyAction<T> {
     /// Nothing: in step, or not ours (never touched).
     Nothing,
-    /// Create this: the upper object is mirrored and our copy is missing (Services and
-    /// Endpoints; ConfigMap and Secret copies are created by the pod controller, never here).
+    /// Create this: our copy is missing, and its upper object is mirrored (Services and
+    /// Endpoints) or a pod of ours needs it (ConfigMaps, Secrets, claims).
     Create(T),
     /// Write this (the lower object's `resourceVersion` set, so a concurrent change conflicts).
     Update(T),
@@ -499,8 +499,8 @@ pub enum CopyAction<T> {
     Delete,
 }
 
-/// [`CopyAction`] for our lower ConfigMap `lower` given its upper original, if any. Creation is
-/// the pod controller's job: this only follows originals of copies that exist.
+/// [`CopyAction`] for our lower ConfigMap `lower` given its upper original, if any: this only
+/// follows originals of copies that exist ([`dependency_action`] creates missing ones).
 pub fn config_map_action(
     upper: Option<&ConfigMap>,
     lower: &ConfigMap,

@@ -56,7 +56,8 @@ pub fn storage_request(requests: Option<&BTreeMap<String, Quantity>>) -> Option<
         .map(|q| q.nanos)
 }
 
-/// What to do with our lower claim given its upper original: delete it when the original is
+/// What to do with our lower claim given its upper original: create it when a pod of ours
+/// `needed` it and it is missing (the copy controller is the only writer of copies); delete it when the original is
 /// being deleted, replaced by a new claim of the same name, or gone and no pod of ours `needed`
 /// it any more (a claim absent from the upper cache while a pod uses it may only be one the
 /// cache has not caught up with: the pod controller read it a moment ago); follow a storage
@@ -68,9 +69,15 @@ pub fn claim_action(
     owner: &str,
     needed: bool,
 ) -> CopyAction<PersistentVolumeClaim> {
-    let Some(lower) = lower.filter(|l| is_owned_by(&l.metadata, owner)) else {
-        return CopyAction::Nothing;
+    let Some(lower) = lower else {
+        return match upper.filter(|u| u.metadata.deletion_timestamp.is_none()) {
+            Some(upper) if needed => CopyAction::Create(crate::deps::lower_pvc(upper, owner)),
+            _ => CopyAction::Nothing,
+        };
     };
+    if !is_owned_by(&lower.metadata, owner) {
+        return CopyAction::Nothing;
+    }
     if lower.metadata.deletion_timestamp.is_some() {
         return CopyAction::Nothing;
     }
@@ -756,6 +763,21 @@ mod tests {
     #[test]
     fn our_lower_claim_follows_deletion_replacement_and_expansion_of_the_upper_one() {
         let (l, u) = (lower_claim(None), upper_claim());
+        // Missing: created while a pod needs it and its original is there, not otherwise.
+        let CopyAction::Create(copy) = claim_action(Some(&u), None, OWNER, true) else {
+            panic!("expected a create");
+        };
+        assert_eq!(copy, crate::deps::lower_pvc(&u, OWNER));
+        assert_eq!(
+            claim_action(Some(&u), None, OWNER, false),
+            CopyAction::Nothing
+        );
+        let mut deleting = u.clone();
+        deleting.metadata.deletion_timestamp = Some(gone());
+        assert_eq!(
+            claim_action(Some(&deleting), None, OWNER, true),
+            CopyAction::Nothing
+        );
         assert_eq!(
             claim_action(Some(&u), Some(&l), OWNER, true),
             CopyAction::Nothing
@@ -809,9 +831,6 @@ mod tests {
             claim_action(None, Some(&deleting), OWNER, false),
             CopyAction::Nothing
         );
-        assert_eq!(
-            claim_action(Some(&u), None, OWNER, true),
-            CopyAction::Nothing
-        );
+        assert_eq!(claim_action(None, None, OWNER, true), CopyAction::Nothing);
     }
 }

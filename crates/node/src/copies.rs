@@ -1,21 +1,22 @@
-//! The controllers that keep lower copies of upper objects:
-//! - ConfigMaps and Secrets (always on): our copies follow their originals, and exist exactly
-//!   while one of our pods needs them (`crate::needs`): a copy no pod needs any more, or whose
-//!   original is gone, is deleted; a needed one that went missing is created again. The pod
-//!   controller creates them first, before the pod that needs them;
+//! The controllers that keep lower copies of upper objects, and the only writers of them:
+//! - ConfigMaps, Secrets and PersistentVolumeClaims that pods need (always on): our copies exist
+//!   exactly while one of our pods needs them (`crate::needs`), created when a pod first needs
+//!   one, following their originals, deleted when no pod needs them any more or their original
+//!   is gone (claims: see below). The pod controller never writes a copy: it waits until what a
+//!   pod needs is there (`crate::copy_index::CopyState`), and is woken when that changes;
 //! - with `ServiceControllers`, Services and Endpoints: every upper Service outside the filter
 //!   is mirrored, created, updated and deleted;
-//! - with `PVControllers`, PersistentVolumeClaims: our lower claims follow the deletion and
-//!   expansion of the upper ones (`tensile_core::volumes::claim_action`), and their changes feed
-//!   the volume controller (`crate::volumes`).
+//! - with `PVControllers`, our lower claims also follow the deletion and expansion of the upper
+//!   ones (`tensile_core::volumes::claim_action`), and their changes feed the volume controller
+//!   (`crate::volumes`); without it a claim copy is only ever created.
 //!
 //! Nothing is decided before the caches involved have synced, so at start copies whose original
 //! is gone (or that nothing needs) are collected, and nothing else.
 //!
-//! The rules are `tensile_core::deps::dependency_action` and
-//! `tensile_core::services::{service_action, endpoints_action}`; this is the thin loop around
-//! them, one per kind: the upper objects (for ConfigMaps and Secrets, one watch per object a
-//! pod bound to the node references, `crate::watches`, as the Node authorizer allows a node;
+//! The decisions are `crate::copy_index` (over `tensile_core::deps::dependency_action` and
+//! `tensile_core::services::{service_action, endpoints_action}`); this is the thin writer
+//! around it, one per kind: the upper objects (for ConfigMaps and Secrets, one watch per object
+//! a pod bound to the node references, `crate::watches`, as the Node authorizer allows a node;
 //! for the others one watch of all), one watch of our lower copies (label selector on our
 //! owner mark), a keyed queue, a few workers.
 
@@ -30,13 +31,14 @@ use kube::runtime::watcher;
 use kube::{Resource, ResourceExt as _};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
-use tensile_core::deps::{CopyAction, CopyKind, DependencyCopy, dependency_action};
+use tensile_core::deps::{CopyAction, CopyKind, DependencyCopy, dependency_action, lower_pvc};
 use tensile_core::keys::{LABEL_IDENTITY_OF, LABEL_OWNER, owner_label_value};
-use tensile_core::plan::LowerKind;
+use tensile_core::plan::{Existing, LowerKind};
 use tensile_core::services::{ServiceFilter, endpoints_action, service_action};
 use tensile_core::volumes::claim_action;
 use tokio_util::sync::CancellationToken;
 
+use crate::copy_index::{CopyEffect, CopyIndex, CopyMarks, CopyState, Decide, Known, copy_state};
 use crate::namespaces::{LowerNamespaces, NamespaceError};
 use crate::needs::Needs;
 use crate::sync_error::{ApiClass, classify, failing_for, log_failure, quiet_level};
@@ -105,6 +107,18 @@ pub enum CopyError {
         #[source]
         source: NamespaceError,
     },
+    /// A lower object that is not ours holds the copy's name: never touched.
+    #[error(
+        "a {kind} {namespace}/{name} that is not ours exists in the lower cluster: it is left alone"
+    )]
+    NotOurs {
+        /// The kind of the copy.
+        kind: &'static str,
+        /// Its namespace.
+        namespace: String,
+        /// Its name.
+        name: String,
+    },
 }
 
 impl CopyError {
@@ -116,23 +130,26 @@ impl CopyError {
                 source: NamespaceError::Upper { source, .. } | NamespaceError::Lower { source, .. },
                 ..
             } => classify(source),
+            // The pods that need it say so (a Warning event each); here it is no news.
+            CopyError::NotOurs { .. } => ApiClass::Conflict,
         }
     }
 }
 
-/// ConfigMaps, Secrets and (with `PVControllers`) claims as this controller's watches see them:
-/// upstairs the ConfigMaps and Secrets our pods reference (and every claim), downstairs our
-/// copies. The pod controller reads a pod's dependencies here
-/// rather than asking the API server for each, and creates only the copies that are not there
-/// yet.
+/// ConfigMaps, Secrets and claims as this controller's watches see them: upstairs the
+/// ConfigMaps and Secrets our pods reference (and, with `PVControllers`, every claim),
+/// downstairs our copies. The pod controller reads a pod's dependencies here rather than asking
+/// the API server for each, and whether their copies are there ([`Self::copy_state`]).
 #[derive(Clone, Debug, Default)]
 pub struct Dependencies {
     /// ConfigMaps.
     pub config_maps: CompactCache<ConfigMap>,
     /// Secrets.
     pub secrets: CompactCache<Secret>,
-    /// PersistentVolumeClaims (filled only with `PVControllers`).
+    /// PersistentVolumeClaims (upstairs filled only with `PVControllers`).
     pub claims: CompactCache<PersistentVolumeClaim>,
+    /// For the copies: what the copy writers learned that the lower watch cannot show.
+    pub marks: Arc<CopyMarks>,
 }
 
 impl Dependencies {
@@ -143,6 +160,39 @@ impl Dependencies {
             LowerKind::Secret => self.secrets.contains(namespace, name),
             LowerKind::PersistentVolumeClaim => self.claims.contains(namespace, name),
             _ => false,
+        }
+    }
+
+    /// Of the copies: whether our copy of the ConfigMap, Secret or claim (by `kind`)
+    /// `namespace/name` of the upper object of `upper_uid` is there ([`CopyState`]).
+    pub fn copy_state(
+        &self,
+        kind: LowerKind,
+        namespace: &str,
+        name: &str,
+        upper_uid: Option<&str>,
+    ) -> CopyState {
+        let key = (namespace.to_owned(), name.to_owned());
+        let marks = &self.marks;
+        match kind {
+            LowerKind::ConfigMap => copy_state(
+                &self.config_maps,
+                marks,
+                CopyKind::ConfigMap,
+                &key,
+                upper_uid,
+            ),
+            LowerKind::Secret => {
+                copy_state(&self.secrets, marks, CopyKind::Secret, &key, upper_uid)
+            }
+            LowerKind::PersistentVolumeClaim => copy_state(
+                &self.claims,
+                marks,
+                CopyKind::PersistentVolumeClaim,
+                &key,
+                upper_uid,
+            ),
+            _ => CopyState::Ready,
         }
     }
 }
@@ -214,6 +264,7 @@ impl Shared {
                 config_maps: watches.config_maps.cache(),
                 secrets: watches.secrets.cache(),
                 claims: CompactCache::default(),
+                marks: Arc::default(),
             },
             watches,
             copies: Dependencies::default(),
@@ -223,17 +274,9 @@ impl Shared {
     }
 }
 
-/// What to do with `namespace/name` given the upper object and our lower copy, either possibly
-/// absent.
-type Decide<K> = Arc<dyn Fn(&Key, Option<&K>, Option<&K>) -> CopyAction<K> + Send + Sync>;
-
 /// A pod dependency's rule: follow the original, and exist exactly while a pod needs it.
-fn dependency<K: DependencyCopy + 'static>(
-    kind: CopyKind,
-    owner: String,
-    needs: Arc<Needs>,
-) -> Decide<K> {
-    Arc::new(move |(ns, name), u, l| dependency_action(u, l, &owner, needs.needed(kind, ns, name)))
+fn dependency<K: DependencyCopy + 'static>(owner: String) -> Decide<K> {
+    Arc::new(move |u, l, needed| dependency_action(u, l, &owner, needed))
 }
 
 /// Runs every enabled kind until `stop`, filling `shared.upper`.
@@ -245,35 +288,50 @@ pub async fn run(cfg: CopySync, shared: Shared, stop: CancellationToken) {
         namespaces,
         needs,
     } = shared;
-    let config_maps =
-        dependency::<ConfigMap>(CopyKind::ConfigMap, cfg.owner.clone(), needs.clone());
-    let secrets = dependency::<Secret>(CopyKind::Secret, cfg.owner.clone(), needs.clone());
+    let owner = cfg.owner.clone();
     let services = cfg.services.clone().map(|filter| {
-        let (owner, endpoints_owner) = (cfg.owner.clone(), cfg.owner.clone());
+        let (owner, endpoints_owner) = (owner.clone(), owner.clone());
         let endpoints_filter = filter.clone();
         let services: Decide<Service> =
-            Arc::new(move |_, u, l| service_action(u, l, &owner, &filter));
+            Arc::new(move |u, l, _| service_action(u, l, &owner, &filter));
         let endpoints: Decide<Endpoints> =
-            Arc::new(move |_, u, l| endpoints_action(u, l, &endpoints_owner, &endpoints_filter));
+            Arc::new(move |u, l, _| endpoints_action(u, l, &endpoints_owner, &endpoints_filter));
         (services, endpoints)
     });
     let mirror_services = async {
         if let Some((services, endpoints)) = services {
             tokio::join!(
                 run_kind(
-                    Kind::new(&cfg, "service", Default::default(), &namespaces),
-                    services,
+                    Kind::new(
+                        &cfg,
+                        "service",
+                        CopyIndex::new(owner.clone(), Default::default(), services),
+                        &namespaces
+                    ),
                     stop.clone()
                 ),
                 run_kind(
-                    Kind::new(&cfg, "endpoints", Default::default(), &namespaces),
-                    endpoints,
+                    Kind::new(
+                        &cfg,
+                        "endpoints",
+                        CopyIndex::new(owner.clone(), Default::default(), endpoints),
+                        &namespaces
+                    ),
                     stop.clone()
                 ),
             );
         }
     };
-    let mirror_volumes = async {
+    // Claims are copied whether or not `PVControllers` is on; with it, one watch of the upper
+    // claims, and our copies follow deletions and expansions and feed the volume controller.
+    // Without it the node may only read the claims its pods use (the Node authorizer): each is
+    // read when its copy is to be made, and a copy is only ever created.
+    let mirror_claims = async {
+        let claim_needs = (
+            CopyKind::PersistentVolumeClaim,
+            needs.clone(),
+            copies.marks.clone(),
+        );
         if let Some(node_name) = cfg.volumes.clone() {
             let claims = crate::volumes::Claims {
                 upper: upper.claims.clone(),
@@ -283,117 +341,109 @@ pub async fn run(cfg: CopySync, shared: Shared, stop: CancellationToken) {
                 crate::volumes::VolumeSync {
                     upper: cfg.upper.clone(),
                     lower: cfg.lower.clone(),
-                    owner: cfg.owner.clone(),
+                    owner: owner.clone(),
                     node_name,
                     metrics: cfg.metrics.clone(),
                 },
                 claims.clone(),
             );
             let events = controller.claim_events();
-            let (owner, claim_needs) = (cfg.owner.clone(), needs.clone());
-            let decide: Decide<PersistentVolumeClaim> = Arc::new(move |(ns, name), u, l| {
-                let needed = claim_needs.needed(CopyKind::PersistentVolumeClaim, ns, name);
-                claim_action(u, l, &owner, needed)
-            });
-            let mut kind = Kind::new(
-                &cfg,
-                "persistentvolumeclaim",
-                (claims.upper, claims.lower),
-                &namespaces,
-            )
-            .needed_by_pods(CopyKind::PersistentVolumeClaim, &needs);
+            let claim_owner = owner.clone();
+            let decide: Decide<PersistentVolumeClaim> =
+                Arc::new(move |u, l, needed| claim_action(u, l, &claim_owner, needed));
+            let index = CopyIndex::new(owner.clone(), (claims.upper, claims.lower), decide)
+                .needed_by_pods(claim_needs.0, claim_needs.1, claim_needs.2);
+            let mut kind = Kind::new(&cfg, "persistentvolumeclaim", index, &namespaces);
             kind.observer = Some(Arc::new(move |upper, pvc| events.claim_changed(upper, pvc)));
-            tokio::join!(
-                run_kind(kind, decide, stop.clone()),
-                controller.run(stop.clone())
-            );
+            tokio::join!(run_kind(kind, stop.clone()), controller.run(stop.clone()));
+        } else {
+            let claim_owner = owner.clone();
+            let decide: Decide<PersistentVolumeClaim> = Arc::new(move |u, l, needed| {
+                match (u.filter(|u| u.metadata.deletion_timestamp.is_none()), l) {
+                    (Some(u), None) if needed => CopyAction::Create(lower_pvc(u, &claim_owner)),
+                    _ => CopyAction::Nothing,
+                }
+            });
+            // Filled by the writer's reads, one claim at a time: complete as far as it goes.
+            let read: CompactCache<PersistentVolumeClaim> = CompactCache::new();
+            read.apply(&watcher::Event::Init);
+            read.apply(&watcher::Event::InitDone);
+            let index = CopyIndex::new(owner.clone(), (read, copies.claims.clone()), decide)
+                .needed_by_pods(claim_needs.0, claim_needs.1, claim_needs.2);
+            let mut kind = Kind::new(&cfg, "persistentvolumeclaim", index, &namespaces);
+            kind.read_upper = true;
+            run_kind(kind, stop.clone()).await;
         }
     };
+    let config_maps = CopyIndex::new(
+        owner.clone(),
+        (upper.config_maps, copies.config_maps.clone()),
+        dependency::<ConfigMap>(owner.clone()),
+    )
+    .needed_by_pods(CopyKind::ConfigMap, needs.clone(), copies.marks.clone())
+    .per_object(known(&watches.config_maps));
+    let secrets = CopyIndex::new(
+        owner.clone(),
+        (upper.secrets, copies.secrets.clone()),
+        dependency::<Secret>(owner.clone()),
+    )
+    .needed_by_pods(CopyKind::Secret, needs.clone(), copies.marks.clone())
+    .per_object(known(&watches.secrets));
+    let mut config_maps = Kind::new(&cfg, "configmap", config_maps, &namespaces);
+    config_maps.per_object = Some(watches.config_maps.clone());
+    let mut secrets = Kind::new(&cfg, "secret", secrets, &namespaces);
+    secrets.per_object = Some(watches.secrets.clone());
     tokio::join!(
-        run_kind(
-            Kind::new(
-                &cfg,
-                "configmap",
-                (upper.config_maps, copies.config_maps),
-                &namespaces
-            )
-            .needed_by_pods(CopyKind::ConfigMap, &needs)
-            .per_object(&watches.config_maps),
-            config_maps,
-            stop.clone()
-        ),
-        run_kind(
-            Kind::new(&cfg, "secret", (upper.secrets, copies.secrets), &namespaces)
-                .needed_by_pods(CopyKind::Secret, &needs)
-                .per_object(&watches.secrets),
-            secrets,
-            stop.clone()
-        ),
+        run_kind(config_maps, stop.clone()),
+        run_kind(secrets, stop.clone()),
         mirror_services,
-        mirror_volumes,
+        mirror_claims,
     );
 }
 
-/// One kind's loop: its settings and its upper cache.
+/// Whether the per-object watch of `watches` has listed a key.
+fn known<K: Send + Sync + 'static>(watches: &Arc<ObjectWatches<K>>) -> Known {
+    let watches = watches.clone();
+    Arc::new(move |(ns, name): &Key| watches.known(ns, name))
+}
+
+/// One kind's loop: its settings and its index.
 struct Kind<K> {
     cfg: CopySync,
     name: &'static str,
-    upper: CompactCache<K>,
-    /// Our lower copies.
-    lower: CompactCache<K>,
+    index: CopyIndex<K>,
     namespaces: Arc<LowerNamespaces>,
-    /// For pod dependencies: which ones pods need.
-    needs: Option<(CopyKind, Arc<Needs>)>,
     /// Told of every change the watches see (`true`: upper), after the caches took it.
     observer: Option<Observer<K>>,
     /// The upper objects are read one by one (`crate::watches`), not from a watch of all.
     per_object: Option<Arc<ObjectWatches<K>>>,
-    /// Keys left alone because their original was not known yet: worked on once it is.
-    deferred: Arc<std::sync::Mutex<std::collections::HashSet<Key>>>,
+    /// The upper object is read when a copy is to be made (no watch of them is allowed).
+    read_upper: bool,
 }
 
 /// See [`Kind::observer`].
 type Observer<K> = Arc<dyn Fn(bool, &K) + Send + Sync>;
 
 impl<K> Kind<K> {
-    /// Kind `name`, whose upper objects and lower copies fill `caches` (which others may read).
     fn new(
         cfg: &CopySync,
         name: &'static str,
-        (upper, lower): (CompactCache<K>, CompactCache<K>),
+        index: CopyIndex<K>,
         namespaces: &Arc<LowerNamespaces>,
     ) -> Self {
         Kind {
             cfg: cfg.clone(),
             name,
-            upper,
-            lower,
+            index,
             namespaces: namespaces.clone(),
-            needs: None,
             observer: None,
             per_object: None,
-            deferred: Arc::default(),
-        }
-    }
-
-    /// The upper objects are those of `watches`, which the pods' references start.
-    fn per_object(self, watches: &Arc<ObjectWatches<K>>) -> Self {
-        Kind {
-            per_object: Some(watches.clone()),
-            ..self
-        }
-    }
-
-    /// Copies of this kind exist exactly while a pod needs them: a change of need is work.
-    fn needed_by_pods(self, kind: CopyKind, needs: &Arc<Needs>) -> Self {
-        Kind {
-            needs: Some((kind, needs.clone())),
-            ..self
+            read_upper: false,
         }
     }
 }
 
-async fn run_kind<K>(kind: Kind<K>, decide: Decide<K>, stop: CancellationToken)
+async fn run_kind<K>(kind: Kind<K>, stop: CancellationToken)
 where
     K: Resource<Scope = NamespaceResourceScope, DynamicType = ()>
         + Clone
@@ -405,8 +455,8 @@ where
         + 'static,
 {
     let cfg = &kind.cfg;
-    let lower_cache = kind.lower.clone();
-    let watch = |api: Api<K>, config: watcher::Config, cache: CompactCache<K>| {
+    let index = kind.index.clone();
+    let watch = |api: Api<K>, config: watcher::Config, cache: &CompactCache<K>| {
         // The objects once the cache shows them (a re-list's when complete).
         cache.objects_shown(tensile_runtime::backoff::watch(api, config), |_| {})
     };
@@ -415,47 +465,51 @@ where
         "{LABEL_OWNER}={},!{LABEL_IDENTITY_OF}",
         owner_label_value(&cfg.owner)
     );
-    let upper_events = match &kind.per_object {
-        Some(_) => futures::stream::empty().boxed(),
-        None => watch(
+    let upper_events = if kind.per_object.is_some() || kind.read_upper {
+        futures::stream::empty().boxed()
+    } else {
+        watch(
             Api::all(cfg.upper.clone()),
             watcher::Config::default(),
-            kind.upper.clone(),
+            index.upper(),
         )
         .map_ok(|o| (true, o))
-        .boxed(),
+        .boxed()
     };
     let lower_events = watch(
         Api::all(cfg.lower.clone()),
         watcher::Config::default().labels(&ours),
-        lower_cache.clone(),
+        index.lower(),
     )
     .map_ok(|o| (false, o));
     let (queue, rx) = Queue::<Key>::new();
-    if let Some((copy_kind, needs)) = &kind.needs {
-        needs.subscribe(*copy_kind, queue.clone());
+    if let Some((copy_kind, needs)) = index.pod_dependency() {
+        // A copy a pod needs now, or no pod any more.
+        needs.subscribe(copy_kind, queue.clone());
     }
     if let Some(watches) = &kind.per_object {
-        // A change upstairs is work for an existing copy (or a deferred key). A missing one is
-        // made by the pod controller before the pod that needs it (a create from here would
-        // race it), or after a deletion downstairs, which the lower watch sees.
-        let (queue, lower, deferred) = (queue.clone(), kind.lower.clone(), kind.deferred.clone());
-        watches.observe(Arc::new(move |key: &Key| {
-            let was_deferred = deferred.lock().is_ok_and(|mut d| d.remove(key));
-            if was_deferred || lower.contains(&key.0, &key.1) {
-                queue.add(key.clone());
-            }
-        }));
+        // The original changed, or its watch has listed it (a copy waiting for it can be made).
+        let queue = queue.clone();
+        watches.observe(Arc::new(move |key: &Key| queue.add(key.clone())));
     }
     {
         let queue = queue.clone();
         let stop = stop.clone();
         let name = kind.name;
         let observer = kind.observer.clone();
+        let index = index.clone();
         tokio::spawn(async move {
             let merged = futures::stream::select(upper_events, lower_events);
             tensile_runtime::backoff::drain(merged, &stop, name, |(upper, o)| {
-                queue.add((o.namespace().unwrap_or_default(), o.name_any()));
+                let key = (o.namespace().unwrap_or_default(), o.name_any());
+                // A pod waiting for this copy looks again (unless our create's answer told it).
+                if !upper
+                    && index.lower_shown(&key)
+                    && let Some((copy_kind, needs)) = index.pod_dependency()
+                {
+                    needs.copy_changed(copy_kind, &key);
+                }
+                queue.add(key);
                 if let Some(observe) = &observer {
                     observe(upper, &o);
                 }
@@ -466,28 +520,33 @@ where
     // Nothing is decided before both caches (and the pods, for what they need) are complete:
     // an absent original must mean absent, an unneeded copy unneeded.
     let pods_listed = async {
-        if let Some((_, needs)) = &kind.needs {
+        if let Some((_, needs)) = index.pod_dependency() {
             needs.wait_until_listed().await;
         }
     };
     tokio::select! {
         () = stop.cancelled() => return,
-        _ = futures::future::join3(kind.upper.wait_until_ready(), lower_cache.wait_until_ready(), pods_listed) => {}
+        _ = futures::future::join3(index.upper().wait_until_ready(), index.lower().wait_until_ready(), pods_listed) => {}
     }
-    // Start-up garbage collection: every copy is checked against its original.
-    for key in lower_cache.keys() {
+    // Start-up garbage collection: every copy is checked against its original; and every copy
+    // a pod needs is made.
+    for key in index.lower().keys() {
         queue.add(key);
     }
+    if let Some((copy_kind, needs)) = index.pod_dependency() {
+        for key in needs.needed_keys(copy_kind) {
+            queue.add(key);
+        }
+    }
     let workers = cfg.workers.max(1);
-    let ctx = Arc::new((kind, decide, lower_cache));
+    let kind = Arc::new(kind);
     let mut tasks = Vec::new();
     for _ in 0..workers {
-        let (ctx, queue, rx, stop) = (ctx.clone(), queue.clone(), rx.clone(), stop.clone());
+        let (kind, queue, rx, stop) = (kind.clone(), queue.clone(), rx.clone(), stop.clone());
         tasks.push(tokio::spawn(async move {
             while let Some((key, _)) = queue.next(&rx, &stop).await {
-                let (kind, decide, lower) = &*ctx;
                 let t0 = std::time::Instant::now();
-                let result = sync(kind, decide, lower, &key).await;
+                let result = sync(&kind, &key).await;
                 kind.cfg.metrics.observe("copy", t0.elapsed());
                 if let Err(e) = &result {
                     let level = quiet_level(e.class(), failing_for(&queue, &key));
@@ -502,12 +561,8 @@ where
     }
 }
 
-async fn sync<K>(
-    kind: &Kind<K>,
-    decide: &Decide<K>,
-    lower: &CompactCache<K>,
-    key: &Key,
-) -> Result<(), CopyError>
+/// Carries out the index's effect for `key`.
+async fn sync<K>(kind: &Kind<K>, key: &Key) -> Result<(), CopyError>
 where
     K: Resource<Scope = NamespaceResourceScope, DynamicType = ()>
         + Clone
@@ -516,18 +571,7 @@ where
         + DeserializeOwned,
 {
     let (ns, name) = key;
-    // A needed copy whose original is not known yet (its watch has not listed it, or only a
-    // lower pod still needs it) stays as it is: its watch puts the key back once it knows.
-    if let (Some(watches), Some((copy_kind, needs))) = (&kind.per_object, &kind.needs)
-        && !watches.known(ns, name)
-        && needs.needed(*copy_kind, ns, name)
-    {
-        if let Ok(mut deferred) = kind.deferred.lock() {
-            deferred.insert(key.clone());
-        }
-        return Ok(());
-    }
-    let copy = lower.get(ns, name);
+    let index = &kind.index;
     let api: Api<K> = Api::namespaced(kind.cfg.lower.clone(), ns);
     let err = |what: &'static str| {
         move |source| CopyError::Write {
@@ -538,45 +582,130 @@ where
             source,
         }
     };
-    let delete = || async {
-        let uid = copy.as_ref().and_then(|c| c.meta().uid.clone());
-        delete_exact(&api, name, uid, None)
+    if kind.read_upper && index.needed(key) && !index.lower().contains(ns, name) {
+        let upper: Api<K> = Api::namespaced(kind.cfg.upper.clone(), ns);
+        match upper
+            .get_opt(name)
             .await
-            .map_err(err("deleting"))
-    };
-    let api = &api;
-    let create = |desired: K| async move {
-        kind.namespaces
-            .ensure(ns)
-            .await
-            .map_err(|source| CopyError::Namespace {
-                kind: kind.name,
-                namespace: ns.clone(),
-                name: name.clone(),
-                source,
-            })?;
-        match api.create(&PostParams::default(), &desired).await {
-            // Ours arrives through the watch; anyone else's is never touched.
-            Err(e) if already_exists(&e) => Ok(()),
-            Err(e) => {
-                kind.namespaces.forget(ns);
-                Err(err("creating")(e))
-            }
-            Ok(_) => Ok(()),
+            .map_err(err("reading the original of"))?
+        {
+            Some(o) => index.upper().apply(&watcher::Event::Apply(o)),
+            None => index.upper().remove(ns, name),
+        }
+    }
+    let wake = || {
+        if let Some((copy_kind, needs)) = index.pod_dependency() {
+            needs.copy_changed(copy_kind, key);
         }
     };
-    match decide(key, kind.upper.get(ns, name).as_ref(), copy.as_ref()) {
-        CopyAction::Nothing => Ok(()),
-        CopyAction::Create(desired) => create(desired).await,
-        CopyAction::Update(desired) => api
-            .replace(name, &PostParams::default(), &desired)
+    let delete = |uid: Option<String>| {
+        let api = &api;
+        async move {
+            delete_exact(api, name, uid, None)
+                .await
+                .map_err(err("deleting"))
+        }
+    };
+    let create = |copy: K| {
+        let api = &api;
+        async move {
+            let made = create_copy(kind, api, key, &copy).await;
+            // A name held by someone else is marked as such already.
+            if let Err(e) = &made
+                && !matches!(e, CopyError::NotOurs { .. })
+            {
+                index.failed(key, e.to_string());
+            }
+            wake();
+            made
+        }
+    };
+    match index.effect(key) {
+        CopyEffect::Nothing => {
+            if !index.needed(key) {
+                index.forget(key);
+            }
+            Ok(())
+        }
+        // The original's watch puts the key back once it has listed it.
+        CopyEffect::WaitForOriginal => Ok(()),
+        CopyEffect::NotOurs => {
+            tracing::debug!(kind = kind.name, namespace = %ns, name = %name, "a lower object that is not ours holds the name: left alone");
+            Ok(())
+        }
+        CopyEffect::CreateCopy(copy) => create(copy).await,
+        CopyEffect::UpdateCopy(copy) => api
+            .replace(name, &PostParams::default(), &copy)
             .await
             .map(drop)
             .map_err(err("updating")),
-        CopyAction::Replace(desired) => {
-            delete().await?;
-            create(desired).await
+        CopyEffect::ReplaceCopy { uid, copy } => {
+            delete(uid).await?;
+            create(copy).await
         }
-        CopyAction::Delete => delete().await,
+        CopyEffect::DeleteCopy { uid } => {
+            delete(uid).await?;
+            index.forget(key);
+            Ok(())
+        }
+    }
+}
+
+/// Creates `copy` under `key`, its namespace first. A pod dependency that exists already is
+/// ours (the watch shows it), another virtual node's copy of the same upper object (used as it
+/// is), or not ours: never touched, and an error (the queue looks again with back-off: nobody
+/// tells us when it goes, and pods wait for it).
+async fn create_copy<K>(kind: &Kind<K>, api: &Api<K>, key: &Key, copy: &K) -> Result<(), CopyError>
+where
+    K: Resource<Scope = NamespaceResourceScope, DynamicType = ()>
+        + Clone
+        + Debug
+        + Serialize
+        + DeserializeOwned,
+{
+    let (ns, name) = key;
+    let write = |what: &'static str| {
+        move |source| CopyError::Write {
+            what,
+            kind: kind.name,
+            namespace: ns.clone(),
+            name: name.clone(),
+            source,
+        }
+    };
+    kind.namespaces
+        .ensure(ns)
+        .await
+        .map_err(|source| CopyError::Namespace {
+            kind: kind.name,
+            namespace: ns.clone(),
+            name: name.clone(),
+            source,
+        })?;
+    match api.create(&PostParams::default(), copy).await {
+        Ok(_) => {
+            kind.index.created(key, copy);
+            Ok(())
+        }
+        // A mirror (Service, Endpoints) of ours arrives through the watch; anyone else's is
+        // never touched, and no pod waits for it.
+        Err(e) if already_exists(&e) && kind.index.pod_dependency().is_none() => Ok(()),
+        Err(e) if already_exists(&e) => {
+            let existing = api.get(name).await.map_err(write("reading the existing"))?;
+            match kind.index.found(key, copy, existing.meta()) {
+                Existing::Ours | Existing::Sibling => Ok(()),
+                Existing::UseAsIs | Existing::Stale | Existing::Conflict => {
+                    Err(CopyError::NotOurs {
+                        kind: kind.name,
+                        namespace: ns.clone(),
+                        name: name.clone(),
+                    })
+                }
+            }
+        }
+        Err(e) => {
+            kind.namespaces.forget(ns);
+            Err(write("creating")(e))
+        }
     }
 }

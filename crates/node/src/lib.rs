@@ -8,6 +8,7 @@
 pub mod bootstrap;
 pub mod clients;
 pub mod copies;
+pub mod copy_index;
 pub mod kubelet_auth;
 pub mod lower_backend;
 mod lower_portforward;
@@ -260,7 +261,8 @@ impl VirtualNode {
                 upper: upper.clone(),
                 lower: lower.clone(),
                 owner: self.pods.translate.owner.clone(),
-                workers: 4,
+                // The copies pods wait for are made here: as many at once as pods are.
+                workers: self.pods.workers.max(4),
                 services: self.services.take(),
                 volumes: self.volumes.then(|| self.node.identity.name.clone()),
                 metrics: sync_metrics.clone(),

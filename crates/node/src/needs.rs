@@ -1,16 +1,14 @@
 //! Which lower copies our pods need: a count per (kind, namespace, name) over the upper pods
 //! bound to the node (those still to be created included) and our lower pods (those still
-//! terminating included), kept from the pod controller's watch events, never from a LIST. The
-//! copy controller deletes copies whose count is zero and re-creates needed ones that went
-//! missing; a count falling to zero puts the copy's key on its queue. A count rising from zero
-//! does not: the pod controller creates a new pod's copies itself, before the pod, and a second
-//! create from here would only race it (a copy that goes missing later is seen by the copy
-//! controller's own lower watch).
+//! terminating included), kept from the pod controller's watch events, never from a LIST. A
+//! count rising from zero or falling to zero puts the copy's key on the copy controller's queue
+//! (`crate::copies`), which creates the copies pods need and deletes those no pod needs.
 //!
-//! It also knows which upper ConfigMaps and Secrets the upper pods bound to the node reference
-//! (their copies, and the root CA of pods that mount a token), and starts and stops the
-//! per-object watches of them (`crate::watches`) as the first pod referencing one appears and
-//! the last one goes; and which pods reference an object, to try them again when it appears.
+//! It also knows which upper ConfigMaps, Secrets and claims the upper pods bound to the node
+//! reference (their copies, and the root CA of pods that mount a token), and starts and stops the
+//! per-object watches of ConfigMaps and Secrets (`crate::watches`) as the first pod referencing
+//! one appears and the last one goes; and which pods reference an object, to try them again when
+//! it appears upstairs or its copy downstairs ([`Needs::copy_changed`]).
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
@@ -45,6 +43,8 @@ struct Inner {
     /// The pods each side's watch has listed: a completed re-list names the vanished ones.
     listed_keys: HashMap<Side, ListedKeys>,
     subscribers: Vec<(CopyKind, Queue<Key>)>,
+    /// The pod controller's queue, woken when a copy its pods wait for changes.
+    pods: Option<Queue<Key>>,
     /// The upper ConfigMaps and Secrets each upper pod references, and the reverse.
     refs_by_pod: HashMap<Key, Vec<NeedKey>>,
     pods_by_ref: HashMap<NeedKey, HashSet<Key>>,
@@ -179,9 +179,42 @@ impl Needs {
             .await;
     }
 
-    /// Copies of `kind` no pod needs any more are added to `queue`.
+    /// Copies of `kind` a first pod needs, or no pod any more, are added to `queue`.
     pub(crate) fn subscribe(&self, kind: CopyKind, queue: Queue<Key>) {
         self.lock().subscribers.push((kind, queue));
+    }
+
+    /// The copies of `kind` some pod needs.
+    pub fn needed_keys(&self, kind: CopyKind) -> Vec<Key> {
+        self.lock()
+            .counts
+            .keys()
+            .filter(|(k, _, _)| *k == kind)
+            .map(|(_, ns, name)| (ns.clone(), name.clone()))
+            .collect()
+    }
+
+    /// The pods of `queue` (the pod controller's) wait for copies: [`Self::copy_changed`] wakes
+    /// them.
+    pub fn wake_pods(&self, queue: Queue<Key>) {
+        self.lock().pods = Some(queue);
+    }
+
+    /// The copy of `kind` `key` changed (made, found, failed, or shown by the lower watch): the
+    /// upper pods referencing it whose lower pod does not exist yet look again, urgently (those
+    /// with a lower pod need nothing more to be created).
+    pub fn copy_changed(&self, kind: CopyKind, key: &Key) {
+        let inner = self.lock();
+        let Some(queue) = &inner.pods else { return };
+        let need = (kind, key.0.clone(), key.1.clone());
+        for pod in inner.pods_by_ref.get(&need).into_iter().flatten() {
+            let lower = (Side::Lower, pod.0.clone(), pod.1.clone());
+            // Ahead of pods not looked at yet: one whose copies are there is one write from
+            // done, and was in the queue once already.
+            if !inner.by_pod.contains_key(&lower) {
+                queue.add_urgent(pod.clone());
+            }
+        }
     }
 }
 
@@ -189,15 +222,11 @@ fn pod_key(pod: &Pod) -> Option<(String, String)> {
     Some((pod.metadata.namespace.clone()?, pod.metadata.name.clone()?))
 }
 
-/// The upper ConfigMaps and Secrets an offloaded upper `pod` of namespace `ns` references,
-/// whose copies are `copies`: those, and the namespace's root CA when it mounts a token (the
-/// upper tokens carry it, `crate::tokens`).
+/// The upper objects an offloaded upper `pod` of namespace `ns` references, whose copies are
+/// `copies`: those, and the namespace's root CA when it mounts a token (the upper tokens carry
+/// it, `crate::tokens`). Claims are among them, but have no per-object watches.
 fn upper_references(pod: &Pod, ns: &str, copies: &[NeedKey]) -> Vec<NeedKey> {
-    let mut refs: Vec<NeedKey> = copies
-        .iter()
-        .filter(|(kind, _, _)| matches!(kind, CopyKind::ConfigMap | CopyKind::Secret))
-        .cloned()
-        .collect();
+    let mut refs: Vec<NeedKey> = copies.to_vec();
     if pod
         .spec
         .as_ref()
@@ -250,7 +279,8 @@ fn set_refs(inner: &mut Inner, pod: Key, refs: Vec<NeedKey>, changed: &mut Vec<(
     }
 }
 
-/// Replaces what `pod` needs with `keys`, telling subscribers about counts falling to zero.
+/// Replaces what `pod` needs with `keys`, telling subscribers about counts rising from zero
+/// or falling to zero.
 fn set(inner: &mut Inner, pod: PodKey, keys: Vec<NeedKey>) {
     let old = if keys.is_empty() {
         inner.by_pod.remove(&pod).unwrap_or_default()
@@ -262,7 +292,11 @@ fn set(inner: &mut Inner, pod: PodKey, keys: Vec<NeedKey>) {
     }
     let mut crossed = Vec::new();
     for key in keys {
-        *inner.counts.entry(key).or_insert(0) += 1;
+        let count = inner.counts.entry(key.clone()).or_insert(0);
+        *count += 1;
+        if *count == 1 {
+            crossed.push(key);
+        }
     }
     for key in old {
         if let Some(count) = inner.counts.get_mut(&key) {
@@ -373,6 +407,58 @@ mod tests {
             needs
                 .upper_pods_referencing(CopyKind::ConfigMap, &key)
                 .is_empty()
+        );
+    }
+
+    /// The next key of `queue`, if one is there now.
+    async fn next_key(
+        queue: &Queue<Key>,
+        rx: &tensile_runtime::queue::Receiver<Key>,
+    ) -> Option<Key> {
+        let stop = tokio_util::sync::CancellationToken::new();
+        let timer = stop.clone();
+        // Only what is queued already: a key due later is not waited for.
+        tokio::spawn(async move {
+            tokio::task::yield_now().await;
+            timer.cancel();
+        });
+        let (key, _) = queue.next(rx, &stop).await?;
+        queue.done(key.clone(), true);
+        Some(key)
+    }
+
+    #[tokio::test]
+    async fn a_copy_first_needed_or_needed_no_more_is_work_and_its_appearance_wakes_waiting_pods() {
+        let needs = Needs::default();
+        let (copies, copies_rx) = Queue::<Key>::new();
+        let (pods, pods_rx) = Queue::<Key>::new();
+        needs.subscribe(CopyKind::ConfigMap, copies.clone());
+        needs.wake_pods(pods.clone());
+        let cfg = ("shop".to_owned(), "cfg".to_owned());
+        needs.observe(Side::Upper, &watcher::Event::Apply(pod("a", &["cfg"])));
+        assert_eq!(
+            next_key(&copies, &copies_rx).await,
+            Some(cfg.clone()),
+            "first need"
+        );
+        needs.observe(Side::Upper, &watcher::Event::Apply(pod("b", &["cfg"])));
+        assert_eq!(next_key(&copies, &copies_rx).await, None, "needed already");
+        // Pod b's lower pod exists: only pod a waits for the copy.
+        needs.observe(Side::Lower, &watcher::Event::Apply(pod("b", &["cfg"])));
+        needs.copy_changed(CopyKind::ConfigMap, &cfg);
+        assert_eq!(
+            next_key(&pods, &pods_rx).await,
+            Some(("shop".to_owned(), "a".to_owned()))
+        );
+        assert_eq!(next_key(&pods, &pods_rx).await, None);
+        for side in [Side::Upper, Side::Lower] {
+            needs.observe(side, &watcher::Event::Delete(pod("b", &["cfg"])));
+        }
+        needs.observe(Side::Upper, &watcher::Event::Delete(pod("a", &["cfg"])));
+        assert_eq!(
+            next_key(&copies, &copies_rx).await,
+            Some(cfg),
+            "needed no more"
         );
     }
 

@@ -26,9 +26,7 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 use serde_json::json;
 use tensile_core::absent::{Absent, drop_absent};
-use tensile_core::deps::{
-    CopyKind, lower_config_map, lower_pvc, lower_secret, lower_service_account, pod_dependencies,
-};
+use tensile_core::deps::{CopyKind, lower_secret, lower_service_account, pod_dependencies};
 use tensile_core::env_events::{Found, Upstairs, env_events, env_references};
 use tensile_core::keys::ANNOTATION_UPPER_UID;
 use tensile_core::plan::{
@@ -38,6 +36,7 @@ use tensile_core::translate::{TranslateConfig, lower_pod};
 use tokio_util::sync::CancellationToken;
 
 use crate::copies::{Dependencies, Shared};
+use crate::copy_index::CopyState;
 use crate::namespaces::LowerNamespaces;
 use crate::needs::Side;
 use crate::pod_index::{Effect, Now, Plan, PodIndex, StatusWhy};
@@ -349,6 +348,9 @@ impl PodController {
             };
             watches.config_maps.observe(observer(CopyKind::ConfigMap));
             watches.secrets.observe(observer(CopyKind::Secret));
+            // And as soon as the copy controller has made (or failed to make) a copy it waits
+            // for.
+            needs.wake_pods(queue.clone());
         }
         let (tokens, token_feed) = PodTokens::new(
             TokenWiring {
@@ -569,9 +571,12 @@ async fn execute(ctx: &Ctx, key: &Key, plan: Plan) -> Result<(), Failure> {
                 let u = upper()?;
                 if let Err(e) = create_lower(ctx, u).await {
                     // The status says it whatever the kind (`kubectl get` shows
-                    // ProviderFailed); the event follows from the kind (the worker's `policy`).
+                    // ProviderFailed), but a moment's wait for a copy; the event follows from
+                    // the kind (the worker's `policy`).
                     let now = Time(Timestamp::now());
-                    if let Some(patch) = Effect::failed_create_patch(u, &e.to_string(), &now) {
+                    if !e.is_quiet_wait()
+                        && let Some(patch) = Effect::failed_create_patch(u, &e.to_string(), &now)
+                    {
                         let _ = ctx.patch_upper_status(ns, name, patch).await;
                     }
                     return Err(Failure::new(Op::Create, e));
@@ -885,7 +890,8 @@ async fn send_env_events(ctx: &Ctx, u: &Pod, ns: &str, name: &str) {
     }
 }
 
-/// Makes our copy of the ConfigMap, Secret or claim of `step` exist in the lower cluster, or
+/// Checks that our copy of the ConfigMap, Secret or claim of `step` is in the lower cluster
+/// (the copy controller makes it, `crate::copies`, and wakes the pod when it is there), or
 /// records in `absent` an optional ConfigMap or Secret that the upper cluster does not have (or
 /// never lets go: service-account tokens), so the lower pod is built without it.
 async fn dependency(
@@ -894,7 +900,6 @@ async fn dependency(
     step: &Step,
     absent: &mut Absent,
 ) -> Result<(), SyncError> {
-    let owner = &ctx.cfg.translate.owner;
     let upper = &ctx.cfg.upper;
     let missing = |kind: &'static str| SyncError::MissingDependency {
         kind,
@@ -910,18 +915,37 @@ async fn dependency(
             )
         }
     };
+    // The copy of the upper object of `uid`: there, or the pod waits for it.
+    let copied = |uid: Option<String>| {
+        let what = kind_name(step.kind);
+        match ctx
+            .copies
+            .copy_state(step.kind, ns, &step.name, uid.as_deref())
+        {
+            CopyState::Ready => Ok(()),
+            CopyState::Pending(failed) => Err(SyncError::CopyPending {
+                kind: what,
+                namespace: ns.to_owned(),
+                name: step.name.clone(),
+                cluster: ctx.lower_cluster(),
+                failed,
+            }),
+            CopyState::NotOurs => Err(SyncError::Ownership {
+                kind: what,
+                namespace: ns.to_owned(),
+                name: step.name.clone(),
+                cluster: ctx.lower_cluster(),
+            }),
+        }
+    };
     match step.kind {
-        // Our copy is there already (another pod needs it too): the copy controller keeps it
-        // current, so there is nothing to create.
-        LowerKind::ConfigMap | LowerKind::Secret | LowerKind::PersistentVolumeClaim
-            if ctx.copies.contains(step.kind, ns, &step.name) => {}
         LowerKind::ConfigMap => match ctx
             .upper_objects
             .config_maps
             .get_or_fetch(&Api::namespaced(upper.clone(), ns), ns, &step.name)
             .await
         {
-            Ok(Some(cm)) => create_ours(ctx, step.kind, ns, &lower_config_map(&cm, owner)).await?,
+            Ok(Some(cm)) => copied(cm.metadata.uid)?,
             Ok(None) if step.optional => {
                 absent.config_maps.insert(step.name.clone());
             }
@@ -934,8 +958,8 @@ async fn dependency(
             .get_or_fetch(&Api::namespaced(upper.clone(), ns), ns, &step.name)
             .await
         {
-            Ok(Some(s)) => match lower_secret(&s, owner) {
-                Ok(copy) => create_ours(ctx, step.kind, ns, &copy).await?,
+            Ok(Some(s)) => match lower_secret(&s, &ctx.cfg.translate.owner) {
+                Ok(_) => copied(s.metadata.uid)?,
                 // Service-account tokens belong to the upper cluster: never copied, so
                 // missing downstairs by design.
                 Err(_) if step.optional => {
@@ -958,7 +982,7 @@ async fn dependency(
                 .get_or_fetch(&Api::namespaced(upper.clone(), ns), ns, &step.name)
                 .await
             {
-                Ok(Some(pvc)) => create_ours(ctx, step.kind, ns, &lower_pvc(&pvc, owner)).await?,
+                Ok(Some(pvc)) => copied(pvc.metadata.uid)?,
                 // As a kubelet waits for a claim (the original skipped it, and the lower pod
                 // mounted a lower claim of that name).
                 Ok(None) => return Err(missing("persistentvolumeclaim")),
@@ -971,7 +995,7 @@ async fn dependency(
 }
 
 /// Creates our lower `object` of `kind` in `ns`. One of that name that exists already is used
-/// only when it is ours (a copy another pod made, or a create that raced); one that is not ours
+/// only when it is ours (a restart, or a create that raced); one that is not ours
 /// is never used nor touched: the pod waits until it is gone (docs/security.md).
 async fn create_ours<K>(ctx: &Ctx, kind: LowerKind, ns: &str, object: &K) -> Result<(), SyncError>
 where

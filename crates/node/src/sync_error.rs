@@ -169,6 +169,25 @@ pub enum SyncError {
         /// What is missing (`not found in the upper cluster`).
         why: &'static str,
     },
+    /// The copy of an upper object the pod needs is not in the lower cluster yet: the copy
+    /// controller (its only writer, `crate::copies`) makes it and wakes the pod. Quiet while it
+    /// is a moment's wait; an event once it lasts, or when making it failed.
+    #[error(
+        "{kind} {namespace}/{name} is not copied to {cluster} yet{}; the pod waits for it",
+        failed.as_ref().map(|f| format!(" (the last attempt failed: {f})")).unwrap_or_default()
+    )]
+    CopyPending {
+        /// The kind, as `kubectl` spells it.
+        kind: &'static str,
+        /// Its namespace.
+        namespace: String,
+        /// Its name.
+        name: String,
+        /// Where.
+        cluster: Cluster,
+        /// Why the copy controller's last create failed, if it did.
+        failed: Option<String>,
+    },
     /// The lower API server refused the object (validation, admission, quota, RBAC).
     #[error("{call}: {source}")]
     RefusedByLower {
@@ -293,12 +312,19 @@ impl SyncError {
         }
     }
 
+    /// A wait for a copy the copy controller is making, with nothing to tell the pod's owner
+    /// yet: the pod's status is left as it is.
+    pub fn is_quiet_wait(&self) -> bool {
+        matches!(self, SyncError::CopyPending { failed: None, .. })
+    }
+
     /// A short name of the kind, for logs.
     pub fn kind(&self) -> &'static str {
         match self {
             SyncError::Transient { .. } => "transient",
             SyncError::Conflict { .. } => "conflict",
             SyncError::MissingDependency { .. } => "missing-dependency",
+            SyncError::CopyPending { .. } => "copy-pending",
             SyncError::RefusedByLower { .. } => "refused-by-lower",
             SyncError::RefusedByUpper { .. } => "refused-by-upper",
             SyncError::Invalid(_) => "invalid",
@@ -407,6 +433,17 @@ pub fn policy(failure: &Failure, failing_for: Duration) -> Policy {
         // As a kubelet waiting for a ConfigMap: an event at every attempt (one series with a
         // count: the sink folds repeats); the object's watch brings the pod back at once.
         SyncError::MissingDependency { .. } => (Then::Backoff, event, Level::Debug),
+        // The copy controller wakes a pod still to be created when the copy is there, or when
+        // making it failed: nothing to look at before (no polling), and a moment's wait is no
+        // news. A pod that exists downstairs (an ephemeral container waits) is not woken: it
+        // looks again with back-off, quietly for a while.
+        SyncError::CopyPending { failed: None, .. } if failure.op == Op::Create => {
+            (Then::Done, None, Level::Debug)
+        }
+        SyncError::CopyPending { failed: None, .. } if failing_for < TRANSIENT_QUIET => {
+            (Then::Backoff, None, Level::Debug)
+        }
+        SyncError::CopyPending { .. } => (Then::Backoff, event, Level::Warn),
         // Quotas free up and admission changes: tried again, with back-off.
         SyncError::RefusedByLower { .. } | SyncError::RefusedByUpper { .. } => {
             (Then::Backoff, event, Level::Warn)
@@ -564,6 +601,42 @@ mod tests {
             name: "s".into(),
             why: "not found in the upper cluster",
         }
+    }
+
+    #[test]
+    fn a_pod_waiting_for_its_copy_is_woken_not_polled_and_quiet_until_it_is_news() {
+        let pending = |failed: Option<&str>| SyncError::CopyPending {
+            kind: "ConfigMap",
+            namespace: "default".into(),
+            name: "cfg".into(),
+            cluster: lower(),
+            failed: failed.map(str::to_owned),
+        };
+        let quiet = |then| Policy {
+            then,
+            event: None,
+            level: Level::Debug,
+        };
+        let (now, later) = (Duration::ZERO, TRANSIENT_QUIET);
+        assert_eq!(
+            policy(&failure(Op::Create, pending(None)), later),
+            quiet(Then::Done),
+            "the copy controller wakes it"
+        );
+        assert_eq!(
+            policy(&failure(Op::Update, pending(None)), now),
+            quiet(Then::Backoff)
+        );
+        let news = Policy {
+            then: Then::Backoff,
+            event: Some(EVENT_PROVIDER_CREATE_FAILED),
+            level: Level::Warn,
+        };
+        assert_eq!(
+            policy(&failure(Op::Create, pending(Some("quota"))), now),
+            news
+        );
+        assert!(pending(None).is_quiet_wait() && !pending(Some("quota")).is_quiet_wait());
     }
 
     #[test]
