@@ -443,16 +443,45 @@ impl<K> Kind<K> {
     }
 }
 
-async fn run_kind<K>(kind: Kind<K>, stop: CancellationToken)
-where
+/// What a copied kind is (ConfigMap, Secret, claim): a namespaced object we read and write.
+trait Copied:
+    Resource<Scope = NamespaceResourceScope, DynamicType = ()>
+    + Clone
+    + Debug
+    + Serialize
+    + DeserializeOwned
+{
+}
+
+impl<K> Copied for K where
     K: Resource<Scope = NamespaceResourceScope, DynamicType = ()>
         + Clone
         + Debug
         + Serialize
         + DeserializeOwned
-        + Send
-        + Sync
-        + 'static,
+{
+}
+
+/// A failed write of `what` for the copy `key` of `kind`.
+fn write_error<K>(
+    kind: &Kind<K>,
+    key: &Key,
+    what: &'static str,
+) -> impl FnOnce(kube::Error) -> CopyError {
+    let (namespace, name) = key.clone();
+    let kind = kind.name;
+    move |source| CopyError::Write {
+        what,
+        kind,
+        namespace,
+        name,
+        source,
+    }
+}
+
+async fn run_kind<K>(kind: Kind<K>, stop: CancellationToken)
+where
+    K: Copied + Send + Sync + 'static,
 {
     let cfg = &kind.cfg;
     let index = kind.index.clone();
@@ -564,24 +593,12 @@ where
 /// Carries out the index's effect for `key`.
 async fn sync<K>(kind: &Kind<K>, key: &Key) -> Result<(), CopyError>
 where
-    K: Resource<Scope = NamespaceResourceScope, DynamicType = ()>
-        + Clone
-        + Debug
-        + Serialize
-        + DeserializeOwned,
+    K: Copied,
 {
     let (ns, name) = key;
     let index = &kind.index;
     let api: Api<K> = Api::namespaced(kind.cfg.lower.clone(), ns);
-    let err = |what: &'static str| {
-        move |source| CopyError::Write {
-            what,
-            kind: kind.name,
-            namespace: ns.clone(),
-            name: name.clone(),
-            source,
-        }
-    };
+    let err = |what: &'static str| write_error(kind, key, what);
     if kind.read_upper && index.needed(key) && !index.lower().contains(ns, name) {
         let upper: Api<K> = Api::namespaced(kind.cfg.upper.clone(), ns);
         match upper
@@ -657,22 +674,10 @@ where
 /// tells us when it goes, and pods wait for it).
 async fn create_copy<K>(kind: &Kind<K>, api: &Api<K>, key: &Key, copy: &K) -> Result<(), CopyError>
 where
-    K: Resource<Scope = NamespaceResourceScope, DynamicType = ()>
-        + Clone
-        + Debug
-        + Serialize
-        + DeserializeOwned,
+    K: Copied,
 {
     let (ns, name) = key;
-    let write = |what: &'static str| {
-        move |source| CopyError::Write {
-            what,
-            kind: kind.name,
-            namespace: ns.clone(),
-            name: name.clone(),
-            source,
-        }
-    };
+    let write = |what: &'static str| write_error(kind, key, what);
     kind.namespaces
         .ensure(ns)
         .await
