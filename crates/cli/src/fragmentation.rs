@@ -181,8 +181,14 @@ struct Outcome {
     /// start, so with its initial lists of the fleet) and CPU time during the burst.
     extender_peak_rss_mib: Option<f64>,
     extender_cpu_s: Option<f64>,
-    /// This process: the sandbox's clusters, virtual nodes, webhook and descheduler.
+    /// This process: the sandbox's clusters (API servers, controllers, simulated kubelets),
+    /// webhook and descheduler.
     process_peak_rss_mib: Option<f64>,
+    /// The virtual nodes, each its own `tensile virtual-node` process: the sum of their peak
+    /// RSS, the largest, and their CPU time during the burst.
+    virtual_nodes_peak_rss_mib: f64,
+    virtual_node_max_peak_rss_mib: f64,
+    virtual_nodes_burst_cpu_s: f64,
     /// This process's CPU time during the burst (from its start to the end of the run).
     process_burst_cpu_s: f64,
     /// Seconds to create the pods downstairs, and until they all ran.
@@ -373,9 +379,13 @@ async fn run_mode(mode: &str, args: &FragmentationArgs) -> anyhow::Result<Outcom
                 metrics: descheduler_metrics.clone(),
                 ..DeschedulerConfig::default()
             }),
-            extender: extender.then_some(ExtenderRun::Process { binary }),
+            extender: extender.then_some(ExtenderRun::Process {
+                binary: binary.clone(),
+            }),
             // On real control planes when the harness's variable names their binaries.
             k8s_bin: tensile_testenv::real::bin_dir(),
+            // Their memory and CPU are reported apart from the clusters'.
+            virtual_node_binary: Some(binary),
         },
         &|_| {},
     )
@@ -401,7 +411,16 @@ async fn run_mode(mode: &str, args: &FragmentationArgs) -> anyhow::Result<Outcom
     let total: usize = workloads(args.pods).iter().map(|w| w.2).sum();
     let started = Instant::now();
     let cpu_at_start = cpu_seconds(std::process::id());
-    let extender_cpu_at_start = sandbox.extender_process.as_ref().map(|p| cpu_seconds(p.pid));
+    let extender_cpu_at_start = sandbox
+        .extender_process
+        .as_ref()
+        .map(|p| cpu_seconds(p.pid));
+    let node_pids: Vec<u32> = sandbox
+        .virtual_node_processes
+        .iter()
+        .map(|p| p.pid)
+        .collect();
+    let nodes_cpu_at_start: f64 = node_pids.iter().map(|p| cpu_seconds(*p)).sum();
     for (name, cpu, replicas, job) in workloads(args.pods) {
         let template = json!({"metadata": {"labels": {"app": name, "virtual-pod": "true"}},
             "spec": {"restartPolicy": if job { "Never" } else { "Always" },
@@ -491,6 +510,13 @@ async fn run_mode(mode: &str, args: &FragmentationArgs) -> anyhow::Result<Outcom
             extender_cpu_s,
             process_peak_rss_mib: Some(memory_mib(std::process::id()).1),
             process_burst_cpu_s: cpu_seconds(std::process::id()) - cpu_at_start,
+            virtual_nodes_peak_rss_mib: node_pids.iter().map(|p| memory_mib(*p).1).sum(),
+            virtual_node_max_peak_rss_mib: node_pids
+                .iter()
+                .map(|p| memory_mib(*p).1)
+                .fold(0.0, f64::max),
+            virtual_nodes_burst_cpu_s: node_pids.iter().map(|p| cpu_seconds(*p)).sum::<f64>()
+                - nodes_cpu_at_start,
             fill_created_s: filled.as_secs_f64(),
             fill_running_s: settled.as_secs_f64(),
         }
@@ -519,16 +545,16 @@ pub async fn run(args: FragmentationArgs) -> anyhow::Result<()> {
     );
     println!();
     println!(
-        "| placement help | Running after {} s | time to all Running | bound/s | stranded | over-committed nodes | extender filter p50/p99, bind p99 (ms) | extender peak RSS, CPU | descheduler moves |",
+        "| placement help | Running after {} s | time to all Running | bound/s | stranded | over-committed nodes | extender filter p50/p99, bind p99 (ms) | extender peak RSS, CPU | descheduler moves | virtual nodes peak RSS (sum, largest), CPU | bench process peak RSS, CPU |",
         args.window
     );
-    println!("|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|");
     let mut outcomes = Vec::new();
     for mode in &args.modes {
         let o = run_mode(mode, &args).await?;
         let ms = |v: Option<f64>| v.map_or_else(|| "-".to_owned(), |v| format!("{v:.1}"));
         println!(
-            "| {} | {}/{} ({:.0} %) | {} | {:.0} | {} | {} | {} / {} / {} | {} | {} |",
+            "| {} | {}/{} ({:.0} %) | {} | {:.0} | {} | {} | {} / {} / {} | {} | {} | {:.0} MiB, {:.1} MiB, {:.1} s | {} MiB, {:.1} s |",
             o.mode,
             o.running_in_window,
             o.total,
@@ -547,7 +573,12 @@ pub async fn run(args: FragmentationArgs) -> anyhow::Result<()> {
                 (Some(rss), Some(cpu)) => format!("{rss:.1} MiB, {cpu:.1} s"),
                 _ => "-".to_owned(),
             },
-            o.descheduler_moves
+            o.descheduler_moves,
+            o.virtual_nodes_peak_rss_mib,
+            o.virtual_node_max_peak_rss_mib,
+            o.virtual_nodes_burst_cpu_s,
+            ms(o.process_peak_rss_mib),
+            o.process_burst_cpu_s
         );
         outcomes.push(o);
     }
