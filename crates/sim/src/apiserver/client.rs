@@ -15,26 +15,23 @@ use tokio_rustls::TlsConnector;
 
 use crate::certs::{certs_from_pem, key_from_pem, provider};
 
-/// POSTs JSON over HTTPS, verified against `ca_pem` as `server_name` (webhooks).
-pub(super) async fn post_json(
-    url: &str,
-    server_name: &str,
-    ca_pem: Option<&str>,
-    body: Vec<u8>,
-) -> Result<Vec<u8>, String> {
-    post_json_with(url, server_name, ca_pem, None, body, false).await
+/// Kept-alive connections per server (and the credentials it is reached with), as Go's HTTP
+/// client keeps idle ones (at most [`MAX_IDLE`] per server, its `MaxIdleConnsPerHost`): the
+/// scheduler's extender calls and the admission webhook calls, which would otherwise each pay
+/// a TCP and TLS handshake on both sides.
+#[derive(Debug, Default)]
+pub(super) struct Connections {
+    idle: Mutex<HashMap<String, Vec<SendRequest<Full<Bytes>>>>>,
 }
 
-/// Kept-alive connections, one per server (and the credentials it is reached with), reused
-/// by calls made one at a time, as Go's HTTP client reuses an idle connection: the scheduler's
-/// extender calls, which would otherwise each pay a TCP and TLS handshake on both sides.
-#[derive(Default)]
-pub(super) struct Connections {
-    idle: Mutex<HashMap<String, SendRequest<Full<Bytes>>>>,
-}
+/// Go's `DefaultMaxIdleConnsPerHost`.
+const MAX_IDLE: usize = 2;
 
 impl Connections {
-    /// As [`post_json_with`], over an idle connection to the same server when there is one.
+    /// POSTs JSON and returns the answer's body, over an idle connection to the same server
+    /// when there is one. `https` URLs are verified against `ca_pem` as `server_name`,
+    /// presenting the client certificate and key `identity` (PEM) when given; plain `http`
+    /// only when `allow_http` (kube-scheduler allows it for extenders; webhooks must use TLS).
     /// A request is sent again on a new connection only when the idle one was found closed
     /// before the request went out (never a request the server may have seen).
     pub(super) async fn post_json(
@@ -53,7 +50,11 @@ impl Connections {
             ca_pem.unwrap_or_default(),
             identity.map(|(c, _)| c).unwrap_or_default()
         );
-        let mut idle = self.idle.lock().ok().and_then(|mut m| m.remove(&key));
+        let mut idle = self
+            .idle
+            .lock()
+            .ok()
+            .and_then(|mut m| m.get_mut(&key).and_then(Vec::pop));
         if let Some(s) = idle.as_mut()
             && (s.is_closed() || s.ready().await.is_err())
         {
@@ -76,7 +77,10 @@ impl Connections {
         if !sender.is_closed()
             && let Ok(mut m) = self.idle.lock()
         {
-            m.insert(key, sender);
+            let kept = m.entry(key).or_default();
+            if kept.len() < MAX_IDLE {
+                kept.push(sender);
+            }
         }
         if !status.is_success() {
             return Err(format!("Post \"{url}\": the server answered {status}"));
@@ -127,7 +131,7 @@ impl Target {
     }
 }
 
-/// A new connection to `target`, TLS-verified as in [`post_json_with`].
+/// A new connection to `target`, TLS-verified as in [`Connections::post_json`].
 async fn connect(
     target: &Target,
     url: &str,
@@ -175,85 +179,6 @@ async fn send_on(
     let status = resp.status();
     let bytes = resp.into_body().collect().await?.to_bytes();
     Ok((status, bytes.to_vec()))
-}
-
-/// POSTs JSON and returns the answer's body. `https` URLs are verified against `ca_pem` as
-/// `server_name`, presenting the client certificate and key `identity` (PEM) when given; plain
-/// `http` only when `allow_http` (kube-scheduler allows it for extenders; webhooks must use
-/// TLS).
-pub(super) async fn post_json_with(
-    url: &str,
-    server_name: &str,
-    ca_pem: Option<&str>,
-    identity: Option<(&str, &str)>,
-    body: Vec<u8>,
-    allow_http: bool,
-) -> Result<Vec<u8>, String> {
-    let uri: http::Uri = url
-        .parse()
-        .map_err(|e| format!("invalid url {url:?}: {e}"))?;
-    let https = match uri.scheme_str() {
-        Some("https") => true,
-        Some("http") if allow_http => false,
-        _ => return Err(format!("url {url:?} must use https")),
-    };
-    let host = uri
-        .host()
-        .ok_or("url has no host")?
-        .trim_matches(['[', ']'])
-        .to_owned();
-    let port = uri.port_u16().unwrap_or(if https { 443 } else { 80 });
-    let path = uri
-        .path_and_query()
-        .map(|p| p.as_str().to_owned())
-        .unwrap_or_else(|| "/".into());
-    let tcp = TcpStream::connect((host.as_str(), port))
-        .await
-        .map_err(|e| format!("Post \"{url}\": dial tcp {host}:{port}: {e}"))?;
-    if !https {
-        let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp))
-            .await
-            .map_err(|e| e.to_string())?;
-        tokio::spawn(conn);
-        return send(sender, url, &host, port, &path, body).await;
-    }
-    let tls = tls_connect(tcp, url, server_name, ca_pem, identity).await?;
-    let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tls))
-        .await
-        .map_err(|e| e.to_string())?;
-    tokio::spawn(conn);
-    send(sender, url, &host, port, &path, body).await
-}
-
-async fn send(
-    mut sender: SendRequest<Full<Bytes>>,
-    url: &str,
-    host: &str,
-    port: u16,
-    path: &str,
-    body: Vec<u8>,
-) -> Result<Vec<u8>, String> {
-    let req = Request::post(path)
-        .header(header::HOST, format!("{host}:{port}"))
-        .header(header::CONTENT_TYPE, "application/json")
-        .header(header::ACCEPT, "application/json")
-        .body(Full::new(Bytes::from(body)))
-        .map_err(|e| e.to_string())?;
-    let resp = sender
-        .send_request(req)
-        .await
-        .map_err(|e| format!("Post \"{url}\": {e}"))?;
-    let status = resp.status();
-    let bytes = resp
-        .into_body()
-        .collect()
-        .await
-        .map_err(|e| e.to_string())?
-        .to_bytes();
-    if !status.is_success() {
-        return Err(format!("Post \"{url}\": the server answered {status}"));
-    }
-    Ok(bytes.to_vec())
 }
 
 /// The TLS handshake over `tcp`, verified against `ca_pem` as `server_name`, presenting
