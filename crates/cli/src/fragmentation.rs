@@ -177,12 +177,23 @@ struct Outcome {
     extender_filter_p99_ms: Option<f64>,
     extender_bind_p99_ms: Option<f64>,
     descheduler_moves: u64,
-    /// The extender's own process (`tensile scheduler`, the shipped flags): peak RSS and
-    /// CPU time from its start to the end of the burst.
+    /// The extender's own process (`tensile scheduler`, the shipped flags): peak RSS (from its
+    /// start, so with its initial lists of the fleet) and CPU time during the burst.
     extender_peak_rss_mib: Option<f64>,
     extender_cpu_s: Option<f64>,
-    /// This process: the sandbox's clusters, virtual nodes, webhook and descheduler.
+    /// This process: the sandbox's clusters (API servers, controllers, simulated kubelets),
+    /// webhook and descheduler.
     process_peak_rss_mib: Option<f64>,
+    /// The virtual nodes, each its own `tensile virtual-node` process: the sum of their peak
+    /// RSS, the largest, and their CPU time during the burst.
+    virtual_nodes_peak_rss_mib: f64,
+    virtual_node_max_peak_rss_mib: f64,
+    virtual_nodes_burst_cpu_s: f64,
+    /// This process's CPU time during the burst (from its start to the end of the run).
+    process_burst_cpu_s: f64,
+    /// Seconds to create the pods downstairs, and until they all ran.
+    fill_created_s: f64,
+    fill_running_s: f64,
 }
 
 fn watch_pods(client: kube::Client, seen: Arc<Mutex<Observed>>) -> tokio::task::JoinHandle<()> {
@@ -225,30 +236,60 @@ fn watch_pods(client: kube::Client, seen: Arc<Mutex<Observed>>) -> tokio::task::
     })
 }
 
-/// Creates the pods that already run downstairs, bound to their nodes.
+/// Creates the pods that already run downstairs, bound to their nodes, 64 at a time over all
+/// clusters (one cluster after another left the others' API servers idle).
 async fn fill_lower_clusters(sandbox: &Sandbox, plan: &[Vec<(String, i64)>]) -> anyhow::Result<()> {
+    let mut creates = Vec::new();
     for (lower, pods) in sandbox.lowers.iter().zip(plan) {
-        let name = &lower.name;
         let api: Api<Pod> = Api::namespaced(lower.client().await?, "default");
-        let creates = pods.iter().enumerate().map(|(i, (node, millis))| {
-            let api = api.clone();
+        for (i, (node, millis)) in pods.iter().enumerate() {
+            let (api, name) = (api.clone(), lower.name.clone());
             let pod = json!({
                 "metadata": {"name": format!("running-{i}")},
                 "spec": {"nodeName": node, "containers": [{"name": "c", "image": "app",
                     "resources": {"requests": {"cpu": format!("{millis}m"), "memory": "64Mi"}}}]}
             });
-            async move {
+            creates.push(async move {
                 let pod: Pod = serde_json::from_value(pod)?;
-                api.create(&PostParams::default(), &pod).await?;
+                api.create(&PostParams::default(), &pod)
+                    .await
+                    .with_context(|| format!("creating the pods already running in {name}"))?;
                 anyhow::Ok(())
+            });
+        }
+    }
+    let results: Vec<_> = futures::stream::iter(creates)
+        .buffer_unordered(64)
+        .collect()
+        .await;
+    results.into_iter().collect::<anyhow::Result<Vec<()>>>()?;
+    Ok(())
+}
+
+/// Waits until the pods created downstairs run (each lower kubelet has started them), so the
+/// burst is measured on a settled fleet, not beside 50,000 pods starting. One LIST per cluster
+/// every 2 s, of the pods not Running yet only.
+async fn wait_filled(sandbox: &Sandbox, within: Duration) -> anyhow::Result<()> {
+    let deadline = Instant::now() + within;
+    for lower in &sandbox.lowers {
+        let api: Api<Pod> = Api::namespaced(lower.client().await?, "default");
+        let params = ListParams::default().fields("status.phase!=Running");
+        loop {
+            let left = api
+                .list(&params)
+                .await
+                .with_context(|| format!("listing the pods not Running in {}", lower.name))?
+                .items
+                .len();
+            if left == 0 {
+                break;
             }
-        });
-        let results: Vec<_> = futures::stream::iter(creates)
-            .buffer_unordered(32)
-            .collect()
-            .await;
-        for r in results {
-            r.with_context(|| format!("creating the pods already running in {name}"))?;
+            anyhow::ensure!(
+                Instant::now() < deadline,
+                "{left} pods created in {} were not Running within {within:?}",
+                lower.name
+            );
+            tokio::time::sleep(Duration::from_secs(2)).await;
         }
     }
     Ok(())
@@ -338,20 +379,48 @@ async fn run_mode(mode: &str, args: &FragmentationArgs) -> anyhow::Result<Outcom
                 metrics: descheduler_metrics.clone(),
                 ..DeschedulerConfig::default()
             }),
-            extender: extender.then_some(ExtenderRun::Process { binary }),
+            extender: extender.then_some(ExtenderRun::Process {
+                binary: binary.clone(),
+            }),
             // On real control planes when the harness's variable names their binaries.
             k8s_bin: tensile_testenv::real::bin_dir(),
+            // Their memory and CPU are reported apart from the clusters'.
+            virtual_node_binary: Some(binary),
         },
         &|_| {},
     )
     .await?;
+    let setup = Instant::now();
     fill_lower_clusters(&sandbox, &plan).await?;
+    let filled = setup.elapsed();
+    wait_filled(&sandbox, Duration::from_secs(600)).await?;
     sandbox.wait_ready(Duration::from_secs(120)).await?;
+    // The virtual nodes publish the lower clusters' room at most once a second.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let settled = setup.elapsed();
+    tracing::info!(
+        mode,
+        pods_downstairs = plan.iter().map(Vec::len).sum::<usize>(),
+        created_s = filled.as_secs_f64(),
+        running_s = settled.as_secs_f64(),
+        "the fleet is filled; the burst starts"
+    );
     let client = sandbox.upper.client().await?;
     let seen = Arc::new(Mutex::new(Observed::default()));
     let watch = watch_pods(client.clone(), seen.clone());
     let total: usize = workloads(args.pods).iter().map(|w| w.2).sum();
     let started = Instant::now();
+    let cpu_at_start = cpu_seconds(std::process::id());
+    let extender_cpu_at_start = sandbox
+        .extender_process
+        .as_ref()
+        .map(|p| cpu_seconds(p.pid));
+    let node_pids: Vec<u32> = sandbox
+        .virtual_node_processes
+        .iter()
+        .map(|p| p.pid)
+        .collect();
+    let nodes_cpu_at_start: f64 = node_pids.iter().map(|p| cpu_seconds(*p)).sum();
     for (name, cpu, replicas, job) in workloads(args.pods) {
         let template = json!({"metadata": {"labels": {"app": name, "virtual-pod": "true"}},
             "spec": {"restartPolicy": if job { "Never" } else { "Always" },
@@ -402,7 +471,7 @@ async fn run_mode(mode: &str, args: &FragmentationArgs) -> anyhow::Result<Outcom
             (
                 crate::bench::parse_metrics(&text),
                 Some(memory_mib(p.pid).1),
-                Some(cpu_seconds(p.pid)),
+                Some(cpu_seconds(p.pid) - extender_cpu_at_start.unwrap_or(0.0)),
             )
         }
         None => (Default::default(), None, None),
@@ -440,6 +509,16 @@ async fn run_mode(mode: &str, args: &FragmentationArgs) -> anyhow::Result<Outcom
             extender_peak_rss_mib,
             extender_cpu_s,
             process_peak_rss_mib: Some(memory_mib(std::process::id()).1),
+            process_burst_cpu_s: cpu_seconds(std::process::id()) - cpu_at_start,
+            virtual_nodes_peak_rss_mib: node_pids.iter().map(|p| memory_mib(*p).1).sum(),
+            virtual_node_max_peak_rss_mib: node_pids
+                .iter()
+                .map(|p| memory_mib(*p).1)
+                .fold(0.0, f64::max),
+            virtual_nodes_burst_cpu_s: node_pids.iter().map(|p| cpu_seconds(*p)).sum::<f64>()
+                - nodes_cpu_at_start,
+            fill_created_s: filled.as_secs_f64(),
+            fill_running_s: settled.as_secs_f64(),
         }
     };
     sandbox.stop().await;
@@ -466,16 +545,16 @@ pub async fn run(args: FragmentationArgs) -> anyhow::Result<()> {
     );
     println!();
     println!(
-        "| placement help | Running after {} s | time to all Running | bound/s | stranded | over-committed nodes | extender filter p50/p99, bind p99 (ms) | extender peak RSS, CPU | descheduler moves |",
+        "| placement help | Running after {} s | time to all Running | bound/s | stranded | over-committed nodes | extender filter p50/p99, bind p99 (ms) | extender peak RSS, CPU | descheduler moves | virtual nodes peak RSS (sum, largest), CPU | bench process peak RSS, CPU |",
         args.window
     );
-    println!("|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|");
     let mut outcomes = Vec::new();
     for mode in &args.modes {
         let o = run_mode(mode, &args).await?;
         let ms = |v: Option<f64>| v.map_or_else(|| "-".to_owned(), |v| format!("{v:.1}"));
         println!(
-            "| {} | {}/{} ({:.0} %) | {} | {:.0} | {} | {} | {} / {} / {} | {} | {} |",
+            "| {} | {}/{} ({:.0} %) | {} | {:.0} | {} | {} | {} / {} / {} | {} | {} | {:.0} MiB, {:.1} MiB, {:.1} s | {} MiB, {:.1} s |",
             o.mode,
             o.running_in_window,
             o.total,
@@ -494,7 +573,12 @@ pub async fn run(args: FragmentationArgs) -> anyhow::Result<()> {
                 (Some(rss), Some(cpu)) => format!("{rss:.1} MiB, {cpu:.1} s"),
                 _ => "-".to_owned(),
             },
-            o.descheduler_moves
+            o.descheduler_moves,
+            o.virtual_nodes_peak_rss_mib,
+            o.virtual_node_max_peak_rss_mib,
+            o.virtual_nodes_burst_cpu_s,
+            ms(o.process_peak_rss_mib),
+            o.process_burst_cpu_s
         );
         outcomes.push(o);
     }

@@ -77,6 +77,10 @@ pub struct SandboxSpec {
     /// from the binaries in this folder instead of simulated API servers; the nodes stay
     /// simulated.
     pub k8s_bin: Option<PathBuf>,
+    /// Run each virtual node as its own `tensile virtual-node` process of this binary (the
+    /// README's flags), so a benchmark reads their memory and CPU apart from the clusters';
+    /// None: in this process.
+    pub virtual_node_binary: Option<PathBuf>,
 }
 
 /// How the sandbox runs the scheduler extender.
@@ -90,6 +94,15 @@ pub enum ExtenderRun {
         /// The `tensile` binary.
         binary: PathBuf,
     },
+}
+
+/// A child `tensile` process of the sandbox; killed when dropped.
+pub struct ChildProcess {
+    child: tokio::process::Child,
+    /// Its process id.
+    pub pid: u32,
+    /// Its kubeconfigs and log; removed on stop.
+    dir: PathBuf,
 }
 
 /// The scheduler extender running as its own process ([`ExtenderRun::Process`]).
@@ -339,6 +352,8 @@ pub struct Sandbox {
     pub real_dir: Option<PathBuf>,
     /// The scheduler extender, when it runs as its own process.
     pub extender_process: Option<ExtenderProcess>,
+    /// The virtual nodes' processes, when they run as their own ([`SandboxSpec::virtual_node_binary`]).
+    pub virtual_node_processes: Vec<ChildProcess>,
     stop: CancellationToken,
     handles: Vec<JoinHandle<()>>,
     _webhook: Option<Server>,
@@ -415,9 +430,18 @@ impl Sandbox {
         let upper_text = upper.kubeconfig("upper");
         let mut handles = Vec::new();
         let mut virtual_nodes = Vec::new();
+        let mut virtual_node_processes = Vec::new();
         for lower in &lowers {
             let name = &lower.name;
             let node_name = format!("vk-{name}");
+            if let Some(binary) = &spec.virtual_node_binary {
+                virtual_node_processes.push(
+                    start_virtual_node_process(binary, &node_name, kubelet_ip, &upper, lower)
+                        .await?,
+                );
+                virtual_nodes.push(node_name);
+                continue;
+            }
             let vn_args = crate::virtual_node::parse_args([
                 "--nodename",
                 &node_name,
@@ -549,6 +573,7 @@ impl Sandbox {
             virtual_nodes,
             real_dir: real.map(|r| r.dir),
             extender_process,
+            virtual_node_processes,
             stop,
             handles,
             _webhook: webhook,
@@ -584,6 +609,10 @@ impl Sandbox {
     /// Stops every component and cluster.
     pub async fn stop(self) {
         self.stop.cancel();
+        for mut p in self.virtual_node_processes {
+            let _ = p.child.kill().await;
+            let _ = std::fs::remove_dir_all(&p.dir);
+        }
         for h in self.handles {
             let _ = tokio::time::timeout(Duration::from_secs(5), h).await;
         }
@@ -635,6 +664,54 @@ async fn serve_from_secret(
 /// `--tls-secret` Secret, kube-scheduler's client certificates required) for `upper` and
 /// `lowers`, on `address`, and waits until it is ready. Answers the process, where it serves
 /// and the CA of its serving certificate.
+/// Starts `tensile virtual-node` for `lower` with the flags the sandbox gives the in-process
+/// ones (the README's, `--disable-taint`), its kubeconfigs in a temporary folder; quiet but
+/// for warnings, its log beside them.
+async fn start_virtual_node_process(
+    binary: &std::path::Path,
+    node_name: &str,
+    kubelet_ip: IpAddr,
+    upper: &Cluster,
+    lower: &Cluster,
+) -> anyhow::Result<ChildProcess> {
+    use crate::process::free_port;
+    let dir = std::env::temp_dir().join(format!(
+        "tensile-{node_name}-{}-{}",
+        std::process::id(),
+        free_port()?
+    ));
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let secret = |name: &str, text: &str| -> anyhow::Result<PathBuf> {
+        let path = dir.join(name);
+        tensile_sim::secret_file::write_secret(&path, text)
+            .with_context(|| format!("writing {}", path.display()))?;
+        Ok(path)
+    };
+    let upper_file = secret("upper.kubeconfig", &upper.kubeconfig("upper"))?;
+    let lower_file = secret("lower.kubeconfig", &lower.kubeconfig(&lower.name))?;
+    let log = dir.join("virtual-node.log");
+    let child = tokio::process::Command::new(binary)
+        .args(["virtual-node", "--nodename", node_name, "--disable-taint"])
+        .arg("--kubeconfig")
+        .arg(&upper_file)
+        .arg("--client-kubeconfig")
+        .arg(&lower_file)
+        .args(["--kubelet-address", &kubelet_ip.to_string()])
+        .env("KUBELET_PORT", free_port()?.to_string())
+        .env("VKUBELET_POD_IP", kubelet_ip.to_string())
+        .env("VKUBELET_NODE_LABEL", format!("clusterID: {}", lower.name))
+        .env("RUST_LOG", "warn")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&log).with_context(|| format!("creating {}", log.display()))?)
+        .kill_on_drop(true)
+        .spawn()
+        .with_context(|| format!("starting tensile virtual-node {node_name}"))?;
+    let pid = child
+        .id()
+        .with_context(|| format!("virtual node {node_name} exited at once"))?;
+    Ok(ChildProcess { child, pid, dir })
+}
+
 async fn start_extender_process(
     binary: &std::path::Path,
     address: IpAddr,
@@ -804,6 +881,7 @@ mod tests {
                 descheduler: Some(descheduler),
                 extender: None,
                 k8s_bin: None,
+                virtual_node_binary: None,
             },
             &|_| {},
         )

@@ -3,6 +3,8 @@
 
 mod common;
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use common::{eventually, from};
@@ -362,49 +364,64 @@ async fn a_node_whose_lease_expires_goes_unknown_and_is_tainted_unreachable() {
     assert_eq!(taints, ["NoSchedule"]);
 }
 
+/// What the test extender saw: connections accepted and requests answered.
+#[derive(Default)]
+struct ExtenderSeen {
+    connections: AtomicUsize,
+    requests: AtomicUsize,
+}
+
 /// A scheduler extender on loopback: filters out `*-node-1`, and every node for pods labelled
 /// `reject=all`; prefers `*-node-3`.
-async fn extender() -> String {
+async fn extender() -> (String, Arc<ExtenderSeen>) {
     use http_body_util::BodyExt;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
+    let seen = Arc::new(ExtenderSeen::default());
+    let counts = seen.clone();
     tokio::spawn(async move {
         loop {
             let Ok((tcp, _)) = listener.accept().await else {
                 return;
             };
+            counts.connections.fetch_add(1, Ordering::SeqCst);
+            let counts = counts.clone();
             tokio::spawn(async move {
                 let svc = hyper::service::service_fn(
-                    |req: hyper::Request<hyper::body::Incoming>| async move {
-                        let path = req.uri().path().to_owned();
-                        let args: serde_json::Value = serde_json::from_slice(
-                            &req.into_body().collect().await.unwrap().to_bytes(),
-                        )
-                        .unwrap();
-                        let names: Vec<String> = args["NodeNames"]
-                            .as_array()
-                            .unwrap()
-                            .iter()
-                            .map(|n| n.as_str().unwrap().to_owned())
-                            .collect();
-                        let reject_all = args["Pod"]["metadata"]["labels"]["reject"] == "all";
-                        let out = if path.ends_with("/filter") {
-                            let (kept, failed): (Vec<String>, Vec<String>) = names
-                                .into_iter()
-                                .partition(|n| !reject_all && !n.ends_with("-node-1"));
-                            let failed: serde_json::Map<String, serde_json::Value> = failed
-                                .into_iter()
-                                .map(|n| (n, json!("node(s) are too busy")))
+                    move |req: hyper::Request<hyper::body::Incoming>| {
+                        let counts = counts.clone();
+                        async move {
+                            counts.requests.fetch_add(1, Ordering::SeqCst);
+                            let path = req.uri().path().to_owned();
+                            let args: serde_json::Value = serde_json::from_slice(
+                                &req.into_body().collect().await.unwrap().to_bytes(),
+                            )
+                            .unwrap();
+                            let names: Vec<String> = args["NodeNames"]
+                                .as_array()
+                                .unwrap()
+                                .iter()
+                                .map(|n| n.as_str().unwrap().to_owned())
                                 .collect();
-                            json!({"nodenames": kept, "failedNodes": failed, "error": ""})
-                        } else {
-                            json!(names.iter().map(|n| json!({"host": n, "score": if n.ends_with("-node-3") { 10 } else { 0 }})).collect::<Vec<_>>())
-                        };
-                        Ok::<_, std::convert::Infallible>(hyper::Response::new(
-                            http_body_util::Full::new(bytes::Bytes::from(
-                                serde_json::to_vec(&out).unwrap(),
-                            )),
-                        ))
+                            let reject_all = args["Pod"]["metadata"]["labels"]["reject"] == "all";
+                            let out = if path.ends_with("/filter") {
+                                let (kept, failed): (Vec<String>, Vec<String>) = names
+                                    .into_iter()
+                                    .partition(|n| !reject_all && !n.ends_with("-node-1"));
+                                let failed: serde_json::Map<String, serde_json::Value> = failed
+                                    .into_iter()
+                                    .map(|n| (n, json!("node(s) are too busy")))
+                                    .collect();
+                                json!({"nodenames": kept, "failedNodes": failed, "error": ""})
+                            } else {
+                                json!(names.iter().map(|n| json!({"host": n, "score": if n.ends_with("-node-3") { 10 } else { 0 }})).collect::<Vec<_>>())
+                            };
+                            Ok::<_, std::convert::Infallible>(hyper::Response::new(
+                                http_body_util::Full::new(bytes::Bytes::from(
+                                    serde_json::to_vec(&out).unwrap(),
+                                )),
+                            ))
+                        }
                     },
                 );
                 let _ = hyper_util::server::conn::auto::Builder::new(
@@ -415,7 +432,7 @@ async fn extender() -> String {
             });
         }
     });
-    format!("http://{addr}/scheduler")
+    (format!("http://{addr}/scheduler"), seen)
 }
 
 #[tokio::test]
@@ -425,8 +442,9 @@ async fn the_scheduler_calls_extenders_to_filter_and_prioritize() {
         .await
         .unwrap();
     let c = &env.clusters[0];
+    let (url_prefix, seen) = extender().await;
     c.set_scheduler_extenders(vec![SchedulerExtender {
-        url_prefix: extender().await,
+        url_prefix,
         filter_verb: Some("filter".into()),
         prioritize_verb: Some("prioritize".into()),
         bind_verb: None,
@@ -470,6 +488,10 @@ async fn the_scheduler_calls_extenders_to_filter_and_prioritize() {
         message.starts_with("0/3 nodes are available: 3 node(s) are too busy."),
         "{message}"
     );
+    // Filter and prioritize for one pod, filter for the other, over one kept-alive connection
+    // (kube-scheduler's HTTP client reuses it; a handshake per call costs both sides).
+    assert!(seen.requests.load(Ordering::SeqCst) >= 3);
+    assert_eq!(seen.connections.load(Ordering::SeqCst), 1);
 }
 
 #[tokio::test]

@@ -159,7 +159,9 @@ async fn call(
     let body = serde_json::to_vec(&review).map_err(|e| e.to_string())?;
     let reply = tokio::time::timeout(
         Duration::from_secs(timeout),
-        super::client::post_json(&url, &server_name, ca.as_deref(), body),
+        state
+            .webhook_connections
+            .post_json(&url, &server_name, ca.as_deref(), None, body, false),
     )
     .await
     .map_err(|_| format!("Post \"{url}\": context deadline exceeded"))??;

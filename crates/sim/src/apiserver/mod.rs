@@ -141,6 +141,8 @@ pub struct State {
     tokens: Mutex<HashMap<String, Token>>,
     metrics: metrics::MetricsCache,
     extenders: Mutex<Vec<controllers::SchedulerExtender>>,
+    /// Kept-alive connections to admission webhooks.
+    webhook_connections: client::Connections,
     /// False during a simulated outage: every request gets 503 and watches end.
     available: tokio::sync::watch::Sender<bool>,
     /// The RBAC policy, with the store's last change of RBAC objects it was built at.
@@ -195,6 +197,7 @@ impl State {
             tokens: Mutex::new(HashMap::new()),
             metrics: metrics::MetricsCache::default(),
             extenders: Mutex::new(Vec::new()),
+            webhook_connections: client::Connections::default(),
             available: tokio::sync::watch::Sender::new(true),
             policy: Mutex::new(None),
             denials: Mutex::new(Vec::new()),
@@ -479,6 +482,7 @@ impl ApiServer {
             tokens: Mutex::new(HashMap::new()),
             metrics: metrics::MetricsCache::default(),
             extenders: Mutex::new(extenders),
+            webhook_connections: client::Connections::default(),
             available: tokio::sync::watch::Sender::new(true),
             policy: Mutex::new(None),
             denials: Mutex::new(Vec::new()),

@@ -7,7 +7,7 @@
 //! of which takes the events after its own cursor. The log is the only buffer, so memory is
 //! bounded by its capacity, and a watcher that falls behind past it gets 410 like a real one.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::ops::Bound;
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -117,6 +117,10 @@ struct Inner {
     /// Per resource, the resourceVersion of its last change (0: never changed).
     changed_at: Vec<u64>,
     log: VecDeque<Arc<Event>>,
+    /// The objects each controller owns (by the controller's UID), kept as objects change:
+    /// what kube-controller-manager's informers index by owner, so a ReplicaSet or Job with
+    /// thousands of pods finds its own without scanning every pod of the namespace.
+    controlled: HashMap<(ResId, String), BTreeSet<ObjKey>>,
     /// Every event with rv > floor is in the log.
     floor: u64,
     capacity: usize,
@@ -145,6 +149,7 @@ impl Store {
                 objects: (0..resources).map(|_| BTreeMap::new()).collect(),
                 changed_at: vec![0; resources],
                 log: VecDeque::with_capacity(capacity.min(1 << 16)),
+                controlled: HashMap::new(),
                 floor: 1,
                 capacity: capacity.max(1),
             }),
@@ -190,6 +195,22 @@ impl Store {
     ) -> (Vec<Entry>, u64, Option<ObjKey>) {
         let (items, rv, more) = self.list_page(res, namespace, start_after, limit, filter);
         (items, rv, more.map(|(k, _)| k))
+    }
+
+    /// The objects of a resource in `namespace` whose controller (the owner reference with
+    /// `controller: true`) has `uid`, in key order.
+    pub fn list_controlled(&self, res: ResId, namespace: &str, uid: &str) -> Vec<Entry> {
+        let inner = self.lock();
+        let (Some(keys), Some(table)) = (
+            inner.controlled.get(&(res, uid.to_owned())),
+            inner.objects.get(res),
+        ) else {
+            return Vec::new();
+        };
+        keys.iter()
+            .filter(|k| k.namespace == namespace)
+            .filter_map(|k| table.get(k).cloned())
+            .collect()
     }
 
     /// [`Store::list`], and with the last key of a cut page how many matching objects follow
@@ -291,6 +312,9 @@ impl Store {
             _ => {}
         }
         let last = inner.objects.get_mut(res).and_then(|t| t.remove(key));
+        if let Some(uid) = last.as_ref().and_then(|e| controller_uid(&e.object)) {
+            inner.unindex(res, uid.to_owned(), key);
+        }
         let object = last
             .map(|e| Arc::unwrap_or_clone(e.object))
             .unwrap_or(Value::Null);
@@ -328,11 +352,37 @@ impl Inner {
             EventType::Modified => self.objects.get(res).and_then(|t| t.get(&key)).cloned(),
             _ => None,
         };
+        let was = prev
+            .as_ref()
+            .and_then(|p| controller_uid(&p.object))
+            .map(str::to_owned);
+        let now = controller_uid(&object).map(str::to_owned);
+        if was != now {
+            if let Some(uid) = was {
+                self.unindex(res, uid, &key);
+            }
+            if let Some(uid) = now {
+                self.controlled
+                    .entry((res, uid))
+                    .or_default()
+                    .insert(key.clone());
+            }
+        }
         let entry = self.record(res, key.clone(), object, kind, prev);
         if let Some(table) = self.objects.get_mut(res) {
             table.insert(key, entry.clone());
         }
         entry
+    }
+
+    fn unindex(&mut self, res: ResId, uid: String, key: &ObjKey) {
+        let index = (res, uid);
+        if let Some(keys) = self.controlled.get_mut(&index) {
+            keys.remove(key);
+            if keys.is_empty() {
+                self.controlled.remove(&index);
+            }
+        }
     }
 
     /// Stamps the object with a new resourceVersion and appends the event.
@@ -372,6 +422,18 @@ impl Inner {
         }));
         entry
     }
+}
+
+/// The UID in an object's controller reference (`ownerReferences[?(@.controller)].uid`).
+fn controller_uid(object: &Value) -> Option<&str> {
+    object
+        .get("metadata")?
+        .get("ownerReferences")?
+        .as_array()?
+        .iter()
+        .find(|r| r.get("controller").and_then(Value::as_bool) == Some(true))?
+        .get("uid")?
+        .as_str()
 }
 
 /// A position in the event log.
@@ -430,6 +492,50 @@ mod tests {
 
     fn obj(name: &str) -> Value {
         json!({"metadata": {"name": name, "namespace": "ns"}})
+    }
+
+    #[test]
+    fn objects_are_found_by_their_controller_as_owner_references_change() {
+        let owned = |name: &str, ns: &str, uid: &str, controller: bool| {
+            json!({"metadata": {"name": name, "namespace": ns,
+                "ownerReferences": [{"uid": uid, "controller": controller}]}})
+        };
+        let names = |s: &Store, ns: &str, uid: &str| -> Vec<String> {
+            s.list_controlled(0, ns, uid)
+                .iter()
+                .map(|e| e.object["metadata"]["name"].as_str().unwrap().to_owned())
+                .collect()
+        };
+        let s = Store::new(2, 100);
+        s.create(0, ObjKey::new("ns", "b"), owned("b", "ns", "rs1", true))
+            .unwrap();
+        s.create(0, ObjKey::new("ns", "a"), owned("a", "ns", "rs1", true))
+            .unwrap();
+        s.create(
+            0,
+            ObjKey::new("other", "c"),
+            owned("c", "other", "rs1", true),
+        )
+        .unwrap();
+        // An owner that is not the controller, and another resource, do not count.
+        s.create(0, ObjKey::new("ns", "d"), owned("d", "ns", "rs1", false))
+            .unwrap();
+        s.create(1, ObjKey::new("ns", "e"), owned("e", "ns", "rs1", true))
+            .unwrap();
+        assert_eq!(names(&s, "ns", "rs1"), ["a", "b"]);
+        // Released (orphaned) and adopted by another controller.
+        s.replace(
+            0,
+            ObjKey::new("ns", "a"),
+            owned("a", "ns", "rs2", true),
+            None,
+        )
+        .unwrap();
+        assert_eq!(names(&s, "ns", "rs1"), ["b"]);
+        assert_eq!(names(&s, "ns", "rs2"), ["a"]);
+        s.remove(0, &ObjKey::new("ns", "b"), None).unwrap();
+        assert!(names(&s, "ns", "rs1").is_empty());
+        assert_eq!(names(&s, "other", "rs1"), ["c"]);
     }
 
     #[test]

@@ -391,18 +391,27 @@ async fn leases(shared: Arc<Shared>, stop: CancellationToken) {
     let leases: Api<Lease> = Api::namespaced(shared.client.clone(), "kube-node-lease");
     let nodes: Api<Node> = Api::all(shared.client.clone());
     let mut ticker = tokio::time::interval(shared.config.lease_renew);
+    // The lease each node last wrote: renewed by one update, as the kubelet's lease controller
+    // does, read back only when that update fails (a conflict, the lease gone).
+    let mut latest: HashMap<String, Lease> = HashMap::new();
     loop {
         tokio::select! {
             () = stop.cancelled() => return,
             _ = ticker.tick() => {}
         }
         for n in &shared.config.nodes {
-            renew(&leases, &nodes, n, &shared.config).await;
+            renew(&leases, &nodes, n, &shared.config, &mut latest).await;
         }
     }
 }
 
-async fn renew(leases: &Api<Lease>, nodes: &Api<Node>, n: &SimNode, config: &SimKubeletConfig) {
+async fn renew(
+    leases: &Api<Lease>,
+    nodes: &Api<Node>,
+    n: &SimNode,
+    config: &SimKubeletConfig,
+    latest: &mut HashMap<String, Lease>,
+) {
     let now = MicroTime(Timestamp::now());
     let Ok(node) = nodes.get(&n.name).await else {
         return;
@@ -415,17 +424,32 @@ async fn renew(leases: &Api<Lease>, nodes: &Api<Node>, n: &SimNode, config: &Sim
         "spec": {"holderIdentity": n.name, "leaseDurationSeconds": config.lease_duration_seconds, "renewTime": now},
     }));
     let Ok(lease) = lease else { return };
-    match leases.get_opt(&n.name).await {
-        Ok(Some(mut existing)) => {
-            existing.spec = lease.spec;
-            let _ = leases
-                .replace(&n.name, &PostParams::default(), &existing)
-                .await;
+    let renewed = match latest.remove(&n.name) {
+        Some(mut known) => {
+            known.spec = lease.spec.clone();
+            leases
+                .replace(&n.name, &PostParams::default(), &known)
+                .await
+                .ok()
         }
-        Ok(None) => {
-            let _ = leases.create(&PostParams::default(), &lease).await;
-        }
-        Err(_) => return,
+        None => None,
+    };
+    let renewed = match renewed {
+        Some(l) => Some(l),
+        None => match leases.get_opt(&n.name).await {
+            Ok(Some(mut existing)) => {
+                existing.spec = lease.spec;
+                leases
+                    .replace(&n.name, &PostParams::default(), &existing)
+                    .await
+                    .ok()
+            }
+            Ok(None) => leases.create(&PostParams::default(), &lease).await.ok(),
+            Err(_) => return,
+        },
+    };
+    if let Some(l) = renewed {
+        latest.insert(n.name.clone(), l);
     }
     // Back from an outage: report Ready again, as a kubelet does on its next status update.
     let ready = node

@@ -11,7 +11,7 @@ use super::super::meta;
 use super::super::resources::ids;
 use super::super::rest::DeleteOptions;
 use super::super::store::ObjKey;
-use super::{controller_of, create, delete, modify, pod_from_template, run_loop};
+use super::{create, delete, modify, pod_from_template, run_loop};
 
 pub(super) async fn run(state: Arc<State>, stop: CancellationToken) {
     run_loop(state, stop, Duration::from_secs(10), ReplicaSets).await;
@@ -40,12 +40,12 @@ pub(super) fn is_ready(pod: &Value) -> bool {
 
 /// Pods controlled by the object with `uid` in `namespace`.
 pub(super) fn owned_pods(state: &State, namespace: &str, uid: &str) -> Vec<Arc<Value>> {
-    let (pods, _, _) = state
+    state
         .store
-        .list(*ids::PODS, Some(namespace), None, None, |e| {
-            controller_of(&e.object).is_some_and(|(_, _, u)| u == uid)
-        });
-    pods.into_iter().map(|e| e.object).collect()
+        .list_controlled(*ids::PODS, namespace, uid)
+        .into_iter()
+        .map(|e| e.object)
+        .collect()
 }
 
 async fn reconcile(state: &State, key: &ObjKey) {

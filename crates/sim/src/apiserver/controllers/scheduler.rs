@@ -3,17 +3,22 @@
 //! node's room (never a re-list), preferring the least allocated node; pods that fit nowhere get `PodScheduled=False/Unschedulable` with
 //! kube-scheduler's message and are retried when the cluster changes. Like kube-scheduler it
 //! records a `Scheduled` event on binding and a `FailedScheduling` warning when the reason a
-//! pod cannot be placed changes.
+//! pod cannot be placed changes. A pod that could not be placed waits out kube-scheduler's
+//! back-off (1 s, doubling per attempt, at most 10 s) before it is tried again, so a large
+//! backlog of pods that fit nowhere does not cost every later change a pass over all of them
+//! (nor each extender a call per pod per change). Extender calls reuse one kept-alive
+//! connection per extender, as kube-scheduler's HTTP client does.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{Node, Pod};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
 use super::super::State;
+use super::super::client::Connections;
 use super::super::meta;
 use super::super::resources::ids;
 use super::super::store::{Event, EventType, ObjKey};
@@ -22,7 +27,20 @@ use super::volumes::{self, PodVolumes};
 use super::{Reconciler, create, modify, run_loop};
 
 pub(super) async fn run(state: Arc<State>, stop: CancellationToken) {
-    run_loop(state, stop, Duration::from_secs(5), Scheduler::new()).await;
+    // Ticks often enough that a pod whose back-off ran out is retried without waiting for
+    // the next change; a tick costs nothing while every pending pod is backing off.
+    run_loop(state, stop, Duration::from_secs(1), Scheduler::new()).await;
+}
+
+/// kube-scheduler's defaults: `podInitialBackoffSeconds` and `podMaxBackoffSeconds`.
+const INITIAL_BACKOFF: Duration = Duration::from_secs(1);
+const MAX_BACKOFF: Duration = Duration::from_secs(10);
+
+/// The back-off after `attempts` failed attempts: 1 s doubling, at most 10 s.
+fn backoff(attempts: u32) -> Duration {
+    INITIAL_BACKOFF
+        .saturating_mul(1_u32 << attempts.saturating_sub(1).min(8))
+        .min(MAX_BACKOFF)
 }
 
 /// The outcome of the built-in filters for a pod.
@@ -38,6 +56,10 @@ struct Feasible {
 struct Scheduler {
     model: Room,
     pending: BTreeSet<ObjKey>,
+    /// Pods that failed to be placed: failed attempts and when the back-off ends.
+    backing_off: HashMap<ObjKey, (u32, Instant)>,
+    /// Kept-alive connections to the extenders.
+    connections: Connections,
 }
 
 impl Scheduler {
@@ -45,7 +67,22 @@ impl Scheduler {
         Self {
             model: Room::default(),
             pending: BTreeSet::new(),
+            backing_off: HashMap::new(),
+            connections: Connections::default(),
         }
+    }
+
+    /// Stops tracking a pod that no longer waits to be scheduled.
+    fn forget(&mut self, key: &ObjKey) {
+        self.pending.remove(key);
+        self.backing_off.remove(key);
+    }
+
+    /// Records a failed attempt: the pod is not tried again before its back-off ends.
+    fn failed(&mut self, key: &ObjKey) {
+        let attempts = self.backing_off.get(key).map_or(0, |(a, _)| *a) + 1;
+        self.backing_off
+            .insert(key.clone(), (attempts, Instant::now() + backoff(attempts)));
     }
 
     fn observe(&mut self, res: usize, key: &ObjKey, obj: Option<&Value>) {
@@ -63,30 +100,40 @@ impl Scheduler {
                     if wants_scheduling(o) {
                         self.pending.insert(key.clone());
                     } else {
-                        self.pending.remove(key);
+                        self.forget(key);
                     }
                 }
                 None => {
                     self.model.remove_pod(&key.namespace, &key.name);
-                    self.pending.remove(key);
+                    self.forget(key);
                 }
             }
         }
     }
 
     async fn schedule_pending(&mut self, state: &State) {
-        let keys: Vec<ObjKey> = self.pending.iter().cloned().collect();
+        let now = Instant::now();
+        let keys: Vec<ObjKey> = self
+            .pending
+            .iter()
+            .filter(|k| {
+                self.backing_off
+                    .get(*k)
+                    .is_none_or(|(_, until)| *until <= now)
+            })
+            .cloned()
+            .collect();
         for key in keys {
             let Some(entry) = state.store.get(*ids::PODS, &key) else {
-                self.pending.remove(&key);
+                self.forget(&key);
                 continue;
             };
             if !wants_scheduling(&entry.object) {
-                self.pending.remove(&key);
+                self.forget(&key);
                 continue;
             }
             let Ok(pod) = serde_json::from_value::<Pod>((*entry.object).clone()) else {
-                self.pending.remove(&key);
+                self.forget(&key);
                 continue;
             };
             match self.place(state, &pod, &entry.object).await {
@@ -95,23 +142,24 @@ impl Scheduler {
                         "Successfully assigned {}/{} to {node}",
                         key.namespace, key.name
                     );
-                    let bound = match bind(state, &key, &entry.object, &node).await {
-                        Ok(()) => true,
-                        Err(Some(error)) => {
-                            if mark_not_scheduled(state, &key, "SchedulerError", &error) {
-                                record_event(
-                                    state,
-                                    &entry.object,
-                                    "Warning",
-                                    "FailedScheduling",
-                                    &error,
-                                )
-                                .await;
+                    let bound =
+                        match bind(state, &self.connections, &key, &entry.object, &node).await {
+                            Ok(()) => true,
+                            Err(Some(error)) => {
+                                if mark_not_scheduled(state, &key, "SchedulerError", &error) {
+                                    record_event(
+                                        state,
+                                        &entry.object,
+                                        "Warning",
+                                        "FailedScheduling",
+                                        &error,
+                                    )
+                                    .await;
+                                }
+                                false
                             }
-                            false
-                        }
-                        Err(None) => false,
-                    };
+                            Err(None) => false,
+                        };
                     if bound {
                         let mut bound = pod;
                         if let Some(spec) = bound.spec.as_mut() {
@@ -119,11 +167,14 @@ impl Scheduler {
                         }
                         // Reserve now; the binding's own event arrives later.
                         self.model.apply_pod(&bound);
-                        self.pending.remove(&key);
+                        self.forget(&key);
                         record_event(state, &entry.object, "Normal", "Scheduled", &message).await;
+                    } else {
+                        self.failed(&key);
                     }
                 }
                 Err(message) => {
+                    self.failed(&key);
                     if mark_not_scheduled(state, &key, "Unschedulable", &message) {
                         record_event(
                             state,
@@ -203,7 +254,7 @@ impl Scheduler {
                 break;
             }
             let names: Vec<String> = candidates.iter().map(|(n, _)| n.clone()).collect();
-            match filter(state, ext, pod_json, &names).await {
+            match filter(state, &self.connections, ext, pod_json, &names).await {
                 Ok((kept, failed)) => {
                     candidates.retain(|(n, _)| kept.contains(n));
                     for reason in failed.values() {
@@ -239,7 +290,7 @@ impl Scheduler {
         let mut scores: BTreeMap<String, i128> = candidates.iter().cloned().collect();
         for ext in extenders.iter().filter(|e| e.prioritize_verb.is_some()) {
             let names: Vec<String> = scores.keys().cloned().collect();
-            match prioritize(state, ext, pod_json, &names).await {
+            match prioritize(state, &self.connections, ext, pod_json, &names).await {
                 // Extender scores are 0..=10; kube-scheduler scales them to node scores (x10).
                 Ok(list) => {
                     for (host, score) in list {
@@ -294,6 +345,7 @@ fn extender_args(
 
 /// Calls one verb of an extender.
 async fn call_extender(
+    connections: &Connections,
     ext: &super::SchedulerExtender,
     verb: &str,
     args: &Value,
@@ -307,7 +359,7 @@ async fn call_extender(
     let body = serde_json::to_vec(args).map_err(|e| e.to_string())?;
     let reply = tokio::time::timeout(
         Duration::from_secs(30),
-        super::super::client::post_json_with(
+        connections.post_json(
             &url,
             &host,
             ext.ca_pem.as_deref(),
@@ -325,12 +377,19 @@ async fn call_extender(
 
 async fn filter(
     state: &State,
+    connections: &Connections,
     ext: &super::SchedulerExtender,
     pod: &Value,
     names: &[String],
 ) -> Result<(BTreeSet<String>, BTreeMap<String, String>), String> {
     let verb = ext.filter_verb.as_deref().unwrap_or("filter");
-    let result = call_extender(ext, verb, &extender_args(state, ext, pod, names)).await?;
+    let result = call_extender(
+        connections,
+        ext,
+        verb,
+        &extender_args(state, ext, pod, names),
+    )
+    .await?;
     if let Some(err) = field(&result, "error")
         .and_then(Value::as_str)
         .filter(|e| !e.is_empty())
@@ -373,12 +432,19 @@ async fn filter(
 
 async fn prioritize(
     state: &State,
+    connections: &Connections,
     ext: &super::SchedulerExtender,
     pod: &Value,
     names: &[String],
 ) -> Result<Vec<(String, i64)>, String> {
     let verb = ext.prioritize_verb.as_deref().unwrap_or("prioritize");
-    let result = call_extender(ext, verb, &extender_args(state, ext, pod, names)).await?;
+    let result = call_extender(
+        connections,
+        ext,
+        verb,
+        &extender_args(state, ext, pod, names),
+    )
+    .await?;
     Ok(result
         .as_array()
         .into_iter()
@@ -405,7 +471,13 @@ fn field<'v>(value: &'v Value, name: &str) -> Option<&'v Value> {
 /// Binds a pod to `node`: through the first extender with a bind verb, or directly. `Err(Some)`
 /// is a failure to report on the pod (the extender's error); `Err(None)` a failed direct write,
 /// retried quietly.
-async fn bind(state: &State, key: &ObjKey, pod: &Value, node: &str) -> Result<(), Option<String>> {
+async fn bind(
+    state: &State,
+    connections: &Connections,
+    key: &ObjKey,
+    pod: &Value,
+    node: &str,
+) -> Result<(), Option<String>> {
     for ext in state.scheduler_extenders() {
         let Some(verb) = ext.bind_verb.as_deref().filter(|_| ext.is_interested(pod)) else {
             continue;
@@ -413,7 +485,7 @@ async fn bind(state: &State, key: &ObjKey, pod: &Value, node: &str) -> Result<()
         // kube-scheduler's ExtenderBindingArgs, Go field names as keys.
         let args = json!({"PodName": key.name, "PodNamespace": key.namespace,
             "PodUID": pod.pointer("/metadata/uid").cloned().unwrap_or(Value::Null), "Node": node});
-        let outcome = match call_extender(&ext, verb, &args).await {
+        let outcome = match call_extender(connections, &ext, verb, &args).await {
             Ok(result) => match field(&result, "error")
                 .and_then(Value::as_str)
                 .filter(|e| !e.is_empty())
@@ -567,5 +639,17 @@ impl Reconciler for Scheduler {
         if relevant && !self.pending.is_empty() {
             self.schedule_pending(state).await;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_pod_that_failed_backs_off_as_kube_scheduler_does() {
+        let secs: Vec<u64> = (1..=6).map(|a| backoff(a).as_secs()).collect();
+        assert_eq!(secs, [1, 2, 4, 8, 10, 10]);
+        assert_eq!(backoff(u32::MAX), MAX_BACKOFF);
     }
 }
