@@ -36,6 +36,10 @@ enum Bench {
     /// Three lower clusters with fragmented free room and a burst of mixed-size pods, with and
     /// without the descheduler and the scheduler extender.
     Fragmentation(crate::fragmentation::FragmentationArgs),
+    /// The scheduler extender's decisions alone, in this process, on the fragmentation
+    /// benchmark's fleet: filter, prioritize and bind latency and CPU, without HTTP or API
+    /// servers.
+    Extender(crate::extender_bench::ExtenderBenchArgs),
     /// Two virtual-node replicas with --leader-elect; the leader is killed in the middle of a
     /// burst: takeover time, and no pod lost, duplicated or deleted.
     Failover(crate::failover::FailoverArgs),
@@ -96,6 +100,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
     match args.what {
         Bench::Offload(a) => offload(a).await,
         Bench::Fragmentation(a) => crate::fragmentation::run(a).await,
+        Bench::Extender(a) => crate::extender_bench::run(a).await,
         Bench::Failover(a) => crate::failover::run(a).await,
         Bench::Faults(a) => crate::faults::run(a).await,
         Bench::HostileBodies(a) => crate::hostile::run(a).await,

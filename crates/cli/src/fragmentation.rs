@@ -73,13 +73,23 @@ fn cluster(prefix: &str, count: usize, cpu: &str) -> Vec<SimNode> {
 
 /// The lower clusters' nodes.
 fn fleet(args: &FragmentationArgs) -> Vec<Vec<SimNode>> {
-    let clusters = usize::from(args.lower_clusters);
-    match args.nodes_per_cluster {
+    fleet_of(args.lower_clusters, args.nodes_per_cluster, args.pods)
+}
+
+/// `clusters` lower clusters of `nodes_per_cluster` nodes each (see [`FragmentationArgs`]),
+/// or the three-cluster shape sized for `pods`.
+pub(crate) fn fleet_of(
+    clusters: u16,
+    nodes_per_cluster: Option<usize>,
+    pods: usize,
+) -> Vec<Vec<SimNode>> {
+    let clusters = usize::from(clusters);
+    match nodes_per_cluster {
         // 180, 120 and 180 CPU in sum, in nodes of 2, 3 and 6 CPU (per 500 pods). Upstairs the
         // first looks at least as roomy as any other (and wins ties by name), yet a 2.5-CPU pod
         // fits none of its nodes: the upper scheduler, which sees sums, sends big pods there.
         None => {
-            let n = |base: usize| (base * args.pods).div_ceil(500).max(1);
+            let n = |base: usize| (base * pods).div_ceil(500).max(1);
             let shapes = [(n(90), "2"), (n(40), "3"), (n(30), "6")];
             (0..clusters)
                 .map(|i| {
@@ -104,7 +114,11 @@ fn fleet(args: &FragmentationArgs) -> Vec<Vec<SimNode>> {
 /// The pods to create downstairs before the burst: (node, CPU request in millicores), spread
 /// over the nodes by their size, filling each to `fill` of its CPU but leaving at least 0.25,
 /// 0.75, 1.25 or 2 CPU free in turn.
-fn running_pods(fleet: &[Vec<SimNode>], total: usize, fill: f64) -> Vec<Vec<(String, i64)>> {
+pub(crate) fn running_pods(
+    fleet: &[Vec<SimNode>],
+    total: usize,
+    fill: f64,
+) -> Vec<Vec<(String, i64)>> {
     let millis = |n: &SimNode| {
         n.resources
             .get("cpu")
@@ -142,7 +156,7 @@ fn running_pods(fleet: &[Vec<SimNode>], total: usize, fill: f64) -> Vec<Vec<(Str
 }
 
 /// The burst: (name, CPU request, pods, as a Job).
-fn workloads(pods: usize) -> Vec<(&'static str, &'static str, usize, bool)> {
+pub(crate) fn workloads(pods: usize) -> Vec<(&'static str, &'static str, usize, bool)> {
     let small = pods * 6 / 10;
     let medium = pods * 3 / 10;
     vec![

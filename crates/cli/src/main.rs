@@ -6,6 +6,8 @@ mod bench;
 mod common;
 mod descheduler;
 #[cfg(feature = "sandbox")]
+mod extender_bench;
+#[cfg(feature = "sandbox")]
 mod failover;
 #[cfg(feature = "sandbox")]
 mod faults;

@@ -125,6 +125,18 @@ struct NodeFree {
     room: ResourceVector,
 }
 
+/// A counted node with its room, for the fit predicates.
+fn counted_view<'a>(name: &'a str, entry: &'a NodeEntry) -> Option<NodeView<'a>> {
+    let state = entry.state.as_ref()?;
+    Some(NodeView {
+        name,
+        labels: &state.labels,
+        taints: &state.taints,
+        unschedulable: state.unschedulable,
+        free: &entry.free.as_ref()?.room,
+    })
+}
+
 /// What a bound pod takes from its node.
 #[derive(Debug, Clone)]
 struct PodEntry {
@@ -370,17 +382,15 @@ impl CapacityModel {
     /// The counted nodes (Ready and schedulable) with their room, for running the fit
     /// predicates.
     pub fn nodes(&self) -> impl Iterator<Item = NodeView<'_>> + '_ {
-        self.nodes.iter().filter_map(|(name, entry)| {
-            let state = entry.state.as_ref()?;
-            let free = &entry.free.as_ref()?.room;
-            Some(NodeView {
-                name,
-                labels: &state.labels,
-                taints: &state.taints,
-                unschedulable: state.unschedulable,
-                free,
-            })
-        })
+        self.nodes
+            .iter()
+            .filter_map(|(name, entry)| counted_view(name, entry))
+    }
+
+    /// One counted node, as [`Self::nodes`] gives it; `None` if it is unknown or not counted.
+    pub fn node(&self, name: &str) -> Option<NodeView<'_>> {
+        let (name, entry) = self.nodes.get_key_value(name)?;
+        counted_view(name, entry)
     }
 
     /// Every Ready node, cordoned ones included, with its room: what a scheduler runs its

@@ -20,7 +20,8 @@
 //! remaining room it takes. 10 means the pod fills what is left (best fit, no fragmentation);
 //! near 0 a small pod on a large, empty node.
 
-use std::collections::{BTreeMap, HashMap};
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::Instant;
 
 use k8s_openapi::api::core::v1::{Affinity, Node, Pod, Toleration};
@@ -111,20 +112,6 @@ pub fn spread_score(free: &ResourceVector) -> i128 {
         + free.get(RESOURCE_PODS) / 1_000_000_000 * 300
 }
 
-/// Of `(name, raw score)` candidates, the one a scheduler picks when it normalizes the scores
-/// to 0..=100 against the largest: the highest normalized score, the first name among equals.
-pub fn pick_most_free<'n>(
-    candidates: impl IntoIterator<Item = (&'n str, i128)>,
-) -> Option<&'n str> {
-    let candidates: Vec<(&str, i128)> = candidates.into_iter().collect();
-    let max = candidates.iter().map(|(_, s)| *s).max().unwrap_or(0).max(1);
-    candidates
-        .iter()
-        .map(|(n, s)| (*n, s * 100 / max))
-        .max_by(|a, b| a.1.cmp(&b.1).then_with(|| b.0.cmp(a.0)))
-        .map(|(n, _)| n)
-}
-
 /// A simulated copy of a lower cluster's free room: what simulated placements took from the
 /// counted nodes of a [`CapacityModel`]. It holds only the nodes something was placed on, so it
 /// is cheap to keep and to extend while the model does not change (see
@@ -135,6 +122,11 @@ pub struct Room {
     taken: BTreeMap<String, ResourceVector>,
     /// How many demands were placed.
     placed: usize,
+    /// The counted nodes by [`spread_score`], highest first, then by name: the lower scheduler
+    /// puts a pod on the first of them it fits. Built at the first placement and kept in step,
+    /// so that placing hundreds of pending pods and reservations does not scan every node for
+    /// each.
+    order: Option<BTreeSet<(Reverse<i128>, String)>>,
 }
 
 impl Room {
@@ -148,10 +140,15 @@ impl Room {
         &'a self,
         model: &'a CapacityModel,
     ) -> impl Iterator<Item = NodeView<'a>> + 'a {
-        model.nodes().map(|view| match self.taken.get(view.name) {
+        model.nodes().map(|view| self.over(view))
+    }
+
+    /// A counted node with its simulated free room.
+    fn over<'a>(&'a self, view: NodeView<'a>) -> NodeView<'a> {
+        match self.taken.get(view.name) {
             Some(free) => NodeView { free, ..view },
             None => view,
-        })
+        }
     }
 
     /// How many demands were placed.
@@ -159,25 +156,27 @@ impl Room {
         self.placed
     }
 
-    /// Places `demand` where the lower scheduler would (see [`spread_score`]) and takes its
-    /// usage from that node, which it returns; `None`, and nothing taken, when it fits nowhere.
+    /// Places `demand` where the lower scheduler would and takes its usage from that node,
+    /// which it returns; `None`, and nothing taken, when it fits nowhere. The scheduler scores
+    /// the fitting nodes by [`spread_score`], normalized to 0..=100 against the highest, and
+    /// takes the highest, the first name among equals: only the highest raw score normalizes to
+    /// 100, so that is the first fitting node in score order.
     pub fn place(&mut self, model: &CapacityModel, demand: &Demand) -> Option<String> {
-        let requirements = demand.requirements();
-        let (chosen, free) = {
-            let fitting: Vec<(&str, i128)> = self
+        let asks = Asks::new(demand);
+        if self.order.is_none() {
+            let order = self
                 .nodes(model)
-                .filter(|view| requirements.check(view).is_ok())
-                .map(|view| (view.name, spread_score(view.free)))
+                .map(|view| (Reverse(spread_score(view.free)), view.name.to_owned()))
                 .collect();
-            let chosen = pick_most_free(fitting)?.to_owned();
-            let free = self
-                .nodes(model)
-                .find(|v| v.name == chosen)
-                .map(|v| v.free.clone())?;
-            (chosen, free)
-        };
+            self.order = Some(order);
+        }
+        let (score, chosen, free) = self.order.as_ref()?.iter().find_map(|(score, name)| {
+            let view = self.over(model.node(name)?);
+            asks.fits(&view)
+                .then(|| (*score, name.clone(), view.free.clone()))
+        })?;
         let usage = demand.usage();
-        let free = free
+        let free: ResourceVector = free
             .iter()
             .map(|(resource, amount)| {
                 (
@@ -186,19 +185,88 @@ impl Room {
                 )
             })
             .collect();
+        if let Some(order) = self.order.as_mut() {
+            order.remove(&(score, chosen.clone()));
+            order.insert((Reverse(spread_score(&free)), chosen.clone()));
+        }
         self.taken.insert(chosen.clone(), free);
         self.placed += 1;
         Some(chosen)
     }
 }
 
-/// How tightly a pod with `requests` fits a node with `free` room (it must fit): the mean share
-/// of the remaining room it takes, over the resources it requests (cpu, memory,
-/// ephemeral-storage and scalar resources; its pod slot when it requests none of them).
-/// 1.0 fills the node.
-pub fn tightness(requests: &ResourceVector, free: &ResourceVector) -> f64 {
-    let rounded = requests.scheduler_rounded();
-    let shares: Vec<f64> = rounded
+/// What a demand asks of a node, worked out once per scan instead of once per node: a scan
+/// covers every node of a cluster, and a fleet has thousands. [`Asks::fits`] answers what
+/// [`PodRequirements::check`] would, without building reasons.
+struct Asks<'d> {
+    requirements: PodRequirements<'d>,
+    /// No nodeSelector and no required node affinity: only a node's cordon or taints can
+    /// refuse it for something other than room.
+    unconstrained: bool,
+    /// The amounts [`crate::fit::check_resources`] compares: one pod slot; cpu, memory and
+    /// ephemeral-storage when requested; scalar resources when not zero; rounded as the
+    /// scheduler rounds them.
+    fit: Vec<(String, i128)>,
+    /// The amounts [`tightness`] averages over.
+    tight: Vec<(String, i128)>,
+}
+
+impl<'d> Asks<'d> {
+    fn new(demand: &'d Demand) -> Self {
+        let requirements = demand.requirements();
+        let rounded = requirements.requests.scheduler_rounded();
+        let mut fit = vec![(RESOURCE_PODS.to_owned(), POD_SLOT)];
+        for name in [RESOURCE_CPU, RESOURCE_MEMORY, RESOURCE_EPHEMERAL_STORAGE] {
+            let amount = rounded.get(name);
+            if amount > 0 {
+                fit.push((name.to_owned(), amount));
+            }
+        }
+        fit.extend(
+            rounded
+                .iter()
+                .filter(|(name, amount)| *amount != 0 && is_scalar_resource_name(name))
+                .map(|(name, amount)| (name.to_owned(), amount)),
+        );
+        let constraints = &requirements.constraints;
+        let unconstrained = constraints.node_selector.is_none_or(BTreeMap::is_empty)
+            && constraints
+                .affinity
+                .and_then(|a| a.node_affinity.as_ref())
+                .and_then(|n| {
+                    n.required_during_scheduling_ignored_during_execution
+                        .as_ref()
+                })
+                .is_none();
+        Self {
+            unconstrained,
+            fit,
+            tight: tight_amounts(&rounded),
+            requirements,
+        }
+    }
+
+    /// Whether the demand fits the node.
+    fn fits(&self, view: &NodeView<'_>) -> bool {
+        let constrained = !self.unconstrained || view.unschedulable || !view.taints.is_empty();
+        if constrained && !self.requirements.constraints.check(view).is_empty() {
+            return false;
+        }
+        self.fit
+            .iter()
+            .all(|(name, amount)| *amount <= view.free.get(name))
+    }
+
+    /// [`tightness`] on a node with `free` room.
+    fn tightness(&self, free: &ResourceVector) -> f64 {
+        tightness_of(&self.tight, free)
+    }
+}
+
+/// Of scheduler-rounded requests, those [`tightness`] averages over: cpu, memory,
+/// ephemeral-storage and scalar resources, when requested.
+fn tight_amounts(rounded: &ResourceVector) -> Vec<(String, i128)> {
+    rounded
         .iter()
         .filter(|(name, amount)| {
             *amount > 0
@@ -207,12 +275,27 @@ pub fn tightness(requests: &ResourceVector, free: &ResourceVector) -> f64 {
                     RESOURCE_CPU | RESOURCE_MEMORY | RESOURCE_EPHEMERAL_STORAGE
                 ) || is_scalar_resource_name(name))
         })
-        .map(|(name, amount)| share(amount, free.get(name)))
-        .collect();
-    if shares.is_empty() {
+        .map(|(name, amount)| (name.to_owned(), amount))
+        .collect()
+}
+
+fn tightness_of(tight: &[(String, i128)], free: &ResourceVector) -> f64 {
+    if tight.is_empty() {
         return share(POD_SLOT, free.get(RESOURCE_PODS));
     }
-    shares.iter().sum::<f64>() / shares.len() as f64
+    let sum: f64 = tight
+        .iter()
+        .map(|(name, amount)| share(*amount, free.get(name)))
+        .sum();
+    sum / tight.len() as f64
+}
+
+/// How tightly a pod with `requests` fits a node with `free` room (it must fit): the mean share
+/// of the remaining room it takes, over the resources it requests (cpu, memory,
+/// ephemeral-storage and scalar resources; its pod slot when it requests none of them).
+/// 1.0 fills the node.
+pub fn tightness(requests: &ResourceVector, free: &ResourceVector) -> f64 {
+    tightness_of(&tight_amounts(&requests.scheduler_rounded()), free)
 }
 
 fn share(used: i128, free: i128) -> f64 {
@@ -475,21 +558,17 @@ impl LowerCluster {
     /// Whether cluster `id` can take the pod with `demand` on a single node of `room` (a room
     /// of this cluster at its current generation, with what is promised already placed).
     pub fn judge(&self, id: &str, room: &Room, demand: &Demand) -> Verdict {
-        let requirements = demand.requirements();
+        let asks = Asks::new(demand);
         let mut total = 0usize;
-        let mut unfit: Vec<Vec<Unfit>> = Vec::new();
         let mut best: Option<(f64, &str)> = None;
         for view in room.nodes(&self.model) {
             total += 1;
-            match requirements.check(&view) {
-                Ok(()) => {
-                    let t = tightness(&requirements.requests, view.free);
-                    // The tightest; the first name among equals.
-                    if best.is_none_or(|(b, _)| t > b) {
-                        best = Some((t, view.name));
-                    }
+            if asks.fits(&view) {
+                let t = asks.tightness(view.free);
+                // The tightest; the first name among equals.
+                if best.is_none_or(|(b, _)| t > b) {
+                    best = Some((t, view.name));
                 }
-                Err(reasons) => unfit.push(reasons),
             }
         }
         if let Some((t, node)) = best {
@@ -504,6 +583,11 @@ impl LowerCluster {
                 unresolvable: false,
             };
         }
+        // It fits nowhere: only now are the reasons worked out, node by node, for the message.
+        let unfit: Vec<Vec<Unfit>> = room
+            .nodes(&self.model)
+            .filter_map(|view| asks.requirements.check(&view).err())
+            .collect();
         let unresolvable = unfit.iter().all(|reasons| {
             reasons
                 .iter()
@@ -524,6 +608,71 @@ impl LowerCluster {
             unresolvable,
         }
     }
+
+    /// Whether cluster `id` can take the pod with `demand`, after its pending lower pods and
+    /// its [`Reservations`] (except the pod `except`'s own) took their room, using and keeping
+    /// up `memo`, the room and verdicts of earlier requests.
+    pub fn verdict(
+        &self,
+        id: &str,
+        reservations: &Reservations,
+        except: Option<&str>,
+        demand: &Demand,
+        memo: &mut Option<RoomMemo>,
+    ) -> Verdict {
+        if except.is_some_and(|uid| reservations.holds(uid, id)) {
+            // Judged without its own reservation: a room of its own, not kept.
+            return self.evaluate(id, reservations.of_cluster(id, except), demand);
+        }
+        let (generation, removals) = (self.generation, reservations.removals(id));
+        let memo = match memo {
+            Some(m) if m.generation == generation && m.removals == removals => m,
+            _ => memo.insert(RoomMemo {
+                generation,
+                removals,
+                last: 0,
+                room: self.room(),
+                verdicts: Vec::new(),
+            }),
+        };
+        let mut placed = false;
+        for (seq, _, reserved) in reservations.after(id, memo.last) {
+            memo.room.place(&self.model, reserved);
+            memo.last = seq;
+            placed = true;
+        }
+        if placed {
+            memo.verdicts.clear();
+        }
+        if let Some((_, verdict)) = memo.verdicts.iter().find(|(d, _)| d == demand) {
+            return verdict.clone();
+        }
+        let verdict = self.judge(id, &memo.room, demand);
+        if memo.verdicts.len() >= MEMO_VERDICTS {
+            memo.verdicts.remove(0);
+        }
+        memo.verdicts.push((demand.clone(), verdict.clone()));
+        verdict
+    }
+}
+
+/// How many verdicts a [`RoomMemo`] keeps.
+const MEMO_VERDICTS: usize = 32;
+
+/// A cluster's [`Room`] with its pending lower pods and reservations placed, kept from one
+/// request to the next while its generation holds and none of the reservations it placed went
+/// away (during a burst a request places only the reservations made since), with the verdicts
+/// it gave, by demand: the replicas of a workload ask the same, and `prioritize` asks what
+/// `filter` just asked.
+#[derive(Debug, Clone)]
+pub struct RoomMemo {
+    generation: u64,
+    /// [`Reservations::removals`] of the cluster when the room was made.
+    removals: u64,
+    /// The number of the last reservation placed.
+    last: u64,
+    room: Room,
+    verdicts: Vec<(Demand, Verdict)>,
 }
 
 /// A hash of a value's JSON: what changed, cheaply told apart.
@@ -623,10 +772,25 @@ pub struct Reservation {
     seq: u64,
 }
 
-/// The reservations, by upper pod UID.
+/// One cluster's reservations in order, and how many of them went away.
+#[derive(Debug, Clone, Default)]
+struct ClusterReservations {
+    /// Upper pod UIDs by reservation order.
+    by_seq: BTreeMap<u64, String>,
+    /// Counts releases, lapses and replacements: a room that placed the reservations stays
+    /// valid while this holds, and only later ones need placing (see [`RoomMemo`]).
+    removals: u64,
+}
+
+/// The reservations, by upper pod UID, kept per cluster in order and by expiry, so that no
+/// request scans the reservations of the whole fleet.
 #[derive(Debug, Clone, Default)]
 pub struct Reservations {
     by_uid: HashMap<String, Reservation>,
+    /// Never emptied of a cluster, so its removal count only grows.
+    clusters: HashMap<String, ClusterReservations>,
+    /// UIDs by expiry (then order), to lapse them from the front.
+    by_expiry: BTreeMap<(Instant, u64), String>,
     next: u64,
 }
 
@@ -639,60 +803,79 @@ impl Reservations {
     /// Reserves room in `cluster` for the upper pod `uid` until `expires` (replacing an earlier
     /// reservation of the same pod).
     pub fn reserve(&mut self, uid: &str, cluster: &str, demand: Demand, expires: Instant) {
+        self.release(uid);
         self.next += 1;
+        let seq = self.next;
+        self.clusters
+            .entry(cluster.to_owned())
+            .or_default()
+            .by_seq
+            .insert(seq, uid.to_owned());
+        self.by_expiry.insert((expires, seq), uid.to_owned());
         self.by_uid.insert(
             uid.to_owned(),
             Reservation {
                 cluster: cluster.to_owned(),
                 demand,
                 expires,
-                seq: self.next,
+                seq,
             },
         );
     }
 
     /// Releases the reservation of `uid`, returning it.
     pub fn release(&mut self, uid: &str) -> Option<Reservation> {
-        self.by_uid.remove(uid)
+        let reservation = self.by_uid.remove(uid)?;
+        if let Some(cluster) = self.clusters.get_mut(&reservation.cluster) {
+            cluster.by_seq.remove(&reservation.seq);
+            cluster.removals += 1;
+        }
+        self.by_expiry
+            .remove(&(reservation.expires, reservation.seq));
+        Some(reservation)
     }
 
     /// Releases every reservation that lapsed at `now`; returns their UIDs and clusters.
     pub fn expire(&mut self, now: Instant) -> Vec<(String, String)> {
-        let lapsed: Vec<String> = self
-            .by_uid
-            .iter()
-            .filter(|(_, r)| r.expires <= now)
-            .map(|(uid, _)| uid.clone())
-            .collect();
+        let mut lapsed = Vec::new();
+        while let Some(entry) = self.by_expiry.first_entry() {
+            if entry.key().0 > now {
+                break;
+            }
+            let uid = entry.remove();
+            if let Some(reservation) = self.release(&uid) {
+                lapsed.push((uid, reservation.cluster));
+            }
+        }
         lapsed
+    }
+
+    /// The reservations of `cluster` after the one numbered `after` (0: all of them), in
+    /// reservation order, with their numbers and upper pod UIDs.
+    pub fn after(&self, cluster: &str, after: u64) -> impl Iterator<Item = (u64, &str, &Demand)> {
+        self.clusters
+            .get(cluster)
             .into_iter()
-            .filter_map(|uid| self.by_uid.remove(&uid).map(|r| (uid, r.cluster)))
-            .collect()
+            .flat_map(move |c| c.by_seq.range(after.saturating_add(1)..))
+            .filter_map(|(seq, uid)| {
+                self.by_uid
+                    .get(uid)
+                    .map(|r| (*seq, uid.as_str(), &r.demand))
+            })
+    }
+
+    /// How many reservations of `cluster` went away so far (released, lapsed or replaced).
+    pub fn removals(&self, cluster: &str) -> u64 {
+        self.clusters.get(cluster).map_or(0, |c| c.removals)
     }
 
     /// The reserved demands of `cluster` in reservation order, leaving out the pod `except`
     /// (the one being judged must not count against itself).
     pub fn of_cluster(&self, cluster: &str, except: Option<&str>) -> Vec<&Demand> {
-        let mut list: Vec<(u64, &Demand)> = self
-            .by_uid
-            .iter()
-            .filter(|(uid, r)| r.cluster == cluster && Some(uid.as_str()) != except)
-            .map(|(_, r)| (r.seq, &r.demand))
-            .collect();
-        list.sort_by_key(|(seq, _)| *seq);
-        list.into_iter().map(|(_, d)| d).collect()
-    }
-
-    /// The reservations of `cluster` in reservation order, with their upper pod UIDs.
-    pub fn entries(&self, cluster: &str) -> Vec<(&str, &Demand)> {
-        let mut list: Vec<(u64, &str, &Demand)> = self
-            .by_uid
-            .iter()
-            .filter(|(_, r)| r.cluster == cluster)
-            .map(|(uid, r)| (r.seq, uid.as_str(), &r.demand))
-            .collect();
-        list.sort_by_key(|(seq, _, _)| *seq);
-        list.into_iter().map(|(_, uid, d)| (uid, d)).collect()
+        self.after(cluster, 0)
+            .filter(|(_, uid, _)| Some(*uid) != except)
+            .map(|(_, _, d)| d)
+            .collect()
     }
 
     /// Whether `uid` holds a reservation.
@@ -700,12 +883,14 @@ impl Reservations {
         self.by_uid.contains_key(uid)
     }
 
+    /// Whether `uid` holds a reservation in `cluster`.
+    pub fn holds(&self, uid: &str, cluster: &str) -> bool {
+        self.by_uid.get(uid).is_some_and(|r| r.cluster == cluster)
+    }
+
     /// How many reservations `cluster` holds.
     pub fn count(&self, cluster: &str) -> usize {
-        self.by_uid
-            .values()
-            .filter(|r| r.cluster == cluster)
-            .count()
+        self.clusters.get(cluster).map_or(0, |c| c.by_seq.len())
     }
 
     /// How many reservations there are.
@@ -1177,10 +1362,251 @@ mod tests {
 
     #[test]
     fn placements_pick_the_node_with_most_room_first_name_among_equals() {
-        assert_eq!(pick_most_free([("b", 100), ("a", 100)]), Some("a"));
-        assert_eq!(pick_most_free([("b", 0), ("a", 0)]), Some("a"));
-        assert_eq!(pick_most_free([("a", 50), ("b", 100)]), Some("b"));
-        assert_eq!(pick_most_free([]), None);
+        let c = cluster(&[("b", "4"), ("a", "4"), ("c", "1")]);
+        let cores = |cpu: &str| Demand::of_upper_pod(&pod("web", cpu, "0", json!({}))).unwrap();
+        let mut room = c.room();
+        let places: Vec<Option<String>> = (0..5).map(|_| c.place(&mut room, &cores("1"))).collect();
+        let names: Vec<Option<&str>> = places.iter().map(Option::as_deref).collect();
+        // a and b tie (a first), then b has more room, then they tie again; c has the least.
+        assert_eq!(
+            names,
+            [Some("a"), Some("b"), Some("a"), Some("b"), Some("a")]
+        );
+        assert_eq!(
+            c.place(&mut room, &cores("3")),
+            None,
+            "no node has 3 cores left"
+        );
+        assert_eq!(room.placed(), 5);
+    }
+
+    /// The lower scheduler's pick, the slow way: every node checked, the most room (by
+    /// [`spread_score`]) wins, the first name among equals.
+    fn reference_place(
+        free: &mut BTreeMap<String, ResourceVector>,
+        c: &LowerCluster,
+        demand: &Demand,
+    ) -> Option<String> {
+        let requirements = demand.requirements();
+        let chosen = c
+            .model()
+            .nodes()
+            .map(|view| match free.get(view.name) {
+                Some(f) => NodeView { free: f, ..view },
+                None => view,
+            })
+            .filter(|view| requirements.check(view).is_ok())
+            .map(|view| (spread_score(view.free), view.name.to_owned()))
+            .min_by(|a, b| b.0.cmp(&a.0).then_with(|| a.1.cmp(&b.1)))?
+            .1;
+        let current = c.model().node_free(&chosen).cloned().unwrap_or_default();
+        let current = free.get(&chosen).cloned().unwrap_or(current);
+        let usage = demand.usage();
+        let left = current
+            .iter()
+            .map(|(r, a)| (r.to_owned(), a.saturating_sub(usage.get(r)).max(0)))
+            .collect();
+        free.insert(chosen.clone(), left);
+        Some(chosen)
+    }
+
+    /// A demand of `cpu_milli` millicores, `gib` GiB, with or without the `zone=a` selector
+    /// and the `dedicated` toleration.
+    fn demand_of(cpu_milli: u32, gib: u32, zone_a: bool, tolerates: bool) -> Demand {
+        let mut selector = serde_json::Map::new();
+        if zone_a {
+            selector.insert("nodeSelector".into(), json!({"zone": "a"}));
+        }
+        if tolerates {
+            selector.insert(
+                "tolerations".into(),
+                json!([{"key": "dedicated", "operator": "Exists", "effect": "NoSchedule"}]),
+            );
+        }
+        let extra = if selector.is_empty() {
+            json!({})
+        } else {
+            json!({"metadata": {"annotations": {"clusterSelector": serde_json::Value::Object(selector).to_string()}}})
+        };
+        let p = pod("x", &format!("{cpu_milli}m"), &format!("{gib}Gi"), extra);
+        Demand::of_upper_pod(&p).unwrap()
+    }
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Node {
+            idx: u8,
+            cpu: u32,
+            gib: u32,
+            zone_a: bool,
+            tainted: bool,
+        },
+        Cordon(u8),
+        RemoveNode(u8),
+        Pending {
+            idx: u8,
+            cpu: u32,
+        },
+        Bind {
+            idx: u8,
+            node: u8,
+        },
+        RemovePod(u8),
+        Reserve {
+            idx: u8,
+            cpu: u32,
+            gib: u32,
+            zone_a: bool,
+        },
+        Release(u8),
+        Judge {
+            cpu: u32,
+            gib: u32,
+            zone_a: bool,
+            tolerates: bool,
+            except: Option<u8>,
+        },
+    }
+
+    fn op_strategy() -> impl proptest::strategy::Strategy<Value = Op> {
+        use proptest::prelude::*;
+        prop_oneof![
+            2 => (0u8..6, 0u32..8_000, 0u32..16, any::<bool>(), prop::bool::weighted(0.2))
+                .prop_map(|(idx, cpu, gib, zone_a, tainted)| Op::Node { idx, cpu, gib, zone_a, tainted }),
+            1 => (0u8..6).prop_map(Op::Cordon),
+            1 => (0u8..6).prop_map(Op::RemoveNode),
+            2 => (0u8..10, 0u32..3_000).prop_map(|(idx, cpu)| Op::Pending { idx, cpu }),
+            2 => (0u8..10, 0u8..6).prop_map(|(idx, node)| Op::Bind { idx, node }),
+            1 => (0u8..10).prop_map(Op::RemovePod),
+            3 => (0u8..8, 0u32..3_000, 0u32..4, any::<bool>())
+                .prop_map(|(idx, cpu, gib, zone_a)| Op::Reserve { idx, cpu, gib, zone_a }),
+            1 => (0u8..8).prop_map(Op::Release),
+            6 => (0u32..4_000, 0u32..8, any::<bool>(), any::<bool>(), prop::option::of(0u8..8))
+                .prop_map(|(cpu, gib, zone_a, tolerates, except)| Op::Judge { cpu, gib, zone_a, tolerates, except }),
+        ]
+    }
+
+    proptest::proptest! {
+        /// The kept room and verdicts ([`LowerCluster::verdict`]) always answer what a room
+        /// built from scratch answers, whatever nodes, lower pods and reservations came and went
+        /// in between; and the indexed placement picks the node the slow rule picks.
+        #[test]
+        fn kept_rooms_and_verdicts_answer_as_a_room_built_from_scratch(
+            ops in proptest::collection::vec(op_strategy(), 1..80)
+        ) {
+            let mut c = LowerCluster::new();
+            let mut r = Reservations::new();
+            let mut memo = None;
+            let later = Instant::now() + Duration::from_secs(600);
+            let mut cordoned = std::collections::BTreeSet::new();
+            let mut nodes: BTreeMap<u8, Node> = BTreeMap::new();
+            for op in ops {
+                match op {
+                    Op::Node { idx, cpu, gib, zone_a, tainted } => {
+                        let mut extra = json!({"metadata": {"labels": {"zone": if zone_a { "a" } else { "b" }}}});
+                        if tainted {
+                            extra["spec"] = json!({"taints": [{"key": "dedicated", "effect": "NoSchedule"}]});
+                        }
+                        if cordoned.contains(&idx) {
+                            extra["spec"]["unschedulable"] = json!(true);
+                        }
+                        let n = node(&format!("n{idx}"), &format!("{cpu}m"), &format!("{gib}Gi"), extra);
+                        c.apply_node(&n).unwrap();
+                        nodes.insert(idx, n);
+                    }
+                    Op::Cordon(idx) => {
+                        cordoned.insert(idx);
+                        if let Some(mut n) = nodes.get(&idx).cloned() {
+                            n.spec.get_or_insert_with(Default::default).unschedulable = Some(true);
+                            c.apply_node(&n).unwrap();
+                        }
+                    }
+                    Op::RemoveNode(idx) => {
+                        nodes.remove(&idx);
+                        c.remove_node(&format!("n{idx}"));
+                    }
+                    Op::Pending { idx, cpu } => {
+                        let _ = c.apply_pod(&pod(&format!("p{idx}"), &format!("{cpu}m"), "0", json!({})));
+                    }
+                    Op::Bind { idx, node } => {
+                        let _ = c.apply_pod(&bound(&format!("p{idx}"), &format!("n{node}"), "500m"));
+                    }
+                    Op::RemovePod(idx) => c.remove_pod("ns", &format!("p{idx}")),
+                    Op::Reserve { idx, cpu, gib, zone_a } => {
+                        r.reserve(&format!("u{idx}"), "c1", demand_of(cpu, gib, zone_a, false), later);
+                    }
+                    Op::Release(idx) => {
+                        r.release(&format!("u{idx}"));
+                    }
+                    Op::Judge { cpu, gib, zone_a, tolerates, except } => {
+                        let demand = demand_of(cpu, gib, zone_a, tolerates);
+                        let except = except.map(|i| format!("u{i}"));
+                        let kept = c.verdict("c1", &r, except.as_deref(), &demand, &mut memo);
+                        let fresh = c.evaluate("c1", r.of_cluster("c1", except.as_deref()), &demand);
+                        proptest::prop_assert_eq!(kept, fresh);
+                    }
+                }
+            }
+            // The indexed placement against the slow rule, on what the ops left.
+            let mut room = c.room();
+            let mut free = BTreeMap::new();
+            for d in c.pending.values() {
+                reference_place(&mut free, &c, d);
+            }
+            for d in r.of_cluster("c1", None) {
+                let fast = c.place(&mut room, d);
+                let slow = reference_place(&mut free, &c, d);
+                proptest::prop_assert_eq!(fast, slow);
+            }
+        }
+    }
+
+    #[test]
+    fn the_fast_fit_agrees_with_the_full_predicates() {
+        let labels: BTreeMap<String, String> = [("zone".to_owned(), "a".to_owned())].into();
+        let taint = [k8s_openapi::api::core::v1::Taint {
+            key: "dedicated".into(),
+            effect: "NoSchedule".into(),
+            ..Default::default()
+        }];
+        let free: ResourceVector = [
+            ("cpu".to_owned(), 2_000_000_000),
+            ("memory".to_owned(), 4 * (1i128 << 30) * 1_000_000_000),
+            ("pods".to_owned(), 3 * POD_SLOT),
+        ]
+        .into_iter()
+        .collect();
+        let full: ResourceVector = [("cpu".to_owned(), 8_000_000_000), ("pods".to_owned(), 0)]
+            .into_iter()
+            .collect();
+        let mut checked = 0;
+        for (taints, unschedulable, free) in [
+            (&taint[..], false, &free),
+            (&[][..], false, &free),
+            (&[][..], true, &free),
+            (&[][..], false, &full),
+        ] {
+            let view = NodeView {
+                name: "n",
+                labels: &labels,
+                taints,
+                unschedulable,
+                free,
+            };
+            for cpu in [0, 1_500, 2_000, 2_001] {
+                for (zone_a, tolerates) in [(false, false), (true, true), (false, true)] {
+                    let d = demand_of(cpu, 1, zone_a, tolerates);
+                    let asks = Asks::new(&d);
+                    assert_eq!(
+                        asks.fits(&view),
+                        d.requirements().check(&view).is_ok(),
+                        "{d:?} on {view:?}"
+                    );
+                    checked += 1;
+                }
+            }
+        }
+        assert_eq!(checked, 48);
     }
 
     #[test]

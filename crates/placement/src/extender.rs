@@ -47,7 +47,7 @@ use serde_json::{Value, json};
 use tensile_core::extender::{Demand, Verdict};
 use tokio_util::sync::CancellationToken;
 
-mod index;
+pub mod index;
 
 use index::{BindTarget, Index, Reserved};
 

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::runtime::watcher;
 use tensile_core::extender::{
-    Demand, LowerCluster, Outage, Reservations, Room, Verdict, cluster_of,
+    Demand, LowerCluster, Outage, Reservations, RoomMemo, Verdict, cluster_of,
 };
 use tensile_runtime::cache::ListedKeys;
 
@@ -23,23 +23,17 @@ use crate::serve::truncated;
 /// ones older than the reservation TTL are forgotten.
 const RECENT_MAX: usize = 1024;
 
+#[derive(Debug)]
 struct ClusterState {
     lower: LowerCluster,
     nodes: ListedKeys,
     pods: ListedKeys,
-    /// The room after the pending lower pods and the first reservations, kept while the
-    /// cluster's generation holds: during a burst each call places only the new reservations.
-    room: Option<RoomCache>,
+    /// The room after the pending lower pods and the reservations, and the verdicts it gave,
+    /// kept from one request to the next while they hold.
+    room: Option<RoomMemo>,
     /// Whether its watches reach it: an unreachable cluster gets no pods, whatever its last
     /// known room (they would wait there until it is back).
     outage: Outage,
-}
-
-struct RoomCache {
-    generation: u64,
-    /// UIDs of the reservations placed, in order.
-    reserved: Vec<String>,
-    room: Room,
 }
 
 impl ClusterState {
@@ -50,7 +44,7 @@ impl ClusterState {
 
 /// How an upper node is judged.
 #[derive(Debug, PartialEq, Eq)]
-pub(super) enum Judged {
+pub(crate) enum Judged {
     /// Not a virtual node, no clusterID, or an unknown cluster: passes unchanged.
     Pass,
     /// Its lower cluster decides.
@@ -61,7 +55,7 @@ pub(super) enum Judged {
 
 /// Where a `/bind` goes, before anything is reserved.
 #[derive(Debug, PartialEq)]
-pub(super) enum BindTarget {
+pub enum BindTarget {
     /// A node no lower cluster decides: bound as asked, nothing reserved.
     Unjudged,
     /// A virtual node of this lower cluster; the pod's demand when a filter call showed it.
@@ -73,7 +67,7 @@ pub(super) enum BindTarget {
 
 /// What `/bind` reserved.
 #[derive(Debug, PartialEq, Eq)]
-pub(super) enum Reserved {
+pub enum Reserved {
     /// Room on this lower node, until the lower pod shows up or the TTL lapses.
     Room { lower_node: String },
     /// Nothing: the pod's lower pod exists already (a repeated bind).
@@ -81,7 +75,8 @@ pub(super) enum Reserved {
 }
 
 /// The extender's state.
-pub(super) struct Index {
+#[derive(Debug)]
+pub struct Index {
     clusters: BTreeMap<String, ClusterState>,
     reservations: Reservations,
     /// Upper nodes from the watch: name -> the cluster id it is judged by (None: passes).
@@ -233,31 +228,7 @@ impl Index {
             }
             Ok(d) => d,
         };
-        let entries: Vec<(&str, &Demand)> = self
-            .reservations
-            .entries(id)
-            .into_iter()
-            .filter(|(u, _)| Some(*u) != uid)
-            .collect();
-        let generation = lower.generation();
-        let reusable = room.as_ref().is_some_and(|c| {
-            c.generation == generation
-                && c.reserved.len() <= entries.len()
-                && c.reserved.iter().zip(&entries).all(|(a, (b, _))| a == b)
-        });
-        let cache = match room {
-            Some(c) if reusable => c,
-            _ => room.insert(RoomCache {
-                generation,
-                reserved: Vec::new(),
-                room: lower.room(),
-            }),
-        };
-        for (reserved, d) in &entries[cache.reserved.len()..] {
-            lower.place(&mut cache.room, d);
-            cache.reserved.push((*reserved).to_owned());
-        }
-        lower.judge(id, &cache.room, demand)
+        lower.verdict(id, &self.reservations, uid, demand, room)
     }
 
     /// The verdicts for `pod` on each candidate node (its name, and its labels when the
