@@ -161,42 +161,47 @@ struct InFlight {
     cpu: i64,
 }
 
-/// The lower clusters' schedulers, as kube-scheduler places a pod (the simulated one does the
-/// same): on the node with room where the mean share of CPU and memory left free is highest
-/// (`LeastAllocated`), the first name among equals. Each node's pods are 128Mi and memory is
-/// plentiful, so CPU decides.
+/// The lower clusters' schedulers, as kube-scheduler's `LeastAllocated` places a pod (the
+/// simulated scheduler does the same): on the node with room where the mean over CPU and memory
+/// of the share left free is highest, the first name among equals. Every pod asks 128Mi.
 #[derive(Default)]
 struct LowerSchedulers {
-    /// Per cluster, per node: (allocatable millicores, millicores asked).
-    nodes: HashMap<String, BTreeMap<String, (i64, i64)>>,
+    /// Per cluster, per node: allocatable millicores, millicores asked, pods.
+    nodes: HashMap<String, BTreeMap<String, (i64, i64, i64)>>,
     /// Lower pods no node could take.
     stranded: usize,
 }
+
+/// Each node's memory and each pod's, in MiB.
+const NODE_MEMORY_MIB: i64 = 256 * 1024;
+const POD_MEMORY_MIB: i64 = 128;
 
 impl LowerSchedulers {
     fn add_node(&mut self, cluster: &str, node: &str, cpu: i64) {
         self.nodes
             .entry(cluster.to_owned())
             .or_default()
-            .insert(node.to_owned(), (cpu, 0));
+            .insert(node.to_owned(), (cpu, 0, 0));
     }
 
     fn take(&mut self, cluster: &str, node: &str, cpu: i64) {
         if let Some(n) = self.nodes.get_mut(cluster).and_then(|c| c.get_mut(node)) {
             n.1 += cpu;
+            n.2 += 1;
         }
     }
 
     /// Binds a pod of `cpu` millicores in `cluster`; its node, or `None` (stranded).
     fn bind(&mut self, cluster: &str, cpu: i64) -> Option<String> {
-        let nodes = self.nodes.get_mut(cluster)?;
+        let nodes = self.nodes.get(cluster)?;
         let mut best: Option<(i64, &String)> = None;
-        for (name, (have, asked)) in nodes.iter() {
-            let left = have - asked - cpu;
-            if left < 0 || *have <= 0 {
+        for (name, (have, asked, pods)) in nodes {
+            if have - asked < cpu || *have <= 0 {
                 continue;
             }
-            let score = left * 100 / have;
+            let memory_left = NODE_MEMORY_MIB - (pods + 1) * POD_MEMORY_MIB;
+            let score =
+                ((have - asked - cpu) * 100 / have + memory_left * 100 / NODE_MEMORY_MIB) / 2;
             if best.is_none_or(|(b, _)| score > b) {
                 best = Some((score, name));
             }
@@ -215,7 +220,7 @@ impl LowerSchedulers {
         self.nodes
             .values()
             .flat_map(BTreeMap::values)
-            .filter(|(have, asked)| asked > have)
+            .filter(|(have, asked, _)| asked > have)
             .count()
     }
 }

@@ -393,6 +393,14 @@ impl CapacityModel {
         counted_view(name, entry)
     }
 
+    /// A counted node's allocatable, rounded as the scheduler rounds it; `None` if the node is
+    /// unknown or not counted.
+    pub fn allocatable(&self, name: &str) -> Option<&ResourceVector> {
+        let entry = self.nodes.get(name)?;
+        entry.free.as_ref()?;
+        entry.state.as_ref().map(|s| &s.allocatable)
+    }
+
     /// Every Ready node, cordoned ones included, with its room: what a scheduler runs its
     /// filters on (its `NodeUnschedulable` filter lets pods that tolerate
     /// `node.kubernetes.io/unschedulable`, daemon pods, onto cordoned nodes).

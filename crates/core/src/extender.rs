@@ -11,17 +11,18 @@
 //! Room already promised is taken first, in a simulated copy of the free room ([`Room`]): the
 //! pending lower pods (they will be placed before ours), then the [`Reservations`] (upper pods the
 //! extender admitted whose lower pod does not exist yet). Each goes where the lower scheduler
-//! would put it, the fitting node with the most free room ([`spread_score`], what the simulated
-//! scheduler does); one that fits nowhere is skipped, as it will stay Pending. Only then is the
-//! candidate checked ([`LowerCluster::evaluate`]).
+//! would put it, the fitting node kube-scheduler's `LeastAllocated` scores highest (what the
+//! simulated scheduler does too); one that fits nowhere is skipped, as it will stay Pending.
+//! Only then is the candidate checked ([`LowerCluster::evaluate`]). A [`RoomMemo`] keeps a
+//! cluster's room and verdicts from one request to the next while they hold, so a burst
+//! places only what changed.
 //!
 //! The score (0..=10, kube-scheduler's extender range) says how tightly the pod fits its
 //! best-fitting node: the mean, over the resources it requests, of the share of that node's
 //! remaining room it takes. 10 means the pod fills what is left (best fit, no fragmentation);
 //! near 0 a small pod on a large, empty node.
 
-use std::cmp::Reverse;
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, HashMap};
 use std::time::Instant;
 
 use k8s_openapi::api::core::v1::{Affinity, Node, Pod, Toleration};
@@ -29,6 +30,7 @@ use k8s_openapi::api::core::v1::{Affinity, Node, Pod, Toleration};
 use crate::capacity::{CapacityError, CapacityModel};
 use crate::fit::{NodeView, PodConstraints, PodRequirements, Unfit, summarize};
 use crate::keys::ANNOTATION_UPPER_UID;
+use crate::quantity::NANOS_PER_UNIT;
 use crate::resources::{
     POD_SLOT, RESOURCE_CPU, RESOURCE_EPHEMERAL_STORAGE, RESOURCE_MEMORY, RESOURCE_PODS,
     ResourceError, ResourceVector, is_scalar_resource_name, pod_requests,
@@ -103,51 +105,130 @@ impl Demand {
     }
 }
 
-/// How much free room a node has, the way the simulated scheduler ranks nodes to spread pods:
-/// free millicores, plus free memory (in nano-bytes over 2^20), plus 300 per free pod slot.
-/// The lower scheduler puts a pod on the fitting node with the highest score.
-pub fn spread_score(free: &ResourceVector) -> i128 {
-    free.get(RESOURCE_CPU) / 1_000_000
-        + free.get(RESOURCE_MEMORY) / (1 << 20)
-        + free.get(RESOURCE_PODS) / 1_000_000_000 * 300
+/// LeastAllocated's requests for a pod that asks for no CPU or no memory (kube-scheduler's
+/// `DefaultMilliCPURequest` and `DefaultMemoryRequest`), in nano-units.
+const DEFAULT_CPU_REQUEST: i128 = 100 * NANOS_PER_UNIT / 1000;
+const DEFAULT_MEMORY_REQUEST: i128 = 200 * (1 << 20) * NANOS_PER_UNIT;
+
+/// The resources every fit checks, held in fixed fields of a [`Slot`].
+const BASIC: [&str; 4] = [
+    RESOURCE_PODS,
+    RESOURCE_CPU,
+    RESOURCE_MEMORY,
+    RESOURCE_EPHEMERAL_STORAGE,
+];
+const PODS: usize = 0;
+const CPU: usize = 1;
+const MEMORY: usize = 2;
+
+/// A resource of a [`Slot`]: one of [`BASIC`] by position, or another by name.
+#[derive(Debug, Clone, PartialEq)]
+enum Res {
+    Basic(usize),
+    Other(String),
 }
 
-/// A simulated copy of a lower cluster's free room: what simulated placements took from the
-/// counted nodes of a [`CapacityModel`]. It holds only the nodes something was placed on, so it
-/// is cheap to keep and to extend while the model does not change (see
-/// [`LowerCluster::generation`]).
+impl Res {
+    fn of(name: &str) -> Self {
+        match BASIC.iter().position(|b| *b == name) {
+            Some(i) => Self::Basic(i),
+            None => Self::Other(name.to_owned()),
+        }
+    }
+}
+
+/// One counted node of a [`Room`]: its free room in fixed fields, so that placing a pod or
+/// judging one scans a cluster's nodes with arithmetic, not string-keyed lookups (a fleet has
+/// thousands of nodes, and a burst asks for each pod).
+#[derive(Debug, Clone)]
+struct Slot {
+    name: String,
+    /// Free room of the [`BASIC`] resources, in nano-units.
+    free: [i128; 4],
+    /// Free room of the node's other resources (extended resources, huge pages).
+    other: Vec<(String, i128)>,
+    /// Allocatable CPU and memory: LeastAllocated's shares are of these.
+    allocatable: [i128; 2],
+    /// Cordoned or tainted: its constraints are checked in full.
+    constrained: bool,
+}
+
+impl Slot {
+    fn of(view: &NodeView<'_>, allocatable: Option<&ResourceVector>) -> Self {
+        let mut free = [0; 4];
+        let mut other = Vec::new();
+        for (name, amount) in view.free.iter() {
+            match Res::of(name) {
+                Res::Basic(i) => free[i] = amount,
+                Res::Other(name) => other.push((name, amount)),
+            }
+        }
+        let allocatable = |name| allocatable.map_or(0, |a| a.get(name));
+        Self {
+            name: view.name.to_owned(),
+            free,
+            other,
+            allocatable: [allocatable(RESOURCE_CPU), allocatable(RESOURCE_MEMORY)],
+            constrained: view.unschedulable || !view.taints.is_empty(),
+        }
+    }
+
+    fn get(&self, res: &Res) -> i128 {
+        match res {
+            Res::Basic(i) => self.free[*i],
+            Res::Other(name) => self
+                .other
+                .iter()
+                .find(|(n, _)| n == name)
+                .map_or(0, |(_, a)| *a),
+        }
+    }
+
+    /// Takes `usage` from the resources the node has, down to zero at most.
+    fn take(&mut self, usage: &[(Res, i128)]) {
+        for (res, amount) in usage {
+            let free = match res {
+                Res::Basic(i) => &mut self.free[*i],
+                Res::Other(name) => match self.other.iter_mut().find(|(n, _)| n == name) {
+                    Some((_, free)) => free,
+                    None => continue,
+                },
+            };
+            *free = free.saturating_sub(*amount).max(0);
+        }
+    }
+
+    /// The free room as a vector, for [`PodRequirements::check`]'s reasons.
+    fn free_vector(&self) -> ResourceVector {
+        BASIC
+            .iter()
+            .zip(self.free)
+            .map(|(name, amount)| ((*name).to_owned(), amount))
+            .chain(self.other.iter().cloned())
+            .collect()
+    }
+}
+
+/// A simulated copy of a lower cluster's free room: its counted nodes, with what simulated
+/// placements took from them. Built from the [`CapacityModel`] at one generation (see
+/// [`LowerCluster::generation`]) and valid while it holds.
 #[derive(Debug, Clone, Default)]
 pub struct Room {
-    /// Free room of the nodes something was placed on.
-    taken: BTreeMap<String, ResourceVector>,
+    /// The counted nodes, by name.
+    slots: Vec<Slot>,
     /// How many demands were placed.
     placed: usize,
-    /// The counted nodes by [`spread_score`], highest first, then by name: the lower scheduler
-    /// puts a pod on the first of them it fits. Built at the first placement and kept in step,
-    /// so that placing hundreds of pending pods and reservations does not scan every node for
-    /// each.
-    order: Option<BTreeSet<(Reverse<i128>, String)>>,
 }
 
 impl Room {
-    /// Nothing placed yet.
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    /// The model's counted nodes with their simulated free room.
-    pub fn nodes<'a>(
-        &'a self,
-        model: &'a CapacityModel,
-    ) -> impl Iterator<Item = NodeView<'a>> + 'a {
-        model.nodes().map(|view| self.over(view))
-    }
-
-    /// A counted node with its simulated free room.
-    fn over<'a>(&'a self, view: NodeView<'a>) -> NodeView<'a> {
-        match self.taken.get(view.name) {
-            Some(free) => NodeView { free, ..view },
-            None => view,
+    /// The model's counted nodes, nothing placed yet.
+    pub fn of(model: &CapacityModel) -> Self {
+        Self {
+            slots: model
+                .nodes()
+                .map(|view| Slot::of(&view, model.allocatable(view.name)))
+                .collect(),
+            placed: 0,
         }
     }
 
@@ -156,48 +237,30 @@ impl Room {
         self.placed
     }
 
-    /// Places `demand` where the lower scheduler would and takes its usage from that node,
-    /// which it returns; `None`, and nothing taken, when it fits nowhere. The scheduler scores
-    /// the fitting nodes by [`spread_score`], normalized to 0..=100 against the highest, and
-    /// takes the highest, the first name among equals: only the highest raw score normalizes to
-    /// 100, so that is the first fitting node in score order.
+    /// Places `demand` where the lower scheduler would, kube-scheduler's `LeastAllocated`
+    /// (what the simulated scheduler does too): the fitting node where the mean share of CPU
+    /// and memory left free after it is highest, the first name among equals. Takes its usage
+    /// from that node and returns it; `None`, and nothing taken, when it fits nowhere.
     pub fn place(&mut self, model: &CapacityModel, demand: &Demand) -> Option<String> {
         let asks = Asks::new(demand);
-        if self.order.is_none() {
-            let order = self
-                .nodes(model)
-                .map(|view| (Reverse(spread_score(view.free)), view.name.to_owned()))
-                .collect();
-            self.order = Some(order);
+        let mut best: Option<(i128, usize)> = None;
+        for (i, slot) in self.slots.iter().enumerate() {
+            if asks.fits(slot, model) {
+                let score = asks.least_allocated(slot);
+                if best.is_none_or(|(b, _)| score > b) {
+                    best = Some((score, i));
+                }
+            }
         }
-        let (score, chosen, free) = self.order.as_ref()?.iter().find_map(|(score, name)| {
-            let view = self.over(model.node(name)?);
-            asks.fits(&view)
-                .then(|| (*score, name.clone(), view.free.clone()))
-        })?;
-        let usage = demand.usage();
-        let free: ResourceVector = free
-            .iter()
-            .map(|(resource, amount)| {
-                (
-                    resource.to_owned(),
-                    amount.saturating_sub(usage.get(resource)).max(0),
-                )
-            })
-            .collect();
-        if let Some(order) = self.order.as_mut() {
-            order.remove(&(score, chosen.clone()));
-            order.insert((Reverse(spread_score(&free)), chosen.clone()));
-        }
-        self.taken.insert(chosen.clone(), free);
+        let slot = self.slots.get_mut(best?.1)?;
+        slot.take(&asks.usage);
         self.placed += 1;
-        Some(chosen)
+        Some(slot.name.clone())
     }
 }
 
-/// What a demand asks of a node, worked out once per scan instead of once per node: a scan
-/// covers every node of a cluster, and a fleet has thousands. [`Asks::fits`] answers what
-/// [`PodRequirements::check`] would, without building reasons.
+/// What a demand asks of a node, worked out once per scan instead of once per node. Its
+/// [`Asks::fits`] answers what [`PodRequirements::check`] would, without building reasons.
 struct Asks<'d> {
     requirements: PodRequirements<'d>,
     /// No nodeSelector and no required node affinity: only a node's cordon or taints can
@@ -206,27 +269,31 @@ struct Asks<'d> {
     /// The amounts [`crate::fit::check_resources`] compares: one pod slot; cpu, memory and
     /// ephemeral-storage when requested; scalar resources when not zero; rounded as the
     /// scheduler rounds them.
-    fit: Vec<(String, i128)>,
+    fit: Vec<(Res, i128)>,
     /// The amounts [`tightness`] averages over.
-    tight: Vec<(String, i128)>,
+    tight: Vec<(Res, i128)>,
+    /// What placing it takes from a node: its rounded requests and a pod slot.
+    usage: Vec<(Res, i128)>,
+    /// CPU and memory as LeastAllocated counts them (defaults for none).
+    nonzero: [i128; 2],
 }
 
 impl<'d> Asks<'d> {
     fn new(demand: &'d Demand) -> Self {
         let requirements = demand.requirements();
         let rounded = requirements.requests.scheduler_rounded();
-        let mut fit = vec![(RESOURCE_PODS.to_owned(), POD_SLOT)];
+        let mut fit = vec![(Res::Basic(PODS), POD_SLOT)];
         for name in [RESOURCE_CPU, RESOURCE_MEMORY, RESOURCE_EPHEMERAL_STORAGE] {
             let amount = rounded.get(name);
             if amount > 0 {
-                fit.push((name.to_owned(), amount));
+                fit.push((Res::of(name), amount));
             }
         }
         fit.extend(
             rounded
                 .iter()
                 .filter(|(name, amount)| *amount != 0 && is_scalar_resource_name(name))
-                .map(|(name, amount)| (name.to_owned(), amount)),
+                .map(|(name, amount)| (Res::of(name), amount)),
         );
         let constraints = &requirements.constraints;
         let unconstrained = constraints.node_selector.is_none_or(BTreeMap::is_empty)
@@ -238,28 +305,70 @@ impl<'d> Asks<'d> {
                         .as_ref()
                 })
                 .is_none();
+        let nonzero = |name, default| {
+            Some(rounded.get(name))
+                .filter(|a| *a > 0)
+                .unwrap_or(default)
+        };
         Self {
             unconstrained,
             fit,
-            tight: tight_amounts(&rounded),
+            tight: tight_amounts(&rounded)
+                .into_iter()
+                .map(|(name, amount)| (Res::of(&name), amount))
+                .collect(),
+            usage: demand
+                .usage()
+                .iter()
+                .map(|(name, amount)| (Res::of(name), amount))
+                .collect(),
+            nonzero: [
+                nonzero(RESOURCE_CPU, DEFAULT_CPU_REQUEST),
+                nonzero(RESOURCE_MEMORY, DEFAULT_MEMORY_REQUEST),
+            ],
             requirements,
         }
     }
 
     /// Whether the demand fits the node.
-    fn fits(&self, view: &NodeView<'_>) -> bool {
-        let constrained = !self.unconstrained || view.unschedulable || !view.taints.is_empty();
-        if constrained && !self.requirements.constraints.check(view).is_empty() {
+    fn fits(&self, slot: &Slot, model: &CapacityModel) -> bool {
+        if (slot.constrained || !self.unconstrained)
+            && !model
+                .node(&slot.name)
+                .is_some_and(|view| self.requirements.constraints.check(&view).is_empty())
+        {
             return false;
         }
         self.fit
             .iter()
-            .all(|(name, amount)| *amount <= view.free.get(name))
+            .all(|(res, amount)| *amount <= slot.get(res))
     }
 
-    /// [`tightness`] on a node with `free` room.
-    fn tightness(&self, free: &ResourceVector) -> f64 {
-        tightness_of(&self.tight, free)
+    /// [`tightness`] on the node.
+    fn tightness(&self, slot: &Slot) -> f64 {
+        if self.tight.is_empty() {
+            return share(POD_SLOT, slot.free[PODS]);
+        }
+        let sum: f64 = self
+            .tight
+            .iter()
+            .map(|(res, amount)| share(*amount, slot.get(res)))
+            .sum();
+        sum / self.tight.len() as f64
+    }
+
+    /// kube-scheduler's `LeastAllocated` score of the node for it, 0..=100: per CPU and
+    /// memory, the share of allocatable left free once it is placed, averaged.
+    fn least_allocated(&self, slot: &Slot) -> i128 {
+        let left = |i: usize| {
+            let (allocatable, want) = (slot.allocatable[i - CPU], self.nonzero[i - CPU]);
+            if allocatable <= 0 || want > slot.free[i] {
+                0
+            } else {
+                (slot.free[i] - want) * 100 / allocatable
+            }
+        };
+        (left(CPU) + left(MEMORY)) / 2
     }
 }
 
@@ -279,7 +388,12 @@ fn tight_amounts(rounded: &ResourceVector) -> Vec<(String, i128)> {
         .collect()
 }
 
-fn tightness_of(tight: &[(String, i128)], free: &ResourceVector) -> f64 {
+/// How tightly a pod with `requests` fits a node with `free` room (it must fit): the mean share
+/// of the remaining room it takes, over the resources it requests (cpu, memory,
+/// ephemeral-storage and scalar resources; its pod slot when it requests none of them).
+/// 1.0 fills the node.
+pub fn tightness(requests: &ResourceVector, free: &ResourceVector) -> f64 {
+    let tight = tight_amounts(&requests.scheduler_rounded());
     if tight.is_empty() {
         return share(POD_SLOT, free.get(RESOURCE_PODS));
     }
@@ -288,14 +402,6 @@ fn tightness_of(tight: &[(String, i128)], free: &ResourceVector) -> f64 {
         .map(|(name, amount)| share(*amount, free.get(name)))
         .sum();
     sum / tight.len() as f64
-}
-
-/// How tightly a pod with `requests` fits a node with `free` room (it must fit): the mean share
-/// of the remaining room it takes, over the resources it requests (cpu, memory,
-/// ephemeral-storage and scalar resources; its pod slot when it requests none of them).
-/// 1.0 fills the node.
-pub fn tightness(requests: &ResourceVector, free: &ResourceVector) -> f64 {
-    tightness_of(&tight_amounts(&requests.scheduler_rounded()), free)
 }
 
 fn share(used: i128, free: i128) -> f64 {
@@ -342,13 +448,26 @@ impl Verdict {
 /// Namespace and name of a pod.
 type PodKey = (String, String);
 
+/// A lower pod waiting for a node.
+#[derive(Debug, Clone)]
+struct Waiting {
+    /// `spec.priority`: the lower scheduler takes higher ones first.
+    priority: i32,
+    /// When it was first seen, among the cluster's pending pods.
+    arrival: u64,
+    demand: Demand,
+}
+
 /// What the extender knows of one lower cluster: nodes and bound pods (in a [`CapacityModel`]
 /// where every pod counts), lower pods without a node, and which upper pods (by UID) have a
 /// lower pod already.
 #[derive(Debug, Clone)]
 pub struct LowerCluster {
     model: CapacityModel,
-    pending: BTreeMap<PodKey, Demand>,
+    /// Lower pods without a node, with their place in the lower scheduler's queue.
+    pending: BTreeMap<PodKey, Waiting>,
+    /// Counts the pending pods seen, for their order of arrival.
+    arrivals: u64,
     /// Lower pods carrying [`ANNOTATION_UPPER_UID`], by pod and by UID.
     uid_of: HashMap<PodKey, String>,
     by_uid: HashMap<String, PodKey>,
@@ -371,6 +490,7 @@ impl LowerCluster {
         Self {
             model: CapacityModel::new(String::new()),
             pending: BTreeMap::new(),
+            arrivals: 0,
             uid_of: HashMap::new(),
             by_uid: HashMap::new(),
             node_marks: HashMap::new(),
@@ -477,7 +597,22 @@ impl LowerCluster {
         let waiting = unbound && !terminal && pod.metadata.deletion_timestamp.is_none();
         match waiting.then(|| Demand::of_lower_pod(pod).ok()).flatten() {
             Some(demand) => {
-                self.pending.insert(key.clone(), demand);
+                let priority = pod.spec.as_ref().and_then(|s| s.priority).unwrap_or(0);
+                let arrival = match self.pending.get(&key) {
+                    Some(w) => w.arrival,
+                    None => {
+                        self.arrivals += 1;
+                        self.arrivals
+                    }
+                };
+                self.pending.insert(
+                    key.clone(),
+                    Waiting {
+                        priority,
+                        arrival,
+                        demand,
+                    },
+                );
             }
             None => {
                 self.pending.remove(&key);
@@ -526,11 +661,14 @@ impl LowerCluster {
     }
 
     /// The free room after the pending lower pods took theirs, each placed where the lower
-    /// scheduler would put it (those that fit nowhere are skipped).
+    /// scheduler would put it, in the order its queue takes them: higher priority first, then
+    /// first come (those that fit nowhere are skipped).
     pub fn room(&self) -> Room {
-        let mut room = Room::new();
-        for pending in self.pending.values() {
-            room.place(&self.model, pending);
+        let mut room = Room::of(&self.model);
+        let mut queue: Vec<&Waiting> = self.pending.values().collect();
+        queue.sort_by_key(|w| (std::cmp::Reverse(w.priority), w.arrival));
+        for waiting in queue {
+            room.place(&self.model, &waiting.demand);
         }
         room
     }
@@ -559,15 +697,13 @@ impl LowerCluster {
     /// of this cluster at its current generation, with what is promised already placed).
     pub fn judge(&self, id: &str, room: &Room, demand: &Demand) -> Verdict {
         let asks = Asks::new(demand);
-        let mut total = 0usize;
         let mut best: Option<(f64, &str)> = None;
-        for view in room.nodes(&self.model) {
-            total += 1;
-            if asks.fits(&view) {
-                let t = asks.tightness(view.free);
+        for slot in &room.slots {
+            if asks.fits(slot, &self.model) {
+                let t = asks.tightness(slot);
                 // The tightest; the first name among equals.
                 if best.is_none_or(|(b, _)| t > b) {
-                    best = Some((t, view.name));
+                    best = Some((t, &slot.name));
                 }
             }
         }
@@ -577,6 +713,7 @@ impl LowerCluster {
                 score: score(t),
             };
         }
+        let total = room.slots.len();
         if total == 0 {
             return Verdict::Fails {
                 reason: format!("lower cluster {id}: no nodes available to schedule pods"),
@@ -585,8 +722,18 @@ impl LowerCluster {
         }
         // It fits nowhere: only now are the reasons worked out, node by node, for the message.
         let unfit: Vec<Vec<Unfit>> = room
-            .nodes(&self.model)
-            .filter_map(|view| asks.requirements.check(&view).err())
+            .slots
+            .iter()
+            .filter_map(|slot| {
+                let free = slot.free_vector();
+                let view = self.model.node(&slot.name)?;
+                asks.requirements
+                    .check(&NodeView {
+                        free: &free,
+                        ..view
+                    })
+                    .err()
+            })
             .collect();
         let unresolvable = unfit.iter().all(|reasons| {
             reasons
@@ -1380,14 +1527,41 @@ mod tests {
         assert_eq!(room.placed(), 5);
     }
 
-    /// The lower scheduler's pick, the slow way: every node checked, the most room (by
-    /// [`spread_score`]) wins, the first name among equals.
+    /// The lower scheduler's pick, the slow way: every node checked with the full predicates,
+    /// LeastAllocated's score from the free room and allocatable, the first name among equals.
     fn reference_place(
         free: &mut BTreeMap<String, ResourceVector>,
         c: &LowerCluster,
         demand: &Demand,
     ) -> Option<String> {
         let requirements = demand.requirements();
+        let rounded = demand.requests().scheduler_rounded();
+        let want = |name: &str, default: i128| {
+            Some(rounded.get(name))
+                .filter(|a| *a > 0)
+                .unwrap_or(default)
+        };
+        let score = |view: &NodeView<'_>| {
+            let allocatable = c
+                .model()
+                .allocatable(view.name)
+                .cloned()
+                .unwrap_or_default();
+            let left = |name: &str, want: i128| {
+                let (have, free) = (allocatable.get(name), view.free.get(name));
+                if have <= 0 || want > free {
+                    0
+                } else {
+                    (free - want) * 100 / have
+                }
+            };
+            (left(RESOURCE_CPU, want(RESOURCE_CPU, DEFAULT_CPU_REQUEST))
+                + left(
+                    RESOURCE_MEMORY,
+                    want(RESOURCE_MEMORY, DEFAULT_MEMORY_REQUEST),
+                ))
+                / 2
+        };
         let chosen = c
             .model()
             .nodes()
@@ -1396,7 +1570,7 @@ mod tests {
                 None => view,
             })
             .filter(|view| requirements.check(view).is_ok())
-            .map(|view| (spread_score(view.free), view.name.to_owned()))
+            .map(|view| (score(&view), view.name.to_owned()))
             .min_by(|a, b| b.0.cmp(&a.0).then_with(|| a.1.cmp(&b.1)))?
             .1;
         let current = c.model().node_free(&chosen).cloned().unwrap_or_default();
@@ -1550,8 +1724,10 @@ mod tests {
             // The indexed placement against the slow rule, on what the ops left.
             let mut room = c.room();
             let mut free = BTreeMap::new();
-            for d in c.pending.values() {
-                reference_place(&mut free, &c, d);
+            let mut queue: Vec<&Waiting> = c.pending.values().collect();
+            queue.sort_by_key(|w| w.arrival);
+            for w in queue {
+                reference_place(&mut free, &c, &w.demand);
             }
             for d in r.of_cluster("c1", None) {
                 let fast = c.place(&mut room, d);
@@ -1563,50 +1739,58 @@ mod tests {
 
     #[test]
     fn the_fast_fit_agrees_with_the_full_predicates() {
-        let labels: BTreeMap<String, String> = [("zone".to_owned(), "a".to_owned())].into();
-        let taint = [k8s_openapi::api::core::v1::Taint {
-            key: "dedicated".into(),
-            effect: "NoSchedule".into(),
-            ..Default::default()
-        }];
-        let free: ResourceVector = [
-            ("cpu".to_owned(), 2_000_000_000),
-            ("memory".to_owned(), 4 * (1i128 << 30) * 1_000_000_000),
-            ("pods".to_owned(), 3 * POD_SLOT),
-        ]
-        .into_iter()
-        .collect();
-        let full: ResourceVector = [("cpu".to_owned(), 8_000_000_000), ("pods".to_owned(), 0)]
-            .into_iter()
-            .collect();
-        let mut checked = 0;
-        for (taints, unschedulable, free) in [
-            (&taint[..], false, &free),
-            (&[][..], false, &free),
-            (&[][..], true, &free),
-            (&[][..], false, &full),
+        let mut c = LowerCluster::new();
+        let zone = json!({"metadata": {"labels": {"zone": "a"}}});
+        let tainted = json!({"metadata": {"labels": {"zone": "a"}},
+            "spec": {"taints": [{"key": "dedicated", "effect": "NoSchedule"}]}});
+        let gpu = json!({"metadata": {"labels": {"zone": "b"}},
+            "status": {"allocatable": {"nvidia.com/gpu": "1"}}});
+        for (name, cpu, extra) in [
+            ("plain", "2", &zone),
+            ("tainted", "2", &tainted),
+            ("gpu", "2", &gpu),
+            ("full", "8", &zone),
         ] {
+            c.apply_node(&node(name, cpu, "4Gi", extra.clone()))
+                .unwrap();
+        }
+        for i in 0..110 {
+            c.apply_pod(&bound(&format!("f{i}"), "full", "10m"))
+                .1
+                .unwrap();
+        }
+        let gpu_pod = Demand::of_upper_pod(&pod(
+            "g",
+            "1",
+            "0",
+            json!({"spec": {"containers": [{"name": "c", "image": "i",
+                "resources": {"requests": {"cpu": "1", "nvidia.com/gpu": "1"}}}]}}),
+        ))
+        .unwrap();
+        let room = c.room();
+        let mut checked = 0;
+        for slot in &room.slots {
+            let free = slot.free_vector();
             let view = NodeView {
-                name: "n",
-                labels: &labels,
-                taints,
-                unschedulable,
-                free,
+                free: &free,
+                ..c.model().node(&slot.name).unwrap()
             };
+            let mut demands = vec![gpu_pod.clone()];
             for cpu in [0, 1_500, 2_000, 2_001] {
                 for (zone_a, tolerates) in [(false, false), (true, true), (false, true)] {
-                    let d = demand_of(cpu, 1, zone_a, tolerates);
-                    let asks = Asks::new(&d);
-                    assert_eq!(
-                        asks.fits(&view),
-                        d.requirements().check(&view).is_ok(),
-                        "{d:?} on {view:?}"
-                    );
-                    checked += 1;
+                    demands.push(demand_of(cpu, 1, zone_a, tolerates));
                 }
             }
+            for d in &demands {
+                assert_eq!(
+                    Asks::new(d).fits(slot, c.model()),
+                    d.requirements().check(&view).is_ok(),
+                    "{d:?} on {view:?}"
+                );
+                checked += 1;
+            }
         }
-        assert_eq!(checked, 48);
+        assert_eq!(checked, 4 * 13);
     }
 
     #[test]
