@@ -139,7 +139,7 @@ fn pod(
     upper_uid: Option<&str>,
 ) -> anyhow::Result<Pod> {
     let mut pod = json!({
-        "metadata": {"name": name, "namespace": namespace, "uid": uid},
+        "metadata": {"name": name, "namespace": namespace, "uid": uid, "resourceVersion": "1"},
         "spec": {"containers": [{"name": "c", "image": "app",
             "resources": {"requests": {"cpu": cpu, "memory": "128Mi"}}}]},
         "status": {"phase": if node.is_some() { "Running" } else { "Pending" }}

@@ -74,6 +74,15 @@ pub enum Reserved {
     AlreadyThere,
 }
 
+/// A pod's demand as a filter or prioritize call worked it out.
+#[derive(Debug)]
+struct Recent {
+    /// The pod's `resourceVersion` then: the demand holds while it does.
+    version: String,
+    demand: Demand,
+    seen: Instant,
+}
+
 /// The extender's state.
 #[derive(Debug)]
 pub struct Index {
@@ -85,7 +94,7 @@ pub struct Index {
     /// Upper nodes seen in filter/prioritize requests (full nodes), for `/bind`.
     learned_nodes: HashMap<String, Option<String>>,
     /// Demands of upper pods seen in filter/prioritize, by UID, for `/bind`.
-    recent: HashMap<String, (Demand, Instant)>,
+    recent: HashMap<String, Recent>,
     /// How long a reservation lasts when no lower pod shows up.
     ttl: Duration,
 }
@@ -242,9 +251,18 @@ impl Index {
     ) -> Vec<Option<Verdict>> {
         self.expire(now);
         let uid = pod.metadata.uid.as_deref().filter(|u| !u.is_empty());
-        let demand = Demand::of_upper_pod(pod).map_err(|e| e.to_string());
+        let version = pod.metadata.resource_version.as_deref().unwrap_or_default();
+        // prioritize follows filter with the same pod: its demand is not worked out again.
+        let known = uid
+            .and_then(|uid| self.recent.get(uid))
+            .filter(|r| !version.is_empty() && r.version == version)
+            .map(|r| r.demand.clone());
+        let demand = match known {
+            Some(d) => Ok(d),
+            None => Demand::of_upper_pod(pod).map_err(|e| e.to_string()),
+        };
         if let (Some(uid), Ok(d)) = (uid, &demand) {
-            self.remember(uid, d.clone(), now);
+            self.remember(uid, version, d.clone(), now);
         }
         let mut verdicts: BTreeMap<String, Verdict> = BTreeMap::new();
         candidates
@@ -274,13 +292,20 @@ impl Index {
     }
 
     /// Keeps a pod's demand for its `/bind`, forgetting those older than the reservation TTL.
-    fn remember(&mut self, uid: &str, demand: Demand, now: Instant) {
+    fn remember(&mut self, uid: &str, version: &str, demand: Demand, now: Instant) {
         if self.recent.len() >= RECENT_MAX {
             let ttl = self.ttl;
             self.recent
-                .retain(|_, (_, seen)| now.saturating_duration_since(*seen) < ttl);
+                .retain(|_, r| now.saturating_duration_since(r.seen) < ttl);
         }
-        self.recent.insert(uid.to_owned(), (demand, now));
+        self.recent.insert(
+            uid.to_owned(),
+            Recent {
+                version: version.to_owned(),
+                demand,
+                seen: now,
+            },
+        );
     }
 
     /// Where a `/bind` of the pod `uid` to upper node `node` goes; `Err` with the reason when
@@ -293,7 +318,7 @@ impl Index {
                 id,
                 demand: uid
                     .and_then(|uid| self.recent.get(uid))
-                    .map(|(d, _)| Box::new(d.clone())),
+                    .map(|r| Box::new(r.demand.clone())),
             }),
         }
     }
@@ -758,6 +783,25 @@ mod tests {
         index.apply_upper_node(&watcher::Event::InitDone);
         assert!(!index.knows_upper_node("vk-a"));
         assert!(index.bind_target("vk-a", None).is_err());
+    }
+
+    #[test]
+    fn a_pod_changed_since_its_filter_call_is_judged_by_its_new_spec() {
+        let mut index = listed();
+        let now = Instant::now();
+        let mut pod = upper_pod("p", "1", None);
+        pod.metadata.resource_version = Some("1".into());
+        assert!(fits(&judge(&mut index, &pod, &["vk-a"], now)[0]));
+        // Resized before prioritize: a new resourceVersion, so its demand is read again.
+        let mut resized = upper_pod("p", "100", None);
+        resized.metadata.resource_version = Some("2".into());
+        assert!(!fits(&judge(&mut index, &resized, &["vk-a"], now)[0]));
+        match index.bind_target("vk-a", Some("uid-p")) {
+            Ok(BindTarget::Cluster {
+                demand: Some(d), ..
+            }) => assert_eq!(*d, demand(&resized)),
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]
