@@ -27,7 +27,7 @@ use tensile_core::quantity::parse_quantity;
 use tensile_placement::extender::DEFAULT_RESERVATION_TTL;
 use tensile_placement::extender::index::{BindTarget, Index, Reserved};
 
-use crate::fragmentation::{fleet_of, running_pods, workloads};
+use crate::fragmentation::{fleet_of, node_millis, running_pods, workloads};
 use crate::process::{cpu_seconds, memory_mib};
 
 /// Flags of `tensile bench extender`.
@@ -273,7 +273,7 @@ pub async fn run(args: ExtenderBenchArgs) -> anyhow::Result<()> {
         index.apply_lower_node(id, &Event::Init);
         for n in nodes {
             let cpu = n.resources.get("cpu").map_or("0", String::as_str);
-            lower.add_node(id, &n.name, millis(cpu)?);
+            lower.add_node(id, &n.name, node_millis(n));
             index.apply_lower_node(id, &Event::InitApply(node(&n.name, cpu)?));
         }
         index.apply_lower_node(id, &Event::InitDone);

@@ -111,6 +111,15 @@ pub(crate) fn fleet_of(
     }
 }
 
+/// A simulated node's CPU in millicores.
+pub(crate) fn node_millis(node: &SimNode) -> i64 {
+    node.resources
+        .get("cpu")
+        .and_then(|q| parse_quantity(q).ok())
+        .and_then(|q| i64::try_from(q.milli_value()).ok())
+        .unwrap_or(0)
+}
+
 /// The pods to create downstairs before the burst: (node, CPU request in millicores), spread
 /// over the nodes by their size, filling each to `fill` of its CPU but leaving at least 0.25,
 /// 0.75, 1.25 or 2 CPU free in turn.
@@ -119,21 +128,14 @@ pub(crate) fn running_pods(
     total: usize,
     fill: f64,
 ) -> Vec<Vec<(String, i64)>> {
-    let millis = |n: &SimNode| {
-        n.resources
-            .get("cpu")
-            .and_then(|q| parse_quantity(q).ok())
-            .and_then(|q| i64::try_from(q.milli_value()).ok())
-            .unwrap_or(0)
-    };
-    let all: i64 = fleet.iter().flatten().map(millis).sum::<i64>().max(1);
+    let all: i64 = fleet.iter().flatten().map(node_millis).sum::<i64>().max(1);
     let mut index = 0_usize;
     fleet
         .iter()
         .map(|nodes| {
             let mut pods = Vec::new();
             for node in nodes {
-                let cpu = millis(node);
+                let cpu = node_millis(node);
                 let keep = [250, 750, 1250, 2000][index % 4].min(cpu);
                 index += 1;
                 let count = usize::try_from(
@@ -309,6 +311,35 @@ async fn wait_filled(sandbox: &Sandbox, within: Duration) -> anyhow::Result<()> 
     Ok(())
 }
 
+/// Waits until each virtual node publishes the room the pods created downstairs left: its
+/// allocatable CPU at most its cluster's nodes' CPU minus those pods' requests (a virtual node
+/// publishes at most once a second), so the burst starts on what the upper scheduler will see.
+/// One watch per virtual node.
+async fn wait_published(sandbox: &Sandbox, rooms: &[i64], within: Duration) -> anyhow::Result<()> {
+    let nodes: Api<Node> = Api::all(sandbox.upper.client().await?);
+    let deadline = Instant::now() + within;
+    for (name, room) in sandbox.virtual_nodes.iter().zip(rooms) {
+        let room = *room;
+        let published = move |node: Option<&Node>| {
+            node.and_then(|n| n.status.as_ref()?.allocatable.as_ref()?.get("cpu").cloned())
+                .and_then(|q| parse_quantity(&q.0).ok())
+                .and_then(|q| i64::try_from(q.milli_value()).ok())
+                .is_some_and(|cpu| cpu <= room)
+        };
+        let left = deadline.saturating_duration_since(Instant::now());
+        tokio::time::timeout(
+            left,
+            kube::runtime::wait::await_condition(nodes.clone(), name, published),
+        )
+        .await
+        .with_context(|| {
+            format!("virtual node {name} did not publish {room}m CPU or less within {within:?}")
+        })?
+        .with_context(|| format!("watching virtual node {name}"))?;
+    }
+    Ok(())
+}
+
 /// Lower nodes whose pods (not finished) request more CPU than the node has: one LIST per
 /// cluster, once, at the end of a run.
 async fn overcommitted(sandbox: &Sandbox) -> anyhow::Result<usize> {
@@ -383,6 +414,15 @@ async fn run_mode(mode: &str, args: &FragmentationArgs) -> anyhow::Result<Outcom
     let descheduler_metrics = DeschedulerMetrics::default();
     let lowers = fleet(args);
     let plan = running_pods(&lowers, args.running_pods, args.fill);
+    // Each cluster's CPU left once those pods run, in millicores.
+    let rooms: Vec<i64> = lowers
+        .iter()
+        .zip(&plan)
+        .map(|(nodes, pods)| {
+            nodes.iter().map(node_millis).sum::<i64>()
+                - pods.iter().map(|(_, cpu)| cpu).sum::<i64>()
+        })
+        .collect();
     let sandbox = Sandbox::start(
         SandboxSpec {
             address: "127.0.0.1".parse()?,
@@ -409,8 +449,7 @@ async fn run_mode(mode: &str, args: &FragmentationArgs) -> anyhow::Result<Outcom
     let filled = setup.elapsed();
     wait_filled(&sandbox, Duration::from_secs(600)).await?;
     sandbox.wait_ready(Duration::from_secs(120)).await?;
-    // The virtual nodes publish the lower clusters' room at most once a second.
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    wait_published(&sandbox, &rooms, Duration::from_secs(60)).await?;
     let settled = setup.elapsed();
     tracing::info!(
         mode,
