@@ -225,29 +225,37 @@ impl LowerSchedulers {
     }
 }
 
-/// Lower pods of bound pods show up (pending) once more than `keep` binds wait for theirs, and
-/// are bound downstairs once more than `keep` wait for that.
-fn advance(
-    index: &mut Index,
-    lower: &mut LowerSchedulers,
-    created: &mut VecDeque<InFlight>,
-    pending: &mut VecDeque<InFlight>,
-    lower_events: &mut Timings,
-    keep: usize,
-) {
-    while created.len() > keep {
-        let Some(p) = created.pop_front() else { break };
-        lower_events.time(|| index.apply_lower_pod(&p.cluster, &Event::Apply(p.lower.clone())));
-        pending.push_back(p);
-    }
-    while pending.len() > keep {
-        let Some(mut p) = pending.pop_front() else {
-            break;
-        };
-        // A lower pod no node takes stays pending: the extender keeps counting it.
-        if let Some(node) = lower.bind(&p.cluster, p.cpu) {
-            p.lower.spec.get_or_insert_with(Default::default).node_name = Some(node);
-            lower_events.time(|| index.apply_lower_pod(&p.cluster, &Event::Apply(p.lower)));
+/// What happens downstairs after a bind: the lower pod shows up pending once more than
+/// `--in-flight` binds wait for theirs, and the lower scheduler binds it once more than as many
+/// wait for that.
+struct Downstairs {
+    schedulers: LowerSchedulers,
+    created: VecDeque<InFlight>,
+    pending: VecDeque<InFlight>,
+    /// The index's time on each lower pod event.
+    events: Timings,
+}
+
+impl Downstairs {
+    fn advance(&mut self, index: &mut Index, keep: usize) {
+        while self.created.len() > keep {
+            let Some(p) = self.created.pop_front() else {
+                break;
+            };
+            self.events
+                .time(|| index.apply_lower_pod(&p.cluster, &Event::Apply(p.lower.clone())));
+            self.pending.push_back(p);
+        }
+        while self.pending.len() > keep {
+            let Some(mut p) = self.pending.pop_front() else {
+                break;
+            };
+            // A lower pod no node takes stays pending: the extender keeps counting it.
+            if let Some(node) = self.schedulers.bind(&p.cluster, p.cpu) {
+                p.lower.spec.get_or_insert_with(Default::default).node_name = Some(node);
+                self.events
+                    .time(|| index.apply_lower_pod(&p.cluster, &Event::Apply(p.lower)));
+            }
         }
     }
 }
@@ -257,7 +265,12 @@ pub async fn run(args: ExtenderBenchArgs) -> anyhow::Result<()> {
     let plan = running_pods(&fleet, args.running_pods, args.fill);
     let ids: Vec<String> = (1..=fleet.len()).map(|i| format!("c{i}")).collect();
     let mut index = Index::new(ids.clone(), DEFAULT_RESERVATION_TTL);
-    let mut lower = LowerSchedulers::default();
+    let mut downstairs = Downstairs {
+        schedulers: LowerSchedulers::default(),
+        created: VecDeque::new(),
+        pending: VecDeque::new(),
+        events: Timings::default(),
+    };
 
     let listing = Instant::now();
     index.apply_upper_node(&Event::Init);
@@ -273,13 +286,13 @@ pub async fn run(args: ExtenderBenchArgs) -> anyhow::Result<()> {
         index.apply_lower_node(id, &Event::Init);
         for n in nodes {
             let cpu = n.resources.get("cpu").map_or("0", String::as_str);
-            lower.add_node(id, &n.name, node_millis(n));
+            downstairs.schedulers.add_node(id, &n.name, node_millis(n));
             index.apply_lower_node(id, &Event::InitApply(node(&n.name, cpu)?));
         }
         index.apply_lower_node(id, &Event::InitDone);
         index.apply_lower_pod(id, &Event::Init);
         for (i, (node_name, cpu)) in pods.iter().enumerate() {
-            lower.take(id, node_name, *cpu);
+            downstairs.schedulers.take(id, node_name, *cpu);
             let p = pod(
                 "fill",
                 &format!("fill-{i}"),
@@ -308,15 +321,9 @@ pub async fn run(args: ExtenderBenchArgs) -> anyhow::Result<()> {
         }
     }
 
-    let (mut filter, mut prioritize, mut bind, mut lower_events) = (
-        Timings::default(),
-        Timings::default(),
-        Timings::default(),
-        Timings::default(),
-    );
+    let (mut filter, mut prioritize, mut bind) =
+        (Timings::default(), Timings::default(), Timings::default());
     let (mut bound, mut unplaceable, mut bind_refused) = (0usize, 0usize, 0usize);
-    let mut created: VecDeque<InFlight> = VecDeque::new();
-    let mut pending: VecDeque<InFlight> = VecDeque::new();
     let pid = std::process::id();
     let cpu_start = cpu_seconds(pid);
     for (i, (name, cpu)) in burst.iter().enumerate() {
@@ -365,7 +372,7 @@ pub async fn run(args: ExtenderBenchArgs) -> anyhow::Result<()> {
         match reserved {
             Ok((id, Reserved::Room { .. })) => {
                 bound += 1;
-                created.push_back(InFlight {
+                downstairs.created.push_back(InFlight {
                     lower: pod(
                         "default",
                         &format!("{name}-{id}"),
@@ -381,25 +388,11 @@ pub async fn run(args: ExtenderBenchArgs) -> anyhow::Result<()> {
             Ok((_, Reserved::AlreadyThere)) => bound += 1,
             Err(_) => bind_refused += 1,
         }
-        advance(
-            &mut index,
-            &mut lower,
-            &mut created,
-            &mut pending,
-            &mut lower_events,
-            args.in_flight,
-        );
+        downstairs.advance(&mut index, args.in_flight);
     }
-    advance(
-        &mut index,
-        &mut lower,
-        &mut created,
-        &mut pending,
-        &mut lower_events,
-        0,
-    );
+    downstairs.advance(&mut index, 0);
     let burst_cpu_s = cpu_seconds(pid) - cpu_start;
-    let overcommitted = lower.overcommitted();
+    let overcommitted = downstairs.schedulers.overcommitted();
     let decisions_s = filter.total_s() + prioritize.total_s() + bind.total_s();
     let report = Report {
         lower_clusters: args.lower_clusters,
@@ -416,13 +409,13 @@ pub async fn run(args: ExtenderBenchArgs) -> anyhow::Result<()> {
         bind_p50_ms: bind.ms(0.5),
         bind_p99_ms: bind.ms(0.99),
         bind_max_ms: bind.ms(1.0),
-        lower_event_p99_ms: lower_events.ms(0.99),
+        lower_event_p99_ms: downstairs.events.ms(0.99),
         decisions_s,
         burst_cpu_s,
         bound,
         unplaceable,
         bind_refused,
-        stranded: lower.stranded,
+        stranded: downstairs.schedulers.stranded,
         overcommitted,
         peak_rss_mib: memory_mib(pid).1,
     };

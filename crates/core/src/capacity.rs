@@ -127,14 +127,22 @@ struct NodeFree {
 
 /// A counted node with its room, for the fit predicates.
 fn counted_view<'a>(name: &'a str, entry: &'a NodeEntry) -> Option<NodeView<'a>> {
-    let state = entry.state.as_ref()?;
-    Some(NodeView {
+    Some(view(
+        name,
+        entry.state.as_ref()?,
+        &entry.free.as_ref()?.room,
+    ))
+}
+
+/// A node with the given free room, for the fit predicates.
+fn view<'a>(name: &'a str, state: &'a NodeState, free: &'a ResourceVector) -> NodeView<'a> {
+    NodeView {
         name,
         labels: &state.labels,
         taints: &state.taints,
         unschedulable: state.unschedulable,
-        free: &entry.free.as_ref()?.room,
-    })
+        free,
+    }
 }
 
 /// What a bound pod takes from its node.
@@ -406,14 +414,11 @@ impl CapacityModel {
     /// `node.kubernetes.io/unschedulable`, daemon pods, onto cordoned nodes).
     pub fn ready_nodes(&self) -> impl Iterator<Item = NodeView<'_>> + '_ {
         self.nodes.iter().filter_map(|(name, entry)| {
-            let state = entry.state.as_ref()?;
-            Some(NodeView {
+            Some(view(
                 name,
-                labels: &state.labels,
-                taints: &state.taints,
-                unschedulable: state.unschedulable,
-                free: entry.ready_room.as_ref()?,
-            })
+                entry.state.as_ref()?,
+                entry.ready_room.as_ref()?,
+            ))
         })
     }
 
