@@ -494,6 +494,251 @@ async fn the_scheduler_calls_extenders_to_filter_and_prioritize() {
     assert_eq!(seen.connections.load(Ordering::SeqCst), 1);
 }
 
+/// A scheduler extender with only a bind verb, on loopback: binds through the API server as
+/// kube-scheduler's extenders do, except that a bind for a pod named in `held` waits for a
+/// permit of `gate` first, and the first bind for a pod named in `refused` then answers an
+/// error.
+struct BindExtender {
+    /// The pods it was asked to bind, in order.
+    calls: std::sync::Mutex<Vec<String>>,
+    gate: tokio::sync::Semaphore,
+    held: Vec<&'static str>,
+    refused: Vec<&'static str>,
+}
+
+impl BindExtender {
+    fn calls_for(&self, pod: &str) -> usize {
+        self.calls
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|p| *p == pod)
+            .count()
+    }
+}
+
+async fn bind_extender(
+    cluster: &tensile_testenv::TestCluster,
+    held: Vec<&'static str>,
+    refused: Vec<&'static str>,
+) -> Arc<BindExtender> {
+    use http_body_util::BodyExt;
+    use tensile_sim::apiserver::controllers::SchedulerExtender;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let ext = Arc::new(BindExtender {
+        calls: std::sync::Mutex::default(),
+        gate: tokio::sync::Semaphore::new(0),
+        held,
+        refused,
+    });
+    let shared = ext.clone();
+    let client = cluster.client.clone();
+    tokio::spawn(async move {
+        loop {
+            let Ok((tcp, _)) = listener.accept().await else {
+                return;
+            };
+            let ext = shared.clone();
+            let client = client.clone();
+            tokio::spawn(async move {
+                let svc = hyper::service::service_fn(
+                    move |req: hyper::Request<hyper::body::Incoming>| {
+                        let ext = ext.clone();
+                        let client = client.clone();
+                        async move {
+                            let args: serde_json::Value = serde_json::from_slice(
+                                &req.into_body().collect().await.unwrap().to_bytes(),
+                            )
+                            .unwrap();
+                            let name = args["PodName"].as_str().unwrap().to_owned();
+                            let node = args["Node"].as_str().unwrap().to_owned();
+                            let first = {
+                                let mut calls = ext.calls.lock().unwrap();
+                                calls.push(name.clone());
+                                calls.iter().filter(|p| **p == name).count() == 1
+                            };
+                            if ext.held.contains(&name.as_str()) && first {
+                                ext.gate.acquire().await.unwrap().forget();
+                            }
+                            let out = if ext.refused.contains(&name.as_str()) && first {
+                                json!({"error": "bind refused"})
+                            } else {
+                                let pods: Api<Pod> =
+                                    Api::namespaced(client, args["PodNamespace"].as_str().unwrap());
+                                let binding = json!({"apiVersion": "v1", "kind": "Binding",
+                                    "metadata": {"name": name},
+                                    "target": {"apiVersion": "v1", "kind": "Node", "name": node}});
+                                match pods
+                                    .create_subresource::<serde_json::Value, serde_json::Value>(
+                                        "binding",
+                                        &name,
+                                        &PostParams::default(),
+                                        &binding,
+                                    )
+                                    .await
+                                {
+                                    Ok(_) => json!({}),
+                                    Err(e) => json!({"error": e.to_string()}),
+                                }
+                            };
+                            Ok::<_, std::convert::Infallible>(hyper::Response::new(
+                                http_body_util::Full::new(bytes::Bytes::from(
+                                    serde_json::to_vec(&out).unwrap(),
+                                )),
+                            ))
+                        }
+                    },
+                );
+                let _ = hyper_util::server::conn::auto::Builder::new(
+                    hyper_util::rt::TokioExecutor::new(),
+                )
+                .serve_connection(hyper_util::rt::TokioIo::new(tcp), svc)
+                .await;
+            });
+        }
+    });
+    cluster
+        .set_scheduler_extenders(vec![SchedulerExtender {
+            url_prefix: format!("http://{addr}/scheduler"),
+            filter_verb: None,
+            prioritize_verb: None,
+            bind_verb: Some("bind".into()),
+            weight: 1,
+            node_cache_capable: true,
+            ignorable: false,
+            ca_pem: None,
+            client_cert_pem: None,
+            client_key_pem: None,
+            managed_resources: Vec::new(),
+        }])
+        .await
+        .unwrap();
+    ext
+}
+
+fn pod_asking(name: &str, cpu: &str) -> Pod {
+    from(
+        json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+        "spec": {"containers": [{"name": "c", "image": "i", "resources": {"requests": {"cpu": cpu}}}]}}),
+    )
+}
+
+/// The node a pod is bound to.
+async fn bound_node(pods: &Api<Pod>, name: &str) -> Option<String> {
+    pods.get(name).await.ok()?.spec?.node_name
+}
+
+#[tokio::test]
+async fn a_pod_is_bound_while_another_pods_bind_is_still_in_flight() {
+    let env = TestEnv::start_with(vec![ClusterSpec::new("c1", 2)])
+        .await
+        .unwrap();
+    let c = &env.clusters[0];
+    let ext = bind_extender(c, vec!["slow"], vec![]).await;
+    let pods: Api<Pod> = Api::namespaced(c.client.clone(), "default");
+    pods.create(&PostParams::default(), &pod_asking("slow", "100m"))
+        .await
+        .unwrap();
+    eventually(30, "the bind of slow asked", || async {
+        (ext.calls_for("slow") == 1).then_some(())
+    })
+    .await;
+    // kube-scheduler binds in the background: the next pod does not wait for that answer
+    // (which an inline bind would, until the extender call times out after 30 s).
+    pods.create(&PostParams::default(), &pod_asking("fast", "100m"))
+        .await
+        .unwrap();
+    eventually(20, "fast bound", || bound_node(&pods, "fast")).await;
+    assert_eq!(bound_node(&pods, "slow").await, None);
+    ext.gate.add_permits(1);
+    eventually(30, "slow bound", || bound_node(&pods, "slow")).await;
+    let events: Api<k8s_openapi::api::core::v1::Event> =
+        Api::namespaced(c.client.clone(), "default");
+    eventually(30, "a Scheduled event for each", || async {
+        let list = events.list(&ListParams::default()).await.ok()?;
+        let scheduled = |pod: &str| {
+            list.items.iter().any(|e| {
+                e.reason.as_deref() == Some("Scheduled")
+                    && e.involved_object.name.as_deref() == Some(pod)
+            })
+        };
+        (scheduled("slow") && scheduled("fast")).then_some(())
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn a_pod_whose_bind_fails_gives_its_room_back_and_is_tried_again() {
+    let env = TestEnv::start_with(vec![ClusterSpec::new("c1", 1)])
+        .await
+        .unwrap();
+    let c = &env.clusters[0];
+    let nodes: Api<Node> = Api::all(c.client.clone());
+    let node = nodes.get("c1-node-1").await.unwrap();
+    let cpu = node.status.unwrap().allocatable.unwrap()["cpu"].0.clone();
+    let ext = bind_extender(c, vec!["first"], vec!["first"]).await;
+    let pods: Api<Pod> = Api::namespaced(c.client.clone(), "default");
+    // Each takes the whole node.
+    pods.create(&PostParams::default(), &pod_asking("first", &cpu))
+        .await
+        .unwrap();
+    eventually(30, "the bind of first asked", || async {
+        (ext.calls_for("first") == 1).then_some(())
+    })
+    .await;
+    // While that bind is in flight, the node's room is taken (kube-scheduler's assumed pod).
+    pods.create(&PostParams::default(), &pod_asking("second", &cpu))
+        .await
+        .unwrap();
+    let message = eventually(20, "second unschedulable", || async {
+        let c = pods
+            .get("second")
+            .await
+            .ok()?
+            .status?
+            .conditions?
+            .into_iter()
+            .find(|c| c.type_ == "PodScheduled")?;
+        (c.reason.as_deref() == Some("Unschedulable")).then(|| c.message.unwrap_or_default())
+    })
+    .await;
+    assert!(message.contains("Insufficient cpu"), "{message}");
+    pods.delete("second", &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually(30, "second gone", || async {
+        pods.get_opt("second")
+            .await
+            .ok()
+            .and_then(|p| p.is_none().then_some(()))
+    })
+    .await;
+    // The bind fails: reported on the pod, its room given back, the pod tried again.
+    ext.gate.add_permits(1);
+    let events: Api<k8s_openapi::api::core::v1::Event> =
+        Api::namespaced(c.client.clone(), "default");
+    eventually(
+        30,
+        "a FailedScheduling event with the extender's error",
+        || async {
+            let list = events.list(&ListParams::default()).await.ok()?;
+            list.items
+                .iter()
+                .any(|e| {
+                    e.reason.as_deref() == Some("FailedScheduling")
+                        && e.involved_object.name.as_deref() == Some("first")
+                        && e.message.as_deref() == Some("bind refused")
+                })
+                .then_some(())
+        },
+    )
+    .await;
+    let bound = eventually(30, "first bound", || bound_node(&pods, "first")).await;
+    assert_eq!(bound, "c1-node-1");
+    assert_eq!(ext.calls_for("first"), 2);
+}
+
 #[tokio::test]
 async fn a_job_runs_its_pods_to_completion_and_one_that_keeps_failing_stops_at_its_backoff_limit() {
     use k8s_openapi::api::batch::v1::Job;

@@ -8,6 +8,11 @@
 //! backlog of pods that fit nowhere does not cost every later change a pass over all of them
 //! (nor each extender a call per pod per change). Extender calls reuse one kept-alive
 //! connection per extender, as kube-scheduler's HTTP client does.
+//!
+//! As kube-scheduler's binding cycle, binding runs in the background: a placed pod is
+//! assumed on its node in the model at once (the next pod sees the room taken) and the
+//! scheduler goes on to the next pod while it is bound (through an extender's bind verb or a
+//! Binding); a bind that fails gives the room back and the pod waits out its back-off.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
@@ -15,6 +20,7 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{Node, Pod};
 use serde_json::{Value, json};
+use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use super::super::State;
@@ -24,13 +30,43 @@ use super::super::resources::ids;
 use super::super::store::{Event, EventType, ObjKey};
 use super::fit::{self, Reason, Requests, Room};
 use super::volumes::{self, PodVolumes};
-use super::{Reconciler, create, modify, run_loop};
+use super::{Reconciler, create, modify};
 
 pub(super) async fn run(state: Arc<State>, stop: CancellationToken) {
-    // Ticks often enough that a pod whose back-off ran out is retried without waiting for
-    // the next change; a tick costs nothing while every pending pod is backing off.
-    run_loop(state, stop, Duration::from_secs(1), Scheduler::new()).await;
+    // `run_loop`'s loop, also waiting for the binds running in the background.
+    let mut scheduler = Scheduler::new(state.clone());
+    'outer: loop {
+        let start = state.store.current_rv();
+        scheduler.resync(&state).await;
+        let Ok(mut cursor) = state.store.watch_from(start) else {
+            continue;
+        };
+        // Ticks often enough that a pod whose back-off ran out is retried without waiting
+        // for the next change; a tick costs nothing while every pending pod is backing off.
+        let mut ticker = tokio::time::interval(Duration::from_secs(1));
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                () = stop.cancelled() => return,
+                batch = cursor.next_batch() => match batch {
+                    Ok(batch) => scheduler.changed(&state, Some(&batch)).await,
+                    Err(_) => continue 'outer,
+                },
+                Some(done) = scheduler.binds.join_next_with_id() => {
+                    // What a failed bind gave back can place a waiting pod.
+                    if scheduler.bound(&state, done).await && !scheduler.pending.is_empty() {
+                        scheduler.schedule_pending(&state).await;
+                    }
+                }
+                _ = ticker.tick() => scheduler.changed(&state, None).await,
+            }
+        }
+    }
 }
+
+/// How many binds may be in flight at once; the scheduling cycle waits for one to finish
+/// when this many are. kube-scheduler has no limit; this keeps memory bounded.
+const MAX_BINDS_IN_FLIGHT: usize = 256;
 
 /// kube-scheduler's defaults: `podInitialBackoffSeconds` and `podMaxBackoffSeconds`.
 const INITIAL_BACKOFF: Duration = Duration::from_secs(1);
@@ -53,22 +89,45 @@ struct Feasible {
     failures: Vec<Vec<Reason>>,
 }
 
+/// A pod assumed on a node while its bind runs in the background.
+struct Assumed {
+    /// The pod as it was scheduled, with the node in `spec.nodeName`.
+    pod: Pod,
+    /// The pod as read from the store when it was scheduled, for its events.
+    object: Arc<Value>,
+}
+
+/// What a background bind ends with: the pod, and `bind`'s outcome.
+type BindDone = (ObjKey, Result<(), Option<String>>);
+
 struct Scheduler {
     model: Room,
     pending: BTreeSet<ObjKey>,
     /// Pods that failed to be placed: failed attempts and when the back-off ends.
     backing_off: HashMap<ObjKey, (u32, Instant)>,
+    /// kube-scheduler's assumed pods: counted in `model` on the node they are being bound to
+    /// from when they are placed until their binding is seen (or the bind fails); none of
+    /// them is scheduled again meanwhile, whatever events about it arrive.
+    assumed: HashMap<ObjKey, Assumed>,
+    /// The binds in flight (kube-scheduler's binding cycles), by task.
+    binds: JoinSet<BindDone>,
+    bind_tasks: HashMap<tokio::task::Id, ObjKey>,
     /// Kept-alive connections to the extenders.
-    connections: Connections,
+    connections: Arc<Connections>,
+    state: Arc<State>,
 }
 
 impl Scheduler {
-    fn new() -> Self {
+    fn new(state: Arc<State>) -> Self {
         Self {
             model: Room::default(),
             pending: BTreeSet::new(),
             backing_off: HashMap::new(),
-            connections: Connections::default(),
+            assumed: HashMap::new(),
+            binds: JoinSet::new(),
+            bind_tasks: HashMap::new(),
+            connections: Arc::new(Connections::default()),
+            state,
         }
     }
 
@@ -85,6 +144,85 @@ impl Scheduler {
             .insert(key.clone(), (attempts, Instant::now() + backoff(attempts)));
     }
 
+    /// kube-scheduler's `assume`, then its binding cycle in the background: the pod counts on
+    /// `node` at once (the next pod sees the room taken) while it is bound, through an
+    /// extender or directly; `Scheduled` is recorded when that succeeded.
+    fn start_bind(&mut self, key: ObjKey, mut pod: Pod, object: Arc<Value>, node: String) {
+        if let Some(spec) = pod.spec.as_mut() {
+            spec.node_name = Some(node.clone());
+        }
+        self.model.apply_pod(&pod);
+        self.forget(&key);
+        let state = self.state.clone();
+        let connections = self.connections.clone();
+        let task_key = key.clone();
+        let task_object = object.clone();
+        let task = self.binds.spawn(async move {
+            let outcome = bind(&state, &connections, &task_key, &task_object, &node).await;
+            if outcome.is_ok() {
+                let message = format!(
+                    "Successfully assigned {}/{} to {node}",
+                    task_key.namespace, task_key.name
+                );
+                record_event(&state, &task_object, "Normal", "Scheduled", &message).await;
+            }
+            (task_key, outcome)
+        });
+        self.bind_tasks.insert(task.id(), key.clone());
+        self.assumed.insert(key, Assumed { pod, object });
+    }
+
+    /// A bind ended; whether it failed, giving its room back. A failed pod is forgotten from
+    /// the model (kube-scheduler's `ForgetPod`) and waits out its back-off before it is
+    /// tried again.
+    async fn bound(
+        &mut self,
+        state: &State,
+        done: Result<(tokio::task::Id, BindDone), tokio::task::JoinError>,
+    ) -> bool {
+        let (key, outcome) = match done {
+            Ok((id, (key, outcome))) => {
+                self.bind_tasks.remove(&id);
+                (key, outcome)
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "a scheduler bind task failed");
+                let Some(key) = self.bind_tasks.remove(&e.id()) else {
+                    return false;
+                };
+                (key, Err(None))
+            }
+        };
+        // On success the binding's own event confirms the pod on its node.
+        let Err(error) = outcome else {
+            return false;
+        };
+        // Not assumed any more: already seen bound (or deleted), nothing to give back.
+        let Some(assumed) = self.assumed.remove(&key) else {
+            return false;
+        };
+        // Back to what the store holds: unbound (pending again), bound elsewhere, or gone.
+        self.model.remove_pod(&key.namespace, &key.name);
+        let current = state.store.get(*ids::PODS, &key);
+        self.observe(*ids::PODS, &key, current.as_ref().map(|e| &*e.object));
+        if self.pending.contains(&key) {
+            self.failed(&key);
+        }
+        if let Some(error) = error
+            && mark_not_scheduled(state, &key, "SchedulerError", &error)
+        {
+            record_event(
+                state,
+                &assumed.object,
+                "Warning",
+                "FailedScheduling",
+                &error,
+            )
+            .await;
+        }
+        true
+    }
+
     fn observe(&mut self, res: usize, key: &ObjKey, obj: Option<&Value>) {
         if res == *ids::NODES {
             match obj.and_then(|o| serde_json::from_value::<Node>(o.clone()).ok()) {
@@ -93,7 +231,10 @@ impl Scheduler {
             }
         } else if res == *ids::PODS {
             match obj {
+                // Assumed, the pod stays on its node until it is seen bound or its bind fails.
+                Some(o) if self.assumed.contains_key(key) && unbound(o) => {}
                 Some(o) => {
+                    self.assumed.remove(key);
                     if let Ok(pod) = serde_json::from_value::<Pod>(o.clone()) {
                         self.model.apply_pod(&pod);
                     }
@@ -104,6 +245,7 @@ impl Scheduler {
                     }
                 }
                 None => {
+                    self.assumed.remove(key);
                     self.model.remove_pod(&key.namespace, &key.name);
                     self.forget(key);
                 }
@@ -117,9 +259,11 @@ impl Scheduler {
             .pending
             .iter()
             .filter(|k| {
-                self.backing_off
-                    .get(*k)
-                    .is_none_or(|(_, until)| *until <= now)
+                !self.assumed.contains_key(*k)
+                    && self
+                        .backing_off
+                        .get(*k)
+                        .is_none_or(|(_, until)| *until <= now)
             })
             .cloned()
             .collect();
@@ -138,40 +282,14 @@ impl Scheduler {
             };
             match self.place(state, &pod, &entry.object).await {
                 Ok(node) => {
-                    let message = format!(
-                        "Successfully assigned {}/{} to {node}",
-                        key.namespace, key.name
-                    );
-                    let bound =
-                        match bind(state, &self.connections, &key, &entry.object, &node).await {
-                            Ok(()) => true,
-                            Err(Some(error)) => {
-                                if mark_not_scheduled(state, &key, "SchedulerError", &error) {
-                                    record_event(
-                                        state,
-                                        &entry.object,
-                                        "Warning",
-                                        "FailedScheduling",
-                                        &error,
-                                    )
-                                    .await;
-                                }
-                                false
-                            }
-                            Err(None) => false,
+                    // A slot for its bind: wait for one in flight to end when all are taken.
+                    while self.binds.len() >= MAX_BINDS_IN_FLIGHT {
+                        let Some(done) = self.binds.join_next_with_id().await else {
+                            break;
                         };
-                    if bound {
-                        let mut bound = pod;
-                        if let Some(spec) = bound.spec.as_mut() {
-                            spec.node_name = Some(node);
-                        }
-                        // Reserve now; the binding's own event arrives later.
-                        self.model.apply_pod(&bound);
-                        self.forget(&key);
-                        record_event(state, &entry.object, "Normal", "Scheduled", &message).await;
-                    } else {
-                        self.failed(&key);
+                        self.bound(state, done).await;
                     }
+                    self.start_bind(key, pod, entry.object.clone(), node);
                 }
                 Err(message) => {
                     self.failed(&key);
@@ -510,11 +628,15 @@ async fn bind(
         .map_err(|_| None)
 }
 
-fn wants_scheduling(pod: &Value) -> bool {
-    let unbound = pod
-        .pointer("/spec/nodeName")
+/// Whether a pod has no node yet.
+fn unbound(pod: &Value) -> bool {
+    pod.pointer("/spec/nodeName")
         .and_then(Value::as_str)
-        .is_none_or(str::is_empty);
+        .is_none_or(str::is_empty)
+}
+
+fn wants_scheduling(pod: &Value) -> bool {
+    let unbound = unbound(pod);
     let ours = pod
         .pointer("/spec/schedulerName")
         .and_then(Value::as_str)
@@ -608,7 +730,18 @@ async fn record_event(state: &State, pod: &Value, type_: &str, reason: &str, mes
 
 impl Reconciler for Scheduler {
     async fn resync(&mut self, state: &State) {
-        *self = Scheduler::new();
+        // Binds in flight go on: their pods stay assumed over the model rebuilt from the store.
+        let binds = std::mem::take(&mut self.binds);
+        let bind_tasks = std::mem::take(&mut self.bind_tasks);
+        let mut assumed = std::mem::take(&mut self.assumed);
+        assumed.retain(|k, _| bind_tasks.values().any(|b| b == k));
+        *self = Scheduler::new(self.state.clone());
+        self.binds = binds;
+        self.bind_tasks = bind_tasks;
+        for a in assumed.values() {
+            self.model.apply_pod(&a.pod);
+        }
+        self.assumed = assumed;
         for res in [*ids::NODES, *ids::PODS] {
             let (items, _, _) = state.store.list(res, None, None, None, |_| true);
             for e in items {
