@@ -121,6 +121,17 @@ const PODS: usize = 0;
 const CPU: usize = 1;
 const MEMORY: usize = 2;
 
+/// CPU (`CPU`) in millicores, memory (`MEMORY`) in bytes, from nano-units: the units the
+/// scheduler rounds them to, so the division is exact and LeastAllocated's shares are the same.
+fn scored(resource: usize, nanos: i128) -> i64 {
+    let unit = if resource == CPU {
+        NANOS_PER_UNIT / 1000
+    } else {
+        NANOS_PER_UNIT
+    };
+    i64::try_from(nanos / unit).unwrap_or(i64::MAX)
+}
+
 /// A resource of a [`Slot`]: one of [`BASIC`] by position, or another by name.
 #[derive(Debug, Clone, PartialEq)]
 enum Res {
@@ -147,8 +158,10 @@ struct Slot {
     free: [i128; 4],
     /// Free room of the node's other resources (extended resources, huge pages).
     other: Vec<(String, i128)>,
-    /// Allocatable CPU and memory: LeastAllocated's shares are of these.
-    allocatable: [i128; 2],
+    /// Allocatable and free CPU (millicores) and memory (bytes), LeastAllocated's shares:
+    /// scanned for every placement, so in `i64` (`i128` division is a library call).
+    allocatable: [i64; 2],
+    scored_free: [i64; 2],
     /// Cordoned or tainted: its constraints are checked in full.
     constrained: bool,
 }
@@ -168,7 +181,11 @@ impl Slot {
             name: view.name.to_owned(),
             free,
             other,
-            allocatable: [allocatable(RESOURCE_CPU), allocatable(RESOURCE_MEMORY)],
+            allocatable: [
+                scored(CPU, allocatable(RESOURCE_CPU)),
+                scored(MEMORY, allocatable(RESOURCE_MEMORY)),
+            ],
+            scored_free: [scored(CPU, free[CPU]), scored(MEMORY, free[MEMORY])],
             constrained: view.unschedulable || !view.taints.is_empty(),
         }
     }
@@ -196,6 +213,10 @@ impl Slot {
             };
             *free = free.saturating_sub(*amount).max(0);
         }
+        self.scored_free = [
+            scored(CPU, self.free[CPU]),
+            scored(MEMORY, self.free[MEMORY]),
+        ];
     }
 
     /// The free room as a vector, for [`PodRequirements::check`]'s reasons.
@@ -243,7 +264,7 @@ impl Room {
     /// from that node and returns it; `None`, and nothing taken, when it fits nowhere.
     pub fn place(&mut self, model: &CapacityModel, demand: &Demand) -> Option<String> {
         let asks = Asks::new(demand);
-        let mut best: Option<(i128, usize)> = None;
+        let mut best: Option<(i64, usize)> = None;
         for (i, slot) in self.slots.iter().enumerate() {
             if asks.fits(slot, model) {
                 let score = asks.least_allocated(slot);
@@ -274,8 +295,8 @@ struct Asks<'d> {
     tight: Vec<(Res, i128)>,
     /// What placing it takes from a node: its rounded requests and a pod slot.
     usage: Vec<(Res, i128)>,
-    /// CPU and memory as LeastAllocated counts them (defaults for none).
-    nonzero: [i128; 2],
+    /// CPU (millicores) and memory (bytes) as LeastAllocated counts them (defaults for none).
+    nonzero: [i64; 2],
 }
 
 impl<'d> Asks<'d> {
@@ -323,8 +344,8 @@ impl<'d> Asks<'d> {
                 .map(|(name, amount)| (Res::of(name), amount))
                 .collect(),
             nonzero: [
-                nonzero(RESOURCE_CPU, DEFAULT_CPU_REQUEST),
-                nonzero(RESOURCE_MEMORY, DEFAULT_MEMORY_REQUEST),
+                scored(CPU, nonzero(RESOURCE_CPU, DEFAULT_CPU_REQUEST)),
+                scored(MEMORY, nonzero(RESOURCE_MEMORY, DEFAULT_MEMORY_REQUEST)),
             ],
             requirements,
         }
@@ -359,13 +380,17 @@ impl<'d> Asks<'d> {
 
     /// kube-scheduler's `LeastAllocated` score of the node for it, 0..=100: per CPU and
     /// memory, the share of allocatable left free once it is placed, averaged.
-    fn least_allocated(&self, slot: &Slot) -> i128 {
+    fn least_allocated(&self, slot: &Slot) -> i64 {
         let left = |i: usize| {
-            let (allocatable, want) = (slot.allocatable[i - CPU], self.nonzero[i - CPU]);
-            if allocatable <= 0 || want > slot.free[i] {
+            let (allocatable, want, free) = (
+                slot.allocatable[i - CPU],
+                self.nonzero[i - CPU],
+                slot.scored_free[i - CPU],
+            );
+            if allocatable <= 0 || want > free {
                 0
             } else {
-                (slot.free[i] - want) * 100 / allocatable
+                (free - want).saturating_mul(100) / allocatable
             }
         };
         (left(CPU) + left(MEMORY)) / 2
