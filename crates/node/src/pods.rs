@@ -42,7 +42,7 @@ use crate::needs::Side;
 use crate::pod_index::{Effect, Now, Plan, PodIndex, StatusWhy};
 use crate::reach::LowerReach;
 use crate::sync_error::{Call, Cluster, Failure, Level, Op, SyncError, Then, failing_for, policy};
-use crate::tokens::{PodTokens, TokenWiring};
+use crate::tokens::{PodHead, PodTokens, TokenWiring};
 use tensile_runtime::cache::CompactCache;
 use tensile_runtime::clients::{already_exists, delete_exact};
 use tensile_runtime::events::{EventSink, PodEvent};
@@ -441,11 +441,13 @@ impl PodController {
 /// How many creations one worker carries at once. A creation is up to three writes in series
 /// with upper identity (TokenRequest upstairs, identity Secret downstairs, the pod: the order is
 /// `PodTokens::write`'s), every other reconcile mostly one; while a worker waits on those round
-/// trips it takes further keys, so the burst's pods are created side by side instead of queueing
-/// behind the workers (`queue_wait`), and a status to write up never waits behind creations.
-/// Bounded, so that in-flight creations (a decoded upper pod, its lower pod and Secret each)
-/// stay a few hundred at most: beyond that a burst waits here rather than in memory.
-pub const CREATIONS_PER_WORKER: usize = 4;
+/// trips it takes another key, so a burst's pods are created side by side instead of queueing
+/// behind the workers (`queue_wait`). Two, not more: with the default 50 workers that keeps
+/// what the node has in flight towards one API server within one HTTP/2 connection's 100
+/// streams (`tensile_runtime::transport`; past that, requests racing for a new connection each
+/// opened their own: 112 sockets in a run with 4), and in-flight creations (a decoded upper
+/// pod, its lower pod and Secret each) at about a hundred.
+pub const CREATIONS_PER_WORKER: usize = 2;
 
 /// What a worker has in flight: reconciles that create a lower pod (up to
 /// [`CREATIONS_PER_WORKER`]) and at most one other.
@@ -614,13 +616,14 @@ async fn reconcile(ctx: &Ctx, key: &Key, plan: Box<Result<Plan, Failure>>) -> Re
 
 /// Deletes the token Secrets of pod `key` that no pod needs, from the caches as they are now:
 /// a lower pod the plan just deleted still holds its Secret until its delete event brings the
-/// key back.
+/// key back. Only the few fields that decide it are decoded ([`PodHead`]).
 async fn collect_tokens(ctx: &Ctx, key: &Key) -> Result<(), SyncError> {
+    if !ctx.tokens.has_secrets(key) {
+        return Ok(());
+    }
     let (ns, name) = key;
-    let (upper, lower) = (
-        ctx.index.upper_pods().get(ns, name),
-        ctx.index.lower_pods().get(ns, name),
-    );
+    let head = |cache: &CompactCache<Pod>| cache.get_as::<PodHead>(ns, name).map(PodHead::into_pod);
+    let (upper, lower) = (head(ctx.index.upper_pods()), head(ctx.index.lower_pods()));
     ctx.tokens
         .collect(key, upper.as_ref(), lower.as_ref())
         .await
@@ -1122,5 +1125,52 @@ fn kind_name(kind: LowerKind) -> &'static str {
         LowerKind::Secret => "Secret",
         LowerKind::PersistentVolumeClaim => "PersistentVolumeClaim",
         LowerKind::Pod => "Pod",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_worker_takes_keys_while_its_creations_wait_but_never_beside_another_reconcile() {
+        let mut in_flight = InFlight::default();
+        assert!(in_flight.takes_more());
+        // Creations side by side, up to the bound.
+        for _ in 0..CREATIONS_PER_WORKER {
+            assert!(in_flight.takes_more());
+            in_flight.add(true, 1);
+        }
+        assert!(!in_flight.takes_more());
+        in_flight.add(true, -1);
+        assert!(in_flight.takes_more());
+        // Any other reconcile (a status write, a deletion) is carried alone: the worker takes
+        // no key until it is done, whatever creations it has.
+        in_flight.add(false, 1);
+        assert!(!in_flight.takes_more());
+        in_flight.add(false, -1);
+        assert!(in_flight.takes_more());
+    }
+
+    #[test]
+    fn only_a_plan_that_creates_the_lower_pod_counts_as_a_creation() {
+        let plan = |effects| {
+            Ok(Plan {
+                effects,
+                ..Plan::default()
+            })
+        };
+        assert!(creates(&plan(vec![
+            Effect::CreateLower,
+            Effect::Event {
+                reason: "r",
+                note: String::new()
+            }
+        ])));
+        assert!(!creates(&plan(vec![Effect::SyncTokens])));
+        assert!(!creates(&plan(Vec::new())));
+        let failed: Result<Plan, Failure> =
+            Err(Failure::new(Op::Create, SyncError::Invalid("x".into())));
+        assert!(!creates(&failed));
     }
 }

@@ -20,7 +20,8 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use futures::TryStreamExt as _;
 use k8s_openapi::api::authentication::v1::{BoundObjectReference, TokenRequest, TokenRequestSpec};
-use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret, ServiceAccount};
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, PodStatus, Secret, ServiceAccount};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::runtime::watcher;
@@ -181,6 +182,17 @@ impl PodTokens {
             .map_err(|e| self.error(e, Some(&key.0), Some(&key.1)))
     }
 
+    /// Whether pod `key` has token Secrets of ours (then [`Self::collect`] has something to
+    /// judge).
+    pub fn has_secrets(&self, key: &Key) -> bool {
+        self.secrets.as_ref().is_some_and(|s| {
+            s.by_pod
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .contains_key(key)
+        })
+    }
+
     fn error(&self, e: TokenError, ns: Option<&str>, pod: Option<&str>) -> SyncError {
         SyncError::tokens(
             e,
@@ -188,6 +200,35 @@ impl PodTokens {
             pod.unwrap_or_default(),
             &self.lower_name,
         )
+    }
+}
+
+/// The fields of a pod that [`identity_secret_needed`] reads, decoded alone from a cache (the
+/// rest of the pod is skipped): the collection runs after every reconcile.
+#[derive(Debug, serde::Deserialize)]
+pub struct PodHead {
+    metadata: ObjectMeta,
+    #[serde(default)]
+    status: Option<PhaseOnly>,
+}
+
+#[derive(Debug, serde::Deserialize)]
+struct PhaseOnly {
+    #[serde(default)]
+    phase: Option<String>,
+}
+
+impl PodHead {
+    /// A pod of these fields only.
+    pub fn into_pod(self) -> Pod {
+        Pod {
+            metadata: self.metadata,
+            status: self.status.map(|s| PodStatus {
+                phase: s.phase,
+                ..PodStatus::default()
+            }),
+            ..Pod::default()
+        }
     }
 }
 
@@ -609,4 +650,87 @@ fn instant_at(at: Timestamp) -> tokio::time::Instant {
         .try_into()
         .unwrap_or_default();
     tokio::time::Instant::now() + wait
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use serde_json::json;
+    use tensile_core::keys::ANNOTATION_UPPER_UID;
+
+    /// The collection decodes only [`PodHead`] of each pod: it must decide as the whole pod
+    /// does, in every state that matters (running, deleting, finished, another UID, the lower
+    /// pod that mounts it or another's).
+    #[test]
+    fn the_head_of_a_pod_decides_its_secret_as_the_whole_pod_does() {
+        let spec = json!({"containers": [{"name": "c", "image": "nginx",
+            "volumeMounts": [{"name": "t", "mountPath": "/var/run/secrets/kubernetes.io/serviceaccount"}]}],
+            "volumes": [{"name": "t", "projected": {"sources": [
+                {"serviceAccountToken": {"path": "token", "expirationSeconds": 3607}}]}}]});
+        let upper = |uid: &str, extra: serde_json::Value| -> serde_json::Value {
+            let mut p = json!({"metadata": {"name": "web", "namespace": "default", "uid": uid,
+                "labels": {"app": "web"}}, "spec": spec.clone(),
+                "status": {"phase": "Running", "podIP": "10.0.0.1",
+                    "conditions": [{"type": "Ready", "status": "True"}]}});
+            json_patch(&mut p, extra);
+            p
+        };
+        let lower = |uid: &str| -> serde_json::Value {
+            json!({"metadata": {"name": "web", "namespace": "default", "uid": "l-1",
+                "annotations": {ANNOTATION_UPPER_UID: uid}}, "spec": spec.clone(),
+                "status": {"phase": "Running"}})
+        };
+        let full_pod: Pod = serde_json::from_value(upper("u-1", json!({}))).unwrap();
+        let secret = tensile_core::identity::identity_secret(
+            &full_pod,
+            "vk-1",
+            tensile_core::identity::Tokens::None,
+            &[],
+        )
+        .unwrap();
+        let uppers = [
+            None,
+            Some(upper("u-1", json!({}))),
+            Some(upper("u-2", json!({}))),
+            Some(upper("u-1", json!({"status": {"phase": "Succeeded"}}))),
+            Some(upper("u-1", json!({"status": {"phase": "Failed"}}))),
+            Some(upper("u-1", json!({"status": null}))),
+            Some(upper(
+                "u-1",
+                json!({"metadata": {"deletionTimestamp": "2026-01-01T00:00:00Z"}}),
+            )),
+        ];
+        let lowers = [None, Some(lower("u-1")), Some(lower("u-2"))];
+        let (mut kept, mut dropped) = (0, 0);
+        for u in &uppers {
+            for l in &lowers {
+                let full = |v: &Option<serde_json::Value>| {
+                    v.clone().map(|v| serde_json::from_value::<Pod>(v).unwrap())
+                };
+                let head = |v: &Option<serde_json::Value>| {
+                    v.clone()
+                        .map(|v| serde_json::from_value::<PodHead>(v).unwrap().into_pod())
+                };
+                let want = identity_secret_needed(&secret, full(u).as_ref(), full(l).as_ref());
+                let got = identity_secret_needed(&secret, head(u).as_ref(), head(l).as_ref());
+                assert_eq!(got, want, "upper {u:?}, lower {l:?}");
+                if want { kept += 1 } else { dropped += 1 }
+            }
+        }
+        // Both answers occur, so the comparison says something.
+        assert!(kept > 0 && dropped > 0);
+    }
+
+    /// Merges `extra` into `v` (objects key by key, anything else replaced).
+    fn json_patch(v: &mut serde_json::Value, extra: serde_json::Value) {
+        match (v, extra) {
+            (serde_json::Value::Object(a), serde_json::Value::Object(b)) => {
+                for (k, e) in b {
+                    json_patch(a.entry(k).or_insert(serde_json::Value::Null), e);
+                }
+            }
+            (v, e) => *v = e,
+        }
+    }
 }
