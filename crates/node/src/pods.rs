@@ -582,12 +582,11 @@ impl Ctx {
         ns: &str,
         name: &str,
         patch: serde_json::Value,
-    ) -> Result<(), SyncError> {
+    ) -> Result<Pod, SyncError> {
         self.upper_api(ns)
             .patch_status(name, &PatchParams::default(), &Patch::Merge(patch))
             .await
-            .map_err(|e| SyncError::api(upper_status(ns, name), e))?;
-        Ok(())
+            .map_err(|e| SyncError::api(upper_status(ns, name), e))
     }
 }
 
@@ -704,6 +703,12 @@ async fn execute(ctx: &Ctx, key: &Key, plan: Plan) -> Result<(), Failure> {
                 let written = Box::pin(ctx.patch_upper_status(ns, name, patch)).await;
                 if why == StatusWhy::Mirror {
                     ctx.metrics.observe("upper_status", t0.elapsed());
+                    if let Ok(Some(version)) = written
+                        .as_ref()
+                        .map(|p| p.metadata.resource_version.clone())
+                    {
+                        ctx.index.mirrored(key.clone(), version);
+                    }
                 }
                 written?;
             }

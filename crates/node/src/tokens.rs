@@ -146,9 +146,22 @@ impl PodTokens {
     ///   for one that is there and not ours). Only our create's answer proves the Secret is
     ///   ours; a pod created at the same time could already run with the other.
     ///
-    /// So no write is made at the same time as another; what saves round trips is not writing
-    /// twice (a Secret already in the cache is not created again, a pod just created is not
-    /// created again: `Expected`).
+    ///
+    /// So no write of one pod is made at the same time as another of its writes. The
+    /// alternatives looked at (issue 31), and why not:
+    /// - An empty Secret first, beside the TokenRequest, then the tokens patched in beside the
+    ///   pod create: the lower kubelet would find the Secret without the token key its volume
+    ///   names and fail the mount, retrying with back-off (the pod starts later, not sooner),
+    ///   and it is a fourth write.
+    /// - The pod created with a scheduling gate beside the Secret, the gate lifted once the
+    ///   Secret is ours: lifting it is a third write in series again, so nothing is saved, and
+    ///   a pod that shows "created" but cannot run only moves the wait out of the measurement.
+    ///
+    /// What goes side by side is the writes of different pods (a worker carries several
+    /// creations: `pods::CREATIONS_PER_WORKER`) and a pod's TokenRequests among themselves
+    /// (one per audience and expiry). What saves round trips is not writing twice (a Secret
+    /// already in the cache is not created again, a pod just created is not created again:
+    /// `Expected`).
     pub async fn write(&self, u: &Pod) -> Result<(), SyncError> {
         let Some(secrets) = &self.secrets else {
             return Ok(());
@@ -320,6 +333,9 @@ struct IdentitySecrets {
     upper_config_maps: CompactCache<ConfigMap>,
     /// The pod controller's queue: a pod's tokens are looked at again when they are due.
     queue: Queue<Key>,
+    /// The resourceVersion of each Secret as our last write left it, until the watch shows a
+    /// version of it: the event of our own write does not bring its pod back (see `start`).
+    written: Arc<Mutex<HashMap<Key, String>>>,
 }
 
 impl std::fmt::Debug for IdentitySecrets {
@@ -364,8 +380,27 @@ impl IdentitySecrets {
         let index = by_pod.clone();
         let events = secrets.objects_shown(events, move |e| index_secrets(&index, e));
         let feed = queue.clone();
+        let written: Arc<Mutex<HashMap<Key, String>>> = Arc::default();
+        let (ours, cache) = (written.clone(), secrets.clone());
         let feed = Box::pin(async move {
             tensile_runtime::backoff::drain(events, &stop, "token secrets", |s: Secret| {
+                // Our own write coming back (the version it made, still in the cache: not a
+                // deletion) changes nothing for its pod, which wrote it: not planned again.
+                // In a burst that is a reconcile fewer per pod, the one that used to find the
+                // pod's create still in flight. Any other version brings the pod back.
+                if let (Some(ns), Some(name)) = (&s.metadata.namespace, &s.metadata.name) {
+                    let key = (ns.clone(), name.clone());
+                    let last = ours
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .remove(&key);
+                    if last.is_some()
+                        && last.as_ref() == s.metadata.resource_version.as_ref()
+                        && cache.contains(ns, name)
+                    {
+                        return;
+                    }
+                }
                 let pod = s
                     .metadata
                     .annotations
@@ -387,6 +422,7 @@ impl IdentitySecrets {
             by_pod,
             upper_config_maps,
             queue,
+            written,
         };
         (secrets, feed)
     }
@@ -573,7 +609,10 @@ impl IdentitySecrets {
         let api = self.secrets_api(ns);
         if !known {
             match api.create(&PostParams::default(), secret).await {
-                Ok(_) => return Ok(()),
+                Ok(created) => {
+                    self.wrote(ns, secret_name, &created);
+                    return Ok(());
+                }
                 Err(e) if already_exists(&e) => {
                     let existing = api
                         .get(secret_name)
@@ -591,10 +630,22 @@ impl IdentitySecrets {
             }
         }
         // Every key we write is ours: a merge patch of the whole object replaces them all.
-        api.patch(secret_name, &PatchParams::default(), &Patch::Merge(secret))
+        let patched = api
+            .patch(secret_name, &PatchParams::default(), &Patch::Merge(secret))
             .await
             .map_err(|source| self.write_error(ns, secret_name, source))?;
+        self.wrote(ns, secret_name, &patched);
         Ok(())
+    }
+
+    /// Our write left Secret `ns/name` as `written`.
+    fn wrote(&self, ns: &str, name: &str, written: &Secret) {
+        if let Some(version) = written.metadata.resource_version.clone() {
+            self.written
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .insert((ns.to_owned(), name.to_owned()), version);
+        }
     }
 
     fn secrets_api(&self, ns: &str) -> Api<Secret> {
