@@ -457,11 +457,28 @@ pub(crate) struct InFlight {
     others: usize,
 }
 
+/// Which keys a worker takes next.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Takes {
+    /// None: it has another reconcile in flight.
+    Nothing,
+    /// Those of the urgent lane only: it is full of creations, but what the lower cluster
+    /// reported (mostly a status to write up, one request) does not wait for them.
+    Urgent,
+    /// Any (the key's plan is only known once it is taken).
+    Any,
+}
+
 impl InFlight {
-    /// Whether the worker takes another key: when no other reconcile is in flight and it has
-    /// room for a creation (the key's plan is only known once it is taken).
-    pub(crate) fn takes_more(self) -> bool {
-        self.others == 0 && self.creations < CREATIONS_PER_WORKER
+    /// Which keys the worker takes now.
+    pub(crate) fn takes(self) -> Takes {
+        if self.others > 0 {
+            Takes::Nothing
+        } else if self.creations < CREATIONS_PER_WORKER {
+            Takes::Any
+        } else {
+            Takes::Urgent
+        }
     }
 
     fn add(&mut self, creates: bool, by: isize) {
@@ -481,8 +498,8 @@ fn creates(plan: &Result<Plan, Failure>) -> bool {
 }
 
 /// Takes keys, plans, carries the plans out; the queue learns how each went. A worker has one
-/// reconcile in flight, or several creations ([`InFlight`]): the writes of a creation are
-/// serial, those of different pods need not be.
+/// reconcile in flight, or several creations and at most one other ([`InFlight`]): the writes
+/// of a creation are serial, those of different pods need not be.
 async fn worker(ctx: Arc<Ctx>, rx: Receiver<Key>, stop: CancellationToken) {
     let queue = ctx.queue.clone();
     let mut running = futures::stream::FuturesUnordered::new();
@@ -502,7 +519,12 @@ async fn worker(ctx: Arc<Ctx>, rx: Receiver<Key>, stop: CancellationToken) {
         tokio::select! {
             biased;
             Some(done) = running.next() => finish(done, &mut in_flight),
-            next = queue.next(&rx, &stop), if in_flight.takes_more() => {
+            next = async {
+                match in_flight.takes() {
+                    Takes::Urgent => queue.next_urgent(&rx, &stop).await,
+                    _ => queue.next(&rx, &stop).await,
+                }
+            }, if in_flight.takes() != Takes::Nothing => {
                 let Some((key, waited)) = next else { break };
                 ctx.metrics.observe("queue_wait", waited);
                 let t0 = std::time::Instant::now();
@@ -1138,23 +1160,27 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_worker_takes_keys_while_its_creations_wait_but_never_beside_another_reconcile() {
+    fn a_worker_takes_keys_while_its_creations_wait_and_urgent_ones_when_full_of_them() {
         let mut in_flight = InFlight::default();
-        assert!(in_flight.takes_more());
+        assert_eq!(in_flight.takes(), Takes::Any);
         // Creations side by side, up to the bound.
         for _ in 0..CREATIONS_PER_WORKER {
-            assert!(in_flight.takes_more());
+            assert_eq!(in_flight.takes(), Takes::Any);
             in_flight.add(true, 1);
         }
-        assert!(!in_flight.takes_more());
+        // Full: only what the lower cluster reported (urgent) is taken beside them.
+        assert_eq!(in_flight.takes(), Takes::Urgent);
+        in_flight.add(false, 1);
+        assert_eq!(in_flight.takes(), Takes::Nothing);
+        in_flight.add(false, -1);
         in_flight.add(true, -1);
-        assert!(in_flight.takes_more());
-        // Any other reconcile (a status write, a deletion) is carried alone: the worker takes
+        assert_eq!(in_flight.takes(), Takes::Any);
+        // Any other reconcile (a status write, a deletion) is one at a time: the worker takes
         // no key until it is done, whatever creations it has.
         in_flight.add(false, 1);
-        assert!(!in_flight.takes_more());
+        assert_eq!(in_flight.takes(), Takes::Nothing);
         in_flight.add(false, -1);
-        assert!(in_flight.takes_more());
+        assert_eq!(in_flight.takes(), Takes::Any);
     }
 
     #[test]
