@@ -440,14 +440,14 @@ impl PodController {
 
 /// How many creations one worker carries at once. A creation is up to three writes in series
 /// with upper identity (TokenRequest upstairs, identity Secret downstairs, the pod: the order is
-/// `PodTokens::write`'s), every other reconcile mostly one; while a worker waits on those round
-/// trips it takes another key, so a burst's pods are created side by side instead of queueing
-/// behind the workers (`queue_wait`). Two, not more: with the default 50 workers that keeps
-/// what the node has in flight towards one API server within one HTTP/2 connection's 100
-/// streams (`tensile_runtime::transport`; past that, requests racing for a new connection each
-/// opened their own: 112 sockets in a run with 4), and in-flight creations (a decoded upper
-/// pod, its lower pod and Secret each) at about a hundred.
-pub const CREATIONS_PER_WORKER: usize = 2;
+/// `PodTokens::write`'s), every other reconcile mostly one; a worker carrying a creation still
+/// takes what the lower cluster reports ([`Takes::Urgent`]), so a status to write up never
+/// waits for the creations' round trips. One, measured (docs/benchmarks.md, issue 31): with two
+/// per worker the creations' queue left the node but reappeared in the API servers on two
+/// shared cores (their own p50 doubled, lower Running -> upper Running got slower, the node's
+/// peak RSS grew by 5-9 MiB), and past ~100 streams towards one API server the requests racing
+/// for a second HTTP/2 connection each opened their own (112 sockets in a run with four).
+pub const CREATIONS_PER_WORKER: usize = 1;
 
 /// What a worker has in flight: reconciles that create a lower pod (up to
 /// [`CREATIONS_PER_WORKER`]) and at most one other.
@@ -498,8 +498,9 @@ fn creates(plan: &Result<Plan, Failure>) -> bool {
 }
 
 /// Takes keys, plans, carries the plans out; the queue learns how each went. A worker has one
-/// reconcile in flight, or several creations and at most one other ([`InFlight`]): the writes
-/// of a creation are serial, those of different pods need not be.
+/// reconcile in flight, or up to [`CREATIONS_PER_WORKER`] creations and at most one other
+/// ([`InFlight`]): the writes of a creation are serial, a status write of another pod need not
+/// wait for them.
 async fn worker(ctx: Arc<Ctx>, rx: Receiver<Key>, stop: CancellationToken) {
     let queue = ctx.queue.clone();
     let mut running = futures::stream::FuturesUnordered::new();
@@ -1163,7 +1164,7 @@ mod tests {
     fn a_worker_takes_keys_while_its_creations_wait_and_urgent_ones_when_full_of_them() {
         let mut in_flight = InFlight::default();
         assert_eq!(in_flight.takes(), Takes::Any);
-        // Creations side by side, up to the bound.
+        // Creations, up to the bound.
         for _ in 0..CREATIONS_PER_WORKER {
             assert_eq!(in_flight.takes(), Takes::Any);
             in_flight.add(true, 1);

@@ -157,9 +157,9 @@ impl PodTokens {
     ///   Secret is ours: lifting it is a third write in series again, so nothing is saved, and
     ///   a pod that shows "created" but cannot run only moves the wait out of the measurement.
     ///
-    /// What goes side by side is the writes of different pods (a worker carries several
-    /// creations: `pods::CREATIONS_PER_WORKER`) and a pod's TokenRequests among themselves
-    /// (one per audience and expiry). What saves round trips is not writing twice (a Secret
+    /// What goes side by side is the writes of different pods (one creation per worker,
+    /// `pods::CREATIONS_PER_WORKER` says why not more, and a status write beside it) and a
+    /// pod's TokenRequests among themselves (one per audience and expiry). What saves round trips is not writing twice (a Secret
     /// already in the cache is not created again, a pod just created is not created again:
     /// `Expected`).
     pub async fn write(&self, u: &Pod) -> Result<(), SyncError> {
