@@ -384,22 +384,8 @@ impl IdentitySecrets {
         let (ours, cache) = (written.clone(), secrets.clone());
         let feed = Box::pin(async move {
             tensile_runtime::backoff::drain(events, &stop, "token secrets", |s: Secret| {
-                // Our own write coming back (the version it made, still in the cache: not a
-                // deletion) changes nothing for its pod, which wrote it: not planned again.
-                // In a burst that is a reconcile fewer per pod, the one that used to find the
-                // pod's create still in flight. Any other version brings the pod back.
-                if let (Some(ns), Some(name)) = (&s.metadata.namespace, &s.metadata.name) {
-                    let key = (ns.clone(), name.clone());
-                    let last = ours
-                        .lock()
-                        .unwrap_or_else(PoisonError::into_inner)
-                        .remove(&key);
-                    if last.is_some()
-                        && last.as_ref() == s.metadata.resource_version.as_ref()
-                        && cache.contains(ns, name)
-                    {
-                        return;
-                    }
+                if own_write(&ours, &cache, &s) {
+                    return;
                 }
                 let pod = s
                     .metadata
@@ -662,6 +648,28 @@ impl IdentitySecrets {
     }
 }
 
+/// Whether `shown`, a Secret the watch just showed, is our own last write of it coming back
+/// (the version the write made, still in the cache: not a deletion). That changes nothing for
+/// its pod, which wrote it, so the pod is not planned again: in a burst a reconcile fewer per
+/// pod, the one that used to find the pod's create still in flight. Any other version brings
+/// the pod back. The mark of our write is used up either way.
+fn own_write(
+    written: &Mutex<HashMap<Key, String>>,
+    cache: &CompactCache<Secret>,
+    shown: &Secret,
+) -> bool {
+    let (Some(ns), Some(name)) = (&shown.metadata.namespace, &shown.metadata.name) else {
+        return false;
+    };
+    let last = written
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .remove(&(ns.clone(), name.clone()));
+    last.is_some()
+        && last.as_ref() == shown.metadata.resource_version.as_ref()
+        && cache.contains(ns, name)
+}
+
 /// Keeps the index of our Secrets by their pod's (namespace, name) in step with the watch.
 fn index_secrets(index: &Mutex<HashMap<Key, BTreeSet<String>>>, event: &watcher::Event<Secret>) {
     let mut index = index.lock().unwrap_or_else(PoisonError::into_inner);
@@ -783,5 +791,36 @@ mod tests {
             }
             (v, e) => *v = e,
         }
+    }
+
+    #[test]
+    fn only_our_own_last_write_coming_back_is_not_planned_again() {
+        let secret = |version: &str| -> Secret {
+            serde_json::from_value(json!({"metadata": {"namespace": "default",
+                "name": "tensile-identity-u-1", "resourceVersion": version}}))
+            .unwrap()
+        };
+        let cache = CompactCache::<Secret>::new();
+        for e in [watcher::Event::Init, watcher::Event::InitDone] {
+            cache.apply_keys(&e);
+        }
+        let written: Mutex<HashMap<Key, String>> = Mutex::default();
+        let key = ("default".to_owned(), "tensile-identity-u-1".to_owned());
+        // Never written by us: planned.
+        cache.apply_keys(&watcher::Event::Apply(secret("1")));
+        assert!(!own_write(&written, &cache, &secret("1")));
+        // Our write made version 2, and the watch shows it: not planned, once.
+        written.lock().unwrap().insert(key.clone(), "2".into());
+        cache.apply_keys(&watcher::Event::Apply(secret("2")));
+        assert!(own_write(&written, &cache, &secret("2")));
+        assert!(!own_write(&written, &cache, &secret("2")));
+        // Someone else's version in between: planned.
+        written.lock().unwrap().insert(key.clone(), "4".into());
+        cache.apply_keys(&watcher::Event::Apply(secret("3")));
+        assert!(!own_write(&written, &cache, &secret("3")));
+        // Deleted (gone from the cache), even at our version: planned.
+        written.lock().unwrap().insert(key, "5".into());
+        cache.apply_keys(&watcher::Event::Delete(secret("5")));
+        assert!(!own_write(&written, &cache, &secret("5")));
     }
 }
