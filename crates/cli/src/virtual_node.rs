@@ -96,7 +96,8 @@ pub struct VirtualNodeArgs {
     /// Do not taint the node.
     #[arg(long, default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
     disable_taint: bool,
-    /// Parallel pod syncs.
+    /// Pod-sync workers: each carries one reconcile at a time, and beside a pod creation
+    /// (up to three writes in series) one status to write up.
     #[arg(long, default_value_t = 50)]
     pod_sync_workers: usize,
     /// Always true: the lease is how the upper cluster knows the node is alive.

@@ -42,7 +42,7 @@ use crate::needs::Side;
 use crate::pod_index::{Effect, Now, Plan, PodIndex, StatusWhy};
 use crate::reach::LowerReach;
 use crate::sync_error::{Call, Cluster, Failure, Level, Op, SyncError, Then, failing_for, policy};
-use crate::tokens::{PodTokens, TokenWiring};
+use crate::tokens::{PodHead, PodTokens, TokenWiring};
 use tensile_runtime::cache::CompactCache;
 use tensile_runtime::clients::{already_exists, delete_exact};
 use tensile_runtime::events::{EventSink, PodEvent};
@@ -117,7 +117,8 @@ pub struct PodSync {
     pub lower_name: String,
     /// Translation settings (owner id, ignore-labels).
     pub translate: TranslateConfig,
-    /// Parallel reconciles.
+    /// Workers: each carries one reconcile at a time, or up to [`CREATIONS_PER_WORKER`]
+    /// creations.
     pub workers: usize,
     /// Create the ServiceAccounts pods use in the lower cluster (`--enable-serviceaccount`);
     /// when false a pod of a missing lower ServiceAccount waits for the operator to create it.
@@ -437,19 +438,112 @@ impl PodController {
     }
 }
 
-/// Takes a key, plans, carries the plan out; the queue learns how it went.
+/// How many creations one worker carries at once. A creation is up to three writes in series
+/// with upper identity (TokenRequest upstairs, identity Secret downstairs, the pod: the order is
+/// `PodTokens::write`'s), every other reconcile mostly one; a worker carrying a creation still
+/// takes what the lower cluster reports ([`Takes::Urgent`]), so a status to write up never
+/// waits for the creations' round trips. One, measured (docs/benchmarks.md, issue 31): with two
+/// per worker the creations' queue left the node but reappeared in the API servers on two
+/// shared cores (their own p50 doubled, lower Running -> upper Running got slower, the node's
+/// peak RSS grew by 5-9 MiB), and past ~100 streams towards one API server the requests racing
+/// for a second HTTP/2 connection each opened their own (112 sockets in a run with four).
+pub const CREATIONS_PER_WORKER: usize = 1;
+
+/// What a worker has in flight: reconciles that create a lower pod (up to
+/// [`CREATIONS_PER_WORKER`]) and at most one other.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct InFlight {
+    creations: usize,
+    others: usize,
+}
+
+/// Which keys a worker takes next.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Takes {
+    /// None: it has another reconcile in flight.
+    Nothing,
+    /// Those of the urgent lane only: it is full of creations, but what the lower cluster
+    /// reported (mostly a status to write up, one request) does not wait for them.
+    Urgent,
+    /// Any (the key's plan is only known once it is taken).
+    Any,
+}
+
+impl InFlight {
+    /// Which keys the worker takes now.
+    pub(crate) fn takes(self) -> Takes {
+        if self.others > 0 {
+            Takes::Nothing
+        } else if self.creations < CREATIONS_PER_WORKER {
+            Takes::Any
+        } else {
+            Takes::Urgent
+        }
+    }
+
+    fn add(&mut self, creates: bool, by: isize) {
+        let n = if creates {
+            &mut self.creations
+        } else {
+            &mut self.others
+        };
+        *n = n.saturating_add_signed(by);
+    }
+}
+
+/// Whether `plan` creates the lower pod (the reconcile of a creation).
+fn creates(plan: &Result<Plan, Failure>) -> bool {
+    plan.as_ref()
+        .is_ok_and(|p| p.effects.iter().any(|e| matches!(e, Effect::CreateLower)))
+}
+
+/// Takes keys, plans, carries the plans out; the queue learns how each went. A worker has one
+/// reconcile in flight, or up to [`CREATIONS_PER_WORKER`] creations and at most one other
+/// ([`InFlight`]): the writes of a creation are serial, a status write of another pod need not
+/// wait for them.
 async fn worker(ctx: Arc<Ctx>, rx: Receiver<Key>, stop: CancellationToken) {
     let queue = ctx.queue.clone();
-    while let Some((key, waited)) = queue.next(&rx, &stop).await {
-        ctx.metrics.observe("queue_wait", waited);
-        let t0 = std::time::Instant::now();
-        let result = reconcile(&ctx, &key).await;
-        ctx.metrics.observe("reconcile", t0.elapsed());
-        let ok = match &result {
-            Ok(()) => true,
-            Err(failure) => ctx.failed(&queue, &key, failure),
+    let mut running = futures::stream::FuturesUnordered::new();
+    let mut in_flight = InFlight::default();
+    let finish =
+        |(key, creates, result, t0): (Key, bool, Result<(), Failure>, std::time::Instant),
+         in_flight: &mut InFlight| {
+            ctx.metrics.observe("reconcile", t0.elapsed());
+            in_flight.add(creates, -1);
+            let ok = match &result {
+                Ok(()) => true,
+                Err(failure) => ctx.failed(&queue, &key, failure),
+            };
+            queue.done(key, ok);
         };
-        queue.done(key, ok);
+    loop {
+        tokio::select! {
+            biased;
+            Some(done) = running.next() => finish(done, &mut in_flight),
+            next = async {
+                match in_flight.takes() {
+                    Takes::Urgent => queue.next_urgent(&rx, &stop).await,
+                    _ => queue.next(&rx, &stop).await,
+                }
+            }, if in_flight.takes() != Takes::Nothing => {
+                let Some((key, waited)) = next else { break };
+                ctx.metrics.observe("queue_wait", waited);
+                let t0 = std::time::Instant::now();
+                let plan = Box::new(ctx.index.plan(&key, &Now::system()));
+                let creates = creates(&plan);
+                in_flight.add(creates, 1);
+                let ctx = ctx.clone();
+                running.push(async move {
+                    let result = reconcile(&ctx, &key, plan).await;
+                    (key, creates, result, t0)
+                });
+            }
+        }
+    }
+    // Stopping: what is in flight finishes (a creation cut between its Secret and its pod
+    // would leave the Secret to the next start's collection).
+    while let Some(done) = running.next().await {
+        finish(done, &mut in_flight);
     }
 }
 
@@ -511,12 +605,11 @@ impl Ctx {
         ns: &str,
         name: &str,
         patch: serde_json::Value,
-    ) -> Result<(), SyncError> {
+    ) -> Result<Pod, SyncError> {
         self.upper_api(ns)
             .patch_status(name, &PatchParams::default(), &Patch::Merge(patch))
             .await
-            .map_err(|e| SyncError::api(upper_status(ns, name), e))?;
-        Ok(())
+            .map_err(|e| SyncError::api(upper_status(ns, name), e))
     }
 }
 
@@ -530,23 +623,32 @@ fn upper_status(ns: &str, name: &str) -> Call {
     Call::new("writing the status of", "Pod", ns, name, Cluster::Upper)
 }
 
-/// One look at pod `key`: the index's plan, carried out; then the token Secrets no pod needs.
-async fn reconcile(ctx: &Ctx, key: &Key) -> Result<(), Failure> {
-    let result = match ctx.index.plan(key, &Now::system()) {
-        Ok(plan) => execute(ctx, key, plan).await,
+/// One look at pod `key`: the index's `plan` for it, carried out; then the token Secrets no
+/// pod needs. What each step holds is boxed while it runs, so that a reconcile waiting in a
+/// worker costs a few hundred bytes, not the largest step's state (a worker carries several:
+/// [`CREATIONS_PER_WORKER`]).
+async fn reconcile(ctx: &Ctx, key: &Key, plan: Box<Result<Plan, Failure>>) -> Result<(), Failure> {
+    let result = match *plan {
+        Ok(plan) => Box::pin(execute(ctx, key, plan)).await,
         Err(failure) => Err(failure),
     };
-    // From the caches as they are now: a lower pod the plan just deleted still holds its
-    // Secret until its delete event brings the key back.
+    Box::pin(collect_tokens(ctx, key)).await?;
+    result
+}
+
+/// Deletes the token Secrets of pod `key` that no pod needs, from the caches as they are now:
+/// a lower pod the plan just deleted still holds its Secret until its delete event brings the
+/// key back. Only the few fields that decide it are decoded ([`PodHead`]).
+async fn collect_tokens(ctx: &Ctx, key: &Key) -> Result<(), SyncError> {
+    if !ctx.tokens.has_secrets(key) {
+        return Ok(());
+    }
     let (ns, name) = key;
-    let (upper, lower) = (
-        ctx.index.upper_pods().get(ns, name),
-        ctx.index.lower_pods().get(ns, name),
-    );
+    let head = |cache: &CompactCache<Pod>| cache.get_as::<PodHead>(ns, name).map(PodHead::into_pod);
+    let (upper, lower) = (head(ctx.index.upper_pods()), head(ctx.index.lower_pods()));
     ctx.tokens
         .collect(key, upper.as_ref(), lower.as_ref())
-        .await?;
-    result
+        .await
 }
 
 /// The writer: carries the effects of `plan` out in order; the first failure ends it.
@@ -562,14 +664,16 @@ async fn execute(ctx: &Ctx, key: &Key, plan: Plan) -> Result<(), Failure> {
     let upper = || upper.as_ref().ok_or_else(unnamed);
     for effect in effects {
         match effect {
-            Effect::DeleteLower { uid, grace, op } => delete_lower(ctx, (ns, name), uid, grace)
-                .await
-                .map_err(|e| Failure::new(op, e))?,
-            Effect::ForceDeleteUpper => force_delete_upper(ctx, upper()?).await?,
-            Effect::DeleteUpper { grace } => delete_upper(ctx, (ns, name), grace).await?,
+            Effect::DeleteLower { uid, grace, op } => {
+                Box::pin(delete_lower(ctx, (ns, name), uid, grace))
+                    .await
+                    .map_err(|e| Failure::new(op, e))?
+            }
+            Effect::ForceDeleteUpper => Box::pin(force_delete_upper(ctx, upper()?)).await?,
+            Effect::DeleteUpper { grace } => Box::pin(delete_upper(ctx, (ns, name), grace)).await?,
             Effect::CreateLower => {
                 let u = upper()?;
-                if let Err(e) = create_lower(ctx, u).await {
+                if let Err(e) = Box::pin(create_lower(ctx, u)).await {
                     // The status says it whatever the kind (`kubectl get` shows
                     // ProviderFailed), but a moment's wait for a copy; the event follows from
                     // the kind (the worker's `policy`).
@@ -577,14 +681,14 @@ async fn execute(ctx: &Ctx, key: &Key, plan: Plan) -> Result<(), Failure> {
                     if !e.is_quiet_wait()
                         && let Some(patch) = Effect::failed_create_patch(u, &e.to_string(), &now)
                     {
-                        let _ = ctx.patch_upper_status(ns, name, patch).await;
+                        let _ = Box::pin(ctx.patch_upper_status(ns, name, patch)).await;
                     }
                     return Err(Failure::new(Op::Create, e));
                 }
             }
             Effect::PatchLower(patch) => {
-                ctx.lower_api(ns)
-                    .patch(name, &PatchParams::default(), &Patch::Strategic(patch))
+                let api = ctx.lower_api(ns);
+                Box::pin(api.patch(name, &PatchParams::default(), &Patch::Strategic(patch)))
                     .await
                     .map_err(|e| update_failed(ctx, "updating", key, e))?;
             }
@@ -592,28 +696,25 @@ async fn execute(ctx: &Ctx, key: &Key, plan: Plan) -> Result<(), Failure> {
                 let u = upper()?;
                 // A container added with `kubectl debug` gets its environment events too (the
                 // library's since v1.6); those of the pod's own containers were sent already.
-                send_env_events(ctx, u, ns, name).await;
-                let ephemeral = ephemeral_dependencies(ctx, ns, lower.as_ref(), &all)
+                Box::pin(send_env_events(ctx, u, ns, name)).await;
+                let ephemeral = Box::pin(ephemeral_dependencies(ctx, ns, lower.as_ref(), &all))
                     .await
                     .map_err(|e| Failure::new(Op::Update, e))?;
                 let patch = json!({"spec": {"ephemeralContainers": ephemeral}});
-                ctx.lower_api(ns)
-                    .patch_subresource(
-                        "ephemeralcontainers",
-                        name,
-                        &PatchParams::default(),
-                        &Patch::Strategic(patch),
-                    )
-                    .await
-                    .map_err(|e| update_failed(ctx, "adding ephemeral containers to", key, e))?;
+                let api = ctx.lower_api(ns);
+                Box::pin(api.patch_subresource(
+                    "ephemeralcontainers",
+                    name,
+                    &PatchParams::default(),
+                    &Patch::Strategic(patch),
+                ))
+                .await
+                .map_err(|e| update_failed(ctx, "adding ephemeral containers to", key, e))?;
             }
             Effect::SetLowerConditions(conditions) => {
-                ctx.lower_api(ns)
-                    .patch_status(
-                        name,
-                        &PatchParams::default(),
-                        &Patch::Strategic(json!({"status": {"conditions": conditions}})),
-                    )
+                let api = ctx.lower_api(ns);
+                let patch = Patch::Strategic(json!({"status": {"conditions": conditions}}));
+                Box::pin(api.patch_status(name, &PatchParams::default(), &patch))
                     .await
                     .map_err(|e| {
                         let doing = "setting readiness-gate conditions of";
@@ -622,13 +723,19 @@ async fn execute(ctx: &Ctx, key: &Key, plan: Plan) -> Result<(), Failure> {
             }
             Effect::PatchUpperStatus { patch, why } => {
                 let t0 = std::time::Instant::now();
-                let written = ctx.patch_upper_status(ns, name, patch).await;
+                let written = Box::pin(ctx.patch_upper_status(ns, name, patch)).await;
                 if why == StatusWhy::Mirror {
                     ctx.metrics.observe("upper_status", t0.elapsed());
+                    if let Ok(Some(version)) = written
+                        .as_ref()
+                        .map(|p| p.metadata.resource_version.clone())
+                    {
+                        ctx.index.mirrored(key.clone(), version);
+                    }
                 }
                 written?;
             }
-            Effect::SyncTokens => ctx.tokens.write(upper()?).await?,
+            Effect::SyncTokens => Box::pin(ctx.tokens.write(upper()?)).await?,
             Effect::Event { reason, note } => ctx.event(upper()?, false, reason, note),
             Effect::RequeueAfter(after) => ctx.queue.add_after(key.clone(), after),
         }
@@ -747,7 +854,7 @@ async fn force_delete_upper(ctx: &Ctx, u: &Pod) -> Result<(), SyncError> {
 
 /// Creates what the pod needs in the lower cluster, then the pod, in the plan's order.
 async fn create_lower(ctx: &Ctx, u: &Pod) -> Result<(), SyncError> {
-    let result = create_lower_steps(ctx, u).await;
+    let result = Box::pin(create_lower_steps(ctx, u)).await;
     if result.is_err()
         && let Some(ns) = &u.metadata.namespace
     {
@@ -758,7 +865,7 @@ async fn create_lower(ctx: &Ctx, u: &Pod) -> Result<(), SyncError> {
 
 async fn create_lower_steps(ctx: &Ctx, u: &Pod) -> Result<(), SyncError> {
     let (ns, name) = key_of(u).ok_or_else(unnamed)?;
-    send_env_events(ctx, u, &ns, &name).await;
+    Box::pin(send_env_events(ctx, u, &ns, &name)).await;
     let owner = ctx.cfg.translate.owner.clone();
     let deps = pod_dependencies(u);
     let plan = pod_creation_plan(u, &deps).ok_or_else(unnamed)?;
@@ -777,22 +884,22 @@ async fn create_lower_steps(ctx: &Ctx, u: &Pod) -> Result<(), SyncError> {
             LowerKind::ServiceAccount if !ctx.cfg.service_accounts => {}
             LowerKind::ServiceAccount => {
                 let account = lower_service_account(&step.name, &ns, &owner);
-                create_ours(ctx, step.kind, &ns, &account).await?;
+                Box::pin(create_ours(ctx, step.kind, &ns, &account)).await?;
             }
             LowerKind::ConfigMap | LowerKind::Secret | LowerKind::PersistentVolumeClaim => {
-                dependency(ctx, &ns, &step, &mut absent).await?;
+                Box::pin(dependency(ctx, &ns, &step, &mut absent)).await?;
             }
             LowerKind::Pod => {
                 // With upper identity: the pod's token Secret first, ours, then the pod
                 // (`PodTokens::write` says why the writes are serial).
-                ctx.tokens.write(u).await?;
+                Box::pin(ctx.tokens.write(u)).await?;
                 let mut pod = lower_pod(u, &ctx.cfg.translate)
                     .map_err(|e| SyncError::Invalid(Box::new(e)))?;
                 if let Some(spec) = pod.spec.as_mut() {
                     drop_absent(spec, &absent);
                 }
                 let t0 = std::time::Instant::now();
-                let created = ctx.lower_api(&ns).create(&pp, &pod).await;
+                let created = Box::pin(ctx.lower_api(&ns).create(&pp, &pod)).await;
                 ctx.metrics.observe("lower_pod_create", t0.elapsed());
                 let uid = u.metadata.uid.as_deref().unwrap_or_default();
                 match created {
@@ -1046,5 +1153,56 @@ fn kind_name(kind: LowerKind) -> &'static str {
         LowerKind::Secret => "Secret",
         LowerKind::PersistentVolumeClaim => "PersistentVolumeClaim",
         LowerKind::Pod => "Pod",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_worker_takes_keys_while_its_creations_wait_and_urgent_ones_when_full_of_them() {
+        let mut in_flight = InFlight::default();
+        assert_eq!(in_flight.takes(), Takes::Any);
+        // Creations, up to the bound.
+        for _ in 0..CREATIONS_PER_WORKER {
+            assert_eq!(in_flight.takes(), Takes::Any);
+            in_flight.add(true, 1);
+        }
+        // Full: only what the lower cluster reported (urgent) is taken beside them.
+        assert_eq!(in_flight.takes(), Takes::Urgent);
+        in_flight.add(false, 1);
+        assert_eq!(in_flight.takes(), Takes::Nothing);
+        in_flight.add(false, -1);
+        in_flight.add(true, -1);
+        assert_eq!(in_flight.takes(), Takes::Any);
+        // Any other reconcile (a status write, a deletion) is one at a time: the worker takes
+        // no key until it is done, whatever creations it has.
+        in_flight.add(false, 1);
+        assert_eq!(in_flight.takes(), Takes::Nothing);
+        in_flight.add(false, -1);
+        assert_eq!(in_flight.takes(), Takes::Any);
+    }
+
+    #[test]
+    fn only_a_plan_that_creates_the_lower_pod_counts_as_a_creation() {
+        let plan = |effects| {
+            Ok(Plan {
+                effects,
+                ..Plan::default()
+            })
+        };
+        assert!(creates(&plan(vec![
+            Effect::CreateLower,
+            Effect::Event {
+                reason: "r",
+                note: String::new()
+            }
+        ])));
+        assert!(!creates(&plan(vec![Effect::SyncTokens])));
+        assert!(!creates(&plan(Vec::new())));
+        let failed: Result<Plan, Failure> =
+            Err(Failure::new(Op::Create, SyncError::Invalid("x".into())));
+        assert!(!creates(&failed));
     }
 }

@@ -20,7 +20,8 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use futures::TryStreamExt as _;
 use k8s_openapi::api::authentication::v1::{BoundObjectReference, TokenRequest, TokenRequestSpec};
-use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret, ServiceAccount};
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, PodStatus, Secret, ServiceAccount};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::runtime::watcher;
@@ -145,9 +146,22 @@ impl PodTokens {
     ///   for one that is there and not ours). Only our create's answer proves the Secret is
     ///   ours; a pod created at the same time could already run with the other.
     ///
-    /// So no write is made at the same time as another; what saves round trips is not writing
-    /// twice (a Secret already in the cache is not created again, a pod just created is not
-    /// created again: `Expected`).
+    ///
+    /// So no write of one pod is made at the same time as another of its writes. The
+    /// alternatives looked at (issue 31), and why not:
+    /// - An empty Secret first, beside the TokenRequest, then the tokens patched in beside the
+    ///   pod create: the lower kubelet would find the Secret without the token key its volume
+    ///   names and fail the mount, retrying with back-off (the pod starts later, not sooner),
+    ///   and it is a fourth write.
+    /// - The pod created with a scheduling gate beside the Secret, the gate lifted once the
+    ///   Secret is ours: lifting it is a third write in series again, so nothing is saved, and
+    ///   a pod that shows "created" but cannot run only moves the wait out of the measurement.
+    ///
+    /// What goes side by side is the writes of different pods (one creation per worker,
+    /// `pods::CREATIONS_PER_WORKER` says why not more, and a status write beside it) and a
+    /// pod's TokenRequests among themselves (one per audience and expiry). What saves round trips is not writing twice (a Secret
+    /// already in the cache is not created again, a pod just created is not created again:
+    /// `Expected`).
     pub async fn write(&self, u: &Pod) -> Result<(), SyncError> {
         let Some(secrets) = &self.secrets else {
             return Ok(());
@@ -181,6 +195,17 @@ impl PodTokens {
             .map_err(|e| self.error(e, Some(&key.0), Some(&key.1)))
     }
 
+    /// Whether pod `key` has token Secrets of ours (then [`Self::collect`] has something to
+    /// judge).
+    pub fn has_secrets(&self, key: &Key) -> bool {
+        self.secrets.as_ref().is_some_and(|s| {
+            s.by_pod
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .contains_key(key)
+        })
+    }
+
     fn error(&self, e: TokenError, ns: Option<&str>, pod: Option<&str>) -> SyncError {
         SyncError::tokens(
             e,
@@ -188,6 +213,35 @@ impl PodTokens {
             pod.unwrap_or_default(),
             &self.lower_name,
         )
+    }
+}
+
+/// The fields of a pod that [`identity_secret_needed`] reads, decoded alone from a cache (the
+/// rest of the pod is skipped): the collection runs after every reconcile.
+#[derive(Debug, serde::Deserialize)]
+pub struct PodHead {
+    metadata: ObjectMeta,
+    #[serde(default)]
+    status: Option<PhaseOnly>,
+}
+
+#[derive(Debug, serde::Deserialize)]
+struct PhaseOnly {
+    #[serde(default)]
+    phase: Option<String>,
+}
+
+impl PodHead {
+    /// A pod of these fields only.
+    pub fn into_pod(self) -> Pod {
+        Pod {
+            metadata: self.metadata,
+            status: self.status.map(|s| PodStatus {
+                phase: s.phase,
+                ..PodStatus::default()
+            }),
+            ..Pod::default()
+        }
     }
 }
 
@@ -279,6 +333,9 @@ struct IdentitySecrets {
     upper_config_maps: CompactCache<ConfigMap>,
     /// The pod controller's queue: a pod's tokens are looked at again when they are due.
     queue: Queue<Key>,
+    /// The resourceVersion of each Secret as our last write left it, until the watch shows a
+    /// version of it: the event of our own write does not bring its pod back (see `start`).
+    written: Arc<Mutex<HashMap<Key, String>>>,
 }
 
 impl std::fmt::Debug for IdentitySecrets {
@@ -323,8 +380,13 @@ impl IdentitySecrets {
         let index = by_pod.clone();
         let events = secrets.objects_shown(events, move |e| index_secrets(&index, e));
         let feed = queue.clone();
+        let written: Arc<Mutex<HashMap<Key, String>>> = Arc::default();
+        let (ours, cache) = (written.clone(), secrets.clone());
         let feed = Box::pin(async move {
             tensile_runtime::backoff::drain(events, &stop, "token secrets", |s: Secret| {
+                if own_write(&ours, &cache, &s) {
+                    return;
+                }
                 let pod = s
                     .metadata
                     .annotations
@@ -346,6 +408,7 @@ impl IdentitySecrets {
             by_pod,
             upper_config_maps,
             queue,
+            written,
         };
         (secrets, feed)
     }
@@ -532,7 +595,10 @@ impl IdentitySecrets {
         let api = self.secrets_api(ns);
         if !known {
             match api.create(&PostParams::default(), secret).await {
-                Ok(_) => return Ok(()),
+                Ok(created) => {
+                    self.wrote(ns, secret_name, &created);
+                    return Ok(());
+                }
                 Err(e) if already_exists(&e) => {
                     let existing = api
                         .get(secret_name)
@@ -550,10 +616,22 @@ impl IdentitySecrets {
             }
         }
         // Every key we write is ours: a merge patch of the whole object replaces them all.
-        api.patch(secret_name, &PatchParams::default(), &Patch::Merge(secret))
+        let patched = api
+            .patch(secret_name, &PatchParams::default(), &Patch::Merge(secret))
             .await
             .map_err(|source| self.write_error(ns, secret_name, source))?;
+        self.wrote(ns, secret_name, &patched);
         Ok(())
+    }
+
+    /// Our write left Secret `ns/name` as `written`.
+    fn wrote(&self, ns: &str, name: &str, written: &Secret) {
+        if let Some(version) = written.metadata.resource_version.clone() {
+            self.written
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .insert((ns.to_owned(), name.to_owned()), version);
+        }
     }
 
     fn secrets_api(&self, ns: &str) -> Api<Secret> {
@@ -568,6 +646,28 @@ impl IdentitySecrets {
             source: Box::new(source),
         }
     }
+}
+
+/// Whether `shown`, a Secret the watch just showed, is our own last write of it coming back
+/// (the version the write made, still in the cache: not a deletion). That changes nothing for
+/// its pod, which wrote it, so the pod is not planned again: in a burst a reconcile fewer per
+/// pod, the one that used to find the pod's create still in flight. Any other version brings
+/// the pod back. The mark of our write is used up either way.
+fn own_write(
+    written: &Mutex<HashMap<Key, String>>,
+    cache: &CompactCache<Secret>,
+    shown: &Secret,
+) -> bool {
+    let (Some(ns), Some(name)) = (&shown.metadata.namespace, &shown.metadata.name) else {
+        return false;
+    };
+    let last = written
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .remove(&(ns.clone(), name.clone()));
+    last.is_some()
+        && last.as_ref() == shown.metadata.resource_version.as_ref()
+        && cache.contains(ns, name)
 }
 
 /// Keeps the index of our Secrets by their pod's (namespace, name) in step with the watch.
@@ -609,4 +709,118 @@ fn instant_at(at: Timestamp) -> tokio::time::Instant {
         .try_into()
         .unwrap_or_default();
     tokio::time::Instant::now() + wait
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use serde_json::json;
+    use tensile_core::keys::ANNOTATION_UPPER_UID;
+
+    /// The collection decodes only [`PodHead`] of each pod: it must decide as the whole pod
+    /// does, in every state that matters (running, deleting, finished, another UID, the lower
+    /// pod that mounts it or another's).
+    #[test]
+    fn the_head_of_a_pod_decides_its_secret_as_the_whole_pod_does() {
+        let spec = json!({"containers": [{"name": "c", "image": "nginx",
+            "volumeMounts": [{"name": "t", "mountPath": "/var/run/secrets/kubernetes.io/serviceaccount"}]}],
+            "volumes": [{"name": "t", "projected": {"sources": [
+                {"serviceAccountToken": {"path": "token", "expirationSeconds": 3607}}]}}]});
+        let upper = |uid: &str, extra: serde_json::Value| -> serde_json::Value {
+            let mut p = json!({"metadata": {"name": "web", "namespace": "default", "uid": uid,
+                "labels": {"app": "web"}}, "spec": spec.clone(),
+                "status": {"phase": "Running", "podIP": "10.0.0.1",
+                    "conditions": [{"type": "Ready", "status": "True"}]}});
+            json_patch(&mut p, extra);
+            p
+        };
+        let lower = |uid: &str| -> serde_json::Value {
+            json!({"metadata": {"name": "web", "namespace": "default", "uid": "l-1",
+                "annotations": {ANNOTATION_UPPER_UID: uid}}, "spec": spec.clone(),
+                "status": {"phase": "Running"}})
+        };
+        let full_pod: Pod = serde_json::from_value(upper("u-1", json!({}))).unwrap();
+        let secret = tensile_core::identity::identity_secret(
+            &full_pod,
+            "vk-1",
+            tensile_core::identity::Tokens::None,
+            &[],
+        )
+        .unwrap();
+        let uppers = [
+            None,
+            Some(upper("u-1", json!({}))),
+            Some(upper("u-2", json!({}))),
+            Some(upper("u-1", json!({"status": {"phase": "Succeeded"}}))),
+            Some(upper("u-1", json!({"status": {"phase": "Failed"}}))),
+            Some(upper("u-1", json!({"status": null}))),
+            Some(upper(
+                "u-1",
+                json!({"metadata": {"deletionTimestamp": "2026-01-01T00:00:00Z"}}),
+            )),
+        ];
+        let lowers = [None, Some(lower("u-1")), Some(lower("u-2"))];
+        let (mut kept, mut dropped) = (0, 0);
+        for u in &uppers {
+            for l in &lowers {
+                let full = |v: &Option<serde_json::Value>| {
+                    v.clone().map(|v| serde_json::from_value::<Pod>(v).unwrap())
+                };
+                let head = |v: &Option<serde_json::Value>| {
+                    v.clone()
+                        .map(|v| serde_json::from_value::<PodHead>(v).unwrap().into_pod())
+                };
+                let want = identity_secret_needed(&secret, full(u).as_ref(), full(l).as_ref());
+                let got = identity_secret_needed(&secret, head(u).as_ref(), head(l).as_ref());
+                assert_eq!(got, want, "upper {u:?}, lower {l:?}");
+                if want { kept += 1 } else { dropped += 1 }
+            }
+        }
+        // Both answers occur, so the comparison says something.
+        assert!(kept > 0 && dropped > 0);
+    }
+
+    /// Merges `extra` into `v` (objects key by key, anything else replaced).
+    fn json_patch(v: &mut serde_json::Value, extra: serde_json::Value) {
+        match (v, extra) {
+            (serde_json::Value::Object(a), serde_json::Value::Object(b)) => {
+                for (k, e) in b {
+                    json_patch(a.entry(k).or_insert(serde_json::Value::Null), e);
+                }
+            }
+            (v, e) => *v = e,
+        }
+    }
+
+    #[test]
+    fn only_our_own_last_write_coming_back_is_not_planned_again() {
+        let secret = |version: &str| -> Secret {
+            serde_json::from_value(json!({"metadata": {"namespace": "default",
+                "name": "tensile-identity-u-1", "resourceVersion": version}}))
+            .unwrap()
+        };
+        let cache = CompactCache::<Secret>::new();
+        for e in [watcher::Event::Init, watcher::Event::InitDone] {
+            cache.apply_keys(&e);
+        }
+        let written: Mutex<HashMap<Key, String>> = Mutex::default();
+        let key = ("default".to_owned(), "tensile-identity-u-1".to_owned());
+        // Never written by us: planned.
+        cache.apply_keys(&watcher::Event::Apply(secret("1")));
+        assert!(!own_write(&written, &cache, &secret("1")));
+        // Our write made version 2, and the watch shows it: not planned, once.
+        written.lock().unwrap().insert(key.clone(), "2".into());
+        cache.apply_keys(&watcher::Event::Apply(secret("2")));
+        assert!(own_write(&written, &cache, &secret("2")));
+        assert!(!own_write(&written, &cache, &secret("2")));
+        // Someone else's version in between: planned.
+        written.lock().unwrap().insert(key.clone(), "4".into());
+        cache.apply_keys(&watcher::Event::Apply(secret("3")));
+        assert!(!own_write(&written, &cache, &secret("3")));
+        // Deleted (gone from the cache), even at our version: planned.
+        written.lock().unwrap().insert(key, "5".into());
+        cache.apply_keys(&watcher::Event::Delete(secret("5")));
+        assert!(!own_write(&written, &cache, &secret("5")));
+    }
 }

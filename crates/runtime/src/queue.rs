@@ -118,13 +118,14 @@ impl<K> std::fmt::Debug for Queue<K> {
 }
 
 /// The receiving end, shared by the workers.
-pub type Receiver<K> = Arc<tokio::sync::Mutex<Lanes<K>>>;
+pub type Receiver<K> = Arc<Lanes<K>>;
 
-/// The two lanes' receivers.
+/// The two lanes' receivers, each taken by one waiting worker at a time: a worker that waits
+/// for urgent keys only ([`Queue::next_urgent`]) never keeps the normal lane from the others.
 #[derive(Debug)]
 pub struct Lanes<K> {
-    urgent: mpsc::UnboundedReceiver<K>,
-    normal: mpsc::UnboundedReceiver<K>,
+    urgent: tokio::sync::Mutex<mpsc::UnboundedReceiver<K>>,
+    normal: tokio::sync::Mutex<mpsc::UnboundedReceiver<K>>,
 }
 
 /// `d` after `now`; a delay too long for the clock is a year.
@@ -161,7 +162,10 @@ impl<K: Clone + Eq + Hash + Send + 'static> Queue<K> {
                 urgent_tx,
                 timers_changed: Arc::new(Notify::new()),
             },
-            Arc::new(tokio::sync::Mutex::new(Lanes { urgent, normal })),
+            Arc::new(Lanes {
+                urgent: tokio::sync::Mutex::new(urgent),
+                normal: tokio::sync::Mutex::new(normal),
+            }),
         )
     }
 
@@ -255,41 +259,67 @@ impl<K: Clone + Eq + Hash + Send + 'static> Queue<K> {
         None
     }
 
-    /// The next key for a worker to work on, and how long it waited; None once `stop` is
-    /// cancelled or the queue is gone. Call [`Self::finish`] (or [`Self::done`]) when finished
-    /// with it.
+    /// The next key for a worker to work on (an urgent one first), and how long it waited; None
+    /// once `stop` is cancelled or the queue is gone. Call [`Self::finish`] (or [`Self::done`])
+    /// when finished with it.
     pub async fn next(
         &self,
         rx: &Receiver<K>,
         stop: &tokio_util::sync::CancellationToken,
     ) -> Option<(K, Duration)> {
+        self.next_of(rx, stop, true).await
+    }
+
+    /// [`Self::next`], of the urgent lane only: for a worker that has room for a quick
+    /// reconcile but not for any (the pod controller's, full of creations, still writes a
+    /// status up).
+    pub async fn next_urgent(
+        &self,
+        rx: &Receiver<K>,
+        stop: &tokio_util::sync::CancellationToken,
+    ) -> Option<(K, Duration)> {
+        self.next_of(rx, stop, false).await
+    }
+
+    async fn next_of(
+        &self,
+        rx: &Receiver<K>,
+        stop: &tokio_util::sync::CancellationToken,
+        normal_too: bool,
+    ) -> Option<(K, Duration)> {
         loop {
-            let key = {
-                let mut rx = rx.lock().await;
-                let Lanes { urgent, normal } = &mut *rx;
-                // The worker holding the receivers also keeps the time of the held keys: a
-                // time asked for meanwhile wakes it (a permit is kept if it is not waiting).
-                loop {
-                    let changed = self.timers_changed.notified();
-                    let wake = self.release_due();
-                    let due = async {
-                        match wake {
-                            Some(at) => tokio::time::sleep_until(at).await,
-                            None => std::future::pending().await,
-                        }
-                    };
-                    tokio::select! {
-                        biased;
-                        () = stop.cancelled() => return None,
-                        k = urgent.recv() => break k?,
-                        k = normal.recv() => break k?,
-                        () = due => {}
-                        () = changed => {}
-                    }
-                }
+            // Each lane is waited on by one worker at a time; the urgent one is looked at
+            // first.
+            let key = tokio::select! {
+                biased;
+                () = stop.cancelled() => return None,
+                k = async { rx.urgent.lock().await.recv().await } => k?,
+                k = self.next_normal(rx), if normal_too => k?,
             };
             if let Some(waited) = self.start(&key) {
                 return Some((key, waited));
+            }
+        }
+    }
+
+    /// The next key of the normal lane. The worker waiting on it also keeps the time of the
+    /// held keys: a time asked for meanwhile wakes it (a permit is kept if it is not waiting).
+    async fn next_normal(&self, rx: &Receiver<K>) -> Option<K> {
+        let mut normal = rx.normal.lock().await;
+        loop {
+            let changed = self.timers_changed.notified();
+            let wake = self.release_due();
+            let due = async {
+                match wake {
+                    Some(at) => tokio::time::sleep_until(at).await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                biased;
+                k = normal.recv() => return k,
+                () = due => {}
+                () = changed => {}
             }
         }
     }
@@ -587,6 +617,37 @@ mod lane_tests {
         queue.done(again, true);
         let (last, _) = queue.next(&rx, &stop).await.unwrap_or_default();
         assert_eq!(last, "busy");
+    }
+}
+
+#[cfg(test)]
+mod urgent_only_tests {
+    use super::*;
+
+    /// A worker waiting for urgent keys only takes none of the normal lane, and does not keep
+    /// another worker from them.
+    #[tokio::test(start_paused = true)]
+    async fn a_worker_waiting_for_urgent_keys_leaves_the_normal_lane_to_the_others() {
+        let (queue, rx) = Queue::<&str>::new();
+        let stop = tokio_util::sync::CancellationToken::new();
+        let full = {
+            let (queue, rx, stop) = (queue.clone(), rx.clone(), stop.clone());
+            tokio::spawn(async move { queue.next_urgent(&rx, &stop).await })
+        };
+        // Let it wait on the urgent lane first.
+        tokio::task::yield_now().await;
+        queue.add("create");
+        let (taken, _) = queue.next(&rx, &stop).await.unwrap_or_default();
+        assert_eq!(taken, "create");
+        assert!(!full.is_finished());
+        queue.add_urgent("status");
+        let got = full.await.ok().flatten().map(|(k, _)| k);
+        assert_eq!(got, Some("status"));
+        // Nothing of the normal lane is left for an urgent-only wait.
+        queue.add("another");
+        let none =
+            tokio::time::timeout(Duration::from_secs(60), queue.next_urgent(&rx, &stop)).await;
+        assert!(none.is_err(), "{none:?}");
     }
 }
 
