@@ -371,51 +371,35 @@ struct ExtenderSeen {
     requests: AtomicUsize,
 }
 
-/// A scheduler extender on loopback: filters out `*-node-1`, and every node for pods labelled
-/// `reject=all`; prefers `*-node-3`.
-async fn extender() -> (String, Arc<ExtenderSeen>) {
+/// Serves JSON on `listener`, HTTP/1.1 or h2c: each request's path and decoded body go to
+/// `answer`, whose value is the response; `accepted` runs once per connection.
+fn serve_json<F, Fut>(
+    listener: tokio::net::TcpListener,
+    accepted: impl Fn() + Send + 'static,
+    answer: F,
+) where
+    F: Fn(String, serde_json::Value) -> Fut + Clone + Send + Sync + 'static,
+    Fut: std::future::Future<Output = serde_json::Value> + Send + 'static,
+{
     use http_body_util::BodyExt;
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let seen = Arc::new(ExtenderSeen::default());
-    let counts = seen.clone();
     tokio::spawn(async move {
         loop {
             let Ok((tcp, _)) = listener.accept().await else {
                 return;
             };
-            counts.connections.fetch_add(1, Ordering::SeqCst);
-            let counts = counts.clone();
+            accepted();
+            let answer = answer.clone();
             tokio::spawn(async move {
                 let svc = hyper::service::service_fn(
                     move |req: hyper::Request<hyper::body::Incoming>| {
-                        let counts = counts.clone();
+                        let answer = answer.clone();
                         async move {
-                            counts.requests.fetch_add(1, Ordering::SeqCst);
                             let path = req.uri().path().to_owned();
                             let args: serde_json::Value = serde_json::from_slice(
                                 &req.into_body().collect().await.unwrap().to_bytes(),
                             )
                             .unwrap();
-                            let names: Vec<String> = args["NodeNames"]
-                                .as_array()
-                                .unwrap()
-                                .iter()
-                                .map(|n| n.as_str().unwrap().to_owned())
-                                .collect();
-                            let reject_all = args["Pod"]["metadata"]["labels"]["reject"] == "all";
-                            let out = if path.ends_with("/filter") {
-                                let (kept, failed): (Vec<String>, Vec<String>) = names
-                                    .into_iter()
-                                    .partition(|n| !reject_all && !n.ends_with("-node-1"));
-                                let failed: serde_json::Map<String, serde_json::Value> = failed
-                                    .into_iter()
-                                    .map(|n| (n, json!("node(s) are too busy")))
-                                    .collect();
-                                json!({"nodenames": kept, "failedNodes": failed, "error": ""})
-                            } else {
-                                json!(names.iter().map(|n| json!({"host": n, "score": if n.ends_with("-node-3") { 10 } else { 0 }})).collect::<Vec<_>>())
-                            };
+                            let out = answer(path, args).await;
                             Ok::<_, std::convert::Infallible>(hyper::Response::new(
                                 http_body_util::Full::new(bytes::Bytes::from(
                                     serde_json::to_vec(&out).unwrap(),
@@ -432,6 +416,45 @@ async fn extender() -> (String, Arc<ExtenderSeen>) {
             });
         }
     });
+}
+
+/// A scheduler extender on loopback: filters out `*-node-1`, and every node for pods labelled
+/// `reject=all`; prefers `*-node-3`.
+async fn extender() -> (String, Arc<ExtenderSeen>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let seen = Arc::new(ExtenderSeen::default());
+    let (connections, requests) = (seen.clone(), seen.clone());
+    serve_json(
+        listener,
+        move || {
+            connections.connections.fetch_add(1, Ordering::SeqCst);
+        },
+        move |path, args| {
+            requests.requests.fetch_add(1, Ordering::SeqCst);
+            async move {
+                let names: Vec<String> = args["NodeNames"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|n| n.as_str().unwrap().to_owned())
+                    .collect();
+                let reject_all = args["Pod"]["metadata"]["labels"]["reject"] == "all";
+                if path.ends_with("/filter") {
+                    let (kept, failed): (Vec<String>, Vec<String>) = names
+                        .into_iter()
+                        .partition(|n| !reject_all && !n.ends_with("-node-1"));
+                    let failed: serde_json::Map<String, serde_json::Value> = failed
+                        .into_iter()
+                        .map(|n| (n, json!("node(s) are too busy")))
+                        .collect();
+                    json!({"nodenames": kept, "failedNodes": failed, "error": ""})
+                } else {
+                    json!(names.iter().map(|n| json!({"host": n, "score": if n.ends_with("-node-3") { 10 } else { 0 }})).collect::<Vec<_>>())
+                }
+            }
+        },
+    );
     (format!("http://{addr}/scheduler"), seen)
 }
 
@@ -522,7 +545,6 @@ async fn bind_extender(
     held: Vec<&'static str>,
     refused: Vec<&'static str>,
 ) -> Arc<BindExtender> {
-    use http_body_util::BodyExt;
     use tensile_sim::apiserver::controllers::SchedulerExtender;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
@@ -534,70 +556,45 @@ async fn bind_extender(
     });
     let shared = ext.clone();
     let client = cluster.client.clone();
-    tokio::spawn(async move {
-        loop {
-            let Ok((tcp, _)) = listener.accept().await else {
-                return;
-            };
-            let ext = shared.clone();
-            let client = client.clone();
-            tokio::spawn(async move {
-                let svc = hyper::service::service_fn(
-                    move |req: hyper::Request<hyper::body::Incoming>| {
-                        let ext = ext.clone();
-                        let client = client.clone();
-                        async move {
-                            let args: serde_json::Value = serde_json::from_slice(
-                                &req.into_body().collect().await.unwrap().to_bytes(),
-                            )
-                            .unwrap();
-                            let name = args["PodName"].as_str().unwrap().to_owned();
-                            let node = args["Node"].as_str().unwrap().to_owned();
-                            let first = {
-                                let mut calls = ext.calls.lock().unwrap();
-                                calls.push(name.clone());
-                                calls.iter().filter(|p| **p == name).count() == 1
-                            };
-                            if ext.held.contains(&name.as_str()) && first {
-                                ext.gate.acquire().await.unwrap().forget();
-                            }
-                            let out = if ext.refused.contains(&name.as_str()) && first {
-                                json!({"error": "bind refused"})
-                            } else {
-                                let pods: Api<Pod> =
-                                    Api::namespaced(client, args["PodNamespace"].as_str().unwrap());
-                                let binding = json!({"apiVersion": "v1", "kind": "Binding",
-                                    "metadata": {"name": name},
-                                    "target": {"apiVersion": "v1", "kind": "Node", "name": node}});
-                                match pods
-                                    .create_subresource::<serde_json::Value, serde_json::Value>(
-                                        "binding",
-                                        &name,
-                                        &PostParams::default(),
-                                        &binding,
-                                    )
-                                    .await
-                                {
-                                    Ok(_) => json!({}),
-                                    Err(e) => json!({"error": e.to_string()}),
-                                }
-                            };
-                            Ok::<_, std::convert::Infallible>(hyper::Response::new(
-                                http_body_util::Full::new(bytes::Bytes::from(
-                                    serde_json::to_vec(&out).unwrap(),
-                                )),
-                            ))
-                        }
-                    },
-                );
-                let _ = hyper_util::server::conn::auto::Builder::new(
-                    hyper_util::rt::TokioExecutor::new(),
-                )
-                .serve_connection(hyper_util::rt::TokioIo::new(tcp), svc)
-                .await;
-            });
-        }
-    });
+    serve_json(
+        listener,
+        || {},
+        move |_, args| {
+            let (ext, client) = (shared.clone(), client.clone());
+            async move {
+                let name = args["PodName"].as_str().unwrap().to_owned();
+                let node = args["Node"].as_str().unwrap().to_owned();
+                let first = {
+                    let mut calls = ext.calls.lock().unwrap();
+                    calls.push(name.clone());
+                    calls.iter().filter(|p| **p == name).count() == 1
+                };
+                if ext.held.contains(&name.as_str()) && first {
+                    ext.gate.acquire().await.unwrap().forget();
+                }
+                if ext.refused.contains(&name.as_str()) && first {
+                    return json!({"error": "bind refused"});
+                }
+                let pods: Api<Pod> =
+                    Api::namespaced(client, args["PodNamespace"].as_str().unwrap());
+                let binding = json!({"apiVersion": "v1", "kind": "Binding",
+                    "metadata": {"name": name},
+                    "target": {"apiVersion": "v1", "kind": "Node", "name": node}});
+                match pods
+                    .create_subresource::<serde_json::Value, serde_json::Value>(
+                        "binding",
+                        &name,
+                        &PostParams::default(),
+                        &binding,
+                    )
+                    .await
+                {
+                    Ok(_) => json!({}),
+                    Err(e) => json!({"error": e.to_string()}),
+                }
+            }
+        },
+    );
     cluster
         .set_scheduler_extenders(vec![SchedulerExtender {
             url_prefix: format!("http://{addr}/scheduler"),
