@@ -140,6 +140,13 @@ enum Res {
 }
 
 impl Res {
+    fn name(&self) -> &str {
+        match self {
+            Self::Basic(i) => BASIC[*i],
+            Self::Other(name) => name,
+        }
+    }
+
     fn of(name: &str) -> Self {
         match BASIC.iter().position(|b| *b == name) {
             Some(i) => Self::Basic(i),
@@ -367,15 +374,7 @@ impl<'d> Asks<'d> {
 
     /// [`tightness`] on the node.
     fn tightness(&self, slot: &Slot) -> f64 {
-        if self.tight.is_empty() {
-            return share(POD_SLOT, slot.free[PODS]);
-        }
-        let sum: f64 = self
-            .tight
-            .iter()
-            .map(|(res, amount)| share(*amount, slot.get(res)))
-            .sum();
-        sum / self.tight.len() as f64
+        mean_share(&self.tight, |res| slot.get(res))
     }
 
     /// kube-scheduler's `LeastAllocated` score of the node for it, 0..=100: per CPU and
@@ -418,13 +417,22 @@ fn tight_amounts(rounded: &ResourceVector) -> Vec<(String, i128)> {
 /// ephemeral-storage and scalar resources; its pod slot when it requests none of them).
 /// 1.0 fills the node.
 pub fn tightness(requests: &ResourceVector, free: &ResourceVector) -> f64 {
-    let tight = tight_amounts(&requests.scheduler_rounded());
+    let tight: Vec<(Res, i128)> = tight_amounts(&requests.scheduler_rounded())
+        .into_iter()
+        .map(|(name, amount)| (Res::of(&name), amount))
+        .collect();
+    mean_share(&tight, |res| free.get(res.name()))
+}
+
+/// The mean share of the free room of each resource that its amount takes (`free` of a
+/// resource); the pod slot's share when there is none.
+fn mean_share(tight: &[(Res, i128)], free: impl Fn(&Res) -> i128) -> f64 {
     if tight.is_empty() {
-        return share(POD_SLOT, free.get(RESOURCE_PODS));
+        return share(POD_SLOT, free(&Res::Basic(PODS)));
     }
     let sum: f64 = tight
         .iter()
-        .map(|(name, amount)| share(*amount, free.get(name)))
+        .map(|(res, amount)| share(*amount, free(res)))
         .sum();
     sum / tight.len() as f64
 }
@@ -696,11 +704,6 @@ impl LowerCluster {
             room.place(&self.model, &waiting.demand);
         }
         room
-    }
-
-    /// Places `demand` in `room` (a room of this cluster, see [`Self::room`]).
-    pub fn place(&self, room: &mut Room, demand: &Demand) -> Option<String> {
-        room.place(&self.model, demand)
     }
 
     /// Whether cluster `id` can take the pod with `demand` on a single node, after the pending
@@ -1453,7 +1456,7 @@ mod tests {
         let mut room = c.room();
         assert_eq!(room.placed(), 1);
         for d in &reserved {
-            c.place(&mut room, d);
+            room.place(c.model(), d);
         }
         for cpu in ["1", "2", "3"] {
             assert_eq!(
@@ -1537,7 +1540,8 @@ mod tests {
         let c = cluster(&[("b", "4"), ("a", "4"), ("c", "1")]);
         let cores = |cpu: &str| Demand::of_upper_pod(&pod("web", cpu, "0", json!({}))).unwrap();
         let mut room = c.room();
-        let places: Vec<Option<String>> = (0..5).map(|_| c.place(&mut room, &cores("1"))).collect();
+        let places: Vec<Option<String>> =
+            (0..5).map(|_| room.place(c.model(), &cores("1"))).collect();
         let names: Vec<Option<&str>> = places.iter().map(Option::as_deref).collect();
         // a and b tie (a first), then b has more room, then they tie again; c has the least.
         assert_eq!(
@@ -1545,7 +1549,7 @@ mod tests {
             [Some("a"), Some("b"), Some("a"), Some("b"), Some("a")]
         );
         assert_eq!(
-            c.place(&mut room, &cores("3")),
+            room.place(c.model(), &cores("3")),
             None,
             "no node has 3 cores left"
         );
@@ -1755,7 +1759,7 @@ mod tests {
                 reference_place(&mut free, &c, &w.demand);
             }
             for d in r.of_cluster("c1", None) {
-                let fast = c.place(&mut room, d);
+                let fast = room.place(c.model(), d);
                 let slow = reference_place(&mut free, &c, d);
                 proptest::prop_assert_eq!(fast, slow);
             }
