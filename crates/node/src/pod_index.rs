@@ -245,11 +245,19 @@ impl PodIndex {
         // pod's phase (the token Secret's collection) waits for the lower pod anyway while it
         // exists. Not planned again: a reconcile fewer per status written. Any other version
         // (a change by someone else, before or after ours) is planned as always.
-        if let watcher::Event::Apply(p) = event
-            && let Some(k) = key_of(p)
-            && let Ok(mut mirrored) = self.mirrored.lock()
-            && let Some(ours) = mirrored.remove(&k)
-            && p.metadata.resource_version.as_ref() == Some(&ours)
+        // Any event of the pod uses up its mark (a deleted or re-listed pod keeps none).
+        let (watcher::Event::Apply(p) | watcher::Event::InitApply(p) | watcher::Event::Delete(p)) =
+            event
+        else {
+            return keys;
+        };
+        let Some(k) = key_of(p) else {
+            return keys;
+        };
+        let ours = self.mirrored.lock().ok().and_then(|mut m| m.remove(&k));
+        if matches!(event, watcher::Event::Apply(_))
+            && ours.is_some()
+            && p.metadata.resource_version == ours
         {
             keys.retain(|shown| *shown != k);
         }
@@ -696,6 +704,10 @@ mod tests {
         index.mirrored(key(), "5".into());
         assert_eq!(index.apply_upper(&apply(at(&echoed, "4"))), [key()]);
         assert_eq!(index.apply_upper(&apply(at(&echoed, "5"))), [key()]);
+        // A pod deleted after our write keeps no mark.
+        index.mirrored(key(), "6".into());
+        index.apply_upper(&watcher::Event::Delete(at(&echoed, "6")));
+        assert!(index.mirrored.lock().unwrap().is_empty());
     }
 
     #[test]
