@@ -190,3 +190,105 @@ async fn webhooks_mutate_selected_pods_deny_with_reasons_and_honour_failure_poli
         .await
         .unwrap();
 }
+
+/// A webhook on loopback offering HTTP/2 that holds each review of a pod named `p*` until
+/// `together` are in flight at once, counting the connections it accepted and the reviews that came over HTTP/2.
+async fn h2_webhook(
+    ca: &Ca,
+    together: usize,
+) -> (
+    SocketAddr,
+    std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    std::sync::Arc<std::sync::atomic::AtomicUsize>,
+) {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let cert = ca.issue_server("webhook", &["127.0.0.1".into()]).unwrap();
+    let mut config = (*server_config(&cert, ca.cert_pem()).unwrap()).clone();
+    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    let tls = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (connections, over_h2) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let barrier = Arc::new(tokio::sync::Barrier::new(together));
+    let (accepted, h2) = (connections.clone(), over_h2.clone());
+    tokio::spawn(async move {
+        loop {
+            let Ok((tcp, _)) = listener.accept().await else {
+                return;
+            };
+            accepted.fetch_add(1, Ordering::SeqCst);
+            let (tls, barrier, h2) = (tls.clone(), barrier.clone(), h2.clone());
+            tokio::spawn(async move {
+                let Ok(stream) = tls.accept(tcp).await else {
+                    return;
+                };
+                let svc = service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
+                    let (barrier, h2) = (barrier.clone(), h2.clone());
+                    async move {
+                        if req.version() == hyper::Version::HTTP_2 {
+                            h2.fetch_add(1, Ordering::SeqCst);
+                        }
+                        let body = req.into_body().collect().await.unwrap().to_bytes();
+                        let review: Value = serde_json::from_slice(&body).unwrap();
+                        let name = review["request"]["name"].as_str().unwrap_or_default();
+                        if name.starts_with('p') {
+                            barrier.wait().await;
+                        }
+                        let out = json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+                            "response": {"uid": review["request"]["uid"], "allowed": true}});
+                        Ok::<_, Infallible>(hyper::Response::new(Full::new(Bytes::from(
+                            serde_json::to_vec(&out).unwrap(),
+                        ))))
+                    }
+                });
+                let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+                    .serve_connection(TokioIo::new(stream), svc)
+                    .await;
+            });
+        }
+    });
+    (addr, connections, over_h2)
+}
+
+#[tokio::test]
+async fn concurrent_webhook_calls_share_one_http2_connection() {
+    use std::sync::atomic::Ordering;
+    let server = ApiServer::start(ApiServerConfig::default()).await.unwrap();
+    let client = server.client().await.unwrap();
+    let ca = Ca::new("webhook-ca").unwrap();
+    const TOGETHER: usize = 8;
+    let (addr, connections, over_h2) = h2_webhook(&ca, TOGETHER).await;
+    let hooks: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
+    hooks
+        .create(
+            &PostParams::default(),
+            &config(
+                "hold",
+                &format!("https://{addr}/mutate"),
+                ca.cert_pem(),
+                "Fail",
+            ),
+        )
+        .await
+        .unwrap();
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    pods.create(&PostParams::default(), &pod("warm", true))
+        .await
+        .unwrap();
+    // The reviews are answered only when all are in flight together: over HTTP/1.1 that takes
+    // a connection each, over HTTP/2 (what Kubernetes' transports use when the server offers
+    // it) the one the first review opened carries them all.
+    let creates = (0..TOGETHER).map(|i| {
+        let pods = pods.clone();
+        async move {
+            pods.create(&PostParams::default(), &pod(&format!("p{i}"), true))
+                .await
+        }
+    });
+    for created in futures::future::join_all(creates).await {
+        created.unwrap();
+    }
+    assert_eq!(over_h2.load(Ordering::SeqCst), TOGETHER + 1);
+    assert_eq!(connections.load(Ordering::SeqCst), 1);
+}

@@ -6,8 +6,8 @@ use std::sync::{Arc, Mutex};
 use bytes::Bytes;
 use http::{Request, header};
 use http_body_util::{BodyExt, Full};
-use hyper::client::conn::http1::SendRequest;
-use hyper_util::rt::TokioIo;
+use hyper::client::conn::{http1, http2};
+use hyper_util::rt::{TokioExecutor, TokioIo};
 use rustls::RootCertStore;
 use rustls_pki_types::ServerName;
 use tokio::net::TcpStream;
@@ -16,12 +16,30 @@ use tokio_rustls::TlsConnector;
 use crate::certs::{certs_from_pem, key_from_pem, provider};
 
 /// Kept-alive connections per server (and the credentials it is reached with), as Go's HTTP
-/// client keeps idle ones (at most [`MAX_IDLE`] per server, its `MaxIdleConnsPerHost`): the
-/// scheduler's extender calls and the admission webhook calls, which would otherwise each pay
-/// a TCP and TLS handshake on both sides.
+/// client keeps them for the scheduler's extender calls and the admission webhook calls, which
+/// would otherwise each pay a TCP and TLS handshake on both sides. Over TLS it offers HTTP/2,
+/// as Kubernetes' transports do (`SetTransportDefaults`): a server that takes it gets one
+/// connection carrying every concurrent call; HTTP/1.1 servers get idle connections kept (at
+/// most [`MAX_IDLE`] per server, Go's `MaxIdleConnsPerHost`).
 #[derive(Debug, Default)]
 pub(super) struct Connections {
-    idle: Mutex<HashMap<String, Vec<SendRequest<Full<Bytes>>>>>,
+    idle: Mutex<HashMap<String, Vec<http1::SendRequest<Full<Bytes>>>>>,
+    shared: Mutex<HashMap<String, http2::SendRequest<Full<Bytes>>>>,
+}
+
+/// A connection to send one request on.
+enum Sender {
+    H1(http1::SendRequest<Full<Bytes>>),
+    H2(http2::SendRequest<Full<Bytes>>),
+}
+
+impl Sender {
+    fn is_closed(&self) -> bool {
+        match self {
+            Sender::H1(s) => s.is_closed(),
+            Sender::H2(s) => s.is_closed(),
+        }
+    }
 }
 
 /// Go's `DefaultMaxIdleConnsPerHost`.
@@ -50,19 +68,12 @@ impl Connections {
             ca_pem.unwrap_or_default(),
             identity.map(|(c, _)| c).unwrap_or_default()
         );
-        let mut idle = self
-            .idle
-            .lock()
-            .ok()
-            .and_then(|mut m| m.get_mut(&key).and_then(Vec::pop));
-        if let Some(s) = idle.as_mut()
-            && (s.is_closed() || s.ready().await.is_err())
-        {
-            idle = None;
+        let mut sender = self.kept(&key).await;
+        if sender.is_none() {
+            sender = Some(connect(&target, url, server_name, ca_pem, identity).await?);
         }
-        let mut sender = match idle {
-            Some(s) => s,
-            None => connect(&target, url, server_name, ca_pem, identity).await?,
+        let Some(mut sender) = sender else {
+            return Err(format!("Post \"{url}\": no connection"));
         };
         let (status, answer) = match send_on(&mut sender, &target, url, body.clone()).await {
             Err(e) if e.is_canceled() => {
@@ -74,18 +85,55 @@ impl Connections {
             }
             other => other.map_err(|e| format!("Post \"{url}\": {e}"))?,
         };
-        if !sender.is_closed()
-            && let Ok(mut m) = self.idle.lock()
-        {
-            let kept = m.entry(key).or_default();
-            if kept.len() < MAX_IDLE {
-                kept.push(sender);
-            }
-        }
+        self.keep(key, sender);
         if !status.is_success() {
             return Err(format!("Post \"{url}\": the server answered {status}"));
         }
         Ok(answer)
+    }
+
+    /// A kept connection to the server `key` names: its shared HTTP/2 one, or an idle
+    /// HTTP/1.1 one found still open.
+    async fn kept(&self, key: &str) -> Option<Sender> {
+        let shared = self
+            .shared
+            .lock()
+            .ok()
+            .and_then(|m| m.get(key).filter(|s| !s.is_closed()).cloned());
+        if let Some(s) = shared {
+            return Some(Sender::H2(s));
+        }
+        let mut idle = self
+            .idle
+            .lock()
+            .ok()
+            .and_then(|mut m| m.get_mut(key).and_then(Vec::pop))?;
+        if idle.is_closed() || idle.ready().await.is_err() {
+            return None;
+        }
+        Some(Sender::H1(idle))
+    }
+
+    /// Keeps a connection that is still open for the next call to the same server.
+    fn keep(&self, key: String, sender: Sender) {
+        if sender.is_closed() {
+            return;
+        }
+        match sender {
+            Sender::H2(s) => {
+                if let Ok(mut m) = self.shared.lock() {
+                    m.insert(key, s);
+                }
+            }
+            Sender::H1(s) => {
+                if let Ok(mut m) = self.idle.lock() {
+                    let kept = m.entry(key).or_default();
+                    if kept.len() < MAX_IDLE {
+                        kept.push(s);
+                    }
+                }
+            }
+        }
     }
 }
 
@@ -131,51 +179,65 @@ impl Target {
     }
 }
 
-/// A new connection to `target`, TLS-verified as in [`Connections::post_json`].
+/// A new connection to `target`, TLS-verified as in [`Connections::post_json`]: HTTP/2 when
+/// the server chose it in the TLS handshake.
 async fn connect(
     target: &Target,
     url: &str,
     server_name: &str,
     ca_pem: Option<&str>,
     identity: Option<(&str, &str)>,
-) -> Result<SendRequest<Full<Bytes>>, String> {
+) -> Result<Sender, String> {
     let (host, port) = (target.host.as_str(), target.port);
     let tcp = TcpStream::connect((host, port))
         .await
         .map_err(|e| format!("Post \"{url}\": dial tcp {host}:{port}: {e}"))?;
     if !target.https {
-        let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp))
+        let (sender, conn) = http1::handshake(TokioIo::new(tcp))
             .await
             .map_err(|e| e.to_string())?;
         tokio::spawn(conn);
-        return Ok(sender);
+        return Ok(Sender::H1(sender));
     }
     let tls = tls_connect(tcp, url, server_name, ca_pem, identity).await?;
-    let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tls))
+    if tls.get_ref().1.alpn_protocol() == Some(b"h2".as_slice()) {
+        let (sender, conn) = http2::handshake(TokioExecutor::new(), TokioIo::new(tls))
+            .await
+            .map_err(|e| e.to_string())?;
+        tokio::spawn(conn);
+        return Ok(Sender::H2(sender));
+    }
+    let (sender, conn) = http1::handshake(TokioIo::new(tls))
         .await
         .map_err(|e| e.to_string())?;
     tokio::spawn(conn);
-    Ok(sender)
+    Ok(Sender::H1(sender))
 }
 
 /// Sends one POST and reads the whole answer.
 async fn send_on(
-    sender: &mut SendRequest<Full<Bytes>>,
+    sender: &mut Sender,
     target: &Target,
     url: &str,
     body: Vec<u8>,
 ) -> Result<(http::StatusCode, Vec<u8>), hyper::Error> {
-    let req = Request::post(target.path.as_str())
-        .header(header::HOST, format!("{}:{}", target.host, target.port))
+    let mut req = Request::post(target.path.as_str())
         .header(header::CONTENT_TYPE, "application/json")
-        .header(header::ACCEPT, "application/json")
-        .body(Full::new(Bytes::from(body)));
-    let Ok(req) = req else {
+        .header(header::ACCEPT, "application/json");
+    // HTTP/2 names the server in the request's `:authority`, taken from a full URI.
+    req = match sender {
+        Sender::H1(_) => req.header(header::HOST, format!("{}:{}", target.host, target.port)),
+        Sender::H2(_) => req.uri(url),
+    };
+    let Ok(req) = req.body(Full::new(Bytes::from(body))) else {
         // Only an invalid path or host could fail here; Target::of parsed both from a Uri.
         tracing::warn!(url, "building a request failed");
         return Ok((http::StatusCode::BAD_REQUEST, Vec::new()));
     };
-    let resp = sender.send_request(req).await?;
+    let resp = match sender {
+        Sender::H1(s) => s.send_request(req).await?,
+        Sender::H2(s) => s.send_request(req).await?,
+    };
     let status = resp.status();
     let bytes = resp.into_body().collect().await?.to_bytes();
     Ok((status, bytes.to_vec()))
@@ -208,6 +270,8 @@ async fn tls_connect(
             )
             .map_err(|e| format!("client certificate: {e}"))?,
     };
+    let mut config = config;
+    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
     let name = ServerName::try_from(server_name.to_owned()).map_err(|e| e.to_string())?;
     let tls = TlsConnector::from(Arc::new(config))
         .connect(name, tcp)
