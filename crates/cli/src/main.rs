@@ -148,7 +148,15 @@ fn run(command: Command) -> anyhow::Result<()> {
             #[cfg(feature = "sandbox")]
             Command::Sim(args) => sim::run(args).await,
             #[cfg(feature = "sandbox")]
-            Command::Bench(args) => bench::run(args).await,
+            // Stopped by a signal, the benchmark returns: dropping it (and the runtime its
+            // tasks run on) kills the clusters and components it started.
+            Command::Bench(args) => tokio::select! {
+                r = bench::run(args) => r,
+                r = shutdown_signal() => {
+                    r?;
+                    anyhow::bail!("stopped by a signal: the benchmark's processes are stopped too")
+                }
+            },
             Command::VirtualNode(args) => virtual_node::run(*args).await,
             Command::Webhook(args) => webhook::run(*args).await,
             Command::Descheduler(args) => descheduler::run(*args).await,
