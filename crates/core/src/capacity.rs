@@ -283,6 +283,11 @@ impl CapacityModel {
         self.forget_pod(&(namespace.to_owned(), name.to_owned()));
     }
 
+    /// The node a pod occupies, or `None` if it is unbound or terminal.
+    pub fn bound_node_of<'p>(&self, pod: &'p Pod) -> Option<&'p str> {
+        self.bound_node(pod).map(|(node, _)| node)
+    }
+
     /// The node a pod occupies and whether the pod is ours, or `None` if it is unbound or
     /// terminal.
     fn bound_node<'p>(&self, pod: &'p Pod) -> Option<(&'p str, bool)> {

@@ -22,7 +22,7 @@
 //! remaining room it takes. 10 means the pod fills what is left (best fit, no fragmentation);
 //! near 0 a small pod on a large, empty node.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::time::Instant;
 
 use k8s_openapi::api::core::v1::{Affinity, Node, Pod, Toleration};
@@ -270,6 +270,12 @@ impl Room {
     /// and memory left free after it is highest, the first name among equals. Takes its usage
     /// from that node and returns it; `None`, and nothing taken, when it fits nowhere.
     pub fn place(&mut self, model: &CapacityModel, demand: &Demand) -> Option<String> {
+        let slot = self.place_slot(model, demand)?;
+        self.slots.get(slot).map(|s| s.name.clone())
+    }
+
+    /// [`Room::place`], answering the slot taken.
+    fn place_slot(&mut self, model: &CapacityModel, demand: &Demand) -> Option<usize> {
         let asks = Asks::new(demand);
         let mut best: Option<(i64, usize)> = None;
         for (i, slot) in self.slots.iter().enumerate() {
@@ -280,10 +286,11 @@ impl Room {
                 }
             }
         }
-        let slot = self.slots.get_mut(best?.1)?;
+        let index = best?.1;
+        let slot = self.slots.get_mut(index)?;
         slot.take(&asks.usage);
         self.placed += 1;
-        Some(slot.name.clone())
+        Some(index)
     }
 }
 
@@ -697,13 +704,24 @@ impl LowerCluster {
     /// scheduler would put it, in the order its queue takes them: higher priority first, then
     /// first come (those that fit nowhere are skipped).
     pub fn room(&self) -> Room {
+        self.room_logged().0
+    }
+
+    /// [`Self::room`], with each pending pod in the order placed: its key, priority and the
+    /// slot it took.
+    fn room_logged(&self) -> (Room, VecDeque<PlacedPending>) {
         let mut room = Room::of(&self.model);
-        let mut queue: Vec<&Waiting> = self.pending.values().collect();
-        queue.sort_by_key(|w| (std::cmp::Reverse(w.priority), w.arrival));
-        for waiting in queue {
-            room.place(&self.model, &waiting.demand);
-        }
-        room
+        let mut queue: Vec<(&PodKey, &Waiting)> = self.pending.iter().collect();
+        queue.sort_by_key(|(_, w)| (std::cmp::Reverse(w.priority), w.arrival));
+        let log = queue
+            .into_iter()
+            .map(|(key, waiting)| PlacedPending {
+                key: key.clone(),
+                priority: waiting.priority,
+                slot: room.place_slot(&self.model, &waiting.demand),
+            })
+            .collect();
+        (room, log)
     }
 
     /// Whether cluster `id` can take the pod with `demand` on a single node, after the pending
@@ -802,17 +820,23 @@ impl LowerCluster {
         let (generation, removals) = (self.generation, reservations.removals(id));
         let memo = match memo {
             Some(m) if m.generation == generation && m.removals == removals => m,
-            _ => memo.insert(RoomMemo {
-                generation,
-                removals,
-                last: 0,
-                room: self.room(),
-                verdicts: Vec::new(),
-            }),
+            _ => {
+                let (room, pending) = self.room_logged();
+                memo.insert(RoomMemo {
+                    generation,
+                    removals,
+                    last: 0,
+                    room,
+                    pending,
+                    reserved: VecDeque::new(),
+                    verdicts: Vec::new(),
+                })
+            }
         };
         let mut placed = false;
         for (seq, _, reserved) in reservations.after(id, memo.last) {
-            memo.room.place(&self.model, reserved);
+            let slot = memo.room.place_slot(&self.model, reserved);
+            memo.reserved.push_back((seq, slot));
             memo.last = seq;
             placed = true;
         }
@@ -829,6 +853,107 @@ impl LowerCluster {
         memo.verdicts.push((demand.clone(), verdict.clone()));
         verdict
     }
+
+    /// [`Self::apply_pod`], then releases the reservation of the upper pod the lower pod
+    /// carries (it now counts by itself), returning it; and keeps `memo` current when the
+    /// change only confirms what its room predicted (see [`RoomMemo`]). During a burst these
+    /// are most lower pod events: without them every bind would rebuild the cluster's room.
+    pub fn apply_pod_keeping(
+        &mut self,
+        id: &str,
+        pod: &Pod,
+        reservations: &mut Reservations,
+        memo: &mut Option<RoomMemo>,
+    ) -> (Option<Reservation>, Result<(), CapacityError>) {
+        let key = (
+            pod.metadata.namespace.clone().unwrap_or_default(),
+            pod.metadata.name.clone().unwrap_or_default(),
+        );
+        let kept = memo
+            .take()
+            .filter(|m| m.generation == self.generation && m.removals == reservations.removals(id));
+        // Judged before the change: the pod was first in line and is now bound, unchanged
+        // otherwise, to the node the room put it on.
+        let head_bound = kept.as_ref().is_some_and(|m| {
+            m.pending.front().is_some_and(|head| {
+                let placed = head.slot.and_then(|i| m.room.slots.get(i));
+                head.key == key
+                    && placed
+                        .is_some_and(|s| Some(s.name.as_str()) == self.model.bound_node_of(pod))
+                    && pod.metadata.deletion_timestamp.is_none()
+                    && self
+                        .pending
+                        .get(&key)
+                        .is_some_and(|w| Demand::of_lower_pod(pod).is_ok_and(|d| d == w.demand))
+            })
+        });
+        let arrived = !self.pod_marks.contains_key(&key);
+        let (uid, result) = self.apply_pod(pod);
+        let released = uid.as_deref().and_then(|u| reservations.release(u));
+        let Some(mut m) = kept else {
+            return (released, result);
+        };
+        let own_released = released.as_ref().is_some_and(|r| r.cluster == id);
+        let confirmed = if head_bound && !own_released {
+            m.pending.pop_front();
+            // It counts on its node now, no longer among the pods placed ahead (which a
+            // failure's reason counts).
+            m.room.placed = m.room.placed.saturating_sub(1);
+            m.verdicts
+                .retain(|(_, v)| matches!(v, Verdict::Fits { .. }));
+            true
+        } else if arrived && let Some(waiting) = self.pending.get(&key) {
+            // A new pod in line: it is placed after every pending one (last in the queue)
+            // and before every reservation; so it keeps the room when it takes the place of
+            // the first reservation placed, its own with the same demand, or when none is.
+            let last_in_line = m
+                .pending
+                .back()
+                .is_none_or(|p| waiting.priority <= p.priority);
+            let own = released.as_ref().filter(|r| r.cluster == id);
+            let slot = match (own, m.reserved.front()) {
+                _ if !last_in_line => None,
+                (Some(r), Some(&(seq, slot))) if r.seq == seq && r.demand == waiting.demand => {
+                    m.reserved.pop_front();
+                    Some(slot)
+                }
+                (Some(r), None) if r.seq > m.last => {
+                    m.verdicts.clear();
+                    Some(m.room.place_slot(&self.model, &waiting.demand))
+                }
+                (None, None) => {
+                    m.verdicts.clear();
+                    Some(m.room.place_slot(&self.model, &waiting.demand))
+                }
+                _ => None,
+            };
+            if let Some(slot) = slot {
+                m.pending.push_back(PlacedPending {
+                    key,
+                    priority: waiting.priority,
+                    slot,
+                });
+            }
+            slot.is_some()
+        } else {
+            false
+        };
+        if confirmed {
+            m.generation = self.generation;
+            m.removals = reservations.removals(id);
+            *memo = Some(m);
+        }
+        (released, result)
+    }
+}
+
+/// A pending lower pod placed in a [`RoomMemo`]'s room.
+#[derive(Debug, Clone)]
+struct PlacedPending {
+    key: PodKey,
+    priority: i32,
+    /// The slot it took; `None` when it fit nowhere.
+    slot: Option<usize>,
 }
 
 /// How many verdicts a [`RoomMemo`] keeps.
@@ -839,6 +964,11 @@ const MEMO_VERDICTS: usize = 32;
 /// away (during a burst a request places only the reservations made since), with the verdicts
 /// it gave, by demand: the replicas of a workload ask the same, and `prioritize` asks what
 /// `filter` just asked.
+///
+/// It is also kept across the lower pod events that confirm it
+/// ([`LowerCluster::apply_pod_keeping`]): the pod first in line bound where the room put it,
+/// and a reservation's lower pod arriving last in line while its reservation was the first
+/// placed. Either way a room built from scratch is the same room.
 #[derive(Debug, Clone)]
 pub struct RoomMemo {
     generation: u64,
@@ -847,6 +977,10 @@ pub struct RoomMemo {
     /// The number of the last reservation placed.
     last: u64,
     room: Room,
+    /// The pending lower pods placed, in queue order.
+    pending: VecDeque<PlacedPending>,
+    /// The reservations placed, in order: number and slot taken.
+    reserved: VecDeque<(u64, Option<usize>)>,
     verdicts: Vec<(Demand, Verdict)>,
 }
 
@@ -1616,6 +1750,22 @@ mod tests {
     /// A demand of `cpu_milli` millicores, `gib` GiB, with or without the `zone=a` selector
     /// and the `dedicated` toleration.
     fn demand_of(cpu_milli: u32, gib: u32, zone_a: bool, tolerates: bool) -> Demand {
+        Demand::of_upper_pod(&demand_pod(cpu_milli, gib, zone_a, tolerates)).unwrap()
+    }
+
+    /// The lower pod `name` of an upper pod, carrying its upper UID.
+    fn lower_of(upper: &Pod, name: &str, uid: &str) -> Pod {
+        let mut p = lower_pod(upper, &TranslateConfig::new("")).unwrap();
+        p.metadata.name = Some(name.to_owned());
+        p.metadata.namespace = Some("ns".into());
+        p.metadata
+            .annotations
+            .get_or_insert_with(Default::default)
+            .insert(ANNOTATION_UPPER_UID.into(), uid.into());
+        p
+    }
+
+    fn demand_pod(cpu_milli: u32, gib: u32, zone_a: bool, tolerates: bool) -> Pod {
         let mut selector = serde_json::Map::new();
         if zone_a {
             selector.insert("nodeSelector".into(), json!({"zone": "a"}));
@@ -1631,8 +1781,7 @@ mod tests {
         } else {
             json!({"metadata": {"annotations": {"clusterSelector": serde_json::Value::Object(selector).to_string()}}})
         };
-        let p = pod("x", &format!("{cpu_milli}m"), &format!("{gib}Gi"), extra);
-        Demand::of_upper_pod(&p).unwrap()
+        pod("x", &format!("{cpu_milli}m"), &format!("{gib}Gi"), extra)
     }
 
     #[derive(Debug, Clone)]
@@ -1662,6 +1811,13 @@ mod tests {
             zone_a: bool,
         },
         Release(u8),
+        /// The lower pod of reservation `u{idx}` arrives, waiting for a node.
+        Arrive {
+            idx: u8,
+            priority: i32,
+        },
+        /// The pod first in line binds where the kept room put it.
+        BindHead,
         Judge {
             cpu: u32,
             gib: u32,
@@ -1684,9 +1840,60 @@ mod tests {
             3 => (0u8..8, 0u32..3_000, 0u32..4, any::<bool>())
                 .prop_map(|(idx, cpu, gib, zone_a)| Op::Reserve { idx, cpu, gib, zone_a }),
             1 => (0u8..8).prop_map(Op::Release),
+            3 => (0u8..8, prop_oneof![4 => Just(0), 1 => Just(1)])
+                .prop_map(|(idx, priority)| Op::Arrive { idx, priority }),
+            3 => Just(Op::BindHead),
             6 => (0u32..4_000, 0u32..8, any::<bool>(), any::<bool>(), prop::option::of(0u8..8))
                 .prop_map(|(cpu, gib, zone_a, tolerates, except)| Op::Judge { cpu, gib, zone_a, tolerates, except }),
         ]
+    }
+
+    #[test]
+    fn the_kept_room_survives_the_lower_pod_events_that_confirm_it() {
+        let mut c = cluster(&[("n1", "4"), ("n2", "2")]);
+        let mut r = Reservations::new();
+        let mut memo = None;
+        let later = Instant::now() + Duration::from_secs(600);
+        r.reserve("u1", "c1", demand_of(1_000, 1, false, false), later);
+        r.reserve("u2", "c1", demand_of(1_000, 1, false, false), later);
+        let probe = demand_of(500, 0, false, false);
+        let kept = |c: &LowerCluster, r: &Reservations, memo: &Option<RoomMemo>| {
+            memo.as_ref()
+                .is_some_and(|m| m.generation == c.generation() && m.removals == r.removals("c1"))
+        };
+        c.verdict("c1", &r, None, &probe, &mut memo);
+        let placed_on = |memo: &Option<RoomMemo>| {
+            let m = memo.as_ref().unwrap();
+            let head = m.pending.front().unwrap();
+            m.room.slots[head.slot.unwrap()].name.clone()
+        };
+        // u1's lower pod arrives while its reservation is the first placed: the same room.
+        let a1 = lower_of(&demand_pod(1_000, 1, false, false), "a1", "u1");
+        let (released, _) = c.apply_pod_keeping("c1", &a1, &mut r, &mut memo);
+        assert!(released.is_some());
+        assert!(kept(&c, &r, &memo));
+        // The lower scheduler binds it where the room put it: the same room again.
+        let mut bound_a1 = a1.clone();
+        bound_a1.spec.as_mut().unwrap().node_name = Some(placed_on(&memo));
+        c.apply_pod_keeping("c1", &bound_a1, &mut r, &mut memo)
+            .1
+            .unwrap();
+        assert!(kept(&c, &r, &memo));
+        let fresh = c.evaluate("c1", r.of_cluster("c1", None), &probe);
+        assert_eq!(c.verdict("c1", &r, None, &probe, &mut memo), fresh);
+        // u2's pod arrives and is bound elsewhere than predicted: the room is built again.
+        let a2 = lower_of(&demand_pod(1_000, 1, false, false), "a2", "u2");
+        c.apply_pod_keeping("c1", &a2, &mut r, &mut memo).1.unwrap();
+        assert!(kept(&c, &r, &memo));
+        let elsewhere = if placed_on(&memo) == "n1" { "n2" } else { "n1" };
+        let mut bound_a2 = a2.clone();
+        bound_a2.spec.as_mut().unwrap().node_name = Some(elsewhere.into());
+        c.apply_pod_keeping("c1", &bound_a2, &mut r, &mut memo)
+            .1
+            .unwrap();
+        assert!(memo.is_none());
+        let fresh = c.evaluate("c1", r.of_cluster("c1", None), &probe);
+        assert_eq!(c.verdict("c1", &r, None, &probe, &mut memo), fresh);
     }
 
     proptest::proptest! {
@@ -1701,6 +1908,8 @@ mod tests {
             let mut r = Reservations::new();
             let mut memo = None;
             let later = Instant::now() + Duration::from_secs(600);
+            let mut lower: BTreeMap<String, Pod> = BTreeMap::new();
+            let mut asked: BTreeMap<u8, (u32, u32, bool)> = BTreeMap::new();
             let mut cordoned = std::collections::BTreeSet::new();
             let mut nodes: BTreeMap<u8, Node> = BTreeMap::new();
             for op in ops {
@@ -1729,14 +1938,44 @@ mod tests {
                         c.remove_node(&format!("n{idx}"));
                     }
                     Op::Pending { idx, cpu } => {
-                        let _ = c.apply_pod(&pod(&format!("p{idx}"), &format!("{cpu}m"), "0", json!({})));
+                        let p = pod(&format!("p{idx}"), &format!("{cpu}m"), "0", json!({}));
+                        let _ = c.apply_pod_keeping("c1", &p, &mut r, &mut memo);
+                        lower.insert(format!("p{idx}"), p);
                     }
                     Op::Bind { idx, node } => {
-                        let _ = c.apply_pod(&bound(&format!("p{idx}"), &format!("n{node}"), "500m"));
+                        let p = bound(&format!("p{idx}"), &format!("n{node}"), "500m");
+                        let _ = c.apply_pod_keeping("c1", &p, &mut r, &mut memo);
+                        lower.insert(format!("p{idx}"), p);
                     }
-                    Op::RemovePod(idx) => c.remove_pod("ns", &format!("p{idx}")),
+                    Op::RemovePod(idx) => {
+                        lower.remove(&format!("p{idx}"));
+                        c.remove_pod("ns", &format!("p{idx}"));
+                    }
                     Op::Reserve { idx, cpu, gib, zone_a } => {
                         r.reserve(&format!("u{idx}"), "c1", demand_of(cpu, gib, zone_a, false), later);
+                        asked.insert(idx, (cpu, gib, zone_a));
+                    }
+                    Op::Arrive { idx, priority } => {
+                        if let Some(&(cpu, gib, zone_a)) = asked.get(&idx) {
+                            let name = format!("a{idx}");
+                            let mut p = lower_of(&demand_pod(cpu, gib, zone_a, false), &name, &format!("u{idx}"));
+                            p.spec.get_or_insert_with(Default::default).priority = Some(priority);
+                            let _ = c.apply_pod_keeping("c1", &p, &mut r, &mut memo);
+                            lower.insert(name, p);
+                        }
+                    }
+                    Op::BindHead => {
+                        let head = memo.as_ref().and_then(|m| {
+                            let head = m.pending.front()?;
+                            Some((head.key.1.clone(), m.room.slots.get(head.slot?)?.name.clone()))
+                        });
+                        if let Some((name, node)) = head
+                            && let Some(mut p) = lower.get(&name).cloned()
+                        {
+                            p.spec.get_or_insert_with(Default::default).node_name = Some(node);
+                            let _ = c.apply_pod_keeping("c1", &p, &mut r, &mut memo);
+                            lower.insert(name, p);
+                        }
                     }
                     Op::Release(idx) => {
                         r.release(&format!("u{idx}"));
@@ -1754,7 +1993,7 @@ mod tests {
             let mut room = c.room();
             let mut free = BTreeMap::new();
             let mut queue: Vec<&Waiting> = c.pending.values().collect();
-            queue.sort_by_key(|w| w.arrival);
+            queue.sort_by_key(|w| (std::cmp::Reverse(w.priority), w.arrival));
             for w in queue {
                 reference_place(&mut free, &c, &w.demand);
             }

@@ -390,14 +390,17 @@ impl Index {
         }
         match event {
             watcher::Event::Apply(p) | watcher::Event::InitApply(p) => {
-                let (uid, result) = cluster.lower.apply_pod(p);
+                let (released, result) = cluster.lower.apply_pod_keeping(
+                    id,
+                    p,
+                    &mut self.reservations,
+                    &mut cluster.room,
+                );
                 if let Err(e) = result {
                     tracing::debug!(cluster = %id, error = %e, "lower pod partly read");
                 }
-                if let Some(uid) = uid
-                    && self.reservations.release(&uid).is_some()
-                {
-                    tracing::debug!(cluster = %id, %uid, "reservation released: its lower pod exists");
+                if released.is_some() {
+                    tracing::debug!(cluster = %id, pod = ?p.metadata.name, "reservation released: its lower pod exists");
                     return true;
                 }
             }
