@@ -192,6 +192,9 @@ async fn connect(
     let tcp = TcpStream::connect((host, port))
         .await
         .map_err(|e| format!("Post \"{url}\": dial tcp {host}:{port}: {e}"))?;
+    // As Go's dialer does: an HTTP/2 request is a HEADERS and a DATA frame, and Nagle would
+    // hold the second until the first is acknowledged (a delayed ACK: 40 ms a call).
+    let _ = tcp.set_nodelay(true);
     if !target.https {
         let (sender, conn) = http1::handshake(TokioIo::new(tcp))
             .await
