@@ -10,6 +10,8 @@
 macro_rules! owner_reconciler {
     ($loop:ident, $res:expr, $owned:expr, $kind:literal) => {
         impl super::Reconciler for $loop {
+            const SETTLE: std::time::Duration = super::OWNER_SETTLE;
+
             async fn resync(&mut self, state: &State) {
                 for key in super::all_keys(state, $res) {
                     reconcile(state, &key).await;
@@ -349,6 +351,7 @@ fn changed_owners(
         if e.res == res {
             dirty.insert(e.key.clone());
         } else if e.res == owned
+            && (owned != *super::resources::ids::PODS || pod_matters_to_owner(e))
             && let Some((kind, name, _)) = controller_of(&e.entry.object)
             && kind == owner_kind
         {
@@ -356,6 +359,38 @@ fn changed_owners(
         }
     }
     dirty
+}
+
+/// Whether a pod event can change what its workload controller reads of it: its existence,
+/// labels, owner, deletion, node, phase or readiness. A change elsewhere (the scheduler's
+/// `PodScheduled` message, container statuses) cannot; a burst of pending pods retried by the
+/// scheduler writes those by the thousand, and each made the controller recount its pods.
+fn pod_matters_to_owner(e: &Event) -> bool {
+    let Some(prev) = e
+        .prev
+        .as_ref()
+        .filter(|_| e.kind == super::store::EventType::Modified)
+    else {
+        return true;
+    };
+    let (a, b) = (&*prev.object, &*e.entry.object);
+    fn at<'v>(v: &'v Value, outer: &str, field: &str) -> Option<&'v Value> {
+        v.get(outer).and_then(|o| o.get(field))
+    }
+    fn ready(v: &Value) -> Option<&Value> {
+        at(v, "status", "conditions")
+            .and_then(Value::as_array)
+            .and_then(|c| {
+                c.iter()
+                    .find(|c| c.get("type").and_then(Value::as_str) == Some("Ready"))
+            })
+    }
+    ["deletionTimestamp", "labels", "ownerReferences"]
+        .iter()
+        .any(|f| at(a, "metadata", f) != at(b, "metadata", f))
+        || at(a, "spec", "nodeName") != at(b, "spec", "nodeName")
+        || at(a, "status", "phase") != at(b, "status", "phase")
+        || ready(a) != ready(b)
 }
 
 /// A new pod from a workload's `template`, named after `owner` (`generateName`), in its
@@ -524,6 +559,9 @@ fn modify(
 /// A control loop: a full pass over the current objects, and incremental work per batch of
 /// changes (or per tick, with no batch, for time-based rules).
 trait Reconciler: Send {
+    /// How long a batch of changes waits for more before it is handled (none by default).
+    const SETTLE: Duration = Duration::ZERO;
+
     /// Everything, from the current objects (at start and after the history was lost).
     fn resync(&mut self, state: &State) -> impl Future<Output = ()> + Send;
     /// A batch of changes, or `None` on a tick.
@@ -534,12 +572,18 @@ trait Reconciler: Send {
     ) -> impl Future<Output = ()> + Send;
 }
 
+/// How long the workload controllers let changes of their pods gather before recounting:
+/// a recount reads every pod of the workload, so at thousands of replicas one per pod event
+/// was most of a burst's CPU. kube-controller-manager's work queue folds the changes that
+/// arrive while a sync waits in the same way.
+const OWNER_SETTLE: Duration = Duration::from_millis(50);
+
 /// Runs a reconciler on the store's events until stopped.
-async fn run_loop(
+async fn run_loop<R: Reconciler>(
     state: Arc<State>,
     stop: CancellationToken,
     every: Duration,
-    mut r: impl Reconciler,
+    mut r: R,
 ) {
     'outer: loop {
         let start = state.store.current_rv();
@@ -553,7 +597,19 @@ async fn run_loop(
             tokio::select! {
                 () = stop.cancelled() => return,
                 batch = cursor.next_batch() => match batch {
-                    Ok(batch) => r.changed(&state, Some(&batch)).await,
+                    Ok(mut batch) => {
+                        if !R::SETTLE.is_zero() {
+                            tokio::select! {
+                                () = stop.cancelled() => return,
+                                () = tokio::time::sleep(R::SETTLE) => {}
+                            }
+                            match cursor.take() {
+                                Ok(more) => batch.extend(more),
+                                Err(_) => continue 'outer,
+                            }
+                        }
+                        r.changed(&state, Some(&batch)).await
+                    }
                     Err(_) => continue 'outer,
                 },
                 _ = ticker.tick() => r.changed(&state, None).await,
@@ -591,6 +647,56 @@ fn controller_of(obj: &Value) -> Option<(&str, &str, &str)> {
 mod tests {
     use super::SchedulerExtender;
     use serde_json::json;
+
+    #[test]
+    fn a_workload_recounts_only_for_pod_changes_it_reads() {
+        use super::super::resources::ids;
+        use super::super::store::{Entry, Event, EventType, ObjKey};
+        use std::sync::Arc;
+        let pod = |phase: &str, message: &str| {
+            json!({"metadata": {"name": "p", "namespace": "ns", "ownerReferences": [
+                    {"kind": "ReplicaSet", "name": "rs", "uid": "u", "controller": true}]},
+                "status": {"phase": phase, "conditions": [
+                    {"type": "PodScheduled", "status": "False", "message": message}]}})
+        };
+        let event = |kind, prev: Option<serde_json::Value>, now: serde_json::Value| {
+            let entry = |v: serde_json::Value| Entry {
+                object: Arc::new(v),
+                json: Default::default(),
+                rv: 1,
+            };
+            Arc::new(Event {
+                rv: 2,
+                res: *ids::PODS,
+                kind,
+                key: ObjKey::new("ns", "p"),
+                entry: entry(now),
+                prev: prev.map(entry),
+            })
+        };
+        let owners = |e| super::changed_owners(&[e], *ids::REPLICASETS, *ids::PODS, "ReplicaSet");
+        let rs = std::collections::BTreeSet::from([ObjKey::new("ns", "rs")]);
+        let retried = event(
+            EventType::Modified,
+            Some(pod("Pending", "0/3 nodes")),
+            pod("Pending", "0/4 nodes"),
+        );
+        assert!(owners(retried).is_empty(), "a scheduler message alone");
+        let running = event(
+            EventType::Modified,
+            Some(pod("Pending", "m")),
+            pod("Running", "m"),
+        );
+        assert_eq!(owners(running), rs);
+        assert_eq!(
+            owners(event(EventType::Added, None, pod("Pending", "m"))),
+            rs
+        );
+        assert_eq!(
+            owners(event(EventType::Deleted, None, pod("Pending", "m"))),
+            rs
+        );
+    }
 
     #[test]
     fn extenders_are_read_as_kube_scheduler_reads_them() {
