@@ -74,6 +74,25 @@ fn config(name: &str, url: &str, ca_pem: &str, policy: &str) -> MutatingWebhookC
     .unwrap()
 }
 
+/// Registers the webhook at `addr` as `name` (failure policy `Fail`); the default namespace's
+/// pods.
+async fn register(client: &kube::Client, name: &str, addr: SocketAddr, ca: &Ca) -> Api<Pod> {
+    let hooks: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
+    hooks
+        .create(
+            &PostParams::default(),
+            &config(
+                name,
+                &format!("https://{addr}/mutate"),
+                ca.cert_pem(),
+                "Fail",
+            ),
+        )
+        .await
+        .unwrap();
+    Api::namespaced(client.clone(), "default")
+}
+
 fn pod(name: &str, labelled: bool) -> Pod {
     let labels = if labelled {
         json!({"virtual-pod": "true"})
@@ -93,20 +112,8 @@ async fn webhooks_mutate_selected_pods_deny_with_reasons_and_honour_failure_poli
     let client = server.client().await.unwrap();
     let ca = Ca::new("webhook-ca").unwrap();
     let addr = webhook(&ca).await;
+    let pods = register(&client, "label", addr, &ca).await;
     let hooks: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
-    hooks
-        .create(
-            &PostParams::default(),
-            &config(
-                "label",
-                &format!("https://{addr}/mutate"),
-                ca.cert_pem(),
-                "Fail",
-            ),
-        )
-        .await
-        .unwrap();
-    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
 
     let p = pods
         .create(&PostParams::default(), &pod("a", true))
@@ -259,20 +266,7 @@ async fn concurrent_webhook_calls_share_one_http2_connection() {
     let ca = Ca::new("webhook-ca").unwrap();
     const TOGETHER: usize = 8;
     let (addr, connections, over_h2) = h2_webhook(&ca, TOGETHER).await;
-    let hooks: Api<MutatingWebhookConfiguration> = Api::all(client.clone());
-    hooks
-        .create(
-            &PostParams::default(),
-            &config(
-                "hold",
-                &format!("https://{addr}/mutate"),
-                ca.cert_pem(),
-                "Fail",
-            ),
-        )
-        .await
-        .unwrap();
-    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    let pods = register(&client, "hold", addr, &ca).await;
     pods.create(&PostParams::default(), &pod("warm", true))
         .await
         .unwrap();
