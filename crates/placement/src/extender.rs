@@ -95,10 +95,10 @@ pub const MAX_EXTENDER_ARGS: usize = 8 << 20;
 /// some run 15 000. Each costs its name and two labels once read.
 pub const MAX_CANDIDATE_NODES: usize = 15_000;
 
-/// Requests worked on at once. kube-scheduler calls filter and prioritize for one pod at a
-/// time and binds the previous pod meanwhile; each call takes a millisecond or so (a bind one
-/// API round trip), so they take turns (up to `serve::MAX_WAITING` wait) rather than each
-/// holding up to an 8 MiB body and the pod decoded from it at the same time.
+/// Filter and prioritize calls worked on at once. kube-scheduler calls them for one pod at a
+/// time; each takes a millisecond or so, so they take turns (up to `serve::MAX_WAITING` wait)
+/// rather than each holding up to an 8 MiB body and the pod decoded from it at the same time.
+/// Binds, which wait on the API server, have places of their own (`serve::MAX_IO_BOUND`).
 pub const MAX_CONCURRENT_CALLS: usize = 1;
 
 /// What the extender needs.
@@ -470,6 +470,14 @@ enum Verb {
     Prioritize,
 }
 
+/// The verb a request path names: its last segment.
+fn verb_of(path: &str) -> &str {
+    path.trim_end_matches('/')
+        .rsplit('/')
+        .next()
+        .unwrap_or_default()
+}
+
 impl Handler for Extender {
     /// See [`MAX_EXTENDER_ARGS`].
     fn max_body(&self) -> usize {
@@ -480,6 +488,12 @@ impl Handler for Extender {
         MAX_CONCURRENT_CALLS
     }
 
+    /// A bind is one Binding write (and a pod read when its filter call was not seen): it
+    /// waits on the API server, its body is a few names.
+    fn waits_on_io(&self, path: &str) -> bool {
+        verb_of(path) == "bind"
+    }
+
     /// One large body at a time: only kube-scheduler's certificate gets as far as sending one
     /// (the TLS handshake refuses everyone else), and its calls are a few KiB.
     fn large_bodies(&self) -> usize {
@@ -487,12 +501,7 @@ impl Handler for Extender {
     }
 
     fn handle(&self, path: &str, body: Bytes) -> Pin<Box<dyn Future<Output = Reply> + Send + '_>> {
-        let verb = path
-            .trim_end_matches('/')
-            .rsplit('/')
-            .next()
-            .unwrap_or_default()
-            .to_owned();
+        let verb = verb_of(path).to_owned();
         Box::pin(async move {
             let started = Instant::now();
             let (label, reply) = match verb.as_str() {

@@ -44,6 +44,12 @@ pub const DEFAULT_MAX_BODY: usize = 4 << 20;
 /// flood of large bodies can take.
 pub const DEFAULT_MAX_CONCURRENT: usize = 4;
 
+/// Requests that mostly wait on another server ([`Handler::waits_on_io`]) handled at once.
+/// Each holds a small body and little decoded from it, and kube-scheduler binds many pods at
+/// once (a goroutine each): held to the `max_concurrent` places, a bind's API round trip made
+/// every other call wait for it (one at a time, 50 binds a second at a 20 ms write).
+pub const MAX_IO_BOUND: usize = 256;
+
 /// Requests that wait for one in progress to finish, beyond which a request is answered 503 at
 /// once. A waiting request holds its body (read within [`SMALL_POOL`] or a large-body place),
 /// nothing decoded from it. An API
@@ -476,6 +482,14 @@ pub trait Handler: Send + Sync + 'static {
         MAX_WAITING
     }
 
+    /// Whether a request to `path` is mostly a wait on another server with little decoded from
+    /// a small body (the extender's bind: one API write). Such a request may send at most
+    /// [`SMALL_BODY`] and takes one of [`MAX_IO_BOUND`] places of its own, so the
+    /// `max_concurrent` ones are never held across a round trip.
+    fn waits_on_io(&self, _path: &str) -> bool {
+        false
+    }
+
     /// How many bodies larger than [`SMALL_BODY`] are read at once (each up to
     /// [`Handler::max_body`]): with [`SMALL_POOL`], what bodies being read can hold.
     fn large_bodies(&self) -> usize {
@@ -492,6 +506,8 @@ pub trait Handler: Send + Sync + 'static {
 /// reason.
 struct Gate {
     permits: Arc<Semaphore>,
+    /// The places of requests that wait on another server ([`MAX_IO_BOUND`]).
+    io_bound: Arc<Semaphore>,
     max_concurrent: usize,
     max_waiting: usize,
     waiting: AtomicUsize,
@@ -519,6 +535,7 @@ impl Gate {
         let large_bodies = large_bodies.max(1);
         Self {
             permits: Arc::new(Semaphore::new(max_concurrent)),
+            io_bound: Arc::new(Semaphore::new(MAX_IO_BOUND)),
             max_concurrent,
             max_waiting,
             waiting: AtomicUsize::new(0),
@@ -544,6 +561,17 @@ impl Gate {
             .await
             .ok()?
             .ok()
+    }
+
+    /// A place among the requests that wait on another server, or 503 when none frees up
+    /// within [`MAX_WAIT`].
+    async fn enter_io_bound(&self) -> Result<OwnedSemaphorePermit, Response<Full<Bytes>>> {
+        match tokio::time::timeout(MAX_WAIT, self.io_bound.clone().acquire_owned()).await {
+            Ok(Ok(permit)) => Ok(permit),
+            _ => Err(busy(format!(
+                "busy: waited {MAX_WAIT:?} behind {MAX_IO_BOUND} requests in progress; retry"
+            ))),
+        }
     }
 
     async fn enter(&self) -> Result<OwnedSemaphorePermit, Response<Full<Bytes>>> {
@@ -672,7 +700,12 @@ async fn respond(
             format!("{} {path}: only POST is served here", req.method()).into_bytes(),
         );
     }
-    let max = handler.max_body();
+    let io_bound = handler.waits_on_io(&path);
+    let max = if io_bound {
+        handler.max_body().min(SMALL_BODY)
+    } else {
+        handler.max_body()
+    };
     let too_large = || {
         plain(
             StatusCode::PAYLOAD_TOO_LARGE,
@@ -712,7 +745,12 @@ async fn respond(
         }
     };
     // Held until the answer is built: what is decoded from the body counts against it.
-    let _permit = match gate.enter().await {
+    let entered = if io_bound {
+        gate.enter_io_bound().await
+    } else {
+        gate.enter().await
+    };
+    let _permit = match entered {
         Ok(p) => p,
         Err(busy) => return busy,
     };

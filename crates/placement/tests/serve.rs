@@ -379,3 +379,73 @@ async fn a_slow_body_holds_its_bytes_not_the_place_of_others() {
     .await;
     assert_eq!(status_of(&answer), 200, "{answer}");
 }
+
+/// Holds its binds (requests that wait on another server) until told to answer; answers the
+/// rest at once, one at a time, none waiting.
+struct HeldBinds {
+    release: tokio::sync::Semaphore,
+    binding: std::sync::atomic::AtomicUsize,
+}
+
+impl Handler for HeldBinds {
+    fn handle(&self, path: &str, _: Bytes) -> Pin<Box<dyn Future<Output = Reply> + Send + '_>> {
+        let bind = path.ends_with("/bind");
+        Box::pin(async move {
+            if bind {
+                self.binding
+                    .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                let _ = self.release.acquire().await.map(|p| p.forget());
+            }
+            Reply::json(&serde_json::json!({}))
+        })
+    }
+
+    fn max_concurrent(&self) -> usize {
+        1
+    }
+
+    fn max_waiting(&self) -> usize {
+        0
+    }
+
+    fn waits_on_io(&self, path: &str) -> bool {
+        path.ends_with("/bind")
+    }
+}
+
+/// kube-scheduler binds many pods at once while it filters the next: binds waiting on the API
+/// server hold places of their own, never the one place of the decisions (held there, each
+/// bind's round trip made filter calls wait or fail), and send only small bodies.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn binds_waiting_on_the_api_server_never_hold_the_place_of_decisions() {
+    let held = Arc::new(HeldBinds {
+        release: tokio::sync::Semaphore::new(0),
+        binding: std::sync::atomic::AtomicUsize::new(0),
+    });
+    let (server, cert) = serve(held.clone(), ServerLimits::default()).await;
+    let (addr, ca) = (server.addr(), cert.ca_pem.clone());
+    let binds: Vec<_> = (0..3)
+        .map(|_| {
+            let ca = ca.clone();
+            tokio::spawn(async move { raw_request(addr, &ca, &post("/x/bind", 2), b"{}").await })
+        })
+        .collect();
+    within(20, "three binds in progress at once", async {
+        while held.binding.load(std::sync::atomic::Ordering::SeqCst) < 3 {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await;
+    for _ in 0..3 {
+        let answer = raw_request(addr, &ca, &post("/x/filter", 2), b"{}").await;
+        assert_eq!(status_of(&answer), 200, "{answer}");
+    }
+    let body = vec![b' '; SMALL_BODY + 1];
+    let answer = raw_request(addr, &ca, &post("/x/bind", body.len()), &body).await;
+    assert_eq!(status_of(&answer), 413, "{answer}");
+    held.release.add_permits(3);
+    for b in binds {
+        let answer = within(20, "the binds answered", b).await.unwrap();
+        assert_eq!(status_of(&answer), 200, "{answer}");
+    }
+}
