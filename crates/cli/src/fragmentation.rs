@@ -192,6 +192,9 @@ struct Outcome {
     extender_filter_p50_ms: Option<f64>,
     extender_filter_p99_ms: Option<f64>,
     extender_bind_p99_ms: Option<f64>,
+    /// The extender's `filter` calls over the pods of the burst: retries of pods it refused
+    /// show here.
+    extender_filter_calls_per_pod: Option<f64>,
     descheduler_moves: u64,
     /// The extender's own process (`tensile scheduler`, the shipped flags): peak RSS (from its
     /// start, so with its initial lists of the fleet) and CPU time during the burst.
@@ -558,6 +561,13 @@ async fn run_mode(mode: &str, args: &FragmentationArgs) -> anyhow::Result<Outcom
             extender_filter_p50_ms: extender_quantile(&samples, "filter", 0.5),
             extender_filter_p99_ms: extender_quantile(&samples, "filter", 0.99),
             extender_bind_p99_ms: extender_quantile(&samples, "bind", 0.99),
+            extender_filter_calls_per_pod: samples
+                .iter()
+                .find(|((name, labels), _)| {
+                    name == "tensile_extender_request_seconds_count"
+                        && labels.get("verb").map(String::as_str) == Some("filter")
+                })
+                .map(|(_, calls)| calls / total.max(1) as f64),
             descheduler_moves: descheduler_metrics.moves(),
             extender_peak_rss_mib,
             extender_cpu_s,
