@@ -68,12 +68,9 @@ impl Connections {
             ca_pem.unwrap_or_default(),
             identity.map(|(c, _)| c).unwrap_or_default()
         );
-        let mut sender = self.kept(&key).await;
-        if sender.is_none() {
-            sender = Some(connect(&target, url, server_name, ca_pem, identity).await?);
-        }
-        let Some(mut sender) = sender else {
-            return Err(format!("Post \"{url}\": no connection"));
+        let mut sender = match self.kept(&key).await {
+            Some(kept) => kept,
+            None => connect(&target, url, server_name, ca_pem, identity).await?,
         };
         let (status, answer) = match send_on(&mut sender, &target, url, body.clone()).await {
             Err(e) if e.is_canceled() => {
