@@ -165,16 +165,13 @@ async fn dependencies_go_first_updates_follow_and_kube_system_is_not_offloaded()
         .create(&PostParams::default(), &pod("sys", "vk-lower", json!({})))
         .await
         .unwrap();
-    let message = eventually(30, "not-offloaded condition", || async {
-        let c = system
-            .get("sys")
-            .await
-            .ok()?
-            .status?
-            .conditions?
-            .into_iter()
-            .find(|c| c.type_ == "tensile-kube.io/Offloaded")?;
-        (c.reason.as_deref() == Some("NotOffloaded")).then(|| c.message.unwrap_or_default())
+    let message = eventually(30, "not-offloaded condition", || {
+        tensile_testenv::condition_message(
+            &system,
+            "sys",
+            "tensile-kube.io/Offloaded",
+            "NotOffloaded",
+        )
     })
     .await;
     assert!(message.contains("kube-system"), "{message}");
@@ -624,16 +621,13 @@ async fn failures_are_reported_and_deletion_is_graceful_both_ways() {
     // A mandatory Secret that does not exist: reported on the pod, retried, then fixed.
     upper_pods.create(&PostParams::default(), &pod("needs", "vk-lower", json!({"spec": {"volumes": [{"name": "s", "secret": {"secretName": "missing"}}],
         "containers": [{"name": "c", "image": "nginx", "volumeMounts": [{"name": "s", "mountPath": "/s"}]}]}}))).await.unwrap();
-    let message = eventually(30, "ProviderFailed condition", || async {
-        let c = upper_pods
-            .get("needs")
-            .await
-            .ok()?
-            .status?
-            .conditions?
-            .into_iter()
-            .find(|c| c.type_ == "tensile-kube.io/Offloaded")?;
-        (c.reason.as_deref() == Some("ProviderFailed")).then(|| c.message.unwrap_or_default())
+    let message = eventually(30, "ProviderFailed condition", || {
+        tensile_testenv::condition_message(
+            &upper_pods,
+            "needs",
+            "tensile-kube.io/Offloaded",
+            "ProviderFailed",
+        )
     })
     .await;
     assert!(

@@ -494,16 +494,8 @@ async fn the_scheduler_calls_extenders_to_filter_and_prioritize() {
     })
     .await;
     assert_eq!(node, "c1-node-3");
-    let message = eventually(30, "unschedulable", || async {
-        let c = pods
-            .get("rejected")
-            .await
-            .ok()?
-            .status?
-            .conditions?
-            .into_iter()
-            .find(|c| c.type_ == "PodScheduled")?;
-        (c.reason.as_deref() == Some("Unschedulable")).then(|| c.message.unwrap_or_default())
+    let message = eventually(30, "unschedulable", || {
+        tensile_testenv::condition_message(&pods, "rejected", "PodScheduled", "Unschedulable")
     })
     .await;
     // kube-scheduler goes on about preemption after this; the filter's verdict comes first.
@@ -688,16 +680,8 @@ async fn a_pod_whose_bind_fails_gives_its_room_back_and_is_tried_again() {
     pods.create(&PostParams::default(), &pod_asking("second", &cpu))
         .await
         .unwrap();
-    let message = eventually(20, "second unschedulable", || async {
-        let c = pods
-            .get("second")
-            .await
-            .ok()?
-            .status?
-            .conditions?
-            .into_iter()
-            .find(|c| c.type_ == "PodScheduled")?;
-        (c.reason.as_deref() == Some("Unschedulable")).then(|| c.message.unwrap_or_default())
+    let message = eventually(20, "second unschedulable", || {
+        tensile_testenv::condition_message(&pods, "second", "PodScheduled", "Unschedulable")
     })
     .await;
     assert!(message.contains("Insufficient cpu"), "{message}");

@@ -794,3 +794,22 @@ pub fn forwarded_port(mut out: impl std::io::Read + Send + 'static) -> Result<u1
         seen.push_str(&String::from_utf8_lossy(&buf[..n]));
     }
 }
+
+/// The message of pod `name`'s condition `type_`, once it has reason `reason`: what tests poll
+/// with [`eventually`] to read why a pod is not scheduled or not offloaded.
+pub async fn condition_message(
+    pods: &kube::Api<k8s_openapi::api::core::v1::Pod>,
+    name: &str,
+    type_: &str,
+    reason: &str,
+) -> Option<String> {
+    let c = pods
+        .get(name)
+        .await
+        .ok()?
+        .status?
+        .conditions?
+        .into_iter()
+        .find(|c| c.type_ == type_)?;
+    (c.reason.as_deref() == Some(reason)).then(|| c.message.unwrap_or_default())
+}
