@@ -22,14 +22,7 @@ fn get(path: &str) -> http::Request<Vec<u8>> {
 
 /// The upper pod's `tensile-kube.io/Offloaded` condition: (reason, message).
 async fn offloaded(api: &Api<Pod>, name: &str) -> Option<(String, String)> {
-    let c = api
-        .get(name)
-        .await
-        .ok()?
-        .status?
-        .conditions?
-        .into_iter()
-        .find(|c| c.type_ == "tensile-kube.io/Offloaded")?;
+    let c = tensile_testenv::pod_condition(api, name, "tensile-kube.io/Offloaded").await?;
     Some((c.reason.unwrap_or_default(), c.message.unwrap_or_default()))
 }
 

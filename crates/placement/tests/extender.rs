@@ -276,15 +276,10 @@ async fn bound_to(pods: &Api<Pod>, name: &str) -> String {
 /// The `PodScheduled=False` message of a pod, once it has one.
 async fn not_scheduled(pods: &Api<Pod>, name: &str) -> String {
     eventually(30, &format!("{name} not scheduled"), || async {
-        let c = pods
-            .get(name)
+        tensile_testenv::pod_condition(pods, name, "PodScheduled")
             .await
-            .ok()?
-            .status?
-            .conditions?
-            .into_iter()
-            .find(|c| c.type_ == "PodScheduled" && c.status == "False")?;
-        c.message
+            .filter(|c| c.status == "False")?
+            .message
     })
     .await
 }

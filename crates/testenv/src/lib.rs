@@ -795,6 +795,21 @@ pub fn forwarded_port(mut out: impl std::io::Read + Send + 'static) -> Result<u1
     }
 }
 
+/// Pod `name`'s condition `type_`, if it has one.
+pub async fn pod_condition(
+    pods: &kube::Api<k8s_openapi::api::core::v1::Pod>,
+    name: &str,
+    type_: &str,
+) -> Option<k8s_openapi::api::core::v1::PodCondition> {
+    pods.get(name)
+        .await
+        .ok()?
+        .status?
+        .conditions?
+        .into_iter()
+        .find(|c| c.type_ == type_)
+}
+
 /// The message of pod `name`'s condition `type_`, once it has reason `reason`: what tests poll
 /// with [`eventually`] to read why a pod is not scheduled or not offloaded.
 pub async fn condition_message(
@@ -803,13 +818,6 @@ pub async fn condition_message(
     type_: &str,
     reason: &str,
 ) -> Option<String> {
-    let c = pods
-        .get(name)
-        .await
-        .ok()?
-        .status?
-        .conditions?
-        .into_iter()
-        .find(|c| c.type_ == type_)?;
+    let c = pod_condition(pods, name, type_).await?;
     (c.reason.as_deref() == Some(reason)).then(|| c.message.unwrap_or_default())
 }
