@@ -62,6 +62,12 @@ pub struct FragmentationArgs {
     /// Placement modes to run, each on a fresh sandbox (none, descheduler, extender, both).
     #[arg(long = "mode", alias = "modes", value_delimiter = ',', default_values_t = ["none".to_owned(), "descheduler".to_owned(), "extender".to_owned(), "both".to_owned()])]
     modes: Vec<String>,
+    /// Client rate limit of the upper scheduler (`clientConnection.qps`) and of the
+    /// extender, which binds for it (`--kube-api-qps`), bursts twice that. Without it both
+    /// keep kube-scheduler's defaults, 50 and 100, which bound the binding rate of every mode
+    /// at 50 a second: a tuned run, to see what each mode does past that limit.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    scheduler_qps: Option<u32>,
 }
 
 /// One lower cluster: `count` nodes of `cpu` each (their free room; memory is plentiful).
@@ -443,6 +449,7 @@ async fn run_mode(mode: &str, args: &FragmentationArgs) -> anyhow::Result<Outcom
             k8s_bin: tensile_testenv::real::bin_dir(),
             // Their memory and CPU are reported apart from the clusters'.
             virtual_node_binary: Some(binary),
+            scheduler_qps: args.scheduler_qps,
         },
         &|_| {},
     )
@@ -606,6 +613,12 @@ pub async fn run(args: FragmentationArgs) -> anyhow::Result<()> {
         args.fill,
         args.window
     );
+    if let Some(qps) = args.scheduler_qps {
+        println!(
+            "tuned: the upper scheduler's and the extender's clients at {qps} QPS, burst {} (defaults 50, 100)",
+            qps.saturating_mul(2)
+        );
+    }
     println!();
     println!(
         "| placement help | Running after {} s | time to all Running | bound/s | stranded | over-committed nodes | extender filter p50/p99, bind p99 (ms) | extender peak RSS, CPU | descheduler moves | virtual nodes peak RSS (sum, largest), CPU | bench process peak RSS, CPU |",
@@ -645,7 +658,10 @@ pub async fn run(args: FragmentationArgs) -> anyhow::Result<()> {
         );
         outcomes.push(o);
     }
-    println!("{}", serde_json::to_string(&json!({"runs": outcomes}))?);
+    println!(
+        "{}",
+        serde_json::to_string(&json!({"runs": outcomes, "scheduler_qps": args.scheduler_qps}))?
+    );
     Ok(())
 }
 

@@ -81,6 +81,9 @@ pub struct SandboxSpec {
     /// README's flags), so a benchmark reads their memory and CPU apart from the clusters';
     /// None: in this process.
     pub virtual_node_binary: Option<PathBuf>,
+    /// The upper scheduler's client rate limit (`clientConnection.qps`, burst twice that), and
+    /// the extender's (`--kube-api-qps`), which binds for it; None: their defaults, 50 and 100.
+    pub scheduler_qps: Option<u32>,
 }
 
 /// How the sandbox runs the scheduler extender.
@@ -172,7 +175,14 @@ impl Cluster {
     /// extenders: the simulated scheduler takes them at once (it never binds claims upstairs);
     /// a real kube-scheduler is restarted with its `VolumeBinding` plugin off (claims are bound
     /// downstairs) and the extenders, and waited for.
-    async fn set_upper_scheduler(&self, extenders: Vec<SchedulerExtender>) -> anyhow::Result<()> {
+    ///
+    /// `qps`: a real kube-scheduler's `clientConnection.qps` (burst twice that); the simulated
+    /// scheduler took its limit when it started.
+    async fn set_upper_scheduler(
+        &self,
+        extenders: Vec<SchedulerExtender>,
+        qps: Option<u32>,
+    ) -> anyhow::Result<()> {
         match &self.backend {
             Backend::Sim(s) => s.set_scheduler_extenders(extenders),
             Backend::Real(r) => {
@@ -180,11 +190,15 @@ impl Cluster {
                     .iter()
                     .map(SchedulerExtender::to_scheduler_config)
                     .collect();
-                let config = json!({
+                let mut config = json!({
                     "profiles": [{"schedulerName": "default-scheduler",
                         "plugins": {"multiPoint": {"disabled": [{"name": "VolumeBinding"}]}}}],
                     "extenders": entries,
                 });
+                if let Some(qps) = qps {
+                    config["clientConnection"] =
+                        json!({"qps": qps, "burst": qps.saturating_mul(2)});
+                }
                 r.restart_scheduler(&config)
                     .await
                     .with_context(|| format!("restarting kube-scheduler of {}", self.name))?;
@@ -275,10 +289,12 @@ async fn start_cluster(
     nodes: Vec<SimNode>,
     pod_network_octet: u8,
     real: Option<&RealPlanes>,
+    scheduler_qps: Option<u32>,
 ) -> anyhow::Result<Cluster> {
     let Some(real) = real else {
         let (server, kubelet) =
-            crate::sim::start_cluster(name, listen, true, nodes, pod_network_octet).await?;
+            crate::sim::start_cluster(name, listen, true, nodes, pod_network_octet, scheduler_qps)
+                .await?;
         return Ok(Cluster {
             name: name.to_owned(),
             entry: server.kubeconfig_entry(name),
@@ -402,7 +418,15 @@ impl Sandbox {
             }
         };
         let listen = SocketAddr::new(spec.address, port_of(spec.port, 0)?);
-        let upper = start_cluster("upper", listen, Vec::new(), 244, real.as_ref()).await?;
+        let upper = start_cluster(
+            "upper",
+            listen,
+            Vec::new(),
+            244,
+            real.as_ref(),
+            spec.scheduler_qps,
+        )
+        .await?;
         progress(&format!("upper cluster on {}", upper.url()));
         let mut lowers = Vec::new();
         for (i, nodes) in spec.lowers.iter().enumerate() {
@@ -411,7 +435,8 @@ impl Sandbox {
             let octet = u8::try_from(i + 1)
                 .map(|i| 243_u8.wrapping_add(i))
                 .unwrap_or(243);
-            let cluster = start_cluster(&name, listen, nodes.clone(), octet, real.as_ref()).await?;
+            let cluster =
+                start_cluster(&name, listen, nodes.clone(), octet, real.as_ref(), None).await?;
             progress(&format!(
                 "{name} on {} with {} nodes",
                 cluster.url(),
@@ -541,6 +566,7 @@ impl Sandbox {
                         &upper,
                         &lowers,
                         clients.cert_pem(),
+                        spec.scheduler_qps,
                     )
                     .await?;
                     extender_process = Some(process);
@@ -548,15 +574,16 @@ impl Sandbox {
                 }
             };
             upper
-                .set_upper_scheduler(shipped_extenders(
-                    &format!("https://{addr}"),
-                    &ca_pem,
-                    &scheduler_cert,
-                )?)
+                .set_upper_scheduler(
+                    shipped_extenders(&format!("https://{addr}"), &ca_pem, &scheduler_cert)?,
+                    spec.scheduler_qps,
+                )
                 .await?;
             progress(&format!("scheduler extender on {addr}"));
         } else if upper.is_real() {
-            upper.set_upper_scheduler(Vec::new()).await?;
+            upper
+                .set_upper_scheduler(Vec::new(), spec.scheduler_qps)
+                .await?;
         }
         if let Some(config) = spec.descheduler {
             let (client, stop) = (client.clone(), stop.clone());
@@ -718,6 +745,7 @@ async fn start_extender_process(
     upper: &Cluster,
     lowers: &[Cluster],
     client_ca_pem: &str,
+    qps: Option<u32>,
 ) -> anyhow::Result<(ExtenderProcess, SocketAddr, String)> {
     use crate::process::{free_port, listening, poll_until, spawn};
     let dir = std::env::temp_dir().join(format!(
@@ -750,6 +778,10 @@ async fn start_extender_process(
         ),
         format!("--metrics-addr=127.0.0.1:{metrics_port}"),
     ];
+    if let Some(qps) = qps {
+        args.push(format!("--kube-api-qps={qps}"));
+        args.push(format!("--kube-api-burst={}", qps.saturating_mul(2)));
+    }
     for lower in lowers {
         let file = secret(
             &format!("{}.kubeconfig", lower.name),
@@ -882,6 +914,7 @@ mod tests {
                 extender: None,
                 k8s_bin: None,
                 virtual_node_binary: None,
+                scheduler_qps: None,
             },
             &|_| {},
         )

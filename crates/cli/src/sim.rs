@@ -32,8 +32,15 @@ pub async fn run(args: SimArgs) -> anyhow::Result<()> {
     let nodes = (1..=args.nodes)
         .map(|i| SimNode::new(format!("{}-node-{i}", args.name), "4", "8Gi"))
         .collect();
-    let (server, _nodes) =
-        start_cluster(&args.name, args.listen, !args.insecure_http, nodes, 244).await?;
+    let (server, _nodes) = start_cluster(
+        &args.name,
+        args.listen,
+        !args.insecure_http,
+        nodes,
+        244,
+        None,
+    )
+    .await?;
     let kubeconfig = server.kubeconfig(&args.name);
     if let Some(path) = &args.kubeconfig_out {
         tensile_sim::secret_file::write_secret(path, &kubeconfig)
@@ -72,6 +79,7 @@ pub(crate) async fn start_cluster(
     tls: bool,
     nodes: Vec<SimNode>,
     pod_network_octet: u8,
+    scheduler_qps: Option<u32>,
 ) -> anyhow::Result<(ApiServer, Option<SimKubelet>)> {
     let mut config = ApiServerConfig {
         name: name.to_owned(),
@@ -85,6 +93,10 @@ pub(crate) async fn start_cluster(
     // A cluster without nodes of its own is an upper cluster: its claims are bound downstairs,
     // and its scheduler must not wait for volumes it cannot bind (reference 4.3).
     config.controllers.volume_binding = !nodes.is_empty();
+    if let Some(qps) = scheduler_qps {
+        config.controllers.scheduler_client_qps = f64::from(qps);
+        config.controllers.scheduler_client_burst = qps.saturating_mul(2);
+    }
     let server = ApiServer::start(config)
         .await
         .with_context(|| format!("starting the API server of cluster {name} on {listen}"))?;

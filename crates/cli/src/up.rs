@@ -142,6 +142,7 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
         extender: Some(ExtenderRun::InProcess(Default::default())),
         k8s_bin: args.k8s_bin.clone().filter(|d| !d.as_os_str().is_empty()),
         virtual_node_binary: None,
+        scheduler_qps: None,
     };
     let sandbox = Sandbox::start(spec, &|line| progress(line, started))
         .await

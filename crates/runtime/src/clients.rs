@@ -393,6 +393,21 @@ impl TokenBucket {
     }
 }
 
+/// Waits for a token of a shared `bucket`: [`RateLimit`]'s wait, for a client that is not a
+/// tower service (the simulated scheduler's writes).
+pub async fn acquire_token(bucket: &Mutex<TokenBucket>) {
+    loop {
+        let acquired = bucket
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .try_acquire(Instant::now());
+        match acquired {
+            Ok(()) => return,
+            Err(at) => sleep_until(at).await,
+        }
+    }
+}
+
 /// A [`Layer`] throttling requests with a [`TokenBucket`], like client-go's client-side QPS and
 /// burst. Each service it makes gets its own full bucket; clones of that service share it.
 #[derive(Clone, Copy, Debug)]

@@ -809,3 +809,36 @@ async fn a_job_runs_its_pods_to_completion_and_one_that_keeps_failing_stops_at_i
     assert_eq!(failed.0.failed, Some(2));
     assert_eq!(failed.0.active, None);
 }
+
+#[tokio::test]
+async fn the_scheduler_binds_no_faster_than_its_client_rate_limit() {
+    // kube-scheduler's Binding writes go through a client of `clientConnection.qps` and
+    // `.burst`: at 10 a second after a burst of 1, 21 binds take at least 2 s.
+    let mut spec = ClusterSpec::new("c1", 1);
+    spec.apiserver.controllers = Controllers {
+        scheduler_client_qps: 10.0,
+        scheduler_client_burst: 1,
+        ..Controllers::default()
+    };
+    let env = TestEnv::start_with(vec![spec]).await.unwrap();
+    let c = &env.clusters[0];
+    let deployments: Api<Deployment> = Api::namespaced(c.client.clone(), "default");
+    let pods: Api<Pod> = Api::namespaced(c.client.clone(), "default");
+    let start = std::time::Instant::now();
+    deployments
+        .create(&PostParams::default(), &deployment("paced", 21, "10m"))
+        .await
+        .unwrap();
+    eventually(60, "21 pods bound", || async {
+        let list = pods.list(&ListParams::default()).await.ok()?;
+        let bound = list
+            .items
+            .iter()
+            .filter(|p| p.spec.as_ref().is_some_and(|s| s.node_name.is_some()))
+            .count();
+        (bound == 21).then_some(())
+    })
+    .await;
+    let took = start.elapsed();
+    assert!(took >= Duration::from_secs(2), "21 binds in {took:?}");
+}

@@ -736,7 +736,7 @@ struct SchedulerRun {
 }
 
 /// Starts kube-scheduler with `config`, a KubeSchedulerConfiguration (JSON) whose client
-/// connection and leader election the harness sets, serving /readyz on a free port so a
+/// kubeconfig and leader election the harness sets, serving /readyz on a free port so a
 /// restart can be waited for.
 async fn start_scheduler(
     bin: &Path,
@@ -750,8 +750,11 @@ async fn start_scheduler(
     }
     config["apiVersion"] = "kubescheduler.config.k8s.io/v1".into();
     config["kind"] = "KubeSchedulerConfiguration".into();
-    config["clientConnection"] =
-        serde_json::json!({"kubeconfig": kubeconfig.display().to_string()});
+    // The caller's client limits (qps, burst) stay; the kubeconfig is the harness's.
+    if !config["clientConnection"].is_object() {
+        config["clientConnection"] = serde_json::json!({});
+    }
+    config["clientConnection"]["kubeconfig"] = kubeconfig.display().to_string().into();
     config["leaderElection"] = serde_json::json!({"leaderElect": false});
     // JSON is YAML: kube-scheduler reads it as it is.
     let file = write(dir, "kube-scheduler-config.yaml", &config.to_string())?;

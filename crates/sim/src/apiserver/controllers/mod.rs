@@ -98,6 +98,12 @@ pub struct Controllers {
     /// Scheduler extenders called after the built-in filters (kube-scheduler's HTTP extender
     /// protocol); can also be set while running, `ApiServer::set_scheduler_extenders`.
     pub scheduler_extenders: Vec<SchedulerExtender>,
+    /// The scheduler's client-side rate limit (`clientConnection.qps` and `.burst`; defaults
+    /// kube-scheduler's, 50 and 100): its Binding writes and pod status patches wait for a
+    /// token, as kube-scheduler's do. Extender calls and events do not (kube-scheduler sends
+    /// them through other clients).
+    pub scheduler_client_qps: f64,
+    pub scheduler_client_burst: u32,
 }
 
 /// One scheduler extender, as in `KubeSchedulerConfiguration.extenders`.
@@ -278,6 +284,8 @@ impl Default for Controllers {
             persistent_volumes: true,
             volume_binding: true,
             scheduler_extenders: Vec::new(),
+            scheduler_client_qps: 50.0,
+            scheduler_client_burst: 100,
         }
     }
 }

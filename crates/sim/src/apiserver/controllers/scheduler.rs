@@ -15,11 +15,12 @@
 //! Binding); a bind that fails gives the room back and the pod waits out its back-off.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{Node, Pod};
 use serde_json::{Value, json};
+use tensile_runtime::clients::{TokenBucket, acquire_token};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
@@ -114,6 +115,9 @@ struct Scheduler {
     bind_tasks: HashMap<tokio::task::Id, ObjKey>,
     /// Kept-alive connections to the extenders.
     connections: Arc<Connections>,
+    /// kube-scheduler's client-side rate limit, which its Binding writes and status patches
+    /// wait on (with its defaults, 50 a second after a burst of 100).
+    client: Arc<Mutex<TokenBucket>>,
     state: Arc<State>,
 }
 
@@ -127,6 +131,11 @@ impl Scheduler {
             binds: JoinSet::new(),
             bind_tasks: HashMap::new(),
             connections: Arc::new(Connections::default()),
+            client: Arc::new(Mutex::new(TokenBucket::new(
+                state.config.controllers.scheduler_client_qps,
+                state.config.controllers.scheduler_client_burst,
+                tokio::time::Instant::now(),
+            ))),
             state,
         }
     }
@@ -154,11 +163,19 @@ impl Scheduler {
         self.model.apply_pod(&pod);
         self.forget(&key);
         let state = self.state.clone();
-        let connections = self.connections.clone();
+        let (connections, client) = (self.connections.clone(), self.client.clone());
         let task_key = key.clone();
         let task_object = object.clone();
         let task = self.binds.spawn(async move {
-            let outcome = bind(&state, &connections, &task_key, &task_object, &node).await;
+            let outcome = bind(
+                &state,
+                &connections,
+                &client,
+                &task_key,
+                &task_object,
+                &node,
+            )
+            .await;
             if outcome.is_ok() {
                 let message = format!(
                     "Successfully assigned {}/{} to {node}",
@@ -209,7 +226,7 @@ impl Scheduler {
             self.failed(&key);
         }
         if let Some(error) = error
-            && mark_not_scheduled(state, &key, "SchedulerError", &error)
+            && mark_not_scheduled(state, &self.client, &key, "SchedulerError", &error).await
         {
             record_event(
                 state,
@@ -293,7 +310,9 @@ impl Scheduler {
                 }
                 Err(message) => {
                     self.failed(&key);
-                    if mark_not_scheduled(state, &key, "Unschedulable", &message) {
+                    if mark_not_scheduled(state, &self.client, &key, "Unschedulable", &message)
+                        .await
+                    {
                         record_event(
                             state,
                             &entry.object,
@@ -592,6 +611,7 @@ fn field<'v>(value: &'v Value, name: &str) -> Option<&'v Value> {
 async fn bind(
     state: &State,
     connections: &Connections,
+    client: &Mutex<TokenBucket>,
     key: &ObjKey,
     pod: &Value,
     node: &str,
@@ -623,6 +643,7 @@ async fn bind(
     }
     let binding = json!({"apiVersion": "v1", "kind": "Binding", "metadata": {"name": key.name},
         "target": {"apiVersion": "v1", "kind": "Node", "name": node}});
+    acquire_token(client).await;
     super::super::kinds::pod::bind_pod(state, &key.namespace, &key.name, &binding)
         .map(drop)
         .map_err(|_| None)
@@ -653,11 +674,41 @@ fn wants_scheduling(pod: &Value) -> bool {
         && !matches!(phase, Some("Succeeded" | "Failed"))
 }
 
-/// Sets `PodScheduled=False` with `reason` (`Unschedulable`, `SchedulerError`) and `message`;
-/// whether it changed anything.
-fn mark_not_scheduled(state: &State, key: &ObjKey, reason: &str, message: &str) -> bool {
+/// Sets `PodScheduled=False` with `reason` (`Unschedulable`, `SchedulerError`) and `message`
+/// through the scheduler's throttled `client`; whether it changed anything. As kube-scheduler
+/// (whose patch is empty then) it writes, and waits for a token, only when the condition
+/// differs.
+async fn mark_not_scheduled(
+    state: &State,
+    client: &Mutex<TokenBucket>,
+    key: &ObjKey,
+    reason: &str,
+    message: &str,
+) -> bool {
+    let same = |pod: &Value| {
+        pod.get("status")
+            .and_then(|s| s.get("conditions"))
+            .and_then(Value::as_array)
+            .and_then(|list| {
+                list.iter()
+                    .find(|c| c.get("type").and_then(Value::as_str) == Some("PodScheduled"))
+            })
+            .is_some_and(|c| {
+                c.get("status").and_then(Value::as_str) == Some("False")
+                    && c.get("reason").and_then(Value::as_str) == Some(reason)
+                    && c.get("message").and_then(Value::as_str) == Some(message)
+            })
+    };
+    match state.store.get(*ids::PODS, key) {
+        Some(entry) if !same(&entry.object) => {}
+        _ => return false,
+    }
+    acquire_token(client).await;
     let mut changed = false;
     let _ = modify(state, *ids::PODS, key, |pod| {
+        if same(pod) {
+            return false;
+        }
         let Some(status) = pod.get_mut("status").and_then(Value::as_object_mut) else {
             return false;
         };
@@ -665,17 +716,6 @@ fn mark_not_scheduled(state: &State, key: &ObjKey, reason: &str, message: &str) 
         let Some(list) = conditions.as_array_mut() else {
             return false;
         };
-        let current = list
-            .iter()
-            .find(|c| c.get("type").and_then(Value::as_str) == Some("PodScheduled"));
-        let same = current.is_some_and(|c| {
-            c.get("status").and_then(Value::as_str) == Some("False")
-                && c.get("reason").and_then(Value::as_str) == Some(reason)
-                && c.get("message").and_then(Value::as_str) == Some(message)
-        });
-        if same {
-            return false;
-        }
         list.retain(|c| c.get("type").and_then(Value::as_str) != Some("PodScheduled"));
         list.push(
             json!({"type": "PodScheduled", "status": "False", "lastProbeTime": null,
