@@ -477,11 +477,19 @@ impl TestEnv {
                     let default_grace =
                         tensile_sim::apiserver::controllers::Controllers::default().node_grace;
                     let node_grace = spec.apiserver.controllers.node_grace;
+                    let c = &spec.apiserver.controllers;
+                    let default_client = {
+                        let d = tensile_sim::apiserver::controllers::Controllers::default();
+                        (d.scheduler_client_qps, d.scheduler_client_burst)
+                    };
+                    let client = (c.scheduler_client_qps, c.scheduler_client_burst);
                     let options = real::RealOptions {
-                        // A grace the test chose is given to the real controller too.
+                        // A grace the test chose is given to the real controller too, and so
+                        // is a scheduler client limit.
                         node_grace: (node_grace != default_grace).then_some(node_grace),
                         signing_duration: spec.certificate_duration,
                         api_listen: None,
+                        scheduler_client: (client != default_client).then_some(client),
                     };
                     let real = real::start_with(bin, &env.dir, &cluster, &options)
                         .await

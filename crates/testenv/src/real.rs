@@ -223,6 +223,9 @@ pub struct RealOptions {
     /// Where kube-apiserver listens (its serving certificate names that address too); a free
     /// port on 127.0.0.1 when unset. Port 0: a free port on that address.
     pub api_listen: Option<std::net::SocketAddr>,
+    /// kube-scheduler's client rate limit (`clientConnection.qps`, `.burst`), kept across
+    /// restarts with configurations that set none; its defaults (50, 100) when unset.
+    pub scheduler_client: Option<(f64, u32)>,
 }
 
 /// Starts etcd, kube-apiserver, kube-controller-manager and kube-scheduler for `cluster` in a
@@ -474,7 +477,14 @@ pub async fn start_with(
         .collect::<Vec<_>>(),
         &dir.join("kube-controller-manager.log"),
     )?);
-    let scheduler = start_scheduler(bin, &dir, &kubeconfig_file, &serde_json::json!({})).await;
+    let scheduler = start_scheduler(
+        bin,
+        &dir,
+        &kubeconfig_file,
+        &serde_json::json!({}),
+        options.scheduler_client,
+    )
+    .await;
     let scheduler = match scheduler {
         Ok((child, _)) => child,
         Err(e) => {
@@ -487,6 +497,7 @@ pub async fn start_with(
         bin: bin.to_owned(),
         kubeconfig: kubeconfig_file.clone(),
         index: cluster_handle.child_count() - 1,
+        client: options.scheduler_client,
     });
 
     if let Err(e) = wait_ready(&config, api_addr, cluster, &dir, true).await {
@@ -733,16 +744,19 @@ struct SchedulerRun {
     kubeconfig: PathBuf,
     /// Its place in `RealCluster::children`.
     index: usize,
+    /// [`RealOptions::scheduler_client`].
+    client: Option<(f64, u32)>,
 }
 
 /// Starts kube-scheduler with `config`, a KubeSchedulerConfiguration (JSON) whose client
-/// kubeconfig and leader election the harness sets, serving /readyz on a free port so a
-/// restart can be waited for.
+/// kubeconfig and leader election the harness sets (and `client`'s QPS and burst where it sets
+/// none), serving /readyz on a free port so a restart can be waited for.
 async fn start_scheduler(
     bin: &Path,
     dir: &Path,
     kubeconfig: &Path,
     config: &serde_json::Value,
+    client: Option<(f64, u32)>,
 ) -> Result<(Child, u16), RealError> {
     let mut config = config.clone();
     if !config.is_object() {
@@ -755,6 +769,12 @@ async fn start_scheduler(
         config["clientConnection"] = serde_json::json!({});
     }
     config["clientConnection"]["kubeconfig"] = kubeconfig.display().to_string().into();
+    if let Some((qps, burst)) = client
+        && config["clientConnection"].get("qps").is_none()
+    {
+        config["clientConnection"]["qps"] = qps.into();
+        config["clientConnection"]["burst"] = burst.into();
+    }
     config["leaderElection"] = serde_json::json!({"leaderElect": false});
     // JSON is YAML: kube-scheduler reads it as it is.
     let file = write(dir, "kube-scheduler-config.yaml", &config.to_string())?;
@@ -800,7 +820,8 @@ impl RealCluster {
                 let _ = old.wait();
             }
         }
-        let (new, port) = start_scheduler(&run.bin, &self.dir, &run.kubeconfig, config).await?;
+        let (new, port) =
+            start_scheduler(&run.bin, &self.dir, &run.kubeconfig, config, run.client).await?;
         {
             let mut children = self.children.lock().map_err(|_| poisoned())?;
             if let Some(slot) = children.get_mut(run.index) {
