@@ -253,8 +253,8 @@ impl Room {
     pub fn of(model: &CapacityModel) -> Self {
         Self {
             slots: model
-                .nodes()
-                .map(|view| Slot::of(&view, model.allocatable(view.name)))
+                .nodes_with_allocatable()
+                .map(|(view, allocatable)| Slot::of(&view, Some(allocatable)))
                 .collect(),
             placed: 0,
         }

@@ -7,7 +7,7 @@
 //! requests change them (a reservation released when its lower pod appears, an unreachable
 //! cluster filtered out, reservations rebuilt from bound pods after a restart).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{Node, Pod};
@@ -19,9 +19,10 @@ use tensile_runtime::cache::ListedKeys;
 
 use crate::serve::truncated;
 
-/// Pods whose demand is remembered from filter/prioritize for their `/bind`; beyond this the
-/// ones older than the reservation TTL are forgotten.
-const RECENT_MAX: usize = 1024;
+/// Pods whose demand is remembered from filter/prioritize for their `/bind`, at most; beyond
+/// it the oldest are forgotten first (as are those older than the reservation TTL). A `/bind`
+/// without its pod's demand is still judged (`BindTarget::Cluster` with no demand).
+const RECENT_MAX: usize = 16_384;
 
 #[derive(Debug)]
 struct ClusterState {
@@ -95,6 +96,9 @@ pub struct Index {
     learned_nodes: HashMap<String, Option<String>>,
     /// Demands of upper pods seen in filter/prioritize, by UID, for `/bind`.
     recent: HashMap<String, Recent>,
+    /// `recent`'s UIDs in the order remembered, with when: forgetting the old ones takes
+    /// from the front, never a scan of them all (a burst remembers thousands within a TTL).
+    recent_order: VecDeque<(Instant, String)>,
     /// How long a reservation lasts when no lower pod shows up.
     ttl: Duration,
 }
@@ -124,6 +128,7 @@ impl Index {
             upper_listed: ListedKeys::default(),
             learned_nodes: HashMap::new(),
             recent: HashMap::new(),
+            recent_order: VecDeque::new(),
             ttl,
         }
     }
@@ -293,11 +298,6 @@ impl Index {
 
     /// Keeps a pod's demand for its `/bind`, forgetting those older than the reservation TTL.
     fn remember(&mut self, uid: &str, version: &str, demand: Demand, now: Instant) {
-        if self.recent.len() >= RECENT_MAX {
-            let ttl = self.ttl;
-            self.recent
-                .retain(|_, r| now.saturating_duration_since(r.seen) < ttl);
-        }
         self.recent.insert(
             uid.to_owned(),
             Recent {
@@ -306,6 +306,20 @@ impl Index {
                 seen: now,
             },
         );
+        self.recent_order.push_back((now, uid.to_owned()));
+        while let Some((seen, _)) = self.recent_order.front() {
+            let old = now.saturating_duration_since(*seen) >= self.ttl;
+            if !old && self.recent_order.len() <= RECENT_MAX {
+                break;
+            }
+            let Some((seen, uid)) = self.recent_order.pop_front() else {
+                break;
+            };
+            // A UID remembered again since has a later entry of its own.
+            if self.recent.get(&uid).is_some_and(|r| r.seen == seen) {
+                self.recent.remove(&uid);
+            }
+        }
     }
 
     /// Where a `/bind` of the pod `uid` to upper node `node` goes; `Err` with the reason when
@@ -591,6 +605,26 @@ mod tests {
 
     fn demand(pod: &Pod) -> Demand {
         Demand::of_upper_pod(pod).unwrap()
+    }
+
+    #[test]
+    fn remembered_demands_are_forgotten_oldest_first_past_the_cap_or_the_ttl() {
+        let mut index = listed();
+        let t0 = Instant::now();
+        let d = demand(&upper_pod("p", "1", None));
+        for i in 0..RECENT_MAX + 10 {
+            index.remember(&format!("u{i}"), "1", d.clone(), t0);
+        }
+        assert_eq!(index.recent.len(), RECENT_MAX);
+        assert!(!index.recent.contains_key("u0") && !index.recent.contains_key("u9"));
+        assert!(index.recent.contains_key("u10"));
+        // Remembered again later, a UID outlives its first entry.
+        index.remember("u10", "2", d.clone(), t0 + Duration::from_secs(1));
+        index.remember("late", "1", d, t0 + TTL + Duration::from_millis(500));
+        let mut kept: Vec<&str> = index.recent.keys().map(String::as_str).collect();
+        kept.sort_unstable();
+        assert_eq!(kept, ["late", "u10"]);
+        assert_eq!(index.recent_order.len(), 2);
     }
 
     #[test]
