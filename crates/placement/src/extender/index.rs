@@ -262,13 +262,17 @@ impl Index {
             .and_then(|uid| self.recent.get(uid))
             .filter(|r| !version.is_empty() && r.version == version)
             .map(|r| r.demand.clone());
+        // Remembered once per version: a pod's entry in the order is its only one.
         let demand = match known {
             Some(d) => Ok(d),
-            None => Demand::of_upper_pod(pod).map_err(|e| e.to_string()),
+            None => {
+                let demand = Demand::of_upper_pod(pod).map_err(|e| e.to_string());
+                if let (Some(uid), Ok(d)) = (uid, &demand) {
+                    self.remember(uid, version, d.clone(), now);
+                }
+                demand
+            }
         };
-        if let (Some(uid), Ok(d)) = (uid, &demand) {
-            self.remember(uid, version, d.clone(), now);
-        }
         let mut verdicts: BTreeMap<String, Verdict> = BTreeMap::new();
         candidates
             .into_iter()
