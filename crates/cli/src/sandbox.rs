@@ -82,7 +82,8 @@ pub struct SandboxSpec {
     /// None: in this process.
     pub virtual_node_binary: Option<PathBuf>,
     /// The upper scheduler's client rate limit (`clientConnection.qps`, burst twice that), and
-    /// the extender's (`--kube-api-qps`), which binds for it; None: their defaults, 50 and 100.
+    /// the extender's (`--kube-api-qps`) when it runs as its own process ([`ExtenderRun::Process`],
+    /// the benchmarks'), which binds for it; None: their defaults, 50 and 100.
     pub scheduler_qps: Option<u32>,
 }
 
