@@ -4,8 +4,9 @@
 //! (`tensile_placement::extender::index`) as the extender does: the lists of every lower
 //! cluster, then per pod of the burst a `filter` over every virtual node, a `prioritize` over
 //! the nodes that passed and a `bind` to the best, and the lower pod of each bound pod showing
-//! up (pending) `--in-flight` binds later and bound downstairs after as many again, as the
-//! virtual nodes and lower schedulers would make them. It reports each decision's latency, the
+//! up (pending) `--in-flight` binds later (in an order shuffled within `--out-of-order`) and
+//! bound downstairs after as many again, as the virtual nodes and lower schedulers would make
+//! them. It reports each decision's latency, the
 //! CPU the burst took, the pods no cluster could take and any lower node over-committed.
 //!
 //! What it leaves out: reading and writing the HTTP bodies, the Binding call to the upper API
@@ -52,6 +53,12 @@ pub struct ExtenderBenchArgs {
     /// many binds later (pending), and is bound downstairs as many binds after that.
     #[arg(long, default_value_t = 200)]
     in_flight: usize,
+    /// Lower pods show up in an order shuffled within windows of this many (1: in the order
+    /// bound): a virtual node's workers (50 by default) create lower pods side by side, so
+    /// they reach the extender's watch out of the binds' order. The lower scheduler binds
+    /// them in the order they showed up.
+    #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u32).range(1..))]
+    out_of_order: u32,
 }
 
 /// Latencies of one kind of decision.
@@ -88,6 +95,7 @@ struct Report {
     running_pods: usize,
     pods: usize,
     in_flight: usize,
+    out_of_order: u32,
     list_s: f64,
     filter_p50_ms: f64,
     filter_p99_ms: f64,
@@ -101,6 +109,8 @@ struct Report {
     /// Time in the index's calls during the burst, and this process's CPU time for it.
     decisions_s: f64,
     burst_cpu_s: f64,
+    /// Rooms of lower clusters simulated from scratch during the burst, over its pods.
+    rooms_built_per_pod: f64,
     bound: usize,
     /// Pods no lower cluster could take when their turn came.
     unplaceable: usize,
@@ -234,12 +244,31 @@ struct Downstairs {
     pending: VecDeque<InFlight>,
     /// The index's time on each lower pod event.
     events: Timings,
+    /// Which of the first `window` in line goes next.
+    order: Shuffle,
+}
+
+/// Picks one of the first `window` of a queue, pseudo-randomly (xorshift, fixed seed: every
+/// run sees the same order).
+struct Shuffle {
+    window: usize,
+    state: u64,
+}
+
+impl Shuffle {
+    fn take<T>(&mut self, queue: &mut VecDeque<T>) -> Option<T> {
+        let span = queue.len().min(self.window).max(1) as u64;
+        self.state ^= self.state << 13;
+        self.state ^= self.state >> 7;
+        self.state ^= self.state << 17;
+        queue.remove((self.state % span) as usize)
+    }
 }
 
 impl Downstairs {
     fn advance(&mut self, index: &mut Index, keep: usize) {
         while self.created.len() > keep {
-            let Some(p) = self.created.pop_front() else {
+            let Some(p) = self.order.take(&mut self.created) else {
                 break;
             };
             self.events
@@ -247,6 +276,7 @@ impl Downstairs {
             self.pending.push_back(p);
         }
         while self.pending.len() > keep {
+            // The lower scheduler takes them in the order they arrived.
             let Some(mut p) = self.pending.pop_front() else {
                 break;
             };
@@ -270,6 +300,10 @@ pub async fn run(args: ExtenderBenchArgs) -> anyhow::Result<()> {
         created: VecDeque::new(),
         pending: VecDeque::new(),
         events: Timings::default(),
+        order: Shuffle {
+            window: usize::try_from(args.out_of_order).unwrap_or(usize::MAX),
+            state: 0x9e37_79b9_7f4a_7c15,
+        },
     };
 
     let listing = Instant::now();
@@ -325,6 +359,7 @@ pub async fn run(args: ExtenderBenchArgs) -> anyhow::Result<()> {
         (Timings::default(), Timings::default(), Timings::default());
     let (mut bound, mut unplaceable, mut bind_refused) = (0usize, 0usize, 0usize);
     let pid = std::process::id();
+    let rooms_before: u64 = index.rooms_built().map(|(_, n)| n).sum();
     let cpu_start = cpu_seconds(pid);
     for (i, (name, cpu)) in burst.iter().enumerate() {
         let uid = format!("burst-{i}");
@@ -392,6 +427,7 @@ pub async fn run(args: ExtenderBenchArgs) -> anyhow::Result<()> {
     }
     downstairs.advance(&mut index, 0);
     let burst_cpu_s = cpu_seconds(pid) - cpu_start;
+    let rooms_built = index.rooms_built().map(|(_, n)| n).sum::<u64>() - rooms_before;
     let overcommitted = downstairs.schedulers.overcommitted();
     let decisions_s = filter.total_s() + prioritize.total_s() + bind.total_s();
     let report = Report {
@@ -400,6 +436,7 @@ pub async fn run(args: ExtenderBenchArgs) -> anyhow::Result<()> {
         running_pods: running,
         pods: burst.len(),
         in_flight: args.in_flight,
+        out_of_order: args.out_of_order,
         list_s,
         filter_p50_ms: filter.ms(0.5),
         filter_p99_ms: filter.ms(0.99),
@@ -412,6 +449,7 @@ pub async fn run(args: ExtenderBenchArgs) -> anyhow::Result<()> {
         lower_event_p99_ms: downstairs.events.ms(0.99),
         decisions_s,
         burst_cpu_s,
+        rooms_built_per_pod: rooms_built as f64 / burst.len().max(1) as f64,
         bound,
         unplaceable,
         bind_refused,
@@ -420,7 +458,7 @@ pub async fn run(args: ExtenderBenchArgs) -> anyhow::Result<()> {
         peak_rss_mib: memory_mib(pid).1,
     };
     println!(
-        "{} lower clusters, {} nodes, {} pods running; a burst of {} ({} bound, {} fit nowhere, {} binds refused), {} in flight",
+        "{} lower clusters, {} nodes, {} pods running; a burst of {} ({} bound, {} fit nowhere, {} binds refused), {} in flight, shuffled within {}",
         report.lower_clusters,
         report.nodes,
         report.running_pods,
@@ -428,7 +466,8 @@ pub async fn run(args: ExtenderBenchArgs) -> anyhow::Result<()> {
         report.bound,
         report.unplaceable,
         report.bind_refused,
-        report.in_flight
+        report.in_flight,
+        report.out_of_order
     );
     println!(
         "filter p50 {:.3} ms, p99 {:.3} ms, max {:.3} ms; prioritize p50 {:.3} ms, p99 {:.3} ms; bind p50 {:.3} ms, p99 {:.3} ms, max {:.3} ms; lower pod event p99 {:.3} ms",
@@ -443,9 +482,10 @@ pub async fn run(args: ExtenderBenchArgs) -> anyhow::Result<()> {
         report.lower_event_p99_ms
     );
     println!(
-        "decisions {:.2} s, burst CPU {:.2} s; lists {:.2} s; stranded lower pods {}, over-committed lower nodes {}; peak RSS {:.1} MiB",
+        "decisions {:.2} s, burst CPU {:.2} s, rooms built per pod {:.2}; lists {:.2} s; stranded lower pods {}, over-committed lower nodes {}; peak RSS {:.1} MiB",
         report.decisions_s,
         report.burst_cpu_s,
+        report.rooms_built_per_pod,
         report.list_s,
         report.stranded,
         report.overcommitted,

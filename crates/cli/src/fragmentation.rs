@@ -201,6 +201,10 @@ struct Outcome {
     /// The extender's `filter` calls over the pods of the burst: retries of pods it refused
     /// show here.
     extender_filter_calls_per_pod: Option<f64>,
+    /// Rooms of lower clusters the extender simulated from scratch, over the pods of the
+    /// burst (`tensile_extender_rooms_built_total`): the rest of its verdicts came from a
+    /// kept room.
+    extender_rooms_built_per_pod: Option<f64>,
     descheduler_moves: u64,
     /// The extender's own process (`tensile scheduler`, the shipped flags): peak RSS (from its
     /// start, so with its initial lists of the fleet) and CPU time during the burst.
@@ -575,6 +579,14 @@ async fn run_mode(mode: &str, args: &FragmentationArgs) -> anyhow::Result<Outcom
                         && labels.get("verb").map(String::as_str) == Some("filter")
                 })
                 .map(|(_, calls)| calls / total.max(1) as f64),
+            extender_rooms_built_per_pod: sandbox.extender_process.as_ref().map(|_| {
+                samples
+                    .iter()
+                    .filter(|((name, _), _)| name == "tensile_extender_rooms_built_total")
+                    .map(|(_, built)| built)
+                    .sum::<f64>()
+                    / total.max(1) as f64
+            }),
             descheduler_moves: descheduler_metrics.moves(),
             extender_peak_rss_mib,
             extender_cpu_s,

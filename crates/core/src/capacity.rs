@@ -283,6 +283,12 @@ impl CapacityModel {
         self.forget_pod(&(namespace.to_owned(), name.to_owned()));
     }
 
+    /// The node the pod (namespace, name) takes room on as last applied; `None` when it takes
+    /// none (unknown, unbound or terminal).
+    pub fn node_of_pod(&self, pod: &(String, String)) -> Option<&str> {
+        self.pods.get(pod).map(|p| p.node.as_str())
+    }
+
     /// The node a pod occupies, or `None` if it is unbound or terminal.
     pub fn bound_node_of<'p>(&self, pod: &'p Pod) -> Option<&'p str> {
         self.bound_node(pod).map(|(node, _)| node)

@@ -277,10 +277,13 @@ impl Extender {
         self.index().knows_upper_node(name)
     }
 
-    /// Sets the reservations gauge of every cluster from `index`.
-    fn publish_reservations(&self, index: &Index) {
+    /// Sets every cluster's reservations gauge and rooms-built counter from `index`.
+    fn publish_cluster_metrics(&self, index: &Index) {
         for (id, count) in index.reservation_counts() {
             self.shared.metrics.set_reservations(id, count);
+        }
+        for (id, total) in index.rooms_built() {
+            self.shared.metrics.set_rooms_built(id, total);
         }
     }
 
@@ -446,7 +449,7 @@ impl Extender {
     fn on_lower_pod(&self, id: &str, event: &watcher::Event<Pod>) {
         let mut index = self.index();
         if index.apply_lower_pod(id, event) {
-            self.publish_reservations(&index);
+            self.publish_cluster_metrics(&index);
         }
     }
 
@@ -459,7 +462,7 @@ impl Extender {
     fn on_bound_upper_pod(&self, event: &watcher::Event<Pod>) {
         let mut index = self.index();
         if index.apply_bound_upper_pod(event, Instant::now()) {
-            self.publish_reservations(&index);
+            self.publish_cluster_metrics(&index);
         }
     }
 }
@@ -526,7 +529,7 @@ impl Handler for Extender {
             };
             self.shared.metrics.observe(label, started.elapsed());
             // Every verb may have expired, placed or released reservations.
-            self.publish_reservations(&self.index());
+            self.publish_cluster_metrics(&self.index());
             reply
         })
     }

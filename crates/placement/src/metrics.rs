@@ -163,11 +163,14 @@ struct ClusterLabel {
 /// `tensile_extender_request_seconds{verb="filter"|"prioritize"|"bind"}` (histogram: time to
 /// answer one kube-scheduler call, the Binding POST included for `bind`) and
 /// `tensile_extender_reservations{cluster}` (gauge: room promised by `bind` whose lower pod has
-/// not appeared yet).
+/// not appeared yet) and `tensile_extender_rooms_built_total{cluster}` (counter: a cluster's
+/// free room simulated from scratch, its pending lower pods and reservations placed again,
+/// because something a kept room counted on changed).
 #[derive(Clone, Debug)]
 pub struct ExtenderMetrics {
     requests: Latencies<VerbLabel>,
     reservations: Family<ClusterLabel, Gauge>,
+    rooms_built: Family<ClusterLabel, Counter>,
 }
 
 impl Default for ExtenderMetrics {
@@ -175,6 +178,7 @@ impl Default for ExtenderMetrics {
         Self {
             requests: Family::new_with_constructor(latency),
             reservations: Family::default(),
+            rooms_built: Family::default(),
         }
     }
 }
@@ -193,6 +197,11 @@ impl ExtenderMetrics {
             "Reservations of room by bind whose lower pod has not appeared yet, per lower cluster",
             m.reservations.clone(),
         );
+        registry.register(
+            "tensile_extender_rooms_built",
+            "Rooms of a lower cluster simulated from scratch, its pending lower pods and reservations placed again",
+            m.rooms_built.clone(),
+        );
         m
     }
 
@@ -210,5 +219,14 @@ impl ExtenderMetrics {
                 cluster: cluster.to_owned(),
             })
             .set(i64::try_from(count).unwrap_or(i64::MAX));
+    }
+
+    /// `cluster` has built `total` rooms since the extender started.
+    pub(crate) fn set_rooms_built(&self, cluster: &str, total: u64) {
+        let counter = self.rooms_built.get_or_create(&ClusterLabel {
+            cluster: cluster.to_owned(),
+        });
+        // Only this sets it, under the index's lock: the difference is what was built since.
+        counter.inc_by(total.saturating_sub(counter.get()));
     }
 }

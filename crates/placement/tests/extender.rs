@@ -720,6 +720,8 @@ async fn calls_and_reservations_show_in_the_metrics() {
             1.0,
         ),
         (r#"tensile_extender_reservations{cluster="c1"}"#, 1.0),
+        // The filter built the room; prioritize and bind judged on the one it kept.
+        (r#"tensile_extender_rooms_built_total{cluster="c1"}"#, 1.0),
     ] {
         assert_eq!(
             metric_value(&text, series),

@@ -162,6 +162,14 @@ impl Index {
             .map(|id| (id.as_str(), self.reservations.count(id)))
     }
 
+    /// How many rooms each cluster built from scratch (the other verdicts came from a kept
+    /// room: see `tensile_core::extender::RoomMemo`).
+    pub fn rooms_built(&self) -> impl Iterator<Item = (&str, u64)> {
+        self.clusters
+            .iter()
+            .map(|(id, c)| (id.as_str(), c.lower.rooms_built()))
+    }
+
     /// How many reservations `cluster` holds.
     pub fn reservations(&self, cluster: &str) -> usize {
         self.reservations.count(cluster)
