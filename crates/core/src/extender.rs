@@ -1187,14 +1187,24 @@ impl RoomMemo {
     }
 }
 
-/// A hash of a value's JSON: what changed, cheaply told apart.
+/// A hash of a value's JSON: what changed, cheaply told apart. The JSON is written straight
+/// into the hasher (every lower pod event is hashed: no string of it is built).
 fn hash_json(value: &impl serde::Serialize) -> u64 {
-    use std::hash::{Hash as _, Hasher as _};
-    let mut hasher = std::collections::hash_map::DefaultHasher::new();
-    serde_json::to_string(value)
-        .unwrap_or_default()
-        .hash(&mut hasher);
-    hasher.finish()
+    use std::hash::Hasher as _;
+    struct Hashing(std::collections::hash_map::DefaultHasher);
+    impl std::io::Write for Hashing {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0.write(bytes);
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut hashing = Hashing(std::collections::hash_map::DefaultHasher::new());
+    // Serializing these types cannot fail; if it did, the part written still tells apart.
+    let _ = serde_json::to_writer(&mut hashing, value);
+    hashing.0.finish()
 }
 
 /// How long a lower cluster counts as unreachable after its watches last failed to reach it.
