@@ -5,8 +5,8 @@
 //! cluster, then per pod of the burst a `filter` over every virtual node, a `prioritize` over
 //! the nodes that passed and a `bind` to the best, and the lower pod of each bound pod showing
 //! up (pending) `--in-flight` binds later (in an order shuffled within `--out-of-order`) and
-//! bound downstairs after as many again, as the virtual nodes and lower schedulers would make
-//! them. It reports each decision's latency, the
+//! bound downstairs after as many again (then reported Running), as the virtual nodes, lower
+//! schedulers and kubelets would make them. It reports each decision's latency, the
 //! CPU the burst took, the pods no cluster could take and any lower node over-committed.
 //!
 //! What it leaves out: reading and writing the HTTP bodies, the Binding call to the upper API
@@ -283,6 +283,10 @@ impl Downstairs {
             // A lower pod no node takes stays pending: the extender keeps counting it.
             if let Some(node) = self.schedulers.bind(&p.cluster, p.cpu) {
                 p.lower.spec.get_or_insert_with(Default::default).node_name = Some(node);
+                self.events
+                    .time(|| index.apply_lower_pod(&p.cluster, &Event::Apply(p.lower.clone())));
+                // Its kubelet reports it Running.
+                p.lower.status.get_or_insert_with(Default::default).phase = Some("Running".into());
                 self.events
                     .time(|| index.apply_lower_pod(&p.cluster, &Event::Apply(p.lower)));
             }

@@ -1021,13 +1021,18 @@ impl LowerCluster {
             })
         });
         let arrived = !self.pod_marks.contains_key(&key);
+        let generation = self.generation;
         let (uid, result) = self.apply_pod(pod);
         let released = uid.as_deref().and_then(|u| reservations.release(u));
         let Some(mut m) = kept else {
             return (released, result);
         };
         let own_released = released.as_ref().is_some_and(|r| r.cluster == id);
-        let confirmed = if head_bound && !own_released {
+        // Nothing the rules read changed (a status update: scheduled, started, ready): the
+        // room holds as it is. A lower pod has several of these on its way to Running.
+        let confirmed = if self.generation == generation && !own_released {
+            true
+        } else if head_bound && !own_released {
             m.pending.pop_front();
             // It counts on its node now, no longer among the pods placed ahead (which a
             // failure's reason counts).
@@ -2092,8 +2097,20 @@ mod tests {
             .1
             .unwrap();
         assert!(kept(&c, &r, &memo));
+        // Its kubelet reports it Running: nothing the rules read changed, the room stays.
+        let mut running_a1 = bound_a1.clone();
+        running_a1.status = Some(
+            serde_json::from_value(json!({"phase": "Running",
+            "conditions": [{"type": "Ready", "status": "True"}]}))
+            .unwrap(),
+        );
+        c.apply_pod_keeping("c1", &running_a1, &mut r, &mut memo)
+            .1
+            .unwrap();
+        assert!(kept(&c, &r, &memo));
         let fresh = c.evaluate("c1", r.of_cluster("c1", None), &probe);
         assert_eq!(c.verdict("c1", &r, None, &probe, &mut memo), fresh);
+        assert_eq!(c.rooms_built(), 1);
         // u2's pod arrives and is bound elsewhere than predicted: the room is built again.
         let a2 = lower_of(&demand_pod(1_000, 1, false, false), "a2", "u2");
         c.apply_pod_keeping("c1", &a2, &mut r, &mut memo).1.unwrap();
@@ -2107,6 +2124,36 @@ mod tests {
         assert!(memo.is_none());
         let fresh = c.evaluate("c1", r.of_cluster("c1", None), &probe);
         assert_eq!(c.verdict("c1", &r, None, &probe, &mut memo), fresh);
+        assert_eq!(c.rooms_built(), 2);
+    }
+
+    #[test]
+    fn a_lower_pod_arriving_before_earlier_reservations_keeps_the_room() {
+        let mut c = cluster(&[("n1", "4"), ("n2", "2")]);
+        let mut r = Reservations::new();
+        let mut memo = None;
+        let later = Instant::now() + Duration::from_secs(600);
+        for (uid, cpu) in [("u1", 1_000), ("u2", 1_500), ("u3", 500)] {
+            r.reserve(uid, "c1", demand_of(cpu, 1, false, false), later);
+        }
+        let probe = demand_of(500, 0, false, false);
+        c.verdict("c1", &r, None, &probe, &mut memo);
+        // u3's lower pod shows up first (workers create lower pods side by side): it now goes
+        // before u1 and u2, whose places are taken again; the room is a rebuilt one's.
+        let a3 = lower_of(&demand_pod(500, 1, false, false), "a3", "u3");
+        let (released, _) = c.apply_pod_keeping("c1", &a3, &mut r, &mut memo);
+        assert!(released.is_some());
+        assert!(memo.is_some());
+        let fresh = c.evaluate("c1", r.of_cluster("c1", None), &probe);
+        assert_eq!(c.verdict("c1", &r, None, &probe, &mut memo), fresh);
+        assert_eq!(memo.as_ref().unwrap().room, {
+            let (mut room, _) = c.room_logged();
+            for d in r.of_cluster("c1", None) {
+                room.place(c.model(), d);
+            }
+            room
+        });
+        assert_eq!(c.rooms_built(), 1);
     }
 
     proptest::proptest! {
