@@ -212,24 +212,16 @@ impl Slot {
 
     /// Takes `usage` from the resources the node has, down to zero at most.
     fn take(&mut self, usage: &[(Res, i128)]) {
-        for (res, amount) in usage {
-            let free = match res {
-                Res::Basic(i) => &mut self.free[*i],
-                Res::Other(name) => match self.other.iter_mut().find(|(n, _)| n == name) {
-                    Some((_, free)) => free,
-                    None => continue,
-                },
-            };
-            *free = free.saturating_sub(*amount).max(0);
-        }
-        self.scored_free = [
-            scored(CPU, self.free[CPU]),
-            scored(MEMORY, self.free[MEMORY]),
-        ];
+        self.change(usage, |free, amount| free.saturating_sub(amount).max(0));
     }
 
     /// Gives back `usage` that [`Slot::take`] took whole (see [`Asks::exact`]).
     fn give(&mut self, usage: &[(Res, i128)]) {
+        self.change(usage, i128::saturating_add);
+    }
+
+    /// Sets each resource of `usage` the node has to `to(free, amount)`.
+    fn change(&mut self, usage: &[(Res, i128)], to: impl Fn(i128, i128) -> i128) {
         for (res, amount) in usage {
             let free = match res {
                 Res::Basic(i) => &mut self.free[*i],
@@ -238,7 +230,7 @@ impl Slot {
                     None => continue,
                 },
             };
-            *free = free.saturating_add(*amount);
+            *free = to(*free, *amount);
         }
         self.scored_free = [
             scored(CPU, self.free[CPU]),
