@@ -11,7 +11,7 @@ use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::process::{cpu_seconds, memory_mib};
+use crate::process::{cpu_seconds, free_port, memory_mib};
 use anyhow::{Context as _, bail};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, Pod};
@@ -317,12 +317,6 @@ pub(crate) fn histogram_quantile(
         prev = (le, count);
     }
     None
-}
-
-fn free_port() -> anyhow::Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
 }
 
 /// What changed in counters between two scrapes.

@@ -24,6 +24,7 @@ use serde_json::json;
 use tensile_testenv::TestEnv;
 
 use crate::bench::spawn_watch;
+use crate::process::free_port;
 
 /// Flags of `tensile bench failover`.
 #[derive(Debug, clap::Args)]
@@ -668,10 +669,4 @@ fn burst(env: &TestEnv, n: usize, concurrency: usize) -> tokio::task::JoinHandle
             .count()
             .await
     })
-}
-
-fn free_port() -> anyhow::Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
 }

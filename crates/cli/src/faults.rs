@@ -31,6 +31,7 @@ use tensile_testenv::errors::ErrorProxy;
 
 use crate::bench::spawn_watch;
 use crate::failover::{replica, wait_for};
+use crate::process::free_port;
 
 /// Flags of `tensile bench faults`.
 #[derive(Debug, clap::Args)]
@@ -801,10 +802,4 @@ fn burst(
             .count()
             .await
     })
-}
-
-fn free_port() -> anyhow::Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
 }

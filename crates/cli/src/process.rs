@@ -8,11 +8,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
 
-/// A free TCP port on loopback.
+/// A free TCP port on loopback for a child to listen on (see [`tensile_testenv::free_port`]).
 pub fn free_port() -> anyhow::Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
+    Ok(tensile_testenv::free_port()?)
 }
 
 /// Starts `binary <args>` (a `tensile` binary), quiet but for warnings, its log in `log`;

@@ -642,6 +642,41 @@ pub async fn schedulable(
     }
 }
 
+/// A loopback port free now, for a process about to listen on it. Chosen below the kernel's
+/// ephemeral range (`ip_local_port_range`), never from it: a port the kernel handed out for
+/// `:0` can become the local end of some outgoing connection before the process binds it (a
+/// fleet benchmark opens thousands of them), and then it cannot listen ("Address already in
+/// use"). The kernel's own choice only when no port below the range is free.
+pub fn free_port() -> std::io::Result<u16> {
+    use std::net::TcpListener;
+    let ephemeral_low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|range| range.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(32_768);
+    const LOWEST: u16 = 10_000;
+    if ephemeral_low > LOWEST {
+        // Spread over the range: listeners chosen one after the other rarely meet.
+        let mut state = u64::from(std::process::id())
+            ^ std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| u64::from(d.subsec_nanos()))
+            ^ PORT_PICKS.fetch_add(0x9e37_79b9, std::sync::atomic::Ordering::Relaxed);
+        let span = u64::from(ephemeral_low - LOWEST);
+        for _ in 0..256 {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            let port = LOWEST + u16::try_from(state % span).unwrap_or(0);
+            if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+                return Ok(port);
+            }
+        }
+    }
+    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+static PORT_PICKS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+
 /// A TLS client configuration trusting the certificates of `ca_pem` (a bundle), for tests'
 /// HTTPS calls to the components.
 #[allow(clippy::unwrap_used, clippy::expect_used)] // a test's set-up
@@ -828,4 +863,20 @@ pub async fn condition_message(
 ) -> Option<String> {
     let c = pod_condition(pods, name, type_).await?;
     (c.reason.as_deref() == Some(reason)).then(|| c.message.unwrap_or_default())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    #[cfg(target_os = "linux")]
+    fn free_ports_come_from_below_the_ephemeral_range_and_can_be_listened_on() {
+        let range = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range").unwrap();
+        let low: u16 = range.split_whitespace().next().unwrap().parse().unwrap();
+        assert!(low > 10_000, "this test wants the usual range, not {range}");
+        for _ in 0..50 {
+            let port = super::free_port().unwrap();
+            assert!((10_000..low).contains(&port), "{port} not below {low}");
+            std::net::TcpListener::bind(("127.0.0.1", port)).unwrap();
+        }
+    }
 }

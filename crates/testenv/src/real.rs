@@ -148,16 +148,10 @@ pub fn bin_dir() -> Option<PathBuf> {
 }
 
 fn free_port() -> Result<u16, RealError> {
-    let l = TcpListener::bind("127.0.0.1:0").map_err(|source| RealError::Io {
-        path: "127.0.0.1:0".into(),
+    crate::free_port().map_err(|source| RealError::Io {
+        path: "127.0.0.1".into(),
         source,
-    })?;
-    l.local_addr()
-        .map(|a| a.port())
-        .map_err(|source| RealError::Io {
-            path: "127.0.0.1:0".into(),
-            source,
-        })
+    })
 }
 
 /// A control-plane file. Owner-only, whatever it holds: most are keys or kubeconfigs, and only
