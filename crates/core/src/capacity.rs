@@ -406,20 +406,6 @@ impl CapacityModel {
             .filter_map(|(name, entry)| counted_view(name, entry))
     }
 
-    /// [`Self::nodes`], each with its allocatable as [`Self::allocatable`] answers it, in one
-    /// pass (a room is rebuilt from every node of a cluster: no lookup by name per node).
-    pub fn nodes_with_allocatable(
-        &self,
-    ) -> impl Iterator<Item = (NodeView<'_>, &ResourceVector)> + '_ {
-        self.nodes.iter().filter_map(|(name, entry)| {
-            let state = entry.state.as_ref()?;
-            Some((
-                view(name, state, &entry.free.as_ref()?.room),
-                &state.allocatable,
-            ))
-        })
-    }
-
     /// One counted node, as [`Self::nodes`] gives it; `None` if it is unknown or not counted.
     pub fn node(&self, name: &str) -> Option<NodeView<'_>> {
         let (name, entry) = self.nodes.get_key_value(name)?;
@@ -1006,27 +992,6 @@ mod tests {
         assert_eq!(m.total(), vector(&[("cpu", 4 * U), ("pods", 219 * U)]));
         m.remove_pod("ns", "static");
         assert_eq!(m.total(), vector(&[("cpu", 5 * U), ("pods", 220 * U)]));
-    }
-
-    #[test]
-    fn nodes_with_allocatable_pair_each_counted_node_with_what_allocatable_answers() {
-        let mut m = model();
-        m.apply_node(&ready_node("n1", &[("cpu", "4"), ("memory", "8Gi")]))
-            .unwrap();
-        m.apply_node(&ready_node("n2", &[("cpu", "2")])).unwrap();
-        let mut cordoned = ready_node("n3", &[("cpu", "8")]);
-        if let Some(spec) = cordoned.spec.as_mut() {
-            spec.unschedulable = Some(true);
-        }
-        m.apply_node(&cordoned).unwrap();
-        let paired: Vec<(&str, Option<&ResourceVector>)> = m
-            .nodes_with_allocatable()
-            .map(|(view, a)| (view.name, Some(a)))
-            .collect();
-        let looked_up: Vec<(&str, Option<&ResourceVector>)> =
-            m.nodes().map(|v| (v.name, m.allocatable(v.name))).collect();
-        assert_eq!(paired, looked_up);
-        assert_eq!(paired.len(), m.counted_nodes());
     }
 
     #[test]

@@ -261,12 +261,14 @@ pub struct Room {
 }
 
 impl Room {
-    /// The model's counted nodes, nothing placed yet.
-    pub fn of(model: &CapacityModel) -> Self {
+    /// The model's counted nodes, nothing placed yet: what the slots a [`LowerCluster`] keeps
+    /// node by node must equal.
+    #[cfg(test)]
+    fn of(model: &CapacityModel) -> Self {
         Self {
             slots: model
-                .nodes_with_allocatable()
-                .map(|(view, allocatable)| Slot::of(&view, Some(allocatable)))
+                .nodes()
+                .map(|view| Slot::of(&view, model.allocatable(view.name)))
                 .collect(),
             placed: 0,
         }
@@ -697,15 +699,6 @@ impl LowerCluster {
             pod.metadata.namespace.clone().unwrap_or_default(),
             pod.metadata.name.clone().unwrap_or_default(),
         );
-        let was_on = self.model.node_of_pod(&key).map(str::to_owned);
-        let result = self.model.apply_pod(pod);
-        if result == Err(CapacityError::MissingName { kind: "pod" }) {
-            return (None, result);
-        }
-        let now_on = self.model.node_of_pod(&key).map(str::to_owned);
-        for node in was_on.iter().chain(&now_on) {
-            self.refresh_slot(node);
-        }
         let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
         let terminal = matches!(phase, Some("Succeeded" | "Failed"));
         let mark = hash_json(&(
@@ -717,6 +710,22 @@ impl LowerCluster {
                 .as_ref()
                 .and_then(|a| a.get(ANNOTATION_UPPER_UID)),
         ));
+        // The same mark (a status update) leaves the pod's node and requests as they were: its
+        // node's slot needs no refresh.
+        let changed = self.pod_marks.get(&key) != Some(&mark);
+        let was_on = changed
+            .then(|| self.model.node_of_pod(&key).map(str::to_owned))
+            .flatten();
+        let result = self.model.apply_pod(pod);
+        if result == Err(CapacityError::MissingName { kind: "pod" }) {
+            return (None, result);
+        }
+        if changed {
+            let now_on = self.model.node_of_pod(&key).map(str::to_owned);
+            for node in was_on.iter().chain(&now_on) {
+                self.refresh_slot(node);
+            }
+        }
         Self::mark(
             &mut self.pod_marks,
             &mut self.generation,
