@@ -248,20 +248,17 @@ struct Downstairs {
     order: Shuffle,
 }
 
-/// Picks one of the first `window` of a queue, pseudo-randomly (xorshift, fixed seed: every
-/// run sees the same order).
+/// Picks one of the first `window` of a queue, pseudo-randomly (fixed seed: every run sees the
+/// same order).
 struct Shuffle {
     window: usize,
-    state: u64,
+    rng: fastrand::Rng,
 }
 
 impl Shuffle {
     fn take<T>(&mut self, queue: &mut VecDeque<T>) -> Option<T> {
-        let span = queue.len().min(self.window).max(1) as u64;
-        self.state ^= self.state << 13;
-        self.state ^= self.state >> 7;
-        self.state ^= self.state << 17;
-        queue.remove((self.state % span) as usize)
+        let span = queue.len().min(self.window).max(1);
+        queue.remove(self.rng.usize(..span))
     }
 }
 
@@ -306,7 +303,7 @@ pub async fn run(args: ExtenderBenchArgs) -> anyhow::Result<()> {
         events: Timings::default(),
         order: Shuffle {
             window: usize::try_from(args.out_of_order).unwrap_or(usize::MAX),
-            state: 0x9e37_79b9_7f4a_7c15,
+            rng: fastrand::Rng::with_seed(0x9e37_79b9_7f4a_7c15),
         },
     };
 

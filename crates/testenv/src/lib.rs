@@ -655,18 +655,8 @@ pub fn free_port() -> std::io::Result<u16> {
         .unwrap_or(32_768);
     const LOWEST: u16 = 10_000;
     if ephemeral_low > LOWEST {
-        // Spread over the range: listeners chosen one after the other rarely meet.
-        let mut state = u64::from(std::process::id())
-            ^ std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| u64::from(d.subsec_nanos()))
-            ^ PORT_PICKS.fetch_add(0x9e37_79b9, std::sync::atomic::Ordering::Relaxed);
-        let span = u64::from(ephemeral_low - LOWEST);
         for _ in 0..256 {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            let port = LOWEST + u16::try_from(state % span).unwrap_or(0);
+            let port = fastrand::u16(LOWEST..ephemeral_low);
             if TcpListener::bind(("127.0.0.1", port)).is_ok() {
                 return Ok(port);
             }
@@ -674,8 +664,6 @@ pub fn free_port() -> std::io::Result<u16> {
     }
     Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
-
-static PORT_PICKS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
 
 /// A TLS client configuration trusting the certificates of `ca_pem` (a bundle), for tests'
 /// HTTPS calls to the components.
