@@ -369,6 +369,8 @@ async fn a_node_whose_lease_expires_goes_unknown_and_is_tainted_unreachable() {
 struct ExtenderSeen {
     connections: AtomicUsize,
     requests: AtomicUsize,
+    /// Filter calls for pods it refuses everywhere.
+    refusals: AtomicUsize,
 }
 
 /// Serves JSON on `listener`, HTTP/1.1 or h2c: each request's path and decoded body go to
@@ -424,7 +426,7 @@ async fn extender() -> (String, Arc<ExtenderSeen>) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let seen = Arc::new(ExtenderSeen::default());
-    let (connections, requests) = (seen.clone(), seen.clone());
+    let (connections, requests, refusals) = (seen.clone(), seen.clone(), seen.clone());
     serve_json(
         listener,
         move || {
@@ -432,6 +434,7 @@ async fn extender() -> (String, Arc<ExtenderSeen>) {
         },
         move |path, args| {
             requests.requests.fetch_add(1, Ordering::SeqCst);
+            let refusals = refusals.clone();
             async move {
                 let names: Vec<String> = args["NodeNames"]
                     .as_array()
@@ -441,6 +444,9 @@ async fn extender() -> (String, Arc<ExtenderSeen>) {
                     .collect();
                 let reject_all = args["Pod"]["metadata"]["labels"]["reject"] == "all";
                 if path.ends_with("/filter") {
+                    if reject_all {
+                        refusals.refusals.fetch_add(1, Ordering::SeqCst);
+                    }
                     let (kept, failed): (Vec<String>, Vec<String>) = names
                         .into_iter()
                         .partition(|n| !reject_all && !n.ends_with("-node-1"));
@@ -507,6 +513,73 @@ async fn the_scheduler_calls_extenders_to_filter_and_prioritize() {
     // (kube-scheduler's HTTP client reuses it; a handshake per call costs both sides).
     assert!(seen.requests.load(Ordering::SeqCst) >= 3);
     assert_eq!(seen.connections.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn a_pod_an_extender_refused_waits_for_a_cluster_change_as_kube_scheduler_does() {
+    use tensile_sim::apiserver::controllers::SchedulerExtender;
+    let env = TestEnv::start_with(vec![ClusterSpec::new("c1", 3)])
+        .await
+        .unwrap();
+    let c = &env.clusters[0];
+    let (url_prefix, seen) = extender().await;
+    c.set_scheduler_extenders(vec![SchedulerExtender {
+        url_prefix,
+        filter_verb: Some("filter".into()),
+        prioritize_verb: None,
+        bind_verb: None,
+        weight: 1,
+        node_cache_capable: true,
+        ignorable: false,
+        ca_pem: None,
+        client_cert_pem: None,
+        client_key_pem: None,
+        managed_resources: Vec::new(),
+    }])
+    .await
+    .unwrap();
+    let pods: Api<Pod> = Api::namespaced(c.client.clone(), "default");
+    let pod = |name: &str, labels: serde_json::Value| {
+        from(
+            json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": labels},
+            "spec": {"containers": [{"name": "c", "image": "i"}]}}),
+        )
+    };
+    pods.create(
+        &PostParams::default(),
+        &pod("rejected", json!({"reject": "all"})),
+    )
+    .await
+    .unwrap();
+    eventually(30, "unschedulable", || {
+        tensile_testenv::condition_message(&pods, "rejected", "PodScheduled", "Unschedulable")
+    })
+    .await;
+    assert_eq!(seen.refusals.load(Ordering::SeqCst), 1);
+    // Nothing changes in the cluster: kube-scheduler keeps the pod among its unschedulable
+    // ones (an extender has no queueing hints: any change brings it back, none here). A
+    // scheduler that retried on its 1 s back-off alone asks again within about 2 s.
+    let quiet = std::time::Instant::now();
+    while quiet.elapsed() < Duration::from_millis(3500) {
+        assert_eq!(
+            seen.refusals.load(Ordering::SeqCst),
+            1,
+            "asked again with nothing changed"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Another pod bound: a change, so the refused pod is tried again once its back-off is over.
+    pods.create(&PostParams::default(), &pod("other", json!({})))
+        .await
+        .unwrap();
+    eventually(30, "bound", || async {
+        pods.get("other").await.ok()?.spec?.node_name
+    })
+    .await;
+    eventually(30, "asked again after the change", || async {
+        (seen.refusals.load(Ordering::SeqCst) >= 2).then_some(())
+    })
+    .await;
 }
 
 /// A scheduler extender with only a bind verb, on loopback: binds through the API server as

@@ -18,7 +18,7 @@ pub(crate) type Amounts = BTreeMap<String, i128>;
 
 const CPU: &str = "cpu";
 const MEMORY: &str = "memory";
-const PODS: &str = "pods";
+pub(crate) const PODS: &str = "pods";
 /// What LeastAllocated counts for a container without a CPU or memory request.
 const DEFAULT_CPU_MILLI: i128 = 100;
 const DEFAULT_MEMORY_MILLI: i128 = 200 * 1024 * 1024 * 1000;
@@ -33,10 +33,10 @@ fn milli(q: &Quantity) -> i128 {
 pub(crate) struct NodeFacts {
     pub name: String,
     pub labels: BTreeMap<String, String>,
-    taints: Vec<Taint>,
-    unschedulable: bool,
-    ready: bool,
-    allocatable: Amounts,
+    pub taints: Vec<Taint>,
+    pub unschedulable: bool,
+    pub ready: bool,
+    pub allocatable: Amounts,
 }
 
 impl NodeFacts {

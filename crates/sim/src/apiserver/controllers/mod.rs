@@ -47,6 +47,7 @@ mod namespace;
 mod nodelifecycle;
 mod protection;
 mod replicaset;
+mod requeue;
 mod revisions;
 mod scheduler;
 mod statefulset;

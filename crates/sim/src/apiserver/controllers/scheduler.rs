@@ -1,13 +1,14 @@
 //! The scheduler: binds pending pods to nodes where they fit, by its own simple rules
 //! ([`super::fit`], not `crates/core`'s, which the extender uses) over a live count of each
 //! node's room (never a re-list), preferring the least allocated node; pods that fit nowhere get `PodScheduled=False/Unschedulable` with
-//! kube-scheduler's message and are retried when the cluster changes. Like kube-scheduler it
-//! records a `Scheduled` event on binding and a `FailedScheduling` warning when the reason a
-//! pod cannot be placed changes. A pod that could not be placed waits out kube-scheduler's
-//! back-off (1 s, doubling per attempt, at most 10 s) before it is tried again, so a large
-//! backlog of pods that fit nowhere does not cost every later change a pass over all of them
-//! (nor each extender a call per pod per change). Extender calls reuse one kept-alive
-//! connection per extender, as kube-scheduler's HTTP client does.
+//! kube-scheduler's message. Like kube-scheduler it records a `Scheduled` event on binding and
+//! a `FailedScheduling` warning when the reason a pod cannot be placed changes. A pod that
+//! could not be placed is tried again as kube-scheduler's queue does it: not before a cluster
+//! change that could make it fit, as the filters that rejected it tell ([`super::requeue`]),
+//! and not before its back-off is over (1 s, doubling per attempt, at most 10 s), so a
+//! backlog of pods that fit nowhere costs neither a quiet cluster nor each extender a call
+//! per pod per change. Extender calls reuse one kept-alive connection per extender, as
+//! kube-scheduler's HTTP client does.
 //!
 //! As kube-scheduler's binding cycle, binding runs in the background: a placed pod is
 //! assumed on its node in the model at once (the next pod sees the room taken) and the
@@ -30,6 +31,7 @@ use super::super::meta;
 use super::super::resources::ids;
 use super::super::store::{Event, EventType, ObjKey};
 use super::fit::{self, Reason, Requests, Room};
+use super::requeue::{self, Change, Parked, Plugin};
 use super::volumes::{self, PodVolumes};
 use super::{Reconciler, create, modify};
 
@@ -106,6 +108,10 @@ struct Scheduler {
     pending: BTreeSet<ObjKey>,
     /// Pods that failed to be placed: failed attempts and when the back-off ends.
     backing_off: HashMap<ObjKey, (u32, Instant)>,
+    /// kube-scheduler's unschedulable pods: rejected by a filter, not tried again before a
+    /// change that could make them fit ([`requeue`]), whatever their back-off; with when
+    /// they were parked.
+    parked: HashMap<ObjKey, (Instant, Parked)>,
     /// kube-scheduler's assumed pods: counted in `model` on the node they are being bound to
     /// from when they are placed until their binding is seen (or the bind fails); none of
     /// them is scheduled again meanwhile, whatever events about it arrive.
@@ -127,6 +133,7 @@ impl Scheduler {
             model: Room::default(),
             pending: BTreeSet::new(),
             backing_off: HashMap::new(),
+            parked: HashMap::new(),
             assumed: HashMap::new(),
             binds: JoinSet::new(),
             bind_tasks: HashMap::new(),
@@ -144,6 +151,14 @@ impl Scheduler {
     fn forget(&mut self, key: &ObjKey) {
         self.pending.remove(key);
         self.backing_off.remove(key);
+        self.parked.remove(key);
+    }
+
+    /// Brings back the parked pods `change` could make schedulable (they still wait out
+    /// their back-off).
+    fn requeue(&mut self, change: &Change) {
+        self.parked
+            .retain(|_, (_, p)| !requeue::worth_requeuing(p, change));
     }
 
     /// Records a failed attempt: the pod is not tried again before its back-off ends.
@@ -219,7 +234,9 @@ impl Scheduler {
             return false;
         };
         // Back to what the store holds: unbound (pending again), bound elsewhere, or gone.
+        // Forgetting an assumed pod is a bound pod's deletion to kube-scheduler's queue.
         self.model.remove_pod(&key.namespace, &key.name);
+        self.requeue(&Change::AssignedPodDeleted);
         let current = state.store.get(*ids::PODS, &key);
         self.observe(*ids::PODS, &key, current.as_ref().map(|e| &*e.object));
         if self.pending.contains(&key) {
@@ -277,6 +294,7 @@ impl Scheduler {
             .iter()
             .filter(|k| {
                 !self.assumed.contains_key(*k)
+                    && !self.parked.contains_key(*k)
                     && self
                         .backing_off
                         .get(*k)
@@ -308,8 +326,18 @@ impl Scheduler {
                     }
                     self.start_bind(key, pod, entry.object.clone(), node);
                 }
-                Err(message) => {
+                Err(Refusal { message, plugins }) => {
                     self.failed(&key);
+                    if !plugins.is_empty() {
+                        let spec = pod.spec.unwrap_or_default();
+                        let requests = Requests::of(&spec, &ignored_resources(state));
+                        let parked = Parked {
+                            plugins,
+                            spec,
+                            requests,
+                        };
+                        self.parked.insert(key.clone(), (Instant::now(), parked));
+                    }
                     if mark_not_scheduled(state, &self.client, &key, "Unschedulable", &message)
                         .await
                     {
@@ -358,22 +386,20 @@ impl Scheduler {
     }
 
     /// The best node: built-in filters, then the extenders' filters and scores.
-    async fn place(&self, state: &State, pod: &Pod, pod_json: &Value) -> Result<String, String> {
+    async fn place(&self, state: &State, pod: &Pod, pod_json: &Value) -> Result<String, Refusal> {
         let vols = if state.config.controllers.volume_binding {
-            volumes::prefilter(state, pod_json).map_err(|e| {
-                format!(
+            volumes::prefilter(state, pod_json).map_err(|e| Refusal {
+                message: format!(
                     "0/{} nodes are available: {e}.",
                     self.model.ready_nodes().count()
-                )
+                ),
+                plugins: [Plugin::VolumeBinding].into(),
             })?
         } else {
             None
         };
         let all_extenders = state.scheduler_extenders();
-        let ignored: Vec<String> = all_extenders
-            .iter()
-            .flat_map(|e| e.managed_resources.iter().cloned())
-            .collect();
+        let ignored = ignored_resources(state);
         let Feasible {
             mut candidates,
             total,
@@ -386,6 +412,7 @@ impl Scheduler {
             .filter(|e| e.is_interested(pod_json))
             .collect();
         let mut extender_reasons: BTreeMap<String, usize> = BTreeMap::new();
+        let mut extender_refused = false;
         for ext in extenders.iter().filter(|e| e.filter_verb.is_some()) {
             if candidates.is_empty() {
                 break;
@@ -394,6 +421,7 @@ impl Scheduler {
             match filter(state, &self.connections, ext, pod_json, &names).await {
                 Ok((kept, failed)) => {
                     candidates.retain(|(n, _)| kept.contains(n));
+                    extender_refused |= candidates.len() < names.len();
                     for reason in failed.values() {
                         *extender_reasons.entry(reason.clone()).or_default() += 1;
                     }
@@ -402,14 +430,21 @@ impl Scheduler {
                     tracing::warn!(extender = %ext.url_prefix, error = %e, "ignorable scheduler extender failed")
                 }
                 Err(e) => {
-                    return Err(format!(
+                    return Err(Refusal::error(format!(
                         "0/{total} nodes are available: extender {}: {e}",
                         ext.url_prefix
-                    ));
+                    )));
                 }
             }
         }
         if candidates.is_empty() {
+            let mut plugins: BTreeSet<Plugin> = failures
+                .iter()
+                .filter_map(|reasons| reasons.first().map(Plugin::of))
+                .collect();
+            if extender_refused {
+                plugins.insert(Plugin::Extender);
+            }
             let mut message = fit::message(total, failures.iter().map(Vec::as_slice));
             if !extender_reasons.is_empty() {
                 let extra: Vec<String> = extender_reasons
@@ -422,7 +457,7 @@ impl Scheduler {
                     format!("{}, {}.", message.trim_end_matches('.'), extra.join(", "))
                 };
             }
-            return Err(message);
+            return Err(Refusal { message, plugins });
         }
         let mut scores: BTreeMap<String, i128> = candidates.iter().cloned().collect();
         for ext in extenders.iter().filter(|e| e.prioritize_verb.is_some()) {
@@ -446,14 +481,43 @@ impl Scheduler {
             .iter()
             .max_by(|a, b| a.1.cmp(b.1).then_with(|| b.0.cmp(a.0)))
             .map(|(n, _)| n.clone());
-        let best = best.ok_or_else(|| fit::message(total, failures.iter().map(Vec::as_slice)))?;
+        let best = best.ok_or_else(|| {
+            Refusal::error(fit::message(total, failures.iter().map(Vec::as_slice)))
+        })?;
         if let Some(vols) = &vols
             && let Some((node, _, _)) = self.model.ready_nodes().find(|(n, _, _)| n.name == best)
         {
-            volumes::bind_for_node(state, vols, node).await?;
+            volumes::bind_for_node(state, vols, node)
+                .await
+                .map_err(Refusal::error)?;
         }
         Ok(best)
     }
+}
+
+/// Why a pod was not placed: kube-scheduler's message, and the plugins that rejected it
+/// (none: an error, such as an extender's, after which the pod only waits out its back-off).
+struct Refusal {
+    message: String,
+    plugins: BTreeSet<Plugin>,
+}
+
+impl Refusal {
+    fn error(message: String) -> Self {
+        Self {
+            message,
+            plugins: BTreeSet::new(),
+        }
+    }
+}
+
+/// The resources extenders manage, which the scheduler leaves to them (`ignoredByScheduler`).
+fn ignored_resources(state: &State) -> Vec<String> {
+    state
+        .scheduler_extenders()
+        .iter()
+        .flat_map(|e| e.managed_resources.iter().cloned())
+        .collect()
 }
 
 /// kube-scheduler's `ExtenderArgs`, as Go's `json.Marshal` writes it: the struct has no JSON
@@ -768,6 +832,85 @@ async fn record_event(state: &State, pod: &Value, type_: &str, reason: &str, mes
     }
 }
 
+impl Scheduler {
+    /// What node or pod event `e` is to the parked pods, as kube-scheduler's event handlers
+    /// tell its queue.
+    fn tell_parked(&mut self, e: &Event) {
+        let new = &*e.entry.object;
+        let prev = e.prev.as_ref().map(|p| &*p.object);
+        if e.res == *ids::NODES {
+            let facts = |v: &Value| {
+                serde_json::from_value::<Node>(v.clone())
+                    .ok()
+                    .map(|n| fit::NodeFacts::of(&n))
+            };
+            let change = match (e.kind, prev) {
+                (EventType::Deleted, _) => Some(Change::NodeGone),
+                (EventType::Modified, Some(old)) => {
+                    if requeue::node_properties_changed(old, new) {
+                        match (facts(old), facts(new)) {
+                            (Some(old), Some(new)) => match (old.ready, new.ready) {
+                                (false, true) => Some(Change::NodeAdded(new)),
+                                (true, false) => Some(Change::NodeGone),
+                                (true, true) => Some(Change::NodeChanged { old, new }),
+                                (false, false) => None,
+                            },
+                            _ => None,
+                        }
+                    } else {
+                        None
+                    }
+                }
+                _ => facts(new).filter(|n| n.ready).map(Change::NodeAdded),
+            };
+            if let Some(change) = change {
+                self.requeue(&change);
+            }
+            return;
+        }
+        // kube-scheduler watches bound pods that have not ended: one that ends leaves its view.
+        let visible = |v: &Value| {
+            !unbound(v)
+                && !matches!(
+                    v.pointer("/status/phase").and_then(Value::as_str),
+                    Some("Succeeded" | "Failed")
+                )
+        };
+        let was = prev.is_some_and(visible);
+        let change = match e.kind {
+            EventType::Deleted => visible(new).then_some(Change::AssignedPodDeleted),
+            _ => match (was, visible(new)) {
+                (false, true) => Some(Change::AssignedPodAdded),
+                (true, false) => Some(Change::AssignedPodDeleted),
+                (true, true) => {
+                    let spec_changed = prev.and_then(|p| p.get("spec")) != new.get("spec");
+                    let requests = |v: &Value| {
+                        v.get("spec")
+                            .and_then(|s| serde_json::from_value(s.clone()).ok())
+                            .map(|s| Requests::of(&s, &[]))
+                            .unwrap_or_default()
+                    };
+                    let freed = match prev {
+                        Some(old) if spec_changed => requeue::freed(&requests(old), &requests(new)),
+                        _ => BTreeSet::new(),
+                    };
+                    Some(Change::AssignedPodUpdated { freed })
+                }
+                (false, false) => {
+                    // The parked pod itself: a change of its spec or labels brings it back.
+                    if prev.is_some_and(|old| requeue::pod_changed(old, new)) {
+                        self.parked.remove(&e.key);
+                    }
+                    None
+                }
+            },
+        };
+        if let Some(change) = change {
+            self.requeue(&change);
+        }
+    }
+}
+
 impl Reconciler for Scheduler {
     async fn resync(&mut self, state: &State) {
         // Binds in flight go on: their pods stay assumed over the model rebuilt from the store.
@@ -797,15 +940,28 @@ impl Reconciler for Scheduler {
 
     async fn changed(&mut self, state: &State, events: Option<&[Arc<Event>]>) {
         let mut relevant = events.is_none();
+        if events.is_none() {
+            // kube-scheduler's flush of pods parked too long.
+            let now = Instant::now();
+            self.parked
+                .retain(|_, (since, _)| now.duration_since(*since) < requeue::MAX_PARKED);
+        }
         for e in events.into_iter().flatten() {
             if e.res != *ids::NODES && e.res != *ids::PODS {
                 // A claim, volume or class appearing can make a waiting pod schedulable.
-                relevant |= e.res == *ids::PERSISTENT_VOLUME_CLAIMS
+                let storage = e.res == *ids::PERSISTENT_VOLUME_CLAIMS
                     || e.res == *ids::PERSISTENT_VOLUMES
                     || e.res == *ids::STORAGE_CLASSES;
+                if storage {
+                    self.requeue(&Change::Storage);
+                }
+                relevant |= storage;
                 continue;
             }
             relevant = true;
+            if !self.parked.is_empty() {
+                self.tell_parked(e);
+            }
             let obj = (e.kind != EventType::Deleted).then_some(&*e.entry.object);
             self.observe(e.res, &e.key, obj);
         }
