@@ -536,6 +536,14 @@ pub enum Verdict {
         /// affinity, taint, cordon), so preempting pods cannot help.
         unresolvable: bool,
     },
+    /// It cannot be judged now: the lower cluster is not listed yet or unreachable, or the
+    /// upper node is not known yet. Refused, and the pod should be asked about again soon:
+    /// what would change the answer happens outside the upper cluster, where kube-scheduler
+    /// does not look for a reason to retry.
+    Unsure {
+        /// Naming the cluster (or node), and saying the pod is retried.
+        reason: String,
+    },
 }
 
 impl Verdict {
@@ -543,6 +551,57 @@ impl Verdict {
     pub fn fits(&self) -> bool {
         matches!(self, Self::Fits { .. })
     }
+}
+
+/// The longest error [`retry_error`] writes (kube-scheduler puts it in the pod's condition).
+const RETRY_ERROR_MAX: usize = 1024;
+
+/// The error `/filter` answers instead of its lists when no candidate node passes and some of
+/// them could not be judged ([`Verdict::Unsure`]); `None` otherwise (`kept`: how many pass).
+///
+/// kube-scheduler parks a pod that every node refused until something changes in the upper
+/// cluster (an extender that filters nodes out brings a pod back on any change there). What
+/// would change an unsure answer happens in a lower cluster or in the extender itself (a
+/// cluster listed, reachable again), so the pod could wait up to its five-minute flush in a
+/// quiet cluster. An error is retried on the pod's back-off (1 s doubling to 10 s) instead.
+/// It names each refused node with its reason, up to [`RETRY_ERROR_MAX`] bytes.
+pub fn retry_error<'a>(
+    kept: usize,
+    refused: impl IntoIterator<Item = (&'a str, &'a Verdict)>,
+) -> Option<String> {
+    if kept > 0 {
+        return None;
+    }
+    let mut unsure = false;
+    let mut parts = Vec::new();
+    for (node, verdict) in refused {
+        let reason = match verdict {
+            Verdict::Fits { .. } => return None,
+            Verdict::Fails { reason, .. } => reason,
+            Verdict::Unsure { reason } => {
+                unsure = true;
+                reason
+            }
+        };
+        parts.push(format!("{node}: {reason}"));
+    }
+    if !unsure {
+        return None;
+    }
+    let mut out =
+        String::from("no virtual node can take the pod now, and some cannot be judged yet: ");
+    let total = parts.len();
+    for (i, part) in parts.iter().enumerate() {
+        if i > 0 && out.len() + part.len() + 2 > RETRY_ERROR_MAX {
+            out.push_str(&format!("; and {} more", total - i));
+            break;
+        }
+        if i > 0 {
+            out.push_str("; ");
+        }
+        out.push_str(part);
+    }
+    Some(out)
 }
 
 /// Namespace and name of a pod.
@@ -2347,5 +2406,34 @@ mod tests {
         assert_eq!(outage.unreachable(t0 + UNREACHABLE_WINDOW), Some("reset"));
         outage.answered();
         assert_eq!(outage.unreachable(later), None);
+    }
+
+    #[test]
+    fn an_error_replaces_the_refusals_only_when_no_node_passes_and_one_is_unsure() {
+        let fails = |r: &str| Verdict::Fails {
+            reason: r.into(),
+            unresolvable: false,
+        };
+        let unsure = Verdict::Unsure {
+            reason: "lower cluster b: not synced yet".into(),
+        };
+        let full = fails("lower cluster a: 0/1 nodes are available: 1 Insufficient cpu.");
+        // Every refusal is a judgement: kube-scheduler waits for a change upstairs.
+        assert_eq!(retry_error(0, [("vk-a", &full)]), None);
+        // A node passes: the pod goes there.
+        assert_eq!(retry_error(1, [("vk-a", &full), ("vk-b", &unsure)]), None);
+        assert_eq!(
+            retry_error(0, [("vk-a", &full), ("vk-b", &unsure)]).as_deref(),
+            Some(
+                "no virtual node can take the pod now, and some cannot be judged yet: vk-a: \
+                 lower cluster a: 0/1 nodes are available: 1 Insufficient cpu.; vk-b: lower \
+                 cluster b: not synced yet"
+            )
+        );
+        // Bounded, whatever the number of nodes.
+        let names: Vec<String> = (0..500).map(|i| format!("vk-{i}")).collect();
+        let many = retry_error(0, names.iter().map(|n| (n.as_str(), &unsure))).unwrap();
+        assert!(many.len() <= RETRY_ERROR_MAX + 20, "{}", many.len());
+        assert!(many.ends_with(" more"), "{many}");
     }
 }

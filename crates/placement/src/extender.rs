@@ -44,7 +44,7 @@ use kube::api::{Api, PostParams};
 use kube::runtime::watcher;
 use serde_json::value::RawValue;
 use serde_json::{Value, json};
-use tensile_core::extender::{Demand, Verdict};
+use tensile_core::extender::{Demand, Verdict, retry_error};
 use tokio_util::sync::CancellationToken;
 
 pub mod index;
@@ -311,19 +311,24 @@ impl Extender {
         let mut failed = serde_json::Map::new();
         let mut unresolvable = serde_json::Map::new();
         let mut scores = Vec::new();
+        let mut refused = Vec::new();
         for (node, verdict) in args.nodes.iter().zip(verdicts) {
             tracing::debug!(pod = %pod_name, node = %node.name, ?verb, ?verdict, "extender decision");
             match (verb, verdict) {
                 (Verb::Filter, None | Some(Verdict::Fits { .. })) => kept.push(node),
-                (
-                    Verb::Filter,
-                    Some(Verdict::Fails {
-                        reason,
-                        unresolvable: u,
-                    }),
-                ) => {
-                    let target = if u { &mut unresolvable } else { &mut failed };
-                    target.insert(node.name.clone(), Value::String(reason));
+                (Verb::Filter, Some(verdict)) => {
+                    let (target, reason) = match &verdict {
+                        Verdict::Fails {
+                            reason,
+                            unresolvable: true,
+                        } => (&mut unresolvable, reason),
+                        Verdict::Fails { reason, .. } | Verdict::Unsure { reason } => {
+                            (&mut failed, reason)
+                        }
+                        Verdict::Fits { .. } => continue,
+                    };
+                    target.insert(node.name.clone(), Value::String(reason.clone()));
+                    refused.push((node.name.as_str(), verdict));
                 }
                 (Verb::Prioritize, Some(Verdict::Fits { score, .. })) => {
                     scores.push(json!({"host": node.name, "score": score}));
@@ -334,6 +339,15 @@ impl Extender {
         match verb {
             Verb::Prioritize => Reply::json(&Value::Array(scores)),
             Verb::Filter => {
+                if let Some(error) = retry_error(kept.len(), refused.iter().map(|(n, v)| (*n, v))) {
+                    return Reply::json(&FilterAnswer {
+                        nodes: None,
+                        nodenames: None,
+                        failed_nodes: serde_json::Map::new(),
+                        failed_and_unresolvable_nodes: serde_json::Map::new(),
+                        error: &error,
+                    });
+                }
                 let (nodes, nodenames) = if args.names_only {
                     (None, Some(kept.iter().map(|n| n.name.as_str()).collect()))
                 } else {
@@ -695,7 +709,7 @@ struct FilterAnswer<'a> {
     nodenames: Option<Vec<&'a str>>,
     failed_nodes: serde_json::Map<String, Value>,
     failed_and_unresolvable_nodes: serde_json::Map<String, Value>,
-    error: &'static str,
+    error: &'a str,
 }
 
 /// The nodes kept, written as they were sent.

@@ -224,21 +224,19 @@ impl Index {
             };
         };
         if !(nodes.synced() && pods.synced()) {
-            return Verdict::Fails {
+            return Verdict::Unsure {
                 reason: format!(
                     "lower cluster {id}: not synced yet (its nodes and pods are still being \
                      listed); the pod is retried"
                 ),
-                unresolvable: false,
             };
         }
         if let Some(error) = outage.unreachable(now) {
-            return Verdict::Fails {
+            return Verdict::Unsure {
                 reason: format!(
                     "lower cluster {id}: unreachable ({}); the pod is retried",
                     truncated(error, 200)
                 ),
-                unresolvable: false,
             };
         }
         let demand = match demand {
@@ -291,10 +289,7 @@ impl Index {
                 }
                 match self.judge(name, labels) {
                     Judged::Pass => None,
-                    Judged::Unknown(reason) => Some(Verdict::Fails {
-                        reason,
-                        unresolvable: false,
-                    }),
+                    Judged::Unknown(reason) => Some(Verdict::Unsure { reason }),
                     Judged::Cluster(id) => Some(match verdicts.get(&id) {
                         Some(v) => v.clone(),
                         None => {
@@ -367,7 +362,7 @@ impl Index {
             return Ok(Reserved::AlreadyThere);
         }
         match self.verdict(id, Some(uid), &Ok(demand.clone()), now) {
-            Verdict::Fails { reason, .. } => Err(reason),
+            Verdict::Fails { reason, .. } | Verdict::Unsure { reason } => Err(reason),
             Verdict::Fits { node, .. } => {
                 self.reservations.reserve(uid, id, demand, now + self.ttl);
                 Ok(Reserved::Room { lower_node: node })
@@ -610,7 +605,7 @@ mod tests {
 
     fn reason(v: &Option<Verdict>) -> &str {
         match v {
-            Some(Verdict::Fails { reason, .. }) => reason,
+            Some(Verdict::Fails { reason, .. } | Verdict::Unsure { reason }) => reason,
             other => panic!("expected a failure, got {other:?}"),
         }
     }
@@ -760,13 +755,7 @@ mod tests {
         );
         assert!(reason(&v[0]).contains("connection refused"), "{v:?}");
         assert!(
-            matches!(
-                &v[0],
-                Some(Verdict::Fails {
-                    unresolvable: false,
-                    ..
-                })
-            ),
+            matches!(&v[0], Some(Verdict::Unsure { .. })),
             "retried: {v:?}"
         );
         assert!(fits(&v[1]), "the other cluster still takes pods: {v:?}");

@@ -326,7 +326,11 @@ impl Scheduler {
                     }
                     self.start_bind(key, pod, entry.object.clone(), node);
                 }
-                Err(Refusal { message, plugins }) => {
+                Err(Refusal {
+                    message,
+                    plugins,
+                    error,
+                }) => {
                     self.failed(&key);
                     if !plugins.is_empty() {
                         let spec = pod.spec.unwrap_or_default();
@@ -338,9 +342,12 @@ impl Scheduler {
                         };
                         self.parked.insert(key.clone(), (Instant::now(), parked));
                     }
-                    if mark_not_scheduled(state, &self.client, &key, "Unschedulable", &message)
-                        .await
-                    {
+                    let reason = if error {
+                        "SchedulerError"
+                    } else {
+                        "Unschedulable"
+                    };
+                    if mark_not_scheduled(state, &self.client, &key, reason, &message).await {
                         record_event(
                             state,
                             &entry.object,
@@ -394,6 +401,7 @@ impl Scheduler {
                     self.model.ready_nodes().count()
                 ),
                 plugins: [Plugin::VolumeBinding].into(),
+                error: false,
             })?
         } else {
             None
@@ -457,7 +465,11 @@ impl Scheduler {
                     format!("{}, {}.", message.trim_end_matches('.'), extra.join(", "))
                 };
             }
-            return Err(Refusal { message, plugins });
+            return Err(Refusal {
+                message,
+                plugins,
+                error: false,
+            });
         }
         let mut scores: BTreeMap<String, i128> = candidates.iter().cloned().collect();
         for ext in extenders.iter().filter(|e| e.prioritize_verb.is_some()) {
@@ -496,10 +508,13 @@ impl Scheduler {
 }
 
 /// Why a pod was not placed: kube-scheduler's message, and the plugins that rejected it
-/// (none: an error, such as an extender's, after which the pod only waits out its back-off).
+/// (none: no node to reject it, or an error, such as an extender's: then the pod only waits
+/// out its back-off).
 struct Refusal {
     message: String,
     plugins: BTreeSet<Plugin>,
+    /// An error, not a rejection: `PodScheduled` says `SchedulerError`, not `Unschedulable`.
+    error: bool,
 }
 
 impl Refusal {
@@ -507,6 +522,7 @@ impl Refusal {
         Self {
             message,
             plugins: BTreeSet::new(),
+            error: true,
         }
     }
 }
