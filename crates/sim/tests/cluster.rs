@@ -464,30 +464,37 @@ async fn extender() -> (String, Arc<ExtenderSeen>) {
     (format!("http://{addr}/scheduler"), seen)
 }
 
-#[tokio::test]
-async fn the_scheduler_calls_extenders_to_filter_and_prioritize() {
+/// A cluster of 3 nodes whose scheduler calls [`extender`] to filter, and to prioritize with
+/// `prioritize`; its pods in `default`.
+async fn cluster_with_extender(prioritize: bool) -> (TestEnv, Arc<ExtenderSeen>, Api<Pod>) {
     use tensile_sim::apiserver::controllers::SchedulerExtender;
     let env = TestEnv::start_with(vec![ClusterSpec::new("c1", 3)])
         .await
         .unwrap();
-    let c = &env.clusters[0];
     let (url_prefix, seen) = extender().await;
-    c.set_scheduler_extenders(vec![SchedulerExtender {
-        url_prefix,
-        filter_verb: Some("filter".into()),
-        prioritize_verb: Some("prioritize".into()),
-        bind_verb: None,
-        weight: 5,
-        node_cache_capable: true,
-        ignorable: false,
-        ca_pem: None,
-        client_cert_pem: None,
-        client_key_pem: None,
-        managed_resources: Vec::new(),
-    }])
-    .await
-    .unwrap();
-    let pods: Api<Pod> = Api::namespaced(c.client.clone(), "default");
+    env.clusters[0]
+        .set_scheduler_extenders(vec![SchedulerExtender {
+            url_prefix,
+            filter_verb: Some("filter".into()),
+            prioritize_verb: prioritize.then(|| "prioritize".into()),
+            bind_verb: None,
+            weight: 5,
+            node_cache_capable: true,
+            ignorable: false,
+            ca_pem: None,
+            client_cert_pem: None,
+            client_key_pem: None,
+            managed_resources: Vec::new(),
+        }])
+        .await
+        .unwrap();
+    let pods: Api<Pod> = Api::namespaced(env.clusters[0].client.clone(), "default");
+    (env, seen, pods)
+}
+
+#[tokio::test]
+async fn the_scheduler_calls_extenders_to_filter_and_prioritize() {
+    let (_env, seen, pods) = cluster_with_extender(true).await;
     for (name, labels) in [
         ("chosen", json!({})),
         ("rejected", json!({"reject": "all"})),
@@ -515,30 +522,84 @@ async fn the_scheduler_calls_extenders_to_filter_and_prioritize() {
     assert_eq!(seen.connections.load(Ordering::SeqCst), 1);
 }
 
+/// Counts, from now on, the changes that bring back a pod an extender refused: a node's
+/// scheduling properties changing (taints, allocatable, labels, annotations, condition
+/// statuses, cordon: heartbeats apart), a node going, a bound pod changing or going.
+async fn scheduling_changes(client: kube::Client) -> Arc<AtomicUsize> {
+    use futures::StreamExt;
+    use kube::runtime::watcher::{self, Event};
+    let changes = Arc::new(AtomicUsize::new(0));
+    let fingerprint = |n: &Node| {
+        let conditions: Vec<(String, String)> = n
+            .status
+            .iter()
+            .flat_map(|s| s.conditions.iter().flatten())
+            .map(|c| (c.type_.clone(), c.status.clone()))
+            .collect();
+        serde_json::to_string(&(
+            &n.metadata.labels,
+            &n.metadata.annotations,
+            n.spec.as_ref().map(|s| (&s.taints, s.unschedulable)),
+            n.status.as_ref().map(|s| &s.allocatable),
+            conditions,
+        ))
+        .unwrap()
+    };
+    let (listed_tx, mut listed) = tokio::sync::mpsc::channel::<()>(2);
+    let nodes = watcher::watcher(Api::<Node>::all(client.clone()), watcher::Config::default());
+    let (count, ready) = (changes.clone(), listed_tx.clone());
+    tokio::spawn(async move {
+        let mut seen = std::collections::HashMap::new();
+        let mut nodes = nodes.boxed();
+        while let Some(Ok(e)) = nodes.next().await {
+            match e {
+                Event::InitApply(n) => {
+                    seen.insert(n.metadata.name.clone(), fingerprint(&n));
+                }
+                Event::InitDone => {
+                    let _ = ready.send(()).await;
+                }
+                Event::Apply(n) => {
+                    let now = fingerprint(&n);
+                    if seen.insert(n.metadata.name.clone(), now.clone()) != Some(now) {
+                        count.fetch_add(1, Ordering::SeqCst);
+                    }
+                }
+                Event::Delete(_) => {
+                    count.fetch_add(1, Ordering::SeqCst);
+                }
+                Event::Init => {}
+            }
+        }
+    });
+    let pods = watcher::watcher(Api::<Pod>::all(client), watcher::Config::default());
+    let count = changes.clone();
+    tokio::spawn(async move {
+        let mut pods = pods.boxed();
+        while let Some(Ok(e)) = pods.next().await {
+            match e {
+                Event::InitDone => {
+                    let _ = listed_tx.send(()).await;
+                }
+                Event::Apply(p) | Event::Delete(p)
+                    if p.spec.as_ref().is_some_and(|s| s.node_name.is_some()) =>
+                {
+                    count.fetch_add(1, Ordering::SeqCst);
+                }
+                _ => {}
+            }
+        }
+    });
+    for _ in 0..2 {
+        listed.recv().await.unwrap();
+    }
+    changes
+}
+
 #[tokio::test]
 async fn a_pod_an_extender_refused_waits_for_a_cluster_change_as_kube_scheduler_does() {
-    use tensile_sim::apiserver::controllers::SchedulerExtender;
-    let env = TestEnv::start_with(vec![ClusterSpec::new("c1", 3)])
-        .await
-        .unwrap();
-    let c = &env.clusters[0];
-    let (url_prefix, seen) = extender().await;
-    c.set_scheduler_extenders(vec![SchedulerExtender {
-        url_prefix,
-        filter_verb: Some("filter".into()),
-        prioritize_verb: None,
-        bind_verb: None,
-        weight: 1,
-        node_cache_capable: true,
-        ignorable: false,
-        ca_pem: None,
-        client_cert_pem: None,
-        client_key_pem: None,
-        managed_resources: Vec::new(),
-    }])
-    .await
-    .unwrap();
-    let pods: Api<Pod> = Api::namespaced(c.client.clone(), "default");
+    let (env, seen, pods) = cluster_with_extender(false).await;
+    let changes = scheduling_changes(env.clusters[0].client.clone()).await;
     let pod = |name: &str, labels: serde_json::Value| {
         from(
             json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": labels},
@@ -555,16 +616,16 @@ async fn a_pod_an_extender_refused_waits_for_a_cluster_change_as_kube_scheduler_
         tensile_testenv::condition_message(&pods, "rejected", "PodScheduled", "Unschedulable")
     })
     .await;
-    assert_eq!(seen.refusals.load(Ordering::SeqCst), 1);
-    // Nothing changes in the cluster: kube-scheduler keeps the pod among its unschedulable
-    // ones (an extender has no queueing hints: any change brings it back, none here). A
-    // scheduler that retried on its 1 s back-off alone asks again within about 2 s.
+    // While nothing changes, kube-scheduler keeps the pod among its unschedulable ones (an
+    // extender has no queueing hints: any change brings it back). A scheduler that retried
+    // on its 1 s back-off alone asks again within about 2 s. (On a loaded machine a node can
+    // change meanwhile, e.g. a late lease: then a second call is right, and proves nothing.)
     let quiet = std::time::Instant::now();
     while quiet.elapsed() < Duration::from_millis(3500) {
-        assert_eq!(
-            seen.refusals.load(Ordering::SeqCst),
-            1,
-            "asked again with nothing changed"
+        let refusals = seen.refusals.load(Ordering::SeqCst);
+        assert!(
+            refusals == 1 || changes.load(Ordering::SeqCst) > 0,
+            "asked again ({refusals} calls) with nothing changed"
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }

@@ -934,7 +934,13 @@ impl Reconciler for Scheduler {
         let bind_tasks = std::mem::take(&mut self.bind_tasks);
         let mut assumed = std::mem::take(&mut self.assumed);
         assumed.retain(|k, _| bind_tasks.values().any(|b| b == k));
+        // A relist is no change to kube-scheduler's queue: parked pods stay parked, back-offs
+        // run on (pods that no longer wait are forgotten as the list is observed).
+        let parked = std::mem::take(&mut self.parked);
+        let backing_off = std::mem::take(&mut self.backing_off);
         *self = Scheduler::new(self.state.clone());
+        self.parked = parked;
+        self.backing_off = backing_off;
         self.binds = binds;
         self.bind_tasks = bind_tasks;
         for a in assumed.values() {
@@ -951,6 +957,10 @@ impl Reconciler for Scheduler {
                 self.observe(res, &key, Some(&e.object));
             }
         }
+        // Pods deleted while the watch was down are not in the list.
+        let pending = &self.pending;
+        self.parked.retain(|k, _| pending.contains(k));
+        self.backing_off.retain(|k, _| pending.contains(k));
         self.schedule_pending(state).await;
     }
 
