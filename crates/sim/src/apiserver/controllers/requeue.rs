@@ -173,10 +173,13 @@ pub(super) fn freed(old: &Requests, new: &Requests) -> BTreeSet<String> {
         .collect()
 }
 
-/// Whether an unscheduled pod's update can change where it fits: its spec or labels changed
-/// (its status, which the scheduler itself writes, does not count).
-pub(super) fn pod_changed(old: &Value, new: &Value) -> bool {
-    old.get("spec") != new.get("spec")
+/// Whether an update of parked pod `p` itself brings it back. Its spec or labels changing may
+/// make it fit. Any other update, its status included, is kube-scheduler's generic Pod
+/// update: only the `Extender` pseudo-plugin (registered for every event) takes that, so a
+/// pod an extender refused comes back once after the scheduler's own `PodScheduled` write.
+pub(super) fn own_update_requeues(p: &Parked, old: &Value, new: &Value) -> bool {
+    p.plugins.contains(&Plugin::Extender)
+        || old.get("spec") != new.get("spec")
         || old.pointer("/metadata/labels") != new.pointer("/metadata/labels")
 }
 
@@ -357,7 +360,7 @@ mod tests {
     }
 
     #[test]
-    fn what_a_pod_update_frees_and_whether_an_unscheduled_pod_changed() {
+    fn what_a_pod_update_frees_and_which_updates_of_a_parked_pod_bring_it_back() {
         let req = |spec: Value| Requests::of(&serde_json::from_value(spec).unwrap(), &[]);
         let before = req(json!({"containers": [{"name": "c",
             "resources": {"requests": {"cpu": "2", "memory": "1Gi"}}}]}));
@@ -369,9 +372,12 @@ mod tests {
             "status": {"phase": "Pending"}});
         let mut status_only = pod.clone();
         status_only["status"]["conditions"] = json!([{"type": "PodScheduled"}]);
-        assert!(!pod_changed(&pod, &status_only));
         let mut relabelled = pod.clone();
         relabelled["metadata"]["labels"]["a"] = json!("2");
-        assert!(pod_changed(&pod, &relabelled));
+        let short = parked(&[Plugin::NodeResourcesFit], asking("1"));
+        assert!(!own_update_requeues(&short, &pod, &status_only));
+        assert!(own_update_requeues(&short, &pod, &relabelled));
+        let refused = parked(&[Plugin::Extender], asking("1"));
+        assert!(own_update_requeues(&refused, &pod, &status_only));
     }
 }

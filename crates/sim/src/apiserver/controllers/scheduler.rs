@@ -913,8 +913,12 @@ impl Scheduler {
                     Some(Change::AssignedPodUpdated { freed })
                 }
                 (false, false) => {
-                    // The parked pod itself: a change of its spec or labels brings it back.
-                    if prev.is_some_and(|old| requeue::pod_changed(old, new)) {
+                    // The parked pod itself.
+                    let back = match (self.parked.get(&e.key), prev) {
+                        (Some((_, p)), Some(old)) => requeue::own_update_requeues(p, old, new),
+                        _ => false,
+                    };
+                    if back {
                         self.parked.remove(&e.key);
                     }
                     None
