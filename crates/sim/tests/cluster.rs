@@ -477,14 +477,9 @@ async fn cluster_with_extender(prioritize: bool) -> (TestEnv, Arc<ExtenderSeen>,
             url_prefix,
             filter_verb: Some("filter".into()),
             prioritize_verb: prioritize.then(|| "prioritize".into()),
-            bind_verb: None,
             weight: 5,
             node_cache_capable: true,
-            ignorable: false,
-            ca_pem: None,
-            client_cert_pem: None,
-            client_key_pem: None,
-            managed_resources: Vec::new(),
+            ..SchedulerExtender::default()
         }])
         .await
         .unwrap();
@@ -733,16 +728,10 @@ async fn bind_extender(
     cluster
         .set_scheduler_extenders(vec![SchedulerExtender {
             url_prefix: format!("http://{addr}/scheduler"),
-            filter_verb: None,
-            prioritize_verb: None,
             bind_verb: Some("bind".into()),
             weight: 1,
             node_cache_capable: true,
-            ignorable: false,
-            ca_pem: None,
-            client_cert_pem: None,
-            client_key_pem: None,
-            managed_resources: Vec::new(),
+            ..SchedulerExtender::default()
         }])
         .await
         .unwrap();
