@@ -551,6 +551,18 @@ impl Verdict {
     pub fn fits(&self) -> bool {
         matches!(self, Self::Fits { .. })
     }
+
+    /// A refusal's reason, and whether it is unresolvable; `None` when it fits.
+    pub fn refusal(&self) -> Option<(&str, bool)> {
+        match self {
+            Self::Fits { .. } => None,
+            Self::Fails {
+                reason,
+                unresolvable,
+            } => Some((reason, *unresolvable)),
+            Self::Unsure { reason } => Some((reason, false)),
+        }
+    }
 }
 
 /// The longest error [`retry_error`] writes (kube-scheduler puts it in the pod's condition).

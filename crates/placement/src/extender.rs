@@ -315,21 +315,16 @@ impl Extender {
         for (node, verdict) in args.nodes.iter().zip(verdicts) {
             tracing::debug!(pod = %pod_name, node = %node.name, ?verb, ?verdict, "extender decision");
             match (verb, verdict) {
-                (Verb::Filter, None | Some(Verdict::Fits { .. })) => kept.push(node),
-                (Verb::Filter, Some(verdict)) => {
-                    let (target, reason) = match &verdict {
-                        Verdict::Fails {
-                            reason,
-                            unresolvable: true,
-                        } => (&mut unresolvable, reason),
-                        Verdict::Fails { reason, .. } | Verdict::Unsure { reason } => {
-                            (&mut failed, reason)
+                (Verb::Filter, verdict) => match verdict.as_ref().and_then(Verdict::refusal) {
+                    None => kept.push(node),
+                    Some((reason, u)) => {
+                        let target = if u { &mut unresolvable } else { &mut failed };
+                        target.insert(node.name.clone(), Value::String(reason.to_owned()));
+                        if let Some(verdict) = verdict {
+                            refused.push((node.name.as_str(), verdict));
                         }
-                        Verdict::Fits { .. } => continue,
-                    };
-                    target.insert(node.name.clone(), Value::String(reason.clone()));
-                    refused.push((node.name.as_str(), verdict));
-                }
+                    }
+                },
                 (Verb::Prioritize, Some(Verdict::Fits { score, .. })) => {
                     scores.push(json!({"host": node.name, "score": score}));
                 }

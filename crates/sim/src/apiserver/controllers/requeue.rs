@@ -164,6 +164,61 @@ pub(super) fn node_properties_changed(old: &Value, new: &Value) -> bool {
         || conditions(old) != conditions(new)
 }
 
+/// What a pod event is to the parked pods.
+// A value returned and matched at once, never stored: its size costs nothing.
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug)]
+pub(super) enum PodEvent {
+    /// A change of the pods bound to nodes, as kube-scheduler's informer of them shows it.
+    Change(Change),
+    /// An update of an unscheduled pod (see [`own_update_requeues`]).
+    Own,
+    /// Nothing to them (an unscheduled pod created or deleted).
+    Nothing,
+}
+
+/// Classifies a pod event (`deleted`, or the pod before, if any, and after). kube-scheduler
+/// watches bound pods that have not ended: one that ends leaves its view, as a deletion.
+pub(super) fn pod_event(deleted: bool, prev: Option<&Value>, new: &Value) -> PodEvent {
+    let visible = |v: &Value| {
+        v.pointer("/spec/nodeName")
+            .and_then(Value::as_str)
+            .is_some_and(|n| !n.is_empty())
+            && !matches!(
+                v.pointer("/status/phase").and_then(Value::as_str),
+                Some("Succeeded" | "Failed")
+            )
+    };
+    if deleted {
+        return if visible(new) {
+            PodEvent::Change(Change::AssignedPodDeleted)
+        } else {
+            PodEvent::Nothing
+        };
+    }
+    match (prev, prev.is_some_and(visible), visible(new)) {
+        (_, false, true) => PodEvent::Change(Change::AssignedPodAdded),
+        (_, true, false) => PodEvent::Change(Change::AssignedPodDeleted),
+        (Some(old), true, true) => {
+            // Requests only change with the spec: most updates are status.
+            let freed = if old.get("spec") == new.get("spec") {
+                BTreeSet::new()
+            } else {
+                let requests = |v: &Value| {
+                    v.get("spec")
+                        .and_then(|s| serde_json::from_value::<PodSpec>(s.clone()).ok())
+                        .map(|s| Requests::of(&s, &[]))
+                        .unwrap_or_default()
+                };
+                freed(&requests(old), &requests(new))
+            };
+            PodEvent::Change(Change::AssignedPodUpdated { freed })
+        }
+        (Some(_), false, false) => PodEvent::Own,
+        (None, ..) => PodEvent::Nothing,
+    }
+}
+
 /// The resources whose request a bound pod's update lowered (or dropped).
 pub(super) fn freed(old: &Requests, new: &Requests) -> BTreeSet<String> {
     old.amounts
@@ -328,6 +383,50 @@ mod tests {
             asking("1"),
         );
         assert!(worth_requeuing(&both, &Change::AssignedPodDeleted));
+    }
+
+    #[test]
+    fn pod_events_are_told_as_kube_schedulers_informer_of_bound_pods_shows_them() {
+        let pod = |node: &str, phase: &str, cpu: &str| {
+            json!({"spec": {"nodeName": node, "containers": [{"name": "c",
+                "resources": {"requests": {"cpu": cpu}}}]}, "status": {"phase": phase}})
+        };
+        let pending = pod("", "Pending", "1");
+        let bound = pod("n1", "Pending", "1");
+        let running = pod("n1", "Running", "1");
+        let is = |e: PodEvent| format!("{e:?}");
+        assert_eq!(is(pod_event(false, None, &pending)), "Nothing");
+        assert_eq!(is(pod_event(false, Some(&pending), &pending)), "Own");
+        assert_eq!(is(pod_event(true, None, &pending)), "Nothing");
+        assert_eq!(
+            is(pod_event(false, Some(&pending), &bound)),
+            "Change(AssignedPodAdded)"
+        );
+        assert_eq!(
+            is(pod_event(false, Some(&bound), &running)),
+            "Change(AssignedPodUpdated { freed: {} })"
+        );
+        assert_eq!(
+            is(pod_event(
+                false,
+                Some(&running),
+                &pod("n1", "Running", "500m")
+            )),
+            "Change(AssignedPodUpdated { freed: {\"cpu\"} })"
+        );
+        // Ending leaves the informer's view: a deletion.
+        assert_eq!(
+            is(pod_event(
+                false,
+                Some(&running),
+                &pod("n1", "Succeeded", "1")
+            )),
+            "Change(AssignedPodDeleted)"
+        );
+        assert_eq!(
+            is(pod_event(true, None, &running)),
+            "Change(AssignedPodDeleted)"
+        );
     }
 
     #[test]

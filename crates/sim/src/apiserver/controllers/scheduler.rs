@@ -334,7 +334,8 @@ impl Scheduler {
                     self.failed(&key);
                     if !plugins.is_empty() {
                         let spec = pod.spec.unwrap_or_default();
-                        let requests = Requests::of(&spec, &ignored_resources(state));
+                        let requests =
+                            Requests::of(&spec, &ignored_resources(&state.scheduler_extenders()));
                         let parked = Parked {
                             plugins,
                             spec,
@@ -407,7 +408,7 @@ impl Scheduler {
             None
         };
         let all_extenders = state.scheduler_extenders();
-        let ignored = ignored_resources(state);
+        let ignored = ignored_resources(&all_extenders);
         let Feasible {
             mut candidates,
             total,
@@ -527,10 +528,9 @@ impl Refusal {
     }
 }
 
-/// The resources extenders manage, which the scheduler leaves to them (`ignoredByScheduler`).
-fn ignored_resources(state: &State) -> Vec<String> {
-    state
-        .scheduler_extenders()
+/// The resources `extenders` manage, which the scheduler leaves to them (`ignoredByScheduler`).
+fn ignored_resources(extenders: &[super::SchedulerExtender]) -> Vec<String> {
+    extenders
         .iter()
         .flat_map(|e| e.managed_resources.iter().cloned())
         .collect()
@@ -884,46 +884,19 @@ impl Scheduler {
             }
             return;
         }
-        // kube-scheduler watches bound pods that have not ended: one that ends leaves its view.
-        let visible = |v: &Value| {
-            !unbound(v)
-                && !matches!(
-                    v.pointer("/status/phase").and_then(Value::as_str),
-                    Some("Succeeded" | "Failed")
-                )
-        };
-        let was = prev.is_some_and(visible);
-        let change = match e.kind {
-            EventType::Deleted => visible(new).then_some(Change::AssignedPodDeleted),
-            _ => match (was, visible(new)) {
-                (false, true) => Some(Change::AssignedPodAdded),
-                (true, false) => Some(Change::AssignedPodDeleted),
-                (true, true) => {
-                    let spec_changed = prev.and_then(|p| p.get("spec")) != new.get("spec");
-                    let requests = |v: &Value| {
-                        v.get("spec")
-                            .and_then(|s| serde_json::from_value(s.clone()).ok())
-                            .map(|s| Requests::of(&s, &[]))
-                            .unwrap_or_default()
-                    };
-                    let freed = match prev {
-                        Some(old) if spec_changed => requeue::freed(&requests(old), &requests(new)),
-                        _ => BTreeSet::new(),
-                    };
-                    Some(Change::AssignedPodUpdated { freed })
+        let change = match requeue::pod_event(e.kind == EventType::Deleted, prev, new) {
+            requeue::PodEvent::Change(change) => Some(change),
+            requeue::PodEvent::Own => {
+                let back = match (self.parked.get(&e.key), prev) {
+                    (Some((_, p)), Some(old)) => requeue::own_update_requeues(p, old, new),
+                    _ => false,
+                };
+                if back {
+                    self.parked.remove(&e.key);
                 }
-                (false, false) => {
-                    // The parked pod itself.
-                    let back = match (self.parked.get(&e.key), prev) {
-                        (Some((_, p)), Some(old)) => requeue::own_update_requeues(p, old, new),
-                        _ => false,
-                    };
-                    if back {
-                        self.parked.remove(&e.key);
-                    }
-                    None
-                }
-            },
+                None
+            }
+            requeue::PodEvent::Nothing => None,
         };
         if let Some(change) = change {
             self.requeue(&change);
