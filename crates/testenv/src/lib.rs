@@ -9,6 +9,8 @@ pub mod errors;
 pub mod faults;
 pub mod provisioner;
 pub mod real;
+pub mod real_node;
+pub mod registry;
 pub mod testhost;
 
 use std::path::{Path, PathBuf};
@@ -69,6 +71,32 @@ pub enum TestEnvError {
         #[source]
         source: real::RealError,
     },
+    /// Real nodes were asked of a simulated cluster.
+    #[error(
+        "cluster {cluster}: real nodes need real control planes (set TENSILE_K8S_BIN to the folder scripts/k8s-bin prints)"
+    )]
+    RealNodesNeedRealControlPlanes {
+        /// Which cluster.
+        cluster: String,
+    },
+    /// A real node did not start.
+    #[error("cluster {cluster}: {source}")]
+    RealNode {
+        /// Which cluster.
+        cluster: String,
+        /// Why.
+        #[source]
+        source: real_node::RealNodeError,
+    },
+    /// Cluster DNS could not be installed.
+    #[error("cluster {cluster}: installing CoreDNS: {source}")]
+    ClusterDns {
+        /// Which cluster.
+        cluster: String,
+        /// Why.
+        #[source]
+        source: kube::Error,
+    },
     /// A kubeconfig could not be read or written.
     #[error("writing kubeconfig {path}: {source}")]
     Kubeconfig {
@@ -125,6 +153,11 @@ pub struct ClusterSpec {
     /// The life of the certificates a real kube-controller-manager signs for certificate
     /// requests (its default, a year, when unset); the simulator signs none.
     pub certificate_duration: Option<std::time::Duration>,
+    /// Real nodes (kubelet, containerd, runc, kube-proxy; see [`real_node`]) besides the
+    /// simulated ones, named `<cluster>-real-<i>`, with CoreDNS installed as cluster DNS. Real
+    /// control planes only: on the simulator, asking for one is an error
+    /// ([`TestEnvError::RealNodesNeedRealControlPlanes`]).
+    pub real_nodes: usize,
 }
 
 impl ClusterSpec {
@@ -145,6 +178,15 @@ impl ClusterSpec {
             kubelet,
             name,
             certificate_duration: None,
+            real_nodes: 0,
+        }
+    }
+
+    /// A cluster whose only nodes are `n` real ones (see [`ClusterSpec::real_nodes`]).
+    pub fn with_real_nodes(name: impl Into<String>, n: usize) -> Self {
+        Self {
+            real_nodes: n,
+            ..Self::new(name, 0)
         }
     }
 }
@@ -160,8 +202,9 @@ pub struct TestCluster {
     /// The same as one kubeconfig entry (through the TCP fault proxy).
     entry: tensile_sim::apiserver::KubeconfigEntry,
     // Fields drop in this order: what talks to the API server (the simulated nodes, the
-    // provisioner) stops before the server does.
+    // real ones, the provisioner) stops before the server does.
     kubelet: Option<SimKubelet>,
+    real_nodes: Vec<real_node::RealNode>,
     /// Stops the harness's volume provisioner of a real cluster when dropped.
     _provisioner: Option<tokio_util::sync::DropGuard>,
     faults: faults::FaultProxy,
@@ -393,6 +436,11 @@ impl TestCluster {
         }
     }
 
+    /// The real nodes of this cluster ([`ClusterSpec::real_nodes`]).
+    pub fn real_nodes(&self) -> &[real_node::RealNode] {
+        &self.real_nodes
+    }
+
     /// Stops the simulated nodes (their leases expire; nothing looks after their pods).
     pub fn stop_nodes(&mut self) {
         if let Some(k) = self.kubelet.take() {
@@ -488,7 +536,10 @@ impl TestEnv {
                         // is a scheduler client limit.
                         node_grace: (node_grace != default_grace).then_some(node_grace),
                         signing_duration: spec.certificate_duration,
-                        api_listen: None,
+                        // Real nodes live in network namespaces of their own, which reach the
+                        // host at the test host's address, not at its loopback.
+                        api_listen: (spec.real_nodes > 0)
+                            .then(|| std::net::SocketAddr::new(address.into(), 0)),
                         scheduler_client: (client != default_client).then_some(client),
                     };
                     let real = real::start_with(bin, &env.dir, &cluster, &options)
@@ -526,6 +577,41 @@ impl TestEnv {
             let client = tensile_sim::apiserver::client_from_kubeconfig(&text)
                 .await
                 .map_err(client_error)?;
+            let real_nodes = match (&backend, spec.real_nodes) {
+                (_, 0) => Vec::new(),
+                (Backend::Sim(_), _) => {
+                    return Err(TestEnvError::RealNodesNeedRealControlPlanes { cluster });
+                }
+                (Backend::Real(r), n) => {
+                    let bin = bins.as_deref().unwrap_or(Path::new("."));
+                    let mut nodes = Vec::with_capacity(n);
+                    for i in 1..=n {
+                        let name = format!("{cluster}-real-{i}");
+                        let node = real_node::start(real_node::NodeConfig {
+                            bin,
+                            parent: &r.dir,
+                            name: &name,
+                            api: r.api_addr,
+                            ca: &r.ca,
+                        })
+                        .await
+                        .map_err(|source| TestEnvError::RealNode {
+                            cluster: cluster.clone(),
+                            source,
+                        })?;
+                        nodes.push(node);
+                    }
+                    let names: Vec<String> = nodes.iter().map(|n| n.name.clone()).collect();
+                    schedulable(&direct, &cluster, &names).await?;
+                    real_node::install_cluster_dns(&direct)
+                        .await
+                        .map_err(|source| TestEnvError::ClusterDns {
+                            cluster: cluster.clone(),
+                            source,
+                        })?;
+                    nodes
+                }
+            };
             let kubelet = match spec.kubelet.take() {
                 Some(mut k) => {
                     k.address = Some(address);
@@ -544,7 +630,8 @@ impl TestEnv {
             // A real cluster with nodes gets the provisioner an ordinary cluster has (the
             // simulator provisions by itself).
             let provisioner =
-                (matches!(backend, Backend::Real(_)) && kubelet.is_some()).then(|| {
+                (matches!(backend, Backend::Real(_)) && (kubelet.is_some() || !real_nodes.is_empty()))
+                    .then(|| {
                     let stop = tokio_util::sync::CancellationToken::new();
                     provisioner::start(direct.clone(), stop.clone());
                     stop.drop_guard()
@@ -556,6 +643,7 @@ impl TestEnv {
                 entry,
                 backend,
                 kubelet,
+                real_nodes,
                 faults,
                 _provisioner: provisioner,
             });
@@ -571,6 +659,9 @@ impl TestEnv {
 
 impl Drop for TestEnv {
     fn drop(&mut self) {
+        // The clusters first: a real node's folder holds mounts (its containers' root file
+        // systems, their volumes) that must be gone before any file under it is removed.
+        self.clusters.clear();
         // A failing test keeps the files (a real cluster's logs live here too).
         if !std::thread::panicking() && !self.keep_files {
             let _ = std::fs::remove_dir_all(&self.dir);

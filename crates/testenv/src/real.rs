@@ -263,7 +263,7 @@ pub async fn start_with(
             api_ip.to_string(),
             "127.0.0.1".into(),
             "localhost".into(),
-            "10.96.0.1".into(),
+            crate::real_node::KUBERNETES_SERVICE.to_string(),
             "kubernetes".into(),
             "kubernetes.default".into(),
             "kubernetes.default.svc".into(),
@@ -384,7 +384,7 @@ pub async fn start_with(
                 format!("--service-account-key-file={}", s(&sa_pub)),
                 format!("--service-account-signing-key-file={}", s(&sa_key)),
                 "--service-account-issuer=https://kubernetes.default.svc".into(),
-                "--service-cluster-ip-range=10.96.0.0/16".into(),
+                format!("--service-cluster-ip-range={}", crate::real_node::SERVICE_RANGE),
                 "--authorization-mode=Node,RBAC".into(),
                 // As kubeadm: kubelets (and virtual nodes) may change only their own Node,
                 // Lease and pods.
