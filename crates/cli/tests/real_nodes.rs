@@ -40,8 +40,14 @@ fn virtual_node(env: &TestEnv, i: usize) -> (Killed, PathBuf) {
     let child = Command::new(env!("CARGO_BIN_EXE_tensile"))
         .args(["virtual-node", "--disable-taint"])
         .arg(format!("--nodename={name}"))
-        .arg(format!("--kubeconfig={}", env.clusters[0].kubeconfig.display()))
-        .arg(format!("--client-kubeconfig={}", lower.kubeconfig.display()))
+        .arg(format!(
+            "--kubeconfig={}",
+            env.clusters[0].kubeconfig.display()
+        ))
+        .arg(format!(
+            "--client-kubeconfig={}",
+            lower.kubeconfig.display()
+        ))
         .arg(format!("--kubelet-address={address}"))
         .env("KUBELET_PORT", port.to_string())
         .env("VKUBELET_POD_IP", address.to_string())
@@ -79,7 +85,11 @@ fn apply(kubeconfig: &Path, manifest: &serde_json::Value) {
 }
 
 fn jsonpath(kubeconfig: &Path, what: &str, path: &str) -> String {
-    kubectl(kubeconfig, &["get", what, "-o", &format!("jsonpath={path}")]).1
+    kubectl(
+        kubeconfig,
+        &["get", what, "-o", &format!("jsonpath={path}")],
+    )
+    .1
 }
 
 fn running(kubeconfig: &Path, pod: &str) -> bool {
@@ -140,6 +150,46 @@ fn http_through_port_forward(upper: &Path, pod: &str, env: &[(&str, &str)]) -> S
     let mut got = String::new();
     s.read_to_string(&mut got).unwrap();
     got
+}
+
+/// `kubectl attach -i POD`: a line written to its stdin comes back from the container (which
+/// answers `got <line>`), read while stdin is still open.
+fn attach_round_trip(kubeconfig: &Path, pod: &str, env: &[(&str, &str)]) {
+    let mut child = Killed(
+        Command::new("kubectl")
+            .arg("--kubeconfig")
+            .arg(kubeconfig)
+            .args(["attach", "-i", pod])
+            .envs(env.iter().copied())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let mut stdin = child.0.stdin.take().unwrap();
+    let line = format!("hello {}", env.len());
+    stdin.write_all(format!("{line}\n").as_bytes()).unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let mut stdout = child.0.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        let mut buf = [0u8; 256];
+        while let Ok(n) = stdout.read(&mut buf) {
+            if n == 0 || tx.send(buf[..n].to_vec()).is_err() {
+                return;
+            }
+        }
+    });
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let mut seen = String::new();
+    while !seen.contains(&format!("got {line}")) {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        match rx.recv_timeout(left) {
+            Ok(bytes) => seen.push_str(&String::from_utf8_lossy(&bytes)),
+            Err(_) => panic!("attach {env:?}: no answer to {line:?}; saw {seen:?}"),
+        }
+    }
+    drop(stdin);
 }
 
 #[test]
@@ -276,7 +326,10 @@ fn real_containers_run_through_the_virtual_node_and_kubectl_reaches_them() {
     assert!(web_ip.starts_with(prefix), "upper pod IP {web_ip}");
 
     // exec over WebSocket (kubectl's default) and over SPDY.
-    for env in [&[][..], &[("KUBECTL_REMOTE_COMMAND_WEBSOCKETS", "false")][..]] {
+    for env in [
+        &[][..],
+        &[("KUBECTL_REMOTE_COMMAND_WEBSOCKETS", "false")][..],
+    ] {
         let (ok, out, err) = kubectl_env(&upper, env, &["exec", "web", "--", "hostname"], b"");
         assert!(ok && out == "web\n", "exec {env:?}: {out}{err}\n{}", logs());
         let (ok, out, err) = kubectl_env(
@@ -285,7 +338,10 @@ fn real_containers_run_through_the_virtual_node_and_kubectl_reaches_them() {
             &["exec", "-i", "web", "--", "cat"],
             b"through stdin\n",
         );
-        assert!(ok && out == "through stdin\n", "exec -i {env:?}: {out}{err}");
+        assert!(
+            ok && out == "through stdin\n",
+            "exec -i {env:?}: {out}{err}"
+        );
         let (ok, out, err) = kubectl_env(
             &upper,
             env,
@@ -306,24 +362,41 @@ fn real_containers_run_through_the_virtual_node_and_kubectl_reaches_them() {
         );
     }
     // attach: what is written to the container's stdin comes back on its stdout.
-    let (_, out, err) = kubectl_env(&upper, &[], &["attach", "-i", "talker"], b"hello\n");
-    assert!(out.contains("got hello"), "attach: {out}{err}");
+    // kubectl ends an attach when its stdin ends, so stdin stays open until the answer came.
+    for env in [
+        &[][..],
+        &[("KUBECTL_REMOTE_COMMAND_WEBSOCKETS", "false")][..],
+    ] {
+        attach_round_trip(&upper, "talker", env);
+    }
 
     // The ConfigMap volume follows an update upstairs, in place.
     let cat = || {
-        kubectl(&upper, &["exec", "web", "--", "cat", "/etc/config/greeting"]).1
+        kubectl(
+            &upper,
+            &["exec", "web", "--", "cat", "/etc/config/greeting"],
+        )
+        .1
     };
     assert_eq!(cat(), "v1");
     assert!(
         kubectl(
             &upper,
-            &["patch", "configmap", "greeting", "-p", r#"{"data":{"greeting":"v2"}}"#]
+            &[
+                "patch",
+                "configmap",
+                "greeting",
+                "-p",
+                r#"{"data":{"greeting":"v2"}}"#
+            ]
         )
         .0
     );
-    until_within(WAIT, "the ConfigMap update in the running container", || {
-        cat() == "v2"
-    });
+    until_within(
+        WAIT,
+        "the ConfigMap update in the running container",
+        || cat() == "v2",
+    );
 
     // The token on disk is one the upper cluster issued for the upper pod, and accepted there.
     let (ok, token, err) = kubectl(
@@ -337,9 +410,20 @@ fn real_containers_run_through_the_virtual_node_and_kubectl_reaches_them() {
         ],
     );
     assert!(ok && !token.is_empty(), "{err}");
+    let as_pod = env.dir().join("as-pod.kubeconfig");
+    std::fs::write(
+        &as_pod,
+        env.clusters[0].kubeconfig_with(None, Some(token.trim().to_owned())),
+    )
+    .unwrap();
     let (ok, out, err) = kubectl(
-        &upper,
-        &["--token", token.trim(), "auth", "whoami", "-o", "jsonpath={.status.userInfo.username}"],
+        &as_pod,
+        &[
+            "auth",
+            "whoami",
+            "-o",
+            "jsonpath={.status.userInfo.username}",
+        ],
     );
     assert!(
         ok && out == "system:serviceaccount:default:default",
@@ -349,12 +433,19 @@ fn real_containers_run_through_the_virtual_node_and_kubectl_reaches_them() {
     // The liveness probe restarted the container: the count and the last state upstairs,
     // and the previous run's log.
     until_within(WAIT, "probed restarted by its liveness probe", || {
-        jsonpath(&upper, "pod/probed", "{.status.containerStatuses[0].restartCount}")
-            .parse::<u32>()
-            .is_ok_and(|n| n >= 1)
+        jsonpath(
+            &upper,
+            "pod/probed",
+            "{.status.containerStatuses[0].restartCount}",
+        )
+        .parse::<u32>()
+        .is_ok_and(|n| n >= 1)
     });
     let (ok, previous, err) = kubectl(&upper, &["logs", "probed", "--previous"]);
-    assert!(ok && previous.starts_with("run at "), "--previous: {previous}{err}");
+    assert!(
+        ok && previous.starts_with("run at "),
+        "--previous: {previous}{err}"
+    );
     let (ok, current, err) = kubectl(&upper, &["logs", "probed"]);
     assert!(ok && current.starts_with("run at "), "{current}{err}");
     assert_ne!(
@@ -393,27 +484,37 @@ fn real_containers_run_through_the_virtual_node_and_kubectl_reaches_them() {
     assert!(
         kubectl(
             &upper,
-            &["delete", "pod", "graceful", "--grace-period=40", "--wait=false"]
+            &[
+                "delete",
+                "pod",
+                "graceful",
+                "--grace-period=40",
+                "--wait=false"
+            ]
         )
         .0
     );
-    until_within(WAIT, "the lower pod terminating with the upper grace", || {
-        kubectl(
-            &lower,
-            &[
-                "get",
-                "pods",
-                "-A",
-                "-l",
-                "tensile-kube.io/owner=vk-lower",
-                "-o",
-                "jsonpath={.items[*].metadata.deletionGracePeriodSeconds}",
-            ],
-        )
-        .1
-        .split_whitespace()
-        .any(|g| g == "40")
-    });
+    until_within(
+        WAIT,
+        "the lower pod terminating with the upper grace",
+        || {
+            kubectl(
+                &lower,
+                &[
+                    "get",
+                    "pods",
+                    "-A",
+                    "-l",
+                    "tensile-kube.io/owner=vk-lower",
+                    "-o",
+                    "jsonpath={.items[*].metadata.deletionGracePeriodSeconds}",
+                ],
+            )
+            .1
+            .split_whitespace()
+            .any(|g| g == "40")
+        },
+    );
     until_within(WAIT, "graceful gone upstairs", || {
         !kubectl(&upper, &["get", "pod", "graceful"]).0
     });
@@ -499,14 +600,27 @@ fn a_pod_in_one_lower_cluster_reaches_a_service_whose_backend_runs_in_another() 
         until_within(WAIT, &format!("{pod} Running"), || running(&upper, pod));
     }
     let backend_ip = jsonpath(&upper, "pod/backend", "{.status.podIP}");
-    let b_range = env.clusters[2].real_nodes()[0].pod_cidr.trim_end_matches("0/24").to_owned();
+    let b_range = env.clusters[2].real_nodes()[0]
+        .pod_cidr
+        .trim_end_matches("0/24")
+        .to_owned();
     assert!(backend_ip.starts_with(&b_range), "{backend_ip}");
     // By pod IP: the flat network between the two lower clusters.
     let (ok, page, err) = kubectl(
         &upper,
-        &["exec", "client", "--", "wget", "-qO-", "-T", "10", &format!("http://{backend_ip}/")],
+        &[
+            "exec",
+            "client",
+            "--",
+            "timeout",
+            "10",
+            "wget",
+            "-qO-",
+            &format!("http://{backend_ip}/"),
+        ],
     );
     assert!(ok && page.contains("nginx"), "by pod IP: {page}{err}");
+    // (Not `wget -T`: the busybox-static of Debian 12 crashes on it; docs/conformance.md.)
     // By Service name: lower-a's CoreDNS resolves the Service mirrored into it, and its
     // kube-proxy sends the connection to the backend in lower-b.
     until_within(WAIT, "the Service by name from the other cluster", || {
@@ -516,10 +630,10 @@ fn a_pod_in_one_lower_cluster_reaches_a_service_whose_backend_runs_in_another() 
                 "exec",
                 "client",
                 "--",
+                "timeout",
+                "5",
                 "wget",
                 "-qO-",
-                "-T",
-                "5",
                 "http://backend.default.svc.cluster.local/",
             ],
         );

@@ -629,13 +629,13 @@ impl TestEnv {
             };
             // A real cluster with nodes gets the provisioner an ordinary cluster has (the
             // simulator provisions by itself).
-            let provisioner =
-                (matches!(backend, Backend::Real(_)) && (kubelet.is_some() || !real_nodes.is_empty()))
-                    .then(|| {
-                    let stop = tokio_util::sync::CancellationToken::new();
-                    provisioner::start(direct.clone(), stop.clone());
-                    stop.drop_guard()
-                });
+            let provisioner = (matches!(backend, Backend::Real(_))
+                && (kubelet.is_some() || !real_nodes.is_empty()))
+            .then(|| {
+                let stop = tokio_util::sync::CancellationToken::new();
+                provisioner::start(direct.clone(), stop.clone());
+                stop.drop_guard()
+            });
             env.clusters.push(TestCluster {
                 name: cluster,
                 client,

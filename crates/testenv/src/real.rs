@@ -384,7 +384,10 @@ pub async fn start_with(
                 format!("--service-account-key-file={}", s(&sa_pub)),
                 format!("--service-account-signing-key-file={}", s(&sa_key)),
                 "--service-account-issuer=https://kubernetes.default.svc".into(),
-                format!("--service-cluster-ip-range={}", crate::real_node::SERVICE_RANGE),
+                format!(
+                    "--service-cluster-ip-range={}",
+                    crate::real_node::SERVICE_RANGE
+                ),
                 "--authorization-mode=Node,RBAC".into(),
                 // As kubeadm: kubelets (and virtual nodes) may change only their own Node,
                 // Lease and pods.

@@ -186,7 +186,11 @@ pub async fn start(config: NodeConfig<'_>) -> Result<RealNode, RealNodeError> {
     let (slot, lock) = take_slot(&node)?;
     let dir = config.parent.join(config.name);
     // Recorded for whoever finds the slot left behind by a killed process.
-    write_file(&node, &Path::new(SLOTS).join(format!("{slot}.dir")), &dir.display().to_string())?;
+    write_file(
+        &node,
+        &Path::new(SLOTS).join(format!("{slot}.dir")),
+        &dir.display().to_string(),
+    )?;
     let address = Ipv4Addr::new(198, 18, slot, 1);
     let mut started = RealNode {
         name: node.clone(),
@@ -299,9 +303,8 @@ fn check_root() -> Result<(), RealNodeError> {
 }
 
 fn on_path(program: &str) -> bool {
-    std::env::var_os("PATH").is_some_and(|paths| {
-        std::env::split_paths(&paths).any(|dir| dir.join(program).is_file())
-    })
+    std::env::var_os("PATH")
+        .is_some_and(|paths| std::env::split_paths(&paths).any(|dir| dir.join(program).is_file()))
 }
 
 fn preflight(config: &NodeConfig<'_>) -> Result<(), RealNodeError> {
@@ -445,7 +448,15 @@ fn network(node: &str, slot: u8) -> Result<(), RealNodeError> {
     ip(&["-n", &ns, "link", "set", "lo", "up"])?;
     ip(&["-n", &ns, "link", "set", "eth0", "up"])?;
     ip(&["-n", &ns, "link", "add", "cni0", "type", "bridge"])?;
-    ip(&["-n", &ns, "addr", "add", &format!("{address}/24"), "dev", "cni0"])?;
+    ip(&[
+        "-n",
+        &ns,
+        "addr",
+        "add",
+        &format!("{address}/24"),
+        "dev",
+        "cni0",
+    ])?;
     ip(&["-n", &ns, "link", "set", "cni0", "up"])?;
     let gateway = testhost_peer();
     ip(&[
@@ -459,7 +470,14 @@ fn network(node: &str, slot: u8) -> Result<(), RealNodeError> {
     run(
         node,
         "ip",
-        &["netns", "exec", fabric, "sysctl", "-qw", "net.ipv4.ip_forward=1"],
+        &[
+            "netns",
+            "exec",
+            fabric,
+            "sysctl",
+            "-qw",
+            "net.ipv4.ip_forward=1",
+        ],
     )?;
     run(
         node,
@@ -849,7 +867,11 @@ fn node_pids(slot: u8) -> Vec<String> {
         .stderr(Stdio::null())
         .output()
     {
-        pids.extend(String::from_utf8_lossy(&out.stdout).lines().map(str::to_owned));
+        pids.extend(
+            String::from_utf8_lossy(&out.stdout)
+                .lines()
+                .map(str::to_owned),
+        );
     }
     pids.sort();
     pids.dedup();

@@ -38,7 +38,10 @@ async fn a_real_node_runs_a_container_with_cluster_dns_and_leaves_nothing_behind
         .then_some(status.pod_ip?)
     })
     .await;
-    assert!(ip.starts_with(&pod_range), "pod IP {ip} outside {pod_range}0/24");
+    assert!(
+        ip.starts_with(&pod_range),
+        "pod IP {ip} outside {pod_range}0/24"
+    );
     let logs = pods.logs("box", &Default::default()).await.unwrap();
     assert_eq!(logs, "hello from a real container\n");
     // Cluster DNS: the pod's resolver is CoreDNS behind kube-dns, which knows the API's Service.
@@ -70,7 +73,9 @@ async fn a_real_node_runs_a_container_with_cluster_dns_and_leaves_nothing_behind
         .unwrap();
     let netns_list = String::from_utf8_lossy(&netns_list.stdout);
     assert!(
-        !netns_list.lines().any(|l| l.split_whitespace().next() == Some(netns.as_str())),
+        !netns_list
+            .lines()
+            .any(|l| l.split_whitespace().next() == Some(netns.as_str())),
         "{netns} left: {netns_list}"
     );
     let slot = netns.trim_start_matches("tensile-node-");
@@ -78,7 +83,11 @@ async fn a_real_node_runs_a_container_with_cluster_dns_and_leaves_nothing_behind
         .args(["route", "show", &format!("198.18.{slot}.0/24")])
         .output()
         .unwrap();
-    assert!(routes.stdout.is_empty(), "{}", String::from_utf8_lossy(&routes.stdout));
+    assert!(
+        routes.stdout.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&routes.stdout)
+    );
     let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
     assert!(
         !mounts.contains(&dir.display().to_string()),
