@@ -454,6 +454,7 @@ async fn run_mode(mode: &str, args: &FragmentationArgs) -> anyhow::Result<Outcom
             // Their memory and CPU are reported apart from the clusters'.
             virtual_node_binary: Some(binary),
             scheduler_qps: args.scheduler_qps,
+            real_nodes: false,
         },
         &|_| {},
     )

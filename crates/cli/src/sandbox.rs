@@ -85,6 +85,10 @@ pub struct SandboxSpec {
     /// the extender's (`--kube-api-qps`) when it runs as its own process ([`ExtenderRun::Process`],
     /// the benchmarks'), which binds for it; None: their defaults, 50 and 100.
     pub scheduler_qps: Option<u32>,
+    /// With `k8s_bin`: each lower cluster has one real node (kubelet, containerd, runc,
+    /// kube-proxy; CoreDNS as its cluster DNS) instead of the simulated `lowers`, and its API
+    /// server listens on the test host's address, which the node's network namespace reaches.
+    pub real_nodes: bool,
 }
 
 /// How the sandbox runs the scheduler extender.
@@ -140,6 +144,8 @@ pub struct Cluster {
     /// by itself).
     _provisioner: Option<tokio_util::sync::DropGuard>,
     kubelet: Option<SimKubelet>,
+    /// Real nodes ([`SandboxSpec::real_nodes`]), stopped and cleaned up when dropped.
+    real_nodes: Vec<tensile_testenv::real_node::RealNode>,
     backend: Backend,
 }
 
@@ -226,6 +232,8 @@ struct RealPlanes {
     /// The address simulated nodes listen on: kube-apiserver refuses `nodes/proxy` (node
     /// stats) to loopback, so a non-loopback one when this machine has it.
     node_address: Option<std::net::Ipv4Addr>,
+    /// Each lower cluster has one real node instead of its simulated ones.
+    real_nodes: bool,
 }
 
 /// Stops the control planes a `tensile up --k8s-bin` left behind when it was killed
@@ -301,6 +309,7 @@ async fn start_cluster(
             entry: server.kubeconfig_entry(name),
             backend: Backend::Sim(server),
             kubelet,
+            real_nodes: Vec::new(),
             _provisioner: None,
         });
     };
@@ -328,8 +337,34 @@ async fn start_cluster(
     crate::sim::default_storage_class(&client)
         .await
         .with_context(|| format!("creating the default StorageClass of cluster {name}"))?;
-    let (kubelet, provisioner) = if nodes.is_empty() {
-        (None, None)
+    let mut real_nodes = Vec::new();
+    if real.real_nodes && !nodes.is_empty() {
+        let node = format!("{name}-node-1");
+        real_nodes.push(
+            tensile_testenv::real_node::start(tensile_testenv::real_node::NodeConfig {
+                bin: &real.bin,
+                parent: &real.dir,
+                name: &node,
+                api: cluster.api_addr,
+                ca: cluster.ca(),
+            })
+            .await
+            .with_context(|| format!("starting the real node {node} of cluster {name}"))?,
+        );
+        tensile_testenv::schedulable(&client, name, std::slice::from_ref(&node))
+            .await
+            .with_context(|| format!("waiting for the real node {node} of cluster {name}"))?;
+        tensile_testenv::real_node::install_cluster_dns(&client)
+            .await
+            .with_context(|| format!("installing CoreDNS in cluster {name}"))?;
+    }
+    let (kubelet, provisioner) = if nodes.is_empty() || real.real_nodes {
+        let provisioner = (!real_nodes.is_empty()).then(|| {
+            let stop = CancellationToken::new();
+            tensile_testenv::provisioner::start(client.clone(), stop.clone());
+            stop.drop_guard()
+        });
+        (None, provisioner)
     } else {
         let names: Vec<String> = nodes.iter().map(|n| n.name.clone()).collect();
         let config = SimKubeletConfig {
@@ -353,6 +388,7 @@ async fn start_cluster(
         entry,
         backend: Backend::Real(Box::new(cluster)),
         kubelet,
+        real_nodes,
         _provisioner: provisioner,
     })
 }
@@ -411,7 +447,12 @@ impl Sandbox {
                     bin.display(),
                     dir.display()
                 ));
+                if spec.real_nodes {
+                    tensile_testenv::real_node::preflight(bin)
+                        .context("--real-nodes: this machine cannot run real nodes")?;
+                }
                 Some(RealPlanes {
+                    real_nodes: spec.real_nodes,
                     bin: bin.clone(),
                     dir,
                     node_address,
@@ -432,17 +473,33 @@ impl Sandbox {
         let mut lowers = Vec::new();
         for (i, nodes) in spec.lowers.iter().enumerate() {
             let name = format!("lower-{}", i + 1);
-            let listen = SocketAddr::new(spec.address, port_of(spec.port, i + 1)?);
+            // A real node reaches its API server from a network namespace of its own: at the
+            // test host's address, not at loopback.
+            let address = match (&real, spec.real_nodes) {
+                (Some(_), true) => IpAddr::V4(tensile_testenv::testhost::ADDRESS),
+                _ => spec.address,
+            };
+            let listen = SocketAddr::new(address, port_of(spec.port, i + 1)?);
             let octet = u8::try_from(i + 1)
                 .map(|i| 243_u8.wrapping_add(i))
                 .unwrap_or(243);
             let cluster =
                 start_cluster(&name, listen, nodes.clone(), octet, real.as_ref(), None).await?;
-            progress(&format!(
-                "{name} on {} with {} nodes",
-                cluster.url(),
-                nodes.len()
-            ));
+            if cluster.real_nodes.is_empty() {
+                progress(&format!(
+                    "{name} on {} with {} nodes",
+                    cluster.url(),
+                    nodes.len()
+                ));
+            } else {
+                let names: Vec<&str> = cluster.real_nodes.iter().map(|n| n.name.as_str()).collect();
+                progress(&format!(
+                    "{name} on {} with real node {} (files and logs in {})",
+                    cluster.url(),
+                    names.join(", "),
+                    cluster.real_nodes[0].dir.display()
+                ));
+            }
             lowers.push(cluster);
         }
 
@@ -916,6 +973,7 @@ mod tests {
                 k8s_bin: None,
                 virtual_node_binary: None,
                 scheduler_qps: None,
+                real_nodes: false,
             },
             &|_| {},
         )

@@ -43,6 +43,12 @@ pub struct UpArgs {
     /// them); the nodes stay simulated. Without it the API servers are simulated.
     #[arg(long, env = "TENSILE_K8S_BIN", value_name = "DIR")]
     k8s_bin: Option<PathBuf>,
+    /// With --k8s-bin: each lower cluster has one real node instead of the simulated
+    /// `--nodes`: kubelet and kube-proxy from the same folder, Debian's containerd, runc and
+    /// CNI plugins, CoreDNS, and the images `scripts/node-images` built (docs/sandbox.md).
+    /// Needs root.
+    #[arg(long)]
+    real_nodes: bool,
 }
 
 /// One simulated node's size.
@@ -120,6 +126,16 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
     if args.nodes.is_empty() {
         bail!("--nodes needs at least one CPU:MEMORY");
     }
+    if args.real_nodes
+        && args
+            .k8s_bin
+            .as_ref()
+            .is_none_or(|d| d.as_os_str().is_empty())
+    {
+        bail!(
+            "--real-nodes needs real control planes: add --k8s-bin DIR (the folder scripts/k8s-bin prints)"
+        );
+    }
     let kubeconfig_path = kubeconfig_target(&args.kubeconfig_out)?;
     say("tensile up: starting");
 
@@ -143,6 +159,7 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
         k8s_bin: args.k8s_bin.clone().filter(|d| !d.as_os_str().is_empty()),
         virtual_node_binary: None,
         scheduler_qps: None,
+        real_nodes: args.real_nodes,
     };
     let sandbox = Sandbox::start(spec, &|line| progress(line, started))
         .await

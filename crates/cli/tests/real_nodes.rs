@@ -267,6 +267,13 @@ fn real_containers_run_through_the_virtual_node_and_kubectl_reaches_them() {
                     },
                 },
                 {
+                    // Uses no CPU once started: a real kubelet counts what its start cost, the
+                    // lower metrics API says 0 cores.
+                    "apiVersion": "v1", "kind": "Pod",
+                    "metadata": {"name": "idle", "namespace": "default"},
+                    "spec": {"containers": [{"name": "idle", "image": busybox(), "command": ["sleep", "3600"]}]},
+                },
+                {
                     "apiVersion": "v1", "kind": "Pod",
                     "metadata": {"name": "talker", "namespace": "default"},
                     "spec": {
@@ -295,7 +302,7 @@ fn real_containers_run_through_the_virtual_node_and_kubectl_reaches_them() {
             ],
         }),
     );
-    for pod in ["web", "probed", "talker", "graceful"] {
+    for pod in ["web", "probed", "talker", "graceful", "idle"] {
         until_within(WAIT, &format!("{pod} Running upstairs"), || {
             running(&upper, pod)
         });
@@ -314,7 +321,7 @@ fn real_containers_run_through_the_virtual_node_and_kubectl_reaches_them() {
             "jsonpath={range .items[*]}{.spec.nodeName} {.status.podIP}{\"\\n\"}{end}",
         ],
     );
-    assert_eq!(lower_pods.lines().count(), 4, "{lower_pods}");
+    assert_eq!(lower_pods.lines().count(), 5, "{lower_pods}");
     let prefix = node.pod_cidr.trim_end_matches("0/24");
     for line in lower_pods.lines() {
         assert!(
@@ -474,10 +481,17 @@ fn real_containers_run_through_the_virtual_node_and_kubectl_reaches_them() {
     }
     drop(follow);
 
-    // top: the real kubelet's figures, through the virtual node, in the upper metrics API.
-    until_within(WAIT, "kubectl top pod web", || {
-        let (ok, out, _) = kubectl(&upper, &["top", "pod", "web", "--no-headers"]);
-        ok && out.starts_with("web ")
+    // top: the lower cluster's figures, through the virtual node, in the upper metrics API;
+    // an idle container too (metrics-server drops a container whose CPU counter is zero).
+    for pod in ["web", "idle"] {
+        until_within(WAIT, &format!("kubectl top pod {pod}"), || {
+            let (ok, out, _) = kubectl(&upper, &["top", "pod", pod, "--no-headers"]);
+            ok && out.starts_with(&format!("{pod} "))
+        });
+    }
+    until_within(WAIT, "kubectl top node vk-lower", || {
+        let (ok, out, _) = kubectl(&upper, &["top", "node", "vk-lower", "--no-headers"]);
+        ok && out.starts_with("vk-lower ") && !out.contains("<unknown>")
     });
 
     // preStop, then SIGTERM, within the grace period given upstairs.
@@ -521,7 +535,7 @@ fn real_containers_run_through_the_virtual_node_and_kubectl_reaches_them() {
     let hook = std::fs::read_to_string(hook_dir.join("log")).unwrap_or_default();
     assert_eq!(hook, "started\nprestop\nterm\n", "hook log");
 
-    for pod in ["web", "probed", "talker"] {
+    for pod in ["web", "probed", "talker", "idle"] {
         assert!(kubectl(&upper, &["delete", "pod", pod, "--wait=false"]).0);
     }
     until_within(WAIT, "the lower pods gone", || {

@@ -275,12 +275,22 @@ pub fn resource_metrics(summary: &Summary) -> String {
 /// Turns instantaneous CPU usage samples (what the metrics API gives) into the cumulative
 /// core-nanoseconds counters the stats API and metrics-server need: each sample adds
 /// usage x elapsed time since the previous one.
+///
+/// A counter starts at [`CpuIntegrator::ORIGIN`], not at zero: a real kubelet's counter of a
+/// container that ran is never zero (starting a process costs CPU), and metrics-server reads a
+/// zero counter as a missing metric (`CumulativeCPUUsed == 0`) and drops the container, so an
+/// idle container (0 cores in the lower metrics API) would never show in `kubectl top`
+/// upstairs. Only the counter's growth means anything to its readers (a rate); its origin is
+/// when the integration began.
 #[derive(Debug, Default)]
 pub struct CpuIntegrator {
     last: HashMap<String, (i64, u128)>,
 }
 
 impl CpuIntegrator {
+    /// Where every counter starts, in core-nanoseconds.
+    pub const ORIGIN: u64 = 1;
+
     /// Records `nano_cores` for `key` at `at_millis`; returns the running total.
     ///
     /// The total advances in whole seconds: the stats API's timestamps have whole-second
@@ -289,7 +299,10 @@ impl CpuIntegrator {
     /// up to a tenth too high or low over a 10 s scrape.
     pub fn sample(&mut self, key: &str, nano_cores: u64, at_millis: i64) -> u64 {
         let at_millis = at_millis.div_euclid(1000) * 1000;
-        let entry = self.last.entry(key.to_owned()).or_insert((at_millis, 0));
+        let entry = self
+            .last
+            .entry(key.to_owned())
+            .or_insert((at_millis, u128::from(Self::ORIGIN)));
         let elapsed_ms = u128::try_from(at_millis.saturating_sub(entry.0)).unwrap_or(0);
         entry.1 = entry
             .1
@@ -381,24 +394,36 @@ mod tests {
     #[test]
     fn cpu_integration_accumulates_usage_times_time() {
         let mut i = CpuIntegrator::default();
-        assert_eq!(i.sample("a", 500_000_000, 1_000), 0);
+        let o = CpuIntegrator::ORIGIN;
+        assert_eq!(i.sample("a", 500_000_000, 1_000), o);
         assert_eq!(
             i.sample("a", 500_000_000, 3_000),
-            1_000_000_000,
+            o + 1_000_000_000,
             "half a core for 2 s"
         );
         assert_eq!(
             i.sample("a", 1_000_000_000, 3_000),
-            1_000_000_000,
+            o + 1_000_000_000,
             "no time, no usage"
         );
         assert_eq!(
             i.sample("a", 1_000_000_000, 4_900),
-            2_000_000_000,
+            o + 2_000_000_000,
             "counted to the whole second the timestamp shows"
         );
-        assert_eq!(i.sample("a", 1_000_000_000, 5_100), 3_000_000_000);
+        assert_eq!(i.sample("a", 1_000_000_000, 5_100), o + 3_000_000_000);
         i.retain(|k| k != "a");
-        assert_eq!(i.sample("a", 1, 10_000), 0, "forgotten");
+        assert_eq!(i.sample("a", 1, 10_000), o, "forgotten");
+    }
+
+    /// metrics-server drops a container whose counter is zero (`CumulativeCPUUsed == 0`): an
+    /// idle container (0 cores, as real idle containers are in the metrics API) keeps a
+    /// counter above zero, so it still shows, at 0 cores.
+    #[test]
+    fn an_idle_containers_counter_is_never_zero() {
+        let mut i = CpuIntegrator::default();
+        for t in [1_000, 11_000, 21_000] {
+            assert!(i.sample("idle", 0, t) > 0);
+        }
     }
 }

@@ -117,6 +117,11 @@ impl Drop for RealCluster {
 const AUDIT_LOG: &str = "audit-nodes.log";
 
 impl RealCluster {
+    /// The cluster CA (what signs its certificates and verifies its clients').
+    pub fn ca(&self) -> &Ca {
+        &self.ca
+    }
+
     /// Every request of a node identity (group `system:nodes`) the API server refused (403),
     /// from its audit log: user, verb, URI and the reason.
     pub fn refused_node_requests(&self) -> Vec<String> {

@@ -54,10 +54,8 @@ pub enum RealNodeError {
         uid: String,
     },
     /// A program or file is missing.
-    #[error("real node {node}: {what} not found ({hint})")]
+    #[error("real nodes need {what}, not found ({hint})")]
     Missing {
-        /// Which node.
-        node: String,
         /// What.
         what: String,
         /// Where it comes from.
@@ -181,8 +179,7 @@ impl Drop for RealNode {
 /// imported, kubelet and kube-proxy. Its registration is the caller's to wait for.
 pub async fn start(config: NodeConfig<'_>) -> Result<RealNode, RealNodeError> {
     let node = config.name.to_owned();
-    check_root()?;
-    preflight(&config)?;
+    preflight(config.bin)?;
     let (slot, lock) = take_slot(&node)?;
     let dir = config.parent.join(config.name);
     // Recorded for whoever finds the slot left behind by a killed process.
@@ -286,7 +283,7 @@ fn s(p: &Path) -> String {
     p.display().to_string()
 }
 
-fn check_root() -> Result<(), RealNodeError> {
+fn root() -> Result<(), RealNodeError> {
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
     // "Uid: real effective saved fs"
     let uid = status
@@ -307,12 +304,11 @@ fn on_path(program: &str) -> bool {
         .is_some_and(|paths| std::env::split_paths(&paths).any(|dir| dir.join(program).is_file()))
 }
 
-fn preflight(config: &NodeConfig<'_>) -> Result<(), RealNodeError> {
-    let missing = |what: String, hint| RealNodeError::Missing {
-        node: config.name.to_owned(),
-        what,
-        hint,
-    };
+/// Whether this machine and `bin` have what a real node needs (root, the programs, the
+/// binaries and images), said before anything starts.
+pub fn preflight(bin: &Path) -> Result<(), RealNodeError> {
+    root()?;
+    let missing = |what: String, hint| RealNodeError::Missing { what, hint };
     for (program, package) in [
         ("containerd", "Debian package containerd"),
         ("containerd-shim-runc-v2", "Debian package containerd"),
@@ -335,9 +331,9 @@ fn preflight(config: &NodeConfig<'_>) -> Result<(), RealNodeError> {
         }
     }
     for binary in ["kubelet", "kube-proxy", "images/images.txt"] {
-        if !config.bin.join(binary).is_file() {
+        if !bin.join(binary).is_file() {
             return Err(missing(
-                format!("{}", config.bin.join(binary).display()),
+                format!("{}", bin.join(binary).display()),
                 "scripts/k8s-bin builds it",
             ));
         }
@@ -351,11 +347,10 @@ fn preflight(config: &NodeConfig<'_>) -> Result<(), RealNodeError> {
             ),
             "real nodes route through the test host's namespace: unset it",
         )),
-        Err(e) => Err(RealNodeError::Command {
-            node: config.name.to_owned(),
-            command: "the test host's veth pair".into(),
-            detail: e.to_string(),
-        }),
+        Err(e) => Err(missing(
+            format!("the test host's veth pair ({e})"),
+            "made with iproute2's `ip`, as root",
+        )),
     }
 }
 
