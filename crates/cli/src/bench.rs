@@ -50,6 +50,9 @@ enum Bench {
     /// The webhook and the scheduler extender, as shipped, sent large hostile bodies in
     /// parallel: their peak memory.
     HostileBodies(crate::hostile::HostileBodiesArgs),
+    /// Kubernetes' conformance suite (e2e.test) through the virtual nodes, on real control
+    /// planes and real nodes, beside the same selection on one lower cluster directly.
+    Conformance(crate::conformance::ConformanceArgs),
 }
 
 #[derive(Debug, clap::Args)]
@@ -109,6 +112,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         Bench::Failover(a) => crate::failover::run(a).await,
         Bench::Faults(a) => crate::faults::run(a).await,
         Bench::HostileBodies(a) => crate::hostile::run(a).await,
+        Bench::Conformance(a) => crate::conformance::run(a).await,
     }
 }
 

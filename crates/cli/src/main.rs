@@ -4,6 +4,8 @@
 #[cfg(feature = "sandbox")]
 mod bench;
 mod common;
+#[cfg(feature = "sandbox")]
+mod conformance;
 mod descheduler;
 #[cfg(feature = "sandbox")]
 mod extender_bench;
