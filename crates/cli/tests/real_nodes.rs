@@ -656,3 +656,398 @@ fn a_pod_in_one_lower_cluster_reaches_a_service_whose_backend_runs_in_another() 
     drop(env);
     drop(runtime);
 }
+
+/// The commands of the README's tour, as a user types them (comments dropped).
+fn readme_tour() -> Vec<String> {
+    let readme =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../README.md"))
+            .unwrap();
+    let tour = readme
+        .split("## A five-minute tour of the sandbox")
+        .nth(1)
+        .unwrap();
+    let block = tour
+        .split("```sh\n")
+        .skip(1)
+        .filter_map(|b| b.split("```").next())
+        .find(|b| b.contains("kubectl get nodes"))
+        .unwrap();
+    block
+        .lines()
+        .map(|l| match l.find(" #") {
+            Some(i) => l[..i].trim_end(),
+            None => l.trim_end(),
+        })
+        .filter(|l| !l.is_empty())
+        .map(str::to_owned)
+        .collect()
+}
+
+/// The README's tour, verbatim, on `tensile up --k8s-bin DIR --real-nodes` (docs/sandbox.md):
+/// the same commands a user types, on real containers. It uses the README's fixed ports (7443..,
+/// 8080), as `docs_verbatim` does, so the two never run at once (.config/nextest.toml).
+#[test]
+fn the_readme_tour_runs_verbatim_on_real_containers() {
+    let bin = tensile_testenv::real::bin_dir().expect("real control planes (TENSILE_K8S_BIN)");
+    let dir = std::env::temp_dir().join(format!("tensile-tour-real-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let sandbox_md = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/sandbox.md"),
+    )
+    .unwrap();
+    assert!(sandbox_md.contains("up --k8s-bin \"$(scripts/k8s-bin | tail -1)\" --real-nodes"));
+    let mut command = Command::new(env!("CARGO_BIN_EXE_tensile"));
+    command
+        .arg("up")
+        .arg("--k8s-bin")
+        .arg(&bin)
+        .arg("--real-nodes")
+        .current_dir(&dir)
+        .env("RUST_LOG", "warn")
+        .env_remove(tensile_testenv::real::BIN_ENV);
+    let (up, out) = common::spawn_collecting(&mut command);
+    until_within(WAIT, "tensile up --real-nodes to be ready", || {
+        out.lock().unwrap().contains("ready in")
+    });
+    let mut env = Vec::new();
+    let mut background = Vec::new();
+    let run = |line: &str, env: &[(String, String)]| {
+        let out = Command::new("bash")
+            .args(["-c", line])
+            .current_dir(&dir)
+            .envs(env.iter().map(|(k, v)| (k, v)))
+            .output()
+            .unwrap();
+        (
+            out.status.success(),
+            format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            ),
+        )
+    };
+    // What each command must show on real containers (the stand-in for nginx is busybox's
+    // httpd: it answers `hello` with an HTTP error, as nginx would).
+    let expect = |line: &str| -> &'static [&'static str] {
+        match line {
+            "kubectl get nodes" => &["vk-lower-1   Ready", "vk-lower-2   Ready"],
+            "kubectl get pods -o wide" => &["Running"],
+            "kubectl --context lower-1 get pods -A -o wide" => &["lower-1-node-1"],
+            "kubectl exec deploy/web -- hostname" => &["web-"],
+            "echo hello | nc -q1 localhost 8080" => &["HTTP/1.1 400"],
+            "kubectl top pods" => &["web-"],
+            "kubectl scale deployment web --replicas=0" => &["deployment.apps/web scaled"],
+            _ => &[],
+        }
+    };
+    for line in readme_tour() {
+        if let Some(assignment) = line.strip_prefix("export ") {
+            let (k, v) = assignment.split_once('=').unwrap();
+            let v = v.replace("$PWD", &dir.display().to_string());
+            env.push((k.to_owned(), v));
+            continue;
+        }
+        if let Some(job) = line.strip_suffix('&') {
+            let child = Command::new("bash")
+                .args(["-c", job.trim_end()])
+                .current_dir(&dir)
+                .envs(env.iter().map(|(k, v)| (k, v)))
+                .stdout(Stdio::piped())
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap();
+            let mut child = Killed(child);
+            let port = tensile_testenv::forwarded_port(child.0.stdout.take().unwrap());
+            assert!(port.is_ok(), "{line}: {port:?}");
+            background.push(child);
+            continue;
+        }
+        let wants = expect(&line);
+        let mut last = String::new();
+        until_within(WAIT, &line, || {
+            let (ok, text) = run(&line, &env);
+            let shown = ok && wants.iter().all(|w| text.contains(w));
+            // Four pods, each in the table, once they all run and have figures.
+            let four = !matches!(line.as_str(), "kubectl get pods -o wide" | "kubectl top pods")
+                || text.lines().filter(|l| l.starts_with("web-")).count() == 4
+                    && !text.contains("Pending")
+                    && !text.contains("ContainerCreating");
+            last = text;
+            shown && four
+        });
+        let _ = last;
+    }
+    until_within(WAIT, "the lower pods gone after the scale to 0", || {
+        ["lower-1", "lower-2"].iter().all(|c| {
+            !run(
+                &format!("kubectl --context {c} get pods -n default -o name"),
+                &env,
+            )
+            .1
+            .contains("pod/web-")
+        })
+    });
+    drop(background);
+    // Ctrl-C, as a user stops it: the nodes and control planes are stopped and cleaned up.
+    up.interrupt(Duration::from_secs(90));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `GET path` of a node's kubelet API, through its cluster's API server (`nodes/proxy`).
+fn kubelet_get(kubeconfig: &Path, node: &str, path: &str) -> (bool, String) {
+    let (ok, out, err) = kubectl(
+        kubeconfig,
+        &["get", "--raw", &format!("/api/v1/nodes/{node}/proxy{path}")],
+    );
+    (ok, if ok { out } else { err })
+}
+
+/// A pod's containers as a kubelet's `/pods` shows them: name, state kind (with its reason or
+/// exit code), ready, and the last termination's exit code.
+fn container_view(pod: &serde_json::Value) -> Vec<String> {
+    let mut out = Vec::new();
+    for key in ["initContainerStatuses", "containerStatuses"] {
+        for c in pod["status"][key].as_array().into_iter().flatten() {
+            let state = &c["state"];
+            let kind = if state["running"].is_object() {
+                "running".to_owned()
+            } else if state["terminated"].is_object() {
+                format!(
+                    "terminated {} {}",
+                    state["terminated"]["reason"].as_str().unwrap_or_default(),
+                    state["terminated"]["exitCode"]
+                )
+            } else {
+                format!(
+                    "waiting {}",
+                    state["waiting"]["reason"].as_str().unwrap_or_default()
+                )
+            };
+            out.push(format!(
+                "{key} {} {kind} ready={} last-exit={}",
+                c["name"].as_str().unwrap_or_default(),
+                c["ready"],
+                c["lastState"]["terminated"]["exitCode"]
+            ));
+        }
+    }
+    out
+}
+
+fn pod_in<'a>(list: &'a serde_json::Value, name: &str) -> Option<&'a serde_json::Value> {
+    list["items"]
+        .as_array()?
+        .iter()
+        .find(|p| p["metadata"]["name"] == name && p["metadata"]["namespace"] == "default")
+}
+
+/// Issue 43 item 8: the virtual node's kubelet API answers as the real kubelet in front of
+/// which it stands, for the same pods (running, completed, crash-looping, waiting for a missing
+/// ConfigMap, deleted), field by field where the meaning is the same; the deliberate
+/// differences are in docs/differences.md ("The kubelet API beside a real kubelet's").
+#[test]
+fn the_virtual_nodes_kubelet_api_answers_as_the_real_kubelet_behind_it() {
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let env = runtime
+        .block_on(TestEnv::start_with(vec![
+            ClusterSpec::new("upper", 0),
+            ClusterSpec::with_real_nodes("lower", 1),
+        ]))
+        .unwrap();
+    let upper = env.clusters[0].kubeconfig.clone();
+    let lower = env.clusters[1].kubeconfig.clone();
+    let real = env.clusters[1].real_nodes()[0].name.clone();
+    let (_vn, _) = virtual_node(&env, 1);
+    until_within(WAIT, "vk-lower Ready", || {
+        jsonpath(
+            &upper,
+            "node/vk-lower",
+            "{.status.conditions[?(@.type==\"Ready\")].status}",
+        ) == "True"
+    });
+    let pod = |name: &str, restart: &str, command: &str, volumes: serde_json::Value| {
+        serde_json::json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": "default"},
+            "spec": {
+                "restartPolicy": restart,
+                "containers": [{
+                    "name": name, "image": busybox(), "command": ["sh", "-c", command],
+                    "volumeMounts": if volumes.is_null() { serde_json::json!([]) } else { serde_json::json!([{"name": "config", "mountPath": "/config"}]) },
+                }],
+                "volumes": if volumes.is_null() { serde_json::json!([]) } else { volumes },
+            },
+        })
+    };
+    apply(
+        &upper,
+        &serde_json::json!({"apiVersion": "v1", "kind": "List", "items": [
+            pod("running", "Always", "echo one; echo two; echo three; sleep 3600", serde_json::Value::Null),
+            pod("completed", "Never", "echo done", serde_json::Value::Null),
+            pod("crashing", "Always", "echo boom; exit 1", serde_json::Value::Null),
+            pod("waiting", "Always", "sleep 3600", serde_json::json!([{"name": "config", "configMap": {"name": "missing"}}])),
+            pod("deleted", "Always", "sleep 3600", serde_json::Value::Null),
+        ]}),
+    );
+    until_within(WAIT, "running, completed and deleted started", || {
+        running(&upper, "running")
+            && running(&upper, "deleted")
+            && jsonpath(&upper, "pod/completed", "{.status.phase}") == "Succeeded"
+    });
+    until_within(WAIT, "crashing restarted", || {
+        jsonpath(&upper, "pod/crashing", "{.status.containerStatuses[0].restartCount}")
+            .parse::<u32>()
+            .is_ok_and(|n| n >= 1)
+    });
+    assert!(kubectl(&upper, &["delete", "pod", "deleted", "--wait=true", "--timeout=120s"]).0);
+
+    // /healthz.
+    for (kc, node) in [(&upper, "vk-lower"), (&lower, real.as_str())] {
+        let (ok, body) = kubelet_get(kc, node, "/healthz");
+        assert!(ok && body == "ok", "{node} /healthz: {body}");
+    }
+
+    // /pods: the same pods, in the same states, once both have seen the same restarts.
+    let both_pods = || {
+        let v = kubelet_get(&upper, "vk-lower", "/pods");
+        let r = kubelet_get(&lower, &real, "/pods");
+        assert!(v.0 && r.0, "/pods: {}\n{}", v.1, r.1);
+        (
+            serde_json::from_str::<serde_json::Value>(&v.1).unwrap(),
+            serde_json::from_str::<serde_json::Value>(&r.1).unwrap(),
+        )
+    };
+    let mut report = String::new();
+    until_within(WAIT, "/pods alike on both", || {
+        let (v, r) = both_pods();
+        report.clear();
+        assert_eq!(v["kind"], "PodList");
+        assert_eq!(r["kind"], "PodList");
+        for name in ["running", "completed", "crashing"] {
+            let (Some(vp), Some(rp)) = (pod_in(&v, name), pod_in(&r, name)) else {
+                report.push_str(&format!("{name}: virtual {} real {}\n", pod_in(&v, name).is_some(), pod_in(&r, name).is_some()));
+                continue;
+            };
+            for field in ["phase", "podIP", "qosClass"] {
+                if vp["status"][field] != rp["status"][field] {
+                    report.push_str(&format!("{name} status.{field}: {} / {}\n", vp["status"][field], rp["status"][field]));
+                }
+            }
+            let conditions = |p: &serde_json::Value| -> Vec<String> {
+                let mut c: Vec<String> = p["status"]["conditions"].as_array().into_iter().flatten()
+                    .filter(|c| c["type"].as_str().is_some_and(|t| !t.contains('/')))
+                    .map(|c| format!("{}={}", c["type"].as_str().unwrap_or_default(), c["status"].as_str().unwrap_or_default()))
+                    .collect();
+                c.sort();
+                c
+            };
+            if conditions(vp) != conditions(rp) {
+                report.push_str(&format!("{name} conditions: {:?} / {:?}\n", conditions(vp), conditions(rp)));
+            }
+            let (vc, rc) = (container_view(vp), container_view(rp));
+            if vc != rc {
+                report.push_str(&format!("{name} containers: {vc:?} / {rc:?}\n"));
+            }
+        }
+        // The deleted pod is on neither.
+        for (side, list) in [("virtual", &v), ("real", &r)] {
+            if pod_in(list, "deleted").is_some() {
+                report.push_str(&format!("deleted still on the {side} kubelet's /pods\n"));
+            }
+        }
+        report.is_empty()
+    });
+    // Waiting for a ConfigMap that does not exist: the real kubelet holds the pod in
+    // ContainerCreating (its volume cannot mount); the virtual node does not create the lower
+    // pod before what it mounts exists, so only the virtual node lists it, Pending.
+    let (v, r) = both_pods();
+    let waiting = pod_in(&v, "waiting").expect("waiting on the virtual node's /pods");
+    assert_eq!(waiting["status"]["phase"], "Pending", "{waiting}");
+    if let Some(rp) = pod_in(&r, "waiting") {
+        assert_eq!(rp["status"]["phase"], "Pending", "{rp}");
+    }
+
+    // /runningpods/: the pods with a running container, by name.
+    let running_names = |kc: &Path, node: &str| -> Vec<String> {
+        let (ok, body) = kubelet_get(kc, node, "/runningpods/");
+        assert!(ok, "/runningpods/: {body}");
+        let list: serde_json::Value = serde_json::from_str(&body).unwrap();
+        let mut names: Vec<String> = list["items"].as_array().into_iter().flatten()
+            .filter(|p| p["metadata"]["namespace"] == "default")
+            .filter_map(|p| p["metadata"]["name"].as_str().map(str::to_owned))
+            .collect();
+        names.sort();
+        names
+    };
+    let v_running = running_names(&upper, "vk-lower");
+    let r_running = running_names(&lower, &real);
+    assert!(v_running.contains(&"running".to_owned()), "{v_running:?}");
+    assert!(r_running.contains(&"running".to_owned()), "{r_running:?}");
+    for gone in ["completed", "deleted", "waiting"] {
+        assert!(!v_running.contains(&gone.to_owned()), "{gone} in {v_running:?}");
+        assert!(!r_running.contains(&gone.to_owned()), "{gone} in {r_running:?}");
+    }
+
+    // /stats/summary: the running pod, its container, and the fields metrics-server and
+    // `kubectl top` read, on both.
+    for (kc, node) in [(&upper, "vk-lower"), (&lower, real.as_str())] {
+        let (ok, body) = kubelet_get(kc, node, "/stats/summary");
+        assert!(ok, "{node} /stats/summary: {body}");
+        let s: serde_json::Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(s["node"]["nodeName"], node);
+        for field in ["usageCoreNanoSeconds", "usageNanoCores"] {
+            assert!(s["node"]["cpu"][field].is_u64(), "{node} node cpu.{field}: {}", s["node"]);
+        }
+        let p = s["pods"].as_array().unwrap().iter()
+            .find(|p| p["podRef"]["name"] == "running" && p["podRef"]["namespace"] == "default")
+            .unwrap_or_else(|| panic!("{node}: running not in /stats/summary: {body}"));
+        assert!(p["podRef"]["uid"].is_string());
+        assert_eq!(p["containers"][0]["name"], "running", "{node}: {p}");
+        assert!(p["containers"][0]["cpu"]["usageCoreNanoSeconds"].as_u64().is_some_and(|n| n > 0), "{node}: {p}");
+        assert!(p["containers"][0]["memory"]["workingSetBytes"].as_u64().is_some_and(|n| n > 0), "{node}: {p}");
+    }
+
+    // /metrics/resource: every family the virtual node serves is one the kubelet serves, with
+    // a sample for the running container on both.
+    let families = |text: &str| -> Vec<String> {
+        let mut f: Vec<String> = text.lines()
+            .filter_map(|l| l.strip_prefix("# TYPE "))
+            .filter_map(|l| l.split_whitespace().next().map(str::to_owned))
+            .collect();
+        f.sort();
+        f
+    };
+    let (ok, v_metrics) = kubelet_get(&upper, "vk-lower", "/metrics/resource");
+    assert!(ok, "{v_metrics}");
+    let (ok, r_metrics) = kubelet_get(&lower, &real, "/metrics/resource");
+    assert!(ok, "{r_metrics}");
+    let real_families = families(&r_metrics);
+    for f in families(&v_metrics) {
+        assert!(real_families.contains(&f), "{f} not served by the kubelet: {real_families:?}");
+    }
+    for text in [&v_metrics, &r_metrics] {
+        assert!(
+            text.lines().any(|l| l.starts_with("container_cpu_usage_seconds_total{container=\"running\",namespace=\"default\",pod=\"running\"}")),
+            "{text}"
+        );
+    }
+
+    // Container logs, with each query option the API server passes on.
+    for query in ["", "?tailLines=2", "?limitBytes=6", "?timestamps=true", "?sinceSeconds=3600"] {
+        let v = kubelet_get(&upper, "vk-lower", &format!("/containerLogs/default/running/running{query}"));
+        let r = kubelet_get(&lower, &real, &format!("/containerLogs/default/running/running{query}"));
+        assert!(v.0 && r.0, "logs{query}: {} / {}", v.1, r.1);
+        assert_eq!(v.1, r.1, "logs{query}");
+    }
+    let v = kubelet_get(&upper, "vk-lower", "/containerLogs/default/crashing/crashing?previous=true");
+    let r = kubelet_get(&lower, &real, "/containerLogs/default/crashing/crashing?previous=true");
+    assert!(v.0 && r.0 && v.1 == "boom\n" && r.1 == "boom\n", "previous: {v:?} / {r:?}");
+    // A container that is not there is an error on both, not an empty log.
+    let v = kubelet_get(&upper, "vk-lower", "/containerLogs/default/running/nope");
+    let r = kubelet_get(&lower, &real, "/containerLogs/default/running/nope");
+    assert!(!v.0 && !r.0, "a missing container: {v:?} / {r:?}");
+    drop(env);
+    drop(runtime);
+}
