@@ -53,6 +53,9 @@ enum Bench {
     /// Kubernetes' conformance suite (e2e.test) through the virtual nodes, on real control
     /// planes and real nodes, beside the same selection on one lower cluster directly.
     Conformance(crate::conformance::ConformanceArgs),
+    /// The same pods directly in a lower cluster with a real node and upstairs through its
+    /// virtual node: what the virtual node adds to create-to-Running on real containers.
+    RealOffload(crate::real_offload::RealOffloadArgs),
 }
 
 #[derive(Debug, clap::Args)]
@@ -113,6 +116,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         Bench::Faults(a) => crate::faults::run(a).await,
         Bench::HostileBodies(a) => crate::hostile::run(a).await,
         Bench::Conformance(a) => crate::conformance::run(a).await,
+        Bench::RealOffload(a) => crate::real_offload::run(a).await,
     }
 }
 

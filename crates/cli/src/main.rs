@@ -21,6 +21,8 @@ mod join;
 #[cfg(feature = "sandbox")]
 mod process;
 #[cfg(feature = "sandbox")]
+mod real_offload;
+#[cfg(feature = "sandbox")]
 mod sandbox;
 mod scheduler;
 #[cfg(feature = "sandbox")]

@@ -60,6 +60,28 @@ fn virtual_node(env: &TestEnv, i: usize) -> (Killed, PathBuf) {
     (Killed(child), log)
 }
 
+/// An upper cluster and lower clusters of one real node each, named `lowers`, with a
+/// virtual node `vk-<lower>` for each, Ready; the virtual nodes' processes and logs.
+fn stack(lowers: &[&str]) -> (tokio::runtime::Runtime, TestEnv, Vec<(Killed, PathBuf)>) {
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let specs = std::iter::once(ClusterSpec::new("upper", 0))
+        .chain(lowers.iter().map(|l| ClusterSpec::with_real_nodes(*l, 1)))
+        .collect();
+    let env = runtime.block_on(TestEnv::start_with(specs)).unwrap();
+    let nodes: Vec<(Killed, PathBuf)> = (1..=lowers.len()).map(|i| virtual_node(&env, i)).collect();
+    for lower in lowers {
+        let node = format!("vk-{lower}");
+        until_within(WAIT, &format!("virtual node {node} Ready"), || {
+            jsonpath(
+                &env.clusters[0].kubeconfig,
+                &format!("node/{node}"),
+                "{.status.conditions[?(@.type==\"Ready\")].status}",
+            ) == "True"
+        });
+    }
+    (runtime, env, nodes)
+}
+
 fn apply(kubeconfig: &Path, manifest: &serde_json::Value) {
     let mut child = Command::new("kubectl")
         .arg("--kubeconfig")
@@ -132,18 +154,7 @@ fn nginx() -> &'static str {
 
 /// One HTTP/1.0 GET through `kubectl port-forward pod/POD :80`, the whole answer.
 fn http_through_port_forward(upper: &Path, pod: &str, env: &[(&str, &str)]) -> String {
-    let mut pf = Killed(
-        Command::new("kubectl")
-            .arg("--kubeconfig")
-            .arg(upper)
-            .args(["port-forward", &format!("pod/{pod}"), ":80"])
-            .envs(env.iter().copied())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
-    let local = tensile_testenv::forwarded_port(pf.0.stdout.take().unwrap()).unwrap();
+    let (_pf, local) = common::port_forward(upper, &format!("pod/{pod}"), 80, env);
     let mut s = std::net::TcpStream::connect(("127.0.0.1", local)).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
     s.write_all(b"GET / HTTP/1.0\r\nHost: web\r\n\r\n").unwrap();
@@ -194,24 +205,11 @@ fn attach_round_trip(kubeconfig: &Path, pod: &str, env: &[(&str, &str)]) {
 
 #[test]
 fn real_containers_run_through_the_virtual_node_and_kubectl_reaches_them() {
-    let runtime = tokio::runtime::Runtime::new().unwrap();
-    let env = runtime
-        .block_on(TestEnv::start_with(vec![
-            ClusterSpec::new("upper", 0),
-            ClusterSpec::with_real_nodes("lower", 1),
-        ]))
-        .unwrap();
+    let (runtime, env, nodes) = stack(&["lower"]);
     let upper = env.clusters[0].kubeconfig.clone();
     let lower = env.clusters[1].kubeconfig.clone();
-    let (_vn, log) = virtual_node(&env, 1);
+    let log = nodes[0].1.clone();
     let logs = || std::fs::read_to_string(&log).unwrap_or_default();
-    until_within(WAIT, "virtual node vk-lower Ready", || {
-        jsonpath(
-            &upper,
-            "node/vk-lower",
-            "{.status.conditions[?(@.type==\"Ready\")].status}",
-        ) == "True"
-    });
     let hook_dir = env.dir().join("hook");
 
     apply(
@@ -554,32 +552,15 @@ fn real_containers_run_through_the_virtual_node_and_kubectl_reaches_them() {
         .1
         .is_empty()
     });
+    drop(nodes);
     drop(env);
     drop(runtime);
 }
 
 #[test]
 fn a_pod_in_one_lower_cluster_reaches_a_service_whose_backend_runs_in_another() {
-    let runtime = tokio::runtime::Runtime::new().unwrap();
-    let env = runtime
-        .block_on(TestEnv::start_with(vec![
-            ClusterSpec::new("upper", 0),
-            ClusterSpec::with_real_nodes("lower-a", 1),
-            ClusterSpec::with_real_nodes("lower-b", 1),
-        ]))
-        .unwrap();
+    let (runtime, env, nodes) = stack(&["lower-a", "lower-b"]);
     let upper = env.clusters[0].kubeconfig.clone();
-    let (_a, _) = virtual_node(&env, 1);
-    let (_b, _) = virtual_node(&env, 2);
-    for node in ["vk-lower-a", "vk-lower-b"] {
-        until_within(WAIT, &format!("{node} Ready"), || {
-            jsonpath(
-                &upper,
-                &format!("node/{node}"),
-                "{.status.conditions[?(@.type==\"Ready\")].status}",
-            ) == "True"
-        });
-    }
     apply(
         &upper,
         &serde_json::json!({
@@ -653,6 +634,7 @@ fn a_pod_in_one_lower_cluster_reaches_a_service_whose_backend_runs_in_another() 
         );
         ok && page.contains("nginx")
     });
+    drop(nodes);
     drop(env);
     drop(runtime);
 }
@@ -770,10 +752,12 @@ fn the_readme_tour_runs_verbatim_on_real_containers() {
             let (ok, text) = run(&line, &env);
             let shown = ok && wants.iter().all(|w| text.contains(w));
             // Four pods, each in the table, once they all run and have figures.
-            let four = !matches!(line.as_str(), "kubectl get pods -o wide" | "kubectl top pods")
-                || text.lines().filter(|l| l.starts_with("web-")).count() == 4
-                    && !text.contains("Pending")
-                    && !text.contains("ContainerCreating");
+            let four = !matches!(
+                line.as_str(),
+                "kubectl get pods -o wide" | "kubectl top pods"
+            ) || text.lines().filter(|l| l.starts_with("web-")).count() == 4
+                && !text.contains("Pending")
+                && !text.contains("ContainerCreating");
             last = text;
             shown && four
         });
@@ -849,24 +833,10 @@ fn pod_in<'a>(list: &'a serde_json::Value, name: &str) -> Option<&'a serde_json:
 /// differences are in docs/differences.md ("The kubelet API beside a real kubelet's").
 #[test]
 fn the_virtual_nodes_kubelet_api_answers_as_the_real_kubelet_behind_it() {
-    let runtime = tokio::runtime::Runtime::new().unwrap();
-    let env = runtime
-        .block_on(TestEnv::start_with(vec![
-            ClusterSpec::new("upper", 0),
-            ClusterSpec::with_real_nodes("lower", 1),
-        ]))
-        .unwrap();
+    let (runtime, env, nodes) = stack(&["lower"]);
     let upper = env.clusters[0].kubeconfig.clone();
     let lower = env.clusters[1].kubeconfig.clone();
     let real = env.clusters[1].real_nodes()[0].name.clone();
-    let (_vn, _) = virtual_node(&env, 1);
-    until_within(WAIT, "vk-lower Ready", || {
-        jsonpath(
-            &upper,
-            "node/vk-lower",
-            "{.status.conditions[?(@.type==\"Ready\")].status}",
-        ) == "True"
-    });
     let pod = |name: &str, restart: &str, command: &str, volumes: serde_json::Value| {
         serde_json::json!({
             "apiVersion": "v1", "kind": "Pod",
@@ -897,11 +867,21 @@ fn the_virtual_nodes_kubelet_api_answers_as_the_real_kubelet_behind_it() {
             && jsonpath(&upper, "pod/completed", "{.status.phase}") == "Succeeded"
     });
     until_within(WAIT, "crashing restarted", || {
-        jsonpath(&upper, "pod/crashing", "{.status.containerStatuses[0].restartCount}")
-            .parse::<u32>()
-            .is_ok_and(|n| n >= 1)
+        jsonpath(
+            &upper,
+            "pod/crashing",
+            "{.status.containerStatuses[0].restartCount}",
+        )
+        .parse::<u32>()
+        .is_ok_and(|n| n >= 1)
     });
-    assert!(kubectl(&upper, &["delete", "pod", "deleted", "--wait=true", "--timeout=120s"]).0);
+    assert!(
+        kubectl(
+            &upper,
+            &["delete", "pod", "deleted", "--wait=true", "--timeout=120s"]
+        )
+        .0
+    );
 
     // /healthz.
     for (kc, node) in [(&upper, "vk-lower"), (&lower, real.as_str())] {
@@ -927,24 +907,44 @@ fn the_virtual_nodes_kubelet_api_answers_as_the_real_kubelet_behind_it() {
         assert_eq!(r["kind"], "PodList");
         for name in ["running", "completed", "crashing"] {
             let (Some(vp), Some(rp)) = (pod_in(&v, name), pod_in(&r, name)) else {
-                report.push_str(&format!("{name}: virtual {} real {}\n", pod_in(&v, name).is_some(), pod_in(&r, name).is_some()));
+                report.push_str(&format!(
+                    "{name}: virtual {} real {}\n",
+                    pod_in(&v, name).is_some(),
+                    pod_in(&r, name).is_some()
+                ));
                 continue;
             };
             for field in ["phase", "podIP", "qosClass"] {
                 if vp["status"][field] != rp["status"][field] {
-                    report.push_str(&format!("{name} status.{field}: {} / {}\n", vp["status"][field], rp["status"][field]));
+                    report.push_str(&format!(
+                        "{name} status.{field}: {} / {}\n",
+                        vp["status"][field], rp["status"][field]
+                    ));
                 }
             }
             let conditions = |p: &serde_json::Value| -> Vec<String> {
-                let mut c: Vec<String> = p["status"]["conditions"].as_array().into_iter().flatten()
+                let mut c: Vec<String> = p["status"]["conditions"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
                     .filter(|c| c["type"].as_str().is_some_and(|t| !t.contains('/')))
-                    .map(|c| format!("{}={}", c["type"].as_str().unwrap_or_default(), c["status"].as_str().unwrap_or_default()))
+                    .map(|c| {
+                        format!(
+                            "{}={}",
+                            c["type"].as_str().unwrap_or_default(),
+                            c["status"].as_str().unwrap_or_default()
+                        )
+                    })
                     .collect();
                 c.sort();
                 c
             };
             if conditions(vp) != conditions(rp) {
-                report.push_str(&format!("{name} conditions: {:?} / {:?}\n", conditions(vp), conditions(rp)));
+                report.push_str(&format!(
+                    "{name} conditions: {:?} / {:?}\n",
+                    conditions(vp),
+                    conditions(rp)
+                ));
             }
             let (vc, rc) = (container_view(vp), container_view(rp));
             if vc != rc {
@@ -974,7 +974,10 @@ fn the_virtual_nodes_kubelet_api_answers_as_the_real_kubelet_behind_it() {
         let (ok, body) = kubelet_get(kc, node, "/runningpods/");
         assert!(ok, "/runningpods/: {body}");
         let list: serde_json::Value = serde_json::from_str(&body).unwrap();
-        let mut names: Vec<String> = list["items"].as_array().into_iter().flatten()
+        let mut names: Vec<String> = list["items"]
+            .as_array()
+            .into_iter()
+            .flatten()
             .filter(|p| p["metadata"]["namespace"] == "default")
             .filter_map(|p| p["metadata"]["name"].as_str().map(str::to_owned))
             .collect();
@@ -986,8 +989,14 @@ fn the_virtual_nodes_kubelet_api_answers_as_the_real_kubelet_behind_it() {
     assert!(v_running.contains(&"running".to_owned()), "{v_running:?}");
     assert!(r_running.contains(&"running".to_owned()), "{r_running:?}");
     for gone in ["completed", "deleted", "waiting"] {
-        assert!(!v_running.contains(&gone.to_owned()), "{gone} in {v_running:?}");
-        assert!(!r_running.contains(&gone.to_owned()), "{gone} in {r_running:?}");
+        assert!(
+            !v_running.contains(&gone.to_owned()),
+            "{gone} in {v_running:?}"
+        );
+        assert!(
+            !r_running.contains(&gone.to_owned()),
+            "{gone} in {r_running:?}"
+        );
     }
 
     // /stats/summary: the running pod, its container, and the fields metrics-server and
@@ -998,21 +1007,39 @@ fn the_virtual_nodes_kubelet_api_answers_as_the_real_kubelet_behind_it() {
         let s: serde_json::Value = serde_json::from_str(&body).unwrap();
         assert_eq!(s["node"]["nodeName"], node);
         for field in ["usageCoreNanoSeconds", "usageNanoCores"] {
-            assert!(s["node"]["cpu"][field].is_u64(), "{node} node cpu.{field}: {}", s["node"]);
+            assert!(
+                s["node"]["cpu"][field].is_u64(),
+                "{node} node cpu.{field}: {}",
+                s["node"]
+            );
         }
-        let p = s["pods"].as_array().unwrap().iter()
+        let p = s["pods"]
+            .as_array()
+            .unwrap()
+            .iter()
             .find(|p| p["podRef"]["name"] == "running" && p["podRef"]["namespace"] == "default")
             .unwrap_or_else(|| panic!("{node}: running not in /stats/summary: {body}"));
         assert!(p["podRef"]["uid"].is_string());
         assert_eq!(p["containers"][0]["name"], "running", "{node}: {p}");
-        assert!(p["containers"][0]["cpu"]["usageCoreNanoSeconds"].as_u64().is_some_and(|n| n > 0), "{node}: {p}");
-        assert!(p["containers"][0]["memory"]["workingSetBytes"].as_u64().is_some_and(|n| n > 0), "{node}: {p}");
+        assert!(
+            p["containers"][0]["cpu"]["usageCoreNanoSeconds"]
+                .as_u64()
+                .is_some_and(|n| n > 0),
+            "{node}: {p}"
+        );
+        assert!(
+            p["containers"][0]["memory"]["workingSetBytes"]
+                .as_u64()
+                .is_some_and(|n| n > 0),
+            "{node}: {p}"
+        );
     }
 
     // /metrics/resource: every family the virtual node serves is one the kubelet serves, with
     // a sample for the running container on both.
     let families = |text: &str| -> Vec<String> {
-        let mut f: Vec<String> = text.lines()
+        let mut f: Vec<String> = text
+            .lines()
             .filter_map(|l| l.strip_prefix("# TYPE "))
             .filter_map(|l| l.split_whitespace().next().map(str::to_owned))
             .collect();
@@ -1025,7 +1052,10 @@ fn the_virtual_nodes_kubelet_api_answers_as_the_real_kubelet_behind_it() {
     assert!(ok, "{r_metrics}");
     let real_families = families(&r_metrics);
     for f in families(&v_metrics) {
-        assert!(real_families.contains(&f), "{f} not served by the kubelet: {real_families:?}");
+        assert!(
+            real_families.contains(&f),
+            "{f} not served by the kubelet: {real_families:?}"
+        );
     }
     for text in [&v_metrics, &r_metrics] {
         assert!(
@@ -1035,19 +1065,45 @@ fn the_virtual_nodes_kubelet_api_answers_as_the_real_kubelet_behind_it() {
     }
 
     // Container logs, with each query option the API server passes on.
-    for query in ["", "?tailLines=2", "?limitBytes=6", "?timestamps=true", "?sinceSeconds=3600"] {
-        let v = kubelet_get(&upper, "vk-lower", &format!("/containerLogs/default/running/running{query}"));
-        let r = kubelet_get(&lower, &real, &format!("/containerLogs/default/running/running{query}"));
+    for query in [
+        "",
+        "?tailLines=2",
+        "?limitBytes=6",
+        "?timestamps=true",
+        "?sinceSeconds=3600",
+    ] {
+        let v = kubelet_get(
+            &upper,
+            "vk-lower",
+            &format!("/containerLogs/default/running/running{query}"),
+        );
+        let r = kubelet_get(
+            &lower,
+            &real,
+            &format!("/containerLogs/default/running/running{query}"),
+        );
         assert!(v.0 && r.0, "logs{query}: {} / {}", v.1, r.1);
         assert_eq!(v.1, r.1, "logs{query}");
     }
-    let v = kubelet_get(&upper, "vk-lower", "/containerLogs/default/crashing/crashing?previous=true");
-    let r = kubelet_get(&lower, &real, "/containerLogs/default/crashing/crashing?previous=true");
-    assert!(v.0 && r.0 && v.1 == "boom\n" && r.1 == "boom\n", "previous: {v:?} / {r:?}");
+    let v = kubelet_get(
+        &upper,
+        "vk-lower",
+        "/containerLogs/default/crashing/crashing?previous=true",
+    );
+    let r = kubelet_get(
+        &lower,
+        &real,
+        "/containerLogs/default/crashing/crashing?previous=true",
+    );
+    assert!(
+        v.0 && r.0 && v.1 == "boom\n" && r.1 == "boom\n",
+        "previous: {v:?} / {r:?}"
+    );
     // A container that is not there is an error on both, not an empty log.
     let v = kubelet_get(&upper, "vk-lower", "/containerLogs/default/running/nope");
     let r = kubelet_get(&lower, &real, "/containerLogs/default/running/nope");
     assert!(!v.0 && !r.0, "a missing container: {v:?} / {r:?}");
+    drop(nodes);
     drop(env);
     drop(runtime);
 }

@@ -40,6 +40,7 @@ pub mod logs;
 mod pipe;
 pub mod portforward;
 pub mod remotecommand;
+pub mod running;
 pub mod server;
 pub mod spdy;
 pub mod stats;

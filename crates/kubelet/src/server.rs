@@ -388,9 +388,16 @@ pub async fn handle<B: KubeletBackend>(
     match route {
         Route::Healthz => text(StatusCode::OK, "ok"),
         Route::Pods | Route::RunningPods => match backend.pods().await {
-            Ok(pods) => json(
-                &serde_json::json!({"kind": "PodList", "apiVersion": "v1", "metadata": {}, "items": pods}),
-            ),
+            Ok(pods) => {
+                let pods = if matches!(route, Route::RunningPods) {
+                    crate::running::running_pods(&pods)
+                } else {
+                    pods
+                };
+                json(
+                    &serde_json::json!({"kind": "PodList", "apiVersion": "v1", "metadata": {}, "items": pods}),
+                )
+            }
             Err(e) => text(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
         },
         Route::StatsSummary => match backend.stats().await {

@@ -91,20 +91,33 @@ pub fn until_within(within: Duration, what: &str, mut f: impl FnMut() -> bool) {
     }
 }
 
-/// `kubectl port-forward TARGET :PORT` from `kubeconfig`, then bytes sent through it come back
-/// (the simulated containers echo on their declared ports).
-pub fn port_forward_echo(kubeconfig: &Path, target: &str, port: u16) {
+/// `kubectl port-forward TARGET :PORT` from `kubeconfig` with `env` set, running; the local
+/// port it listens on.
+pub fn port_forward(
+    kubeconfig: &Path,
+    target: &str,
+    port: u16,
+    env: &[(&str, &str)],
+) -> (Killed, u16) {
     let mut pf = Killed(
         Command::new("kubectl")
             .arg("--kubeconfig")
             .arg(kubeconfig)
             .args(["port-forward", target, &format!(":{port}")])
+            .envs(env.iter().copied())
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .spawn()
             .unwrap(),
     );
     let local = tensile_testenv::forwarded_port(pf.0.stdout.take().unwrap()).unwrap();
+    (pf, local)
+}
+
+/// `kubectl port-forward TARGET :PORT` from `kubeconfig`, then bytes sent through it come back
+/// (the simulated containers echo on their declared ports).
+pub fn port_forward_echo(kubeconfig: &Path, target: &str, port: u16) {
+    let (_pf, local) = port_forward(kubeconfig, target, port, &[]);
     let mut s = std::net::TcpStream::connect(("127.0.0.1", local)).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
     s.write_all(b"hello through two clusters").unwrap();

@@ -1,0 +1,246 @@
+//! `tensile bench real-offload`: what the virtual node adds on real containers. The same pods
+//! (busybox, `sleep`) are created directly in a lower cluster whose node is a real kubelet, then
+//! upstairs, bound to the virtual node in front of it; each side's time from create to Running
+//! (the API's create call to the first watch event with phase `Running`, on that side), p50
+//! and p99, and the difference. Real control planes and real nodes (`TENSILE_K8S_BIN`, root).
+
+#![allow(clippy::print_stdout)] // the report is what the command prints
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, bail};
+use k8s_openapi::api::core::v1::{Namespace, Node, Pod};
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use kube::runtime::watcher;
+use serde_json::json;
+use tensile_testenv::{ClusterSpec, TestEnv};
+
+#[derive(Debug, clap::Args)]
+pub struct RealOffloadArgs {
+    /// Pods on each side (a real node runs at most 110).
+    #[arg(long, default_value_t = 100)]
+    pods: usize,
+    /// Concurrent creations.
+    #[arg(long, default_value_t = 16)]
+    concurrency: usize,
+}
+
+type Times = Arc<Mutex<HashMap<String, Instant>>>;
+
+fn pod(name: &str, node: Option<&str>) -> anyhow::Result<Pod> {
+    let mut spec = json!({
+        "terminationGracePeriodSeconds": 1,
+        "containers": [{
+            "name": "c",
+            "image": "registry.k8s.io/e2e-test-images/busybox:1.37.0-1",
+            "command": ["sleep", "3600"],
+        }],
+    });
+    if let Some(node) = node {
+        spec["nodeName"] = json!(node);
+    }
+    serde_json::from_value(
+        json!({"metadata": {"name": name, "labels": {"bench": "real-offload"}}, "spec": spec}),
+    )
+    .context("the benchmark's pod")
+}
+
+/// Creates `n` pods in `api` (`concurrency` at a time) and waits for each to run; each one's
+/// time from its create call to Running.
+async fn burst(
+    api: Api<Pod>,
+    n: usize,
+    concurrency: usize,
+    node: Option<&str>,
+) -> anyhow::Result<Vec<Duration>> {
+    let running: Times = Arc::default();
+    let seen = running.clone();
+    let watch = crate::bench::spawn_watch(api.clone(), move |event: watcher::Event<Pod>| {
+        let now = Instant::now();
+        let pods = match event {
+            watcher::Event::Apply(p) | watcher::Event::InitApply(p) => vec![p],
+            _ => Vec::new(),
+        };
+        for p in pods {
+            if p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
+                && let (Some(name), Ok(mut t)) = (p.metadata.name, seen.lock())
+            {
+                t.entry(name).or_insert(now);
+            }
+        }
+    });
+    let created: Times = Arc::default();
+    let names: Vec<String> = (0..n).map(|i| format!("bench-{i}")).collect();
+    let chunks: Vec<Vec<String>> = names
+        .chunks(n.div_ceil(concurrency.max(1)).max(1))
+        .map(<[String]>::to_vec)
+        .collect();
+    let mut tasks = Vec::new();
+    for chunk in chunks {
+        let (api, created, node) = (api.clone(), created.clone(), node.map(str::to_owned));
+        tasks.push(tokio::spawn(async move {
+            for name in chunk {
+                let p = pod(&name, node.as_deref())?;
+                let at = Instant::now();
+                api.create(&PostParams::default(), &p)
+                    .await
+                    .with_context(|| format!("creating {name}"))?;
+                if let Ok(mut c) = created.lock() {
+                    c.insert(name, at);
+                }
+            }
+            Ok::<_, anyhow::Error>(())
+        }));
+    }
+    for t in tasks {
+        t.await.context("a creating task")??;
+    }
+    let deadline = Instant::now() + Duration::from_secs(600);
+    loop {
+        let done = running.lock().map_or(0, |r| r.len());
+        if done >= n {
+            break;
+        }
+        if Instant::now() > deadline {
+            bail!("{done} of {n} pods Running after 600 s");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    watch.abort();
+    let (created, running) = (
+        created
+            .lock()
+            .map_err(|_| anyhow::anyhow!("poisoned"))?
+            .clone(),
+        running
+            .lock()
+            .map_err(|_| anyhow::anyhow!("poisoned"))?
+            .clone(),
+    );
+    Ok(names
+        .iter()
+        .filter_map(|n| Some(running.get(n)?.saturating_duration_since(*created.get(n)?)))
+        .collect())
+}
+
+async fn delete_all(api: &Api<Pod>) -> anyhow::Result<()> {
+    let lp = ListParams::default().labels("bench=real-offload");
+    api.delete_collection(&DeleteParams::default(), &lp)
+        .await
+        .context("deleting the benchmark's pods")?;
+    let deadline = Instant::now() + Duration::from_secs(300);
+    while !api
+        .list(&lp)
+        .await
+        .context("listing pods")?
+        .items
+        .is_empty()
+    {
+        if Instant::now() > deadline {
+            bail!("pods still there 300 s after their deletion");
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    Ok(())
+}
+
+fn pct(v: &mut [Duration], p: f64) -> f64 {
+    v.sort();
+    if v.is_empty() {
+        return 0.0;
+    }
+    #[allow(
+        clippy::cast_possible_truncation,
+        clippy::cast_sign_loss,
+        clippy::cast_precision_loss
+    )]
+    let i = (((v.len() - 1) as f64) * p).round() as usize;
+    v[i.min(v.len() - 1)].as_secs_f64() * 1000.0
+}
+
+pub async fn run(args: RealOffloadArgs) -> anyhow::Result<()> {
+    if tensile_testenv::real::bin_dir().is_none() {
+        bail!("real nodes need real control planes: set TENSILE_K8S_BIN (scripts/k8s-bin)");
+    }
+    let env = TestEnv::start_with(vec![
+        ClusterSpec::new("upper", 0),
+        ClusterSpec::with_real_nodes("lower", 1),
+    ])
+    .await
+    .context("starting the clusters")?;
+    let (upper, lower) = (
+        env.clusters[0].client.clone(),
+        env.clusters[1].client.clone(),
+    );
+    let address = tensile_testenv::testhost::address()?;
+    let port = std::net::TcpListener::bind((address, 0))?
+        .local_addr()?
+        .port();
+    // The README's command line; what the benchmark adds only says where to listen.
+    let mut node = tokio::process::Command::new(std::env::current_exe()?)
+        .args(["virtual-node", "--nodename", "vk", "--disable-taint"])
+        .arg("--kubeconfig")
+        .arg(&env.clusters[0].kubeconfig)
+        .arg("--client-kubeconfig")
+        .arg(&env.clusters[1].kubeconfig)
+        .arg(format!("--kubelet-address={address}"))
+        .env("KUBELET_PORT", port.to_string())
+        .env("VKUBELET_POD_IP", address.to_string())
+        .env("RUST_LOG", "warn")
+        .stdout(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .context("starting tensile virtual-node")?;
+    let nodes: Api<Node> = Api::all(upper.clone());
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while nodes.get_opt("vk").await.ok().flatten().is_none() {
+        if let Some(status) = node.try_wait()? {
+            bail!("the virtual node exited: {status}");
+        }
+        if Instant::now() > deadline {
+            bail!("the virtual node did not register within 120 s");
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": "bench-direct"}}))?;
+    Api::<Namespace>::all(lower.clone())
+        .create(&PostParams::default(), &ns)
+        .await
+        .context("creating namespace bench-direct downstairs")?;
+    let (n, c) = (args.pods, args.concurrency);
+    println!("direct: {n} pods in the lower cluster");
+    let direct_api: Api<Pod> = Api::namespaced(lower.clone(), "bench-direct");
+    let mut direct = burst(direct_api.clone(), n, c, None).await?;
+    delete_all(&direct_api).await?;
+    println!("through the virtual node: {n} pods upstairs, bound to vk");
+    let upper_api: Api<Pod> = Api::namespaced(upper.clone(), "default");
+    let mut through = burst(upper_api.clone(), n, c, Some("vk")).await?;
+    delete_all(&upper_api).await?;
+    let (d50, d99) = (pct(&mut direct, 0.5), pct(&mut direct, 0.99));
+    let (t50, t99) = (pct(&mut through, 0.5), pct(&mut through, 0.99));
+    println!("create to Running (ms)   p50      p99");
+    println!("directly downstairs    {d50:7.0}  {d99:7.0}");
+    println!("through the node       {t50:7.0}  {t99:7.0}");
+    println!(
+        "added                  {:7.0}  {:7.0}",
+        t50 - d50,
+        t99 - d99
+    );
+    println!(
+        "{}",
+        json!({
+            "pods": n,
+            "direct_p50_ms": d50.round(),
+            "direct_p99_ms": d99.round(),
+            "virtual_p50_ms": t50.round(),
+            "virtual_p99_ms": t99.round(),
+            "added_p50_ms": (t50 - d50).round(),
+            "added_p99_ms": (t99 - d99).round(),
+        })
+    );
+    drop(node);
+    drop(env);
+    Ok(())
+}
