@@ -48,6 +48,10 @@ pub struct ConformanceArgs {
     /// A whole run's deadline (ginkgo `--timeout`), each side.
     #[arg(long, default_value = "6h")]
     timeout: String,
+    /// Start nothing and run nothing: compare the reports already in `--out` (`baseline/` and
+    /// `virtual/`, e.g. of two `--only` runs) and write the summary.
+    #[arg(long)]
+    summarize: bool,
 }
 
 /// One spec of a ginkgo JSON report, the part read here.
@@ -258,19 +262,41 @@ async fn run_suite(
         "{side}: ginkgo exited {status} after {:.0} s",
         started.elapsed().as_secs_f64()
     );
+    read_report(dir).with_context(|| format!("{side}: see {}", dir.join("e2e.log").display()))
+}
+
+/// A side's outcomes from the report a run left in `dir`.
+fn read_report(dir: &Path) -> anyhow::Result<BTreeMap<String, Outcome>> {
     let report = dir.join("report.json");
-    let bytes = std::fs::read(&report).with_context(|| {
-        format!(
-            "{side}: no report {} (see {})",
-            report.display(),
-            dir.join("e2e.log").display()
-        )
-    })?;
+    let bytes = std::fs::read(&report).with_context(|| format!("reading {}", report.display()))?;
     outcomes(&bytes).with_context(|| format!("reading {}", report.display()))
+}
+
+/// Writes `summary.md` into `out` and prints the JSON line.
+fn report(
+    out: &Path,
+    baseline: &BTreeMap<String, Outcome>,
+    virtual_side: &BTreeMap<String, Outcome>,
+    duration: Option<u64>,
+) -> anyhow::Result<()> {
+    let (counts, rows) = compare(baseline, virtual_side);
+    let summary = out.join("summary.md");
+    std::fs::write(&summary, summary_markdown(&counts, &rows))
+        .with_context(|| format!("writing {}", summary.display()))?;
+    println!("summary: {}", summary.display());
+    let mut line = serde_json::to_value(&counts).context("the summary line")?;
+    line["duration_s"] = serde_json::json!(duration);
+    println!("{line}");
+    Ok(())
 }
 
 pub async fn run(args: ConformanceArgs) -> anyhow::Result<()> {
     let started = Instant::now();
+    if args.summarize {
+        let baseline = read_report(&args.out.join("baseline"))?;
+        let virtual_side = read_report(&args.out.join("virtual"))?;
+        return report(&args.out, &baseline, &virtual_side, None);
+    }
     for binary in ["e2e.test", "ginkgo", "kubelet", "kube-apiserver"] {
         if !args.k8s_bin.join(binary).is_file() {
             bail!(
@@ -332,15 +358,12 @@ pub async fn run(args: ConformanceArgs) -> anyhow::Result<()> {
         _ => run_suite(&args, "virtual", &upper, &args.out.join("virtual")).await?,
     };
     sandbox.stop().await;
-    let (counts, rows) = compare(&baseline, &virtual_side);
-    let summary = args.out.join("summary.md");
-    std::fs::write(&summary, summary_markdown(&counts, &rows))
-        .with_context(|| format!("writing {}", summary.display()))?;
-    println!("summary: {}", summary.display());
-    let mut line = serde_json::to_value(&counts).context("the summary line")?;
-    line["duration_s"] = serde_json::json!(started.elapsed().as_secs());
-    println!("{line}");
-    Ok(())
+    report(
+        &args.out,
+        &baseline,
+        &virtual_side,
+        Some(started.elapsed().as_secs()),
+    )
 }
 
 #[cfg(test)]

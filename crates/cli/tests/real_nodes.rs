@@ -106,6 +106,24 @@ fn apply(kubeconfig: &Path, manifest: &serde_json::Value) {
     );
 }
 
+/// `kubectl get pods -A -l tensile-kube.io/owner=vk-lower -o OUTPUT` in the lower cluster: the
+/// lower pods of virtual node `vk-lower`.
+fn ours_downstairs(lower: &Path, output: &str) -> String {
+    kubectl(
+        lower,
+        &[
+            "get",
+            "pods",
+            "-A",
+            "-l",
+            "tensile-kube.io/owner=vk-lower",
+            "-o",
+            output,
+        ],
+    )
+    .1
+}
+
 fn jsonpath(kubeconfig: &Path, what: &str, path: &str) -> String {
     kubectl(
         kubeconfig,
@@ -307,17 +325,9 @@ fn real_containers_run_through_the_virtual_node_and_kubectl_reaches_them() {
     }
     // The pods really run downstairs, on the real node, with addresses of its range.
     let node = &env.clusters[1].real_nodes()[0];
-    let (_, lower_pods, _) = kubectl(
+    let lower_pods = ours_downstairs(
         &lower,
-        &[
-            "get",
-            "pods",
-            "-A",
-            "-l",
-            "tensile-kube.io/owner=vk-lower",
-            "-o",
-            "jsonpath={range .items[*]}{.spec.nodeName} {.status.podIP}{\"\\n\"}{end}",
-        ],
+        "jsonpath={range .items[*]}{.spec.nodeName} {.status.podIP}{\"\\n\"}{end}",
     );
     assert_eq!(lower_pods.lines().count(), 5, "{lower_pods}");
     let prefix = node.pod_cidr.trim_end_matches("0/24");
@@ -510,19 +520,10 @@ fn real_containers_run_through_the_virtual_node_and_kubectl_reaches_them() {
         WAIT,
         "the lower pod terminating with the upper grace",
         || {
-            kubectl(
+            ours_downstairs(
                 &lower,
-                &[
-                    "get",
-                    "pods",
-                    "-A",
-                    "-l",
-                    "tensile-kube.io/owner=vk-lower",
-                    "-o",
-                    "jsonpath={.items[*].metadata.deletionGracePeriodSeconds}",
-                ],
+                "jsonpath={.items[*].metadata.deletionGracePeriodSeconds}",
             )
-            .1
             .split_whitespace()
             .any(|g| g == "40")
         },
@@ -537,20 +538,7 @@ fn real_containers_run_through_the_virtual_node_and_kubectl_reaches_them() {
         assert!(kubectl(&upper, &["delete", "pod", pod, "--wait=false"]).0);
     }
     until_within(WAIT, "the lower pods gone", || {
-        kubectl(
-            &lower,
-            &[
-                "get",
-                "pods",
-                "-A",
-                "-l",
-                "tensile-kube.io/owner=vk-lower",
-                "-o",
-                "name",
-            ],
-        )
-        .1
-        .is_empty()
+        ours_downstairs(&lower, "name").is_empty()
     });
     drop(nodes);
     drop(env);
