@@ -459,7 +459,14 @@ impl Sandbox {
                 })
             }
         };
-        let listen = SocketAddr::new(spec.address, port_of(spec.port, 0)?);
+        // With real nodes every API server listens where their network namespaces reach the
+        // host: the lower ones for their nodes, the upper one for the offloaded pods, whose
+        // `KUBERNETES_SERVICE_HOST` is the upper API server (upper identity).
+        let node_reachable = |address: IpAddr| match (&real, spec.real_nodes) {
+            (Some(_), true) => IpAddr::V4(tensile_testenv::testhost::ADDRESS),
+            _ => address,
+        };
+        let listen = SocketAddr::new(node_reachable(spec.address), port_of(spec.port, 0)?);
         let upper = start_cluster(
             "upper",
             listen,
@@ -473,13 +480,7 @@ impl Sandbox {
         let mut lowers = Vec::new();
         for (i, nodes) in spec.lowers.iter().enumerate() {
             let name = format!("lower-{}", i + 1);
-            // A real node reaches its API server from a network namespace of its own: at the
-            // test host's address, not at loopback.
-            let address = match (&real, spec.real_nodes) {
-                (Some(_), true) => IpAddr::V4(tensile_testenv::testhost::ADDRESS),
-                _ => spec.address,
-            };
-            let listen = SocketAddr::new(address, port_of(spec.port, i + 1)?);
+            let listen = SocketAddr::new(node_reachable(spec.address), port_of(spec.port, i + 1)?);
             let octet = u8::try_from(i + 1)
                 .map(|i| 243_u8.wrapping_add(i))
                 .unwrap_or(243);

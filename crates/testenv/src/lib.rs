@@ -602,7 +602,11 @@ impl TestEnv {
                         nodes.push(node);
                     }
                     let names: Vec<String> = nodes.iter().map(|n| n.name.clone()).collect();
-                    schedulable(&direct, &cluster, &names).await?;
+                    if let Err(e) = schedulable(&direct, &cluster, &names).await {
+                        // Their kubelet's and containerd's logs say why.
+                        nodes.iter_mut().for_each(real_node::RealNode::keep_files);
+                        return Err(e);
+                    }
                     real_node::install_cluster_dns(&direct)
                         .await
                         .map_err(|source| TestEnvError::ClusterDns {

@@ -138,11 +138,19 @@ pub struct RealNode {
     children: Vec<Child>,
     /// The registry its containerd pulls from (the imported images).
     registry: Option<crate::registry::Registry>,
+    /// Its files and logs stay when it is dropped (it failed to come up).
+    keep_files: bool,
     /// Held for the node's life: the slot is this process's.
     _lock: std::fs::File,
 }
 
 impl RealNode {
+    /// Keeps the node's files and logs when it is dropped, for whoever looks into why it did
+    /// not come up.
+    pub fn keep_files(&mut self) {
+        self.keep_files = true;
+    }
+
     /// The node's network namespace.
     pub fn netns(&self) -> String {
         netns(self.slot)
@@ -170,7 +178,7 @@ impl Drop for RealNode {
         for c in &mut self.children {
             let _ = c.wait();
         }
-        let keep = std::thread::panicking();
+        let keep = self.keep_files || std::thread::panicking();
         teardown(self.slot, Some(&self.dir), keep);
     }
 }
@@ -198,6 +206,7 @@ pub async fn start(config: NodeConfig<'_>) -> Result<RealNode, RealNodeError> {
         slot,
         children: Vec::new(),
         registry: None,
+        keep_files: false,
         _lock: lock,
     };
     for sub in [
