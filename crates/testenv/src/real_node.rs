@@ -188,6 +188,7 @@ impl Drop for RealNode {
 pub async fn start(config: NodeConfig<'_>) -> Result<RealNode, RealNodeError> {
     let node = config.name.to_owned();
     preflight(config.bin)?;
+    inotify_room(&node)?;
     let (slot, lock) = take_slot(&node)?;
     let dir = config.parent.join(config.name);
     // Recorded for whoever finds the slot left behind by a killed process.
@@ -394,6 +395,37 @@ fn write_file(node: &str, path: &Path, text: &str) -> Result<(), RealNodeError> 
         path: path.to_owned(),
         source,
     })
+}
+
+/// The inotify instances every real node needs room for: each kubelet (cAdvisor), containerd and
+/// control plane holds several, all of root's, and the kernel's default of 128 runs out with a
+/// few test clusters at once (the kubelet then fails to start cAdvisor: `inotify_init: too many
+/// open files`, and never registers).
+const INOTIFY_INSTANCES: u64 = 1024;
+const INOTIFY_SYSCTL: &str = "/proc/sys/fs/inotify/max_user_instances";
+
+/// Raises `fs.inotify.max_user_instances` to [`INOTIFY_INSTANCES`] when it is lower, as kind
+/// asks of the hosts of its node containers; never lowers it.
+fn inotify_room(node: &str) -> Result<(), RealNodeError> {
+    let io = |source| RealNodeError::Io {
+        node: node.to_owned(),
+        path: INOTIFY_SYSCTL.into(),
+        source,
+    };
+    let now: u64 = std::fs::read_to_string(INOTIFY_SYSCTL)
+        .map_err(io)?
+        .trim()
+        .parse()
+        .unwrap_or(0);
+    if now < INOTIFY_INSTANCES {
+        tracing::info!(
+            from = now,
+            to = INOTIFY_INSTANCES,
+            "raising fs.inotify.max_user_instances for real nodes"
+        );
+        std::fs::write(INOTIFY_SYSCTL, INOTIFY_INSTANCES.to_string()).map_err(io)?;
+    }
+    Ok(())
 }
 
 /// Takes the first free slot; a slot left by a killed process is cleaned first.
