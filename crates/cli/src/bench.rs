@@ -201,7 +201,7 @@ where
     })
 }
 
-fn pct(v: &mut [Duration], p: f64) -> Duration {
+pub(crate) fn pct(v: &mut [Duration], p: f64) -> Duration {
     v.sort();
     if v.is_empty() {
         return Duration::ZERO;

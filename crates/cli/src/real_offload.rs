@@ -146,18 +146,9 @@ async fn delete_all(api: &Api<Pod>) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// A percentile in milliseconds (`bench`'s nearest-rank percentile).
 fn pct(v: &mut [Duration], p: f64) -> f64 {
-    v.sort();
-    if v.is_empty() {
-        return 0.0;
-    }
-    #[allow(
-        clippy::cast_possible_truncation,
-        clippy::cast_sign_loss,
-        clippy::cast_precision_loss
-    )]
-    let i = (((v.len() - 1) as f64) * p).round() as usize;
-    v[i.min(v.len() - 1)].as_secs_f64() * 1000.0
+    crate::bench::pct(v, p).as_secs_f64() * 1000.0
 }
 
 pub async fn run(args: RealOffloadArgs) -> anyhow::Result<()> {
