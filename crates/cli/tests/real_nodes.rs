@@ -25,6 +25,39 @@ use common::{Killed, kubectl, until_within};
 /// control planes and the other tests' clusters.
 const WAIT: Duration = Duration::from_secs(180);
 
+/// The log of pod `ns/name` read once through a WebSocket from the API server of `client`
+/// (`binary.k8s.io`: each message is raw log bytes), until the server closes it.
+async fn websocket_log(client: &kube::Client, ns: &str, name: &str) -> String {
+    use futures::StreamExt as _;
+    use tokio_tungstenite::tungstenite::{Message, handshake::client::generate_key, protocol};
+    let request = http::Request::get(format!("/api/v1/namespaces/{ns}/pods/{name}/log"))
+        .header(http::header::CONNECTION, "Upgrade")
+        .header(http::header::UPGRADE, "websocket")
+        .header(http::header::SEC_WEBSOCKET_VERSION, "13")
+        .header(http::header::SEC_WEBSOCKET_KEY, generate_key())
+        .header(http::header::SEC_WEBSOCKET_PROTOCOL, "binary.k8s.io")
+        .body(kube::client::Body::empty())
+        .unwrap();
+    let response = client.send(request).await.unwrap();
+    assert_eq!(response.status(), http::StatusCode::SWITCHING_PROTOCOLS);
+    let upgraded = hyper::upgrade::on(response).await.unwrap();
+    let mut ws = tokio_tungstenite::WebSocketStream::from_raw_socket(
+        hyper_util::rt::TokioIo::new(upgraded),
+        protocol::Role::Client,
+        None,
+    )
+    .await;
+    let mut log = Vec::new();
+    while let Some(message) = ws.next().await {
+        match message.unwrap() {
+            Message::Binary(bytes) => log.extend_from_slice(&bytes),
+            Message::Close(_) => break,
+            _ => {}
+        }
+    }
+    String::from_utf8(log).unwrap()
+}
+
 /// Starts `tensile virtual-node` for lower cluster `lower` (index `i` of `env`) as `vk-<lower>`,
 /// its kubelet API on the test host's address (the upper API server reaches it there).
 fn virtual_node(env: &TestEnv, i: usize) -> (Killed, PathBuf) {
@@ -258,11 +291,16 @@ fn real_containers_run_through_the_virtual_node_and_kubectl_reaches_them() {
                             "volumeMounts": [
                                 {"name": "html", "mountPath": "/usr/share/nginx/html"},
                                 {"name": "config", "mountPath": "/etc/config"},
+                                {"name": "later", "mountPath": "/etc/later"},
                             ],
                         }],
                         "volumes": [
                             {"name": "html", "emptyDir": {}},
                             {"name": "config", "configMap": {"name": "greeting"}},
+                            // Optional, created upstairs only once the pod runs.
+                            {"name": "later", "projected": {"sources": [
+                                {"configMap": {"name": "later", "optional": true}},
+                            ]}},
                         ],
                     },
                 },
@@ -287,7 +325,8 @@ fn real_containers_run_through_the_virtual_node_and_kubectl_reaches_them() {
                     // lower metrics API says 0 cores.
                     "apiVersion": "v1", "kind": "Pod",
                     "metadata": {"name": "idle", "namespace": "default"},
-                    "spec": {"containers": [{"name": "idle", "image": busybox(), "command": ["sleep", "3600"]}]},
+                    "spec": {"containers": [{"name": "idle", "image": busybox(),
+                        "command": ["sh", "-c", "echo container is alive; exec sleep 3600"]}]},
                 },
                 {
                     "apiVersion": "v1", "kind": "Pod",
@@ -323,6 +362,15 @@ fn real_containers_run_through_the_virtual_node_and_kubectl_reaches_them() {
             running(&upper, pod)
         });
     }
+
+    // The log read through a WebSocket, as the API server serves it (as Kubernetes'
+    // conformance test "Pods should support retrieving logs from the container over
+    // websockets" reads it, once, as soon as the container runs).
+    let client = env.clusters[0].client.clone();
+    assert_eq!(
+        runtime.block_on(websocket_log(&client, "default", "idle")),
+        "container is alive\n"
+    );
     // The pods really run downstairs, on the real node, with addresses of its range.
     let node = &env.clusters[1].real_nodes()[0];
     let lower_pods = ours_downstairs(
@@ -411,6 +459,29 @@ fn real_containers_run_through_the_virtual_node_and_kubectl_reaches_them() {
         WAIT,
         "the ConfigMap update in the running container",
         || cat() == "v2",
+    );
+
+    // An optional ConfigMap created upstairs after the pod started reaches its volume, and
+    // leaves it when deleted, as a kubelet upstairs would have it.
+    let later = || kubectl(&upper, &["exec", "web", "--", "cat", "/etc/later/k"]);
+    assert!(!later().0, "/etc/later/k before the ConfigMap exists");
+    assert!(
+        kubectl(
+            &upper,
+            &["create", "configmap", "later", "--from-literal=k=appeared"]
+        )
+        .0
+    );
+    until_within(
+        WAIT,
+        "an optional ConfigMap created after the pod, in its volume",
+        || later().1 == "appeared",
+    );
+    assert!(kubectl(&upper, &["delete", "configmap", "later"]).0);
+    until_within(
+        WAIT,
+        "the optional ConfigMap deleted, out of the volume",
+        || !later().0,
     );
 
     // The token on disk is one the upper cluster issued for the upper pod, and accepted there.

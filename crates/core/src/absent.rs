@@ -1,7 +1,14 @@
-//! An optional reference whose object is missing upstairs reads as missing downstairs too.
+//! An optional reference whose object is missing upstairs must never read a lower object that
+//! is not ours.
 //!
-//! A lower pod that kept such a reference would read a lower object of the same name that is
-//! not a copy of ours (an unrelated Secret of the lower cluster, say): the reference is taken
+//! Such a reference stays in the lower pod when the lower cluster has no object of that name, or
+//! only ours (a copy on its way out): the kubelet downstairs then treats it as the kubelet
+//! upstairs would (env var not set, empty volume), and when the object appears upstairs our copy
+//! appears downstairs and the lower kubelet fills the volume, as a kubelet fills an optional
+//! volume once its object exists ([`optional_missing_is_absent`]).
+//!
+//! When the lower cluster holds an object of that name that is not a copy of ours (an unrelated
+//! Secret of the lower cluster, say), a kept reference would read it: the reference is taken
 //! out of the lower pod instead, as the kubelet treats it upstairs:
 //! - an optional `configMapKeyRef`/`secretKeyRef` env var: not set (dropped);
 //! - an optional `envFrom` source: dropped;
@@ -11,9 +18,9 @@
 //!   becomes `emptyDir: {}`, the empty directory the kubelet would mount);
 //! - an `imagePullSecrets` entry: dropped (the kubelet pulls without it).
 //!
-//! The node collects the set: the optional references whose object is missing upstairs, and
-//! the Secrets that hold an upper service-account token (never copied, so missing downstairs
-//! by design). A mandatory reference to such an object holds the pod back instead (never here).
+//! The node collects the set: those optional references, and the Secrets that hold an upper
+//! service-account token (never copied, so missing downstairs by design). A mandatory reference
+//! to such an object holds the pod back instead (never here).
 //!
 //! An optional key missing from an object that exists needs nothing: the copy has the same keys.
 
@@ -22,6 +29,9 @@ use std::collections::BTreeSet;
 use k8s_openapi::api::core::v1::{
     EmptyDirVolumeSource, EnvFromSource, EnvVar, LocalObjectReference, PodSpec, Volume,
 };
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+use crate::deps::is_owned_by;
 
 /// The ConfigMaps and Secrets (by name, in the pod's namespace) that are absent for the pod.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -37,6 +47,13 @@ impl Absent {
     pub fn is_empty(&self) -> bool {
         self.config_maps.is_empty() && self.secrets.is_empty()
     }
+}
+
+/// Whether an optional reference whose object is missing upstairs must leave the lower pod,
+/// given the lower object of that name (`lower`, if any): only when that one is not ours. With
+/// none, or ours, the reference stays, so the object reaches the pod when it appears upstairs.
+pub fn optional_missing_is_absent(lower: Option<&ObjectMeta>, owner: &str) -> bool {
+    lower.is_some_and(|meta| !is_owned_by(meta, owner))
 }
 
 /// Removes from the lower pod `spec` every reference to an object of `absent` (see the module
@@ -148,6 +165,35 @@ mod tests {
     use crate::translate::tests::pod;
     use pretty_assertions::assert_eq;
     use serde_json::{Value, json};
+
+    #[test]
+    fn an_optional_reference_leaves_only_for_a_lower_object_not_ours() {
+        let owner = "vk-a";
+        let meta = |label: (&str, String)| ObjectMeta {
+            name: Some("cm".to_owned()),
+            labels: Some([(label.0.to_owned(), label.1)].into()),
+            ..ObjectMeta::default()
+        };
+        let ours = meta((
+            crate::keys::LABEL_OWNER,
+            crate::keys::owner_label_value(owner),
+        ));
+        let foreign = meta(("app", "x".to_owned()));
+        let other_node = meta((
+            crate::keys::LABEL_OWNER,
+            crate::keys::owner_label_value("vk-b"),
+        ));
+        assert!(
+            !optional_missing_is_absent(None, owner),
+            "nothing downstairs: kept"
+        );
+        assert!(
+            !optional_missing_is_absent(Some(&ours), owner),
+            "ours: kept"
+        );
+        assert!(optional_missing_is_absent(Some(&foreign), owner));
+        assert!(optional_missing_is_absent(Some(&other_node), owner));
+    }
 
     fn absent(config_maps: &[&str], secrets: &[&str]) -> Absent {
         Absent {

@@ -419,9 +419,10 @@ pub async fn handle<B: KubeletBackend>(
             Err(e) => text(StatusCode::BAD_REQUEST, e.to_string()),
             Ok(options) => match backend.logs(pod, container, options).await {
                 Ok(stream) => {
-                    let body = StreamBody::new(futures::StreamExt::map(stream, |chunk| {
-                        chunk.map(Frame::data)
-                    }));
+                    let body =
+                        StreamBody::new(futures::StreamExt::map(log_body(stream), |chunk| {
+                            chunk.map(Frame::data)
+                        }));
                     let mut r = Response::new(body.boxed_unsync());
                     r.headers_mut()
                         .insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain"));
@@ -438,6 +439,25 @@ pub async fn handle<B: KubeletBackend>(
         }
         Route::PortForward(pod) => port_forward(ctx, backend, req, &query, pod),
     }
+}
+
+/// A log stream whose end reaches the socket after its last bytes, never in the same write.
+///
+/// kube-apiserver wraps a WebSocket around the log it reads from the kubelet (`pods/log` with
+/// `Upgrade: websocket`), and drops the bytes of a read that also returns end-of-file. When
+/// hyper writes the last chunk and the closing zero-length chunk together, Go's chunked reader
+/// returns both in one read, so the WebSocket client got an empty log (Kubernetes' conformance
+/// test "Pods should support retrieving logs from the container over websockets"). The kubelet
+/// flushes every write; one yield before the end has hyper flush what it holds first.
+fn log_body(stream: LogStream) -> impl Stream<Item = std::io::Result<Bytes>> + Send {
+    let flushed = futures::stream::once(async {
+        tokio::task::yield_now().await;
+        None
+    });
+    futures::StreamExt::filter_map(
+        futures::StreamExt::chain(futures::StreamExt::map(stream, Some), flushed),
+        std::future::ready,
+    )
 }
 
 fn empty_101(resp: Response<()>) -> Response<Body> {

@@ -25,7 +25,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 use serde_json::json;
-use tensile_core::absent::{Absent, drop_absent};
+use tensile_core::absent::{Absent, drop_absent, optional_missing_is_absent};
 use tensile_core::deps::{CopyKind, lower_secret, lower_service_account, pod_dependencies};
 use tensile_core::env_events::{Found, Upstairs, env_events, env_references};
 use tensile_core::keys::ANNOTATION_UPPER_UID;
@@ -1022,6 +1022,12 @@ async fn dependency(
             )
         }
     };
+    let owner = &ctx.cfg.translate.owner;
+    // An optional object missing upstairs: whether the lower cluster has one of that name that
+    // is not ours decides if the reference may stay (`tensile_core::absent`).
+    let lower_unreadable = |kind: &'static str| {
+        move |e| SyncError::api(ctx.lower_call("reading", kind, ns, &step.name), e)
+    };
     // The copy of the upper object of `uid`: there, or the pod waits for it.
     let copied = |uid: Option<String>| {
         let what = kind_name(step.kind);
@@ -1054,7 +1060,15 @@ async fn dependency(
         {
             Ok(Some(cm)) => copied(cm.metadata.uid)?,
             Ok(None) if step.optional => {
-                absent.config_maps.insert(step.name.clone());
+                let lower = ctx
+                    .copies
+                    .config_maps
+                    .get_or_fetch(&Api::namespaced(ctx.cfg.lower.clone(), ns), ns, &step.name)
+                    .await
+                    .map_err(lower_unreadable("ConfigMap"))?;
+                if optional_missing_is_absent(lower.as_ref().map(|o| &o.metadata), owner) {
+                    absent.config_maps.insert(step.name.clone());
+                }
             }
             Ok(None) => return Err(missing("configmap")),
             Err(e) => return Err(unreadable("ConfigMap")(e)),
@@ -1077,7 +1091,15 @@ async fn dependency(
                 Err(e) => return Err(SyncError::Invalid(Box::new(e))),
             },
             Ok(None) if step.optional => {
-                absent.secrets.insert(step.name.clone());
+                let lower = ctx
+                    .copies
+                    .secrets
+                    .get_or_fetch(&Api::namespaced(ctx.cfg.lower.clone(), ns), ns, &step.name)
+                    .await
+                    .map_err(lower_unreadable("Secret"))?;
+                if optional_missing_is_absent(lower.as_ref().map(|o| &o.metadata), owner) {
+                    absent.secrets.insert(step.name.clone());
+                }
             }
             Ok(None) => return Err(missing("secret")),
             Err(e) => return Err(unreadable("Secret")(e)),

@@ -1673,6 +1673,75 @@ async fn lower_objects_that_are_not_ours_never_reach_an_offloaded_pod() {
     stop.cancel();
 }
 
+/// An optional ConfigMap that exists in neither cluster when the pod starts keeps its reference
+/// in the lower pod (nothing of that name downstairs can be read), so once it is created
+/// upstairs our copy fills the volume, as a kubelet fills an optional volume (Kubernetes'
+/// conformance test "Projected configMap optional updates should be reflected in volume");
+/// deleted upstairs, it leaves the volume.
+#[tokio::test]
+async fn an_optional_config_map_created_after_the_pod_reaches_its_volume() {
+    use k8s_openapi::api::core::v1::ConfigMap;
+    let (env, stop) = start().await;
+    let (upper, lower) = (&env.clusters[0].client, &env.clusters[1].client);
+    let upper_pods: Api<Pod> = Api::namespaced(upper.clone(), "default");
+    let lower_pods: Api<Pod> = Api::namespaced(lower.clone(), "default");
+    let later = json!({"spec": {
+    "containers": [{"name": "c", "image": "nginx:1.27",
+        "volumeMounts": [{"name": "l", "mountPath": "/later"}, {"name": "p", "mountPath": "/p"}]}],
+    "volumes": [
+        {"name": "l", "configMap": {"name": "later", "optional": true}},
+        {"name": "p", "projected": {"sources": [{"configMap": {"name": "later", "optional": true}}]}},
+    ]}});
+    create_running(&upper_pods, "later", later).await;
+    let copy = lower_pods.get("later").await.unwrap();
+    let volumes = copy.spec.unwrap().volumes.unwrap_or_default();
+    let kept = |name: &str| {
+        let v = volumes.iter().find(|v| v.name == name);
+        v.and_then(|v| v.config_map.as_ref().map(|c| c.name.clone()))
+            .or_else(|| {
+                v.and_then(|v| v.projected.as_ref())
+                    .and_then(|p| p.sources.as_ref()?.first()?.config_map.as_ref())
+                    .map(|c| c.name.clone())
+            })
+    };
+    assert_eq!(kept("l").as_deref(), Some("later"), "{volumes:?}");
+    assert_eq!(kept("p").as_deref(), Some("later"), "{volumes:?}");
+    let listed = || async {
+        [
+            exec_out(&upper_pods, "later", &["ls", "/later"]).await,
+            exec_out(&upper_pods, "later", &["ls", "/p"]).await,
+        ]
+        .map(|out| out.trim().to_owned())
+    };
+    assert_eq!(
+        listed().await,
+        ["", ""],
+        "files before the ConfigMap exists"
+    );
+
+    let configs: Api<ConfigMap> = Api::namespaced(upper.clone(), "default");
+    let cm: ConfigMap =
+        serde_json::from_value(json!({"metadata": {"name": "later"}, "data": {"k": "v"}})).unwrap();
+    configs.create(&PostParams::default(), &cm).await.unwrap();
+    eventually(60, "the optional ConfigMap in both volumes", || async {
+        (listed().await == ["k", "k"]).then_some(())
+    })
+    .await;
+    assert_eq!(
+        exec_out(&upper_pods, "later", &["cat", "/later/k", "/p/k"]).await,
+        "vv"
+    );
+    configs
+        .delete("later", &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually(60, "the deleted ConfigMap out of the volumes", || async {
+        (listed().await == ["", ""]).then_some(())
+    })
+    .await;
+    stop.cancel();
+}
+
 /// Issue 28 item 1: the virtual-kubelet library's environment events. A pod whose optional
 /// references miss upstairs runs and gets the Optional... events; one with a mandatory
 /// reference to a missing Secret waits with `MandatorySecretNotFound` (one event, however often
