@@ -1022,12 +1022,6 @@ async fn dependency(
             )
         }
     };
-    let owner = &ctx.cfg.translate.owner;
-    // An optional object missing upstairs: whether the lower cluster has one of that name that
-    // is not ours decides if the reference may stay (`tensile_core::absent`).
-    let lower_unreadable = |kind: &'static str| {
-        move |e| SyncError::api(ctx.lower_call("reading", kind, ns, &step.name), e)
-    };
     // The copy of the upper object of `uid`: there, or the pod waits for it.
     let copied = |uid: Option<String>| {
         let what = kind_name(step.kind);
@@ -1060,13 +1054,9 @@ async fn dependency(
         {
             Ok(Some(cm)) => copied(cm.metadata.uid)?,
             Ok(None) if step.optional => {
-                let lower = ctx
-                    .copies
-                    .config_maps
-                    .get_or_fetch(&Api::namespaced(ctx.cfg.lower.clone(), ns), ns, &step.name)
-                    .await
-                    .map_err(lower_unreadable("ConfigMap"))?;
-                if optional_missing_is_absent(lower.as_ref().map(|o| &o.metadata), owner) {
+                if not_ours_downstairs(ctx, &ctx.copies.config_maps, "ConfigMap", ns, &step.name)
+                    .await?
+                {
                     absent.config_maps.insert(step.name.clone());
                 }
             }
@@ -1091,13 +1081,7 @@ async fn dependency(
                 Err(e) => return Err(SyncError::Invalid(Box::new(e))),
             },
             Ok(None) if step.optional => {
-                let lower = ctx
-                    .copies
-                    .secrets
-                    .get_or_fetch(&Api::namespaced(ctx.cfg.lower.clone(), ns), ns, &step.name)
-                    .await
-                    .map_err(lower_unreadable("Secret"))?;
-                if optional_missing_is_absent(lower.as_ref().map(|o| &o.metadata), owner) {
+                if not_ours_downstairs(ctx, &ctx.copies.secrets, "Secret", ns, &step.name).await? {
                     absent.secrets.insert(step.name.clone());
                 }
             }
@@ -1121,6 +1105,33 @@ async fn dependency(
         LowerKind::Namespace | LowerKind::ServiceAccount | LowerKind::Pod => {}
     }
     Ok(())
+}
+
+/// For an optional reference whose object is missing upstairs: whether the lower cluster holds
+/// an object `ns/name` that is not ours (our copies in `cache`, any other read from the lower
+/// API server), so the reference must leave the lower pod (`tensile_core::absent`).
+async fn not_ours_downstairs<K>(
+    ctx: &Ctx,
+    cache: &CompactCache<K>,
+    kind: &'static str,
+    ns: &str,
+    name: &str,
+) -> Result<bool, SyncError>
+where
+    K: Resource<Scope = NamespaceResourceScope, DynamicType = ()>
+        + Clone
+        + std::fmt::Debug
+        + serde::Serialize
+        + serde::de::DeserializeOwned,
+{
+    let lower = cache
+        .get_or_fetch(&Api::namespaced(ctx.cfg.lower.clone(), ns), ns, name)
+        .await
+        .map_err(|e| SyncError::api(ctx.lower_call("reading", kind, ns, name), e))?;
+    Ok(optional_missing_is_absent(
+        lower.as_ref().map(|o| o.meta()),
+        &ctx.cfg.translate.owner,
+    ))
 }
 
 /// Creates our lower `object` of `kind` in `ns`. One of that name that exists already is used
