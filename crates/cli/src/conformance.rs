@@ -249,8 +249,7 @@ async fn run_suite(
         .arg("--dump-logs-on-failure=false")
         .stdin(std::process::Stdio::null())
         .stdout(log)
-        .stderr(err)
-        .kill_on_drop(true);
+        .stderr(err);
     if kubectl.is_file() {
         command.arg(format!("--kubectl-path={}", kubectl.display()));
     }
@@ -259,12 +258,33 @@ async fn run_suite(
         dir.join("e2e.log").display()
     );
     let started = Instant::now();
-    let status = command.status().await.context("running ginkgo")?;
+    let mut ginkgo = Interrupted(command.spawn().context("starting ginkgo")?);
+    let status = ginkgo.0.wait().await.context("running ginkgo")?;
     println!(
         "{side}: ginkgo exited {status} after {:.0} s",
         started.elapsed().as_secs_f64()
     );
     read_report(dir).with_context(|| format!("{side}: see {}", dir.join("e2e.log").display()))
+}
+
+/// ginkgo, interrupted (SIGINT, as Ctrl-C would) when the benchmark stops before it ends.
+/// Killed instead, it left its parallel e2e.test processes running against clusters already
+/// gone, waiting for a ginkgo that would never answer; interrupted, it stops them and writes
+/// the reports of what ran.
+struct Interrupted(tokio::process::Child);
+
+impl Drop for Interrupted {
+    fn drop(&mut self) {
+        if let (Ok(None), Some(pid)) = (self.0.try_wait(), self.0.id()) {
+            // `kill` the program: the standard library sends only SIGKILL.
+            let sent = std::process::Command::new("kill")
+                .args(["-INT", &pid.to_string()])
+                .status();
+            if !sent.is_ok_and(|s| s.success()) {
+                let _ = self.0.start_kill();
+            }
+        }
+    }
 }
 
 /// A side's outcomes from the report a run left in `dir`.
