@@ -693,6 +693,31 @@ fn a_pod_in_one_lower_cluster_reaches_a_service_whose_backend_runs_in_another() 
         );
         ok && page.contains("nginx")
     });
+    // By the cluster IP the upper cluster gave the Service (the address a user reads upstairs,
+    // and Kubernetes' conformance tests connect to): the copy asked for it downstairs too.
+    let cluster_ip = jsonpath(&upper, "service/backend", "{.spec.clusterIP}");
+    let lower_a = env.clusters[1].kubeconfig.clone();
+    assert_eq!(
+        jsonpath(&lower_a, "service/backend", "{.spec.clusterIP}"),
+        cluster_ip,
+        "the copy in lower-a has the upper cluster IP"
+    );
+    until_within(WAIT, "the Service by its upper cluster IP", || {
+        let (ok, page, _) = kubectl(
+            &upper,
+            &[
+                "exec",
+                "client",
+                "--",
+                "timeout",
+                "5",
+                "wget",
+                "-qO-",
+                &format!("http://{cluster_ip}/"),
+            ],
+        );
+        ok && page.contains("nginx")
+    });
     drop(nodes);
     drop(env);
     drop(runtime);

@@ -85,8 +85,10 @@ fn service_type(spec: Option<&ServiceSpec>) -> &str {
 /// The lower copy of an upper Service made by node `owner`.
 ///
 /// - no selector; the upper one is kept as JSON in annotation `labelSelector` (as the original);
-/// - headless stays headless (`clusterIP: None`); any other cluster IP is left to the lower
-///   cluster to allocate, as are the IP families;
+/// - headless stays headless (`clusterIP: None`); any other cluster IP is asked for downstairs
+///   too, so a pod offloaded there reaches the Service at the address the upper cluster gave it
+///   (when the lower cluster's Service range has it free; if not, [`without_cluster_ip`] is
+///   the copy to create instead); the IP families are left to the lower cluster;
 /// - ports with their names, protocols, target ports and appProtocols, session affinity,
 ///   traffic policies, publishNotReadyAddresses are kept; node ports are not;
 /// - NodePort and LoadBalancer become ClusterIP (see the module notes); ExternalName stays;
@@ -126,8 +128,22 @@ pub fn lower_service(upper: &Service, owner: &str) -> Service {
                 .to_owned(),
             ),
             external_name: upper_spec.external_name.clone().filter(|_| external_name),
-            cluster_ip: headless.then(|| CLUSTER_IP_NONE.to_owned()),
-            cluster_ips: headless.then(|| vec![CLUSTER_IP_NONE.to_owned()]),
+            cluster_ip: if headless {
+                Some(CLUSTER_IP_NONE.to_owned())
+            } else {
+                upper_spec
+                    .cluster_ip
+                    .clone()
+                    .filter(|ip| !ip.is_empty() && !external_name)
+            },
+            cluster_ips: if headless {
+                Some(vec![CLUSTER_IP_NONE.to_owned()])
+            } else {
+                upper_spec
+                    .cluster_ips
+                    .clone()
+                    .filter(|ips| !ips.is_empty() && !external_name)
+            },
             ports,
             session_affinity: upper_spec.session_affinity.clone(),
             session_affinity_config: upper_spec.session_affinity_config.clone(),
@@ -142,6 +158,32 @@ pub fn lower_service(upper: &Service, owner: &str) -> Service {
         spec,
         status: None,
     }
+}
+
+/// The copy to create when the lower API server refused the upper cluster IP of `copy`
+/// ([`cluster_ip_refused`]): the same without it, for the lower cluster to allocate one. `None`
+/// when `copy` asked for none (headless and ExternalName Services too).
+pub fn without_cluster_ip(copy: &Service) -> Option<Service> {
+    let spec = copy.spec.as_ref()?;
+    let asked = spec
+        .cluster_ip
+        .as_deref()
+        .is_some_and(|ip| ip != CLUSTER_IP_NONE);
+    asked.then(|| {
+        let mut other = copy.clone();
+        if let Some(spec) = other.spec.as_mut() {
+            spec.cluster_ip = None;
+            spec.cluster_ips = None;
+        }
+        other
+    })
+}
+
+/// Whether an API server's answer `code`/`message` to a Service create refused the cluster IP
+/// it asked for: taken already, or outside the lower cluster's Service range (422 Invalid on
+/// `spec.clusterIP`/`spec.clusterIPs`).
+pub fn cluster_ip_refused(code: u16, message: &str) -> bool {
+    code == 422 && message.contains("spec.clusterIP")
 }
 
 /// Whether the lower Service differs from the `desired` copy ([`lower_service`]): in a spec
@@ -172,9 +214,6 @@ pub fn service_action(
         Err(action) => return action,
     };
     let mut desired = lower_service(upper, owner);
-    if !service_needs_update(lower, &desired) {
-        return CopyAction::Nothing;
-    }
     let (was, will) = (lower.spec.as_ref(), desired.spec.as_ref());
     // The cluster IP is immutable: headless cannot become a virtual IP or back, and an
     // ExternalName Service has none; such a change is a new Service.
@@ -183,11 +222,16 @@ pub fn service_action(
     {
         return CopyAction::Replace(desired);
     }
+    // Otherwise the lower cluster's address stands (the upper one, or another when it was
+    // refused), and only the rest is compared.
     if let (Some(spec), Some(lower_spec)) = (desired.spec.as_mut(), lower.spec.as_ref()) {
         spec.cluster_ip = lower_spec.cluster_ip.clone();
         spec.cluster_ips = lower_spec.cluster_ips.clone();
         spec.ip_families = lower_spec.ip_families.clone();
         spec.ip_family_policy = lower_spec.ip_family_policy.clone();
+    }
+    if !service_needs_update(lower, &desired) {
+        return CopyAction::Nothing;
     }
     desired.metadata.resource_version = lower.metadata.resource_version.clone();
     CopyAction::Update(desired)
@@ -349,7 +393,7 @@ mod tests {
     }
 
     #[test]
-    fn checklist_68_copy_has_no_selector_keeps_it_as_json_clears_cluster_ip_and_is_global() {
+    fn checklist_68_copy_has_no_selector_keeps_it_as_json_asks_for_the_cluster_ip_and_is_global() {
         let copy = lower_service(&service(web_spec()), OWNER);
         let json = serde_json::to_value(&copy).unwrap();
         assert_eq!(
@@ -366,6 +410,7 @@ mod tests {
                 },
                 "spec": {
                     "type": "ClusterIP",
+                    "clusterIP": "10.96.0.10", "clusterIPs": ["10.96.0.10"],
                     "ports": [
                         {"name": "http", "port": 80, "targetPort": 8080, "protocol": "TCP"},
                         {"name": "dns", "port": 53, "targetPort": 53, "protocol": "UDP"},
@@ -375,6 +420,55 @@ mod tests {
                 },
             })
         );
+    }
+
+    #[test]
+    fn a_refused_cluster_ip_is_left_to_the_lower_cluster_and_never_rewritten() {
+        let upper = service(web_spec());
+        let copy = lower_service(&upper, OWNER);
+        let other = without_cluster_ip(&copy).unwrap();
+        let spec = other.spec.as_ref().unwrap();
+        assert_eq!(
+            (spec.cluster_ip.as_ref(), spec.cluster_ips.as_ref()),
+            (None, None)
+        );
+        assert_eq!(other.metadata, copy.metadata);
+        // Made with another address, the copy is in step: no update asks for the upper one.
+        let lower = created(&other, "10.200.0.7");
+        assert!(matches!(
+            service_action(Some(&upper), Some(&lower), OWNER, &ServiceFilter::default()),
+            CopyAction::Nothing
+        ));
+        // Headless and ExternalName copies ask for no address.
+        let mut headless = web_spec();
+        headless["clusterIP"] = json!("None");
+        headless["clusterIPs"] = json!(["None"]);
+        assert_eq!(
+            without_cluster_ip(&lower_service(&service(headless), OWNER)),
+            None
+        );
+        let external = json!({"type": "ExternalName", "externalName": "db.example.com",
+            "clusterIP": ""});
+        assert_eq!(
+            without_cluster_ip(&lower_service(&service(external), OWNER)),
+            None
+        );
+        // The lower API server's refusals, as kube-apiserver words them.
+        assert!(cluster_ip_refused(
+            422,
+            "Service \"web\" is invalid: spec.clusterIPs: Invalid value: [\"198.19.0.10\"]: \
+             failed to allocate IP 198.19.0.10: provided IP is already allocated"
+        ));
+        assert!(cluster_ip_refused(
+            422,
+            "Service \"web\" is invalid: spec.clusterIPs: Invalid value: [\"10.96.0.10\"]: \
+             failed to allocate IP 10.96.0.10: the provided IP (10.96.0.10) is not in the valid range"
+        ));
+        assert!(!cluster_ip_refused(
+            422,
+            "spec.ports[0].port: Invalid value: 0"
+        ));
+        assert!(!cluster_ip_refused(409, "spec.clusterIP"));
     }
 
     #[test]
@@ -455,7 +549,9 @@ mod tests {
     fn a_port_change_updates_the_copy_keeping_the_lower_cluster_ip() {
         let filter = ServiceFilter::default();
         let upper = service(web_spec());
-        let lower = created(&lower_service(&upper, OWNER), "10.0.0.5");
+        // Made with an address of the lower cluster's (the upper one was refused).
+        let asked = without_cluster_ip(&lower_service(&upper, OWNER)).unwrap();
+        let lower = created(&asked, "10.0.0.5");
         let mut changed = web_spec();
         changed["ports"][0]["port"] = json!(81);
         let CopyAction::Update(desired) =

@@ -34,7 +34,9 @@ use serde::de::DeserializeOwned;
 use tensile_core::deps::{CopyAction, CopyKind, DependencyCopy, dependency_action, lower_pvc};
 use tensile_core::keys::{LABEL_IDENTITY_OF, LABEL_OWNER, owner_label_value};
 use tensile_core::plan::{Existing, LowerKind};
-use tensile_core::services::{ServiceFilter, endpoints_action, service_action};
+use tensile_core::services::{
+    ServiceFilter, cluster_ip_refused, endpoints_action, service_action, without_cluster_ip,
+};
 use tensile_core::volumes::claim_action;
 use tokio_util::sync::CancellationToken;
 
@@ -302,12 +304,15 @@ pub async fn run(cfg: CopySync, shared: Shared, stop: CancellationToken) {
         if let Some((services, endpoints)) = services {
             tokio::join!(
                 run_kind(
-                    Kind::new(
-                        &cfg,
-                        "service",
-                        CopyIndex::new(owner.clone(), Default::default(), services),
-                        &namespaces
-                    ),
+                    Kind {
+                        instead: Some(service_without_refused_ip),
+                        ..Kind::new(
+                            &cfg,
+                            "service",
+                            CopyIndex::new(owner.clone(), Default::default(), services),
+                            &namespaces,
+                        )
+                    },
                     stop.clone()
                 ),
                 run_kind(
@@ -419,6 +424,20 @@ struct Kind<K> {
     per_object: Option<Arc<ObjectWatches<K>>>,
     /// The upper object is read when a copy is to be made (no watch of them is allowed).
     read_upper: bool,
+    /// The copy to create instead when the lower API server refused one (a Service's cluster
+    /// IP taken or out of range downstairs).
+    instead: Option<Instead<K>>,
+}
+
+/// See [`Kind::instead`].
+type Instead<K> = fn(&K, &kube::Error) -> Option<K>;
+
+/// A Service copy without the upper cluster IP, when the lower API server refused it.
+fn service_without_refused_ip(copy: &Service, e: &kube::Error) -> Option<Service> {
+    match e {
+        kube::Error::Api(s) if cluster_ip_refused(s.code, &s.message) => without_cluster_ip(copy),
+        _ => None,
+    }
 }
 
 /// See [`Kind::observer`].
@@ -439,6 +458,7 @@ impl<K> Kind<K> {
             observer: None,
             per_object: None,
             read_upper: false,
+            instead: None,
         }
     }
 }
@@ -687,7 +707,18 @@ where
             name: name.clone(),
             source,
         })?;
-    match api.create(&PostParams::default(), copy).await {
+    let mut made = api.create(&PostParams::default(), copy).await;
+    let other;
+    let mut copy = copy;
+    if let (Err(e), Some(instead)) = (&made, kind.instead)
+        && let Some(o) = instead(copy, e)
+    {
+        tracing::info!(kind = kind.name, namespace = %ns, name = %name, error = %e, "the lower cluster refused the copy as it was: made without what it refused");
+        other = o;
+        copy = &other;
+        made = api.create(&PostParams::default(), copy).await;
+    }
+    match made {
         Ok(_) => {
             kind.index.created(key, copy);
             Ok(())
