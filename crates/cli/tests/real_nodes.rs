@@ -677,21 +677,15 @@ fn a_pod_in_one_lower_cluster_reaches_a_service_whose_backend_runs_in_another() 
     // (Not `wget -T`: the busybox-static of Debian 12 crashes on it; docs/conformance.md.)
     // By Service name: lower-a's CoreDNS resolves the Service mirrored into it, and its
     // kube-proxy sends the connection to the backend in lower-b.
-    until_within(WAIT, "the Service by name from the other cluster", || {
+    let serves = |url: &str| {
         let (ok, page, _) = kubectl(
             &upper,
-            &[
-                "exec",
-                "client",
-                "--",
-                "timeout",
-                "5",
-                "wget",
-                "-qO-",
-                "http://backend.default.svc.cluster.local/",
-            ],
+            &["exec", "client", "--", "timeout", "5", "wget", "-qO-", url],
         );
         ok && page.contains("nginx")
+    };
+    until_within(WAIT, "the Service by name from the other cluster", || {
+        serves("http://backend.default.svc.cluster.local/")
     });
     // By the cluster IP the upper cluster gave the Service (the address a user reads upstairs,
     // and Kubernetes' conformance tests connect to): the copy asked for it downstairs too.
@@ -703,20 +697,7 @@ fn a_pod_in_one_lower_cluster_reaches_a_service_whose_backend_runs_in_another() 
         "the copy in lower-a has the upper cluster IP"
     );
     until_within(WAIT, "the Service by its upper cluster IP", || {
-        let (ok, page, _) = kubectl(
-            &upper,
-            &[
-                "exec",
-                "client",
-                "--",
-                "timeout",
-                "5",
-                "wget",
-                "-qO-",
-                &format!("http://{cluster_ip}/"),
-            ],
-        );
-        ok && page.contains("nginx")
+        serves(&format!("http://{cluster_ip}/"))
     });
     drop(nodes);
     drop(env);

@@ -1107,6 +1107,25 @@ async fn dependency(
     Ok(())
 }
 
+/// A namespaced object the pod controller reads or writes downstairs.
+trait LowerObject:
+    Resource<Scope = NamespaceResourceScope, DynamicType = ()>
+    + Clone
+    + std::fmt::Debug
+    + serde::Serialize
+    + serde::de::DeserializeOwned
+{
+}
+
+impl<K> LowerObject for K where
+    K: Resource<Scope = NamespaceResourceScope, DynamicType = ()>
+        + Clone
+        + std::fmt::Debug
+        + serde::Serialize
+        + serde::de::DeserializeOwned
+{
+}
+
 /// For an optional reference whose object is missing upstairs: whether the lower cluster holds
 /// an object `ns/name` that is not ours (our copies in `cache`, any other read from the lower
 /// API server), so the reference must leave the lower pod (`tensile_core::absent`).
@@ -1118,11 +1137,7 @@ async fn not_ours_downstairs<K>(
     name: &str,
 ) -> Result<bool, SyncError>
 where
-    K: Resource<Scope = NamespaceResourceScope, DynamicType = ()>
-        + Clone
-        + std::fmt::Debug
-        + serde::Serialize
-        + serde::de::DeserializeOwned,
+    K: LowerObject,
 {
     let lower = cache
         .get_or_fetch(&Api::namespaced(ctx.cfg.lower.clone(), ns), ns, name)
@@ -1139,11 +1154,7 @@ where
 /// is never used nor touched: the pod waits until it is gone (docs/security.md).
 async fn create_ours<K>(ctx: &Ctx, kind: LowerKind, ns: &str, object: &K) -> Result<(), SyncError>
 where
-    K: Resource<Scope = NamespaceResourceScope, DynamicType = ()>
-        + Clone
-        + std::fmt::Debug
-        + serde::Serialize
-        + serde::de::DeserializeOwned,
+    K: LowerObject,
 {
     let api: Api<K> = Api::namespaced(ctx.cfg.lower.clone(), ns);
     let name = object.meta().name.clone().unwrap_or_default();
