@@ -1127,8 +1127,8 @@ impl<K> LowerObject for K where
 }
 
 /// For an optional reference whose object is missing upstairs: whether the lower cluster holds
-/// an object `ns/name` that is not ours (our copies in `cache`, any other read from the lower
-/// API server), so the reference must leave the lower pod (`tensile_core::absent`).
+/// an object `ns/name` that is not ours (our copies in `cache`, any other's metadata read from
+/// the lower API server), so the reference must leave the lower pod (`tensile_core::absent`).
 async fn not_ours_downstairs<K>(
     ctx: &Ctx,
     cache: &CompactCache<K>,
@@ -1139,12 +1139,17 @@ async fn not_ours_downstairs<K>(
 where
     K: LowerObject,
 {
-    let lower = cache
-        .get_or_fetch(&Api::namespaced(ctx.cfg.lower.clone(), ns), ns, name)
+    // A copy of ours is in the cache; anything else is read as metadata only, so a lower
+    // Secret that is not ours never has its data read.
+    if cache.contains(ns, name) {
+        return Ok(false);
+    }
+    let lower = Api::<K>::namespaced(ctx.cfg.lower.clone(), ns)
+        .get_metadata_opt(name)
         .await
         .map_err(|e| SyncError::api(ctx.lower_call("reading", kind, ns, name), e))?;
     Ok(optional_missing_is_absent(
-        lower.as_ref().map(|o| o.meta()),
+        lower.as_ref().map(|o| &o.metadata),
         &ctx.cfg.translate.owner,
     ))
 }
