@@ -59,6 +59,11 @@ pub struct VirtualNodeArgs {
     /// Services not mirrored to the lower cluster (comma list of namespace/name).
     #[arg(long, default_value = "default/kubernetes")]
     service_exclude: String,
+    /// With `ServiceControllers`: answer on the node ports of NodePort and LoadBalancer Services
+    /// at the node's InternalIP (`VKUBELET_POD_IP`) and forward to their backends, as
+    /// kube-proxy does on every node (docs/virtual-node.md, "Node ports").
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
+    node_ports: bool,
     /// Create ServiceAccounts in the lower cluster for the pods that use them.
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
     enable_serviceaccount: bool,
@@ -681,6 +686,7 @@ pub(crate) async fn assemble(
         },
         services,
         volumes: controllers.volumes && !pv_controllers_refused(args),
+        node_ports: args.node_ports,
     })
 }
 

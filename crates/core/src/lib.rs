@@ -21,6 +21,7 @@
 //! - [`update`]: which upper pod changes may be applied to the lower pod.
 //! - [`status`]: lower pod -> upper pod status.
 //! - [`services`]: lower copies of upper Services and Endpoints.
+//! - [`node_ports`]: where the virtual node's node ports forward to.
 //! - [`guard`]: review caches, accept back-off and rate-limited warnings of the listeners.
 #![forbid(unsafe_code)]
 
@@ -43,6 +44,7 @@ pub mod keys;
 pub mod lease;
 pub mod lower_token;
 pub mod node;
+pub mod node_ports;
 pub mod plan;
 pub mod quantity;
 pub mod reach;

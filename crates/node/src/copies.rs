@@ -64,6 +64,9 @@ pub struct CopySync {
     pub services: Option<ServiceFilter>,
     /// Mirror volumes and claim bindings (`PVControllers`) for the virtual node of this name.
     pub volumes: Option<String>,
+    /// With `services`: serve the node ports of the virtual node of this name on this address
+    /// (`crate::node_ports`), from the same watches.
+    pub node_ports: Option<(String, std::net::IpAddr)>,
     /// Each copy sync is timed here (stage `copy`), each volume sync too (`volume`).
     pub metrics: crate::pods::SyncMetrics,
 }
@@ -74,6 +77,7 @@ impl Debug for CopySync {
             .field("owner", &self.owner)
             .field("services", &self.services)
             .field("volumes", &self.volumes)
+            .field("node_ports", &self.node_ports)
             .finish_non_exhaustive()
     }
 }
@@ -302,28 +306,53 @@ pub async fn run(cfg: CopySync, shared: Shared, stop: CancellationToken) {
     });
     let mirror_services = async {
         if let Some((services, endpoints)) = services {
-            tokio::join!(
-                run_kind(
-                    Kind {
-                        instead: Some(service_without_refused_ip),
-                        ..Kind::new(
-                            &cfg,
-                            "service",
-                            CopyIndex::new(owner.clone(), Default::default(), services),
-                            &namespaces,
-                        )
-                    },
-                    stop.clone()
-                ),
-                run_kind(
-                    Kind::new(
-                        &cfg,
-                        "endpoints",
-                        CopyIndex::new(owner.clone(), Default::default(), endpoints),
-                        &namespaces
+            let (upper_services, upper_endpoints) = (CompactCache::new(), CompactCache::new());
+            let mut services = Kind {
+                instead: Some(service_without_refused_ip),
+                ..Kind::new(
+                    &cfg,
+                    "service",
+                    CopyIndex::new(
+                        owner.clone(),
+                        (upper_services.clone(), CompactCache::new()),
+                        services,
                     ),
-                    stop.clone()
+                    &namespaces,
+                )
+            };
+            let mut endpoints = Kind::new(
+                &cfg,
+                "endpoints",
+                CopyIndex::new(
+                    owner.clone(),
+                    (upper_endpoints.clone(), CompactCache::new()),
+                    endpoints,
                 ),
+                &namespaces,
+            );
+            if let Some((node, address)) = cfg.node_ports.clone() {
+                let ports = crate::node_ports::NodePorts::new(
+                    node,
+                    address,
+                    upper_services,
+                    upper_endpoints,
+                    stop.clone(),
+                );
+                let for_endpoints = ports.clone();
+                services.observer = Some(Arc::new(move |upper, o: &Service| {
+                    if upper {
+                        ports.changed(&(o.namespace().unwrap_or_default(), o.name_any()));
+                    }
+                }));
+                endpoints.observer = Some(Arc::new(move |upper, o: &Endpoints| {
+                    if upper {
+                        for_endpoints.changed(&(o.namespace().unwrap_or_default(), o.name_any()));
+                    }
+                }));
+            }
+            tokio::join!(
+                run_kind(services, stop.clone()),
+                run_kind(endpoints, stop.clone()),
             );
         }
     };

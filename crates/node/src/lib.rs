@@ -17,6 +17,7 @@ pub mod mirror_events;
 pub mod namespaces;
 pub mod needs;
 pub mod node;
+pub mod node_ports;
 pub mod pod_index;
 pub mod pods;
 pub mod reach;
@@ -131,6 +132,9 @@ pub struct VirtualNode {
     /// Mirror lower volumes and claim bindings upstairs, and claim deletions downstairs
     /// (`PVControllers`).
     pub volumes: bool,
+    /// With `services`, serve the node ports of NodePort and LoadBalancer Services on the
+    /// node's InternalIP (`node_ports`), as kube-proxy does on every node.
+    pub node_ports: bool,
 }
 
 impl std::fmt::Debug for VirtualNode {
@@ -141,6 +145,7 @@ impl std::fmt::Debug for VirtualNode {
             .field("kubelet", &self.kubelet)
             .field("metrics", &self.metrics)
             .field("volumes", &self.volumes)
+            .field("node_ports", &self.node_ports)
             .finish_non_exhaustive()
     }
 }
@@ -256,6 +261,7 @@ impl VirtualNode {
             self.pods.translate.owner.clone(),
             &stop,
         );
+        let node_ports = self.node_port_address();
         let copies = tokio::spawn(copies::run(
             copies::CopySync {
                 upper: upper.clone(),
@@ -265,6 +271,7 @@ impl VirtualNode {
                 workers: self.pods.workers.max(4),
                 services: self.services.take(),
                 volumes: self.volumes.then(|| self.node.identity.name.clone()),
+                node_ports,
                 metrics: sync_metrics.clone(),
             },
             shared.clone(),
@@ -324,6 +331,22 @@ impl VirtualNode {
             kubelet_addr,
             metrics_addr,
         })
+    }
+
+    /// Where the node ports are served: the node's InternalIP, when they are on (see
+    /// [`Self::node_ports`]) and it is an address.
+    fn node_port_address(&self) -> Option<(String, std::net::IpAddr)> {
+        if !self.node_ports || self.services.is_none() {
+            return None;
+        }
+        let name = self.node.identity.name.clone();
+        match self.node.identity.internal_ip.parse() {
+            Ok(ip) => Some((name, ip)),
+            Err(_) => {
+                tracing::warn!(node = %name, internal_ip = %self.node.identity.internal_ip, "the node has no InternalIP address: its node ports are not served");
+                None
+            }
+        }
     }
 
     /// [`Self::start`] and wait until `stop`.

@@ -437,3 +437,88 @@ async fn checklist_72_at_start_our_lower_services_and_endpoints_without_an_upper
         "not ours: kept"
     );
 }
+
+/// A TCP server on the test host's address answering every connection with `reply`.
+async fn tcp_backend(reply: &'static str) -> std::net::SocketAddr {
+    let ip = tensile_testenv::testhost::address().unwrap();
+    let listener = tokio::net::TcpListener::bind((ip, 0)).await.unwrap();
+    let at = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            let _ = tokio::io::AsyncWriteExt::write_all(&mut s, reply.as_bytes()).await;
+        }
+    });
+    at
+}
+
+/// What a connection to `at` reads until the peer closes; `None` when it cannot connect or
+/// is reset.
+async fn answer(at: std::net::SocketAddr) -> Option<String> {
+    let mut s = tokio::net::TcpStream::connect(at).await.ok()?;
+    let mut out = String::new();
+    tokio::io::AsyncReadExt::read_to_string(&mut s, &mut out)
+        .await
+        .ok()?;
+    Some(out)
+}
+
+#[tokio::test]
+async fn a_node_port_of_the_virtual_node_reaches_the_services_backends_while_it_has_any() {
+    let (env, _stops) = start(1).await;
+    let upper = &env.clusters[0].client;
+    let pp = PostParams::default();
+    create_namespace(upper, "edge").await;
+    let token = "backend edge/web";
+    let backend = tcp_backend(token).await;
+    // A node port free on this host (other tests' virtual nodes share the address).
+    let node_ip = tensile_testenv::testhost::address().unwrap();
+    let node_port = (30000..32767u16)
+        .rev()
+        .find(|p| std::net::TcpListener::bind((node_ip, *p)).is_ok())
+        .unwrap();
+    Api::<Service>::namespaced(upper.clone(), "edge")
+        .create(
+            &pp,
+            &service(
+                "edge",
+                "web",
+                json!({"type": "NodePort", "ports": [{"name": "http", "port": 80, "nodePort": node_port}]}),
+            ),
+        )
+        .await
+        .unwrap();
+    let endpoints: Endpoints = serde_json::from_value(json!({
+        "metadata": {"name": "web", "namespace": "edge"},
+        "subsets": [{
+            "addresses": [{"ip": backend.ip().to_string()}],
+            "ports": [{"name": "http", "port": backend.port()}],
+        }],
+    }))
+    .unwrap();
+    let eps: Api<Endpoints> = Api::namespaced(upper.clone(), "edge");
+    eps.create(&pp, &endpoints).await.unwrap();
+    // The node's InternalIP, as a client of the node port finds it.
+    let node = Api::<k8s_openapi::api::core::v1::Node>::all(upper.clone())
+        .get("vk-1")
+        .await
+        .unwrap();
+    let internal_ip = node
+        .status
+        .and_then(|s| s.addresses)
+        .into_iter()
+        .flatten()
+        .find(|a| a.type_ == "InternalIP")
+        .unwrap()
+        .address;
+    let at = std::net::SocketAddr::new(internal_ip.parse().unwrap(), node_port);
+    eventually(30, "the node port answers from the backend", || async {
+        (answer(at).await? == token).then_some(())
+    })
+    .await;
+    // No ready backend: nothing listens, as kube-proxy refuses.
+    eps.delete("web", &DeleteParams::default()).await.unwrap();
+    eventually(30, "the node port refuses", || async {
+        tokio::net::TcpStream::connect(at).await.is_err().then_some(())
+    })
+    .await;
+}

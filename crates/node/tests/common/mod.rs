@@ -228,6 +228,7 @@ pub async fn try_spawn(
             .services
             .then(tensile_core::services::ServiceFilter::default),
         volumes: opts.volumes,
+        node_ports: opts.services,
     };
     let stop = CancellationToken::new();
     let running = vn.start(stop.clone()).await?;
