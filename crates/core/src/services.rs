@@ -21,6 +21,7 @@ use k8s_openapi::Metadata;
 use k8s_openapi::api::core::v1::{
     EndpointAddress, EndpointSubset, Endpoints, ObjectReference, Service, ServiceSpec,
 };
+use k8s_openapi::api::discovery::v1::{Endpoint, EndpointSlice};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde_json::Value;
 
@@ -209,7 +210,13 @@ pub fn service_action(
     owner: &str,
     filter: &ServiceFilter,
 ) -> CopyAction<Service> {
-    let (upper, lower) = match both_present(upper, lower, owner, filter, lower_service) {
+    let (upper, lower) = match both_present(
+        upper,
+        lower,
+        owner,
+        |u| filter.mirrors_meta(&u.metadata),
+        lower_service,
+    ) {
         Ok(pair) => pair,
         Err(action) => return action,
     };
@@ -244,14 +251,13 @@ fn both_present<'a, T: Metadata<Ty = ObjectMeta>>(
     upper: Option<&'a T>,
     lower: Option<&'a T>,
     owner: &str,
-    filter: &ServiceFilter,
+    mirrored: impl Fn(&T) -> bool,
     build: fn(&T, &str) -> T,
 ) -> Result<(&'a T, &'a T), CopyAction<T>> {
     if lower.is_some_and(|l| !is_owned_by(l.metadata(), owner)) {
         return Err(CopyAction::Nothing);
     }
-    let upper = upper
-        .filter(|u| u.metadata().deletion_timestamp.is_none() && filter.mirrors_meta(u.metadata()));
+    let upper = upper.filter(|u| u.metadata().deletion_timestamp.is_none() && mirrored(u));
     match (upper, lower) {
         (None, None) => Err(CopyAction::Nothing),
         (None, Some(_)) => Err(CopyAction::Delete),
@@ -327,7 +333,13 @@ pub fn endpoints_action(
     owner: &str,
     filter: &ServiceFilter,
 ) -> CopyAction<Endpoints> {
-    let (upper, lower) = match both_present(upper, lower, owner, filter, lower_endpoints) {
+    let (upper, lower) = match both_present(
+        upper,
+        lower,
+        owner,
+        |u| filter.mirrors_meta(&u.metadata),
+        lower_endpoints,
+    ) {
         Ok(pair) => pair,
         Err(action) => return action,
     };
@@ -335,6 +347,113 @@ pub fn endpoints_action(
     if normalized_subsets(lower) == normalized_subsets(&desired)
         && !meta_differs(&lower.metadata, &desired.metadata)
     {
+        return CopyAction::Nothing;
+    }
+    desired.metadata.resource_version = lower.metadata.resource_version.clone();
+    CopyAction::Update(desired)
+}
+
+/// The label of an EndpointSlice naming its Service.
+pub const LABEL_SERVICE_NAME: &str = "kubernetes.io/service-name";
+/// The label of an EndpointSlice naming the controller (or user) that manages it.
+pub const LABEL_MANAGED_BY: &str = "endpointslice.kubernetes.io/managed-by";
+/// The managers of the EndpointSlices Kubernetes makes itself: for a Service with a selector
+/// and for user-written Endpoints. Both kinds of slice downstairs come from the Endpoints we
+/// copy, so only the others, written by users and their controllers, are copied as slices.
+pub const KUBERNETES_SLICE_MANAGERS: [&str; 2] = [
+    "endpointslice-controller.k8s.io",
+    "endpointslicemirroring-controller.k8s.io",
+];
+/// The manager of our EndpointSlice copies: the lower controllers leave them alone.
+pub const SLICE_MANAGER: &str = "tensile-kube";
+
+/// The label selector of the upper EndpointSlices that are copied (see [`slice_mirrored`]).
+pub fn mirrored_slices_selector() -> String {
+    format!(
+        "{LABEL_SERVICE_NAME},{LABEL_MANAGED_BY} notin ({})",
+        KUBERNETES_SLICE_MANAGERS.join(",")
+    )
+}
+
+/// Whether the upper EndpointSlice is copied downstairs: it belongs to a Service the filter
+/// mirrors, and Kubernetes did not make it from a selector or from Endpoints.
+pub fn slice_mirrored(slice: &EndpointSlice, filter: &ServiceFilter) -> bool {
+    let labels = slice.metadata.labels.as_ref();
+    let label = |k: &str| labels.and_then(|l| l.get(k)).map(String::as_str);
+    let Some(service) = label(LABEL_SERVICE_NAME).filter(|s| !s.is_empty()) else {
+        return false;
+    };
+    !label(LABEL_MANAGED_BY).is_some_and(|m| KUBERNETES_SLICE_MANAGERS.contains(&m))
+        && filter.mirrors(
+            slice.metadata.namespace.as_deref().unwrap_or_default(),
+            service,
+        )
+}
+
+/// The lower copy of an upper EndpointSlice made by node `owner`: its address type, ports and
+/// endpoints (addresses, conditions, hostname; the target reference without upper uid; no node
+/// name, zone or hints, which name upper topology), trimmed metadata managed by us.
+pub fn lower_endpoint_slice(upper: &EndpointSlice, owner: &str) -> EndpointSlice {
+    let mut metadata = lower_meta(&upper.metadata, owner);
+    without_controller_keys(&mut metadata.labels);
+    without_controller_keys(&mut metadata.annotations);
+    metadata
+        .labels
+        .get_or_insert_with(BTreeMap::new)
+        .insert(LABEL_MANAGED_BY.to_owned(), SLICE_MANAGER.to_owned());
+    let endpoints = upper
+        .endpoints
+        .iter()
+        .map(|e| Endpoint {
+            addresses: e.addresses.clone(),
+            conditions: e.conditions.clone(),
+            hostname: e.hostname.clone(),
+            target_ref: e.target_ref.as_ref().map(|r| ObjectReference {
+                kind: r.kind.clone(),
+                namespace: r.namespace.clone(),
+                name: r.name.clone(),
+                ..ObjectReference::default()
+            }),
+            ..Endpoint::default()
+        })
+        .collect();
+    EndpointSlice {
+        metadata,
+        address_type: upper.address_type.clone(),
+        endpoints,
+        ports: upper.ports.clone(),
+    }
+}
+
+/// [`CopyAction`] for the EndpointSlice `namespace/name`, as [`service_action`]; the address
+/// type is immutable, so a change of it is a new slice.
+pub fn endpoint_slice_action(
+    upper: Option<&EndpointSlice>,
+    lower: Option<&EndpointSlice>,
+    owner: &str,
+    filter: &ServiceFilter,
+) -> CopyAction<EndpointSlice> {
+    let (upper, lower) = match both_present(
+        upper,
+        lower,
+        owner,
+        |u| slice_mirrored(u, filter),
+        lower_endpoint_slice,
+    ) {
+        Ok(pair) => pair,
+        Err(action) => return action,
+    };
+    let mut desired = lower_endpoint_slice(upper, owner);
+    if desired.address_type != lower.address_type {
+        return CopyAction::Replace(desired);
+    }
+    let same = |a: &EndpointSlice| {
+        (
+            serde_json::to_value(&a.endpoints).unwrap_or(Value::Null),
+            serde_json::to_value(a.ports.as_deref().unwrap_or_default()).unwrap_or(Value::Null),
+        )
+    };
+    if same(lower) == same(&desired) && !meta_differs(&lower.metadata, &desired.metadata) {
         return CopyAction::Nothing;
     }
     desired.metadata.resource_version = lower.metadata.resource_version.clone();
@@ -726,6 +845,107 @@ mod tests {
         lower.subsets = None;
         assert_eq!(
             endpoints_action(Some(&upper), Some(&lower), OWNER, &filter),
+            CopyAction::Nothing
+        );
+    }
+
+    fn slice(name: &str, labels: Value, endpoints: Value) -> EndpointSlice {
+        serde_json::from_value(json!({
+            "metadata": {"name": name, "namespace": "shop", "uid": "u-1", "resourceVersion": "7",
+                "labels": labels},
+            "addressType": "IPv4",
+            "endpoints": endpoints,
+            "ports": [{"name": "port80", "port": 8090, "protocol": "TCP"}],
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn only_slices_users_write_for_a_mirrored_service_are_copied() {
+        let filter = ServiceFilter::default();
+        let with = |labels: Value| slice("s-1", labels, json!([]));
+        assert!(slice_mirrored(
+            &with(
+                json!({"kubernetes.io/service-name": "web", "endpointslice.kubernetes.io/managed-by": "e2e-test"})
+            ),
+            &filter
+        ));
+        assert!(slice_mirrored(
+            &with(json!({"kubernetes.io/service-name": "web"})),
+            &filter
+        ));
+        for manager in KUBERNETES_SLICE_MANAGERS {
+            assert!(!slice_mirrored(
+                &with(
+                    json!({"kubernetes.io/service-name": "web", "endpointslice.kubernetes.io/managed-by": manager})
+                ),
+                &filter
+            ));
+        }
+        assert!(!slice_mirrored(&with(json!({})), &filter), "no Service");
+        let mut kube_system = with(json!({"kubernetes.io/service-name": "dns"}));
+        kube_system.metadata.namespace = Some("kube-system".into());
+        assert!(!slice_mirrored(&kube_system, &filter), "filtered out");
+        assert_eq!(
+            mirrored_slices_selector(),
+            "kubernetes.io/service-name,endpointslice.kubernetes.io/managed-by notin (endpointslice-controller.k8s.io,endpointslicemirroring-controller.k8s.io)"
+        );
+    }
+
+    #[test]
+    fn a_slice_copy_is_ours_managed_by_us_without_upper_topology_and_follows_changes() {
+        let filter = ServiceFilter::default();
+        let upper = slice(
+            "s-1",
+            json!({"kubernetes.io/service-name": "web", "endpointslice.kubernetes.io/managed-by": "e2e-test"}),
+            json!([{"addresses": ["198.18.1.5"], "conditions": {"ready": true}, "nodeName": "vk-1",
+                "zone": "upper-zone", "targetRef": {"kind": "Pod", "namespace": "shop", "name": "p", "uid": "x"}}]),
+        );
+        let CopyAction::Create(copy) = endpoint_slice_action(Some(&upper), None, OWNER, &filter)
+        else {
+            panic!("a missing copy is created")
+        };
+        assert!(is_owned_by(&copy.metadata, OWNER));
+        let labels = copy.metadata.labels.clone().unwrap();
+        assert_eq!(labels[LABEL_MANAGED_BY], SLICE_MANAGER);
+        assert_eq!(labels[LABEL_SERVICE_NAME], "web");
+        assert_eq!(copy.metadata.uid, None);
+        let e = &copy.endpoints[0];
+        assert_eq!(e.addresses, vec!["198.18.1.5".to_owned()]);
+        assert_eq!(e.conditions.as_ref().unwrap().ready, Some(true));
+        assert_eq!((e.node_name.as_deref(), e.zone.as_deref()), (None, None));
+        assert_eq!(e.target_ref.as_ref().unwrap().uid, None);
+        assert_eq!(copy.ports, upper.ports);
+        // In step: nothing; an address change: an update; another address type: a new slice.
+        let mut lower = copy.clone();
+        lower.metadata.resource_version = Some("50".into());
+        assert_eq!(
+            endpoint_slice_action(Some(&upper), Some(&lower), OWNER, &filter),
+            CopyAction::Nothing
+        );
+        let mut moved = upper.clone();
+        moved.endpoints[0].addresses = vec!["198.18.2.6".into()];
+        let CopyAction::Update(update) =
+            endpoint_slice_action(Some(&moved), Some(&lower), OWNER, &filter)
+        else {
+            panic!("an address change is an update")
+        };
+        assert_eq!(update.metadata.resource_version.as_deref(), Some("50"));
+        let mut v6 = upper.clone();
+        v6.address_type = "IPv6".into();
+        assert!(matches!(
+            endpoint_slice_action(Some(&v6), Some(&lower), OWNER, &filter),
+            CopyAction::Replace(_)
+        ));
+        // Gone upstairs: our copy goes; a slice not ours is never touched.
+        assert_eq!(
+            endpoint_slice_action(None, Some(&lower), OWNER, &filter),
+            CopyAction::Delete
+        );
+        let mut theirs = lower.clone();
+        theirs.metadata.labels = None;
+        assert_eq!(
+            endpoint_slice_action(Some(&upper), Some(&theirs), OWNER, &filter),
             CopyAction::Nothing
         );
     }

@@ -4,8 +4,10 @@
 //!   one, following their originals, deleted when no pod needs them any more or their original
 //!   is gone (claims: see below). The pod controller never writes a copy: it waits until what a
 //!   pod needs is there (`crate::copy_index::CopyState`), and is woken when that changes;
-//! - with `ServiceControllers`, Services and Endpoints: every upper Service outside the filter
-//!   is mirrored, created, updated and deleted;
+//! - with `ServiceControllers`, Services, Endpoints and the EndpointSlices users write (not
+//!   Kubernetes' own, which come from the Endpoints): every upper Service outside the filter
+//!   is mirrored, created, updated and deleted; the same watches feed the node ports
+//!   (`crate::node_ports`);
 //! - with `PVControllers`, our lower claims also follow the deletion and expansion of the upper
 //!   ones (`tensile_core::volumes::claim_action`), and their changes feed the volume controller
 //!   (`crate::volumes`); without it a claim copy is only ever created.
@@ -26,6 +28,7 @@ use std::sync::Arc;
 use futures::{StreamExt as _, TryStreamExt as _};
 use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::api::core::v1::{ConfigMap, Endpoints, PersistentVolumeClaim, Secret, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::api::{Api, PostParams};
 use kube::runtime::watcher;
 use kube::{Resource, ResourceExt as _};
@@ -35,7 +38,8 @@ use tensile_core::deps::{CopyAction, CopyKind, DependencyCopy, dependency_action
 use tensile_core::keys::{LABEL_IDENTITY_OF, LABEL_OWNER, owner_label_value};
 use tensile_core::plan::{Existing, LowerKind};
 use tensile_core::services::{
-    ServiceFilter, cluster_ip_refused, endpoints_action, service_action, without_cluster_ip,
+    ServiceFilter, cluster_ip_refused, endpoint_slice_action, endpoints_action,
+    mirrored_slices_selector, service_action, without_cluster_ip,
 };
 use tensile_core::volumes::claim_action;
 use tokio_util::sync::CancellationToken;
@@ -296,16 +300,27 @@ pub async fn run(cfg: CopySync, shared: Shared, stop: CancellationToken) {
     } = shared;
     let owner = cfg.owner.clone();
     let services = cfg.services.clone().map(|filter| {
-        let (owner, endpoints_owner) = (owner.clone(), owner.clone());
-        let endpoints_filter = filter.clone();
+        let (owner, endpoints_owner, slices_owner) = (owner.clone(), owner.clone(), owner.clone());
+        let (endpoints_filter, slices_filter) = (filter.clone(), filter.clone());
         let services: Decide<Service> =
             Arc::new(move |u, l, _| service_action(u, l, &owner, &filter));
         let endpoints: Decide<Endpoints> =
             Arc::new(move |u, l, _| endpoints_action(u, l, &endpoints_owner, &endpoints_filter));
-        (services, endpoints)
+        let slices: Decide<EndpointSlice> =
+            Arc::new(move |u, l, _| endpoint_slice_action(u, l, &slices_owner, &slices_filter));
+        (services, endpoints, slices)
     });
     let mirror_services = async {
-        if let Some((services, endpoints)) = services {
+        if let Some((services, endpoints, slices)) = services {
+            // Slices users write (a Service without selector, no Endpoints): the ones
+            // Kubernetes makes come from the Endpoints copied above.
+            let mut slices = Kind::new(
+                &cfg,
+                "endpointslice",
+                CopyIndex::new(owner.clone(), Default::default(), slices),
+                &namespaces,
+            );
+            slices.upper_labels = Some(mirrored_slices_selector());
             let (upper_services, upper_endpoints) = (CompactCache::new(), CompactCache::new());
             let mut services = Kind {
                 instead: Some(service_without_refused_ip),
@@ -353,6 +368,7 @@ pub async fn run(cfg: CopySync, shared: Shared, stop: CancellationToken) {
             tokio::join!(
                 run_kind(services, stop.clone()),
                 run_kind(endpoints, stop.clone()),
+                run_kind(slices, stop.clone()),
             );
         }
     };
@@ -453,6 +469,8 @@ struct Kind<K> {
     per_object: Option<Arc<ObjectWatches<K>>>,
     /// The upper object is read when a copy is to be made (no watch of them is allowed).
     read_upper: bool,
+    /// Only the upper objects of this label selector are watched (and copied).
+    upper_labels: Option<String>,
     /// The copy to create instead when the lower API server refused one (a Service's cluster
     /// IP taken or out of range downstairs).
     instead: Option<Instead<K>>,
@@ -487,6 +505,7 @@ impl<K> Kind<K> {
             observer: None,
             per_object: None,
             read_upper: false,
+            upper_labels: None,
             instead: None,
         }
     }
@@ -546,13 +565,13 @@ where
     let upper_events = if kind.per_object.is_some() || kind.read_upper {
         futures::stream::empty().boxed()
     } else {
-        watch(
-            Api::all(cfg.upper.clone()),
-            watcher::Config::default(),
-            index.upper(),
-        )
-        .map_ok(|o| (true, o))
-        .boxed()
+        let config = match &kind.upper_labels {
+            Some(selector) => watcher::Config::default().labels(selector),
+            None => watcher::Config::default(),
+        };
+        watch(Api::all(cfg.upper.clone()), config, index.upper())
+            .map_ok(|o| (true, o))
+            .boxed()
     };
     let lower_events = watch(
         Api::all(cfg.lower.clone()),

@@ -518,7 +518,85 @@ async fn a_node_port_of_the_virtual_node_reaches_the_services_backends_while_it_
     // No ready backend: nothing listens, as kube-proxy refuses.
     eps.delete("web", &DeleteParams::default()).await.unwrap();
     eventually(30, "the node port refuses", || async {
-        tokio::net::TcpStream::connect(at).await.is_err().then_some(())
+        tokio::net::TcpStream::connect(at)
+            .await
+            .is_err()
+            .then_some(())
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn an_endpoint_slice_a_user_writes_for_a_service_without_selector_is_copied_and_follows() {
+    let (env, _stops) = start(1).await;
+    let (upper, lower) = (&env.clusters[0].client, &env.clusters[1].client);
+    let pp = PostParams::default();
+    create_namespace(upper, "ext").await;
+    Api::<Service>::namespaced(upper.clone(), "ext")
+        .create(
+            &pp,
+            &service(
+                "ext",
+                "custom",
+                json!({"ports": [{"name": "port80", "port": 80}]}),
+            ),
+        )
+        .await
+        .unwrap();
+    let slice = |ip: &str| -> EndpointSlice {
+        serde_json::from_value(json!({
+            "metadata": {"name": "custom-1", "namespace": "ext", "labels": {
+                "kubernetes.io/service-name": "custom",
+                "endpointslice.kubernetes.io/managed-by": "someone-else",
+            }},
+            "addressType": "IPv4",
+            "endpoints": [{"addresses": [ip], "conditions": {"ready": true}}],
+            "ports": [{"name": "port80", "port": 8090, "protocol": "TCP"}],
+        }))
+        .unwrap()
+    };
+    let up_slices: Api<EndpointSlice> = Api::namespaced(upper.clone(), "ext");
+    up_slices.create(&pp, &slice("198.18.7.1")).await.unwrap();
+    let low_slices: Api<EndpointSlice> = Api::namespaced(lower.clone(), "ext");
+    let copy = eventually(20, "the slice copy downstairs", || async {
+        low_slices.get_opt("custom-1").await.ok()?
+    })
+    .await;
+    assert!(is_owned_by(&copy.metadata, "vk-1"));
+    let labels = copy.metadata.labels.clone().unwrap();
+    assert_eq!(labels["kubernetes.io/service-name"], "custom");
+    assert_eq!(
+        labels["endpointslice.kubernetes.io/managed-by"], "tensile-kube",
+        "managed by us: the lower controllers leave it alone"
+    );
+    assert_eq!(
+        slice_ips(lower, "ext", "custom").await,
+        BTreeSet::from(["198.18.7.1".to_owned()])
+    );
+    // Changes follow.
+    let mut moved = up_slices.get("custom-1").await.unwrap();
+    moved.endpoints[0].addresses = vec!["198.18.7.2".into()];
+    up_slices
+        .replace("custom-1", &PostParams::default(), &moved)
+        .await
+        .unwrap();
+    eventually(20, "the copy follows the address", || async {
+        (slice_ips(lower, "ext", "custom").await == BTreeSet::from(["198.18.7.2".to_owned()]))
+            .then_some(())
+    })
+    .await;
+    // Gone upstairs: gone downstairs.
+    up_slices
+        .delete("custom-1", &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually(20, "the copy is deleted", || async {
+        low_slices
+            .get_opt("custom-1")
+            .await
+            .ok()
+            .filter(Option::is_none)
+            .map(drop)
     })
     .await;
 }
