@@ -515,9 +515,21 @@ impl Sandbox {
         let mut handles = Vec::new();
         let mut virtual_nodes = Vec::new();
         let mut virtual_node_processes = Vec::new();
-        for lower in &lowers {
+        for (index, lower) in lowers.iter().enumerate() {
             let name = &lower.name;
             let node_name = format!("vk-{name}");
+            // Each virtual node at an address of its own, as each runs in a pod of its own: what
+            // it serves there (node ports, their session affinity) is its own.
+            let kubelet_ip = match kubelet_ip {
+                IpAddr::V4(ip) if ip == tensile_testenv::testhost::ADDRESS => {
+                    let n = u8::try_from(index).unwrap_or(u8::MAX);
+                    IpAddr::V4(
+                        tensile_testenv::testhost::extra_address(n)
+                            .with_context(|| format!("an address for virtual node {node_name}"))?,
+                    )
+                }
+                other => other,
+            };
             if let Some(binary) = &spec.virtual_node_binary {
                 virtual_node_processes.push(
                     start_virtual_node_process(binary, &node_name, kubelet_ip, &upper, lower)

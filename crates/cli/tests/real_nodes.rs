@@ -637,7 +637,7 @@ fn a_pod_in_one_lower_cluster_reaches_a_service_whose_backend_runs_in_another() 
                 {
                     "apiVersion": "v1", "kind": "Service",
                     "metadata": {"name": "backend", "namespace": "default"},
-                    "spec": {"selector": {"app": "backend"}, "ports": [{"port": 80}]},
+                    "spec": {"type": "NodePort", "selector": {"app": "backend"}, "ports": [{"port": 80}]},
                 },
                 {
                     "apiVersion": "v1", "kind": "Pod",
@@ -699,6 +699,19 @@ fn a_pod_in_one_lower_cluster_reaches_a_service_whose_backend_runs_in_another() 
     until_within(WAIT, "the Service by its upper cluster IP", || {
         serves(&format!("http://{cluster_ip}/"))
     });
+    // By a node port of the client's virtual node, at the address the upper cluster shows for
+    // it (docs/virtual-node.md, "Node ports"): the node forwards to the backend in lower-b.
+    let node_port = jsonpath(&upper, "service/backend", "{.spec.ports[0].nodePort}");
+    let node_ip = jsonpath(
+        &upper,
+        "node/vk-lower-a",
+        r#"{.status.addresses[?(@.type=="InternalIP")].address}"#,
+    );
+    until_within(
+        WAIT,
+        "the Service by a node port of the virtual node",
+        || serves(&format!("http://{node_ip}:{node_port}/")),
+    );
     drop(nodes);
     drop(env);
     drop(runtime);

@@ -504,146 +504,106 @@ mod tests {
 
     // The backends listen on loopback, which the rules never forward to
     // (`tensile_core::node_ports::forwardable`): these tests set the routes themselves.
+    struct Fixture {
+        ports: Arc<NodePorts>,
+        key: PortKey,
+        at: SocketAddr,
+        stop: CancellationToken,
+    }
+
+    impl Fixture {
+        /// Node ports on loopback without Services, and a free port of `protocol`.
+        fn new(protocol: Protocol) -> Self {
+            let lo: IpAddr = "127.0.0.1".parse().unwrap();
+            let stop = CancellationToken::new();
+            let ports = NodePorts::new(
+                "vn".into(),
+                lo,
+                cache(Vec::<Service>::new()),
+                cache(Vec::<Endpoints>::new()),
+                stop.clone(),
+            );
+            let port = free_port(lo);
+            Fixture {
+                ports,
+                key: PortKey { protocol, port },
+                at: SocketAddr::new(lo, port),
+                stop,
+            }
+        }
+
+        /// The port's only Service now goes to `backends`.
+        fn route(&self, backends: Vec<SocketAddr>) {
+            let mut state = lock(&self.ports.state);
+            let route = Route {
+                backends,
+                affinity: None,
+            };
+            state
+                .routes
+                .insert(("ns".into(), "web".into()), vec![(self.key, route)]);
+            self.ports.apply(&mut state);
+        }
+    }
+
+    impl Drop for Fixture {
+        fn drop(&mut self) {
+            self.stop.cancel();
+        }
+    }
+
     #[tokio::test]
     async fn a_tcp_node_port_goes_round_robin_to_its_backends_and_closes_with_the_last() {
         let lo: IpAddr = "127.0.0.1".parse().unwrap();
         let (a, b) = (backend(lo, "a").await, backend(lo, "b").await);
-        let stop = CancellationToken::new();
-        let ports = NodePorts::new(
-            "vn".into(),
-            lo,
-            cache(Vec::<Service>::new()),
-            cache(Vec::<Endpoints>::new()),
-            stop.clone(),
-        );
-        let port = free_port(lo);
-        let key = PortKey {
-            protocol: Protocol::Tcp,
-            port,
-        };
-        let route = |backends: Vec<SocketAddr>| {
-            vec![(
-                key,
-                Route {
-                    backends,
-                    affinity: None,
-                },
-            )]
-        };
-        {
-            let mut state = lock(&ports.state);
-            state
-                .routes
-                .insert(("ns".into(), "web".into()), route(vec![a, b]));
-            ports.apply(&mut state);
-        }
-        assert_eq!(ports.listening(), vec![(Protocol::Tcp, port)]);
-        let at = SocketAddr::new(lo, port);
+        let f = Fixture::new(Protocol::Tcp);
+        f.route(vec![a, b]);
+        assert_eq!(f.ports.listening(), vec![(Protocol::Tcp, f.key.port)]);
         let mut seen = BTreeSet::new();
         for _ in 0..4 {
-            seen.insert(read_all(at).await.unwrap());
+            seen.insert(read_all(f.at).await.unwrap());
         }
         assert_eq!(seen, BTreeSet::from(["a".to_owned(), "b".to_owned()]));
         // Retargeted in place.
-        {
-            let mut state = lock(&ports.state);
-            state
-                .routes
-                .insert(("ns".into(), "web".into()), route(vec![b]));
-            ports.apply(&mut state);
-        }
+        f.route(vec![b]);
         for _ in 0..3 {
-            assert_eq!(read_all(at).await.unwrap(), "b");
+            assert_eq!(read_all(f.at).await.unwrap(), "b");
         }
         // No backend: not listened on, a client is refused.
-        {
-            let mut state = lock(&ports.state);
-            state
-                .routes
-                .insert(("ns".into(), "web".into()), route(vec![]));
-            ports.apply(&mut state);
-        }
-        assert!(ports.listening().is_empty());
+        f.route(vec![]);
+        assert!(f.ports.listening().is_empty());
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
-            match TcpStream::connect(at).await {
+            match TcpStream::connect(f.at).await {
                 Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => break,
                 _ if Instant::now() > deadline => panic!("the closed node port still answers"),
                 _ => tokio::time::sleep(Duration::from_millis(20)).await,
             }
         }
-        stop.cancel();
     }
 
     #[tokio::test]
     async fn a_backend_that_refuses_gets_the_client_a_reset() {
-        let lo: IpAddr = "127.0.0.1".parse().unwrap();
         let gone = {
-            let l = std::net::TcpListener::bind((lo, 0)).unwrap();
+            let l = std::net::TcpListener::bind(("127.0.0.1", 0)).unwrap();
             l.local_addr().unwrap()
         };
-        let stop = CancellationToken::new();
-        let ports = NodePorts::new(
-            "vn".into(),
-            lo,
-            cache(Vec::<Service>::new()),
-            cache(Vec::<Endpoints>::new()),
-            stop.clone(),
-        );
-        let port = free_port(lo);
-        let key = PortKey {
-            protocol: Protocol::Tcp,
-            port,
-        };
-        {
-            let mut state = lock(&ports.state);
-            let route = Route {
-                backends: vec![gone],
-                affinity: None,
-            };
-            state
-                .routes
-                .insert(("ns".into(), "web".into()), vec![(key, route)]);
-            ports.apply(&mut state);
-        }
-        let err = read_all(SocketAddr::new(lo, port)).await.unwrap_err();
+        let f = Fixture::new(Protocol::Tcp);
+        f.route(vec![gone]);
+        let err = read_all(f.at).await.unwrap_err();
         assert_eq!(err.kind(), std::io::ErrorKind::ConnectionReset, "{err}");
-        stop.cancel();
     }
 
     #[tokio::test]
     async fn a_udp_node_port_keeps_each_client_on_its_backend_and_replies_from_the_port() {
         let lo: IpAddr = "127.0.0.1".parse().unwrap();
         let (a, b) = (udp_echo(lo, "a:").await, udp_echo(lo, "b:").await);
-        let stop = CancellationToken::new();
-        let ports = NodePorts::new(
-            "vn".into(),
-            lo,
-            cache(Vec::<Service>::new()),
-            cache(Vec::<Endpoints>::new()),
-            stop.clone(),
-        );
-        let port = free_port(lo);
-        let key = PortKey {
-            protocol: Protocol::Udp,
-            port,
-        };
-        {
-            let mut state = lock(&ports.state);
-            let route = Route {
-                backends: vec![a, b],
-                affinity: None,
-            };
-            state
-                .routes
-                .insert(("ns".into(), "dns".into()), vec![(key, route)]);
-            ports.apply(&mut state);
-        }
-        let at = SocketAddr::new(lo, port);
+        let f = Fixture::new(Protocol::Udp);
+        f.route(vec![a, b]);
         let mut answers = BTreeSet::new();
         for client in 0..2 {
             let s = UdpSocket::bind((lo, 0)).await.unwrap();
-            s.connect(at).await.unwrap();
+            s.connect(f.at).await.unwrap();
             let mut first = None;
             for i in 0..3 {
                 s.send(format!("{client}-{i}").as_bytes()).await.unwrap();
@@ -664,7 +624,6 @@ mod tests {
             answers.insert(first.unwrap());
         }
         assert_eq!(answers, BTreeSet::from(["a".to_owned(), "b".to_owned()]));
-        stop.cancel();
     }
 
     #[tokio::test]

@@ -58,6 +58,38 @@ pub fn address() -> Result<Ipv4Addr, TestHostError> {
     .clone()
 }
 
+/// The `n`-th extra address of this machine beside [`address`], for a virtual node of its own:
+/// each virtual node of a deployment has its own address (its pod's), and what it serves on
+/// it (node ports) is its own. `198.18.0.(16 + n)/32` on the pair's host end, routed to from
+/// its other end (where the real nodes' namespaces send what is not theirs); with
+/// `TENSILE_TEST_HOST_ADDRESS` set, that address (shared).
+pub fn extra_address(n: u8) -> Result<Ipv4Addr, TestHostError> {
+    let base = address()?;
+    if base != ADDRESS {
+        return Ok(base);
+    }
+    let extra = Ipv4Addr::new(198, 18, 0, 16u8.saturating_add(n));
+    let _lock = machine_lock()?;
+    if bindable(extra).is_err() {
+        ip(&["addr", "add", &format!("{extra}/32"), "dev", HOST_LINK])?;
+    }
+    // The real nodes' namespaces reach the host through the pair's other end, which knows
+    // only the pair's /30 on its own.
+    ip(&["-n", NETNS, "route", "replace", &format!("{extra}/32"), "dev", PEER_LINK])?;
+    bindable(extra).map(|()| extra)
+}
+
+fn machine_lock() -> Result<std::fs::File, TestHostError> {
+    let lock_path = std::env::temp_dir().join("tensile-testhost.lock");
+    let lock = std::fs::File::create(&lock_path).map_err(|e| TestHostError {
+        reason: format!("lock file {}: {e}", lock_path.display()),
+    })?;
+    lock.lock().map_err(|e| TestHostError {
+        reason: format!("locking {}: {e}", lock_path.display()),
+    })?;
+    Ok(lock)
+}
+
 fn bindable(ip: Ipv4Addr) -> Result<(), TestHostError> {
     TcpListener::bind((ip, 0))
         .map(drop)
@@ -69,13 +101,7 @@ fn bindable(ip: Ipv4Addr) -> Result<(), TestHostError> {
 /// Makes the namespace and the pair under a machine-wide lock: the test processes nextest
 /// runs side by side would otherwise race on it.
 fn make_pair() -> Result<(), TestHostError> {
-    let lock_path = std::env::temp_dir().join("tensile-testhost.lock");
-    let lock = std::fs::File::create(&lock_path).map_err(|e| TestHostError {
-        reason: format!("lock file {}: {e}", lock_path.display()),
-    })?;
-    lock.lock().map_err(|e| TestHostError {
-        reason: format!("locking {}: {e}", lock_path.display()),
-    })?;
+    let _lock = machine_lock()?;
     // Another process may have finished it while this one waited for the lock.
     if bindable(ADDRESS).is_ok() {
         return Ok(());
