@@ -75,7 +75,15 @@ pub fn extra_address(n: u8) -> Result<Ipv4Addr, TestHostError> {
     }
     // The real nodes' namespaces reach the host through the pair's other end, which knows
     // only the pair's /30 on its own.
-    ip(&["-n", NETNS, "route", "replace", &format!("{extra}/32"), "dev", PEER_LINK])?;
+    ip(&[
+        "-n",
+        NETNS,
+        "route",
+        "replace",
+        &format!("{extra}/32"),
+        "dev",
+        PEER_LINK,
+    ])?;
     bindable(extra).map(|()| extra)
 }
 
