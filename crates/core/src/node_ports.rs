@@ -104,11 +104,13 @@ fn same_port_name(service_port: &ServicePort, endpoint_port: &EndpointPort) -> b
 
 /// The node ports of the upper Service `service` with its Endpoints `endpoints`, on the virtual
 /// node `node`; empty for a Service of another type. A port without a ready backend is listed
-/// with none (see [`listened`]).
+/// with none (see [`listened`]). The node's own address `own` is never a backend: a tenant's
+/// Endpoints naming it would loop connections back into the node (or onto its kubelet port).
 pub fn service_routes(
     service: &Service,
     endpoints: Option<&Endpoints>,
     node: &str,
+    own: IpAddr,
 ) -> Vec<(PortKey, Route)> {
     let Some(spec) = service.spec.as_ref() else {
         return Vec::new();
@@ -160,7 +162,9 @@ pub fn service_routes(
                     continue;
                 }
                 match address.ip.parse::<IpAddr>() {
-                    Ok(ip) if forwardable(ip) => backends.push(SocketAddr::new(ip, target)),
+                    Ok(ip) if forwardable(ip) && ip != own => {
+                        backends.push(SocketAddr::new(ip, target));
+                    }
                     _ => {}
                 }
             }
@@ -236,6 +240,8 @@ mod tests {
     use super::*;
     use serde_json::json;
 
+    const OWN: IpAddr = IpAddr::V4(std::net::Ipv4Addr::new(198, 18, 0, 16));
+
     fn service(spec: serde_json::Value) -> Service {
         serde_json::from_value(json!({
             "metadata": {"name": "web", "namespace": "default"},
@@ -277,7 +283,7 @@ mod tests {
                 "ports": [{"name": "http", "port": 8081}],
             },
         ]));
-        let routes = service_routes(&svc, Some(&ep), "vn");
+        let routes = service_routes(&svc, Some(&ep), "vn", OWN);
         assert_eq!(
             routes,
             vec![
@@ -318,11 +324,15 @@ mod tests {
             ("LoadBalancer", 1),
         ] {
             let svc = service(json!({"type": kind, "ports": [{"port": 80, "nodePort": 31000}]}));
-            assert_eq!(service_routes(&svc, None, "vn").len(), expected, "{kind}");
+            assert_eq!(
+                service_routes(&svc, None, "vn", OWN).len(),
+                expected,
+                "{kind}"
+            );
         }
         // A LoadBalancer without node ports (allocateLoadBalancerNodePorts: false) has none.
         let svc = service(json!({"type": "LoadBalancer", "ports": [{"port": 80}]}));
-        assert!(service_routes(&svc, None, "vn").is_empty());
+        assert!(service_routes(&svc, None, "vn", OWN).is_empty());
     }
 
     #[test]
@@ -335,7 +345,7 @@ mod tests {
             "addresses": [{"ip": "198.18.1.5", "nodeName": "vn"}, {"ip": "198.18.2.7", "nodeName": "other"}],
             "ports": [{"port": 8080}],
         }]));
-        let routes = service_routes(&svc, Some(&ep), "vn");
+        let routes = service_routes(&svc, Some(&ep), "vn", OWN);
         assert_eq!(routes[0].1.backends, vec![addr("198.18.1.5:8080")]);
     }
 
@@ -346,11 +356,11 @@ mod tests {
             "addresses": [
                 {"ip": "127.0.0.1"}, {"ip": "169.254.169.254"}, {"ip": "0.0.0.0"},
                 {"ip": "224.0.0.1"}, {"ip": "::1"}, {"ip": "fe80::1"}, {"ip": "::ffff:127.0.0.1"},
-                {"ip": "not-an-ip"}, {"ip": "198.18.1.5"},
+                {"ip": "not-an-ip"}, {"ip": "198.18.0.16"}, {"ip": "198.18.1.5"},
             ],
             "ports": [{"port": 8080}],
         }]));
-        let routes = service_routes(&svc, Some(&ep), "vn");
+        let routes = service_routes(&svc, Some(&ep), "vn", OWN);
         assert_eq!(routes[0].1.backends, vec![addr("198.18.1.5:8080")]);
     }
 
@@ -361,7 +371,7 @@ mod tests {
                 "type": "NodePort", "sessionAffinity": "ClientIP", "sessionAffinityConfig": config,
                 "ports": [{"port": 80, "nodePort": 30080}],
             }));
-            service_routes(&svc, None, "vn")[0].1.affinity
+            service_routes(&svc, None, "vn", OWN)[0].1.affinity
         };
         assert_eq!(
             with(json!({"clientIP": {"timeoutSeconds": 60}})),
@@ -369,7 +379,7 @@ mod tests {
         );
         assert_eq!(with(json!({})), Some(DEFAULT_AFFINITY_TIMEOUT));
         let none = service(json!({"type": "NodePort", "ports": [{"port": 80, "nodePort": 30080}]}));
-        assert_eq!(service_routes(&none, None, "vn")[0].1.affinity, None);
+        assert_eq!(service_routes(&none, None, "vn", OWN)[0].1.affinity, None);
     }
 
     #[test]

@@ -147,7 +147,14 @@ impl NodePorts {
         let routes = self
             .services
             .get(ns, name)
-            .map(|svc| service_routes(&svc, self.endpoints.get(ns, name).as_ref(), &self.node))
+            .map(|svc| {
+                service_routes(
+                    &svc,
+                    self.endpoints.get(ns, name).as_ref(),
+                    &self.node,
+                    self.address,
+                )
+            })
             .unwrap_or_default();
         let mut state = lock(&self.state);
         let before = state.routes.get(key);
