@@ -425,6 +425,22 @@ pub fn lower_endpoint_slice(upper: &EndpointSlice, owner: &str) -> EndpointSlice
     }
 }
 
+/// Whether a lower EndpointSlice is one of our copies by its manager label (see
+/// [`lower_slices_selector`]).
+pub fn slice_managed_by_us(slice: &EndpointSlice) -> bool {
+    slice
+        .metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(LABEL_MANAGED_BY))
+        .is_some_and(|m| m == SLICE_MANAGER)
+}
+
+/// The label selector that narrows a watch of lower EndpointSlices to our copies.
+pub fn lower_slices_selector() -> String {
+    format!("{LABEL_MANAGED_BY}={SLICE_MANAGER}")
+}
+
 /// [`CopyAction`] for the EndpointSlice `namespace/name`, as [`service_action`]; the address
 /// type is immutable, so a change of it is a new slice.
 pub fn endpoint_slice_action(
@@ -433,6 +449,12 @@ pub fn endpoint_slice_action(
     owner: &str,
     filter: &ServiceFilter,
 ) -> CopyAction<EndpointSlice> {
+    // Kubernetes' own slices of a lower Service carry its labels, our owner label among them
+    // (the slice and mirroring controllers copy the Service's or the Endpoints' labels): only
+    // the slices we manage are copies.
+    if lower.is_some_and(|l| !slice_managed_by_us(l)) {
+        return CopyAction::Nothing;
+    }
     let (upper, lower) = match both_present(
         upper,
         lower,
@@ -947,6 +969,32 @@ mod tests {
         assert_eq!(
             endpoint_slice_action(Some(&upper), Some(&theirs), OWNER, &filter),
             CopyAction::Nothing
+        );
+    }
+
+    #[test]
+    fn kubernetes_own_slices_of_our_service_copies_are_never_taken_for_copies() {
+        // The lower slice and mirroring controllers copy our Service's (or Endpoints') labels,
+        // our owner label among them, onto the slices they make: with no upper slice of that
+        // name they must stay (deleting them left the lower Services without backends).
+        let filter = ServiceFilter::default();
+        let copy = lower_service(&service(web_spec()), OWNER);
+        for manager in KUBERNETES_SLICE_MANAGERS {
+            let mut labels = copy.metadata.labels.clone().unwrap();
+            labels.insert(LABEL_SERVICE_NAME.into(), "web".into());
+            labels.insert(LABEL_MANAGED_BY.into(), manager.into());
+            let made = slice("web-x7k2p", json!(labels), json!([]));
+            assert!(is_owned_by(&made.metadata, OWNER), "it carries our label");
+            assert!(!slice_managed_by_us(&made));
+            assert_eq!(
+                endpoint_slice_action(None, Some(&made), OWNER, &filter),
+                CopyAction::Nothing,
+                "{manager}"
+            );
+        }
+        assert_eq!(
+            lower_slices_selector(),
+            "endpointslice.kubernetes.io/managed-by=tensile-kube"
         );
     }
 }

@@ -250,11 +250,10 @@ pub fn on_lower_absent(upper: &Pod, lower_cluster: &str, now: &Time) -> LowerAbs
 /// The status of an upper pod whose lower pod vanished: Failed, not ready, every unfinished
 /// container terminated as the kubelet reports containers it cannot find.
 pub fn lost_status(upper: &Pod, lower_cluster: &str, now: &Time) -> PodStatus {
-    let mut status = upper.status.clone().unwrap_or_default();
     let message = format!(
         "the pod disappeared from lower cluster {lower_cluster} without being deleted from the upper cluster"
     );
-    status.phase = Some(PHASE_FAILED.to_owned());
+    let mut status = failed_status(upper, now);
     status.reason = Some(REASON_LOWER_POD_LOST.to_owned());
     status.message = Some(message.clone());
     let mut conditions: Vec<PodCondition> = status
@@ -263,14 +262,6 @@ pub fn lost_status(upper: &Pod, lower_cluster: &str, now: &Time) -> PodStatus {
         .unwrap_or_default()
         .into_iter()
         .filter(|c| c.type_ != CONDITION_OFFLOADED)
-        .map(|mut c| {
-            if matches!(c.type_.as_str(), "Ready" | "ContainersReady") && c.status != "False" {
-                c.status = "False".to_owned();
-                c.reason = Some("PodFailed".to_owned());
-                c.last_transition_time = Some(now.clone());
-            }
-            c
-        })
         .collect();
     conditions.push(condition(
         &PodStatus::default(),
@@ -280,6 +271,28 @@ pub fn lost_status(upper: &Pod, lower_cluster: &str, now: &Time) -> PodStatus {
         now,
     ));
     status.conditions = Some(conditions);
+    status
+}
+
+/// The status of an upper pod being deleted whose lower pod is gone, when its last status was
+/// not terminal: what a kubelet writes before it lets a deleted pod go (its status manager's
+/// `TerminatePod`): phase Failed, not ready, every unfinished container terminated as one it
+/// cannot find. Controllers wait for that phase: a Job with a pod failure policy keeps its
+/// finalizer on a deleted pod until the pod is Succeeded or Failed.
+pub fn terminated_status(upper: &Pod, now: &Time) -> PodStatus {
+    failed_status(upper, now)
+}
+
+fn failed_status(upper: &Pod, now: &Time) -> PodStatus {
+    let mut status = upper.status.clone().unwrap_or_default();
+    status.phase = Some(PHASE_FAILED.to_owned());
+    for c in status.conditions.iter_mut().flatten() {
+        if matches!(c.type_.as_str(), "Ready" | "ContainersReady") && c.status != "False" {
+            c.status = "False".to_owned();
+            c.reason = Some("PodFailed".to_owned());
+            c.last_transition_time = Some(now.clone());
+        }
+    }
     for statuses in [
         &mut status.container_statuses,
         &mut status.init_container_statuses,

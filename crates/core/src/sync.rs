@@ -5,7 +5,9 @@ use k8s_openapi::api::core::v1::{Pod, PodStatus};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use crate::deps::is_owned_by;
-use crate::status::{LowerAbsent, deletion_from_below, on_lower_absent, upper_status};
+use crate::status::{
+    LowerAbsent, deletion_from_below, is_terminal, on_lower_absent, terminated_status, upper_status,
+};
 use crate::translate::{NotOffloaded, TranslateConfig, offload_decision};
 use crate::update::{PodUpdate, UpdateError, is_lower_pod_of, lower_pod_update};
 
@@ -78,15 +80,31 @@ pub fn pod_step(
         });
     };
     if u.metadata.deletion_timestamp.is_some() {
+        // As a kubelet: the containers stop below, their last status and the terminal phase
+        // come up, and only a pod whose phase is terminal is let go.
         return Ok(match lower {
-            Some(l) if l.metadata.deletion_timestamp.is_none() && is_lower_pod_of(l, u, owner) => {
-                PodStep::DeleteLower {
-                    grace: u.metadata.deletion_grace_period_seconds,
-                    upper_deleting: true,
+            Some(l) if is_lower_pod_of(l, u, owner) => {
+                if l.metadata.deletion_timestamp.is_none() {
+                    PodStep::DeleteLower {
+                        grace: u.metadata.deletion_grace_period_seconds,
+                        upper_deleting: true,
+                    }
+                } else {
+                    match upper_status(u, l, now) {
+                        Some(status) => PodStep::Sync {
+                            update: PodUpdate::default(),
+                            status: Some(Box::new(status)),
+                        },
+                        None => PodStep::Nothing,
+                    }
                 }
             }
             Some(_) => PodStep::Nothing,
-            None => PodStep::FinishUpperDeletion,
+            None if is_terminal(u) => PodStep::FinishUpperDeletion,
+            None => PodStep::Sync {
+                update: PodUpdate::default(),
+                status: Some(Box::new(terminated_status(u, now))),
+            },
         });
     }
     if let Err(why) = offload_decision(u) {
@@ -230,11 +248,55 @@ mod tests {
                 upper_deleting: true
             }
         );
-        assert_eq!(
-            step(Some(&gone), Some(&deleting(l, 20)), None),
-            PodStep::Nothing
+        // While the lower pod stops, its status comes up, the terminal phase the lower kubelet
+        // writes among it.
+        let mut stopped = deleting(l, 20);
+        stopped.status = Some(
+            serde_json::from_value(json!({"phase": "Failed", "containerStatuses": [{
+                "name": "c", "image": "nginx", "imageID": "", "ready": false, "restartCount": 0,
+                "state": {"terminated": {"exitCode": 143, "reason": "Error"}}}]}))
+            .unwrap(),
         );
-        assert_eq!(step(Some(&gone), None, None), PodStep::FinishUpperDeletion);
+        let PodStep::Sync { update, status } = step(Some(&gone), Some(&stopped), None) else {
+            panic!("the stopping lower pod's status goes up")
+        };
+        assert!(update.is_noop(), "nothing goes down to a pod being deleted");
+        let status = status.expect("a status");
+        assert_eq!(status.phase.as_deref(), Some("Failed"));
+        let exit = |s: &PodStatus| {
+            s.container_statuses.as_ref().unwrap()[0]
+                .state
+                .as_ref()
+                .unwrap()
+                .terminated
+                .as_ref()
+                .map(|t| t.exit_code)
+        };
+        assert_eq!(exit(&status), Some(143));
+        // Gone below with a terminal phase upstairs: the upper pod is let go.
+        let mut failed = gone.clone();
+        failed.status = Some(*status);
+        assert_eq!(
+            step(Some(&failed), None, None),
+            PodStep::FinishUpperDeletion
+        );
+        // Gone below before a terminal phase came up: the upper pod is first made terminal, as
+        // a kubelet's TerminatePod, its running container terminated as one not found.
+        let mut running = gone;
+        running.status = Some(
+            serde_json::from_value(json!({"phase": "Running", "containerStatuses": [{
+                "name": "c", "image": "nginx", "imageID": "", "ready": true, "restartCount": 0,
+                "state": {"running": {}}}]}))
+            .unwrap(),
+        );
+        let PodStep::Sync { update, status } = step(Some(&running), None, None) else {
+            panic!("a deleted pod is made terminal before it goes")
+        };
+        assert!(update.is_noop());
+        let status = status.expect("a status");
+        assert_eq!(status.phase.as_deref(), Some("Failed"));
+        assert_eq!(exit(&status), Some(137));
+        assert!(!status.container_statuses.as_ref().unwrap()[0].ready);
     }
 
     #[test]

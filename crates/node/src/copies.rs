@@ -39,7 +39,7 @@ use tensile_core::keys::{LABEL_IDENTITY_OF, LABEL_OWNER, owner_label_value};
 use tensile_core::plan::{Existing, LowerKind};
 use tensile_core::services::{
     ServiceFilter, cluster_ip_refused, endpoint_slice_action, endpoints_action,
-    mirrored_slices_selector, service_action, without_cluster_ip,
+    lower_slices_selector, mirrored_slices_selector, service_action, without_cluster_ip,
 };
 use tensile_core::volumes::claim_action;
 use tokio_util::sync::CancellationToken;
@@ -321,6 +321,7 @@ pub async fn run(cfg: CopySync, shared: Shared, stop: CancellationToken) {
                 &namespaces,
             );
             slices.upper_labels = Some(mirrored_slices_selector());
+            slices.lower_labels = Some(lower_slices_selector());
             let (upper_services, upper_endpoints) = (CompactCache::new(), CompactCache::new());
             let mut services = Kind {
                 instead: Some(service_without_refused_ip),
@@ -471,6 +472,8 @@ struct Kind<K> {
     read_upper: bool,
     /// Only the upper objects of this label selector are watched (and copied).
     upper_labels: Option<String>,
+    /// Only the lower objects of ours that also match this label selector are watched.
+    lower_labels: Option<String>,
     /// The copy to create instead when the lower API server refused one (a Service's cluster
     /// IP taken or out of range downstairs).
     instead: Option<Instead<K>>,
@@ -506,6 +509,7 @@ impl<K> Kind<K> {
             per_object: None,
             read_upper: false,
             upper_labels: None,
+            lower_labels: None,
             instead: None,
         }
     }
@@ -558,10 +562,13 @@ where
         cache.objects_shown(tensile_runtime::backoff::watch(api, config), |_| {})
     };
     // Our token Secrets (`crate::tokens`) are not copies of anything: the pod controller keeps them.
-    let ours = format!(
+    let mut ours = format!(
         "{LABEL_OWNER}={},!{LABEL_IDENTITY_OF}",
         owner_label_value(&cfg.owner)
     );
+    if let Some(selector) = &kind.lower_labels {
+        ours = format!("{ours},{selector}");
+    }
     let upper_events = if kind.per_object.is_some() || kind.read_upper {
         futures::stream::empty().boxed()
     } else {

@@ -826,8 +826,16 @@ mod tests {
         // Being deleted downstairs: wait for it to go.
         lower_event(&index, apply(deleting(l.clone(), 30)));
         assert!(effects(&index, &now()).is_empty());
-        // Gone downstairs: the upper deletion is finished.
-        lower_event(&index, watcher::Event::Delete(l));
+        // Gone downstairs before its terminal phase came up: the upper pod is made Failed
+        // first, as a kubelet does, then its deletion is finished.
+        lower_event(&index, watcher::Event::Delete(deleting(l.clone(), 30)));
+        let written = statuses(&effects(&index, &now()));
+        assert_eq!(written.len(), 1, "{written:?}");
+        assert_eq!(written[0].0, StatusWhy::Mirror);
+        assert_eq!(written[0].1["status"]["phase"], "Failed");
+        let mut failed = deleting(offloaded(&u, &l), 30);
+        failed.status.as_mut().unwrap().phase = Some("Failed".into());
+        index.apply_upper(&apply(failed));
         assert_eq!(effects(&index, &now()), [Effect::ForceDeleteUpper]);
     }
 

@@ -692,6 +692,67 @@ async fn failures_are_reported_and_deletion_is_graceful_both_ways() {
 }
 
 #[tokio::test]
+async fn a_pod_deleted_upstairs_shows_a_terminal_phase_before_it_goes() {
+    // What a Job with a pod failure policy waits for: its finalizer stays on a deleted pod
+    // until the pod is Succeeded or Failed, as a kubelet makes it once the containers stop.
+    let (env, stop) = start().await;
+    let (upper, lower) = (&env.clusters[0].client, &env.clusters[1].client);
+    let upper_pods: Api<Pod> = Api::namespaced(upper.clone(), "default");
+    let lower_pods: Api<Pod> = Api::namespaced(lower.clone(), "default");
+    let mut kept = pod(
+        "kept",
+        "vk-lower",
+        json!({"spec": {"containers": [{"name": "c", "image": "nginx"}]}}),
+    );
+    kept.metadata.finalizers = Some(vec!["example.com/keep".into()]);
+    upper_pods
+        .create(&PostParams::default(), &kept)
+        .await
+        .unwrap();
+    eventually(60, "kept Running", || async {
+        (phase(&upper_pods, "kept").await? == "Running").then_some(())
+    })
+    .await;
+    upper_pods
+        .delete("kept", &DeleteParams::default().grace_period(1))
+        .await
+        .unwrap();
+    let last = eventually(90, "lower pod gone, upper pod terminal", || async {
+        let p = upper_pods.get_opt("kept").await.ok()??;
+        let terminal = matches!(
+            p.status.as_ref()?.phase.as_deref(),
+            Some("Failed" | "Succeeded")
+        );
+        (terminal && lower_pods.get_opt("kept").await.ok()?.is_none()).then_some(p)
+    })
+    .await;
+    let containers = last.status.unwrap().container_statuses.unwrap_or_default();
+    assert!(
+        containers
+            .iter()
+            .all(|c| !c.ready && c.state.as_ref().is_some_and(|s| s.terminated.is_some())),
+        "every container terminated: {containers:?}"
+    );
+    // Its controller lets it go: the pod is gone.
+    upper_pods
+        .patch(
+            "kept",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+        )
+        .await
+        .unwrap();
+    gone(
+        &upper_pods,
+        "kept",
+        30,
+        "kept gone once its finalizer is removed",
+    )
+    .await;
+    stop.cancel();
+}
+
+#[tokio::test]
 async fn a_restart_in_the_middle_of_a_200_pod_burst_loses_duplicates_and_deletes_nothing() {
     use futures::StreamExt;
     use kube::runtime::{WatchStreamExt, watcher};

@@ -12,6 +12,7 @@ use std::collections::BTreeSet;
 use common::{NodeOptions, eventually, gone, pod, spawn};
 use k8s_openapi::api::core::v1::{Endpoints, Namespace, Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
+use kube::ResourceExt as _;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 use tensile_core::deps::is_owned_by;
@@ -99,6 +100,16 @@ async fn slice_ips(lower: &kube::Client, namespace: &str, name: &str) -> BTreeSe
         .flat_map(|s| s.endpoints.iter())
         .flat_map(|e| e.addresses.iter().cloned())
         .collect()
+}
+
+/// The names of the lower cluster's EndpointSlices of Service `namespace/name`.
+async fn slice_names(lower: &kube::Client, namespace: &str, name: &str) -> BTreeSet<String> {
+    let slices: Api<EndpointSlice> = Api::namespaced(lower.clone(), namespace);
+    let list = slices
+        .list(&ListParams::default().labels(&format!("kubernetes.io/service-name={name}")))
+        .await
+        .unwrap();
+    list.items.iter().map(|s| s.name_any()).collect()
 }
 
 /// The IPs the Endpoints `namespace/name` list (ready or not).
@@ -294,6 +305,7 @@ async fn a_service_with_3_backends_in_2_lower_clusters_resolves_to_all_3_ips_in_
         3,
         "the two lower clusters have distinct pod networks"
     );
+    let mut names = Vec::new();
     for i in [1, 2] {
         let lower = &env.clusters[i].client;
         eventually(
@@ -302,6 +314,7 @@ async fn a_service_with_3_backends_in_2_lower_clusters_resolves_to_all_3_ips_in_
             || async { (slice_ips(lower, "default", "web").await == ips).then_some(()) },
         )
         .await;
+        names.push(slice_names(lower, "default", "web").await);
         let ep = Api::<Endpoints>::namespaced(lower.clone(), "default")
             .get("web")
             .await
@@ -343,6 +356,14 @@ async fn a_service_with_3_backends_in_2_lower_clusters_resolves_to_all_3_ips_in_
             },
         )
         .await;
+        // The lower cluster's own slices were updated in place, never taken for copies of
+        // ours (they carry the copied Service's labels, our owner label among them) and
+        // deleted: a slice recreated has a new generated name.
+        assert_eq!(
+            slice_names(lower, "default", "web").await,
+            names[i - 1],
+            "lower-{i}'s EndpointSlices of web were replaced"
+        );
     }
 }
 
