@@ -459,9 +459,15 @@ async fn checklist_72_at_start_our_lower_services_and_endpoints_without_an_upper
     );
 }
 
-/// A TCP server on the test host's address answering every connection with `reply`.
+/// A TCP server answering every connection with `reply`, on an address of the test host that
+/// is not the virtual node's (a node's own address is never a node port's backend).
 async fn tcp_backend(reply: &'static str) -> std::net::SocketAddr {
-    let ip = tensile_testenv::testhost::address().unwrap();
+    let ip = tensile_testenv::testhost::extra_address(100).unwrap();
+    assert_ne!(
+        Some(ip),
+        tensile_testenv::testhost::address().ok(),
+        "the backend needs an address of its own (TENSILE_TEST_HOST_ADDRESS gives one for all)"
+    );
     let listener = tokio::net::TcpListener::bind((ip, 0)).await.unwrap();
     let at = listener.local_addr().unwrap();
     tokio::spawn(async move {
