@@ -342,7 +342,10 @@ fn real_containers_run_through_the_virtual_node_and_kubectl_reaches_them() {
                     // preStop runs before SIGTERM; both write to a folder of this machine
                     // (the node is this machine) that the test reads after the delete.
                     "apiVersion": "v1", "kind": "Pod",
-                    "metadata": {"name": "graceful", "namespace": "default"},
+                    // A finalizer of the test's own holds the deleted pod upstairs, as a
+                    // Job's does, so its last phase can be read.
+                    "metadata": {"name": "graceful", "namespace": "default",
+                        "finalizers": ["example.com/keep"]},
                     "spec": {
                         "terminationGracePeriodSeconds": 45,
                         "containers": [{
@@ -598,6 +601,33 @@ fn real_containers_run_through_the_virtual_node_and_kubectl_reaches_them() {
             .split_whitespace()
             .any(|g| g == "40")
         },
+    );
+    // The real kubelet's terminal phase comes up (the container exits 0 on SIGTERM: a deleted
+    // pod whose containers all succeeded is Succeeded), the lower pod goes, and only then its
+    // controller (here the test) lets the upper pod go.
+    until_within(WAIT, "graceful Succeeded upstairs, gone downstairs", || {
+        kubectl(
+            &upper,
+            &["get", "pod", "graceful", "-o", "jsonpath={.status.phase}"],
+        )
+        .1 == "Succeeded"
+            && ours_downstairs(&lower, "name")
+                .lines()
+                .all(|l| !l.contains("graceful"))
+    });
+    assert!(
+        kubectl(
+            &upper,
+            &[
+                "patch",
+                "pod",
+                "graceful",
+                "--type=merge",
+                "-p",
+                r#"{"metadata":{"finalizers":null}}"#
+            ]
+        )
+        .0
     );
     until_within(WAIT, "graceful gone upstairs", || {
         !kubectl(&upper, &["get", "pod", "graceful"]).0

@@ -224,9 +224,12 @@ pub fn deletion_from_below(upper: &Pod, lower: &Pod) -> Option<DeleteUpper> {
 pub enum LowerAbsent {
     /// Never created (or the create has not landed yet): create it.
     Create,
-    /// The upper pod is being deleted and the lower pod is gone: finish the upper deletion
-    /// (grace 0, UID precondition).
+    /// The upper pod is being deleted, the lower pod is gone and the upper phase is terminal:
+    /// finish the upper deletion (grace 0, UID precondition).
     FinishUpperDeletion,
+    /// The upper pod is being deleted and the lower pod went before a terminal phase came up:
+    /// the upper pod takes this (Failed) status first, see [`terminated_status`].
+    Terminate(Box<PodStatus>),
     /// The lower pod existed and vanished without a deletion from upstairs: the upper pod
     /// becomes Failed with this status, so its controller replaces it (checklist 54).
     Lost(Box<PodStatus>),
@@ -237,7 +240,11 @@ pub enum LowerAbsent {
 /// The decision for an upper pod whose lower pod is absent.
 pub fn on_lower_absent(upper: &Pod, lower_cluster: &str, now: &Time) -> LowerAbsent {
     if upper.metadata.deletion_timestamp.is_some() {
-        LowerAbsent::FinishUpperDeletion
+        if is_terminal(upper) {
+            LowerAbsent::FinishUpperDeletion
+        } else {
+            LowerAbsent::Terminate(Box::new(terminated_status(upper, now)))
+        }
     } else if is_terminal(upper) {
         LowerAbsent::Nothing
     } else if was_offloaded(upper) {
@@ -253,7 +260,7 @@ pub fn lost_status(upper: &Pod, lower_cluster: &str, now: &Time) -> PodStatus {
     let message = format!(
         "the pod disappeared from lower cluster {lower_cluster} without being deleted from the upper cluster"
     );
-    let mut status = failed_status(upper, now);
+    let mut status = terminated_status(upper, now);
     status.reason = Some(REASON_LOWER_POD_LOST.to_owned());
     status.message = Some(message.clone());
     let mut conditions: Vec<PodCondition> = status
@@ -280,10 +287,6 @@ pub fn lost_status(upper: &Pod, lower_cluster: &str, now: &Time) -> PodStatus {
 /// cannot find. Controllers wait for that phase: a Job with a pod failure policy keeps its
 /// finalizer on a deleted pod until the pod is Succeeded or Failed.
 pub fn terminated_status(upper: &Pod, now: &Time) -> PodStatus {
-    failed_status(upper, now)
-}
-
-fn failed_status(upper: &Pod, now: &Time) -> PodStatus {
     let mut status = upper.status.clone().unwrap_or_default();
     status.phase = Some(PHASE_FAILED.to_owned());
     for c in status.conditions.iter_mut().flatten() {
@@ -694,6 +697,11 @@ mod tests {
         );
         let mut deleting = upper.clone();
         deleting.metadata.deletion_timestamp = Some(now());
+        let LowerAbsent::Terminate(s) = on_lower_absent(&deleting, "lower-1", &now()) else {
+            panic!("a deleted pod without a terminal phase is made terminal first")
+        };
+        assert_eq!(s.phase.as_deref(), Some("Failed"));
+        deleting.status = Some(*s);
         assert_eq!(
             on_lower_absent(&deleting, "lower-1", &now()),
             LowerAbsent::FinishUpperDeletion

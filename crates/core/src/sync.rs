@@ -5,9 +5,7 @@ use k8s_openapi::api::core::v1::{Pod, PodStatus};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 use crate::deps::is_owned_by;
-use crate::status::{
-    LowerAbsent, deletion_from_below, is_terminal, on_lower_absent, terminated_status, upper_status,
-};
+use crate::status::{LowerAbsent, deletion_from_below, on_lower_absent, upper_status};
 use crate::translate::{NotOffloaded, TranslateConfig, offload_decision};
 use crate::update::{PodUpdate, UpdateError, is_lower_pod_of, lower_pod_update};
 
@@ -100,23 +98,14 @@ pub fn pod_step(
                 }
             }
             Some(_) => PodStep::Nothing,
-            None if is_terminal(u) => PodStep::FinishUpperDeletion,
-            None => PodStep::Sync {
-                update: PodUpdate::default(),
-                status: Some(Box::new(terminated_status(u, now))),
-            },
+            None => absent_step(u, lower_cluster, now),
         });
     }
     if let Err(why) = offload_decision(u) {
         return Ok(PodStep::NotOffloaded(why));
     }
     let Some(l) = lower else {
-        return Ok(match on_lower_absent(u, lower_cluster, now) {
-            LowerAbsent::Create => PodStep::Create,
-            LowerAbsent::Lost(status) => PodStep::MarkLost(status),
-            LowerAbsent::FinishUpperDeletion => PodStep::FinishUpperDeletion,
-            LowerAbsent::Nothing => PodStep::Nothing,
-        });
+        return Ok(absent_step(u, lower_cluster, now));
     };
     if !is_lower_pod_of(l, u, owner) {
         // Ours but for an earlier upper pod of the same name: it goes, then ours is created.
@@ -140,6 +129,20 @@ pub fn pod_step(
         update: lower_pod_update(u, l, cfg)?,
         status: upper_status(u, l, now).map(Box::new),
     })
+}
+
+/// The step for an upper pod whose lower pod is absent ([`on_lower_absent`]).
+fn absent_step(upper: &Pod, lower_cluster: &str, now: &Time) -> PodStep {
+    match on_lower_absent(upper, lower_cluster, now) {
+        LowerAbsent::Create => PodStep::Create,
+        LowerAbsent::Lost(status) => PodStep::MarkLost(status),
+        LowerAbsent::FinishUpperDeletion => PodStep::FinishUpperDeletion,
+        LowerAbsent::Terminate(status) => PodStep::Sync {
+            update: PodUpdate::default(),
+            status: Some(status),
+        },
+        LowerAbsent::Nothing => PodStep::Nothing,
+    }
 }
 
 /// The step for an upper pod whose lower pod has left the lower cache, when the lower pod's last

@@ -88,14 +88,20 @@ fn port_numbers(svc: &Service) -> Vec<i32> {
         .collect()
 }
 
-/// The IPs the lower cluster's EndpointSlices of Service `namespace/name` list.
-async fn slice_ips(lower: &kube::Client, namespace: &str, name: &str) -> BTreeSet<String> {
+/// The lower cluster's EndpointSlices of Service `namespace/name`.
+async fn slices_of(lower: &kube::Client, namespace: &str, name: &str) -> Vec<EndpointSlice> {
     let slices: Api<EndpointSlice> = Api::namespaced(lower.clone(), namespace);
-    let list = slices
+    slices
         .list(&ListParams::default().labels(&format!("kubernetes.io/service-name={name}")))
         .await
-        .unwrap();
-    list.items
+        .unwrap()
+        .items
+}
+
+/// The IPs the lower cluster's EndpointSlices of Service `namespace/name` list.
+async fn slice_ips(lower: &kube::Client, namespace: &str, name: &str) -> BTreeSet<String> {
+    slices_of(lower, namespace, name)
+        .await
         .iter()
         .flat_map(|s| s.endpoints.iter())
         .flat_map(|e| e.addresses.iter().cloned())
@@ -104,12 +110,11 @@ async fn slice_ips(lower: &kube::Client, namespace: &str, name: &str) -> BTreeSe
 
 /// The names of the lower cluster's EndpointSlices of Service `namespace/name`.
 async fn slice_names(lower: &kube::Client, namespace: &str, name: &str) -> BTreeSet<String> {
-    let slices: Api<EndpointSlice> = Api::namespaced(lower.clone(), namespace);
-    let list = slices
-        .list(&ListParams::default().labels(&format!("kubernetes.io/service-name={name}")))
+    slices_of(lower, namespace, name)
         .await
-        .unwrap();
-    list.items.iter().map(|s| s.name_any()).collect()
+        .iter()
+        .map(|s| s.name_any())
+        .collect()
 }
 
 /// The IPs the Endpoints `namespace/name` list (ready or not).
