@@ -228,7 +228,7 @@ fn sockets(pid: u32) -> usize {
 }
 
 /// GET over plain HTTP/1.1 (the node's metrics listener), body as text.
-async fn http_get(addr: &str, path: &str) -> anyhow::Result<String> {
+pub(crate) async fn http_get(addr: &str, path: &str) -> anyhow::Result<String> {
     let mut tcp = tokio::net::TcpStream::connect(addr).await?;
     tcp.write_all(
         format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").as_bytes(),

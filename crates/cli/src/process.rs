@@ -88,6 +88,26 @@ pub fn cpu_seconds(pid: u32) -> f64 {
     }
 }
 
+/// CPU time the whole machine has spent busy (every state but idle and iowait, all cores), in
+/// seconds, from `/proc/stat`.
+pub fn machine_busy_seconds() -> f64 {
+    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+    let Some(cpu) = stat.lines().find(|l| l.starts_with("cpu ")) else {
+        return f64::NAN;
+    };
+    // user nice system idle iowait irq softirq steal (guest time is inside user already).
+    let ticks: Vec<f64> = cpu
+        .split_whitespace()
+        .skip(1)
+        .take(8)
+        .filter_map(|t| t.parse().ok())
+        .collect();
+    if ticks.len() < 8 {
+        return f64::NAN;
+    }
+    (ticks.iter().sum::<f64>() - ticks[3] - ticks[4]) / 100.0
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -97,6 +117,7 @@ mod tests {
         let (rss, peak) = memory_mib(std::process::id());
         assert!(rss > 0.0 && peak >= rss, "rss {rss} peak {peak}");
         assert!(cpu_seconds(std::process::id()) >= 0.0);
+        assert!(machine_busy_seconds() > 0.0);
         assert!(memory_mib(u32::MAX).0.is_nan());
         assert!(cpu_seconds(u32::MAX).is_nan());
     }

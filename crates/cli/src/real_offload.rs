@@ -29,6 +29,50 @@ pub struct RealOffloadArgs {
 
 type Times = Arc<Mutex<HashMap<String, Instant>>>;
 
+/// Watches `api` and notes, per pod name, when it was first seen (into `seen`, if any) and when
+/// it first showed phase `Running` (into `running`).
+fn note_times(api: Api<Pod>, seen: Option<Times>, running: Times) -> tokio::task::JoinHandle<()> {
+    crate::bench::spawn_watch(api, move |event: watcher::Event<Pod>| {
+        let now = Instant::now();
+        let pods = match event {
+            watcher::Event::Apply(p) | watcher::Event::InitApply(p) => vec![p],
+            _ => Vec::new(),
+        };
+        for p in pods {
+            let Some(name) = p.metadata.name.clone() else {
+                continue;
+            };
+            if let Some(seen) = &seen
+                && let Ok(mut t) = seen.lock()
+            {
+                t.entry(name.clone()).or_insert(now);
+            }
+            if p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
+                && let Ok(mut t) = running.lock()
+            {
+                t.entry(name).or_insert(now);
+            }
+        }
+    })
+}
+
+fn snapshot(t: &Times) -> anyhow::Result<HashMap<String, Instant>> {
+    Ok(t.lock().map_err(|_| anyhow::anyhow!("poisoned"))?.clone())
+}
+
+/// What one burst measured, per pod: create to Running on the side it was created on, and
+/// through the virtual node, the three legs of that path as the lower cluster shows them.
+#[derive(Default)]
+struct Measured {
+    total: Vec<Duration>,
+    /// Upper create to the lower pod's first watch event (the virtual node's work).
+    to_lower: Vec<Duration>,
+    /// The lower pod's first event to its Running (the real kubelet's work).
+    lower_running: Vec<Duration>,
+    /// Lower Running to upper Running (the status written up).
+    status_up: Vec<Duration>,
+}
+
 fn pod(name: &str, node: Option<&str>) -> anyhow::Result<Pod> {
     let mut spec = json!({
         "terminationGracePeriodSeconds": 1,
@@ -54,23 +98,12 @@ async fn burst(
     n: usize,
     concurrency: usize,
     node: Option<&str>,
-) -> anyhow::Result<Vec<Duration>> {
+    lower: Option<Api<Pod>>,
+) -> anyhow::Result<Measured> {
     let running: Times = Arc::default();
-    let seen = running.clone();
-    let watch = crate::bench::spawn_watch(api.clone(), move |event: watcher::Event<Pod>| {
-        let now = Instant::now();
-        let pods = match event {
-            watcher::Event::Apply(p) | watcher::Event::InitApply(p) => vec![p],
-            _ => Vec::new(),
-        };
-        for p in pods {
-            if p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
-                && let (Some(name), Ok(mut t)) = (p.metadata.name, seen.lock())
-            {
-                t.entry(name).or_insert(now);
-            }
-        }
-    });
+    let watch = note_times(api.clone(), None, running.clone());
+    let (lower_seen, lower_running): (Times, Times) = (Arc::default(), Arc::default());
+    let lower_watch = lower.map(|l| note_times(l, Some(lower_seen.clone()), lower_running.clone()));
     let created: Times = Arc::default();
     let names: Vec<String> = (0..n).map(|i| format!("bench-{i}")).collect();
     let chunks: Vec<Vec<String>> = names
@@ -109,20 +142,23 @@ async fn burst(
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     watch.abort();
-    let (created, running) = (
-        created
-            .lock()
-            .map_err(|_| anyhow::anyhow!("poisoned"))?
-            .clone(),
-        running
-            .lock()
-            .map_err(|_| anyhow::anyhow!("poisoned"))?
-            .clone(),
-    );
-    Ok(names
-        .iter()
-        .filter_map(|n| Some(running.get(n)?.saturating_duration_since(*created.get(n)?)))
-        .collect())
+    if let Some(w) = lower_watch {
+        w.abort();
+    }
+    let (created, running) = (snapshot(&created)?, snapshot(&running)?);
+    let (lower_seen, lower_running) = (snapshot(&lower_seen)?, snapshot(&lower_running)?);
+    let leg = |from: &HashMap<String, Instant>, to: &HashMap<String, Instant>| -> Vec<Duration> {
+        names
+            .iter()
+            .filter_map(|n| Some(to.get(n)?.saturating_duration_since(*from.get(n)?)))
+            .collect()
+    };
+    Ok(Measured {
+        total: leg(&created, &running),
+        to_lower: leg(&created, &lower_seen),
+        lower_running: leg(&lower_seen, &lower_running),
+        status_up: leg(&lower_running, &running),
+    })
 }
 
 async fn delete_all(api: &Api<Pod>) -> anyhow::Result<()> {
@@ -169,6 +205,12 @@ pub async fn run(args: RealOffloadArgs) -> anyhow::Result<()> {
     let port = std::net::TcpListener::bind((address, 0))?
         .local_addr()?
         .port();
+    let metrics_addr = format!(
+        "127.0.0.1:{}",
+        std::net::TcpListener::bind(("127.0.0.1", 0))?
+            .local_addr()?
+            .port()
+    );
     // The README's command line; what the benchmark adds only says where to listen.
     let mut node = tokio::process::Command::new(std::env::current_exe()?)
         .args(["virtual-node", "--nodename", "vk", "--disable-taint"])
@@ -177,6 +219,7 @@ pub async fn run(args: RealOffloadArgs) -> anyhow::Result<()> {
         .arg("--client-kubeconfig")
         .arg(&env.clusters[1].kubeconfig)
         .arg(format!("--kubelet-address={address}"))
+        .args(["--metrics-addr", &metrics_addr])
         .env("KUBELET_PORT", port.to_string())
         .env("VKUBELET_POD_IP", address.to_string())
         .env("RUST_LOG", "warn")
@@ -201,16 +244,34 @@ pub async fn run(args: RealOffloadArgs) -> anyhow::Result<()> {
         .await
         .context("creating namespace bench-direct downstairs")?;
     let (n, c) = (args.pods, args.concurrency);
+    let pid = node.id().context("the virtual node exited")?;
     println!("direct: {n} pods in the lower cluster");
     let direct_api: Api<Pod> = Api::namespaced(lower.clone(), "bench-direct");
-    let mut direct = burst(direct_api.clone(), n, c, None).await?;
+    let busy = crate::process::machine_busy_seconds();
+    let direct = burst(direct_api.clone(), n, c, None, None).await?;
+    let direct_busy = crate::process::machine_busy_seconds() - busy;
     delete_all(&direct_api).await?;
     println!("through the virtual node: {n} pods upstairs, bound to vk");
     let upper_api: Api<Pod> = Api::namespaced(upper.clone(), "default");
-    let mut through = burst(upper_api.clone(), n, c, Some("vk")).await?;
+    let lower_api: Api<Pod> = Api::namespaced(lower.clone(), "default");
+    let (busy, node_cpu) = (
+        crate::process::machine_busy_seconds(),
+        crate::process::cpu_seconds(pid),
+    );
+    let mut through = burst(upper_api.clone(), n, c, Some("vk"), Some(lower_api)).await?;
+    let (through_busy, node_cpu) = (
+        crate::process::machine_busy_seconds() - busy,
+        crate::process::cpu_seconds(pid) - node_cpu,
+    );
+    let stages = crate::bench::parse_metrics(
+        &crate::bench::http_get(&metrics_addr, "/metrics")
+            .await
+            .context("the virtual node's /metrics")?,
+    );
     delete_all(&upper_api).await?;
-    let (d50, d99) = (pct(&mut direct, 0.5), pct(&mut direct, 0.99));
-    let (t50, t99) = (pct(&mut through, 0.5), pct(&mut through, 0.99));
+    let mut direct_total = direct.total;
+    let (d50, d99) = (pct(&mut direct_total, 0.5), pct(&mut direct_total, 0.99));
+    let (t50, t99) = (pct(&mut through.total, 0.5), pct(&mut through.total, 0.99));
     println!("create to Running (ms)   p50      p99");
     println!("directly downstairs    {d50:7.0}  {d99:7.0}");
     println!("through the node       {t50:7.0}  {t99:7.0}");
@@ -219,6 +280,36 @@ pub async fn run(args: RealOffloadArgs) -> anyhow::Result<()> {
         t50 - d50,
         t99 - d99
     );
+    println!(
+        "machine CPU busy (s)   direct {direct_busy:.1}, through the node {through_busy:.1} (the node itself {node_cpu:.1})"
+    );
+    println!("through the node, by leg (ms)");
+    for (leg, v) in [
+        ("upper create -> lower pod", &mut through.to_lower),
+        ("lower pod -> lower Running", &mut through.lower_running),
+        ("lower Running -> upper Running", &mut through.status_up),
+    ] {
+        println!("  {leg:32} {:7.0}  {:7.0}", pct(v, 0.5), pct(v, 0.99));
+    }
+    println!("inside the node (tensile_pod_sync_seconds, ms)");
+    for stage in [
+        "queue_wait",
+        "reconcile",
+        "upper_tokens",
+        "lower_pod_create",
+        "upper_status",
+    ] {
+        let q = |q| {
+            crate::bench::histogram_quantile(
+                &stages,
+                "tensile_pod_sync_seconds",
+                &[("stage", stage)],
+                q,
+            )
+            .map_or(f64::NAN, |s| s * 1000.0)
+        };
+        println!("  {stage:32} {:7.1}  {:7.1}", q(0.5), q(0.99));
+    }
     println!(
         "{}",
         json!({
@@ -229,6 +320,9 @@ pub async fn run(args: RealOffloadArgs) -> anyhow::Result<()> {
             "virtual_p99_ms": t99.round(),
             "added_p50_ms": (t50 - d50).round(),
             "added_p99_ms": (t99 - d99).round(),
+            "direct_cpu_s": (direct_busy * 10.0).round() / 10.0,
+            "virtual_cpu_s": (through_busy * 10.0).round() / 10.0,
+            "node_cpu_s": (node_cpu * 10.0).round() / 10.0,
         })
     );
     drop(node);

@@ -30,6 +30,9 @@ pub enum PodStep {
     Create,
     /// The lower pod vanished without our doing: the upper pod takes this (Failed) status.
     MarkLost(Box<PodStatus>),
+    /// The upper pod is being deleted and its lower pod went before a terminal phase came up:
+    /// the upper pod takes this (Failed) status, and the next look finishes the deletion.
+    Terminate(Box<PodStatus>),
     /// The lower pod is being deleted downstairs: delete the upper pod too (its controller
     /// replaces it), with the lower grace period.
     DeleteUpper {
@@ -137,10 +140,7 @@ fn absent_step(upper: &Pod, lower_cluster: &str, now: &Time) -> PodStep {
         LowerAbsent::Create => PodStep::Create,
         LowerAbsent::Lost(status) => PodStep::MarkLost(status),
         LowerAbsent::FinishUpperDeletion => PodStep::FinishUpperDeletion,
-        LowerAbsent::Terminate(status) => PodStep::Sync {
-            update: PodUpdate::default(),
-            status: Some(status),
-        },
+        LowerAbsent::Terminate(status) => PodStep::Terminate(status),
         LowerAbsent::Nothing => PodStep::Nothing,
     }
 }
@@ -292,11 +292,9 @@ mod tests {
                 "state": {"running": {}}}]}))
             .unwrap(),
         );
-        let PodStep::Sync { update, status } = step(Some(&running), None, None) else {
+        let PodStep::Terminate(status) = step(Some(&running), None, None) else {
             panic!("a deleted pod is made terminal before it goes")
         };
-        assert!(update.is_noop());
-        let status = status.expect("a status");
         assert_eq!(status.phase.as_deref(), Some("Failed"));
         assert_eq!(exit(&status), Some(137));
         assert!(!status.container_statuses.as_ref().unwrap()[0].ready);

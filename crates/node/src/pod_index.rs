@@ -78,6 +78,9 @@ pub enum StatusWhy {
     Unreachable,
     /// The lower pod's status, carried up.
     Mirror,
+    /// The upper pod is being deleted and its lower pod is gone: Failed, so its deletion can
+    /// be finished.
+    Terminated,
 }
 
 /// One thing the writer does for a pod. A plan's effects run in order; the first that fails
@@ -264,9 +267,19 @@ impl PodIndex {
         keys
     }
 
+    /// A status of pod `key` was written up for `why`; the upper pod is now at
+    /// `resource_version`. Only a mirrored status marks the version (see
+    /// [`Self::apply_upper`]): every other kind changes what the next plan decides (a
+    /// terminated pod's deletion is finished once its Failed phase shows).
+    pub fn status_written(&self, key: Key, why: StatusWhy, resource_version: String) {
+        if why == StatusWhy::Mirror {
+            self.mirrored(key, resource_version);
+        }
+    }
+
     /// The lower status of pod `key` was mirrored up; the upper pod is now at
     /// `resource_version` (see [`Self::apply_upper`]).
-    pub fn mirrored(&self, key: Key, resource_version: String) {
+    fn mirrored(&self, key: Key, resource_version: String) {
         if let Ok(mut m) = self.mirrored.lock() {
             m.insert(key, resource_version);
         }
@@ -481,6 +494,9 @@ impl PodIndex {
                 },
             ],
             PodStep::MarkLost(lost) => vec![status(json!({"status": lost}), StatusWhy::Lost)],
+            PodStep::Terminate(last) => {
+                vec![status(status_merge_patch(u, &last), StatusWhy::Terminated)]
+            }
             PodStep::DeleteUpper { grace } => vec![Effect::DeleteUpper { grace }],
             PodStep::Conflict => {
                 return Err(Failure::new(
@@ -693,7 +709,7 @@ mod tests {
         assert_eq!(written.len(), 1);
         assert_eq!(written[0].0, StatusWhy::Mirror);
         // Our patch left the pod at version 2; the watch shows it.
-        index.mirrored(key(), "2".into());
+        index.status_written(key(), StatusWhy::Mirror, "2".into());
         let echoed = offloaded(&at(&u, "2"), &l);
         assert_eq!(index.apply_upper(&apply(echoed.clone())), Vec::<Key>::new());
         // Planned anyway, it would write nothing (what makes skipping it safe).
@@ -701,11 +717,11 @@ mod tests {
         // The mark is used once: the next version, whoever wrote it, is planned.
         assert_eq!(index.apply_upper(&apply(at(&echoed, "3"))), [key()]);
         // A version that is not ours (someone else wrote in between) is planned too.
-        index.mirrored(key(), "5".into());
+        index.status_written(key(), StatusWhy::Mirror, "5".into());
         assert_eq!(index.apply_upper(&apply(at(&echoed, "4"))), [key()]);
         assert_eq!(index.apply_upper(&apply(at(&echoed, "5"))), [key()]);
         // A pod deleted after our write keeps no mark.
-        index.mirrored(key(), "6".into());
+        index.status_written(key(), StatusWhy::Mirror, "6".into());
         index.apply_upper(&watcher::Event::Delete(at(&echoed, "6")));
         assert!(index.mirrored.lock().unwrap().is_empty());
     }
@@ -831,11 +847,15 @@ mod tests {
         lower_event(&index, watcher::Event::Delete(deleting(l.clone(), 30)));
         let written = statuses(&effects(&index, &now()));
         assert_eq!(written.len(), 1, "{written:?}");
-        assert_eq!(written[0].0, StatusWhy::Mirror);
+        assert_eq!(written[0].0, StatusWhy::Terminated);
         assert_eq!(written[0].1["status"]["phase"], "Failed");
+        // The event of that write is planned again (it is not a mirrored status, whose event
+        // changes nothing), and finishes the deletion.
+        index.status_written(key(), written[0].0, "9".into());
         let mut failed = deleting(offloaded(&u, &l), 30);
         failed.status.as_mut().unwrap().phase = Some("Failed".into());
-        index.apply_upper(&apply(failed));
+        failed.metadata.resource_version = Some("9".into());
+        assert_eq!(index.apply_upper(&apply(failed)), [key()]);
         assert_eq!(effects(&index, &now()), [Effect::ForceDeleteUpper]);
     }
 

@@ -726,12 +726,12 @@ async fn execute(ctx: &Ctx, key: &Key, plan: Plan) -> Result<(), Failure> {
                 let written = Box::pin(ctx.patch_upper_status(ns, name, patch)).await;
                 if why == StatusWhy::Mirror {
                     ctx.metrics.observe("upper_status", t0.elapsed());
-                    if let Ok(Some(version)) = written
-                        .as_ref()
-                        .map(|p| p.metadata.resource_version.clone())
-                    {
-                        ctx.index.mirrored(key.clone(), version);
-                    }
+                }
+                if let Ok(Some(version)) = written
+                    .as_ref()
+                    .map(|p| p.metadata.resource_version.clone())
+                {
+                    ctx.index.status_written(key.clone(), why, version);
                 }
                 written?;
             }
