@@ -23,7 +23,7 @@ use kube::runtime::watcher;
 use serde_json::json;
 use tensile_testenv::TestEnv;
 
-use crate::bench::spawn_watch;
+use crate::bench_support::spawn_watch;
 use crate::process::free_port;
 
 /// Flags of `tensile bench failover`.
@@ -248,7 +248,7 @@ pub async fn run(args: FailoverArgs) -> anyhow::Result<()> {
     }
     let n = args.pods;
     let kill_after = args.kill_after.unwrap_or(n / 2).clamp(1, n.max(1));
-    let env = crate::bench::burst_clusters(n).await?;
+    let env = crate::bench_support::burst_clusters(n).await?;
     let seen: Shared = Arc::default();
     let watches = watch_all(&env, &seen, (LEASE_NAMESPACE, LEASE));
     let logs = [
@@ -437,7 +437,7 @@ impl LowerPods {
 async fn run_restart(args: FailoverArgs) -> anyhow::Result<()> {
     let n = args.pods;
     let kill_after = args.kill_after.unwrap_or(n / 2).clamp(1, n.max(1));
-    let env = crate::bench::burst_clusters(n).await?;
+    let env = crate::bench_support::burst_clusters(n).await?;
     let seen: Shared = Arc::default();
     let watches = watch_all(&env, &seen, ("kube-node-lease", NODE));
     let logs = [env.dir().join("first.log"), env.dir().join("restarted.log")];

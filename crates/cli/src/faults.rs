@@ -29,7 +29,7 @@ use tensile_core::reach::{REASON_ERRORS, REASON_UNREACHABLE};
 use tensile_testenv::TestEnv;
 use tensile_testenv::errors::ErrorProxy;
 
-use crate::bench::spawn_watch;
+use crate::bench_support::spawn_watch;
 use crate::failover::{replica, wait_for};
 use crate::process::free_port;
 
@@ -314,7 +314,7 @@ pub async fn run(args: FaultsArgs) -> anyhow::Result<()> {
             "lower-etcd-kill needs real control planes (TENSILE_K8S_BIN): the simulator keeps its objects in memory"
         );
     }
-    let env = crate::bench::burst_clusters(n * args.fault.len()).await?;
+    let env = crate::bench_support::burst_clusters(n * args.fault.len()).await?;
     let seen: Shared = Arc::default();
     let watches = watch_all(&env, &seen);
     let log = args

@@ -405,8 +405,8 @@ async fn overcommitted(sandbox: &Sandbox) -> anyhow::Result<usize> {
 
 /// A quantile (0..1) of one verb of `tensile_extender_request_seconds`, in ms, None without
 /// calls.
-fn extender_quantile(samples: &crate::bench::Samples, verb: &str, q: f64) -> Option<f64> {
-    crate::bench::histogram_quantile(
+fn extender_quantile(samples: &crate::bench_support::Samples, verb: &str, q: f64) -> Option<f64> {
+    crate::bench_support::histogram_quantile(
         samples,
         "tensile_extender_request_seconds",
         &[("verb", verb)],
@@ -537,7 +537,7 @@ async fn run_mode(mode: &str, args: &FragmentationArgs) -> anyhow::Result<Outcom
                 .context("reading the extender's metrics")?;
             anyhow::ensure!(status == 200, "the extender's /metrics answered {status}");
             (
-                crate::bench::parse_metrics(&text),
+                crate::bench_support::parse_metrics(&text),
                 Some(memory_mib(p.pid).1),
                 Some(cpu_seconds(p.pid) - extender_cpu_at_start.unwrap_or(0.0)),
             )

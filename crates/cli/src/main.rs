@@ -3,6 +3,8 @@
 
 #[cfg(feature = "sandbox")]
 mod bench;
+#[cfg(feature = "sandbox")]
+mod bench_support;
 mod common;
 #[cfg(feature = "sandbox")]
 mod conformance;

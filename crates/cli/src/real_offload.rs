@@ -3,6 +3,12 @@
 //! upstairs, bound to the virtual node in front of it; each side's time from create to Running
 //! (the API's create call to the first watch event with phase `Running`, on that side), p50
 //! and p99, and the difference. Real control planes and real nodes (`TENSILE_K8S_BIN`, root).
+//!
+//! Through the node the path is also timed by leg, as the lower cluster's watch shows it (upper
+//! create -> lower pod, lower pod -> lower Running, lower Running -> upper Running), beside the
+//! node's own stage histograms and the CPU the machine spent on each side: a burst saturates a
+//! small machine, and then every CPU-second the upper cluster and the node spend is latency the
+//! real kubelet sees. `--one-at-a-time` times the path alone.
 
 #![allow(clippy::print_stdout)] // the report is what the command prints
 
@@ -25,6 +31,10 @@ pub struct RealOffloadArgs {
     /// Concurrent creations.
     #[arg(long, default_value_t = 16)]
     concurrency: usize,
+    /// Create each pod only once the one before it runs (no concurrency): what the path
+    /// itself takes, on a machine the burst does not saturate.
+    #[arg(long)]
+    one_at_a_time: bool,
 }
 
 type Times = Arc<Mutex<HashMap<String, Instant>>>;
@@ -32,7 +42,7 @@ type Times = Arc<Mutex<HashMap<String, Instant>>>;
 /// Watches `api` and notes, per pod name, when it was first seen (into `seen`, if any) and when
 /// it first showed phase `Running` (into `running`).
 fn note_times(api: Api<Pod>, seen: Option<Times>, running: Times) -> tokio::task::JoinHandle<()> {
-    crate::bench::spawn_watch(api, move |event: watcher::Event<Pod>| {
+    crate::bench_support::spawn_watch(api, move |event: watcher::Event<Pod>| {
         let now = Instant::now();
         let pods = match event {
             watcher::Event::Apply(p) | watcher::Event::InitApply(p) => vec![p],
@@ -100,6 +110,8 @@ async fn burst(
     node: Option<&str>,
     lower: Option<Api<Pod>>,
 ) -> anyhow::Result<Measured> {
+    // One at a time: one task, which waits for each pod to run before the next.
+    let one_at_a_time = concurrency == 0;
     let running: Times = Arc::default();
     let watch = note_times(api.clone(), None, running.clone());
     let (lower_seen, lower_running): (Times, Times) = (Arc::default(), Arc::default());
@@ -113,6 +125,7 @@ async fn burst(
     let mut tasks = Vec::new();
     for chunk in chunks {
         let (api, created, node) = (api.clone(), created.clone(), node.map(str::to_owned));
+        let running = running.clone();
         tasks.push(tokio::spawn(async move {
             for name in chunk {
                 let p = pod(&name, node.as_deref())?;
@@ -121,7 +134,14 @@ async fn burst(
                     .await
                     .with_context(|| format!("creating {name}"))?;
                 if let Ok(mut c) = created.lock() {
-                    c.insert(name, at);
+                    c.insert(name.clone(), at);
+                }
+                let deadline = at + Duration::from_secs(120);
+                while one_at_a_time && !running.lock().is_ok_and(|r| r.contains_key(&name)) {
+                    if Instant::now() > deadline {
+                        bail!("{name} not Running 120 s after its creation");
+                    }
+                    tokio::time::sleep(Duration::from_millis(10)).await;
                 }
             }
             Ok::<_, anyhow::Error>(())
@@ -184,7 +204,7 @@ async fn delete_all(api: &Api<Pod>) -> anyhow::Result<()> {
 
 /// A percentile in milliseconds (`bench`'s nearest-rank percentile).
 fn pct(v: &mut [Duration], p: f64) -> f64 {
-    crate::bench::pct(v, p).as_secs_f64() * 1000.0
+    crate::bench_support::pct(v, p).as_secs_f64() * 1000.0
 }
 
 pub async fn run(args: RealOffloadArgs) -> anyhow::Result<()> {
@@ -243,7 +263,15 @@ pub async fn run(args: RealOffloadArgs) -> anyhow::Result<()> {
         .create(&PostParams::default(), &ns)
         .await
         .context("creating namespace bench-direct downstairs")?;
-    let (n, c) = (args.pods, args.concurrency);
+    // Concurrency 0 is one at a time (`burst`).
+    let (n, c) = (
+        args.pods,
+        if args.one_at_a_time {
+            0
+        } else {
+            args.concurrency
+        },
+    );
     let pid = node.id().context("the virtual node exited")?;
     println!("direct: {n} pods in the lower cluster");
     let direct_api: Api<Pod> = Api::namespaced(lower.clone(), "bench-direct");
@@ -263,8 +291,8 @@ pub async fn run(args: RealOffloadArgs) -> anyhow::Result<()> {
         crate::process::machine_busy_seconds() - busy,
         crate::process::cpu_seconds(pid) - node_cpu,
     );
-    let stages = crate::bench::parse_metrics(
-        &crate::bench::http_get(&metrics_addr, "/metrics")
+    let stages = crate::bench_support::parse_metrics(
+        &crate::bench_support::http_get(&metrics_addr, "/metrics")
             .await
             .context("the virtual node's /metrics")?,
     );
@@ -300,7 +328,7 @@ pub async fn run(args: RealOffloadArgs) -> anyhow::Result<()> {
         "upper_status",
     ] {
         let q = |q| {
-            crate::bench::histogram_quantile(
+            crate::bench_support::histogram_quantile(
                 &stages,
                 "tensile_pod_sync_seconds",
                 &[("stage", stage)],
@@ -314,6 +342,7 @@ pub async fn run(args: RealOffloadArgs) -> anyhow::Result<()> {
         "{}",
         json!({
             "pods": n,
+            "one_at_a_time": args.one_at_a_time,
             "direct_p50_ms": d50.round(),
             "direct_p99_ms": d99.round(),
             "virtual_p50_ms": t50.round(),

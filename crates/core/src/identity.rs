@@ -618,7 +618,7 @@ pub fn downward_file(pod: &Pod, path: &str) -> Option<String> {
     let map = match path {
         "metadata.labels" => pod.metadata.labels.as_ref(),
         "metadata.annotations" => pod.metadata.annotations.as_ref(),
-        _ => return crate::translate::downward_field_value(pod, path),
+        _ => return crate::downward::downward_field_value(pod, path),
     };
     Some(
         map.into_iter()

@@ -12,6 +12,7 @@
 //! - [`absent`]: optional references missing upstairs are missing downstairs too.
 //! - [`events`]: lower events about our pods mirrored onto the upper pods.
 //! - [`translate`]: upper pod -> lower pod, and lower copies of the objects it needs.
+//! - [`downward`]: downward API field values of a pod, as a kubelet resolves them.
 //! - [`node`]: the virtual Node object, its conditions and taints, flag/env parsing.
 //! - [`lease`]: whether another process holds the virtual node's Lease.
 //! - [`lower_token`]: when the node renews its own lower token, and the kubeconfig it writes back.
@@ -32,6 +33,7 @@ pub mod certs;
 pub mod cluster_selector;
 pub mod deps;
 pub mod deschedule;
+pub mod downward;
 pub mod env_events;
 pub mod events;
 pub mod extender;
@@ -43,6 +45,7 @@ pub mod join;
 pub mod keys;
 pub mod lease;
 pub mod lower_token;
+pub mod names;
 pub mod node;
 pub mod node_ports;
 pub mod plan;

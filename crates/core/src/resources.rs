@@ -380,7 +380,7 @@ pub fn is_extended_resource_name(name: &str) -> bool {
     let native = !name.contains('/') || name.contains(NATIVE_RESOURCE_PREFIX);
     !native
         && !name.starts_with(QUOTA_REQUESTS_PREFIX)
-        && crate::fit::is_qualified_name(&format!("{QUOTA_REQUESTS_PREFIX}{name}"))
+        && crate::names::is_qualified_name(&format!("{QUOTA_REQUESTS_PREFIX}{name}"))
 }
 
 /// `namespace/name` of a pod, for messages and as a map key.

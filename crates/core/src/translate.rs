@@ -35,6 +35,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use crate::cluster_selector::{ClusterSelector, ClusterSelectorError};
 use crate::deps::is_service_account_token_volume;
+use crate::downward::downward_field_value;
 use crate::identity::{
     UpperApi, add_service_env, identity_secret_name, rewrite_downward_volumes,
     rewrite_token_volumes, token_needs,
@@ -219,40 +220,6 @@ pub fn lower_pod(upper: &Pod, cfg: &TranslateConfig) -> Result<Pod, TranslateErr
         add_service_env(spec, api);
     }
     Ok(lower)
-}
-
-/// A downward API `fieldRef` path's value on a pod, as a kubelet resolves it, for the paths
-/// whose value can differ between an upper pod and its lower copy: `metadata.name`,
-/// `metadata.namespace`, `metadata.uid`, `metadata.labels['k']`, `metadata.annotations['k']`,
-/// `spec.nodeName` and `spec.serviceAccountName` (a missing one reads as empty, as in the
-/// kubelet). `None` for every other path: `status.podIP(s)` and `status.hostIP(s)` are the
-/// lower pod's own and true; what Kubernetes does not accept in env is left to it.
-pub fn downward_field_value(pod: &Pod, path: &str) -> Option<String> {
-    let meta = &pod.metadata;
-    let subscript = |prefix: &str| {
-        path.strip_prefix(prefix)
-            .and_then(|r| r.strip_prefix("['"))
-            .and_then(|r| r.strip_suffix("']"))
-    };
-    let entry = |map: Option<&BTreeMap<String, String>>, key: &str| {
-        map.and_then(|m| m.get(key)).cloned().unwrap_or_default()
-    };
-    if let Some(key) = subscript("metadata.labels") {
-        return Some(entry(meta.labels.as_ref(), key));
-    }
-    if let Some(key) = subscript("metadata.annotations") {
-        return Some(entry(meta.annotations.as_ref(), key));
-    }
-    let spec = pod.spec.as_ref();
-    let value = match path {
-        "metadata.name" => meta.name.clone(),
-        "metadata.namespace" => meta.namespace.clone(),
-        "metadata.uid" => meta.uid.clone(),
-        "spec.nodeName" => spec.and_then(|s| s.node_name.clone()),
-        "spec.serviceAccountName" => spec.and_then(|s| s.service_account_name.clone()),
-        _ => return None,
-    };
-    Some(value.unwrap_or_default())
 }
 
 /// A literal env value that the kubelet reads back as `text`: its `$(VAR)` expansion turns
@@ -803,12 +770,6 @@ pub(crate) mod tests {
         let env = s.containers[0].env.as_ref().unwrap();
         assert_eq!(env[0].name, "KUBERNETES_SERVICE_HOST");
         assert_eq!(env[0].value.as_deref(), Some("upper.example"));
-        // A copy made so is no change of the pod.
-        let mut stored = lower.clone();
-        stored.metadata.uid = Some("uid-lower-1".into());
-        stored.spec.as_mut().unwrap().node_name = Some("lower-node-3".into());
-        let update = crate::update::lower_pod_update(&p, &stored, &cfg).unwrap();
-        assert!(update.is_noop(), "{update:?}");
     }
 
     #[test]

@@ -462,6 +462,25 @@ mod tests {
         TranslateConfig::new("vk-1")
     }
 
+    /// A copy made with upper identity (our token Secret, the upper API in env) is no change of
+    /// its pod.
+    #[test]
+    fn a_copy_with_upper_identity_is_no_change() {
+        let p = bound_pod();
+        let cfg = TranslateConfig {
+            upper_api: Some(crate::identity::UpperApi {
+                host: "upper.example".into(),
+                port: 6443,
+            }),
+            ..cfg()
+        };
+        let mut stored = lower_pod(&p, &cfg).unwrap();
+        stored.metadata.uid = Some("uid-lower-1".into());
+        stored.spec.as_mut().unwrap().node_name = Some("lower-node-3".into());
+        let update = lower_pod_update(&p, &stored, &cfg).unwrap();
+        assert!(update.is_noop(), "{update:?}");
+    }
+
     /// The lower pod as the lower API server stores it after our create: our translation plus
     /// what lower admission and the lower kubelet add.
     fn created_lower(upper: &Pod) -> Pod {

@@ -72,7 +72,7 @@ pub struct CopySync {
     /// (`crate::node_ports`), from the same watches.
     pub node_ports: Option<(String, std::net::IpAddr)>,
     /// Each copy sync is timed here (stage `copy`), each volume sync too (`volume`).
-    pub metrics: crate::pods::SyncMetrics,
+    pub metrics: crate::sync_metrics::SyncMetrics,
 }
 
 impl Debug for CopySync {

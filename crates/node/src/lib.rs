@@ -22,6 +22,7 @@ pub mod pod_index;
 pub mod pods;
 pub mod reach;
 pub mod sync_error;
+pub mod sync_metrics;
 pub mod tokens;
 pub mod volumes;
 pub mod watches;
@@ -177,7 +178,7 @@ impl VirtualNode {
             .with_reach(reach.clone()),
         );
         let mut registry = std::mem::take(&mut self.metrics.registry);
-        let sync_metrics = pods::SyncMetrics::new(&mut registry);
+        let sync_metrics = sync_metrics::SyncMetrics::new(&mut registry);
         let node_events = events::EventSink::start(
             self.pods.upper_events.clone(),
             "tensile-kube",

@@ -42,7 +42,7 @@ pub struct EventMirror {
     /// The lower cluster's name, shown as the mirrors' source.
     pub lower_cluster: String,
     /// Each mirroring is timed here (stage `event_mirror`).
-    pub metrics: crate::pods::SyncMetrics,
+    pub metrics: crate::sync_metrics::SyncMetrics,
 }
 
 impl std::fmt::Debug for EventMirror {

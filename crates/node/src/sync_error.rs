@@ -15,7 +15,6 @@ use tensile_core::keys::{
 };
 
 use crate::namespaces::NamespaceError;
-use crate::tokens::TokenError;
 
 /// Which cluster a call went to.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -235,7 +234,7 @@ impl SyncError {
     }
 
     /// The failure of `call`, classified as `class`, for `source`.
-    fn classified(call: Call, class: ApiClass, source: Source) -> Self {
+    pub(crate) fn classified(call: Call, class: ApiClass, source: Source) -> Self {
         match class {
             ApiClass::Transient => SyncError::Transient { call, source },
             ApiClass::Conflict => SyncError::Conflict { call, source },
@@ -259,57 +258,6 @@ impl SyncError {
         };
         let call = Call::new("making the namespace exist for", kind, &ns, name, cluster);
         Self::classified(call, class, Box::new(e))
-    }
-
-    /// The failure to deliver the upper tokens of pod `ns/pod` (to the lower cluster `lower`).
-    pub fn tokens(e: TokenError, ns: &str, pod: &str, lower: &str) -> Self {
-        let call = |cluster| Call::new("delivering the upper tokens of", "Pod", ns, pod, cluster);
-        let lower = || Cluster::Lower(lower.to_owned());
-        match e {
-            // The ServiceAccount is not there upstairs (yet, or any more).
-            TokenError::Request {
-                namespace,
-                service_account,
-                source,
-                ..
-            } if matches!(source.as_ref(), kube::Error::Api(s) if s.code == 404) => {
-                SyncError::MissingDependency {
-                    kind: "serviceaccount",
-                    namespace,
-                    name: service_account,
-                    why: "not found in the upper cluster",
-                }
-            }
-            TokenError::Request { ref source, .. } => {
-                let class = classify(source);
-                Self::classified(call(Cluster::Upper), class, Box::new(e))
-            }
-            TokenError::Write { ref source, .. } => {
-                let class = classify(source);
-                Self::classified(call(lower()), class, Box::new(e))
-            }
-            TokenError::EmptyAnswer { .. } => SyncError::Transient {
-                call: call(Cluster::Upper),
-                source: Box::new(e),
-            },
-            TokenError::NoCa { namespace } => SyncError::MissingDependency {
-                kind: "configmap",
-                namespace,
-                name: tensile_core::keys::CONFIG_MAP_KUBE_ROOT_CA.to_owned(),
-                why: "(the upper cluster's CA, published by its controller manager) has no ca.crt yet",
-            },
-            TokenError::Secret { .. } => SyncError::Invalid(Box::new(e)),
-            TokenError::NotOurs {
-                namespace,
-                secret,
-                cluster,
-            } => SyncError::Ownership {
-                kind: "Secret",
-                namespace,
-                name: secret,
-                cluster: Cluster::Lower(cluster),
-            },
-        }
     }
 
     /// A wait for a copy the copy controller is making, with nothing to tell the pod's owner
@@ -457,11 +405,11 @@ pub fn policy(failure: &Failure, failing_for: Duration) -> Policy {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
 
-    fn api_error(code: u16, reason: &str) -> kube::Error {
+    pub(crate) fn api_error(code: u16, reason: &str) -> kube::Error {
         kube::Error::Api(Box::new(kube::core::Status {
             code,
             reason: reason.to_owned(),
@@ -523,52 +471,7 @@ mod tests {
     }
 
     #[test]
-    fn token_and_namespace_errors_take_their_kind_from_what_failed() {
-        let request = |code| TokenError::Request {
-            namespace: "default".into(),
-            service_account: "robot".into(),
-            pod: "web".into(),
-            source: Box::new(api_error(code, "")),
-        };
-        let kind = |e| SyncError::tokens(e, "default", "web", "a").kind();
-        assert_eq!(kind(request(403)), "refused-by-upper");
-        assert_eq!(kind(request(500)), "transient");
-        assert_eq!(kind(request(404)), "missing-dependency");
-        let write = TokenError::Write {
-            namespace: "default".into(),
-            secret: "s".into(),
-            cluster: "a".into(),
-            source: Box::new(api_error(422, "Invalid")),
-        };
-        assert_eq!(kind(write), "refused-by-lower");
-        let no_ca = SyncError::tokens(
-            TokenError::NoCa {
-                namespace: "default".into(),
-            },
-            "default",
-            "web",
-            "a",
-        );
-        assert_eq!(no_ca.kind(), "missing-dependency");
-        assert!(
-            no_ca.to_string().contains("default/kube-root-ca.crt"),
-            "{no_ca}"
-        );
-        let not_ours = SyncError::tokens(
-            TokenError::NotOurs {
-                namespace: "default".into(),
-                secret: "s".into(),
-                cluster: "a".into(),
-            },
-            "default",
-            "web",
-            "a",
-        );
-        assert_eq!(
-            not_ours.to_string(),
-            "a Secret default/s that is not ours exists in lower cluster a: it is never used for \
-             an upper pod, and the pod waits until it is gone"
-        );
+    fn namespace_errors_take_their_kind_from_what_failed() {
         let ns = NamespaceError::Lower {
             name: "shop".into(),
             source: api_error(403, "Forbidden"),

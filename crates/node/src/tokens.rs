@@ -43,8 +43,8 @@ use tensile_runtime::cache::{CompactCache, Key};
 use tensile_runtime::clients::already_exists;
 use tensile_runtime::queue::Queue;
 
-use crate::pods::SyncMetrics;
-use crate::sync_error::SyncError;
+use crate::sync_error::{Call, Cluster, SyncError, classify};
+use crate::sync_metrics::SyncMetrics;
 
 /// What the pod controller's tokens are made of.
 pub struct TokenWiring {
@@ -207,8 +207,7 @@ impl PodTokens {
     }
 
     fn error(&self, e: TokenError, ns: Option<&str>, pod: Option<&str>) -> SyncError {
-        SyncError::tokens(
-            e,
+        e.into_sync_error(
             ns.unwrap_or_default(),
             pod.unwrap_or_default(),
             &self.lower_name,
@@ -315,6 +314,61 @@ pub enum TokenError {
         /// Lower cluster.
         cluster: String,
     },
+}
+
+impl TokenError {
+    /// As the pod controller's error: the failure to deliver the upper tokens of pod `ns/pod`
+    /// (to the lower cluster `lower`).
+    pub fn into_sync_error(self, ns: &str, pod: &str, lower: &str) -> SyncError {
+        let e = self;
+        let call = |cluster| Call::new("delivering the upper tokens of", "Pod", ns, pod, cluster);
+        let lower = || Cluster::Lower(lower.to_owned());
+        match e {
+            // The ServiceAccount is not there upstairs (yet, or any more).
+            TokenError::Request {
+                namespace,
+                service_account,
+                source,
+                ..
+            } if matches!(source.as_ref(), kube::Error::Api(s) if s.code == 404) => {
+                SyncError::MissingDependency {
+                    kind: "serviceaccount",
+                    namespace,
+                    name: service_account,
+                    why: "not found in the upper cluster",
+                }
+            }
+            TokenError::Request { ref source, .. } => {
+                let class = classify(source);
+                SyncError::classified(call(Cluster::Upper), class, Box::new(e))
+            }
+            TokenError::Write { ref source, .. } => {
+                let class = classify(source);
+                SyncError::classified(call(lower()), class, Box::new(e))
+            }
+            TokenError::EmptyAnswer { .. } => SyncError::Transient {
+                call: call(Cluster::Upper),
+                source: Box::new(e),
+            },
+            TokenError::NoCa { namespace } => SyncError::MissingDependency {
+                kind: "configmap",
+                namespace,
+                name: tensile_core::keys::CONFIG_MAP_KUBE_ROOT_CA.to_owned(),
+                why: "(the upper cluster's CA, published by its controller manager) has no ca.crt yet",
+            },
+            TokenError::Secret { .. } => SyncError::Invalid(Box::new(e)),
+            TokenError::NotOurs {
+                namespace,
+                secret,
+                cluster,
+            } => SyncError::Ownership {
+                kind: "Secret",
+                namespace,
+                name: secret,
+                cluster: Cluster::Lower(cluster),
+            },
+        }
+    }
 }
 
 /// Our token Secrets downstairs, and how they are written.
@@ -715,8 +769,50 @@ fn instant_at(at: Timestamp) -> tokio::time::Instant {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+    use crate::sync_error::tests::api_error;
     use serde_json::json;
     use tensile_core::keys::ANNOTATION_UPPER_UID;
+
+    #[test]
+    fn token_errors_take_their_kind_from_what_failed() {
+        let request = |code| TokenError::Request {
+            namespace: "default".into(),
+            service_account: "robot".into(),
+            pod: "web".into(),
+            source: Box::new(api_error(code, "")),
+        };
+        let kind = |e: TokenError| e.into_sync_error("default", "web", "a").kind();
+        assert_eq!(kind(request(403)), "refused-by-upper");
+        assert_eq!(kind(request(500)), "transient");
+        assert_eq!(kind(request(404)), "missing-dependency");
+        let write = TokenError::Write {
+            namespace: "default".into(),
+            secret: "s".into(),
+            cluster: "a".into(),
+            source: Box::new(api_error(422, "Invalid")),
+        };
+        assert_eq!(kind(write), "refused-by-lower");
+        let no_ca = TokenError::NoCa {
+            namespace: "default".into(),
+        }
+        .into_sync_error("default", "web", "a");
+        assert_eq!(no_ca.kind(), "missing-dependency");
+        assert!(
+            no_ca.to_string().contains("default/kube-root-ca.crt"),
+            "{no_ca}"
+        );
+        let not_ours = TokenError::NotOurs {
+            namespace: "default".into(),
+            secret: "s".into(),
+            cluster: "a".into(),
+        }
+        .into_sync_error("default", "web", "a");
+        assert_eq!(
+            not_ours.to_string(),
+            "a Secret default/s that is not ours exists in lower cluster a: it is never used for \
+             an upper pod, and the pod waits until it is gone"
+        );
+    }
 
     /// The collection decodes only [`PodHead`] of each pod: it must decide as the whole pod
     /// does, in every state that matters (running, deleting, finished, another UID, the lower

@@ -35,7 +35,7 @@ pub struct VolumeSync {
     /// The virtual node's name: upper volumes are pinned to it.
     pub node_name: String,
     /// Each volume sync is timed here (stage `volume`).
-    pub metrics: crate::pods::SyncMetrics,
+    pub metrics: crate::sync_metrics::SyncMetrics,
 }
 
 impl std::fmt::Debug for VolumeSync {

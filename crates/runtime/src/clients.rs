@@ -22,7 +22,7 @@ use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
 use http::{Method, Request};
-use kube::config::{InClusterError, KubeConfigOptions, Kubeconfig, KubeconfigError};
+use kube::config::{KubeConfigOptions, Kubeconfig, KubeconfigError};
 use kube::{Client, Config};
 use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue, LabelValueEncoder};
 use prometheus_client::metrics::counter::Counter;
@@ -46,67 +46,7 @@ const LOG_WAIT_OVER: Duration = Duration::from_secs(1);
 // ---------------------------------------------------------------------------------------------
 // Errors and configuration sources
 
-/// Building a client failed.
-#[derive(Debug, thiserror::Error)]
-pub enum ClientError {
-    /// The kubeconfig file could not be read (missing, unreadable, a directory).
-    #[error("cannot read kubeconfig {}: {source}", path.display())]
-    ReadKubeconfig {
-        /// The file.
-        path: PathBuf,
-        /// Why.
-        #[source]
-        source: std::io::Error,
-    },
-    /// The kubeconfig file was read but is not a usable kubeconfig.
-    #[error("invalid kubeconfig {}: {source}", path.display())]
-    InvalidKubeconfigFile {
-        /// The file.
-        path: PathBuf,
-        /// Why.
-        #[source]
-        source: KubeconfigError,
-    },
-    /// Kubeconfig text given inline is not a usable kubeconfig.
-    #[error("invalid kubeconfig text: {0}")]
-    InvalidKubeconfigText(#[source] KubeconfigError),
-    /// In-cluster configuration was asked for but is not available.
-    #[error("in-cluster configuration is not available: {0}")]
-    InCluster(#[source] InClusterError),
-    /// The API server URL override is not a URL.
-    #[error("invalid API server URL {url:?}: {reason}")]
-    InvalidServerUrl {
-        /// The URL as given.
-        url: String,
-        /// Why it was refused.
-        reason: String,
-    },
-    /// The kubeconfig's `tls-server-name` is not a DNS name or an IP address.
-    #[error("invalid tls-server-name {name:?} for the {cluster} cluster")]
-    InvalidServerName {
-        /// The cluster (`upper` or `lower`).
-        cluster: &'static str,
-        /// The name as given.
-        name: String,
-    },
-    /// The kubeconfig names a proxy, which our clients do not support.
-    #[error("the {cluster} cluster's kubeconfig names a proxy ({url}), which is not supported")]
-    Proxy {
-        /// The cluster (`upper` or `lower`).
-        cluster: &'static str,
-        /// The proxy URL.
-        url: String,
-    },
-    /// kube could not build the client from the configuration (TLS material, credential, ...).
-    #[error("cannot build the {cluster} cluster client: {source}")]
-    Build {
-        /// The cluster (`upper` or `lower`).
-        cluster: &'static str,
-        /// Why.
-        #[source]
-        source: kube::Error,
-    },
-}
+pub use crate::client_error::ClientError;
 
 /// Where a client's configuration comes from.
 #[derive(Clone)]
@@ -255,12 +195,7 @@ pub fn client_from_config(
     )
 }
 
-/// The stack [`crate::transport::client_builder`] starts from: kube's, on HTTP/2.
-pub type KubeStack = tower::util::BoxService<
-    Request<kube::client::Body>,
-    http::Response<Box<kube::client::DynBody>>,
-    Box<dyn std::error::Error + Send + Sync>,
->;
+pub use crate::transport::KubeStack;
 
 /// The service stack of [`client_from_config`], which [`client_with_layer`] wraps.
 pub type Counted = RateLimit<CountCalls<CountErrorAnswers<KubeStack>>>;

@@ -8,6 +8,7 @@
 
 pub mod backoff;
 pub mod cache;
+pub mod client_error;
 pub mod clients;
 pub mod events;
 pub mod leader;

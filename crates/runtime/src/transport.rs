@@ -39,7 +39,14 @@ use kube::Config;
 use kube::client::{Body, ClientBuilder, ConfigExt as _};
 use tower::{BoxError, Service, ServiceBuilder, ServiceExt as _};
 
-use crate::clients::{ClientError, KubeStack};
+use crate::client_error::ClientError;
+
+/// The stack [`client_builder`] starts from: kube's, on HTTP/2.
+pub type KubeStack = tower::util::BoxService<
+    Request<kube::client::Body>,
+    http::Response<Box<kube::client::DynBody>>,
+    Box<dyn std::error::Error + Send + Sync>,
+>;
 
 /// How often an idle HTTP/2 connection is pinged (client-go's `ReadIdleTimeout`).
 const H2_PING_INTERVAL: Duration = Duration::from_secs(30);
