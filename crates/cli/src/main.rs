@@ -20,6 +20,7 @@ mod fragmentation;
 #[cfg(feature = "sandbox")]
 mod hostile;
 mod join;
+mod logging;
 #[cfg(feature = "sandbox")]
 mod process;
 #[cfg(feature = "sandbox")]
@@ -46,6 +47,10 @@ use clap::{Parser, Subcommand};
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// Log format: `text`, or `json` (one object per line, Kubernetes' field names: `ts`,
+    /// `caller`, `msg`, `v`, then the event's key/values).
+    #[arg(long, global = true, value_enum, default_value = "text")]
+    logging_format: logging::LoggingFormat,
 }
 
 #[derive(Debug, Subcommand)]
@@ -98,15 +103,17 @@ pub(crate) async fn shutdown_signal() -> anyhow::Result<()> {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
-    tracing_subscriber::fmt()
+    let cli = parse();
+    let logs = tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
-        .with_writer(std::io::stderr)
-        .with_ansi(colour(&std::io::stderr()))
-        .init();
+        .with_writer(std::io::stderr);
+    match cli.logging_format {
+        logging::LoggingFormat::Text => logs.with_ansi(colour(&std::io::stderr())).init(),
+        logging::LoggingFormat::Json => logs.event_format(logging::KubeJson).init(),
+    }
     match run(cli.command) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -116,6 +123,23 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// The command line. Installed as `kubectl-tensile`, the binary is a kubectl plugin (`kubectl
+/// tensile status`, kubectl's convention: a `kubectl-<name>` file on the PATH) and its help and
+/// errors name it so.
+fn parse() -> Cli {
+    use clap::{CommandFactory as _, FromArgMatches as _};
+    let plugin = std::env::args_os()
+        .next()
+        .map(std::path::PathBuf::from)
+        .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
+        .is_some_and(|name| name.starts_with("kubectl-"));
+    let mut command = Cli::command();
+    if plugin {
+        command = command.bin_name("kubectl tensile");
+    }
+    Cli::from_arg_matches(&command.get_matches()).unwrap_or_else(|e| e.exit())
 }
 
 /// The error and its causes on one line, `a: b: c`, as anyhow's `{:#}`, but a cause is left out

@@ -20,8 +20,9 @@ use tokio_util::sync::CancellationToken;
 /// Flags of `tensile status`.
 #[derive(Debug, clap::Args)]
 pub struct StatusArgs {
-    /// Kubeconfig of the upper cluster.
-    #[arg(long, env = "KUBECONFIG")]
+    /// Kubeconfig of the upper cluster (default: `KUBECONFIG`, which may list several files,
+    /// else `~/.kube/config`, as kubectl reads them).
+    #[arg(long)]
     kubeconfig: Option<PathBuf>,
     /// Context of the kubeconfig (default: its current one).
     #[arg(long)]

@@ -82,10 +82,18 @@ fn env_vars(help: &str) -> Vec<String> {
     found
 }
 
-/// The section of `doc` under the `## ` heading that names `` `tensile <path>` ``, up to the
-/// next `## ` heading.
+/// The heading of the section of the flags every subcommand takes (clap's global flags, shown
+/// in `tensile --help` and again in each subcommand's).
+const COMMON: &str = "Common to every subcommand";
+
+/// The section of `doc` under the `## ` heading that names `` `tensile <path>` `` (for the empty
+/// path, the one titled [`COMMON`]), up to the next `## ` heading.
 fn section<'a>(doc: &'a str, path: &str) -> Option<&'a str> {
-    let title = format!("`tensile {path}`");
+    let title = if path.is_empty() {
+        COMMON.to_owned()
+    } else {
+        format!("`tensile {path}`")
+    };
     let mut start = None;
     let mut offset = 0;
     for line in doc.split_inclusive('\n') {
@@ -116,27 +124,39 @@ fn mentions(text: &str, word: &str, preceded_ok: fn(Option<char>) -> bool) -> bo
 fn every_flag_and_env_var_in_the_help_of_every_subcommand_is_in_docs_flags_md() {
     let doc = std::fs::read_to_string(FLAGS_DOC).expect("reading docs/flags.md");
     let top = help(&[]);
-    let mut pending: Vec<Vec<String>> = subcommands(&top).into_iter().map(|s| vec![s]).collect();
+    // Global flags: documented once, in the common section, and not again per subcommand.
+    let global = flags(&top);
+    let mut pending: Vec<Vec<String>> = vec![Vec::new()];
+    pending.extend(subcommands(&top).into_iter().map(|s| vec![s]));
     assert!(
-        pending.iter().any(|p| p[0] == "virtual-node") && pending.len() >= 8,
+        pending
+            .iter()
+            .any(|p| p.first().is_some_and(|s| s == "virtual-node"))
+            && pending.len() >= 8,
         "could not read the subcommands from `tensile --help`:\n{top}"
     );
     let (mut checked, mut missing) = (0, Vec::new());
     while let Some(path) = pending.pop() {
         let text = help(&path);
-        for sub in subcommands(&text) {
-            let mut deeper = path.clone();
-            deeper.push(sub);
-            pending.push(deeper);
+        if !path.is_empty() {
+            for sub in subcommands(&text) {
+                let mut deeper = path.clone();
+                deeper.push(sub);
+                pending.push(deeper);
+            }
         }
-        let (flags, envs) = (flags(&text), env_vars(&text));
+        let mut flags = flags(&text);
+        if !path.is_empty() {
+            flags.retain(|f| !global.contains(f));
+        }
+        let envs = env_vars(&text);
         if flags.is_empty() && envs.is_empty() {
             continue;
         }
         let name = path.join(" ");
         let Some(body) = section(&doc, &name) else {
             missing.push(format!(
-                "no section \"## `tensile {name}`\" for its flags {flags:?} and variables {envs:?}"
+                "no section \"## `tensile {name}`\" (or \"## {COMMON}\") for its flags {flags:?} and variables {envs:?}"
             ));
             continue;
         };

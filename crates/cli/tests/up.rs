@@ -187,6 +187,38 @@ fn tensile_up_then_the_tour_offloads_a_deployment_with_logs_and_exec_and_stops_o
         "{table}"
     );
     assert!(table.contains("4 total: 4 offloaded"), "{table}");
+    // As a kubectl plugin (`kubectl-tensile` on the PATH), with KUBECONFIG listing two files
+    // as kubectl merges them (the first one's current context).
+    let bin = dir.join("plugin-bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    std::os::unix::fs::symlink(env!("CARGO_BIN_EXE_tensile"), bin.join("kubectl-tensile")).unwrap();
+    let other = dir.join("other.kubeconfig");
+    std::fs::write(
+        &other,
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: elsewhere\n  cluster: {server: 'https://127.0.0.1:1'}\n\
+         contexts:\n- name: elsewhere\n  context: {cluster: elsewhere, user: nobody}\nusers:\n- name: nobody\n  user: {token: t}\n",
+    )
+    .unwrap();
+    let path = format!(
+        "{}:{}",
+        bin.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let plugin = Command::new("kubectl")
+        .args(["tensile", "status", "--once"])
+        .env("PATH", path)
+        .env(
+            "KUBECONFIG",
+            format!("{}:{}", kc.display(), other.display()),
+        )
+        .output()
+        .unwrap();
+    let table = String::from_utf8_lossy(&plugin.stdout);
+    assert!(
+        plugin.status.success() && table.contains("4 total: 4 offloaded"),
+        "{table}{}",
+        String::from_utf8_lossy(&plugin.stderr)
+    );
     // Recent events include where each pod really landed: the lower scheduler's `Scheduled`,
     // mirrored onto the upper pod.
     assert!(

@@ -48,6 +48,7 @@ fn the_binary_with_the_originals_flags_offloads_a_deployment_and_serves_logs_and
             "--klog.v=5",
             "--log-level=debug",
             "--kubelet-address=127.0.0.1",
+            "--logging-format=json",
         ])
         .env("KUBELET_PORT", port.to_string())
         .env("VKUBELET_POD_IP", "127.0.0.1")
@@ -151,6 +152,19 @@ fn the_binary_with_the_originals_flags_offloads_a_deployment_and_serves_logs_and
     );
     assert!(ok && out == "from upstairs\n", "{out}{err}");
     streams_through_the_virtual_node(&upper);
+    // `--logging-format=json`: every line of the log is one JSON object, Kubernetes' names.
+    let text = std::fs::read_to_string(&log).unwrap();
+    let lines: Vec<serde_json::Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect();
+    assert!(
+        lines.iter().any(|l| l["msg"] == "virtual node running"
+            && l["node"] == "vk-lower"
+            && l["v"] == 0
+            && l["ts"].is_f64()),
+        "{text}"
+    );
     until("metrics", || {
         kubectl(&upper, &["top", "pods", "--no-headers"])
             .1
