@@ -951,9 +951,10 @@ mod tests {
             .flatten()
     }
 
-    /// The scenario: a pod that cannot fit in lower cluster A (its nodes are too
-    /// small, though their sum is not) ends Running in lower cluster B, through its
-    /// controller (a Deployment) and re-created by the descheduler (a bare pod that opted in).
+    /// The scenario placement is for (docs/placement.md): a pod that cannot fit in lower
+    /// cluster A (its nodes are too small, though their sum is not) ends Running in lower
+    /// cluster B, through its controller (a Deployment) and re-created by the descheduler (a
+    /// bare pod that opted in).
     #[tokio::test]
     async fn a_pod_that_cannot_fit_in_lower_cluster_a_ends_running_in_b() {
         let node = |name: &str, cpu: &str| SimNode::new(name, cpu, "16Gi");

@@ -40,11 +40,11 @@ fn killing_the_leader_mid_burst_loses_duplicates_and_deletes_no_pod() {
     assert!(first_write >= acquired && first_write <= 30.0, "{report}");
 }
 
-/// Issue 29, item 1: one `tensile virtual-node` (no `--leader-elect`) killed with SIGKILL in
-/// the middle of a burst and started again at once with the same flags takes its dead
-/// predecessor's node lease over at once (it used to exit, refused by the lease of the process
-/// it replaces), and the burst ends with every pod created downstairs exactly once. Before the
-/// kill, a second live process for the node is refused.
+/// One `tensile virtual-node` (no `--leader-elect`) killed with SIGKILL in the middle of a
+/// burst and started again at once with the same flags takes its dead predecessor's node lease
+/// over at once (it used to exit, refused by the lease of the process it replaces), and the
+/// burst ends with every pod created downstairs exactly once. Before the kill, a second live
+/// process for the node is refused.
 #[test]
 fn a_node_killed_mid_burst_and_restarted_at_once_resumes_and_loses_nothing() {
     let out = Command::new(env!("CARGO_BIN_EXE_tensile"))

@@ -1,11 +1,10 @@
-//! Issue 29, item 2: faults of the control planes in the middle of a burst through one virtual
-//! node. The scenarios are `tensile bench faults`, which fails (exit status 1, with VIOLATION
-//! lines) when a lower pod is missing, created twice or deleted, an upper pod fails, is
-//! deleted or evicted, the node is not Ready with its lower cluster reachable soon after the
-//! fault ends, or a lasting outage of the lower cluster does not show (the node's condition, a
-//! Warning event on the Node, `tensile status`). These tests run it with small bursts on the
-//! backend of the run (simulated, or real control planes with TENSILE_K8S_BIN) and check its
-//! report.
+//! Faults of the control planes in the middle of a burst through one virtual node. The
+//! scenarios are `tensile bench faults`, which fails (exit status 1, with VIOLATION lines) when
+//! a lower pod is missing, created twice or deleted, an upper pod fails, is deleted or evicted,
+//! the node is not Ready with its lower cluster reachable soon after the fault ends, or a
+//! lasting outage of the lower cluster does not show (the node's condition, a Warning event on
+//! the Node, `tensile status`). These tests run it with small bursts on the backend of the run
+//! (simulated, or real control planes with TENSILE_K8S_BIN) and check its report.
 #![allow(
     clippy::unwrap_used,
     clippy::expect_used,

@@ -1,12 +1,11 @@
-//! Real containers downstairs (issue 43, item 5): lower clusters whose only nodes are real
-//! kubelets with containerd and runc (`ClusterSpec::with_real_nodes`), the `tensile
-//! virtual-node` binary in front of each, and the machine's `kubectl` against the upper
-//! cluster. What a kubelet does is done by a real one here: exec over WebSocket and SPDY,
-//! `logs -f` and `--previous` after a restart, attach, port-forward to a real server, top, a
-//! liveness probe restarting a container, an init container, a preStop hook and the grace
-//! period on delete, a ConfigMap volume updated in place, the projected service-account token
-//! read from disk and accepted upstairs, and a pod in one lower cluster reaching a Service whose
-//! backend runs in another.
+//! Real containers downstairs: lower clusters whose only nodes are real kubelets with
+//! containerd and runc (`ClusterSpec::with_real_nodes`), the `tensile virtual-node` binary in
+//! front of each, and the machine's `kubectl` against the upper cluster. What a kubelet does is
+//! done by a real one here: exec over WebSocket and SPDY, `logs -f` and `--previous` after a
+//! restart, attach, port-forward to a real server, top, a liveness probe restarting a
+//! container, an init container, a preStop hook and the grace period on delete, a ConfigMap
+//! volume updated in place, the projected service-account token read from disk and accepted
+//! upstairs, and a pod in one lower cluster reaching a Service whose backend runs in another.
 //!
 //! Real control planes and root only (.config/nextest.toml; docs/testing.md says why).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
@@ -935,10 +934,10 @@ fn pod_in<'a>(list: &'a serde_json::Value, name: &str) -> Option<&'a serde_json:
         .find(|p| p["metadata"]["name"] == name && p["metadata"]["namespace"] == "default")
 }
 
-/// Issue 43 item 8: the virtual node's kubelet API answers as the real kubelet in front of
-/// which it stands, for the same pods (running, completed, crash-looping, waiting for a missing
-/// ConfigMap, deleted), field by field where the meaning is the same; the deliberate
-/// differences are in docs/differences.md ("The kubelet API beside a real kubelet's").
+/// The virtual node's kubelet API answers as the real kubelet in front of which it stands, for
+/// the same pods (running, completed, crash-looping, waiting for a missing ConfigMap, deleted),
+/// field by field where the meaning is the same; the deliberate differences are in
+/// docs/differences.md ("The kubelet API beside a real kubelet's").
 #[test]
 fn the_virtual_nodes_kubelet_api_answers_as_the_real_kubelet_behind_it() {
     let (runtime, env, nodes) = stack(&["lower"]);

@@ -1,5 +1,5 @@
 //! `tensile status` against an API server that does not answer: one clear error naming the
-//! URL, and a non-zero exit within seconds (issue 19, item 9).
+//! URL, and a non-zero exit within seconds.
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code
 
 use std::process::Command;

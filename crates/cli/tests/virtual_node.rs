@@ -293,13 +293,14 @@ fn an_unreadable_lower_kubeconfig_is_a_clear_startup_error() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("--client-kubeconfig is required"));
 }
 
-/// Issue 27 item 6, as shipped: `--tls-bootstrap` with the ServiceAccount of
-/// `deploy/virtual-node/rbac` as the bootstrap credential. The binary asks for its certificate,
-/// kube-controller-manager approves and signs it, and the node runs as `system:node:vk-lower`:
-/// a pod runs, `kubectl logs` reaches it (the kubelet API trusts the CA of the kubeconfig, as a
-/// node may not read kube-system's ConfigMaps), and the API server refused the node nothing.
-/// Certificates live 30 s here: the node renews its own before it expires and goes on (a pod
-/// deleted after the renewal is replaced and runs, its logs reached).
+/// The virtual node as a kubelet's identity (docs/security.md), as shipped: `--tls-bootstrap`
+/// with the ServiceAccount of `deploy/virtual-node/rbac` as the bootstrap credential. The
+/// binary asks for its certificate, kube-controller-manager approves and signs it, and the node
+/// runs as `system:node:vk-lower`: a pod runs, `kubectl logs` reaches it (the kubelet API
+/// trusts the CA of the kubeconfig, as a node may not read kube-system's ConfigMaps), and the
+/// API server refused the node nothing. Certificates live 30 s here: the node renews its own
+/// before it expires and goes on (a pod deleted after the renewal is replaced and runs, its
+/// logs reached).
 /// Real control planes only (.config/nextest.toml): the simulator has no Node authorizer and
 /// signs no certificate requests.
 #[test]

@@ -2,7 +2,7 @@
 //! capacity (= allocatable), fed incrementally by node and pod watch events in any order and
 //! never re-listed.
 //!
-//! Rules (and the original's bugs they fix, behaviour spec §2.2 and §10.1):
+//! Rules (and the original's bugs they fix, see `docs/differences.md`):
 //! - a node counts when it is Ready (condition `Ready` is `True`) and not cordoned, with its
 //!   **allocatable** (capacity only if allocatable is absent; the original used capacity);
 //! - a pod occupies its node when it is bound (`spec.nodeName`) and not terminal (phase neither

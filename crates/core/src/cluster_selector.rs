@@ -428,7 +428,7 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
-    /// The example value of the reference (section 6.2), as the original's webhook writes it.
+    /// An example value, as the original's webhook writes it.
     const ORIGINAL_EXAMPLE: &str = r#"{"nodeSelector":{"disk":"ssd"},"affinity":{"nodeAffinity":{"requiredDuringSchedulingIgnoredDuringExecution":{"nodeSelectorTerms":[{"matchExpressions":[{"key":"zone","operator":"In","values":["a"]}]}]}}},"tolerations":[{"key":"node.kubernetes.io/not-ready","operator":"Exists","effect":"NoExecute","tolerationSeconds":300}]}"#;
 
     fn toleration(key: &str, op: &str, effect: &str, secs: Option<i64>) -> Toleration {

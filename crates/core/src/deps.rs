@@ -482,7 +482,7 @@ pub(crate) fn meta_differs(lower: &ObjectMeta, desired: &ObjectMeta) -> bool {
 }
 
 /// What to do with a lower ConfigMap or Secret when it or its upper original changed (the
-/// ConfigMap and Secret controller; reference 4.1 with its bugs fixed).
+/// ConfigMap and Secret controller; its fixes of the original are in `docs/differences.md`).
 #[derive(Clone, Debug, PartialEq)]
 pub enum CopyAction<T> {
     /// Nothing: in step, or not ours (never touched).

@@ -1,4 +1,4 @@
-//! The descheduler's rules (reference section 7) as functions of values: when a pod on a
+//! The descheduler's rules (see `docs/placement.md`) as functions of values: when a pod on a
 //! virtual node counts as stuck, which pods may be moved and how, and the replacement pod.
 //!
 //! A pod is moved one of two ways:
@@ -998,7 +998,7 @@ mod tests {
         );
     }
 
-    /// Issue 19: a controller's pod that its lower cluster keeps refusing was deleted every
+    /// A controller's pod that its lower cluster keeps refusing used to be deleted every
     /// 30 s for ever (nothing counted its moves). Through the hand-over each replacement
     /// carries the count, so the pod's slot moves `max_attempts` times and stays.
     #[test]

@@ -1,6 +1,6 @@
 //! The scheduler extender's rules: does an upper pod fit on a single node of a lower cluster,
-//! and how tightly (behaviour spec §8 and checklist 100-101, done as a kube-scheduler extender
-//! instead of the original's multi-cluster scheduler plugin).
+//! and how tightly (done as a kube-scheduler extender instead of the original's multi-cluster
+//! scheduler plugin; see `docs/scheduler-extender.md`).
 //!
 //! A lower cluster is seen as [`LowerCluster`]: its nodes and their bound pods in a
 //! [`CapacityModel`] (owner `""`, so every pod takes room), plus the lower pods that do not have
@@ -1319,9 +1319,8 @@ impl Outage {
     }
 }
 
-/// Which cluster, if any, the extender judges an upper node by (checklist 100-101): a virtual
-/// node (label `type=virtual-kubelet`) with a `clusterID` label. Any other node passes
-/// unchanged.
+/// Which cluster, if any, the extender judges an upper node by: a virtual node (label
+/// `type=virtual-kubelet`) with a `clusterID` label. Any other node passes unchanged.
 pub fn cluster_of(labels: Option<&BTreeMap<String, String>>) -> Option<&str> {
     let labels = labels?;
     let virtual_node = labels.get(crate::keys::LABEL_NODE_TYPE).map(String::as_str)

@@ -1,4 +1,4 @@
-//! The mutating webhook's rules (reference section 6) as functions of values: which pods it
+//! The mutating webhook's rules (see `docs/placement.md`) as functions of values: which pods it
 //! leaves alone, how it moves scheduling constraints into the `clusterSelector` annotation, and
 //! how it pins a pod to the virtual node its volume is on or keeps it off virtual nodes it
 //! failed on.

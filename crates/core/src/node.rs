@@ -1,6 +1,7 @@
 //! The virtual node as the upper cluster sees it: its labels, taints, addresses, daemon
 //! endpoint, node info, conditions, capacity and the annotations with the largest pod a single
-//! lower node fits (reference section 2.1, with the unreachable-lower-cluster rule of issue 5).
+//! lower node fits. An unreachable lower cluster leaves the node Ready (until an optional grace
+//! runs out) but tainted NoSchedule, see [`node_health`].
 
 use std::collections::BTreeMap;
 

@@ -1,9 +1,9 @@
 //! The order in which a pod's lower objects are created, and what to do when one of them
-//! already exists. Dependencies come before the pod (checklist 22 and 30, fixed: the original
-//! created ConfigMaps and PVCs asynchronously, after the pod), and an existing object decides
-//! by ownership whether it is ours to keep in sync, a namespace to use as it is, or a conflict
-//! to report: a lower ConfigMap, Secret, ServiceAccount or claim that is not ours is never used
-//! for an upper pod (its content is the lower cluster's, not the pod's; see docs/security.md).
+//! already exists. Dependencies come before the pod (the original created ConfigMaps and PVCs
+//! asynchronously, after the pod), and an existing object decides by ownership whether it is
+//! ours to keep in sync, a namespace to use as it is, or a conflict to report: a lower
+//! ConfigMap, Secret, ServiceAccount or claim that is not ours is never used for an upper pod
+//! (its content is the lower cluster's, not the pod's; see docs/security.md).
 
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -72,7 +72,7 @@ pub enum Existing {
     /// Ours, for this upper object: adopt it (after a restart, or a create that raced).
     Ours,
     /// A namespace that is not ours: used as it is (a namespace holds objects, it is no data
-    /// a pod reads), never changed (checklist 22 and 33).
+    /// a pod reads), never changed.
     UseAsIs,
     /// A pod of ours left from an earlier upper pod of the same name (another UID): delete it
     /// with a UID precondition, then create ours.
@@ -81,14 +81,14 @@ pub enum Existing {
     /// one we copy): two virtual nodes on one lower cluster share it. Used as it is, never
     /// changed; its owner keeps it in sync.
     Sibling,
-    /// An object that is not ours holds the name: never used and never overwritten
-    /// (checklist 33); the pod is not created and waits, the conflict reported on it.
+    /// An object that is not ours holds the name: never used and never overwritten; the pod
+    /// is not created and waits, the conflict reported on it.
     Conflict,
 }
 
 /// The decision for an existing lower object of `kind` when creating for the upper object
 /// with `upper_uid` (empty when the copy mirrors no upper object, as a ServiceAccount).
-/// AlreadyExists is never an error by itself (checklist 22, fixed).
+/// AlreadyExists is never an error by itself (the original failed on an existing namespace).
 ///
 /// A copy carrying another virtual node's owner mark and our upper object's UID is that
 /// object's copy: UIDs are unique, so it holds what the pod would read upstairs (a node of
@@ -220,9 +220,9 @@ mod tests {
         assert!(plan.iter().all(|s| s.kind != LowerKind::ServiceAccount));
     }
 
-    /// Checklist 33 said existing lower objects are used as they are and never overwritten;
-    /// never overwritten still holds, but one that is not ours (no owner mark, or another
-    /// node's) is no longer used either: the pod waits on a conflict.
+    /// The original used existing lower objects as they are and never overwrote them; never
+    /// overwritten still holds, but one that is not ours (no owner mark, or another node's) is
+    /// no longer used either: the pod waits on a conflict.
     #[test]
     fn checklist_33_existing_lower_objects_that_are_not_ours_are_never_used() {
         for kind in [

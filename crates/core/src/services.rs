@@ -1,5 +1,5 @@
-//! What the lower copies of upper Services and Endpoints are (the Service controller,
-//! reference 4.2, with its bugs and gaps fixed).
+//! What the lower copies of upper Services and Endpoints are (the Service controller; where it
+//! fixes the original's bugs and gaps: `docs/differences.md`).
 //!
 //! A lower copy of a Service has no selector, so the lower endpoints controllers leave it alone
 //! and its Endpoints are ours: a copy of the upper Endpoints, whose addresses are the IPs of the

@@ -1,6 +1,6 @@
 //! Lower pod -> upper pod: what the upper pod's status becomes, and what happens upstairs when
-//! the lower pod is being deleted or is gone (reference sections 2.10 and 2.11, with the fixes
-//! of checklist items 54 and 55).
+//! the lower pod is being deleted or is gone. Unlike the original, a lower pod removed without
+//! grace fails the upper pod, and a restart reconciles the statuses (`docs/differences.md`).
 //!
 //! Everything here is a function of the current objects, not of the events that led to them,
 //! so the same decision comes out after a restart as during normal operation.
@@ -209,7 +209,8 @@ pub struct DeleteUpper {
     pub grace_period_seconds: Option<i64>,
 }
 
-/// Whether the lower pod's deletion must be carried upstairs (checklist 52).
+/// Whether the lower pod's deletion must be carried upstairs: the lower pod is being deleted,
+/// the upper pod is neither deleting nor terminal.
 pub fn deletion_from_below(upper: &Pod, lower: &Pod) -> Option<DeleteUpper> {
     let lower_deleting = lower.metadata.deletion_timestamp.is_some();
     let upper_deleting = upper.metadata.deletion_timestamp.is_some();
@@ -231,7 +232,7 @@ pub enum LowerAbsent {
     /// the upper pod takes this (Failed) status first, see [`terminated_status`].
     Terminate(Box<PodStatus>),
     /// The lower pod existed and vanished without a deletion from upstairs: the upper pod
-    /// becomes Failed with this status, so its controller replaces it (checklist 54).
+    /// becomes Failed with this status, so its controller replaces it.
     Lost(Box<PodStatus>),
     /// The upper pod is terminal: nothing to do.
     Nothing,

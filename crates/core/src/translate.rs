@@ -1,5 +1,5 @@
 //! Upper pod -> lower pod: what we create in the lower cluster for a pod bound to the virtual
-//! node (reference section 2.6, with the fixes of section 11).
+//! node (where this differs from the original, and why: `docs/differences.md`).
 //!
 //! Kept from the upper pod: name and namespace (identity mapping), labels and annotations,
 //! and the whole spec except what only makes sense in the upper cluster:
@@ -447,10 +447,9 @@ fn non_empty<T>(items: impl Iterator<Item = T>) -> Option<Vec<T>> {
     (!items.is_empty()).then_some(items)
 }
 
-/// The lower affinity (reference section 2.6): with a `clusterSelector`, the required node
-/// affinity comes from it (the pod's preferred part is kept when the annotation has node
-/// affinity); without one, the required part is dropped. Pod (anti-)affinity is kept. Empty
-/// structures are pruned.
+/// The lower affinity: with a `clusterSelector`, the required node affinity comes from it (the
+/// pod's preferred part is kept when the annotation has node affinity); without one, the
+/// required part is dropped. Pod (anti-)affinity is kept. Empty structures are pruned.
 fn lower_affinity(pod: Option<Affinity>, selector: Option<&ClusterSelector>) -> Option<Affinity> {
     let mut affinity = match (pod, selector) {
         (None, Some(cs)) => cs.affinity.clone()?,

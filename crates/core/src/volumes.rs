@@ -1,7 +1,7 @@
-//! PersistentVolumes and claims of offloaded pods (`PVControllers`, reference 4.3 with its bugs
-//! fixed): the lower cluster binds (or provisions) the volume of a claim our pod uses, and the
-//! upper cluster is made to reflect it, so the user sees the claim Bound to a volume pinned to
-//! the virtual node.
+//! PersistentVolumes and claims of offloaded pods (`PVControllers`; its fixes of the original
+//! are in `docs/differences.md`): the lower cluster binds (or provisions) the volume of a claim
+//! our pod uses, and the upper cluster is made to reflect it, so the user sees the claim Bound
+//! to a volume pinned to the virtual node.
 //!
 //! - Lower claims are our copies of upper ones ([`crate::deps::lower_pvc`]); they follow the
 //!   upper claim's deletion and storage expansion ([`claim_action`]).

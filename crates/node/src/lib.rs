@@ -2,7 +2,7 @@
 //! registration, status and lease; the pod sync controller; dependency reflectors; the capacity
 //! tracker; and the kubelet backend that forwards to the lower cluster.
 //!
-//! Built in issues 5 and 6 on top of `tensile-core`.
+//! Built on top of `tensile-core`.
 #![forbid(unsafe_code)]
 
 pub mod bootstrap;

@@ -392,11 +392,12 @@ impl PodController {
 /// with upper identity (TokenRequest upstairs, identity Secret downstairs, the pod: the order is
 /// `PodTokens::write`'s), every other reconcile mostly one; a worker carrying a creation still
 /// takes what the lower cluster reports ([`Takes::Urgent`]), so a status to write up never
-/// waits for the creations' round trips. One, measured (docs/benchmarks.md, issue 31): with two
-/// per worker the creations' queue left the node but reappeared in the API servers on two
-/// shared cores (their own p50 doubled, lower Running -> upper Running got slower, the node's
-/// peak RSS grew by 5-9 MiB), and past ~100 streams towards one API server the requests racing
-/// for a second HTTP/2 connection each opened their own (112 sockets in a run with four).
+/// waits for the creations' round trips. One, measured (docs/benchmarks.md, "Where queue_wait
+/// comes from"): with two per worker the creations' queue left the node but reappeared in the
+/// API servers on two shared cores (their own p50 doubled, lower Running -> upper Running got
+/// slower, the node's peak RSS grew by 5-9 MiB), and past ~100 streams towards one API server
+/// the requests racing for a second HTTP/2 connection each opened their own (112 sockets in a
+/// run with four).
 pub const CREATIONS_PER_WORKER: usize = 1;
 
 /// What a worker has in flight: reconciles that create a lower pod (up to

@@ -148,7 +148,7 @@ impl PodTokens {
     ///
     ///
     /// So no write of one pod is made at the same time as another of its writes. The
-    /// alternatives looked at (issue 31), and why not:
+    /// alternatives looked at, and why not:
     /// - An empty Secret first, beside the TokenRequest, then the tokens patched in beside the
     ///   pod create: the lower kubelet would find the Secret without the token key its volume
     ///   names and fail the mount, retrying with back-off (the pod starts later, not sooner),

@@ -1,6 +1,8 @@
-//! Items of the behaviour checklist (section 11 of the reference) that need a virtual node
-//! between two clusters, each a test named after its item. The others are in `tensile-core`
-//! (`checklist_NN_...`) and in `offload.rs`.
+//! Behaviours that need a virtual node between two clusters: what the node advertises and
+//! renews, a pod waiting for what it needs, creation failures, deletions (grace, UID
+//! preconditions, orphans at start), and the kubelet API's certificates, logs, exec and stats.
+//! The rules that need no cluster are tested in `tensile-core`; where they differ from the
+//! original, `docs/differences.md` says why.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
 
 use std::sync::{Arc, Mutex};

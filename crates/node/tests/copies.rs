@@ -1,6 +1,6 @@
-//! The ConfigMap and Secret controller end to end on simulated clusters (checklist 73-75): our
-//! lower copies follow their upper originals, go when they go, and copies left without an
-//! original are collected at start; lower objects that are not ours are never touched.
+//! The ConfigMap and Secret controller end to end on simulated clusters: our lower copies
+//! follow their upper originals, go when they go, and copies left without an original are
+//! collected at start; lower objects that are not ours are never touched.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
 
 mod common;
@@ -58,7 +58,7 @@ async fn offloaded_with_dependencies(upper: &kube::Client, lower: &kube::Client)
         .await
         .unwrap();
     // `theirs` is needed by a pod too, which therefore waits (a lower object that is not ours
-    // is never used, issue 27): the copy controller sees it needed and must still leave it.
+    // is never used): the copy controller sees it needed and must still leave it.
     Api::<Pod>::namespaced(upper.clone(), "default")
         .create(
             &pp,
@@ -456,10 +456,10 @@ async fn a_config_map_update_reaches_the_lower_copy_and_the_pod_mounting_it_sees
     );
 }
 
-/// Issue 28: a pod that waits for a mandatory ConfigMap or Secret missing upstairs runs as soon
-/// as it appears, because the object's own watch (issue 27 item 6: one per referenced object)
-/// sees it. Failed syncs are retried only after an hour here, so neither pod can run by a
-/// retry within the test's deadlines: only the appearance can start it.
+/// A pod that waits for a mandatory ConfigMap or Secret missing upstairs runs as soon as it
+/// appears, because the object's own watch (one per referenced object) sees it. Failed syncs
+/// are retried only after an hour here, so neither pod can run by a retry within the test's
+/// deadlines: only the appearance can start it.
 #[tokio::test]
 async fn a_pod_waiting_for_a_missing_config_map_or_secret_runs_as_soon_as_it_appears() {
     use k8s_openapi::api::core::v1::Event;

@@ -109,7 +109,7 @@ async fn events_of_a_lower_pod_that_cannot_be_scheduled_show_up_on_the_upper_pod
     assert_eq!(huge_failures, 1);
 }
 
-/// Issue 28: a lower delete that fails is a Warning `ProviderDeleteFailed` on the upper pod, as
+/// A lower delete that fails is a Warning `ProviderDeleteFailed` on the upper pod, as
 /// virtual-kubelet sends it; the delete is retried and completes once the lower cluster allows
 /// it. The failure is an identity downstairs that may do everything the node does but delete
 /// pods (an operator's RBAC mistake, on both backends).

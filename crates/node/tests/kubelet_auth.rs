@@ -1,6 +1,6 @@
-//! The kubelet API refusing the upper API server's client certificate is said, not silent
-//! (issue 19, item 7), and a flood of bogus tokens on it does not starve the node's lease
-//! (issue 27, item 4): on the simulator and on real control planes.
+//! The kubelet API refusing the upper API server's client certificate is said, not silent, and
+//! a flood of bogus tokens on it does not starve the node's lease: on the simulator and on real
+//! control planes.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
 
 mod common;
@@ -159,11 +159,11 @@ async fn bogus_request(addr: std::net::SocketAddr, token: &str) -> u16 {
         .unwrap_or(0)
 }
 
-/// Issue 27, item 4: waves of 150 parallel requests with unique bogus bearer tokens on the
-/// kubelet port (each a TokenReview upstairs), at `--kube-api-qps 5`, do not starve the node:
-/// its Lease keeps being renewed within its 40 s duration while they last (before, the
-/// reviews queued in front of it on one rate-limited client and the node went NotReady). The
-/// reviews beyond the bound are answered 429 at once.
+/// Waves of 150 parallel requests with unique bogus bearer tokens on the kubelet port (each a
+/// TokenReview upstairs), at `--kube-api-qps 5`, do not starve the node: its Lease keeps being
+/// renewed within its 40 s duration while they last (before, the reviews queued in front of it
+/// on one rate-limited client and the node went NotReady). The reviews beyond the bound are
+/// answered 429 at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_flood_of_bogus_tokens_does_not_starve_the_lease() {
     use k8s_openapi::api::coordination::v1::Lease;

@@ -100,7 +100,7 @@ async fn one_leads_the_other_takes_over_when_it_stops_renewing() {
 
     // A process whose container restarted in its pod finds the lease of its predecessor (same
     // pod, another process), renewed just now for a minute: it takes it over at once, while
-    // a candidate of another pod would wait the minute out (issue 29, item 1).
+    // a candidate of another pod would wait the minute out.
     let leases = Api::<Lease>::namespaced(client.clone(), "kube-system");
     let mut lease = leases.get("test-election").await.unwrap();
     let renewed = k8s_openapi::jiff::Timestamp::now();

@@ -600,8 +600,8 @@ async fn empty_apiserver(pods: serde_json::Value) -> String {
     format!("http://{addr}")
 }
 
-/// Issue 28 item 2: without metrics, the running pods are still listed, every container with
-/// zero usage (a pod not running yet is not).
+/// Without metrics, the running pods are still listed, every container with zero usage (a pod
+/// not running yet is not).
 #[tokio::test]
 async fn a_lower_cluster_without_metrics_lists_the_running_pods_with_no_usage() {
     let mut running = serde_json::to_value(lower_pod(OURS, true)).unwrap();
@@ -662,7 +662,7 @@ async fn open_kubelet(backend: LowerBackend) -> (KubeletServer, kube::Client) {
     (server, kube::Client::try_from(config).unwrap())
 }
 
-/// Issue 28 item 2, on a lower cluster: a pod that has just started is in `/stats/summary` and
+/// On a lower cluster: a pod that has just started is in `/stats/summary` and
 /// `/metrics/resource` of the kubelet port at once, with every container, before the lower
 /// metrics API has any usage for it (the first scrape is cached: the simulator's for 5 s,
 /// metrics-server's until its next round).

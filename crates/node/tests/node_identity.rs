@@ -1,9 +1,10 @@
-//! Issue 27 item 6: the virtual node upstairs as a kubelet's identity, `system:node:<name>` in
-//! `system:nodes`, on an API server with the Node authorizer and NodeRestriction (as kubeadm
+//! The virtual node upstairs as a kubelet's identity (docs/security.md), `system:node:<name>`
+//! in `system:nodes`, on an API server with the Node authorizer and NodeRestriction (as kubeadm
 //! sets them up, and as the real control planes of the tests run). Its certificate comes by TLS
-//! bootstrap with the shipped RBAC (the ServiceAccount asks, kube-controller-manager approves and
-//! signs). Every request the node makes through a pod's life is allowed with nothing more than
-//! the shipped extra ClusterRole, and the identity reads nothing of a pod bound to another node.
+//! bootstrap with the shipped RBAC (the ServiceAccount asks, kube-controller-manager approves
+//! and signs). Every request the node makes through a pod's life is allowed with nothing more
+//! than the shipped extra ClusterRole, and the identity reads nothing of a pod bound to another
+//! node.
 //!
 //! Real control planes only (.config/nextest.toml says why): the simulator has no Node
 //! authorizer, so a node identity there may do nothing.

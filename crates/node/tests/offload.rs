@@ -214,7 +214,7 @@ async fn a_lower_pod_removed_without_grace_is_deleted_upstairs_and_one_lost_unse
     gone(&upper_pods, "seen", 30, "the upper pod deleted").await;
 
     // Removed while the node is down: after its restart it finds the upper pod offloaded and
-    // the lower pod gone, and fails the upper pod instead of leaving it Running (checklist 54).
+    // the lower pod gone, and fails the upper pod instead of leaving it Running.
     stop.cancel();
     lower_pods.delete("unseen", &graceless).await.unwrap();
     gone(&lower_pods, "unseen", 30, "the lower pod removed").await;
@@ -963,8 +963,8 @@ async fn a_burst_in_one_namespace_creates_it_once_and_a_deleted_lower_namespace_
     stop.cancel();
 }
 
-/// A pod placed upstairs by a scheduler the lower cluster does not run (issue 19, item 5) is
-/// scheduled downstairs by the lower cluster's default scheduler; a pod may name another.
+/// A pod placed upstairs by a scheduler the lower cluster does not run is scheduled downstairs
+/// by the lower cluster's default scheduler; a pod may name another.
 #[tokio::test]
 async fn a_pod_of_a_custom_upper_scheduler_runs_through_the_lower_default_scheduler() {
     let (env, stop) = start().await;
@@ -1028,9 +1028,9 @@ async fn a_pod_of_a_custom_upper_scheduler_runs_through_the_lower_default_schedu
     stop.cancel();
 }
 
-/// Issue 22 (downward API fidelity): an offloaded pod's containers see the upper pod's
-/// identity through env `fieldRef`s (its UID, the virtual node as its node, its labels
-/// without our marks), and the truth of where it runs for its IP.
+/// An offloaded pod's containers see the upper pod's identity through env `fieldRef`s (its UID,
+/// the virtual node as its node, its labels without our marks), and the truth of where it runs
+/// for its IP.
 #[tokio::test]
 async fn downward_api_env_of_an_offloaded_pod_is_the_upper_pods_identity() {
     use kube::api::AttachParams;
@@ -1162,11 +1162,11 @@ async fn token_review(
     serde_json::to_value(done.status).unwrap()
 }
 
-/// Issue 22 (upper identity): an offloaded pod's default token volume holds a token the upper
-/// cluster issued for the upper pod (a TokenReview upstairs authenticates it as the pod's
-/// ServiceAccount; the lower cluster does not know it), with the upper CA; an explicit
-/// projection gets its own audience; the containers' KUBERNETES_SERVICE_* name the upper API
-/// server; a due token is replaced; the Secret goes with the pod.
+/// An offloaded pod's default token volume holds a token the upper cluster issued for the upper
+/// pod (a TokenReview upstairs authenticates it as the pod's ServiceAccount; the lower cluster
+/// does not know it), with the upper CA; an explicit projection gets its own audience; the
+/// containers' KUBERNETES_SERVICE_* name the upper API server; a due token is replaced; the
+/// Secret goes with the pod.
 #[tokio::test]
 async fn an_offloaded_pods_token_is_the_upper_clusters_for_its_service_account() {
     use k8s_openapi::api::core::v1::{ConfigMap, Secret};
@@ -1348,9 +1348,9 @@ fn condition_status(pod: &Pod, type_: &str) -> Option<String> {
         .map(|c| c.status.clone())
 }
 
-/// Issue 22 (readiness gates): a pod with a readiness gate is not Ready until the gate's
-/// condition is set upstairs; set, it reaches the lower pod, whose kubelet counts it, and the
-/// pod becomes Ready upstairs; unset, it goes back.
+/// A pod with a readiness gate is not Ready until the gate's condition is set upstairs; set, it
+/// reaches the lower pod, whose kubelet counts it, and the pod becomes Ready upstairs; unset,
+/// it goes back.
 #[tokio::test]
 async fn a_readiness_gate_set_upstairs_makes_the_offloaded_pod_ready() {
     const GATE: &str = "example.com/load-balancer-ready";
@@ -1423,9 +1423,9 @@ async fn a_readiness_gate_set_upstairs_makes_the_offloaded_pod_ready() {
     stop.cancel();
 }
 
-/// Issue 22 (downward API fidelity, volumes): the files of a pod's downward API volume show the
-/// upper pod: its UID, its labels and annotations without our marks, a label the copy drops;
-/// a label changed upstairs reaches the file.
+/// The files of a pod's downward API volume show the upper pod: its UID, its labels and
+/// annotations without our marks, a label the copy drops; a label changed upstairs reaches the
+/// file.
 #[tokio::test]
 async fn downward_api_volumes_of_an_offloaded_pod_show_the_upper_pod() {
     use tensile_core::identity::downward_file;
@@ -1504,12 +1504,12 @@ async fn not_offloaded_message(pods: &Api<Pod>, name: &str) -> Option<String> {
     c.message
 }
 
-/// Issue 27 item 1: an offloaded pod sees nothing of the lower cluster that is not a copy this
-/// node made. A lower object that is not ours is never used: the pod waits (not created
-/// downstairs) with a Warning event and a condition naming the object and the lower cluster,
-/// and runs once the object is gone. An optional reference whose object is missing upstairs is
-/// missing downstairs too, whatever the lower cluster holds under that name. And (item 7) a
-/// lower namespace the node creates carries the upper namespace's Pod Security labels.
+/// An offloaded pod sees nothing of the lower cluster that is not a copy this node made. A
+/// lower object that is not ours is never used: the pod waits (not created downstairs) with a
+/// Warning event and a condition naming the object and the lower cluster, and runs once the
+/// object is gone. An optional reference whose object is missing upstairs is missing downstairs
+/// too, whatever the lower cluster holds under that name. And a lower namespace the node
+/// creates carries the upper namespace's Pod Security labels.
 #[tokio::test]
 async fn lower_objects_that_are_not_ours_never_reach_an_offloaded_pod() {
     use k8s_openapi::api::core::v1::{
@@ -1592,7 +1592,7 @@ async fn lower_objects_that_are_not_ours_never_reach_an_offloaded_pod() {
             .await
             .unwrap();
     }
-    // Item 7: a namespace new downstairs carries the upper one's Pod Security labels.
+    // A namespace new downstairs carries the upper one's Pod Security labels.
     let namespaces = |c: &kube::Client| Api::<Namespace>::all(c.clone());
     let psa = json!({"pod-security.kubernetes.io/enforce": "baseline",
         "pod-security.kubernetes.io/warn": "restricted", "team": "a"});
@@ -1803,10 +1803,10 @@ async fn an_optional_config_map_created_after_the_pod_reaches_its_volume() {
     stop.cancel();
 }
 
-/// Issue 28 item 1: the virtual-kubelet library's environment events. A pod whose optional
-/// references miss upstairs runs and gets the Optional... events; one with a mandatory
-/// reference to a missing Secret waits with `MandatorySecretNotFound` (one event, however often
-/// the creation is retried, next to our `ProviderCreateFailed`) and runs once it appears.
+/// The virtual-kubelet library's environment events. A pod whose optional references miss
+/// upstairs runs and gets the Optional... events; one with a mandatory reference to a missing
+/// Secret waits with `MandatorySecretNotFound` (one event, however often the creation is
+/// retried, next to our `ProviderCreateFailed`) and runs once it appears.
 #[tokio::test]
 async fn environment_references_missing_upstairs_get_the_virtual_kubelet_events() {
     use k8s_openapi::api::core::v1::{ConfigMap, Event, Secret};

@@ -1,5 +1,5 @@
-//! What a user sees when the lower cluster is unreachable (issue 19, item 3), and a second
-//! process for the same node (item 8): both on the simulator and on real control planes.
+//! What a user sees when the lower cluster is unreachable, and a second process for the same
+//! node: both on the simulator and on real control planes.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
 
 mod common;
@@ -54,7 +54,7 @@ async fn web_endpoint_ready(endpoints: &Api<Endpoints>) -> Option<bool> {
 /// lower cluster (by its kubeconfig context, `lower`) and the cause, and the kubelet API
 /// answers logs with 503 instead of 404 (which said the pod was gone). Its pods become not
 /// Ready upstairs (their Service's Endpoints drop them), are neither evicted nor deleted, and
-/// are Ready again when it answers again (issue 22, item 4).
+/// are Ready again when it answers again.
 #[tokio::test]
 async fn an_outage_is_a_warning_event_a_named_condition_and_503_from_the_kubelet_api() {
     let (env, stop) = start().await;
@@ -185,10 +185,10 @@ async fn an_outage_is_a_warning_event_a_named_condition_and_503_from_the_kubelet
     stop.cancel();
 }
 
-/// An outage shorter than the lease tick shows on the node (issue 29): a lower request or
-/// watch that gets no answer makes the node ask at once whether the lower cluster answers,
-/// instead of at its next lease renewal. Here the ticks are 30 s apart and the outage begins
-/// right after the first: the condition and the Warning event must come long before the next.
+/// An outage shorter than the lease tick shows on the node: a lower request or watch that gets
+/// no answer makes the node ask at once whether the lower cluster answers, instead of at its
+/// next lease renewal. Here the ticks are 30 s apart and the outage begins right after the
+/// first: the condition and the Warning event must come long before the next.
 #[tokio::test]
 async fn an_outage_between_two_lease_ticks_shows_at_once() {
     let env = clusters().await;
@@ -273,11 +273,11 @@ async fn a_lower_cluster_with_another_ca_is_named_a_certificate_error() {
     );
 }
 
-/// A second virtual node with the same name refuses to start while the first, a live process
-/// on this host (here: this very process), renews the node's lease (it would overwrite the
-/// first one's kubelet endpoint); once the first stops (releasing the lease), or when the lease
-/// has expired, a new one starts. A fresh lease of a process on another host is waited out,
-/// not refused: the node starts once it lapses (issue 29, item 1).
+/// A second virtual node with the same name refuses to start while the first, a live process on
+/// this host (here: this very process), renews the node's lease (it would overwrite the first
+/// one's kubelet endpoint); once the first stops (releasing the lease), or when the lease has
+/// expired, a new one starts. A fresh lease of a process on another host is waited out, not
+/// refused: the node starts once it lapses.
 #[tokio::test]
 async fn a_second_process_for_the_same_node_refuses_to_start_while_the_lease_is_held() {
     let env = clusters().await;

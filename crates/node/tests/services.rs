@@ -1,8 +1,7 @@
-//! The Service controller end to end on simulated clusters (checklist 68-72): upper Services
-//! and their Endpoints are mirrored to every lower cluster as selector-less Services whose
-//! Endpoints (and, through the lower mirroring controller, EndpointSlices) list every backend,
-//! wherever it runs; changes and deletions follow; lower objects that are not ours are never
-//! touched.
+//! The Service controller end to end on simulated clusters: upper Services and their Endpoints
+//! are mirrored to every lower cluster as selector-less Services whose Endpoints (and, through
+//! the lower mirroring controller, EndpointSlices) list every backend, wherever it runs;
+//! changes and deletions follow; lower objects that are not ours are never touched.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
 
 mod common;
@@ -335,8 +334,8 @@ async fn a_service_with_3_backends_in_2_lower_clusters_resolves_to_all_3_ips_in_
         );
     }
 
-    // Checklist 70 (fix): a later address change reaches every lower cluster without any
-    // annotation on the upper objects.
+    // A later address change reaches every lower cluster without any annotation on the upper
+    // objects (the original needed `global: "true"` on them).
     let gone = pods
         .get("web-3")
         .await

@@ -1,7 +1,9 @@
-//! The volume controller (`PVControllers`) end to end on simulated clusters: checklist items
-//! 75 (claims) to 80. The lower cluster binds claims as kube does (static local volumes with
-//! `WaitForFirstConsumer`, or a provisioner); the upper cluster's PV controller completes the
-//! upper binding from what the virtual node writes.
+//! The volume controller (`PVControllers`) end to end on simulated clusters: a lower volume
+//! bound to our claim is mirrored upstairs and binds the upper claim, deletions follow both
+//! ways, and lower claims whose upper claim is gone are collected at start. The lower cluster
+//! binds claims as kube does (static local volumes with `WaitForFirstConsumer`, or a
+//! provisioner); the upper cluster's PV controller completes the upper binding from what the
+//! virtual node writes.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
 
 mod common;

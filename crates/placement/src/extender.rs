@@ -1,6 +1,6 @@
 //! `tensile scheduler`: a kube-scheduler extender (HTTP `filter`, `prioritize` and `bind`) that
 //! knows the lower clusters' real nodes, so the upper scheduler only sends a pod to a virtual node
-//! whose lower cluster has a single node where it fits (checklist 100-101).
+//! whose lower cluster has a single node where it fits; other nodes pass unchanged.
 //!
 //! - The rules are [`tensile_core::extender`]'s; this module keeps their inputs live and serves
 //!   them. Per lower cluster, one watch of nodes and one of pods feed a

@@ -165,9 +165,9 @@ fn count(pod: &Pod) -> Option<&str> {
         .map(String::as_str)
 }
 
-/// Issue 19: a controller's pod without `virtual-pod=true` (so the webhook never counts its
-/// moves) was deleted about every 30 s for ever. Its moves are counted across its replacements
-/// and across a restart of the descheduler, and it stays after `max_attempts`.
+/// A controller's pod without `virtual-pod=true` (so the webhook never counts its moves) used
+/// to be deleted about every 30 s for ever. Its moves are counted across its replacements and
+/// across a restart of the descheduler, and it stays after `max_attempts`.
 #[tokio::test]
 async fn a_controllers_pod_the_lower_cluster_keeps_refusing_moves_at_most_max_attempts_times() {
     let (env, lower) = refusing_cluster().await;
@@ -256,7 +256,7 @@ async fn a_controllers_pod_the_lower_cluster_keeps_refusing_moves_at_most_max_at
     lower.cancel();
 }
 
-/// Issue 19: when creating the replacement of a re-created pod failed after the delete, nothing
+/// Before, when creating the replacement of a re-created pod failed after the delete, nothing
 /// tried again until a restart. Here the create is refused (a webhook that fails closed) until
 /// the refusal is lifted; the replacement then appears, with the same descheduler running.
 #[tokio::test]
@@ -328,10 +328,10 @@ async fn a_refused_replacement_is_created_once_the_refusal_ends_without_a_restar
     lower.cancel();
 }
 
-/// Issue 21: the webhook keeps no state, so it runs as many replicas as wanted. Before it
-/// deletes a moved pod, the descheduler records in a ConfigMap that the pod's controller stays
-/// off the node; a webhook started after the move keeps the controller's next pod off it, and
-/// the record goes once the window has passed.
+/// The webhook keeps no state, so it runs as many replicas as wanted. Before it deletes a moved
+/// pod, the descheduler records in a ConfigMap that the pod's controller stays off the node; a
+/// webhook started after the move keeps the controller's next pod off it, and the record goes
+/// once the window has passed.
 #[tokio::test]
 async fn a_moved_workload_is_kept_off_the_node_by_a_webhook_started_after_the_move() {
     let (env, lower) = refusing_cluster().await;

@@ -610,9 +610,9 @@ async fn bind_rechecks_the_fit_and_reserves_until_the_lower_pod_exists() {
     );
 }
 
-/// Issue 21: a new leader (or a restarted extender) counts the pods its predecessor bound whose
-/// lower pods have not appeared yet, from the bound Pending upper pods; without that it would
-/// promise their room again. A bound pod deleted upstairs frees its room at once.
+/// A new leader (or a restarted extender) counts the pods its predecessor bound whose lower
+/// pods have not appeared yet, from the bound Pending upper pods; without that it would promise
+/// their room again. A bound pod deleted upstairs frees its room at once.
 #[tokio::test]
 async fn a_new_extender_counts_the_pods_its_predecessor_bound() {
     let (s, pods, a, b) = two_pods_for_one_room().await;
@@ -842,11 +842,11 @@ fn c1_only(upper: kube::Client, c1: kube::Client, s: &Setup) -> ExtenderConfig {
     }
 }
 
-/// Issue 27 item 2: `/bind` binds with the extender's own `pods/binding` right, skipping the
-/// pod's selectors; whoever reaches the port unauthenticated used to have any pod bound. Only
-/// kube-scheduler's client certificate (of the client CA, for system:kube-scheduler) is
-/// served; anyone else is refused at the handshake and the pod stays unbound. And the extender
-/// does not start off loopback without client certificates unless told to.
+/// `/bind` binds with the extender's own `pods/binding` right, skipping the pod's selectors;
+/// whoever reaches the port unauthenticated used to have any pod bound. Only kube-scheduler's
+/// client certificate (of the client CA, for system:kube-scheduler) is served; anyone else is
+/// refused at the handshake and the pod stays unbound. And the extender does not start off
+/// loopback without client certificates unless told to.
 #[tokio::test]
 async fn an_anonymous_bind_is_refused_and_the_pod_stays_unbound() {
     let s = setup(&[("c1", &["4"])], extender::DEFAULT_RESERVATION_TTL).await;
@@ -1219,10 +1219,10 @@ async fn while_the_extender_is_down_ordinary_pods_are_still_scheduled() {
     );
 }
 
-/// Issue 31, correctness at scale: a lower cluster that disappears mid-burst gets no more
-/// pods. Its virtual node fails with the reason while its watches cannot reach it, the rest of
-/// the burst goes to the other cluster, and once it is back it takes pods again. Before, the
-/// extender kept judging it by its last known room and bound pods that could only wait there.
+/// Correctness at scale: a lower cluster that disappears mid-burst gets no more pods. Its
+/// virtual node fails with the reason while its watches cannot reach it, the rest of the burst
+/// goes to the other cluster, and once it is back it takes pods again. Before, the extender
+/// kept judging it by its last known room and bound pods that could only wait there.
 #[tokio::test]
 async fn a_lower_cluster_that_disappears_mid_burst_gets_no_more_pods() {
     // c1 fits a 1-core pod tighter than c2, so it is preferred while it answers.
@@ -1314,10 +1314,10 @@ async fn a_pod_that_came_while_its_cluster_was_unreachable_is_bound_when_it_is_b
     assert_eq!(bound_to(&pods, "waiting").await, "vk-1");
 }
 
-/// Issue 31, correctness at scale: two bursts racing for the last room of one lower node
-/// through two virtual nodes of the same lower cluster get exactly that room between them,
-/// and a lower node cordoned while reservations point at it takes no more pods (its
-/// reservations move to the room left elsewhere).
+/// Correctness at scale: two bursts racing for the last room of one lower node through two
+/// virtual nodes of the same lower cluster get exactly that room between them, and a lower node
+/// cordoned while reservations point at it takes no more pods (its reservations move to the
+/// room left elsewhere).
 #[tokio::test]
 async fn racing_bursts_and_a_cordoned_node_never_over_commit_the_room() {
     let s = setup(

@@ -257,9 +257,9 @@ impl Handler for Held {
     }
 }
 
-/// Issue 27 item 3: requests in progress are bounded (each holds its body and what is decoded
-/// from it): past those in progress and those allowed to wait, a request gets 503 with the
-/// reason at once, and the server goes on once they finish.
+/// Requests in progress are bounded (each holds its body and what is decoded from it): past
+/// those in progress and those allowed to wait, a request gets 503 with the reason at once, and
+/// the server goes on once they finish.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn requests_past_the_cap_get_503_with_a_reason_and_the_server_goes_on() {
     let held = Arc::new(Held {

@@ -102,7 +102,7 @@ fn checklist_82_86_pods_left_alone_get_no_patch() {
         with_selector(json!({"app": "x"})),
         with_selector(Value::Null),
         with_selector(json!({"virtual-pod": "true", "create-by-descheduler": "true"})),
-        // Nothing to move (checklist 86).
+        // Nothing to move, so no patch.
         virtual_pod(json!({"containers": []})),
     ] {
         let (response, patched) = answer(&webhook, &review("CREATE", pod.clone()), &pod);
@@ -403,7 +403,7 @@ async fn the_sim_api_server_calls_the_shipped_configuration_on_pod_create() {
         .unwrap();
     assert_eq!(plain.metadata.annotations, None);
 
-    // Checklist 87 end to end: the claim's node pins the pod.
+    // A claim whose selected node is a virtual node pins the pod to that node.
     let pinned = pods
         .create(
             &PostParams::default(),

@@ -9,7 +9,7 @@
 //!
 //! Without this the simulated scheduler retried every refused pod each time its back-off ran
 //! out, in a quiet cluster too: it asked the extender 10 times per pod where kube-scheduler
-//! asked 2-4 (docs/benchmarks.md, issue 31).
+//! asked 2-4 (docs/benchmarks.md, "The simulated scheduler's queue, as kube-scheduler's").
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
