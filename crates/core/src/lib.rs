@@ -24,6 +24,17 @@
 //! - [`services`]: lower copies of upper Services and Endpoints.
 //! - [`node_ports`]: where the virtual node's node ports forward to.
 //! - [`guard`]: review caches, accept back-off and rate-limited warnings of the listeners.
+//! - [`names`]: Kubernetes name syntax (qualified names, DNS-1123 subdomains).
+//! - [`identity`]: upper identity of offloaded pods (tokens, CA, the upper API in env).
+//! - [`env_events`]: the virtual-kubelet library's environment events of a pod.
+//! - [`sync`]: the pod controller's whole decision for one pod.
+//! - [`volumes`]: PersistentVolumes and claims of offloaded pods.
+//! - [`bootstrap`]: the virtual node's upper identity by TLS bootstrap.
+//! - [`join`]: the objects `tensile join` and `tensile unjoin` apply and remove.
+//! - [`extender`]: the scheduler extender's fit and score of virtual nodes.
+//! - [`deschedule`]: when the descheduler moves a pod.
+//! - [`inject`]: the mutating webhook's rules.
+//! - [`summary`]: what `tensile up` and `tensile status` show per node.
 #![forbid(unsafe_code)]
 
 pub mod absent;
