@@ -726,6 +726,14 @@ handler: runsc
         hpa.contains("Deployment/web") && hpa.contains("cpu: <unknown>/60%"),
         "{hpa}"
     );
+    // Never acted on here, and `kubectl describe` says so and why.
+    let described = c.ok(&["describe", "hpa", "web"]);
+    assert!(
+        described.contains("ScalingActive")
+            && described.contains("NoAutoscaler")
+            && described.contains("runs no horizontal pod autoscaler"),
+        "{described}"
+    );
     let netpol = c.ok(&["get", "netpol", "web-only"]);
     assert!(netpol.contains("app=web"), "{netpol}");
     // Deleted like any object, and gone.

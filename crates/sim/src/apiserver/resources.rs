@@ -16,7 +16,7 @@ use super::kinds::rbac::Rbac;
 use super::kinds::review::Review;
 use super::kinds::service::Services;
 use super::kinds::volume::{PersistentVolumeClaims, PersistentVolumes};
-use super::kinds::workload::Workload;
+use super::kinds::workload::{Autoscaler, Workload};
 use super::strategy::{Generational, Plain, Strategy};
 use super::table::{self as print, Printer};
 use k8s_openapi::api::{
@@ -311,7 +311,8 @@ pub static RESOURCES: &[ResourceType] = &[
         networking::NetworkPolicy, namespaced: true, short: ["netpol"], print: NETWORK_POLICIES),
     row!("autoscaling", "v2", "horizontalpodautoscalers", "horizontalpodautoscaler",
         "HorizontalPodAutoscaler", autoscaling::HorizontalPodAutoscaler, namespaced: true,
-        short: ["hpa"], categories: ["all"], sub: [STATUS], print: HORIZONTAL_POD_AUTOSCALERS),
+        short: ["hpa"], categories: ["all"], sub: [STATUS],
+        strategy: Autoscaler, print: HORIZONTAL_POD_AUTOSCALERS),
     row!("storage.k8s.io", "v1", "csidrivers", "csidriver", "CSIDriver", storage::CSIDriver,
         namespaced: false, print: CSI_DRIVERS),
     row!("storage.k8s.io", "v1", "csinodes", "csinode", "CSINode", storage::CSINode,

@@ -29,6 +29,33 @@ pub(crate) enum Workload {
     CronJob,
 }
 
+/// Why a HorizontalPodAutoscaler of the simulator never scales: it runs no autoscaler.
+pub(crate) const NO_AUTOSCALER: &str = "the simulated sandbox runs no horizontal pod \
+    autoscaler (kube-controller-manager's): this HPA is stored and never acted on. `tensile up \
+    --k8s-bin DIR` runs real control planes, whose autoscaler scales from the metrics `kubectl \
+    top` shows";
+
+/// autoscaling/v2 HorizontalPodAutoscaler: stored, never acted on. A new one's status says so
+/// (`kubectl describe hpa` shows the condition) instead of staying empty forever.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Autoscaler;
+
+impl Strategy for Autoscaler {
+    fn prepare_create(&self, _state: &State, obj: &mut Value) -> Result<(), ApiError> {
+        obj["status"] = json!({
+            "desiredReplicas": 0,
+            "conditions": [{
+                "type": "ScalingActive",
+                "status": "False",
+                "reason": "NoAutoscaler",
+                "message": NO_AUTOSCALER,
+                "lastTransitionTime": meta::now(),
+            }],
+        });
+        Ok(())
+    }
+}
+
 impl Strategy for Workload {
     fn prepare_create(&self, _state: &State, obj: &mut Value) -> Result<(), ApiError> {
         let template = match self {
