@@ -39,6 +39,15 @@ pub struct RealOffloadArgs {
 
 type Times = Arc<Mutex<HashMap<String, Instant>>>;
 
+/// How a side's pods are created.
+#[derive(Clone, Copy, Debug)]
+enum Pace {
+    /// This many creations at once, none waiting for a pod to run.
+    Concurrent(usize),
+    /// Each pod once the one before it runs.
+    OneAtATime,
+}
+
 /// Watches `api` and notes, per pod name, when it was first seen (into `seen`, if any) and when
 /// it first showed phase `Running` (into `running`).
 fn note_times(api: Api<Pod>, seen: Option<Times>, running: Times) -> tokio::task::JoinHandle<()> {
@@ -106,12 +115,15 @@ fn pod(name: &str, node: Option<&str>) -> anyhow::Result<Pod> {
 async fn burst(
     api: Api<Pod>,
     n: usize,
-    concurrency: usize,
+    pace: Pace,
     node: Option<&str>,
     lower: Option<Api<Pod>>,
 ) -> anyhow::Result<Measured> {
     // One at a time: one task, which waits for each pod to run before the next.
-    let one_at_a_time = concurrency == 0;
+    let (concurrency, one_at_a_time) = match pace {
+        Pace::Concurrent(c) => (c, false),
+        Pace::OneAtATime => (1, true),
+    };
     let running: Times = Arc::default();
     let watch = note_times(api.clone(), None, running.clone());
     let (lower_seen, lower_running): (Times, Times) = (Arc::default(), Arc::default());
@@ -225,12 +237,7 @@ pub async fn run(args: RealOffloadArgs) -> anyhow::Result<()> {
     let port = std::net::TcpListener::bind((address, 0))?
         .local_addr()?
         .port();
-    let metrics_addr = format!(
-        "127.0.0.1:{}",
-        std::net::TcpListener::bind(("127.0.0.1", 0))?
-            .local_addr()?
-            .port()
-    );
+    let metrics_addr = format!("127.0.0.1:{}", crate::process::free_port()?);
     // The README's command line; what the benchmark adds only says where to listen.
     let mut node = tokio::process::Command::new(std::env::current_exe()?)
         .args(["virtual-node", "--nodename", "vk", "--disable-taint"])
@@ -263,13 +270,12 @@ pub async fn run(args: RealOffloadArgs) -> anyhow::Result<()> {
         .create(&PostParams::default(), &ns)
         .await
         .context("creating namespace bench-direct downstairs")?;
-    // Concurrency 0 is one at a time (`burst`).
     let (n, c) = (
         args.pods,
         if args.one_at_a_time {
-            0
+            Pace::OneAtATime
         } else {
-            args.concurrency
+            Pace::Concurrent(args.concurrency)
         },
     );
     let pid = node.id().context("the virtual node exited")?;
