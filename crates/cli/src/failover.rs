@@ -39,7 +39,7 @@ pub struct FailoverArgs {
     #[arg(long)]
     kill_after: Option<usize>,
     /// How long to wait for every upper pod to be Running after the kill.
-    #[arg(long, default_value = "300s", value_parser = crate::common::parse_duration)]
+    #[arg(long, default_value = "300s", value_parser = tensile_core::duration::parse_duration)]
     timeout: Duration,
     /// A crash restart instead: one process without --leader-elect, killed and started again
     /// at once with the same flags.
@@ -287,7 +287,12 @@ pub async fn run(args: FailoverArgs) -> anyhow::Result<()> {
         probe(1, "/healthz").await.context("replica b's /healthz")?,
         probe(1, "/readyz").await.context("replica b's /readyz")?,
     );
-    if standby_probes != ((200, "ok".into()), (503, crate::common::STANDBY.into())) {
+    if standby_probes
+        != (
+            (200, "ok".into()),
+            (503, tensile_runtime::leader::STANDBY.into()),
+        )
+    {
         bail!("the standby answers its probes with {standby_probes:?}");
     }
     let leader_ready = probe(0, "/readyz").await.context("replica a's /readyz")?;

@@ -48,20 +48,20 @@ pub struct FaultsArgs {
     concurrency: usize,
     /// How long a stop, a network cut or the errors last (a kill lasts until the killed
     /// process serves again).
-    #[arg(long, default_value = "60s", value_parser = crate::common::parse_duration)]
+    #[arg(long, default_value = "60s", value_parser = tensile_core::duration::parse_duration)]
     outage: Duration,
     /// The share of lower API requests answered 429 or 500 during `lower-errors`.
     #[arg(long, default_value_t = 0.3)]
     error_share: f64,
     /// The node must be Ready with its lower cluster reachable this soon after a fault ends.
-    #[arg(long, default_value = "10s", value_parser = crate::common::parse_duration)]
+    #[arg(long, default_value = "10s", value_parser = tensile_core::duration::parse_duration)]
     ready_within: Duration,
     /// Write the virtual node's log (RUST_LOG=info) here, kept after the run (default: in
     /// the clusters' folder, removed with it).
     #[arg(long)]
     node_log: Option<PathBuf>,
     /// How long to wait for every upper pod of a burst to be Running after its fault ends.
-    #[arg(long, default_value = "300s", value_parser = crate::common::parse_duration)]
+    #[arg(long, default_value = "300s", value_parser = tensile_core::duration::parse_duration)]
     timeout: Duration,
 }
 

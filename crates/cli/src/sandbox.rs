@@ -921,7 +921,7 @@ async fn start_webhook(
         .create(&PostParams::default(), &config)
         .await
         .context("registering the webhook")?;
-    tokio::spawn(crate::webhook::keep_ca_bundle(
+    tokio::spawn(tensile_placement::ca_bundle::keep_ca_bundle(
         client.clone(),
         name,
         serving.bundle,

@@ -189,7 +189,7 @@ pub struct VirtualNodeArgs {
     lower_kubeconfig_secret: Option<String>,
     /// Renew the lower token this long after it was issued (Go duration), when sooner than the
     /// default, four fifths of its life. For seeing renewals early (tests, drills).
-    #[arg(long, value_parser = crate::common::parse_duration)]
+    #[arg(long, value_parser = tensile_core::duration::parse_duration)]
     lower_token_renew_after: Option<Duration>,
     #[command(flatten)]
     leader: crate::common::LeaderElectArgs,
@@ -279,7 +279,7 @@ pub async fn run(args: VirtualNodeArgs) -> anyhow::Result<()> {
             tensile_runtime::metrics::serve_probes_joinable(
                 addr,
                 std::sync::Arc::new(Registry::default()),
-                tensile_runtime::metrics::Readiness::not_ready(crate::common::STANDBY),
+                tensile_runtime::metrics::Readiness::not_ready(tensile_runtime::leader::STANDBY),
                 standby_probes.clone(),
             )
             .await?
@@ -696,7 +696,7 @@ fn review_ttls(args: &VirtualNodeArgs) -> anyhow::Result<tensile_core::guard::Re
         match text.as_deref().map(str::trim) {
             None => Ok(None),
             Some("0" | "0s") => Ok(Some(Duration::ZERO)),
-            Some(t) => crate::common::parse_duration(t)
+            Some(t) => tensile_core::duration::parse_duration(t)
                 .map(Some)
                 .map_err(|e| anyhow::anyhow!("--{flag}: {e}")),
         }
