@@ -737,6 +737,48 @@ pub(crate) fn parse_args<'a>(
         .map(|o| o.args)
 }
 
+/// A virtual node of the sandbox, in this process (`tensile up`, the benchmarks' sandboxes):
+/// the sandbox's flags, its kubeconfigs as text, its kubelet API on the node's address.
+#[cfg(feature = "sandbox")]
+pub(crate) fn start_in_sandbox(
+    node: tensile_bench::sandbox::InProcessNode,
+    stop: CancellationToken,
+) -> futures::future::BoxFuture<'static, anyhow::Result<tokio::task::JoinHandle<()>>> {
+    Box::pin(async move {
+        let name = &node.name;
+        let args = parse_args([
+            "--nodename",
+            name,
+            // Virtual pods tolerate not-ready and unreachable (the webhook adds that), not
+            // the provider taint: the original's manifest disables it too.
+            "--disable-taint",
+        ])
+        .context("virtual node flags")?;
+        let address = node.kubelet_ip.to_string();
+        let label = format!("clusterID: {}", node.cluster_id);
+        let env = move |key: &str| match key {
+            "VKUBELET_POD_IP" => Some(address.clone()),
+            "VKUBELET_NODE_LABEL" => Some(label.clone()),
+            _ => None,
+        };
+        let vn = assemble(
+            &args,
+            KubeconfigSource::Text(node.upper_kubeconfig.clone()),
+            KubeconfigSource::Text(node.lower_kubeconfig.clone()),
+            None,
+            &env,
+            Some(SocketAddr::new(node.kubelet_ip, 0)),
+        )
+        .await
+        .with_context(|| format!("virtual node {name}"))?;
+        let running = vn
+            .start(stop)
+            .await
+            .with_context(|| format!("starting virtual node {name}"))?;
+        Ok(running.handle)
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

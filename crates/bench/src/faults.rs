@@ -29,9 +29,9 @@ use tensile_core::reach::{REASON_ERRORS, REASON_UNREACHABLE};
 use tensile_testenv::TestEnv;
 use tensile_testenv::errors::ErrorProxy;
 
-use crate::bench_support::spawn_watch;
-use crate::failover::{replica, wait_for};
-use crate::process::free_port;
+use crate::support::{
+    NODE, burst_clusters, burst_pod, free_port, replica, spawn_watch, wait_for, with,
+};
 
 /// Flags of `tensile bench faults`.
 #[derive(Debug, clap::Args)]
@@ -114,8 +114,6 @@ impl Fault {
     }
 }
 
-const NODE: &str = "vk";
-
 /// What the watches saw.
 #[derive(Default)]
 struct Seen {
@@ -141,13 +139,6 @@ struct Seen {
 }
 
 type Shared = Arc<Mutex<Seen>>;
-
-fn with<T>(seen: &Shared, f: impl FnOnce(&mut Seen) -> T) -> anyhow::Result<T> {
-    let mut s = seen
-        .lock()
-        .map_err(|_| anyhow::anyhow!("a watch task panicked"))?;
-    Ok(f(&mut s))
-}
 
 /// Whether a node is Ready, its lower cluster reachable, without our unreachable taint.
 fn healthy(n: &Node) -> (bool, bool) {
@@ -314,7 +305,7 @@ pub async fn run(args: FaultsArgs) -> anyhow::Result<()> {
             "lower-etcd-kill needs real control planes (TENSILE_K8S_BIN): the simulator keeps its objects in memory"
         );
     }
-    let env = crate::bench_support::burst_clusters(n * args.fault.len()).await?;
+    let env = burst_clusters(n * args.fault.len()).await?;
     let seen: Shared = Arc::default();
     let watches = watch_all(&env, &seen);
     let log = args
@@ -777,14 +768,7 @@ fn burst(
                 let api = creator.clone();
                 let name = format!("{prefix}{i}");
                 async move {
-                    // Placed by the upper scheduler: the virtual node is the only node.
-                    let pod: Pod = serde_json::from_value(json!({
-                        "apiVersion": "v1", "kind": "Pod",
-                        "metadata": {"name": name},
-                        "spec": {"tolerations": [{"key": tensile_core::keys::TAINT_VIRTUAL_KUBELET,
-                            "operator": "Exists"}],
-                            "containers": [{"name": "c", "image": "nginx:1.27",
-                            "resources": {"requests": {"cpu": "10m"}}}]}}))?;
+                    let pod = burst_pod(&name, None)?;
                     let deadline = Instant::now() + Duration::from_secs(300);
                     loop {
                         match api.create(&PostParams::default(), &pod).await {
