@@ -47,8 +47,8 @@ use tokio_util::sync::CancellationToken;
 use crate::copy_index::{CopyEffect, CopyIndex, CopyMarks, CopyState, Decide, Known, copy_state};
 use crate::namespaces::{LowerNamespaces, NamespaceError};
 use crate::needs::Needs;
-use crate::sync_error::{ApiClass, classify, failing_for, log_failure, quiet_level};
 use crate::watches::ObjectWatches;
+use tensile_runtime::api_error::{ApiClass, classify, failing_for, log_failure, quiet_level};
 use tensile_runtime::cache::{CompactCache, Key};
 use tensile_runtime::clients::{already_exists, delete_exact};
 use tensile_runtime::queue::Queue;
@@ -132,7 +132,7 @@ pub enum CopyError {
 }
 
 impl CopyError {
-    /// How the failed call classifies ([`crate::sync_error::classify`]).
+    /// How the failed call classifies ([`tensile_runtime::api_error::classify`]).
     fn class(&self) -> ApiClass {
         match self {
             CopyError::Write { source, .. }
@@ -653,7 +653,7 @@ where
                 let result = sync(&kind, &key).await;
                 kind.cfg.metrics.observe("copy", t0.elapsed());
                 if let Err(e) = &result {
-                    let level = quiet_level(e.class(), failing_for(&queue, &key));
+                    let level = quiet_level(e.class(), failing_for(queue.failing_since(&key)));
                     log_failure(level, e, "copy sync failed");
                 }
                 queue.done(key, result.is_ok());

@@ -9,6 +9,7 @@ pub mod bootstrap;
 pub mod clients;
 pub mod copies;
 pub mod copy_index;
+pub mod creation;
 pub mod kubelet_auth;
 pub mod lower_backend;
 mod lower_portforward;

@@ -43,8 +43,9 @@ use tensile_runtime::cache::{CompactCache, Key};
 use tensile_runtime::clients::already_exists;
 use tensile_runtime::queue::Queue;
 
-use crate::sync_error::{Call, Cluster, SyncError, classify};
+use crate::sync_error::{Call, Cluster, SyncError};
 use crate::sync_metrics::SyncMetrics;
+use tensile_runtime::api_error::classify;
 
 /// What the pod controller's tokens are made of.
 pub struct TokenWiring {

@@ -21,7 +21,7 @@ use tensile_runtime::cache::CompactCache;
 use tensile_runtime::clients::{already_exists, delete_exact};
 use tensile_runtime::queue::{Queue, Receiver};
 
-use crate::sync_error::{classify, failing_for, log_failure, quiet_level};
+use tensile_runtime::api_error::{classify, failing_for, log_failure, quiet_level};
 
 /// Settings of the volume controller.
 #[derive(Clone)]
@@ -296,7 +296,8 @@ impl VolumeController {
             let result = sync(&cfg, &index, &name).await;
             cfg.metrics.observe("volume", t0.elapsed());
             if let Err(e) = &result {
-                let level = quiet_level(classify(&e.source), failing_for(&queue, &name));
+                let level =
+                    quiet_level(classify(&e.source), failing_for(queue.failing_since(&name)));
                 log_failure(level, e, "volume sync failed");
             }
             queue.done(name, result.is_ok());
