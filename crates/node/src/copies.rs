@@ -51,7 +51,9 @@ use crate::watches::ObjectWatches;
 use tensile_runtime::api_error::{ApiClass, classify, failing_for, log_failure, quiet_level};
 use tensile_runtime::cache::{CompactCache, Key};
 use tensile_runtime::clients::{already_exists, delete_exact};
-use tensile_runtime::queue::Queue;
+use tensile_runtime::controller::{self, OnFailure, Reconciler, Stage, Workers};
+use tensile_runtime::queue::{Action, Queue};
+use tokio::time::Instant;
 
 /// Settings of the copy controllers.
 #[derive(Clone)]
@@ -642,31 +644,69 @@ where
             queue.add(key);
         }
     }
-    let workers = cfg.workers.max(1);
-    let kind = Arc::new(kind);
-    let mut tasks = Vec::new();
-    for _ in 0..workers {
-        let (kind, queue, rx, stop) = (kind.clone(), queue.clone(), rx.clone(), stop.clone());
-        tasks.push(tokio::spawn(async move {
-            while let Some((key, _)) = queue.next(&rx, &stop).await {
-                let t0 = std::time::Instant::now();
-                let result = sync(&kind, &key).await;
-                kind.cfg.metrics.observe("copy", t0.elapsed());
-                if let Err(e) = &result {
-                    let level = quiet_level(e.class(), failing_for(queue.failing_since(&key)));
-                    log_failure(level, e, "copy sync failed");
-                }
-                queue.done(key, result.is_ok());
-            }
-        }));
+    let workers = Workers::one_at_a_time(cfg.workers);
+    controller::run(Arc::new(kind), queue, rx, workers, stop).await;
+}
+
+/// What to do for a copy's key.
+enum CopyPlan<K> {
+    /// The original is read from the upper cluster first (no watch of them is allowed), then
+    /// the index decides.
+    ReadOriginal,
+    /// The index's decision.
+    Effect(CopyEffect<K>),
+}
+
+impl<K: Copied + Send + Sync + 'static> Reconciler for Kind<K> {
+    type Key = Key;
+    type Plan = CopyPlan<K>;
+    type Error = CopyError;
+
+    fn plan(&self, key: &Key) -> CopyPlan<K> {
+        let index = &self.index;
+        if self.read_upper && index.needed(key) && !index.lower().contains(&key.0, &key.1) {
+            CopyPlan::ReadOriginal
+        } else {
+            CopyPlan::Effect(index.effect(key))
+        }
     }
-    for t in tasks {
-        let _ = t.await;
+
+    async fn execute(self: Arc<Self>, key: Key, plan: CopyPlan<K>) -> Result<Action, CopyError> {
+        let effect = match plan {
+            CopyPlan::Effect(effect) => effect,
+            CopyPlan::ReadOriginal => {
+                let (ns, name) = &key;
+                let upper: Api<K> = Api::namespaced(self.cfg.upper.clone(), ns);
+                let read = upper.get_opt(name).await;
+                match read.map_err(write_error(&self, &key, "reading the original of"))? {
+                    Some(o) => self.index.upper().apply(&watcher::Event::Apply(o)),
+                    None => self.index.upper().remove(ns, name),
+                }
+                self.index.effect(&key)
+            }
+        };
+        sync(&self, &key, effect).await?;
+        Ok(Action::Done)
+    }
+
+    fn failed(&self, _: &Key, e: &CopyError, since: Option<Instant>) -> OnFailure {
+        log_failure(
+            quiet_level(e.class(), failing_for(since)),
+            e,
+            "copy sync failed",
+        );
+        OnFailure::Retry
+    }
+
+    fn observe(&self, stage: Stage, took: std::time::Duration) {
+        if stage == Stage::Reconcile {
+            self.cfg.metrics.observe("copy", took);
+        }
     }
 }
 
-/// Carries out the index's effect for `key`.
-async fn sync<K>(kind: &Kind<K>, key: &Key) -> Result<(), CopyError>
+/// Carries out the index's `effect` for `key`.
+async fn sync<K>(kind: &Kind<K>, key: &Key, effect: CopyEffect<K>) -> Result<(), CopyError>
 where
     K: Copied,
 {
@@ -674,17 +714,6 @@ where
     let index = &kind.index;
     let api: Api<K> = Api::namespaced(kind.cfg.lower.clone(), ns);
     let err = |what: &'static str| write_error(kind, key, what);
-    if kind.read_upper && index.needed(key) && !index.lower().contains(ns, name) {
-        let upper: Api<K> = Api::namespaced(kind.cfg.upper.clone(), ns);
-        match upper
-            .get_opt(name)
-            .await
-            .map_err(err("reading the original of"))?
-        {
-            Some(o) => index.upper().apply(&watcher::Event::Apply(o)),
-            None => index.upper().remove(ns, name),
-        }
-    }
     let wake = || {
         if let Some((copy_kind, needs)) = index.pod_dependency() {
             needs.copy_changed(copy_kind, key);
@@ -712,7 +741,7 @@ where
             made
         }
     };
-    match index.effect(key) {
+    match effect {
         CopyEffect::Nothing => {
             if !index.needed(key) {
                 index.forget(key);

@@ -8,7 +8,7 @@
 //! only checks that what a pod needs is there, and is woken when that changes.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Resource;
@@ -21,6 +21,7 @@ use tensile_core::plan::{Existing, LowerKind, on_existing};
 
 use crate::needs::Needs;
 use tensile_runtime::cache::{CompactCache, Key};
+use tensile_runtime::lock::lock;
 
 /// What the writer does for a key.
 #[derive(Clone, Debug, PartialEq)]
@@ -83,7 +84,7 @@ pub struct CopyMarks(Mutex<HashMap<(CopyKind, Key), Mark>>);
 
 impl CopyMarks {
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<(CopyKind, Key), Mark>> {
-        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+        lock(&self.0, "the copy marks")
     }
 
     /// The mark of `kind` `key`, if any.

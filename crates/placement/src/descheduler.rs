@@ -36,7 +36,7 @@
 //! Moves are rate limited (a global token bucket and a per-node limit per minute), a pod moved
 //! `max_attempts` times is left alone with a Warning event, and `dry_run` writes nothing.
 
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{ConfigMap, Node, ObjectReference, Pod};
@@ -48,9 +48,11 @@ use tensile_core::keys::{
     ANNOTATION_UNSCHEDULABLE_NODE, EVENT_RESCHEDULED, LABEL_NODE_TYPE, VALUE_NODE_TYPE_VIRTUAL,
 };
 use tensile_runtime::clients::{already_exists, delete_exact};
+use tensile_runtime::controller::{self, OnFailure, Reconciler, Workers};
 use tensile_runtime::events::{EventSink, PodEvent};
+use tensile_runtime::lock::lock;
 use tensile_runtime::metrics::Readiness;
-use tensile_runtime::queue::{Action, Queue, Receiver};
+use tensile_runtime::queue::{Action, Queue};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -158,12 +160,13 @@ struct Shared {
     client: kube::Client,
     index: Mutex<Index>,
     events: EventSink,
+    /// The keys to look at (a started move is looked at again at once).
+    queue: Queue<Key>,
 }
 
 impl Shared {
     fn index(&self) -> MutexGuard<'_, Index> {
-        // A panic while holding the lock leaves bookkeeping that is still usable; keep going.
-        self.index.lock().unwrap_or_else(PoisonError::into_inner)
+        lock(&self.index, "the descheduler index")
     }
 
     fn intent_api(&self) -> Api<ConfigMap> {
@@ -189,15 +192,16 @@ pub async fn run(
 ) -> Result<(), MoveError> {
     let index = Index::new(config.clone(), Instant::now());
     let (pods, nodes, moves) = index.caches();
+    let (queue, rx) = Queue::<Key>::new();
     let shared = Arc::new(Shared {
         events: EventSink::start(client.clone(), "tensile-descheduler", "tensile-descheduler"),
         client: client.clone(),
         index: Mutex::new(index),
         config,
+        queue: queue.clone(),
     });
     // The watches put the keys they touch on the queue at once; the workers start once every
     // cache has listed, so no key is decided on a partial picture.
-    let (queue, rx) = Queue::<Key>::new();
     watch(
         &shared,
         &queue,
@@ -238,17 +242,14 @@ pub async fn run(
         readiness.set_ready();
     }
     // A key is worked on by one worker at a time; one touched meanwhile is looked at again
-    // once it is done (the queue's rules).
-    for _ in 0..CONCURRENT_MOVES {
-        tokio::spawn(work(
-            shared.clone(),
-            queue.clone(),
-            rx.clone(),
-            stop.clone(),
-        ));
-    }
-    // Back at once on stop: a worker in the middle of an API call does not hold up shutdown.
-    stop.cancelled().await;
+    // once it is done (the queue's rules). Back at once on stop: a worker in the middle of an
+    // API call does not hold up shutdown.
+    let workers = Workers {
+        count: CONCURRENT_MOVES,
+        long_per_worker: 0,
+        drain: Duration::ZERO,
+    };
+    controller::run(shared, queue, rx, workers, stop).await;
     Ok(())
 }
 
@@ -277,19 +278,29 @@ fn watch<K>(
     });
 }
 
-/// A worker: takes the due keys one at a time, executes what the index decides for each, and
-/// comes back to it when that says.
-async fn work(shared: Arc<Shared>, queue: Queue<Key>, rx: Receiver<Key>, stop: CancellationToken) {
-    while let Some((key, _)) = queue.next(&rx, &stop).await {
-        let effects = shared.index().decide(&key, Now::current());
+impl Reconciler for Shared {
+    type Key = Key;
+    type Plan = Vec<Effect>;
+    /// A failed step is retried by the index's own schedule ([`Effect::Requeue`]).
+    type Error = std::convert::Infallible;
+
+    fn plan(&self, key: &Key) -> Vec<Effect> {
+        self.index().decide(key, Now::current())
+    }
+
+    /// Executes what the index decided, and comes back to the key when that says.
+    async fn execute(self: Arc<Self>, _: Key, effects: Vec<Effect>) -> Result<Action, Self::Error> {
         let mut again: Option<Duration> = None;
         for effect in effects {
-            if let Some(after) = execute(&shared, &queue, effect).await {
+            if let Some(after) = execute(&self, &self.queue, effect).await {
                 again = Some(again.map_or(after, |a| a.min(after)));
             }
         }
-        let action = again.map_or(Action::Done, Action::RequeueAfter);
-        queue.finish(key, &Ok::<_, std::convert::Infallible>(action));
+        Ok(again.map_or(Action::Done, Action::RequeueAfter))
+    }
+
+    fn failed(&self, _: &Key, e: &Self::Error, _: Option<tokio::time::Instant>) -> OnFailure {
+        match *e {}
     }
 }
 

@@ -18,7 +18,7 @@ use tensile_core::deschedule::{self, ExclusionsCleanup, Handling, Move, MoveHow,
 use tensile_core::keys::EVENT_RESCHEDULED;
 use tensile_runtime::cache::CompactCache;
 use tensile_runtime::clients::TokenBucket;
-use tensile_runtime::queue::Expected;
+use tensile_runtime::marks::Expected;
 use tokio::time::Instant;
 
 use super::{DeschedulerConfig, LABEL_MOVE, MOVE_KEY, VALUE_EXCLUSIONS};
@@ -336,7 +336,7 @@ impl Index {
     }
 
     /// Writing the intent `name` failed: it is not on its way.
-    pub fn start_failed(&self, name: &str) {
+    pub fn start_failed(&mut self, name: &str) {
         self.started.seen(&name.to_owned());
     }
 
