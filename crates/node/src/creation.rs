@@ -30,7 +30,7 @@ pub enum Ask {
     EnsureNamespace,
     /// Create our lower object of this kind (answer [`Answer::Done`] or
     /// [`Answer::AlreadyExists`]).
-    Create(Box<Object>),
+    Create(Object),
     /// Read the metadata of the lower object of this kind and name that holds the name (answer
     /// [`Answer::Existing`]).
     ReadExisting(LowerKind, String),
@@ -56,9 +56,9 @@ pub enum Ask {
 #[derive(Clone, Debug, PartialEq)]
 pub enum Object {
     /// A ServiceAccount.
-    ServiceAccount(ServiceAccount),
+    ServiceAccount(Box<ServiceAccount>),
     /// The pod.
-    Pod(Pod),
+    Pod(Box<Pod>),
 }
 
 /// What the writer found or did.
@@ -239,7 +239,7 @@ impl Creation {
                     drop_absent(spec, &self.absent);
                 }
                 self.phase = Phase::Pod;
-                Ok(Ask::Create(Box::new(Object::Pod(pod))))
+                Ok(Ask::Create(Object::Pod(Box::new(pod))))
             }
             (Phase::Pod, Answer::Done) => Ok(Ask::Created),
             (Phase::Pod, Answer::AlreadyExists) => {
@@ -287,7 +287,7 @@ impl Creation {
                 let account =
                     lower_service_account(&step.name, &self.namespace, &self.translate.owner);
                 self.phase = Phase::ServiceAccount(step.name);
-                Ok(Ask::Create(Box::new(Object::ServiceAccount(account))))
+                Ok(Ask::Create(Object::ServiceAccount(Box::new(account))))
             }
             LowerKind::ConfigMap | LowerKind::Secret | LowerKind::PersistentVolumeClaim => {
                 let ask = Ask::ReadUpper(step.kind, step.name.clone());
@@ -449,7 +449,7 @@ mod tests {
         let Ask::Create(object) = c.next(Answer::Done).unwrap() else {
             panic!("the pod is created next")
         };
-        let Object::Pod(lower) = *object else {
+        let Object::Pod(lower) = object else {
             panic!("a pod")
         };
         assert_eq!(lower.metadata.name.as_deref(), Some("web"));
@@ -469,7 +469,7 @@ mod tests {
         let Ask::Create(object) = c.next(Answer::Done).unwrap() else {
             panic!("the account is created")
         };
-        assert!(matches!(*object, Object::ServiceAccount(_)));
+        assert!(matches!(object, Object::ServiceAccount(_)));
         assert_eq!(
             c.next(Answer::AlreadyExists).unwrap(),
             Ask::ReadExisting(LowerKind::ServiceAccount, "robot".into())
@@ -517,7 +517,7 @@ mod tests {
         let Ask::Create(object) = c.next(Answer::Done).unwrap() else {
             panic!("the pod is created")
         };
-        let Object::Pod(lower) = *object else {
+        let Object::Pod(lower) = object else {
             panic!("a pod")
         };
         let env_from = lower.spec.unwrap().containers[0].env_from.clone().unwrap();

@@ -836,13 +836,13 @@ async fn answer(w: &PodWriter, ns: &str, ask: Ask, u: Option<&Pod>) -> Result<An
                 .map_err(|e| SyncError::namespace(e, "Pod", name, &w.settings.lower_name))?;
             Answer::Done
         }
-        Ask::Create(object) => match *object {
+        Ask::Create(object) => match object {
             Object::ServiceAccount(account) => {
-                Box::pin(create(w, LowerKind::ServiceAccount, ns, &account)).await?
+                Box::pin(create(w, LowerKind::ServiceAccount, ns, &*account)).await?
             }
             Object::Pod(pod) => {
                 let t0 = std::time::Instant::now();
-                let created = Box::pin(create(w, LowerKind::Pod, ns, &pod)).await;
+                let created = Box::pin(create(w, LowerKind::Pod, ns, &*pod)).await;
                 w.metrics.observe("lower_pod_create", t0.elapsed());
                 created?
             }
