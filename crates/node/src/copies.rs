@@ -184,7 +184,7 @@ impl Dependencies {
         name: &str,
         upper_uid: Option<&str>,
     ) -> CopyState {
-        let key = (namespace.to_owned(), name.to_owned());
+        let key = Key::new(namespace, name);
         let marks = &self.marks;
         match kind {
             LowerKind::ConfigMap => copy_state(
@@ -359,12 +359,13 @@ pub async fn run(cfg: CopySync, shared: Shared, stop: CancellationToken) {
                 let for_endpoints = ports.clone();
                 services.observer = Some(Arc::new(move |upper, o: &Service| {
                     if upper {
-                        ports.changed(&(o.namespace().unwrap_or_default(), o.name_any()));
+                        ports.changed(&Key::new(o.namespace().unwrap_or_default(), o.name_any()));
                     }
                 }));
                 endpoints.observer = Some(Arc::new(move |upper, o: &Endpoints| {
                     if upper {
-                        for_endpoints.changed(&(o.namespace().unwrap_or_default(), o.name_any()));
+                        for_endpoints
+                            .changed(&Key::new(o.namespace().unwrap_or_default(), o.name_any()));
                     }
                 }));
             }
@@ -457,7 +458,12 @@ pub async fn run(cfg: CopySync, shared: Shared, stop: CancellationToken) {
 /// Whether the per-object watch of `watches` has listed a key.
 fn known<K: Send + Sync + 'static>(watches: &Arc<ObjectWatches<K>>) -> Known {
     let watches = watches.clone();
-    Arc::new(move |(ns, name): &Key| watches.known(ns, name))
+    Arc::new(
+        move |Key {
+                  namespace: ns,
+                  name,
+              }: &Key| watches.known(ns, name),
+    )
 }
 
 /// One kind's loop: its settings and its index.
@@ -542,7 +548,7 @@ fn write_error<K>(
     key: &Key,
     what: &'static str,
 ) -> impl FnOnce(kube::Error) -> CopyError {
-    let (namespace, name) = key.clone();
+    let Key { namespace, name } = key.clone();
     let kind = kind.name;
     move |source| CopyError::Write {
         what,
@@ -607,7 +613,7 @@ where
         tokio::spawn(async move {
             let merged = futures::stream::select(upper_events, lower_events);
             tensile_runtime::backoff::drain(merged, &stop, name, |(upper, o)| {
-                let key = (o.namespace().unwrap_or_default(), o.name_any());
+                let key = Key::new(o.namespace().unwrap_or_default(), o.name_any());
                 // A pod waiting for this copy looks again (unless our create's answer told it).
                 if !upper
                     && index.lower_shown(&key)
@@ -664,7 +670,10 @@ impl<K: Copied + Send + Sync + 'static> Reconciler for Kind<K> {
 
     fn plan(&self, key: &Key) -> CopyPlan<K> {
         let index = &self.index;
-        if self.read_upper && index.needed(key) && !index.lower().contains(&key.0, &key.1) {
+        if self.read_upper
+            && index.needed(key)
+            && !index.lower().contains(&key.namespace, &key.name)
+        {
             CopyPlan::ReadOriginal
         } else {
             CopyPlan::Effect(index.effect(key))
@@ -675,7 +684,10 @@ impl<K: Copied + Send + Sync + 'static> Reconciler for Kind<K> {
         let effect = match plan {
             CopyPlan::Effect(effect) => effect,
             CopyPlan::ReadOriginal => {
-                let (ns, name) = &key;
+                let Key {
+                    namespace: ns,
+                    name,
+                } = &key;
                 let upper: Api<K> = Api::namespaced(self.cfg.upper.clone(), ns);
                 let read = upper.get_opt(name).await;
                 match read.map_err(write_error(&self, &key, "reading the original of"))? {
@@ -710,7 +722,10 @@ async fn sync<K>(kind: &Kind<K>, key: &Key, effect: CopyEffect<K>) -> Result<(),
 where
     K: Copied,
 {
-    let (ns, name) = key;
+    let Key {
+        namespace: ns,
+        name,
+    } = key;
     let index = &kind.index;
     let api: Api<K> = Api::namespaced(kind.cfg.lower.clone(), ns);
     let err = |what: &'static str| write_error(kind, key, what);
@@ -780,7 +795,10 @@ async fn create_copy<K>(kind: &Kind<K>, api: &Api<K>, key: &Key, copy: &K) -> Re
 where
     K: Copied,
 {
-    let (ns, name) = key;
+    let Key {
+        namespace: ns,
+        name,
+    } = key;
     let write = |what: &'static str| write_error(kind, key, what);
     kind.namespaces
         .ensure(ns)

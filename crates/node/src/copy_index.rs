@@ -129,7 +129,7 @@ where
     K: Resource + Serialize + DeserializeOwned,
 {
     let current = |uid: Option<&str>| upper_uid.is_none() || uid == upper_uid;
-    if let Some(copy) = lower.get_as::<MetaOnly>(&key.0, &key.1)
+    if let Some(copy) = lower.get_as::<MetaOnly>(&key.namespace, &key.name)
         && current(recorded_uid(&copy.metadata))
     {
         return CopyState::Ready;
@@ -261,12 +261,15 @@ where
     pub fn needed(&self, key: &Key) -> bool {
         self.pods
             .as_ref()
-            .is_some_and(|(kind, needs, _)| needs.needed(*kind, &key.0, &key.1))
+            .is_some_and(|(kind, needs, _)| needs.needed(*kind, &key.namespace, &key.name))
     }
 
     /// What to do for `key` now.
     pub fn effect(&self, key: &Key) -> CopyEffect<K> {
-        let (ns, name) = key;
+        let Key {
+            namespace: ns,
+            name,
+        } = key;
         let needed = self.needed(key);
         if needed && self.known.as_ref().is_some_and(|known| !known(key)) {
             return CopyEffect::WaitForOriginal;
@@ -366,7 +369,7 @@ mod tests {
     const OWNER: &str = "vk-a";
 
     fn key(name: &str) -> Key {
-        ("shop".to_owned(), name.to_owned())
+        Key::new("shop".to_owned(), name.to_owned())
     }
 
     fn upper_cm(name: &str, uid: &str, value: &str) -> ConfigMap {

@@ -213,7 +213,7 @@ async fn sync(
     event: Event,
     effect: MirrorEffect,
 ) -> Result<(), MirrorError> {
-    let (namespace, name) = key;
+    let Key { namespace, name } = key;
     let api: Api<Event> = Api::namespaced(cfg.upper.clone(), namespace);
     let written = match effect {
         MirrorEffect::Nothing => Ok(()),
@@ -283,7 +283,7 @@ impl MirrorIndex {
             None if !self.upper_pods.contains(&namespace, pod_name) => return None,
             None => {}
         }
-        let key = (namespace, event.metadata.name.clone()?);
+        let key = Key::new(namespace, event.metadata.name.clone()?);
         let mut pending = lock(&self.pending, "the event mirror index");
         pending.insert(key.clone(), Pending { event, attempts: 0 });
         Some(key)
@@ -298,7 +298,7 @@ impl MirrorIndex {
     /// What to do for `event` (the one waiting under `key`) at `now`. A mirror to write takes
     /// from its pod's budget; anything but a write or a pod not seen yet is done with the event.
     pub fn effect(&self, key: &Key, event: &Event, now: Instant) -> MirrorEffect {
-        let (namespace, name) = key;
+        let Key { namespace, name } = key;
         let involved = &event.involved_object;
         let pod_name = involved.name.as_deref().unwrap_or_default();
         let lower_pod = self.lower_pods.get(namespace, pod_name);

@@ -35,8 +35,8 @@ use tensile_runtime::marks::{Expected, Hold, Holds};
 use crate::reach::LowerReach;
 use crate::sync_error::{Cluster, Failure, Op, SyncError};
 
-/// A pod key: (namespace, name), the same in both clusters.
-pub type Key = (String, String);
+/// A pod key: namespace and name, the same in both clusters.
+pub use tensile_runtime::cache::Key;
 
 /// How long a lower pod we created may be missing from the lower watch before a plan believes
 /// the cache again and creates it anew (idempotent: AlreadyExists of ours is fine).
@@ -190,7 +190,10 @@ impl std::fmt::Debug for PodIndex {
 }
 
 fn key_of(p: &Pod) -> Option<Key> {
-    Some((p.metadata.namespace.clone()?, p.metadata.name.clone()?))
+    Some(Key::new(
+        p.metadata.namespace.clone()?,
+        p.metadata.name.clone()?,
+    ))
 }
 
 impl PodIndex {
@@ -288,7 +291,14 @@ impl PodIndex {
     pub fn ours(&self, event: watcher::Event<Pod>) -> Option<watcher::Event<Pod>> {
         let owner = &self.translate.owner;
         let is_ours = |p: &Pod| is_owned_by(&p.metadata, owner);
-        let cached = |p: &Pod| key_of(p).is_some_and(|(ns, name)| self.lower.contains(&ns, &name));
+        let cached = |p: &Pod| {
+            key_of(p).is_some_and(
+                |Key {
+                     namespace: ns,
+                     name,
+                 }| self.lower.contains(&ns, &name),
+            )
+        };
         match event {
             watcher::Event::Apply(p) if is_ours(&p) => Some(watcher::Event::Apply(p)),
             watcher::Event::Apply(p) | watcher::Event::Delete(p) if cached(&p) => {
@@ -366,7 +376,10 @@ impl PodIndex {
     /// What to do for pod `key` now (see [`pod_step`]). Consumes the marks it reads once (the
     /// grace of a deletion seen; a held status whose window is over).
     pub fn plan(&mut self, key: &Key, now: &Now) -> Result<Plan, Failure> {
-        let (ns, name) = key;
+        let Key {
+            namespace: ns,
+            name,
+        } = key;
         let upper = self.upper.get(ns, name);
         let lower = self.lower.get(ns, name);
         let gone_grace = self.gone_grace.remove(key);
@@ -496,8 +509,8 @@ impl PodIndex {
                     Op::Create,
                     SyncError::Ownership {
                         kind: "Pod",
-                        namespace: key.0.clone(),
-                        name: key.1.clone(),
+                        namespace: key.namespace.clone(),
+                        name: key.name.clone(),
                         cluster: self.lower_cluster(),
                     },
                 ));
@@ -607,7 +620,7 @@ mod tests {
     }
 
     fn key() -> Key {
-        ("default".into(), "web".into())
+        Key::new("default", "web")
     }
 
     fn now() -> Now {
@@ -734,7 +747,7 @@ mod tests {
             ]
         );
         // Nothing bound here, nothing to do.
-        let other = index.plan(&("default".into(), "other".into()), &now());
+        let other = index.plan(&Key::new("default", "other"), &now());
         assert!(other.unwrap().effects.is_empty());
     }
 
@@ -1016,7 +1029,7 @@ mod tests {
         let mut u = upper();
         u.metadata.namespace = Some("kube-system".into());
         index.apply_upper(&apply(u.clone()));
-        let kube_system: Key = ("kube-system".into(), "web".into());
+        let kube_system: Key = Key::new("kube-system", "web");
         let plan = index.plan(&kube_system, &now()).unwrap();
         let written = statuses(&plan.effects);
         assert_eq!(written.len(), 1, "{:?}", plan.effects);
@@ -1036,7 +1049,7 @@ mod tests {
         let u = upper();
         let l = lower_of(&u, "Running");
         let mut changed = offloaded(&u, &l);
-        changed.metadata.labels = Some([("tier".to_owned(), "web".to_owned())].into());
+        changed.metadata.labels = Some([("tier".into(), "web".into())].into());
         index.apply_upper(&apply(changed));
         lower_event(&mut index, apply(l));
         let effects = effects(&mut index, &now());

@@ -113,7 +113,10 @@ struct PodWriter {
 }
 
 fn key_of(p: &Pod) -> Option<Key> {
-    Some((p.metadata.namespace.clone()?, p.metadata.name.clone()?))
+    Some(Key::new(
+        p.metadata.namespace.clone()?,
+        p.metadata.name.clone()?,
+    ))
 }
 
 /// How many lower pod events may wait for a consumer of [`lower_pod_events`]. Bounded: with
@@ -298,7 +301,7 @@ impl PodController {
                 let (needs, queue, lower_pods) = (needs.clone(), queue.clone(), lower_pods.clone());
                 Arc::new(move |key: &Key| {
                     for pod in needs.upper_pods_referencing(kind, key) {
-                        if !lower_pods.contains(&pod.0, &pod.1) {
+                        if !lower_pods.contains(&pod.namespace, &pod.name) {
                             queue.add(pod);
                         }
                     }
@@ -451,11 +454,11 @@ impl Reconciler for PodWriter {
     fn failed(&self, key: &Key, failure: &Failure, since: Option<Instant>) -> OnFailure {
         let then = policy(failure, failing_for(since));
         if let Some(reason) = then.event
-            && let Some(u) = self.upper_pods.get(&key.0, &key.1)
+            && let Some(u) = self.upper_pods.get(&key.namespace, &key.name)
         {
             self.event(&u, true, reason, failure.to_string());
         }
-        let (ns, pod, kind) = (&key.0, &key.1, failure.error.kind());
+        let (ns, pod, kind) = (&key.namespace, &key.name, failure.error.kind());
         match then.level {
             Level::Debug => {
                 tracing::debug!(namespace = %ns, pod = %pod, kind, error = %failure, "pod sync failed")
@@ -556,7 +559,10 @@ async fn collect_tokens(w: &PodWriter, key: &Key) -> Result<(), SyncError> {
     if !w.tokens.has_secrets(key) {
         return Ok(());
     }
-    let (ns, name) = key;
+    let Key {
+        namespace: ns,
+        name,
+    } = key;
     let head = |cache: &CompactCache<Pod>| cache.get_as::<PodHead>(ns, name).map(PodHead::into_pod);
     let (upper, lower) = (head(&w.upper_pods), head(&w.lower_pods));
     w.tokens.collect(key, upper.as_ref(), lower.as_ref()).await
@@ -564,7 +570,7 @@ async fn collect_tokens(w: &PodWriter, key: &Key) -> Result<(), SyncError> {
 
 /// The writer: carries the effects of `plan` out in order; the first failure ends it.
 async fn execute(w: &PodWriter, key: &Key, plan: Plan) -> Result<(), Failure> {
-    let (ns, name) = (key.0.as_str(), key.1.as_str());
+    let (ns, name) = (key.namespace.as_str(), key.name.as_str());
     let Plan {
         upper,
         lower,
@@ -655,7 +661,15 @@ async fn execute(w: &PodWriter, key: &Key, plan: Plan) -> Result<(), Failure> {
 }
 
 /// A failed write of the lower pod's change.
-fn update_failed(w: &PodWriter, doing: &'static str, (ns, name): &Key, e: kube::Error) -> Failure {
+fn update_failed(
+    w: &PodWriter,
+    doing: &'static str,
+    Key {
+        namespace: ns,
+        name,
+    }: &Key,
+    e: kube::Error,
+) -> Failure {
     let call = w.lower_call(doing, "Pod", ns, name);
     Failure::new(Op::Update, SyncError::api(call, e))
 }
@@ -741,7 +755,10 @@ async fn delete_lower(
 }
 
 async fn force_delete_upper(w: &PodWriter, u: &Pod) -> Result<(), SyncError> {
-    let (ns, name) = key_of(u).ok_or_else(unnamed)?;
+    let Key {
+        namespace: ns,
+        name,
+    } = key_of(u).ok_or_else(unnamed)?;
     delete_exact(&w.upper_api(&ns), &name, u.metadata.uid.clone(), Some(0))
         .await
         .map_err(|e| {
@@ -983,7 +1000,7 @@ async fn send_env_events(w: &PodWriter, u: &Pod, ns: &str, name: &str) {
     }
     let events = env_events(spec, ns, &upstairs);
     let uid = u.metadata.uid.as_deref().unwrap_or_default();
-    let key = (ns.to_owned(), name.to_owned());
+    let key = Key::new(ns, name);
     let new = w.index().env_events_to_send(&key, uid, events);
     for e in new {
         w.event(u, true, e.reason, e.message);

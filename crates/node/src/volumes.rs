@@ -133,7 +133,7 @@ impl VolumeIndex {
         cache
             .apply_keys(event)
             .into_iter()
-            .map(|(_, name)| name)
+            .map(|key| key.name)
             .collect()
     }
 
@@ -287,8 +287,8 @@ impl VolumeController {
                 index.lower.wait_until_ready(),
             ) => {}
         }
-        for (_, name) in index.lower.keys() {
-            queue.add(name);
+        for key in index.lower.keys() {
+            queue.add(key.name);
         }
         for pv in index.upper.state() {
             if is_owned_by(&pv.metadata, &cfg.owner) {

@@ -572,7 +572,10 @@ async fn create_replacement(
 
 /// Hands the move's count over to the controller's new pod. `None` when done.
 async fn hand_over(shared: &Shared, m: &Move, pod: &Pod) -> Result<Option<Duration>, MoveError> {
-    let (ns, name) = index::key_of(pod);
+    let tensile_runtime::cache::Key {
+        namespace: ns,
+        name,
+    } = index::key_of(pod);
     let api: Api<Pod> = Api::namespaced(shared.client.clone(), &ns);
     let patch = deschedule::handover_patch(m, pod);
     match api
