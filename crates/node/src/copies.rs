@@ -44,7 +44,9 @@ use tensile_core::services::{
 use tensile_core::volumes::claim_action;
 use tokio_util::sync::CancellationToken;
 
-use crate::copy_index::{CopyEffect, CopyIndex, CopyMarks, CopyState, Decide, Known, copy_state};
+use crate::copy_index::{
+    CopyEffect, CopyIndex, CopyMarks, CopyRule, CopyState, OriginalListed, copy_state,
+};
 use crate::namespaces::{LowerNamespaces, NamespaceError};
 use crate::needs::Needs;
 use crate::watches::ObjectWatches;
@@ -220,7 +222,7 @@ pub struct UpperWatches {
 
 /// What the copy controllers and the pod controller of one virtual node share.
 #[derive(Clone, Debug)]
-pub struct Shared {
+pub struct SharedDependencies {
     /// The upper ConfigMaps and Secrets our pods reference (filled by their per-object watches)
     /// and, with `PVControllers`, every upper claim (the claim controller's watch).
     pub upper: Dependencies,
@@ -234,7 +236,7 @@ pub struct Shared {
     pub needs: Arc<Needs>,
 }
 
-impl Shared {
+impl SharedDependencies {
     /// Empty caches for the clusters of `upper` and `lower`, our marks `owner`, until `stop`.
     /// The watches of upper ConfigMaps and Secrets start and stop as `needs` says.
     pub fn new(
@@ -271,7 +273,7 @@ impl Shared {
                 }
             }),
         );
-        Shared {
+        SharedDependencies {
             upper: Dependencies {
                 config_maps: watches.config_maps.cache(),
                 secrets: watches.secrets.cache(),
@@ -287,13 +289,13 @@ impl Shared {
 }
 
 /// A pod dependency's rule: follow the original, and exist exactly while a pod needs it.
-fn dependency<K: DependencyCopy + 'static>(owner: String) -> Decide<K> {
+fn dependency<K: DependencyCopy + 'static>(owner: String) -> CopyRule<K> {
     Arc::new(move |u, l, needed| dependency_action(u, l, &owner, needed))
 }
 
 /// Runs every enabled kind until `stop`, filling `shared.upper`.
-pub async fn run(cfg: CopySync, shared: Shared, stop: CancellationToken) {
-    let Shared {
+pub async fn run(cfg: CopySync, shared: SharedDependencies, stop: CancellationToken) {
+    let SharedDependencies {
         upper,
         watches,
         copies,
@@ -304,11 +306,11 @@ pub async fn run(cfg: CopySync, shared: Shared, stop: CancellationToken) {
     let services = cfg.services.clone().map(|filter| {
         let (owner, endpoints_owner, slices_owner) = (owner.clone(), owner.clone(), owner.clone());
         let (endpoints_filter, slices_filter) = (filter.clone(), filter.clone());
-        let services: Decide<Service> =
+        let services: CopyRule<Service> =
             Arc::new(move |u, l, _| service_action(u, l, &owner, &filter));
-        let endpoints: Decide<Endpoints> =
+        let endpoints: CopyRule<Endpoints> =
             Arc::new(move |u, l, _| endpoints_action(u, l, &endpoints_owner, &endpoints_filter));
-        let slices: Decide<EndpointSlice> =
+        let slices: CopyRule<EndpointSlice> =
             Arc::new(move |u, l, _| endpoint_slice_action(u, l, &slices_owner, &slices_filter));
         (services, endpoints, slices)
     });
@@ -403,7 +405,7 @@ pub async fn run(cfg: CopySync, shared: Shared, stop: CancellationToken) {
             );
             let events = controller.claim_events();
             let claim_owner = owner.clone();
-            let decide: Decide<PersistentVolumeClaim> =
+            let decide: CopyRule<PersistentVolumeClaim> =
                 Arc::new(move |u, l, needed| claim_action(u, l, &claim_owner, needed));
             let index = CopyIndex::new(owner.clone(), (claims.upper, claims.lower), decide)
                 .needed_by_pods(claim_needs.0, claim_needs.1, claim_needs.2);
@@ -412,7 +414,7 @@ pub async fn run(cfg: CopySync, shared: Shared, stop: CancellationToken) {
             tokio::join!(run_kind(kind, stop.clone()), controller.run(stop.clone()));
         } else {
             let claim_owner = owner.clone();
-            let decide: Decide<PersistentVolumeClaim> = Arc::new(move |u, l, needed| {
+            let decide: CopyRule<PersistentVolumeClaim> = Arc::new(move |u, l, needed| {
                 match (u.filter(|u| u.metadata.deletion_timestamp.is_none()), l) {
                     (Some(u), None) if needed => CopyAction::Create(lower_pvc(u, &claim_owner)),
                     _ => CopyAction::Nothing,
@@ -456,7 +458,7 @@ pub async fn run(cfg: CopySync, shared: Shared, stop: CancellationToken) {
 }
 
 /// Whether the per-object watch of `watches` has listed a key.
-fn known<K: Send + Sync + 'static>(watches: &Arc<ObjectWatches<K>>) -> Known {
+fn known<K: Send + Sync + 'static>(watches: &Arc<ObjectWatches<K>>) -> OriginalListed {
     let watches = watches.clone();
     Arc::new(
         move |Key {

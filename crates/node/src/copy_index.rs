@@ -144,10 +144,10 @@ where
 
 /// What to do given the upper object and our lower copy (either possibly absent) and whether a
 /// pod needs the copy.
-pub type Decide<K> = Arc<dyn Fn(Option<&K>, Option<&K>, bool) -> CopyAction<K> + Send + Sync>;
+pub type CopyRule<K> = Arc<dyn Fn(Option<&K>, Option<&K>, bool) -> CopyAction<K> + Send + Sync>;
 
 /// Whether the original of a key is known (its watch has listed it): absent then means absent.
-pub type Known = Arc<dyn Fn(&Key) -> bool + Send + Sync>;
+pub type OriginalListed = Arc<dyn Fn(&Key) -> bool + Send + Sync>;
 
 /// The state of one kind of copy. Clones share it.
 #[derive(Clone)]
@@ -155,11 +155,11 @@ pub struct CopyIndex<K> {
     owner: String,
     upper: CompactCache<K>,
     lower: CompactCache<K>,
-    decide: Decide<K>,
+    decide: CopyRule<K>,
     /// Copies of pod dependencies: their kind, which pods need them, the writers' marks.
     pods: Option<(CopyKind, Arc<Needs>, Arc<CopyMarks>)>,
     /// Per-object upper watches; `None`: one watch of all, complete once its cache is ready.
-    known: Option<Known>,
+    known: Option<OriginalListed>,
 }
 
 impl<K> std::fmt::Debug for CopyIndex<K> {
@@ -187,7 +187,7 @@ where
     pub fn new(
         owner: String,
         (upper, lower): (CompactCache<K>, CompactCache<K>),
-        decide: Decide<K>,
+        decide: CopyRule<K>,
     ) -> Self {
         CopyIndex {
             owner,
@@ -209,7 +209,7 @@ where
     }
 
     /// The upper objects are watched one by one; `known` says which have been listed.
-    pub fn per_object(self, known: Known) -> Self {
+    pub fn per_object(self, known: OriginalListed) -> Self {
         CopyIndex {
             known: Some(known),
             ..self
@@ -413,7 +413,7 @@ mod tests {
 
     /// A ConfigMap index whose needs are `needs`, with both caches listed (empty).
     fn config_maps(needs: &Arc<Needs>) -> CopyIndex<ConfigMap> {
-        let decide: Decide<ConfigMap> =
+        let decide: CopyRule<ConfigMap> =
             Arc::new(|u, l, needed| dependency_action(u, l, OWNER, needed));
         CopyIndex::new(OWNER.to_owned(), (ready(), ready()), decide).needed_by_pods(
             CopyKind::ConfigMap,
@@ -624,7 +624,7 @@ mod tests {
                 json!([{"name": "t", "secret": {"secretName": "tok"}}]),
             )),
         );
-        let decide: Decide<Secret> =
+        let decide: CopyRule<Secret> =
             Arc::new(|u, l, needed| dependency_action(u, l, OWNER, needed));
         let index = CopyIndex::new(OWNER.to_owned(), (ready(), ready()), decide).needed_by_pods(
             CopyKind::Secret,
@@ -651,7 +651,7 @@ mod tests {
                 json!([{"name": "d", "persistentVolumeClaim": {"claimName": "data"}}]),
             )),
         );
-        let decide: Decide<PersistentVolumeClaim> =
+        let decide: CopyRule<PersistentVolumeClaim> =
             Arc::new(|u, l, needed| claim_action(u, l, OWNER, needed));
         let index = CopyIndex::new(OWNER.to_owned(), (ready(), ready()), decide).needed_by_pods(
             CopyKind::PersistentVolumeClaim,

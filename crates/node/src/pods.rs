@@ -28,7 +28,7 @@ use tensile_core::plan::LowerKind;
 use tensile_core::translate::TranslateConfig;
 use tokio_util::sync::CancellationToken;
 
-use crate::copies::{Dependencies, Shared};
+use crate::copies::{Dependencies, SharedDependencies};
 use crate::creation::{Answer, Ask, Creation, Object, UpperObject, kind_name};
 use crate::namespaces::LowerNamespaces;
 use crate::needs::Side;
@@ -54,7 +54,7 @@ fn not_found(e: &kube::Error) -> bool {
 }
 
 /// What the controller needs.
-pub struct PodSync {
+pub struct PodSettings {
     /// Upper cluster.
     pub upper: kube::Client,
     /// Upper cluster, for events only: a client with its own rate limit, so that an event
@@ -80,9 +80,9 @@ pub struct PodSync {
     pub retry: crate::Retry,
 }
 
-impl std::fmt::Debug for PodSync {
+impl std::fmt::Debug for PodSettings {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("PodSync")
+        f.debug_struct("PodSettings")
             .field("node", &self.node)
             .finish_non_exhaustive()
     }
@@ -91,7 +91,7 @@ impl std::fmt::Debug for PodSync {
 /// The pod controller's reconciler: the index that decides (behind its one lock) and the
 /// writer that carries its plans out against the API servers.
 struct PodWriter {
-    settings: PodSync,
+    settings: PodSettings,
     /// The decisions' state: both pod caches and the marks.
     index: Arc<Mutex<PodIndex>>,
     /// The index's caches, for what reads them without deciding (the token collection, the
@@ -179,7 +179,7 @@ pub struct PodWiring {
     pub lower_pods: CompactCache<Pod>,
     /// What the copy controllers share: upper objects, their watches, our copies, the lower
     /// namespaces, what pods need.
-    pub shared: Shared,
+    pub shared: SharedDependencies,
     /// Every lower pod's events (one consumer of [`lower_pod_events`]).
     pub lower_events: BoxStream<'static, watcher::Event<Pod>>,
     /// Sync stage histograms.
@@ -218,7 +218,7 @@ impl PodController {
     /// Wires the controller (no task is started, nothing is read yet): the upper pod watch and
     /// `wiring.lower_events` feed the index and the queue, a change of an upper ConfigMap or
     /// Secret brings back the pods that wait for it, and the tokens' watch is made.
-    pub fn new(settings: PodSync, wiring: PodWiring, stop: CancellationToken) -> Self {
+    pub fn new(settings: PodSettings, wiring: PodWiring, stop: CancellationToken) -> Self {
         let PodWiring {
             upper_pods,
             lower_pods,
@@ -227,7 +227,7 @@ impl PodController {
             metrics,
             reach,
         } = wiring;
-        let Shared {
+        let SharedDependencies {
             upper: upper_objects,
             watches,
             copies,

@@ -155,7 +155,7 @@ mod index;
 
 use index::{Effect, Event, Exclusion, Index, Intent, Key, Now, RECHECK, RETRY};
 
-struct Shared {
+struct Descheduler {
     config: DeschedulerConfig,
     client: kube::Client,
     index: Mutex<Index>,
@@ -164,7 +164,7 @@ struct Shared {
     queue: Queue<Key>,
 }
 
-impl Shared {
+impl Descheduler {
     fn index(&self) -> MutexGuard<'_, Index> {
         lock(&self.index, "the descheduler index")
     }
@@ -193,7 +193,7 @@ pub async fn run(
     let index = Index::new(config.clone(), Instant::now());
     let (pods, nodes, moves) = index.caches();
     let (queue, rx) = Queue::<Key>::new();
-    let shared = Arc::new(Shared {
+    let shared = Arc::new(Descheduler {
         events: EventSink::start(client.clone(), "tensile-descheduler", "tensile-descheduler"),
         client: client.clone(),
         index: Mutex::new(index),
@@ -255,7 +255,7 @@ pub async fn run(
 
 /// One watch applied to the index; the keys it touches go on the queue.
 fn watch<K>(
-    shared: &Arc<Shared>,
+    shared: &Arc<Descheduler>,
     queue: &Queue<Key>,
     stop: &CancellationToken,
     api: Api<K>,
@@ -278,7 +278,7 @@ fn watch<K>(
     });
 }
 
-impl Reconciler for Shared {
+impl Reconciler for Descheduler {
     type Key = Key;
     type Plan = Vec<Effect>;
     /// A failed step is retried by the index's own schedule ([`Effect::Requeue`]).
@@ -305,7 +305,7 @@ impl Reconciler for Shared {
 }
 
 /// Executes one effect; when to look at its key again.
-async fn execute(shared: &Shared, queue: &Queue<Key>, effect: Effect) -> Option<Duration> {
+async fn execute(shared: &Descheduler, queue: &Queue<Key>, effect: Effect) -> Option<Duration> {
     match effect {
         Effect::Requeue(after) => Some(after),
         Effect::Event(event) => {
@@ -398,7 +398,7 @@ async fn execute(shared: &Shared, queue: &Queue<Key>, effect: Effect) -> Option<
 /// After a step of a move: `Ok(None)` completes it (the intent goes), `Ok(Some(after))` looks
 /// again then, a failure is told on the pod and tried again.
 async fn step_done(
-    shared: &Shared,
+    shared: &Descheduler,
     intent: &Intent,
     m: &Move,
     result: Result<Option<Duration>, MoveError>,
@@ -419,7 +419,7 @@ async fn step_done(
     }
 }
 
-async fn remove_intent(shared: &Shared, intent: &Intent) -> Option<Duration> {
+async fn remove_intent(shared: &Descheduler, intent: &Intent) -> Option<Duration> {
     match delete_exact(&shared.intent_api(), &intent.name, intent.uid.clone(), None).await {
         Ok(()) => None,
         Err(e) => {
@@ -442,7 +442,7 @@ fn record_cleaned(name: &str, result: Result<Option<Duration>, kube::Error>) -> 
 }
 
 /// Writes the intent of a move (done when it exists already: same pod, same move).
-async fn write_intent(shared: &Shared, name: &str, m: &Move) -> Result<(), MoveError> {
+async fn write_intent(shared: &Descheduler, name: &str, m: &Move) -> Result<(), MoveError> {
     let body =
         serde_json::to_string(m).map_err(|e| MoveError::Intent(name.to_owned(), e.to_string()))?;
     let intent: ConfigMap = serde_json::from_value(json!({
@@ -472,7 +472,11 @@ fn api_error<'a>(action: &'static str, m: &'a Move) -> impl FnOnce(kube::Error) 
 /// Records that the moved pod's controller stays off the node, marks the pod with the node it
 /// failed on (the original's annotation), then deletes it, both only while it is the pod with
 /// the move's UID.
-async fn evict(shared: &Shared, m: &Move, exclusion: Option<&Exclusion>) -> Result<(), MoveError> {
+async fn evict(
+    shared: &Descheduler,
+    m: &Move,
+    exclusion: Option<&Exclusion>,
+) -> Result<(), MoveError> {
     if let Some(exclusion) = exclusion {
         record_exclusion(shared, exclusion).await?;
     }
@@ -493,7 +497,7 @@ async fn evict(shared: &Shared, m: &Move, exclusion: Option<&Exclusion>) -> Resu
 
 /// Writes into the controller's exclusions record that it stays off the node until the time
 /// decided (a merge patch of one key, so no read is needed; created when missing).
-async fn record_exclusion(shared: &Shared, exclusion: &Exclusion) -> Result<(), MoveError> {
+async fn record_exclusion(shared: &Descheduler, exclusion: &Exclusion) -> Result<(), MoveError> {
     let Exclusion {
         controller,
         node,
@@ -532,7 +536,7 @@ async fn record_exclusion(shared: &Shared, exclusion: &Exclusion) -> Result<(), 
 
 /// Creates the replacement of a re-created pod once the moved pod is gone. `None` when done.
 async fn create_replacement(
-    shared: &Shared,
+    shared: &Descheduler,
     m: &Move,
     note: String,
 ) -> Result<Option<Duration>, MoveError> {
@@ -571,7 +575,11 @@ async fn create_replacement(
 }
 
 /// Hands the move's count over to the controller's new pod. `None` when done.
-async fn hand_over(shared: &Shared, m: &Move, pod: &Pod) -> Result<Option<Duration>, MoveError> {
+async fn hand_over(
+    shared: &Descheduler,
+    m: &Move,
+    pod: &Pod,
+) -> Result<Option<Duration>, MoveError> {
     let tensile_runtime::cache::Key {
         namespace: ns,
         name,
