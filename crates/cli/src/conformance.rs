@@ -340,7 +340,7 @@ pub async fn run(args: ConformanceArgs) -> anyhow::Result<()> {
         port: 0,
         lowers: (1..=2)
             .map(|i| {
-                vec![tensile_sim::kubelet::SimNode::new(
+                vec![tensile_simkubelet::SimNode::new(
                     format!("lower-{i}-node-1"),
                     "2",
                     "8Gi",

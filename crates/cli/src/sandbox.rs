@@ -23,7 +23,7 @@ use tensile_placement::webhook::{Webhook, WebhookConfig};
 use tensile_runtime::clients::KubeconfigSource;
 use tensile_sim::apiserver::controllers::SchedulerExtender;
 use tensile_sim::apiserver::{ApiServer, KubeconfigEntry};
-use tensile_sim::kubelet::{SimKubelet, SimKubeletConfig, SimNode};
+use tensile_simkubelet::{SimKubelet, SimKubeletConfig, SimNode};
 use tensile_testenv::real::{RealCluster, RealOptions};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;

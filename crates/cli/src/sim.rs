@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use anyhow::Context as _;
 use tensile_sim::apiserver::{ApiServer, ApiServerConfig};
-use tensile_sim::kubelet::{SimKubelet, SimKubeletConfig, SimNode};
+use tensile_simkubelet::{SimKubelet, SimKubeletConfig, SimNode};
 
 /// Flags of `tensile sim`.
 #[derive(Debug, clap::Args)]

@@ -12,7 +12,7 @@ use anyhow::{Context as _, bail};
 use tensile_core::quantity::parse_quantity;
 use tensile_placement::descheduler::DeschedulerConfig;
 use tensile_sim::apiserver::kubeconfig;
-use tensile_sim::kubelet::SimNode;
+use tensile_simkubelet::SimNode;
 
 use crate::sandbox::{ExtenderRun, Sandbox, SandboxSpec};
 use crate::status::{ClusterCaches, show};

@@ -357,7 +357,7 @@ fn big_lower(name: &str) -> ClusterSpec {
     let mut spec = ClusterSpec::new(name, 2);
     if let Some(kubelet) = spec.kubelet.as_mut() {
         kubelet.nodes = (1..=2)
-            .map(|i| tensile_sim::kubelet::SimNode::new(format!("{name}-node-{i}"), "8", "16Gi"))
+            .map(|i| tensile_simkubelet::SimNode::new(format!("{name}-node-{i}"), "8", "16Gi"))
             .collect();
     }
     spec

@@ -4,5 +4,4 @@
 
 pub mod apiserver;
 pub mod certs;
-pub mod kubelet;
 pub mod secret_file;

@@ -37,7 +37,7 @@ use std::time::Duration;
 use http_body_util::BodyExt;
 use serde_json::{Value, json};
 use tensile_sim::apiserver::{ApiServer, ApiServerConfig, client_from_kubeconfig};
-use tensile_sim::kubelet::{SimKubelet, SimKubeletConfig, SimNode};
+use tensile_simkubelet::{SimKubelet, SimKubeletConfig, SimNode};
 use tensile_testenv::{eventually, real, testhost};
 
 /// The namespace the checks work in (created by the first requests).

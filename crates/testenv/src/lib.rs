@@ -7,6 +7,7 @@
 
 pub mod errors;
 pub mod faults;
+pub mod kubectl;
 pub mod provisioner;
 pub mod real;
 pub mod real_node;
@@ -17,7 +18,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use tensile_sim::apiserver::{ApiServer, ApiServerConfig, ApiServerError};
-use tensile_sim::kubelet::{SimKubelet, SimKubeletConfig, SimKubeletError, SimNode};
+use tensile_simkubelet::{SimKubelet, SimKubeletConfig, SimKubeletError, SimNode};
 
 /// Starting a test environment failed.
 #[derive(Debug, thiserror::Error)]
