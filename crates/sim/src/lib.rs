@@ -3,5 +3,3 @@
 #![forbid(unsafe_code)]
 
 pub mod apiserver;
-pub mod certs;
-pub mod secret_file;

@@ -1389,7 +1389,10 @@ async fn start_both(
 ) {
     let dir = std::env::temp_dir().join(format!("tensile-{what}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let server = ApiServer::start(ApiServerConfig::default()).await.unwrap();
+    let server = tensile_testenv::start_apiserver(ApiServerConfig::default())
+        .await
+        .unwrap()
+        .0;
     let real_cluster = real::start(bin, &dir, "real").await.unwrap();
     let real_client = client_from_kubeconfig(&real_cluster.kubeconfig)
         .await

@@ -24,8 +24,9 @@ impl Cluster {
         static N: AtomicUsize = AtomicUsize::new(0);
         let runtime = tokio::runtime::Runtime::new().unwrap();
         let server = runtime
-            .block_on(ApiServer::start(ApiServerConfig::default()))
-            .unwrap();
+            .block_on(tensile_testenv::start_apiserver(ApiServerConfig::default()))
+            .unwrap()
+            .0;
         let dir = std::env::temp_dir().join(format!(
             "tensile-kubectl-{}-{}",
             std::process::id(),

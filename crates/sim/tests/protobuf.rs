@@ -1116,11 +1116,11 @@ fn decode_errors_reach_the_client_as_400() {
     // Through the server: a malformed protobuf body is a BadRequest Status naming the problem.
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {
-        let server = tensile_sim::apiserver::ApiServer::start(
-            tensile_sim::apiserver::ApiServerConfig::default(),
-        )
-        .await
-        .unwrap();
+        let server =
+            tensile_testenv::start_apiserver(tensile_sim::apiserver::ApiServerConfig::default())
+                .await
+                .unwrap()
+                .0;
         let client = server.client().await.unwrap();
         let body = envelope("v1", "Namespace", &[1 << 3 | 2, 5, 1]);
         let req = http::Request::post("/api/v1/namespaces")
