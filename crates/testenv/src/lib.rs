@@ -227,7 +227,7 @@ pub struct TestCluster {
 #[derive(Debug)]
 enum Backend {
     /// The embedded API server, and the CA of its certificates.
-    Sim(ApiServer, certs::Ca),
+    Sim(ApiServer, Box<certs::Ca>),
     /// Kept for its lifetime: dropping it stops the control plane.
     Real(Box<real::RealCluster>),
 }
@@ -526,7 +526,7 @@ impl TestEnv {
                     let (server, ca) = start_apiserver(spec.apiserver.clone()).await?;
                     let entry = server.kubeconfig_entry(&cluster);
                     let addr = server.addr();
-                    (Backend::Sim(server, ca), entry, addr)
+                    (Backend::Sim(server, Box::new(ca)), entry, addr)
                 }
                 Some(bin) => {
                     let default_grace =
