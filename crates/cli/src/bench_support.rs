@@ -8,7 +8,7 @@ use anyhow::{Context as _, bail};
 use futures::StreamExt;
 use kube::api::Api;
 use kube::runtime::watcher;
-use tensile_sim::kubelet::{SimKubeletConfig, SimNode};
+use tensile_simkubelet::{SimKubeletConfig, SimNode};
 use tensile_testenv::{ClusterSpec, TestEnv};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 

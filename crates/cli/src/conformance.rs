@@ -340,7 +340,7 @@ pub async fn run(args: ConformanceArgs) -> anyhow::Result<()> {
         port: 0,
         lowers: (1..=2)
             .map(|i| {
-                vec![tensile_sim::kubelet::SimNode::new(
+                vec![tensile_simkubelet::SimNode::new(
                     format!("lower-{i}-node-1"),
                     "2",
                     "8Gi",
@@ -361,7 +361,7 @@ pub async fn run(args: ConformanceArgs) -> anyhow::Result<()> {
         .await?;
     let write = |name: &str, text: String| -> anyhow::Result<PathBuf> {
         let path = args.out.join(name);
-        tensile_sim::secret_file::write_secret(&path, text)
+        tensile_testenv::secret_file::write_secret(&path, text)
             .with_context(|| format!("writing {}", path.display()))?;
         Ok(path)
     };

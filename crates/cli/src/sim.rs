@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use anyhow::Context as _;
 use tensile_sim::apiserver::{ApiServer, ApiServerConfig};
-use tensile_sim::kubelet::{SimKubelet, SimKubeletConfig, SimNode};
+use tensile_simkubelet::{SimKubelet, SimKubeletConfig, SimNode};
 
 /// Flags of `tensile sim`.
 #[derive(Debug, clap::Args)]
@@ -43,7 +43,7 @@ pub async fn run(args: SimArgs) -> anyhow::Result<()> {
     .await?;
     let kubeconfig = server.kubeconfig(&args.name);
     if let Some(path) = &args.kubeconfig_out {
-        tensile_sim::secret_file::write_secret(path, &kubeconfig)
+        tensile_testenv::secret_file::write_secret(path, &kubeconfig)
             .with_context(|| format!("writing the kubeconfig to {}", path.display()))?;
     }
     let mut out = std::io::stdout().lock();
@@ -97,7 +97,7 @@ pub(crate) async fn start_cluster(
         config.controllers.scheduler_client_qps = f64::from(qps);
         config.controllers.scheduler_client_burst = qps.saturating_mul(2);
     }
-    let server = ApiServer::start(config)
+    let (server, _ca) = tensile_testenv::start_apiserver(config)
         .await
         .with_context(|| format!("starting the API server of cluster {name} on {listen}"))?;
     let client = server

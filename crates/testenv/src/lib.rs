@@ -5,19 +5,22 @@
 
 #![forbid(unsafe_code)]
 
+pub mod certs;
 pub mod errors;
 pub mod faults;
+pub mod kubectl;
 pub mod provisioner;
 pub mod real;
 pub mod real_node;
 pub mod registry;
+pub mod secret_file;
 pub mod testhost;
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use tensile_sim::apiserver::{ApiServer, ApiServerConfig, ApiServerError};
-use tensile_sim::kubelet::{SimKubelet, SimKubeletConfig, SimKubeletError, SimNode};
+use tensile_simkubelet::{SimKubelet, SimKubeletConfig, SimKubeletError, SimNode};
 
 /// Starting a test environment failed.
 #[derive(Debug, thiserror::Error)]
@@ -30,6 +33,15 @@ pub enum TestEnvError {
         /// Why.
         #[source]
         source: ApiServerError,
+    },
+    /// The certificates of an API server could not be issued.
+    #[error("certificates of cluster {cluster}: {source}")]
+    Certs {
+        /// Which cluster.
+        cluster: String,
+        /// Why.
+        #[source]
+        source: certs::CertError,
     },
     /// A client could not be built.
     #[error("client for cluster {cluster}: {source}")]
@@ -214,7 +226,8 @@ pub struct TestCluster {
 /// What serves a cluster's API.
 #[derive(Debug)]
 enum Backend {
-    Sim(ApiServer),
+    /// The embedded API server, and the CA of its certificates.
+    Sim(ApiServer, Box<certs::Ca>),
     /// Kept for its lifetime: dropping it stops the control plane.
     Real(Box<real::RealCluster>),
 }
@@ -232,7 +245,7 @@ impl TestCluster {
     /// The embedded API server, when simulated.
     pub fn server(&self) -> Option<&ApiServer> {
         match &self.backend {
-            Backend::Sim(s) => Some(s),
+            Backend::Sim(s, _) => Some(s),
             Backend::Real(_) => None,
         }
     }
@@ -246,7 +259,7 @@ impl TestCluster {
     /// the client certificate it presents to kubelets, whichever backend serves it.
     pub fn ca_pem(&self) -> &str {
         match &self.backend {
-            Backend::Sim(s) => s.state().ca.cert_pem(),
+            Backend::Sim(_, ca) => ca.cert_pem(),
             Backend::Real(r) => &r.ca_pem,
         }
     }
@@ -267,7 +280,7 @@ impl TestCluster {
     fn real(&self, what: &'static str) -> Result<&real::RealCluster, FaultError> {
         match &self.backend {
             Backend::Real(r) => Ok(r),
-            Backend::Sim(_) => Err(FaultError::NotSimulated {
+            Backend::Sim(..) => Err(FaultError::NotSimulated {
                 cluster: self.name.clone(),
                 what,
             }),
@@ -289,7 +302,7 @@ impl TestCluster {
             Backend::Real(r) => r
                 .kill(real::Component::ApiServer)
                 .map_err(self.real_error()),
-            Backend::Sim(_) => {
+            Backend::Sim(..) => {
                 self.faults.set_available(false);
                 Ok(())
             }
@@ -305,7 +318,7 @@ impl TestCluster {
                     .map_err(self.real_error())?;
                 r.wait_serving().await.map_err(self.real_error())
             }
-            Backend::Sim(_) => {
+            Backend::Sim(..) => {
                 self.faults.set_available(true);
                 Ok(())
             }
@@ -320,7 +333,7 @@ impl TestCluster {
             Backend::Real(r) => r
                 .set_stopped(real::Component::ApiServer, stopped)
                 .map_err(self.real_error()),
-            Backend::Sim(_) => {
+            Backend::Sim(..) => {
                 self.faults.set_frozen(stopped);
                 Ok(())
             }
@@ -377,7 +390,7 @@ impl TestCluster {
         config: &serde_json::Value,
     ) -> Result<(), SchedulerConfigError> {
         match &self.backend {
-            Backend::Sim(s) => {
+            Backend::Sim(s, _) => {
                 let extenders =
                     tensile_sim::apiserver::controllers::SchedulerExtender::from_scheduler_config(
                         config,
@@ -400,9 +413,9 @@ impl TestCluster {
         &self,
         user: &str,
         group: Option<&str>,
-    ) -> Result<String, tensile_sim::certs::CertError> {
+    ) -> Result<String, crate::certs::CertError> {
         let issued = match &self.backend {
-            Backend::Sim(s) => s.state().ca.issue_client(user, group)?,
+            Backend::Sim(_, ca) => ca.issue_client(user, group)?,
             Backend::Real(r) => r.ca.issue_client(user, group)?,
         };
         Ok(self.kubeconfig_with(Some(issued), None))
@@ -412,7 +425,7 @@ impl TestCluster {
     /// whose user is this client certificate, or this bearer token.
     pub fn kubeconfig_with(
         &self,
-        client: Option<tensile_sim::certs::Issued>,
+        client: Option<crate::certs::Issued>,
         token: Option<String>,
     ) -> String {
         kubeconfig_text(&tensile_sim::apiserver::KubeconfigEntry {
@@ -426,7 +439,7 @@ impl TestCluster {
     /// simulator's record, or a real API server's audit log.
     pub fn refused_node_requests(&self) -> Vec<String> {
         match &self.backend {
-            Backend::Sim(s) => s
+            Backend::Sim(s, _) => s
                 .forbidden()
                 .into_iter()
                 .filter(|d| d.groups.iter().any(|g| g == "system:nodes"))
@@ -510,16 +523,10 @@ impl TestEnv {
             let kubeconfig = env.dir.join(format!("{cluster}.kubeconfig"));
             let (backend, mut entry, upstream) = match &bins {
                 None => {
-                    let server =
-                        ApiServer::start(spec.apiserver.clone())
-                            .await
-                            .map_err(|source| TestEnvError::ApiServer {
-                                cluster: cluster.clone(),
-                                source,
-                            })?;
+                    let (server, ca) = start_apiserver(spec.apiserver.clone()).await?;
                     let entry = server.kubeconfig_entry(&cluster);
                     let addr = server.addr();
-                    (Backend::Sim(server), entry, addr)
+                    (Backend::Sim(server, Box::new(ca)), entry, addr)
                 }
                 Some(bin) => {
                     let default_grace =
@@ -568,7 +575,7 @@ impl TestEnv {
                 })?;
             entry.server = format!("https://{}", faults.addr());
             let text = kubeconfig_text(&entry);
-            tensile_sim::secret_file::write_secret(&kubeconfig, &text).map_err(|source| {
+            crate::secret_file::write_secret(&kubeconfig, &text).map_err(|source| {
                 TestEnvError::Kubeconfig {
                     path: kubeconfig.clone(),
                     source,
@@ -579,7 +586,7 @@ impl TestEnv {
                 .map_err(client_error)?;
             let real_nodes = match (&backend, spec.real_nodes) {
                 (_, 0) => Vec::new(),
-                (Backend::Sim(_), _) => {
+                (Backend::Sim(..), _) => {
                     return Err(TestEnvError::RealNodesNeedRealControlPlanes { cluster });
                 }
                 (Backend::Real(r), n) => {
@@ -838,6 +845,26 @@ pub async fn presented_certificate(
         .and_then(|c| c.first())
         .map(|c| c.to_vec())
         .ok_or_else(|| "no certificate presented".to_owned())
+}
+
+/// An embedded API server of `config`, given the certificates of a new cluster CA
+/// ([`certs::apiserver_certs`]) as TestEnv's simulated clusters are; the CA issues more.
+pub async fn start_apiserver(
+    mut config: ApiServerConfig,
+) -> Result<(ApiServer, certs::Ca), TestEnvError> {
+    let cluster = config.name.clone();
+    let (ca, server_certs) =
+        certs::apiserver_certs(&cluster, config.listen.ip()).map_err(|source| {
+            TestEnvError::Certs {
+                cluster: cluster.clone(),
+                source,
+            }
+        })?;
+    config.certs = server_certs;
+    let server = ApiServer::start(config)
+        .await
+        .map_err(|source| TestEnvError::ApiServer { cluster, source })?;
+    Ok((server, ca))
 }
 
 /// Polls `check` every 50 ms until it returns `Some`, and panics naming `what` after `secs`
