@@ -343,7 +343,7 @@ pub async fn run(
         port: 0,
         lowers: (1..=2)
             .map(|i| {
-                vec![tensile_sim::kubelet::SimNode::new(
+                vec![tensile_simkubelet::SimNode::new(
                     format!("lower-{i}-node-1"),
                     "2",
                     "8Gi",
@@ -364,7 +364,7 @@ pub async fn run(
         .await?;
     let write = |name: &str, text: String| -> anyhow::Result<PathBuf> {
         let path = args.out.join(name);
-        tensile_sim::secret_file::write_secret(&path, text)
+        tensile_testenv::secret_file::write_secret(&path, text)
             .with_context(|| format!("writing {}", path.display()))?;
         Ok(path)
     };

@@ -29,7 +29,7 @@ use serde_json::json;
 use tensile_core::quantity::parse_quantity;
 use tensile_placement::descheduler::DeschedulerConfig;
 use tensile_placement::metrics::DeschedulerMetrics;
-use tensile_sim::kubelet::SimNode;
+use tensile_simkubelet::SimNode;
 
 use crate::sandbox::{ExtenderRun, Sandbox, SandboxSpec, VirtualNodeRun};
 use crate::support::{cpu_seconds, memory_mib};

@@ -19,7 +19,7 @@ use crate::support::{free_port, listening, memory_mib, spawn};
 use anyhow::Context as _;
 use rustls_pki_types::pem::PemObject as _;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName};
-use tensile_sim::certs::{Ca, Issued};
+use tensile_testenv::certs::{Ca, Issued};
 use tensile_testenv::{ClusterSpec, TestEnv};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 

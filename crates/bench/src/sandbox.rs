@@ -24,7 +24,7 @@ use tensile_placement::tls_secret::TlsSecretConfig;
 use tensile_placement::webhook::{Webhook, WebhookConfig};
 use tensile_sim::apiserver::controllers::SchedulerExtender;
 use tensile_sim::apiserver::{ApiServerConfig, KubeconfigEntry};
-use tensile_sim::kubelet::{SimKubelet, SimKubeletConfig, SimNode};
+use tensile_simkubelet::{SimKubelet, SimKubeletConfig, SimNode};
 use tensile_testenv::real::RealOptions;
 use tensile_testenv::{Backend, BackendSpec};
 use tokio::task::JoinHandle;
@@ -46,7 +46,7 @@ const SCHEDULER_CONFIGURATION: &str =
 fn shipped_extenders(
     url_prefix: &str,
     ca_pem: &str,
-    client: &tensile_sim::certs::Issued,
+    client: &tensile_testenv::certs::Issued,
 ) -> anyhow::Result<Vec<SchedulerExtender>> {
     let config: Value = serde_saphyr::from_str(SCHEDULER_CONFIGURATION)
         .context("the shipped kube-scheduler configuration")?;
@@ -339,13 +339,13 @@ async fn start_cluster(
     scheduler_qps: Option<u32>,
 ) -> anyhow::Result<Cluster> {
     let spec = match real {
-        None => BackendSpec::Sim(simulated(
+        None => BackendSpec::Sim(Box::new(simulated(
             name,
             listen,
             true,
             !nodes.is_empty(),
             scheduler_qps,
-        )),
+        ))),
         Some(real) => {
             // kube-apiserver would only say so in its log, after the wait for it ran out.
             if listen.port() != 0 {
@@ -667,7 +667,7 @@ impl Sandbox {
         if let Some(run) = &spec.extender {
             // The upper scheduler authenticates as kube-scheduler does as shipped: a client
             // certificate for system:kube-scheduler, here from a CA of the sandbox's own.
-            let clients = tensile_sim::certs::Ca::new("tensile-scheduler-clients")
+            let clients = tensile_testenv::certs::Ca::new("tensile-scheduler-clients")
                 .context("the scheduler's client CA")?;
             let scheduler_cert = clients
                 .issue_client(KUBE_SCHEDULER_USER, None)
@@ -868,7 +868,7 @@ async fn start_virtual_node_process(
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     let secret = |name: &str, text: &str| -> anyhow::Result<PathBuf> {
         let path = dir.join(name);
-        tensile_sim::secret_file::write_secret(&path, text)
+        tensile_testenv::secret_file::write_secret(&path, text)
             .with_context(|| format!("writing {}", path.display()))?;
         Ok(path)
     };
@@ -913,7 +913,7 @@ async fn start_extender_process(
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
     let secret = |name: &str, text: &str| -> anyhow::Result<String> {
         let path = dir.join(name);
-        tensile_sim::secret_file::write_secret(&path, text)
+        tensile_testenv::secret_file::write_secret(&path, text)
             .with_context(|| format!("writing {}", path.display()))?;
         Ok(path.display().to_string())
     };

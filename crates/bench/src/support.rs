@@ -16,7 +16,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::Api;
 use kube::runtime::watcher;
 use serde_json::json;
-use tensile_sim::kubelet::{SimKubeletConfig, SimNode};
+use tensile_simkubelet::{SimKubeletConfig, SimNode};
 use tensile_testenv::{ClusterSpec, TestEnv};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 

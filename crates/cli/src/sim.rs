@@ -6,8 +6,7 @@ use std::path::PathBuf;
 
 use anyhow::Context as _;
 use tensile_bench::sandbox::{default_storage_class, simulated};
-use tensile_sim::apiserver::ApiServer;
-use tensile_sim::kubelet::{SimKubelet, SimKubeletConfig, SimNode};
+use tensile_simkubelet::{SimKubelet, SimKubeletConfig, SimNode};
 
 /// Flags of `tensile sim`.
 #[derive(Debug, clap::Args)]
@@ -31,7 +30,7 @@ pub struct SimArgs {
 
 pub async fn run(args: SimArgs) -> anyhow::Result<()> {
     let name = &args.name;
-    let server = ApiServer::start(simulated(
+    let (server, _ca) = tensile_testenv::start_apiserver(simulated(
         name,
         args.listen,
         !args.insecure_http,
@@ -70,7 +69,7 @@ pub async fn run(args: SimArgs) -> anyhow::Result<()> {
     };
     let kubeconfig = server.kubeconfig(&args.name);
     if let Some(path) = &args.kubeconfig_out {
-        tensile_sim::secret_file::write_secret(path, &kubeconfig)
+        tensile_testenv::secret_file::write_secret(path, &kubeconfig)
             .with_context(|| format!("writing the kubeconfig to {}", path.display()))?;
     }
     let mut out = std::io::stdout().lock();

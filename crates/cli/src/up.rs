@@ -13,7 +13,7 @@ use tensile_bench::sandbox::{ExtenderRun, Sandbox, SandboxSpec, VirtualNodeRun};
 use tensile_core::quantity::parse_quantity;
 use tensile_placement::descheduler::DeschedulerConfig;
 use tensile_sim::apiserver::kubeconfig;
-use tensile_sim::kubelet::SimNode;
+use tensile_simkubelet::SimNode;
 
 use crate::status::{ClusterCaches, show};
 
@@ -83,7 +83,7 @@ fn kubeconfig_target(path: &Path) -> anyhow::Result<PathBuf> {
             _ => Path::new("."),
         };
         let target = std::fs::canonicalize(dir)?.join(name);
-        tensile_sim::secret_file::check_secret_writable(&target)?;
+        tensile_testenv::secret_file::check_secret_writable(&target)?;
         Ok::<_, std::io::Error>(target)
     })();
     resolved.with_context(|| {
@@ -169,7 +169,7 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
     let mut entries = vec![upper.kubeconfig_entry("upper")];
     entries.extend(lowers.iter().map(|l| l.kubeconfig_entry(&l.name)));
     // It holds administrator credentials.
-    tensile_sim::secret_file::write_secret(&kubeconfig_path, kubeconfig(&entries))
+    tensile_testenv::secret_file::write_secret(&kubeconfig_path, kubeconfig(&entries))
         .with_context(|| format!("writing the kubeconfig to {}", kubeconfig_path.display()))?;
     progress(
         &format!("kubeconfig written to {}", kubeconfig_path.display()),

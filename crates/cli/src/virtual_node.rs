@@ -16,7 +16,7 @@ use tensile_core::node::{
 use tensile_core::translate::TranslateConfig;
 use tensile_node::clients::{UpperClients, client_with_token};
 use tensile_node::node::NodeLoop;
-use tensile_node::pods::PodSync;
+use tensile_node::pods::PodSettings;
 use tensile_node::{ClientCa, KubeletApi, Metrics, VirtualNode};
 use tensile_runtime::clients::{
     ApiCalls, KubeconfigSource, build_client, build_client_with_server, load_config,
@@ -656,7 +656,7 @@ pub(crate) async fn assemble(
             leader_elected: args.leader.leader_elect,
             api_calls: calls.clone(),
         },
-        pods: PodSync {
+        pods: PodSettings {
             upper_events,
             upper,
             lower,

@@ -357,7 +357,7 @@ fn big_lower(name: &str) -> ClusterSpec {
     let mut spec = ClusterSpec::new(name, 2);
     if let Some(kubelet) = spec.kubelet.as_mut() {
         kubelet.nodes = (1..=2)
-            .map(|i| tensile_sim::kubelet::SimNode::new(format!("{name}-node-{i}"), "8", "16Gi"))
+            .map(|i| tensile_simkubelet::SimNode::new(format!("{name}-node-{i}"), "8", "16Gi"))
             .collect();
     }
     spec
@@ -479,7 +479,7 @@ fn every_request_of_every_component_is_granted_by_the_shipped_rbac() {
     let scheduler_port = free_port();
     let ca_file = dir.join("scheduler-ca.pem");
     // kube-scheduler's client certificate (system:kube-scheduler), of a CA of the test's.
-    let clients = tensile_sim::certs::Ca::new("scheduler-clients").unwrap();
+    let clients = tensile_testenv::certs::Ca::new("scheduler-clients").unwrap();
     let scheduler_cert = clients.issue_client("system:kube-scheduler", None).unwrap();
     let clients_file = dir.join("scheduler-clients-ca.pem");
     std::fs::write(&clients_file, clients.cert_pem()).unwrap();

@@ -44,14 +44,18 @@ use tensile_core::services::{
 use tensile_core::volumes::claim_action;
 use tokio_util::sync::CancellationToken;
 
-use crate::copy_index::{CopyEffect, CopyIndex, CopyMarks, CopyState, Decide, Known, copy_state};
+use crate::copy_index::{
+    CopyEffect, CopyIndex, CopyMarks, CopyRule, CopyState, OriginalListed, copy_state,
+};
 use crate::namespaces::{LowerNamespaces, NamespaceError};
 use crate::needs::Needs;
-use crate::sync_error::{ApiClass, classify, failing_for, log_failure, quiet_level};
 use crate::watches::ObjectWatches;
+use tensile_runtime::api_error::{ApiClass, classify, failing_for, log_failure, quiet_level};
 use tensile_runtime::cache::{CompactCache, Key};
 use tensile_runtime::clients::{already_exists, delete_exact};
-use tensile_runtime::queue::Queue;
+use tensile_runtime::controller::{self, OnFailure, Reconciler, Stage, Workers};
+use tensile_runtime::queue::{Action, Queue};
+use tokio::time::Instant;
 
 /// Settings of the copy controllers.
 #[derive(Clone)]
@@ -132,7 +136,7 @@ pub enum CopyError {
 }
 
 impl CopyError {
-    /// How the failed call classifies ([`crate::sync_error::classify`]).
+    /// How the failed call classifies ([`tensile_runtime::api_error::classify`]).
     fn class(&self) -> ApiClass {
         match self {
             CopyError::Write { source, .. }
@@ -182,7 +186,7 @@ impl Dependencies {
         name: &str,
         upper_uid: Option<&str>,
     ) -> CopyState {
-        let key = (namespace.to_owned(), name.to_owned());
+        let key = Key::new(namespace, name);
         let marks = &self.marks;
         match kind {
             LowerKind::ConfigMap => copy_state(
@@ -218,7 +222,7 @@ pub struct UpperWatches {
 
 /// What the copy controllers and the pod controller of one virtual node share.
 #[derive(Clone, Debug)]
-pub struct Shared {
+pub struct SharedDependencies {
     /// The upper ConfigMaps and Secrets our pods reference (filled by their per-object watches)
     /// and, with `PVControllers`, every upper claim (the claim controller's watch).
     pub upper: Dependencies,
@@ -232,7 +236,7 @@ pub struct Shared {
     pub needs: Arc<Needs>,
 }
 
-impl Shared {
+impl SharedDependencies {
     /// Empty caches for the clusters of `upper` and `lower`, our marks `owner`, until `stop`.
     /// The watches of upper ConfigMaps and Secrets start and stop as `needs` says.
     pub fn new(
@@ -269,7 +273,7 @@ impl Shared {
                 }
             }),
         );
-        Shared {
+        SharedDependencies {
             upper: Dependencies {
                 config_maps: watches.config_maps.cache(),
                 secrets: watches.secrets.cache(),
@@ -285,13 +289,13 @@ impl Shared {
 }
 
 /// A pod dependency's rule: follow the original, and exist exactly while a pod needs it.
-fn dependency<K: DependencyCopy + 'static>(owner: String) -> Decide<K> {
+fn dependency<K: DependencyCopy + 'static>(owner: String) -> CopyRule<K> {
     Arc::new(move |u, l, needed| dependency_action(u, l, &owner, needed))
 }
 
 /// Runs every enabled kind until `stop`, filling `shared.upper`.
-pub async fn run(cfg: CopySync, shared: Shared, stop: CancellationToken) {
-    let Shared {
+pub async fn run(cfg: CopySync, shared: SharedDependencies, stop: CancellationToken) {
+    let SharedDependencies {
         upper,
         watches,
         copies,
@@ -302,11 +306,11 @@ pub async fn run(cfg: CopySync, shared: Shared, stop: CancellationToken) {
     let services = cfg.services.clone().map(|filter| {
         let (owner, endpoints_owner, slices_owner) = (owner.clone(), owner.clone(), owner.clone());
         let (endpoints_filter, slices_filter) = (filter.clone(), filter.clone());
-        let services: Decide<Service> =
+        let services: CopyRule<Service> =
             Arc::new(move |u, l, _| service_action(u, l, &owner, &filter));
-        let endpoints: Decide<Endpoints> =
+        let endpoints: CopyRule<Endpoints> =
             Arc::new(move |u, l, _| endpoints_action(u, l, &endpoints_owner, &endpoints_filter));
-        let slices: Decide<EndpointSlice> =
+        let slices: CopyRule<EndpointSlice> =
             Arc::new(move |u, l, _| endpoint_slice_action(u, l, &slices_owner, &slices_filter));
         (services, endpoints, slices)
     });
@@ -357,12 +361,13 @@ pub async fn run(cfg: CopySync, shared: Shared, stop: CancellationToken) {
                 let for_endpoints = ports.clone();
                 services.observer = Some(Arc::new(move |upper, o: &Service| {
                     if upper {
-                        ports.changed(&(o.namespace().unwrap_or_default(), o.name_any()));
+                        ports.changed(&Key::new(o.namespace().unwrap_or_default(), o.name_any()));
                     }
                 }));
                 endpoints.observer = Some(Arc::new(move |upper, o: &Endpoints| {
                     if upper {
-                        for_endpoints.changed(&(o.namespace().unwrap_or_default(), o.name_any()));
+                        for_endpoints
+                            .changed(&Key::new(o.namespace().unwrap_or_default(), o.name_any()));
                     }
                 }));
             }
@@ -400,7 +405,7 @@ pub async fn run(cfg: CopySync, shared: Shared, stop: CancellationToken) {
             );
             let events = controller.claim_events();
             let claim_owner = owner.clone();
-            let decide: Decide<PersistentVolumeClaim> =
+            let decide: CopyRule<PersistentVolumeClaim> =
                 Arc::new(move |u, l, needed| claim_action(u, l, &claim_owner, needed));
             let index = CopyIndex::new(owner.clone(), (claims.upper, claims.lower), decide)
                 .needed_by_pods(claim_needs.0, claim_needs.1, claim_needs.2);
@@ -409,7 +414,7 @@ pub async fn run(cfg: CopySync, shared: Shared, stop: CancellationToken) {
             tokio::join!(run_kind(kind, stop.clone()), controller.run(stop.clone()));
         } else {
             let claim_owner = owner.clone();
-            let decide: Decide<PersistentVolumeClaim> = Arc::new(move |u, l, needed| {
+            let decide: CopyRule<PersistentVolumeClaim> = Arc::new(move |u, l, needed| {
                 match (u.filter(|u| u.metadata.deletion_timestamp.is_none()), l) {
                     (Some(u), None) if needed => CopyAction::Create(lower_pvc(u, &claim_owner)),
                     _ => CopyAction::Nothing,
@@ -453,9 +458,14 @@ pub async fn run(cfg: CopySync, shared: Shared, stop: CancellationToken) {
 }
 
 /// Whether the per-object watch of `watches` has listed a key.
-fn known<K: Send + Sync + 'static>(watches: &Arc<ObjectWatches<K>>) -> Known {
+fn known<K: Send + Sync + 'static>(watches: &Arc<ObjectWatches<K>>) -> OriginalListed {
     let watches = watches.clone();
-    Arc::new(move |(ns, name): &Key| watches.known(ns, name))
+    Arc::new(
+        move |Key {
+                  namespace: ns,
+                  name,
+              }: &Key| watches.known(ns, name),
+    )
 }
 
 /// One kind's loop: its settings and its index.
@@ -540,7 +550,7 @@ fn write_error<K>(
     key: &Key,
     what: &'static str,
 ) -> impl FnOnce(kube::Error) -> CopyError {
-    let (namespace, name) = key.clone();
+    let Key { namespace, name } = key.clone();
     let kind = kind.name;
     move |source| CopyError::Write {
         what,
@@ -605,7 +615,7 @@ where
         tokio::spawn(async move {
             let merged = futures::stream::select(upper_events, lower_events);
             tensile_runtime::backoff::drain(merged, &stop, name, |(upper, o)| {
-                let key = (o.namespace().unwrap_or_default(), o.name_any());
+                let key = Key::new(o.namespace().unwrap_or_default(), o.name_any());
                 // A pod waiting for this copy looks again (unless our create's answer told it).
                 if !upper
                     && index.lower_shown(&key)
@@ -642,49 +652,85 @@ where
             queue.add(key);
         }
     }
-    let workers = cfg.workers.max(1);
-    let kind = Arc::new(kind);
-    let mut tasks = Vec::new();
-    for _ in 0..workers {
-        let (kind, queue, rx, stop) = (kind.clone(), queue.clone(), rx.clone(), stop.clone());
-        tasks.push(tokio::spawn(async move {
-            while let Some((key, _)) = queue.next(&rx, &stop).await {
-                let t0 = std::time::Instant::now();
-                let result = sync(&kind, &key).await;
-                kind.cfg.metrics.observe("copy", t0.elapsed());
-                if let Err(e) = &result {
-                    let level = quiet_level(e.class(), failing_for(&queue, &key));
-                    log_failure(level, e, "copy sync failed");
-                }
-                queue.done(key, result.is_ok());
-            }
-        }));
+    let workers = Workers::one_at_a_time(cfg.workers);
+    controller::run(Arc::new(kind), queue, rx, workers, stop).await;
+}
+
+/// What to do for a copy's key.
+enum CopyPlan<K> {
+    /// The original is read from the upper cluster first (no watch of them is allowed), then
+    /// the index decides.
+    ReadOriginal,
+    /// The index's decision.
+    Effect(CopyEffect<K>),
+}
+
+impl<K: Copied + Send + Sync + 'static> Reconciler for Kind<K> {
+    type Key = Key;
+    type Plan = CopyPlan<K>;
+    type Error = CopyError;
+
+    fn plan(&self, key: &Key) -> CopyPlan<K> {
+        let index = &self.index;
+        if self.read_upper
+            && index.needed(key)
+            && !index.lower().contains(&key.namespace, &key.name)
+        {
+            CopyPlan::ReadOriginal
+        } else {
+            CopyPlan::Effect(index.effect(key))
+        }
     }
-    for t in tasks {
-        let _ = t.await;
+
+    async fn execute(self: Arc<Self>, key: Key, plan: CopyPlan<K>) -> Result<Action, CopyError> {
+        let effect = match plan {
+            CopyPlan::Effect(effect) => effect,
+            CopyPlan::ReadOriginal => {
+                let Key {
+                    namespace: ns,
+                    name,
+                } = &key;
+                let upper: Api<K> = Api::namespaced(self.cfg.upper.clone(), ns);
+                let read = upper.get_opt(name).await;
+                match read.map_err(write_error(&self, &key, "reading the original of"))? {
+                    Some(o) => self.index.upper().apply(&watcher::Event::Apply(o)),
+                    None => self.index.upper().remove(ns, name),
+                }
+                self.index.effect(&key)
+            }
+        };
+        sync(&self, &key, effect).await?;
+        Ok(Action::Done)
+    }
+
+    fn failed(&self, _: &Key, e: &CopyError, since: Option<Instant>) -> OnFailure {
+        log_failure(
+            quiet_level(e.class(), failing_for(since)),
+            e,
+            "copy sync failed",
+        );
+        OnFailure::Retry
+    }
+
+    fn observe(&self, stage: Stage, took: std::time::Duration) {
+        if stage == Stage::Reconcile {
+            self.cfg.metrics.observe("copy", took);
+        }
     }
 }
 
-/// Carries out the index's effect for `key`.
-async fn sync<K>(kind: &Kind<K>, key: &Key) -> Result<(), CopyError>
+/// Carries out the index's `effect` for `key`.
+async fn sync<K>(kind: &Kind<K>, key: &Key, effect: CopyEffect<K>) -> Result<(), CopyError>
 where
     K: Copied,
 {
-    let (ns, name) = key;
+    let Key {
+        namespace: ns,
+        name,
+    } = key;
     let index = &kind.index;
     let api: Api<K> = Api::namespaced(kind.cfg.lower.clone(), ns);
     let err = |what: &'static str| write_error(kind, key, what);
-    if kind.read_upper && index.needed(key) && !index.lower().contains(ns, name) {
-        let upper: Api<K> = Api::namespaced(kind.cfg.upper.clone(), ns);
-        match upper
-            .get_opt(name)
-            .await
-            .map_err(err("reading the original of"))?
-        {
-            Some(o) => index.upper().apply(&watcher::Event::Apply(o)),
-            None => index.upper().remove(ns, name),
-        }
-    }
     let wake = || {
         if let Some((copy_kind, needs)) = index.pod_dependency() {
             needs.copy_changed(copy_kind, key);
@@ -712,7 +758,7 @@ where
             made
         }
     };
-    match index.effect(key) {
+    match effect {
         CopyEffect::Nothing => {
             if !index.needed(key) {
                 index.forget(key);
@@ -751,7 +797,10 @@ async fn create_copy<K>(kind: &Kind<K>, api: &Api<K>, key: &Key, copy: &K) -> Re
 where
     K: Copied,
 {
-    let (ns, name) = key;
+    let Key {
+        namespace: ns,
+        name,
+    } = key;
     let write = |what: &'static str| write_error(kind, key, what);
     kind.namespaces
         .ensure(ns)

@@ -8,7 +8,7 @@
 //! only checks that what a pod needs is there, and is woken when that changes.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Resource;
@@ -21,6 +21,7 @@ use tensile_core::plan::{Existing, LowerKind, on_existing};
 
 use crate::needs::Needs;
 use tensile_runtime::cache::{CompactCache, Key};
+use tensile_runtime::lock::lock;
 
 /// What the writer does for a key.
 #[derive(Clone, Debug, PartialEq)]
@@ -83,7 +84,7 @@ pub struct CopyMarks(Mutex<HashMap<(CopyKind, Key), Mark>>);
 
 impl CopyMarks {
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<(CopyKind, Key), Mark>> {
-        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+        lock(&self.0, "the copy marks")
     }
 
     /// The mark of `kind` `key`, if any.
@@ -128,7 +129,7 @@ where
     K: Resource + Serialize + DeserializeOwned,
 {
     let current = |uid: Option<&str>| upper_uid.is_none() || uid == upper_uid;
-    if let Some(copy) = lower.get_as::<MetaOnly>(&key.0, &key.1)
+    if let Some(copy) = lower.get_as::<MetaOnly>(&key.namespace, &key.name)
         && current(recorded_uid(&copy.metadata))
     {
         return CopyState::Ready;
@@ -143,10 +144,10 @@ where
 
 /// What to do given the upper object and our lower copy (either possibly absent) and whether a
 /// pod needs the copy.
-pub type Decide<K> = Arc<dyn Fn(Option<&K>, Option<&K>, bool) -> CopyAction<K> + Send + Sync>;
+pub type CopyRule<K> = Arc<dyn Fn(Option<&K>, Option<&K>, bool) -> CopyAction<K> + Send + Sync>;
 
 /// Whether the original of a key is known (its watch has listed it): absent then means absent.
-pub type Known = Arc<dyn Fn(&Key) -> bool + Send + Sync>;
+pub type OriginalListed = Arc<dyn Fn(&Key) -> bool + Send + Sync>;
 
 /// The state of one kind of copy. Clones share it.
 #[derive(Clone)]
@@ -154,11 +155,11 @@ pub struct CopyIndex<K> {
     owner: String,
     upper: CompactCache<K>,
     lower: CompactCache<K>,
-    decide: Decide<K>,
+    decide: CopyRule<K>,
     /// Copies of pod dependencies: their kind, which pods need them, the writers' marks.
     pods: Option<(CopyKind, Arc<Needs>, Arc<CopyMarks>)>,
     /// Per-object upper watches; `None`: one watch of all, complete once its cache is ready.
-    known: Option<Known>,
+    known: Option<OriginalListed>,
 }
 
 impl<K> std::fmt::Debug for CopyIndex<K> {
@@ -186,7 +187,7 @@ where
     pub fn new(
         owner: String,
         (upper, lower): (CompactCache<K>, CompactCache<K>),
-        decide: Decide<K>,
+        decide: CopyRule<K>,
     ) -> Self {
         CopyIndex {
             owner,
@@ -208,7 +209,7 @@ where
     }
 
     /// The upper objects are watched one by one; `known` says which have been listed.
-    pub fn per_object(self, known: Known) -> Self {
+    pub fn per_object(self, known: OriginalListed) -> Self {
         CopyIndex {
             known: Some(known),
             ..self
@@ -260,12 +261,15 @@ where
     pub fn needed(&self, key: &Key) -> bool {
         self.pods
             .as_ref()
-            .is_some_and(|(kind, needs, _)| needs.needed(*kind, &key.0, &key.1))
+            .is_some_and(|(kind, needs, _)| needs.needed(*kind, &key.namespace, &key.name))
     }
 
     /// What to do for `key` now.
     pub fn effect(&self, key: &Key) -> CopyEffect<K> {
-        let (ns, name) = key;
+        let Key {
+            namespace: ns,
+            name,
+        } = key;
         let needed = self.needed(key);
         if needed && self.known.as_ref().is_some_and(|known| !known(key)) {
             return CopyEffect::WaitForOriginal;
@@ -365,7 +369,7 @@ mod tests {
     const OWNER: &str = "vk-a";
 
     fn key(name: &str) -> Key {
-        ("shop".to_owned(), name.to_owned())
+        Key::new("shop".to_owned(), name.to_owned())
     }
 
     fn upper_cm(name: &str, uid: &str, value: &str) -> ConfigMap {
@@ -409,7 +413,7 @@ mod tests {
 
     /// A ConfigMap index whose needs are `needs`, with both caches listed (empty).
     fn config_maps(needs: &Arc<Needs>) -> CopyIndex<ConfigMap> {
-        let decide: Decide<ConfigMap> =
+        let decide: CopyRule<ConfigMap> =
             Arc::new(|u, l, needed| dependency_action(u, l, OWNER, needed));
         CopyIndex::new(OWNER.to_owned(), (ready(), ready()), decide).needed_by_pods(
             CopyKind::ConfigMap,
@@ -620,7 +624,7 @@ mod tests {
                 json!([{"name": "t", "secret": {"secretName": "tok"}}]),
             )),
         );
-        let decide: Decide<Secret> =
+        let decide: CopyRule<Secret> =
             Arc::new(|u, l, needed| dependency_action(u, l, OWNER, needed));
         let index = CopyIndex::new(OWNER.to_owned(), (ready(), ready()), decide).needed_by_pods(
             CopyKind::Secret,
@@ -647,7 +651,7 @@ mod tests {
                 json!([{"name": "d", "persistentVolumeClaim": {"claimName": "data"}}]),
             )),
         );
-        let decide: Decide<PersistentVolumeClaim> =
+        let decide: CopyRule<PersistentVolumeClaim> =
             Arc::new(|u, l, needed| claim_action(u, l, OWNER, needed));
         let index = CopyIndex::new(OWNER.to_owned(), (ready(), ready()), decide).needed_by_pods(
             CopyKind::PersistentVolumeClaim,

@@ -9,6 +9,7 @@ pub mod bootstrap;
 pub mod clients;
 pub mod copies;
 pub mod copy_index;
+pub mod creation;
 pub mod kubelet_auth;
 pub mod lower_backend;
 mod lower_portforward;
@@ -122,7 +123,7 @@ pub struct VirtualNode {
     /// ([`clients::UpperClients::heartbeat`]): nothing else the node does can starve them.
     pub heartbeat: kube::Client,
     /// The pod controller settings.
-    pub pods: pods::PodSync,
+    pub pods: pods::PodSettings,
     /// The kubelet API, if served.
     pub kubelet: Option<KubeletApi>,
     /// Metrics (registry and listener).
@@ -256,7 +257,7 @@ impl VirtualNode {
             tx,
             stop.clone(),
         ));
-        let shared = copies::Shared::new(
+        let shared = copies::SharedDependencies::new(
             upper.clone(),
             lower.clone(),
             self.pods.translate.owner.clone(),

@@ -627,7 +627,7 @@ impl KubeletBackend for LowerBackend {
                 Some(cache) => cache
                     .keys()
                     .into_iter()
-                    .filter_map(|(namespace, name)| {
+                    .filter_map(|tensile_runtime::cache::Key { namespace, name }| {
                         let facts = cache.get_as::<PodFacts>(&namespace, &name)?;
                         Some(((namespace, name), facts))
                     })

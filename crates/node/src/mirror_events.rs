@@ -6,7 +6,7 @@
 //! writes only what changed; a keyed queue; a per-pod budget.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures::{StreamExt as _, TryStreamExt as _};
@@ -19,7 +19,9 @@ use tokio_util::sync::CancellationToken;
 
 use tensile_runtime::cache::{CompactCache, Key};
 use tensile_runtime::clients::already_exists;
-use tensile_runtime::queue::Queue;
+use tensile_runtime::controller::{self, OnFailure, Reconciler, Stage, Workers};
+use tensile_runtime::lock::lock;
+use tensile_runtime::queue::{Action, Queue};
 
 /// Mirrored events per pod at once, then one more every [`REFILL`].
 const BURST: u32 = 25;
@@ -162,41 +164,58 @@ pub async fn run(
         () = stop.cancelled() => return,
         () = index.mirrors.wait_until_ready() => {}
     }
-    let cfg = Arc::new(cfg);
-    let mut tasks = Vec::new();
-    for _ in 0..WORKERS {
-        let (cfg, index, queue, rx, stop) = (
-            cfg.clone(),
-            index.clone(),
-            queue.clone(),
-            rx.clone(),
-            stop.clone(),
-        );
-        tasks.push(tokio::spawn(async move {
-            while let Some((key, _)) = queue.next(&rx, &stop).await {
-                let t0 = std::time::Instant::now();
-                let result = sync(&cfg, &index, &key).await;
-                cfg.metrics.observe("event_mirror", t0.elapsed());
-                if let Err(e) = &result {
-                    tracing::debug!(error = %e, "event mirror");
-                }
-                queue.done(key, result.is_ok());
-            }
-        }));
+    let writer = Arc::new(MirrorWriter { cfg, index });
+    controller::run(writer, queue, rx, Workers::one_at_a_time(WORKERS), stop).await;
+}
+
+/// The event mirror's reconciler: the index's effect for a lower event, carried out.
+struct MirrorWriter {
+    cfg: EventMirror,
+    index: Arc<MirrorIndex>,
+}
+
+impl Reconciler for MirrorWriter {
+    type Key = Key;
+    /// The lower event waiting to be mirrored, and what to do with it.
+    type Plan = Option<(Event, MirrorEffect)>;
+    type Error = MirrorError;
+
+    fn plan(&self, key: &Key) -> Self::Plan {
+        let event = self.index.pending_event(key)?;
+        let effect = self.index.effect(key, &event, Instant::now());
+        Some((event, effect))
     }
-    for t in tasks {
-        let _ = t.await;
+
+    async fn execute(self: Arc<Self>, key: Key, plan: Self::Plan) -> Result<Action, MirrorError> {
+        if let Some((event, effect)) = plan {
+            sync(&self.cfg, &self.index, &key, event, effect).await?;
+        }
+        Ok(Action::Done)
+    }
+
+    fn failed(&self, _: &Key, e: &MirrorError, _: Option<tokio::time::Instant>) -> OnFailure {
+        tracing::debug!(error = %e, "event mirror");
+        OnFailure::Retry
+    }
+
+    fn observe(&self, stage: Stage, took: Duration) {
+        if stage == Stage::Reconcile {
+            self.cfg.metrics.observe("event_mirror", took);
+        }
     }
 }
 
-/// Carries out the index's effect for the lower event `key`.
-async fn sync(cfg: &EventMirror, index: &MirrorIndex, key: &Key) -> Result<(), MirrorError> {
-    let Some(event) = index.pending_event(key) else {
-        return Ok(());
-    };
-    let (namespace, name) = key;
+/// Carries out the index's `effect` for the lower event `key`.
+async fn sync(
+    cfg: &EventMirror,
+    index: &MirrorIndex,
+    key: &Key,
+    event: Event,
+    effect: MirrorEffect,
+) -> Result<(), MirrorError> {
+    let Key { namespace, name } = key;
     let api: Api<Event> = Api::namespaced(cfg.upper.clone(), namespace);
-    let written = match index.effect(key, &event, Instant::now()) {
+    let written = match effect {
         MirrorEffect::Nothing => Ok(()),
         MirrorEffect::PodNotYetSeen => {
             return if index.not_yet_seen(key) {
@@ -264,22 +283,22 @@ impl MirrorIndex {
             None if !self.upper_pods.contains(&namespace, pod_name) => return None,
             None => {}
         }
-        let key = (namespace, event.metadata.name.clone()?);
-        let mut pending = self.pending.lock().unwrap_or_else(PoisonError::into_inner);
+        let key = Key::new(namespace, event.metadata.name.clone()?);
+        let mut pending = lock(&self.pending, "the event mirror index");
         pending.insert(key.clone(), Pending { event, attempts: 0 });
         Some(key)
     }
 
     /// The event waiting under `key`, if any.
     pub fn pending_event(&self, key: &Key) -> Option<Event> {
-        let pending = self.pending.lock().unwrap_or_else(PoisonError::into_inner);
+        let pending = lock(&self.pending, "the event mirror index");
         pending.get(key).map(|p| p.event.clone())
     }
 
     /// What to do for `event` (the one waiting under `key`) at `now`. A mirror to write takes
     /// from its pod's budget; anything but a write or a pod not seen yet is done with the event.
     pub fn effect(&self, key: &Key, event: &Event, now: Instant) -> MirrorEffect {
-        let (namespace, name) = key;
+        let Key { namespace, name } = key;
         let involved = &event.involved_object;
         let pod_name = involved.name.as_deref().unwrap_or_default();
         let lower_pod = self.lower_pods.get(namespace, pod_name);
@@ -305,11 +324,7 @@ impl MirrorIndex {
             return done();
         }
         let upper_uid = upper_pod.metadata.uid.clone().unwrap_or_default();
-        let allowed = self
-            .budget
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .allow(&upper_uid, now);
+        let allowed = lock(&self.budget, "the event budget").allow(&upper_uid, now);
         if !allowed {
             tracing::debug!(namespace = %namespace, event = %name, "event not mirrored: the pod's event budget is spent");
             return done();
@@ -324,7 +339,7 @@ impl MirrorIndex {
     /// Forgets the pending event if it is still the version just handled (a newer one stays
     /// for the next round, which the queue has already scheduled).
     pub fn finish(&self, key: &Key, handled: &Event) {
-        let mut pending = self.pending.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut pending = lock(&self.pending, "the event mirror index");
         if pending
             .get(key)
             .is_some_and(|p| p.event.metadata.resource_version == handled.metadata.resource_version)
@@ -336,7 +351,7 @@ impl MirrorIndex {
     /// The event's pod is not in the caches: whether to try again (a few times, then the event
     /// is dropped).
     pub fn not_yet_seen(&self, key: &Key) -> bool {
-        let mut pending = self.pending.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut pending = lock(&self.pending, "the event mirror index");
         let Some(p) = pending.get_mut(key) else {
             return false;
         };

@@ -89,10 +89,22 @@ impl Needs {
         let mut inner = self.lock();
         let mut changed = Vec::new();
         let gone = inner.listed_keys.entry(side).or_default().record(event);
-        for (ns, name) in gone {
+        for Key {
+            namespace: ns,
+            name,
+        } in gone
+        {
             set(&mut inner, (side, ns.clone(), name.clone()), Vec::new());
             if side == Side::Upper {
-                set_refs(&mut inner, (ns, name), Vec::new(), &mut changed);
+                set_refs(
+                    &mut inner,
+                    Key {
+                        namespace: ns,
+                        name,
+                    },
+                    Vec::new(),
+                    &mut changed,
+                );
             }
         }
         match event {
@@ -117,7 +129,12 @@ impl Needs {
                     } else {
                         Vec::new()
                     };
-                    set_refs(&mut inner, (ns.clone(), name.clone()), refs, &mut changed);
+                    set_refs(
+                        &mut inner,
+                        Key::new(ns.clone(), name.clone()),
+                        refs,
+                        &mut changed,
+                    );
                 }
                 set(&mut inner, (side, ns, name), keys);
             }
@@ -125,7 +142,15 @@ impl Needs {
                 if let Some((ns, name)) = pod_key(pod) {
                     set(&mut inner, (side, ns.clone(), name.clone()), Vec::new());
                     if side == Side::Upper {
-                        set_refs(&mut inner, (ns, name), Vec::new(), &mut changed);
+                        set_refs(
+                            &mut inner,
+                            Key {
+                                namespace: ns,
+                                name,
+                            },
+                            Vec::new(),
+                            &mut changed,
+                        );
                     }
                 }
             }
@@ -138,7 +163,7 @@ impl Needs {
         for ((kind, ns, name), first) in changed {
             for (k, watch) in &watchers {
                 if *k == kind {
-                    watch((ns.clone(), name.clone()), first);
+                    watch(Key::new(ns.clone(), name.clone()), first);
                 }
             }
         }
@@ -159,7 +184,7 @@ impl Needs {
     pub fn upper_pods_referencing(&self, kind: CopyKind, key: &Key) -> Vec<Key> {
         self.lock()
             .pods_by_ref
-            .get(&(kind, key.0.clone(), key.1.clone()))
+            .get(&(kind, key.namespace.clone(), key.name.clone()))
             .map(|pods| pods.iter().cloned().collect())
             .unwrap_or_default()
     }
@@ -190,7 +215,7 @@ impl Needs {
             .counts
             .keys()
             .filter(|(k, _, _)| *k == kind)
-            .map(|(_, ns, name)| (ns.clone(), name.clone()))
+            .map(|(_, ns, name)| Key::new(ns, name))
             .collect()
     }
 
@@ -206,9 +231,9 @@ impl Needs {
     pub fn copy_changed(&self, kind: CopyKind, key: &Key) {
         let inner = self.lock();
         let Some(queue) = &inner.pods else { return };
-        let need = (kind, key.0.clone(), key.1.clone());
+        let need = (kind, key.namespace.clone(), key.name.clone());
         for pod in inner.pods_by_ref.get(&need).into_iter().flatten() {
-            let lower = (Side::Lower, pod.0.clone(), pod.1.clone());
+            let lower = (Side::Lower, pod.namespace.clone(), pod.name.clone());
             // Ahead of pods not looked at yet: one whose copies are there is one write from
             // done, and was in the queue once already.
             if !inner.by_pod.contains_key(&lower) {
@@ -310,7 +335,7 @@ fn set(inner: &mut Inner, pod: PodKey, keys: Vec<NeedKey>) {
     for (kind, ns, name) in crossed {
         for (k, queue) in &inner.subscribers {
             if *k == kind {
-                queue.add((ns.clone(), name.clone()));
+                queue.add(Key::new(ns.clone(), name.clone()));
             }
         }
     }
@@ -367,7 +392,9 @@ mod tests {
         let record = seen.clone();
         needs.watch_upper(
             CopyKind::ConfigMap,
-            Arc::new(move |(_, name), first| record.lock().unwrap().push((name, first))),
+            Arc::new(move |Key { namespace: _, name }, first| {
+                record.lock().unwrap().push((name, first))
+            }),
         );
         let mut with_token = pod("b", &["cfg"]);
         with_token
@@ -385,13 +412,10 @@ mod tests {
         needs.observe(Side::Upper, &watcher::Event::Apply(with_token));
         // Lower pods read nothing upstairs.
         needs.observe(Side::Lower, &watcher::Event::Apply(pod("c", &["low"])));
-        let key = ("shop".to_owned(), "cfg".to_owned());
+        let key = Key::new("shop", "cfg");
         let mut pods = needs.upper_pods_referencing(CopyKind::ConfigMap, &key);
         pods.sort();
-        assert_eq!(
-            pods,
-            [("shop".into(), "a".into()), ("shop".into(), "b".into())]
-        );
+        assert_eq!(pods, [Key::new("shop", "a"), Key::new("shop", "b")]);
         needs.observe(Side::Upper, &watcher::Event::Delete(pod("a", &["cfg"])));
         needs.observe(Side::Upper, &watcher::Event::Delete(pod("b", &["cfg"])));
         assert_eq!(
@@ -434,7 +458,7 @@ mod tests {
         let (pods, pods_rx) = Queue::<Key>::new();
         needs.subscribe(CopyKind::ConfigMap, copies.clone());
         needs.wake_pods(pods.clone());
-        let cfg = ("shop".to_owned(), "cfg".to_owned());
+        let cfg = Key::new("shop", "cfg");
         needs.observe(Side::Upper, &watcher::Event::Apply(pod("a", &["cfg"])));
         assert_eq!(
             next_key(&copies, &copies_rx).await,
@@ -446,10 +470,7 @@ mod tests {
         // Pod b's lower pod exists: only pod a waits for the copy.
         needs.observe(Side::Lower, &watcher::Event::Apply(pod("b", &["cfg"])));
         needs.copy_changed(CopyKind::ConfigMap, &cfg);
-        assert_eq!(
-            next_key(&pods, &pods_rx).await,
-            Some(("shop".to_owned(), "a".to_owned()))
-        );
+        assert_eq!(next_key(&pods, &pods_rx).await, Some(Key::new("shop", "a")));
         assert_eq!(next_key(&pods, &pods_rx).await, None);
         for side in [Side::Upper, Side::Lower] {
             needs.observe(side, &watcher::Event::Delete(pod("b", &["cfg"])));

@@ -21,7 +21,7 @@ use tokio_util::sync::CancellationToken;
 use crate::reach::LowerReach;
 use k8s_openapi::api::core::v1::ObjectReference;
 use tensile_core::reach::{REASON_ERRORS, errors_message, health_event, unreachable_message};
-use tensile_runtime::cache::ListedKeys;
+use tensile_runtime::cache::{Key, ListedKeys};
 use tensile_runtime::events::{EventSink, PodEvent};
 use tensile_runtime::leader::locate;
 
@@ -229,8 +229,8 @@ enum Either {
 /// Applies a lower node event to the model; a completed re-list also drops the nodes it no
 /// longer lists (deleted while the watch was down).
 fn apply_node_event(model: &mut CapacityModel, listed: &mut ListedKeys, e: &watcher::Event<Node>) {
-    for (_, name) in listed.record(e) {
-        model.remove_node(&name);
+    for key in listed.record(e) {
+        model.remove_node(&key.name);
     }
     match e {
         watcher::Event::Apply(n) | watcher::Event::InitApply(n) => drop(model.apply_node(n)),
@@ -243,7 +243,7 @@ fn apply_node_event(model: &mut CapacityModel, listed: &mut ListedKeys, e: &watc
 
 /// Applies a lower pod event to the model, as [`apply_node_event`] does for nodes.
 fn apply_pod_event(model: &mut CapacityModel, listed: &mut ListedKeys, e: &watcher::Event<Pod>) {
-    for (namespace, name) in listed.record(e) {
+    for Key { namespace, name } in listed.record(e) {
         model.remove_pod(&namespace, &name);
     }
     match e {

@@ -143,7 +143,10 @@ impl NodePorts {
 
     /// The Service or Endpoints `key` changed upstairs (the caches show it already).
     pub fn changed(&self, key: &Key) {
-        let (ns, name) = key;
+        let Key {
+            namespace: ns,
+            name,
+        } = key;
         let routes = self
             .services
             .get(ns, name)
@@ -548,7 +551,7 @@ mod tests {
             };
             state
                 .routes
-                .insert(("ns".into(), "web".into()), vec![(self.key, route)]);
+                .insert(Key::new("ns", "web"), vec![(self.key, route)]);
             self.ports.apply(&mut state);
         }
     }
@@ -650,7 +653,7 @@ mod tests {
         let (services, eps) = (cache(vec![service]), cache(Vec::<Endpoints>::new()));
         let stop = CancellationToken::new();
         let ports = NodePorts::new("vn".into(), lo, services.clone(), eps.clone(), stop.clone());
-        let key = ("ns".to_owned(), "web".to_owned());
+        let key = Key::new("ns", "web");
         ports.changed(&key);
         assert!(ports.listening().is_empty(), "no backend yet");
         eps.apply(&watcher::Event::Apply(endpoints));

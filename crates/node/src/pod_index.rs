@@ -9,7 +9,6 @@
 //! a pod needs is `tensile_core::sync::pod_step`; the index adds what follows from the marks.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{EphemeralContainer, Pod, PodCondition};
@@ -31,13 +30,13 @@ use tensile_core::sync::{PodStep, deleted_below_step, pod_step};
 use tensile_core::translate::TranslateConfig;
 use tensile_core::update::UpdateError;
 use tensile_runtime::cache::CompactCache;
-use tensile_runtime::queue::{Expected, Hold, Holds};
+use tensile_runtime::marks::{Expected, Hold, Holds};
 
 use crate::reach::LowerReach;
 use crate::sync_error::{Cluster, Failure, Op, SyncError};
 
-/// A pod key: (namespace, name), the same in both clusters.
-pub type Key = (String, String);
+/// A pod key: namespace and name, the same in both clusters.
+pub use tensile_runtime::cache::Key;
 
 /// How long a lower pod we created may be missing from the lower watch before a plan believes
 /// the cache again and creates it anew (idempotent: AlreadyExists of ours is fine).
@@ -153,19 +152,20 @@ pub struct Plan {
     pub effects: Vec<Effect>,
 }
 
-/// The pod controller's state (see the module's documentation). Cheap to share behind an
-/// `Arc`; every method takes `&self`.
+/// The pod controller's state (see the module's documentation): plain values, changed through
+/// `&mut self`. The controller keeps it behind one lock; the two caches are shared handles
+/// (the kubelet API reads them too).
 pub struct PodIndex {
     upper: CompactCache<Pod>,
     lower: CompactCache<Pod>,
     translate: TranslateConfig,
     lower_name: String,
     /// The grace period of upper pods whose deletion we saw, until their key is planned.
-    gone_grace: Mutex<HashMap<Key, i64>>,
+    gone_grace: HashMap<Key, i64>,
     /// The last state (metadata) of our lower pods whose removal shows they were deleted
     /// through the API, until their upper pod is gone or a lower pod is back (see
     /// [`Self::apply_lower`]).
-    lower_deleted: Mutex<HashMap<Key, Pod>>,
+    lower_deleted: HashMap<Key, Pod>,
     /// Pods whose Pending status is held back (see [`STATUS_COALESCE`]).
     held_statuses: Holds<Key>,
     /// Lower pods we created that the lower watch has not shown yet (by upper UID): a plan of
@@ -173,12 +173,12 @@ pub struct PodIndex {
     created: Expected<Key>,
     /// The environment events last sent for each pod (with its upper UID): a retry that finds
     /// the same sends none. Forgotten with the pod.
-    env_sent: Mutex<HashMap<Key, (String, Vec<EnvEvent>)>>,
+    env_sent: HashMap<Key, (String, Vec<EnvEvent>)>,
     /// Whether the lower cluster answers (the node loop's health check).
     reach: LowerReach,
     /// The resourceVersion each upper pod got from the lower status we last mirrored up, until
     /// the upper watch shows a version of the pod ([`Self::mirrored`]).
-    mirrored: Mutex<HashMap<Key, String>>,
+    mirrored: HashMap<Key, String>,
 }
 
 impl std::fmt::Debug for PodIndex {
@@ -190,7 +190,10 @@ impl std::fmt::Debug for PodIndex {
 }
 
 fn key_of(p: &Pod) -> Option<Key> {
-    Some((p.metadata.namespace.clone()?, p.metadata.name.clone()?))
+    Some(Key::new(
+        p.metadata.namespace.clone()?,
+        p.metadata.name.clone()?,
+    ))
 }
 
 impl PodIndex {
@@ -206,13 +209,13 @@ impl PodIndex {
             lower,
             translate,
             lower_name,
-            gone_grace: Mutex::default(),
-            lower_deleted: Mutex::default(),
+            gone_grace: HashMap::new(),
+            lower_deleted: HashMap::new(),
             held_statuses: Holds::new(STATUS_COALESCE),
             created: Expected::new(CREATED_EXPECTED),
-            env_sent: Mutex::default(),
+            env_sent: HashMap::new(),
             reach,
-            mirrored: Mutex::default(),
+            mirrored: HashMap::new(),
         }
     }
 
@@ -233,14 +236,13 @@ impl PodIndex {
 
     /// Applies an event of the upper pod watch; answers the keys to plan once the cache shows
     /// them (a re-list's when it is complete: see `CompactCache::apply_keys`).
-    pub fn apply_upper(&self, event: &watcher::Event<Pod>) -> Vec<Key> {
+    pub fn apply_upper(&mut self, event: &watcher::Event<Pod>) -> Vec<Key> {
         // A pod deleted with grace 0 vanishes at once; its last state still says so, and the
         // lower pod goes the same way.
         if let watcher::Event::Delete(p) = event
             && let (Some(k), Some(g)) = (key_of(p), p.metadata.deletion_grace_period_seconds)
-            && let Ok(mut m) = self.gone_grace.lock()
         {
-            m.insert(k, g);
+            self.gone_grace.insert(k, g);
         }
         let mut keys = self.upper.apply_keys(event);
         // The event of our own mirrored status (the version our patch got) changes nothing a
@@ -257,7 +259,7 @@ impl PodIndex {
         let Some(k) = key_of(p) else {
             return keys;
         };
-        let ours = self.mirrored.lock().ok().and_then(|mut m| m.remove(&k));
+        let ours = self.mirrored.remove(&k);
         if matches!(event, watcher::Event::Apply(_))
             && ours.is_some()
             && p.metadata.resource_version == ours
@@ -271,7 +273,7 @@ impl PodIndex {
     /// `resource_version`. Only a mirrored status marks the version (see
     /// [`Self::apply_upper`]): every other kind changes what the next plan decides (a
     /// terminated pod's deletion is finished once its Failed phase shows).
-    pub fn status_written(&self, key: Key, why: StatusWhy, resource_version: String) {
+    pub fn status_written(&mut self, key: Key, why: StatusWhy, resource_version: String) {
         if why == StatusWhy::Mirror {
             self.mirrored(key, resource_version);
         }
@@ -279,10 +281,8 @@ impl PodIndex {
 
     /// The lower status of pod `key` was mirrored up; the upper pod is now at
     /// `resource_version` (see [`Self::apply_upper`]).
-    fn mirrored(&self, key: Key, resource_version: String) {
-        if let Ok(mut m) = self.mirrored.lock() {
-            m.insert(key, resource_version);
-        }
+    fn mirrored(&mut self, key: Key, resource_version: String) {
+        self.mirrored.insert(key, resource_version);
     }
 
     /// What the index keeps of an event of the watch of every lower pod: those with our owner
@@ -291,7 +291,14 @@ impl PodIndex {
     pub fn ours(&self, event: watcher::Event<Pod>) -> Option<watcher::Event<Pod>> {
         let owner = &self.translate.owner;
         let is_ours = |p: &Pod| is_owned_by(&p.metadata, owner);
-        let cached = |p: &Pod| key_of(p).is_some_and(|(ns, name)| self.lower.contains(&ns, &name));
+        let cached = |p: &Pod| {
+            key_of(p).is_some_and(
+                |Key {
+                     namespace: ns,
+                     name,
+                 }| self.lower.contains(&ns, &name),
+            )
+        };
         match event {
             watcher::Event::Apply(p) if is_ours(&p) => Some(watcher::Event::Apply(p)),
             watcher::Event::Apply(p) | watcher::Event::Delete(p) if cached(&p) => {
@@ -307,7 +314,7 @@ impl PodIndex {
     }
 
     /// Applies an event of our lower pods (kept by [`Self::ours`]); answers the keys to plan.
-    pub fn apply_lower(&self, event: &watcher::Event<Pod>) -> Vec<Key> {
+    pub fn apply_lower(&mut self, event: &watcher::Event<Pod>) -> Vec<Key> {
         // A pod deleted through the API is marked before it goes, and its removal still shows
         // the mark. Both may reach the cache before the key is planned: without its last state
         // the plan would see only a vanished pod and fail the upper pod as lost. A pod that
@@ -315,13 +322,12 @@ impl PodIndex {
         if let watcher::Event::Delete(p) = event
             && p.metadata.deletion_timestamp.is_some()
             && let Some(k) = key_of(p)
-            && let Ok(mut m) = self.lower_deleted.lock()
         {
             let last = Pod {
                 metadata: p.metadata.clone(),
                 ..Pod::default()
             };
-            m.insert(k, last);
+            self.lower_deleted.insert(k, last);
         }
         let keys = self.lower.apply_keys(event);
         // The cache shows these pods now: a create of ours is no longer in flight.
@@ -332,17 +338,20 @@ impl PodIndex {
     }
 
     /// The lower pod of `key` was created (or found ours) for upper UID `uid` at `now`.
-    pub fn created(&self, key: Key, uid: &str, now: std::time::Instant) {
+    pub fn created(&mut self, key: Key, uid: &str, now: std::time::Instant) {
         self.created.written(key, uid, now);
     }
 
     /// Of the environment events `events` that hold for pod `key` (upper UID `uid`), those to
     /// send: each one once while it holds, whatever the retries (one that stopped holding and
     /// holds again is sent again).
-    pub fn env_events_to_send(&self, key: &Key, uid: &str, events: Vec<EnvEvent>) -> Vec<EnvEvent> {
-        let Ok(mut sent) = self.env_sent.lock() else {
-            return Vec::new();
-        };
+    pub fn env_events_to_send(
+        &mut self,
+        key: &Key,
+        uid: &str,
+        events: Vec<EnvEvent>,
+    ) -> Vec<EnvEvent> {
+        let sent = &mut self.env_sent;
         if events.is_empty() {
             sent.remove(key);
             return Vec::new();
@@ -366,22 +375,21 @@ impl PodIndex {
 
     /// What to do for pod `key` now (see [`pod_step`]). Consumes the marks it reads once (the
     /// grace of a deletion seen; a held status whose window is over).
-    pub fn plan(&self, key: &Key, now: &Now) -> Result<Plan, Failure> {
-        let (ns, name) = key;
+    pub fn plan(&mut self, key: &Key, now: &Now) -> Result<Plan, Failure> {
+        let Key {
+            namespace: ns,
+            name,
+        } = key;
         let upper = self.upper.get(ns, name);
         let lower = self.lower.get(ns, name);
-        let gone_grace = self.gone_grace.lock().ok().and_then(|mut m| m.remove(key));
+        let gone_grace = self.gone_grace.remove(key);
         let deleted_below = match (&upper, &lower) {
             (Some(u), None) => self
                 .lower_deleted
-                .lock()
-                .ok()
-                .and_then(|m| m.get(key).cloned())
-                .and_then(|last| deleted_below_step(u, &last, &self.translate.owner)),
+                .get(key)
+                .and_then(|last| deleted_below_step(u, last, &self.translate.owner)),
             _ => {
-                if let Ok(mut m) = self.lower_deleted.lock() {
-                    m.remove(key);
-                }
+                self.lower_deleted.remove(key);
                 None
             }
         };
@@ -412,10 +420,8 @@ impl PodIndex {
         if !matches!(&step, PodStep::Sync { status: Some(s), .. } if may_coalesce(s)) {
             self.held_statuses.release(key);
         }
-        if upper.is_none()
-            && let Ok(mut sent) = self.env_sent.lock()
-        {
-            sent.remove(key);
+        if upper.is_none() {
+            self.env_sent.remove(key);
         }
         let effects = self.effects(key, step, (upper.as_ref(), lower.as_ref()), now)?;
         Ok(Plan {
@@ -426,7 +432,7 @@ impl PodIndex {
     }
 
     fn effects(
-        &self,
+        &mut self,
         key: &Key,
         step: PodStep,
         (upper, lower): (Option<&Pod>, Option<&Pod>),
@@ -503,8 +509,8 @@ impl PodIndex {
                     Op::Create,
                     SyncError::Ownership {
                         kind: "Pod",
-                        namespace: key.0.clone(),
-                        name: key.1.clone(),
+                        namespace: key.namespace.clone(),
+                        name: key.name.clone(),
                         cluster: self.lower_cluster(),
                     },
                 ));
@@ -596,7 +602,7 @@ mod tests {
 
     /// An index whose caches have listed nothing yet, as after a start.
     fn index_with(upper_identity: bool) -> PodIndex {
-        let index = PodIndex::new(
+        let mut index = PodIndex::new(
             translate(upper_identity),
             "lower".into(),
             (CompactCache::new(), CompactCache::new()),
@@ -614,7 +620,7 @@ mod tests {
     }
 
     fn key() -> Key {
-        ("default".into(), "web".into())
+        Key::new("default", "web")
     }
 
     fn now() -> Now {
@@ -663,14 +669,14 @@ mod tests {
     }
 
     /// Feeds an event of the watch of every lower pod, as the controller does.
-    fn lower_event(index: &PodIndex, e: watcher::Event<Pod>) -> Vec<Key> {
+    fn lower_event(index: &mut PodIndex, e: watcher::Event<Pod>) -> Vec<Key> {
         index
             .ours(e)
             .map(|e| index.apply_lower(&e))
             .unwrap_or_default()
     }
 
-    fn effects(index: &PodIndex, now: &Now) -> Vec<Effect> {
+    fn effects(index: &mut PodIndex, now: &Now) -> Vec<Effect> {
         index.plan(&key(), now).unwrap().effects
     }
 
@@ -695,7 +701,7 @@ mod tests {
     /// planned again, and after it, planning it would change nothing; any other version is.
     #[test]
     fn the_event_of_our_own_mirrored_status_is_not_planned_again() {
-        let index = index();
+        let mut index = index();
         let at = |p: &Pod, version: &str| {
             let mut p = p.clone();
             p.metadata.resource_version = Some(version.into());
@@ -704,8 +710,8 @@ mod tests {
         let u = upper();
         index.apply_upper(&apply(at(&u, "1")));
         let l = lower_of(&u, "Running");
-        lower_event(&index, apply(l.clone()));
-        let written = statuses(&effects(&index, &now()));
+        lower_event(&mut index, apply(l.clone()));
+        let written = statuses(&effects(&mut index, &now()));
         assert_eq!(written.len(), 1);
         assert_eq!(written[0].0, StatusWhy::Mirror);
         // Our patch left the pod at version 2; the watch shows it.
@@ -713,7 +719,7 @@ mod tests {
         let echoed = offloaded(&at(&u, "2"), &l);
         assert_eq!(index.apply_upper(&apply(echoed.clone())), Vec::<Key>::new());
         // Planned anyway, it would write nothing (what makes skipping it safe).
-        assert!(statuses(&effects(&index, &now())).is_empty());
+        assert!(statuses(&effects(&mut index, &now())).is_empty());
         // The mark is used once: the next version, whoever wrote it, is planned.
         assert_eq!(index.apply_upper(&apply(at(&echoed, "3"))), [key()]);
         // A version that is not ours (someone else wrote in between) is planned too.
@@ -723,15 +729,15 @@ mod tests {
         // A pod deleted after our write keeps no mark.
         index.status_written(key(), StatusWhy::Mirror, "6".into());
         index.apply_upper(&watcher::Event::Delete(at(&echoed, "6")));
-        assert!(index.mirrored.lock().unwrap().is_empty());
+        assert!(index.mirrored.is_empty());
     }
 
     #[test]
     fn an_upper_pod_bound_to_the_node_is_created_downstairs_then_told() {
-        let index = index();
+        let mut index = index();
         assert_eq!(index.apply_upper(&apply(upper())), [key()]);
         assert_eq!(
-            effects(&index, &now()),
+            effects(&mut index, &now()),
             [
                 Effect::CreateLower,
                 event(
@@ -741,43 +747,46 @@ mod tests {
             ]
         );
         // Nothing bound here, nothing to do.
-        let other = index.plan(&("default".into(), "other".into()), &now());
+        let other = index.plan(&Key::new("default", "other"), &now());
         assert!(other.unwrap().effects.is_empty());
     }
 
     #[test]
     fn a_created_pod_the_watch_has_not_shown_is_not_created_twice() {
-        let index = index();
+        let mut index = index();
         let u = upper();
         index.apply_upper(&apply(u.clone()));
         let t0 = now();
         index.created(key(), "u1", t0.instant);
         // Another change of the pod (its Secret's event) comes before the lower watch's.
-        assert!(effects(&index, &t0).is_empty());
+        assert!(effects(&mut index, &t0).is_empty());
         // A new upper pod of the name is another pod: created.
         index.apply_upper(&apply(upper_pod("u2")));
-        assert_eq!(effects(&index, &t0)[0], Effect::CreateLower);
+        assert_eq!(effects(&mut index, &t0)[0], Effect::CreateLower);
         index.apply_upper(&apply(u.clone()));
         // A watch that never shows it holds the pod back only for a while.
         let late = Now {
             instant: t0.instant + CREATED_EXPECTED,
             time: t0.time.clone(),
         };
-        assert_eq!(effects(&index, &late)[0], Effect::CreateLower);
+        assert_eq!(effects(&mut index, &late)[0], Effect::CreateLower);
         // Once the lower watch shows it, the cache is believed: synced, not created.
         index.created(key(), "u1", t0.instant);
-        assert_eq!(lower_event(&index, apply(lower_of(&u, "Running"))), [key()]);
-        let after = effects(&index, &t0);
+        assert_eq!(
+            lower_event(&mut index, apply(lower_of(&u, "Running"))),
+            [key()]
+        );
+        let after = effects(&mut index, &t0);
         assert!(!after.contains(&Effect::CreateLower), "{after:?}");
     }
 
     #[test]
     fn a_running_lower_pod_is_written_up_at_once() {
-        let index = index();
+        let mut index = index();
         let u = upper();
         index.apply_upper(&apply(u.clone()));
-        lower_event(&index, apply(lower_of(&u, "Running")));
-        let effects = effects(&index, &now());
+        lower_event(&mut index, apply(lower_of(&u, "Running")));
+        let effects = effects(&mut index, &now());
         assert!(!effects.iter().any(|e| matches!(e, Effect::RequeueAfter(_))));
         let written = statuses(&effects);
         assert_eq!(written.len(), 1, "{effects:?}");
@@ -787,46 +796,46 @@ mod tests {
 
     #[test]
     fn a_pending_status_waits_its_window_for_a_newer_one() {
-        let index = index();
+        let mut index = index();
         let u = upper();
         index.apply_upper(&apply(u.clone()));
-        lower_event(&index, apply(lower_of(&u, "Pending")));
+        lower_event(&mut index, apply(lower_of(&u, "Pending")));
         let t0 = now();
         let at = |d: Duration| Now {
             instant: t0.instant + d,
             time: t0.time.clone(),
         };
         // Held: the key comes back when the window is over, nothing is written.
-        let first = effects(&index, &t0);
+        let first = effects(&mut index, &t0);
         assert_eq!(first, [Effect::RequeueAfter(STATUS_COALESCE)]);
-        let again = effects(&index, &at(STATUS_COALESCE / 2));
+        let again = effects(&mut index, &at(STATUS_COALESCE / 2));
         assert_eq!(again, [Effect::RequeueAfter(STATUS_COALESCE / 2)]);
         // Over: written.
-        let over = effects(&index, &at(STATUS_COALESCE));
+        let over = effects(&mut index, &at(STATUS_COALESCE));
         let written = statuses(&over);
         assert_eq!(written.len(), 1, "{over:?}");
         assert_eq!(written[0].1["status"]["phase"], "Pending");
         // A newer status that is not Pending goes at once, and ends the hold.
-        effects(&index, &at(STATUS_COALESCE * 2));
-        lower_event(&index, apply(lower_of(&u, "Running")));
-        let running = effects(&index, &at(STATUS_COALESCE * 2));
+        effects(&mut index, &at(STATUS_COALESCE * 2));
+        lower_event(&mut index, apply(lower_of(&u, "Running")));
+        let running = effects(&mut index, &at(STATUS_COALESCE * 2));
         assert_eq!(statuses(&running)[0].1["status"]["phase"], "Running");
-        lower_event(&index, apply(lower_of(&u, "Pending")));
+        lower_event(&mut index, apply(lower_of(&u, "Pending")));
         assert_eq!(
-            effects(&index, &at(STATUS_COALESCE * 2)),
+            effects(&mut index, &at(STATUS_COALESCE * 2)),
             [Effect::RequeueAfter(STATUS_COALESCE)]
         );
     }
 
     #[test]
     fn an_upper_pod_being_deleted_takes_its_lower_pod_with_its_grace() {
-        let index = index();
+        let mut index = index();
         let u = upper();
         let l = lower_of(&u, "Running");
         index.apply_upper(&apply(deleting(offloaded(&u, &l), 30)));
-        lower_event(&index, apply(l.clone()));
+        lower_event(&mut index, apply(l.clone()));
         assert_eq!(
-            effects(&index, &now()),
+            effects(&mut index, &now()),
             [
                 Effect::DeleteLower {
                     uid: Some("l1".into()),
@@ -840,12 +849,12 @@ mod tests {
             ]
         );
         // Being deleted downstairs: wait for it to go.
-        lower_event(&index, apply(deleting(l.clone(), 30)));
-        assert!(effects(&index, &now()).is_empty());
+        lower_event(&mut index, apply(deleting(l.clone(), 30)));
+        assert!(effects(&mut index, &now()).is_empty());
         // Gone downstairs before its terminal phase came up: the upper pod is made Failed
         // first, as a kubelet does, then its deletion is finished.
-        lower_event(&index, watcher::Event::Delete(deleting(l.clone(), 30)));
-        let written = statuses(&effects(&index, &now()));
+        lower_event(&mut index, watcher::Event::Delete(deleting(l.clone(), 30)));
+        let written = statuses(&effects(&mut index, &now()));
         assert_eq!(written.len(), 1, "{written:?}");
         assert_eq!(written[0].0, StatusWhy::Terminated);
         assert_eq!(written[0].1["status"]["phase"], "Failed");
@@ -856,16 +865,16 @@ mod tests {
         failed.status.as_mut().unwrap().phase = Some("Failed".into());
         failed.metadata.resource_version = Some("9".into());
         assert_eq!(index.apply_upper(&apply(failed)), [key()]);
-        assert_eq!(effects(&index, &now()), [Effect::ForceDeleteUpper]);
+        assert_eq!(effects(&mut index, &now()), [Effect::ForceDeleteUpper]);
     }
 
     #[test]
     fn an_upper_pod_gone_at_once_takes_its_lower_pod_with_the_grace_its_last_state_had() {
-        let index = index();
+        let mut index = index();
         let u = upper();
         let l = lower_of(&u, "Running");
         index.apply_upper(&apply(u.clone()));
-        lower_event(&index, apply(l));
+        lower_event(&mut index, apply(l));
         assert_eq!(
             index.apply_upper(&watcher::Event::Delete(deleting(u, 7))),
             [key()]
@@ -875,20 +884,20 @@ mod tests {
             grace: Some(grace),
             op: Op::Other,
         };
-        assert_eq!(effects(&index, &now()), [delete(7)]);
+        assert_eq!(effects(&mut index, &now()), [delete(7)]);
         // The mark is read once: gone without a grace (a forced deletion) is at once.
-        assert_eq!(effects(&index, &now()), [delete(0)]);
+        assert_eq!(effects(&mut index, &now()), [delete(0)]);
     }
 
     #[test]
     fn a_lower_pod_that_vanishes_while_its_upper_pod_lives_fails_the_upper_pod() {
-        let index = index();
+        let mut index = index();
         let u = upper();
         let l = lower_of(&u, "Running");
         index.apply_upper(&apply(offloaded(&u, &l)));
-        lower_event(&index, apply(l.clone()));
-        lower_event(&index, watcher::Event::Delete(l));
-        let effects = effects(&index, &now());
+        lower_event(&mut index, apply(l.clone()));
+        lower_event(&mut index, watcher::Event::Delete(l));
+        let effects = effects(&mut index, &now());
         let written = statuses(&effects);
         assert_eq!(written.len(), 1, "{effects:?}");
         assert_eq!(written[0].0, StatusWhy::Lost);
@@ -899,37 +908,37 @@ mod tests {
 
     #[test]
     fn a_lower_pod_deleted_downstairs_deletes_the_upper_pod_with_its_grace() {
-        let index = index();
+        let mut index = index();
         let u = upper();
         let l = lower_of(&u, "Running");
         index.apply_upper(&apply(offloaded(&u, &l)));
-        lower_event(&index, apply(deleting(l, 15)));
+        lower_event(&mut index, apply(deleting(l, 15)));
         assert_eq!(
-            effects(&index, &now()),
+            effects(&mut index, &now()),
             [Effect::DeleteUpper { grace: Some(15) }]
         );
     }
 
     #[test]
     fn a_lower_pod_deleted_downstairs_and_gone_before_the_plan_still_deletes_the_upper_pod() {
-        let index = index();
+        let mut index = index();
         let u = upper();
         let l = lower_of(&u, "Running");
         index.apply_upper(&apply(offloaded(&u, &l)));
-        lower_event(&index, apply(l.clone()));
+        lower_event(&mut index, apply(l.clone()));
         // Marked and removed before the key is planned (one read of the watch brings both).
         let marked = deleting(l, 0);
-        lower_event(&index, apply(marked.clone()));
-        lower_event(&index, watcher::Event::Delete(marked));
+        lower_event(&mut index, apply(marked.clone()));
+        lower_event(&mut index, watcher::Event::Delete(marked));
         assert_eq!(
-            effects(&index, &now()),
+            effects(&mut index, &now()),
             [Effect::DeleteUpper { grace: Some(0) }]
         );
     }
 
     #[test]
     fn a_lower_pod_not_ours_is_never_used_for_an_upper_pod() {
-        let index = index();
+        let mut index = index();
         let u = upper();
         index.apply_upper(&apply(u.clone()));
         let mut foreign = lower_of(&u, "Running");
@@ -937,7 +946,7 @@ mod tests {
         // Not ours: the index never holds it, and the pod is to be created (the create then
         // finds the name taken and reports it: never uses it). Nor another node's, listed or
         // changed.
-        assert!(lower_event(&index, apply(foreign.clone())).is_empty());
+        assert!(lower_event(&mut index, apply(foreign.clone())).is_empty());
         let mut other_node = lower_of(&u, "Running");
         other_node.metadata.labels =
             Some([(LABEL_OWNER.to_owned(), owner_label_value("vk-2"))].into());
@@ -948,15 +957,15 @@ mod tests {
             watcher::Event::InitDone,
             apply(other_node),
         ] {
-            lower_event(&index, e);
+            lower_event(&mut index, e);
         }
         assert!(!index.lower_pods().contains("default", "web"));
-        assert_eq!(effects(&index, &now())[0], Effect::CreateLower);
+        assert_eq!(effects(&mut index, &now())[0], Effect::CreateLower);
         // Ours losing our label leaves as a deletion.
         let l = lower_of(&u, "Running");
-        lower_event(&index, apply(l));
+        lower_event(&mut index, apply(l));
         assert!(index.lower_pods().contains("default", "web"));
-        let gone = lower_event(&index, apply(foreign.clone()));
+        let gone = lower_event(&mut index, apply(foreign.clone()));
         assert_eq!(gone, [key()]);
         assert!(!index.lower_pods().contains("default", "web"));
         // Should one reach the index anyway, it is a conflict, never a sync.
@@ -968,12 +977,12 @@ mod tests {
 
     #[test]
     fn our_lower_pod_of_an_earlier_upper_pod_of_the_name_goes_at_once() {
-        let index = index();
+        let mut index = index();
         let earlier = upper_pod("u0");
         index.apply_upper(&apply(upper_pod("u1")));
-        lower_event(&index, apply(lower_of(&earlier, "Running")));
+        lower_event(&mut index, apply(lower_of(&earlier, "Running")));
         assert_eq!(
-            effects(&index, &now()),
+            effects(&mut index, &now()),
             [Effect::DeleteLower {
                 uid: Some("l1".into()),
                 grace: Some(0),
@@ -984,13 +993,13 @@ mod tests {
 
     #[test]
     fn an_unreachable_lower_cluster_makes_its_pods_not_ready_and_nothing_else() {
-        let index = index();
+        let mut index = index();
         let u = upper();
         let l = lower_of(&u, "Running");
         index.apply_upper(&apply(offloaded(&u, &l)));
-        lower_event(&index, apply(l.clone()));
+        lower_event(&mut index, apply(l.clone()));
         index.reach.set(Some("connection refused".into()));
-        let effects_down = effects(&index, &now());
+        let effects_down = effects(&mut index, &now());
         let written = statuses(&effects_down);
         assert_eq!(written.len(), 1, "{effects_down:?}");
         assert_eq!(written[0].0, StatusWhy::Unreachable);
@@ -1005,7 +1014,7 @@ mod tests {
         );
         // Back: the lower status is what counts again.
         index.reach.set(None);
-        let back = effects(&index, &now());
+        let back = effects(&mut index, &now());
         assert!(
             statuses(&back)
                 .iter()
@@ -1016,11 +1025,11 @@ mod tests {
 
     #[test]
     fn a_pod_that_is_not_offloaded_says_why_once() {
-        let index = index();
+        let mut index = index();
         let mut u = upper();
         u.metadata.namespace = Some("kube-system".into());
         index.apply_upper(&apply(u.clone()));
-        let kube_system: Key = ("kube-system".into(), "web".into());
+        let kube_system: Key = Key::new("kube-system", "web");
         let plan = index.plan(&kube_system, &now()).unwrap();
         let written = statuses(&plan.effects);
         assert_eq!(written.len(), 1, "{:?}", plan.effects);
@@ -1036,14 +1045,14 @@ mod tests {
 
     #[test]
     fn a_change_of_the_upper_pod_goes_down_before_its_event() {
-        let index = index();
+        let mut index = index();
         let u = upper();
         let l = lower_of(&u, "Running");
         let mut changed = offloaded(&u, &l);
-        changed.metadata.labels = Some([("tier".to_owned(), "web".to_owned())].into());
+        changed.metadata.labels = Some([("tier".into(), "web".into())].into());
         index.apply_upper(&apply(changed));
-        lower_event(&index, apply(l));
-        let effects = effects(&index, &now());
+        lower_event(&mut index, apply(l));
+        let effects = effects(&mut index, &now());
         let patch = effects.iter().position(
             |e| matches!(e, Effect::PatchLower(p) if p["metadata"]["labels"]["tier"] == "web"),
         );
@@ -1064,11 +1073,11 @@ mod tests {
     #[test]
     fn tokens_are_kept_current_only_with_upper_identity_and_not_while_deleting() {
         let has_tokens = |upper_identity: bool, lower: Pod| {
-            let index = index_with(upper_identity);
+            let mut index = index_with(upper_identity);
             let u = upper();
             index.apply_upper(&apply(offloaded(&u, &lower_of(&u, "Running"))));
-            lower_event(&index, apply(lower));
-            effects(&index, &now()).contains(&Effect::SyncTokens)
+            lower_event(&mut index, apply(lower));
+            effects(&mut index, &now()).contains(&Effect::SyncTokens)
         };
         let u = upper();
         assert!(has_tokens(true, lower_of(&u, "Running")));
@@ -1076,14 +1085,14 @@ mod tests {
         // Being deleted downstairs: the upper pod is deleted, no token is written.
         assert!(!has_tokens(true, deleting(lower_of(&u, "Running"), 30)));
         // A new pod's tokens are written by its creation, not by this effect.
-        let index = index_with(true);
+        let mut index = index_with(true);
         index.apply_upper(&apply(u));
-        assert!(!effects(&index, &now()).contains(&Effect::SyncTokens));
+        assert!(!effects(&mut index, &now()).contains(&Effect::SyncTokens));
     }
 
     #[test]
     fn an_environment_event_is_sent_once_per_change_not_per_retry() {
-        let index = index();
+        let mut index = index();
         let missing = |what: &str| EnvEvent {
             reason: "ConfigMapNotFound",
             message: what.into(),

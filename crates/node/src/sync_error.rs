@@ -4,15 +4,17 @@
 //! upper pod (and its reason), and the log level. The rule lives here, in one function, so
 //! that retry, back-off and events follow from the type and nowhere else.
 //!
-//! API errors are sorted by their status code in one place ([`classify`]): 5xx, 429, 408,
-//! 401 and answers that never came are transient; 409 and 404 mean our cache is behind the
-//! API server (the watch brings the object's news); any other 4xx is a refusal of the object.
+//! API errors are sorted by their status code in one place,
+//! `tensile_runtime::api_error::classify`.
 
 use std::time::Duration;
 
 use tensile_core::keys::{
     EVENT_PROVIDER_CREATE_FAILED, EVENT_PROVIDER_DELETE_FAILED, EVENT_PROVIDER_UPDATE_FAILED,
 };
+
+use tensile_runtime::api_error::{ApiClass, Level, TRANSIENT_QUIET, classify};
+use tensile_runtime::controller::OnFailure;
 
 use crate::namespaces::NamespaceError;
 
@@ -71,69 +73,6 @@ impl std::fmt::Display for Call {
 /// The underlying error of a failed call (the API server's answer, or the error of the module
 /// that made the call, which names its object too).
 pub type Source = Box<dyn std::error::Error + Send + Sync>;
-
-/// How an API server's answer classifies (see [`classify`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ApiClass {
-    /// Unreachable, timed out, overloaded (5xx, 429, 408), or our credentials were not taken
-    /// (401: the client renews them): the same call may well succeed later.
-    Transient,
-    /// 409 or 404: the object changed or went since our cache saw it; the watch brings its
-    /// news, and the next look decides anew.
-    Conflict,
-    /// Any other 4xx: the API server refused the object (validation, admission, quota, RBAC).
-    Refused,
-}
-
-/// How an answer of HTTP status `code` classifies.
-pub fn classify_code(code: u16) -> ApiClass {
-    match code {
-        404 | 409 => ApiClass::Conflict,
-        401 | 408 | 429 => ApiClass::Transient,
-        400..=499 => ApiClass::Refused,
-        _ => ApiClass::Transient,
-    }
-}
-
-/// How a client error classifies: by its status code when the API server answered, transient
-/// otherwise (no connection, a timeout, a TLS failure, an answer cut short).
-pub fn classify(e: &kube::Error) -> ApiClass {
-    match e {
-        kube::Error::Api(status) => classify_code(status.code),
-        _ => ApiClass::Transient,
-    }
-}
-
-/// The log level of a failed sync of a controller that sends no events (copies, volumes),
-/// failing for `failing_for`: as a pod's ([`policy`]), a conflict and a passing outage at
-/// debug (the back-off and the watches take care of them), a refusal or an outage that lasts
-/// at warn.
-pub fn quiet_level(class: ApiClass, failing_for: Duration) -> Level {
-    match class {
-        ApiClass::Conflict => Level::Debug,
-        ApiClass::Transient if failing_for < TRANSIENT_QUIET => Level::Debug,
-        ApiClass::Transient | ApiClass::Refused => Level::Warn,
-    }
-}
-
-/// Logs the failed sync `e` (`what`) at `level`.
-pub fn log_failure(level: Level, e: &dyn std::error::Error, what: &'static str) {
-    match level {
-        Level::Debug => tracing::debug!(error = %e, "{what}"),
-        Level::Info => tracing::info!(error = %e, "{what}"),
-        Level::Warn => tracing::warn!(error = %e, "{what}"),
-    }
-}
-
-/// How long `key` of `queue` has been failing (zero at its first failure).
-pub fn failing_for<K: Clone + Eq + std::hash::Hash + Send + 'static>(
-    queue: &tensile_runtime::queue::Queue<K>,
-    key: &K,
-) -> Duration {
-    queue
-        .failing_since(key)
-        .map_or(Duration::ZERO, |since| since.elapsed())
-}
 
 /// Why a pod's sync failed.
 #[derive(Debug, thiserror::Error)]
@@ -330,41 +269,16 @@ impl From<SyncError> for Failure {
     }
 }
 
-/// What the queue does with the key of a failed sync.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Then {
-    /// Forget it until something changes (its watches bring it back).
-    Done,
-    /// Again after the queue's back-off for the key (5 ms doubling to 10 s by default), sooner
-    /// when something changes.
-    Backoff,
-}
-
-/// How loud a failure is in the log.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Level {
-    /// Expected on the way (a conflict, a wait the user was told of by an event).
-    Debug,
-    /// The user's input, told on the pod.
-    Info,
-    /// The operator should look: a refusal, someone else's object, an outage that lasts.
-    Warn,
-}
-
 /// What follows from a failure.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Policy {
     /// What the queue does.
-    pub then: Then,
+    pub on_failure: OnFailure,
     /// The reason of the Warning event on the upper pod, if one is due.
     pub event: Option<&'static str>,
     /// The log level.
     pub level: Level,
 }
-
-/// How long a transient failure of one pod lasts before it is worth an event and a warning: an
-/// API server that restarts, or answers 429 for a moment, is no news to the pod's owner.
-pub const TRANSIENT_QUIET: Duration = Duration::from_secs(30);
 
 /// What follows from `failure`, for a pod whose sync has been failing for `failing_for`
 /// (zero at its first failure).
@@ -372,36 +286,40 @@ pub fn policy(failure: &Failure, failing_for: Duration) -> Policy {
     let event = failure.op.reason();
     let (then, event, level) = match &failure.error {
         SyncError::Transient { .. } if failing_for < TRANSIENT_QUIET => {
-            (Then::Backoff, None, Level::Debug)
+            (OnFailure::Retry, None, Level::Debug)
         }
-        SyncError::Transient { .. } => (Then::Backoff, event, Level::Warn),
+        SyncError::Transient { .. } => (OnFailure::Retry, event, Level::Warn),
         // The watch brings the change: at once in effect (the first back-off is 5 ms), and
         // slower while the cache stays behind, so that a stale cache is no hot loop.
-        SyncError::Conflict { .. } => (Then::Backoff, None, Level::Debug),
+        SyncError::Conflict { .. } => (OnFailure::Retry, None, Level::Debug),
         // As a kubelet waiting for a ConfigMap: an event at every attempt (one series with a
         // count: the sink folds repeats); the object's watch brings the pod back at once.
-        SyncError::MissingDependency { .. } => (Then::Backoff, event, Level::Debug),
+        SyncError::MissingDependency { .. } => (OnFailure::Retry, event, Level::Debug),
         // The copy controller wakes a pod still to be created when the copy is there, or when
         // making it failed: nothing to look at before (no polling), and a moment's wait is no
         // news. A pod that exists downstairs (an ephemeral container waits) is not woken: it
         // looks again with back-off, quietly for a while.
         SyncError::CopyPending { failed: None, .. } if failure.op == Op::Create => {
-            (Then::Done, None, Level::Debug)
+            (OnFailure::Done, None, Level::Debug)
         }
         SyncError::CopyPending { failed: None, .. } if failing_for < TRANSIENT_QUIET => {
-            (Then::Backoff, None, Level::Debug)
+            (OnFailure::Retry, None, Level::Debug)
         }
-        SyncError::CopyPending { .. } => (Then::Backoff, event, Level::Warn),
+        SyncError::CopyPending { .. } => (OnFailure::Retry, event, Level::Warn),
         // Quotas free up and admission changes: tried again, with back-off.
         SyncError::RefusedByLower { .. } | SyncError::RefusedByUpper { .. } => {
-            (Then::Backoff, event, Level::Warn)
+            (OnFailure::Retry, event, Level::Warn)
         }
         // Trying again changes nothing: the pod's (or its dependency's) next change does.
-        SyncError::Invalid(_) => (Then::Done, event, Level::Info),
+        SyncError::Invalid(_) => (OnFailure::Done, event, Level::Info),
         // Nobody tells us when someone else's object goes: looked at again, with back-off.
-        SyncError::Ownership { .. } => (Then::Backoff, event, Level::Warn),
+        SyncError::Ownership { .. } => (OnFailure::Retry, event, Level::Warn),
     };
-    Policy { then, event, level }
+    Policy {
+        on_failure: then,
+        event,
+        level,
+    }
 }
 
 #[cfg(test)]
@@ -424,31 +342,6 @@ pub(crate) mod tests {
 
     fn call(cluster: Cluster) -> Call {
         Call::new("creating", "Pod", "default", "web", cluster)
-    }
-
-    #[test]
-    fn status_codes_classify_in_one_place() {
-        for (code, class) in [
-            (500, ApiClass::Transient),
-            (503, ApiClass::Transient),
-            (504, ApiClass::Transient),
-            (429, ApiClass::Transient),
-            (408, ApiClass::Transient),
-            (401, ApiClass::Transient),
-            (0, ApiClass::Transient),
-            (409, ApiClass::Conflict),
-            (404, ApiClass::Conflict),
-            (400, ApiClass::Refused),
-            (403, ApiClass::Refused),
-            (413, ApiClass::Refused),
-            (422, ApiClass::Refused),
-        ] {
-            assert_eq!(classify_code(code), class, "{code}");
-            assert_eq!(classify(&api_error(code, "")), class, "{code}");
-        }
-        // No answer at all (no connection, a timeout): transient.
-        let cut = kube::Error::Service("connection refused".into());
-        assert_eq!(classify(&cut), ApiClass::Transient);
     }
 
     #[test]
@@ -516,22 +409,22 @@ pub(crate) mod tests {
             failed: failed.map(str::to_owned),
         };
         let quiet = |then| Policy {
-            then,
+            on_failure: then,
             event: None,
             level: Level::Debug,
         };
         let (now, later) = (Duration::ZERO, TRANSIENT_QUIET);
         assert_eq!(
             policy(&failure(Op::Create, pending(None)), later),
-            quiet(Then::Done),
+            quiet(OnFailure::Done),
             "the copy controller wakes it"
         );
         assert_eq!(
             policy(&failure(Op::Update, pending(None)), now),
-            quiet(Then::Backoff)
+            quiet(OnFailure::Retry)
         );
         let news = Policy {
-            then: Then::Backoff,
+            on_failure: OnFailure::Retry,
             event: Some(EVENT_PROVIDER_CREATE_FAILED),
             level: Level::Warn,
         };
@@ -551,7 +444,7 @@ pub(crate) mod tests {
         assert_eq!(
             policy_of(Op::Create, api(503, lower()), now),
             Policy {
-                then: Then::Backoff,
+                on_failure: OnFailure::Retry,
                 event: None,
                 level: Level::Debug
             }
@@ -559,7 +452,7 @@ pub(crate) mod tests {
         assert_eq!(
             policy_of(Op::Create, api(503, lower()), TRANSIENT_QUIET),
             Policy {
-                then: Then::Backoff,
+                on_failure: OnFailure::Retry,
                 event: Some(EVENT_PROVIDER_CREATE_FAILED),
                 level: Level::Warn
             }
@@ -568,7 +461,7 @@ pub(crate) mod tests {
         assert_eq!(
             policy_of(Op::Update, api(409, lower()), Duration::from_secs(3600)),
             Policy {
-                then: Then::Backoff,
+                on_failure: OnFailure::Retry,
                 event: None,
                 level: Level::Debug
             }
@@ -577,7 +470,7 @@ pub(crate) mod tests {
         assert_eq!(
             policy_of(Op::Create, missing(), now),
             Policy {
-                then: Then::Backoff,
+                on_failure: OnFailure::Retry,
                 event: Some(EVENT_PROVIDER_CREATE_FAILED),
                 level: Level::Debug
             }
@@ -591,7 +484,7 @@ pub(crate) mod tests {
             assert_eq!(
                 policy_of(op, api(422, lower()), now),
                 Policy {
-                    then: Then::Backoff,
+                    on_failure: OnFailure::Retry,
                     event: Some(reason),
                     level: Level::Warn
                 }
@@ -612,20 +505,11 @@ pub(crate) mod tests {
         assert_eq!(
             policy_of(Op::Create, theirs, now),
             Policy {
-                then: Then::Backoff,
+                on_failure: OnFailure::Retry,
                 event: Some(EVENT_PROVIDER_CREATE_FAILED),
                 level: Level::Warn
             }
         );
-    }
-
-    #[test]
-    fn controllers_without_events_log_quietly_until_it_matters() {
-        let (now, later) = (Duration::ZERO, TRANSIENT_QUIET);
-        assert_eq!(quiet_level(ApiClass::Transient, now), Level::Debug);
-        assert_eq!(quiet_level(ApiClass::Transient, later), Level::Warn);
-        assert_eq!(quiet_level(ApiClass::Conflict, later), Level::Debug);
-        assert_eq!(quiet_level(ApiClass::Refused, now), Level::Warn);
     }
 
     /// Today's bug this fixes: a pod that cannot be translated (a malformed `clusterSelector`,
@@ -637,7 +521,7 @@ pub(crate) mod tests {
         assert_eq!(
             policy(&failure(Op::Create, invalid), Duration::ZERO),
             Policy {
-                then: Then::Done,
+                on_failure: OnFailure::Done,
                 event: Some(EVENT_PROVIDER_CREATE_FAILED),
                 level: Level::Info
             }

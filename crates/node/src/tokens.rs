@@ -43,8 +43,9 @@ use tensile_runtime::cache::{CompactCache, Key};
 use tensile_runtime::clients::already_exists;
 use tensile_runtime::queue::Queue;
 
-use crate::sync_error::{Call, Cluster, SyncError, classify};
+use crate::sync_error::{Call, Cluster, SyncError};
 use crate::sync_metrics::SyncMetrics;
+use tensile_runtime::api_error::classify;
 
 /// What the pod controller's tokens are made of.
 pub struct TokenWiring {
@@ -192,7 +193,7 @@ impl PodTokens {
         secrets
             .collect(key, upper, lower)
             .await
-            .map_err(|e| self.error(e, Some(&key.0), Some(&key.1)))
+            .map_err(|e| self.error(e, Some(&key.namespace), Some(&key.name)))
     }
 
     /// Whether pod `key` has token Secrets of ours (then [`Self::collect`] has something to
@@ -447,7 +448,7 @@ impl IdentitySecrets {
                     .as_ref()
                     .and_then(|a| a.get(ANNOTATION_TOKEN_POD));
                 if let (Some(ns), Some(pod)) = (s.metadata.namespace.clone(), pod) {
-                    feed.add((ns, pod.clone()));
+                    feed.add(Key::new(ns, pod.clone()));
                 }
             })
             .await;
@@ -482,7 +483,10 @@ impl IdentitySecrets {
             .get(key)
             .map(|n| n.iter().cloned().collect())
             .unwrap_or_default();
-        let (ns, _) = key;
+        let Key {
+            namespace: ns,
+            name: _,
+        } = key;
         for name in names {
             let Some(secret) = self.secrets.get(ns, &name) else {
                 continue;
@@ -544,7 +548,7 @@ impl IdentitySecrets {
         };
         if let Some(at) = due {
             self.queue
-                .add_at((ns.to_owned(), name.to_owned()), instant_at(at));
+                .add_at(Key::new(ns.to_owned(), name.to_owned()), instant_at(at));
         }
         Ok(())
     }
@@ -684,7 +688,7 @@ impl IdentitySecrets {
             self.written
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner)
-                .insert((ns.to_owned(), name.to_owned()), version);
+                .insert(Key::new(ns.to_owned(), name.to_owned()), version);
         }
     }
 
@@ -718,7 +722,7 @@ fn own_write(
     let last = written
         .lock()
         .unwrap_or_else(PoisonError::into_inner)
-        .remove(&(ns.clone(), name.clone()));
+        .remove(&Key::new(ns.clone(), name.clone()));
     last.is_some()
         && last.as_ref() == shown.metadata.resource_version.as_ref()
         && cache.contains(ns, name)
@@ -730,7 +734,7 @@ fn index_secrets(index: &Mutex<HashMap<Key, BTreeSet<String>>>, event: &watcher:
     let entry = |s: &Secret| {
         let pod = s.metadata.annotations.as_ref()?.get(ANNOTATION_TOKEN_POD)?;
         Some((
-            (s.metadata.namespace.clone()?, pod.clone()),
+            Key::new(s.metadata.namespace.clone()?, pod.clone()),
             s.metadata.name.clone()?,
         ))
     };
@@ -901,7 +905,7 @@ mod tests {
             cache.apply_keys(&e);
         }
         let written: Mutex<HashMap<Key, String>> = Mutex::default();
-        let key = ("default".to_owned(), "tensile-identity-u-1".to_owned());
+        let key = Key::new("default", "tensile-identity-u-1");
         // Never written by us: planned.
         cache.apply_keys(&watcher::Event::Apply(secret("1")));
         assert!(!own_write(&written, &cache, &secret("1")));

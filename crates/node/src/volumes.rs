@@ -6,6 +6,8 @@
 //! the claim copy controller's, `crate::copies`, which hands changes over through
 //! [`ClaimEvents`]).
 
+use std::sync::Arc;
+
 use futures::StreamExt as _;
 
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim};
@@ -19,9 +21,11 @@ use tokio_util::sync::CancellationToken;
 
 use tensile_runtime::cache::CompactCache;
 use tensile_runtime::clients::{already_exists, delete_exact};
-use tensile_runtime::queue::{Queue, Receiver};
+use tensile_runtime::controller::{self, OnFailure, Reconciler, Stage, Workers};
+use tensile_runtime::queue::{Action, Queue, Receiver};
+use tokio::time::Instant;
 
-use crate::sync_error::{classify, failing_for, log_failure, quiet_level};
+use tensile_runtime::api_error::{classify, failing_for, log_failure, quiet_level};
 
 /// Settings of the volume controller.
 #[derive(Clone)]
@@ -129,7 +133,7 @@ impl VolumeIndex {
         cache
             .apply_keys(event)
             .into_iter()
-            .map(|(_, name)| name)
+            .map(|key| key.name)
             .collect()
     }
 
@@ -283,29 +287,58 @@ impl VolumeController {
                 index.lower.wait_until_ready(),
             ) => {}
         }
-        for (_, name) in index.lower.keys() {
-            queue.add(name);
+        for key in index.lower.keys() {
+            queue.add(key.name);
         }
         for pv in index.upper.state() {
             if is_owned_by(&pv.metadata, &cfg.owner) {
                 queue.add(pv.name_any());
             }
         }
-        while let Some((name, _)) = queue.next(&rx, &stop).await {
-            let t0 = std::time::Instant::now();
-            let result = sync(&cfg, &index, &name).await;
-            cfg.metrics.observe("volume", t0.elapsed());
-            if let Err(e) = &result {
-                let level = quiet_level(classify(&e.source), failing_for(&queue, &name));
-                log_failure(level, e, "volume sync failed");
-            }
-            queue.done(name, result.is_ok());
+        let writer = Arc::new(VolumeWriter { cfg, index });
+        controller::run(writer, queue, rx, Workers::one_at_a_time(1), stop).await;
+    }
+}
+
+/// The volume controller's reconciler: the index's effects, carried out.
+struct VolumeWriter {
+    cfg: VolumeSync,
+    index: VolumeIndex,
+}
+
+impl Reconciler for VolumeWriter {
+    type Key = String;
+    type Plan = Vec<VolumeEffect>;
+    type Error = VolumeError;
+
+    fn plan(&self, name: &String) -> Vec<VolumeEffect> {
+        self.index.effects(name)
+    }
+
+    async fn execute(
+        self: Arc<Self>,
+        name: String,
+        effects: Vec<VolumeEffect>,
+    ) -> Result<Action, VolumeError> {
+        sync(&self.cfg, &name, effects).await?;
+        Ok(Action::Done)
+    }
+
+    fn failed(&self, _: &String, e: &VolumeError, since: Option<Instant>) -> OnFailure {
+        let level = quiet_level(classify(&e.source), failing_for(since));
+        log_failure(level, e, "volume sync failed");
+        OnFailure::Retry
+    }
+
+    fn observe(&self, stage: Stage, took: std::time::Duration) {
+        if stage == Stage::Reconcile {
+            self.cfg.metrics.observe("volume", took);
         }
     }
 }
 
-/// Carries out the index's effects for volume `name`, in order.
-async fn sync(cfg: &VolumeSync, index: &VolumeIndex, name: &str) -> Result<(), VolumeError> {
+/// Carries out the index's `effects` for volume `name`, in order.
+async fn sync(cfg: &VolumeSync, name: &str, effects: Vec<VolumeEffect>) -> Result<(), VolumeError> {
     let err = |what: &'static str, kind: &'static str, cluster: &'static str, name: &str| {
         let name = name.to_owned();
         move |source| VolumeError {
@@ -320,7 +353,7 @@ async fn sync(cfg: &VolumeSync, index: &VolumeIndex, name: &str) -> Result<(), V
     let lower_api = Api::<PersistentVolume>::all(cfg.lower.clone());
     let merge = |patch: &Value| Patch::Merge(patch.clone());
     let pp = PatchParams::default();
-    for effect in index.effects(name) {
+    for effect in effects {
         match effect {
             VolumeEffect::CreateUpperVolume(pv) => {
                 match upper_api.create(&PostParams::default(), &pv).await {

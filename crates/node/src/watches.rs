@@ -79,7 +79,7 @@ impl<K> ObjectWatches<K> {
     pub fn known(&self, namespace: &str, name: &str) -> bool {
         self.lock()
             .watched
-            .get(&(namespace.to_owned(), name.to_owned()))
+            .get(&Key::new(namespace.to_owned(), name.to_owned()))
             .is_some_and(|w| w.synced)
     }
 
@@ -145,7 +145,7 @@ where
             id
         };
         tokio::spawn(follow(
-            Api::namespaced(self.client.clone(), &key.0),
+            Api::namespaced(self.client.clone(), &key.namespace),
             key,
             self.cache.clone(),
             self.inner.clone(),
@@ -159,7 +159,7 @@ where
         if let Some(w) = self.lock().watched.remove(key) {
             w.stop.cancel();
         }
-        self.cache.remove(&key.0, &key.1);
+        self.cache.remove(&key.namespace, &key.name);
     }
 }
 
@@ -181,7 +181,10 @@ async fn follow<K>(
         + Sync
         + 'static,
 {
-    let (ns, name) = key.clone();
+    let Key {
+        namespace: ns,
+        name,
+    } = key.clone();
     let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
     let stream = tensile_runtime::backoff::watch(api, config).boxed();
     // What the list in progress found (at most the one object).

@@ -10,11 +10,14 @@ use kube::api::{ListParams, WatchParams};
 use tensile_runtime::clients::{
     ApiCalls, ClientError, KubeconfigSource, Verb, build_client, build_client_with_server,
 };
-use tensile_sim::apiserver::{ApiServer, ApiServerConfig};
+use tensile_sim::apiserver::ApiServerConfig;
 
 #[tokio::test]
 async fn requests_are_throttled_and_counted() {
-    let server = ApiServer::start(ApiServerConfig::default()).await.unwrap();
+    let server = tensile_testenv::start_apiserver(ApiServerConfig::default())
+        .await
+        .unwrap()
+        .0;
     let calls = ApiCalls::default();
     let client = build_client(
         KubeconfigSource::Text(server.kubeconfig("c")),
@@ -123,7 +126,10 @@ async fn an_invalid_kubeconfig_file_is_an_error_naming_it() {
 
 #[tokio::test]
 async fn a_kubeconfig_file_works_and_the_server_can_be_overridden() {
-    let server = ApiServer::start(ApiServerConfig::default()).await.unwrap();
+    let server = tensile_testenv::start_apiserver(ApiServerConfig::default())
+        .await
+        .unwrap()
+        .0;
     let dir = std::env::temp_dir().join(format!("tensile-clients-ok-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("kubeconfig");
@@ -164,7 +170,10 @@ async fn in_cluster_config_is_used_only_when_chosen_and_fails_clearly_outside_a_
 
 #[tokio::test]
 async fn an_invalid_server_override_is_refused() {
-    let server = ApiServer::start(ApiServerConfig::default()).await.unwrap();
+    let server = tensile_testenv::start_apiserver(ApiServerConfig::default())
+        .await
+        .unwrap()
+        .0;
     let calls = ApiCalls::default();
     let err = build_client_with_server(
         KubeconfigSource::Text(server.kubeconfig("c")),
@@ -195,7 +204,7 @@ async fn version_recorder(
 ) {
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::sync::{Arc, Mutex};
-    use tensile_sim::certs::{Ca, certs_from_pem, server_config};
+    use tensile_testenv::certs::{Ca, certs_from_pem, server_config};
     let ca = Ca::new("h2-ca").unwrap();
     let cert = ca.issue_server("h2", &["127.0.0.1".into()]).unwrap();
     let tls = tokio_rustls::TlsAcceptor::from(server_config(&cert, ca.cert_pem()).unwrap());

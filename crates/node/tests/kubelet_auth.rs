@@ -51,7 +51,7 @@ fn refusals(text: &str, reason: &str) -> f64 {
 #[tokio::test]
 async fn a_client_certificate_of_another_ca_is_a_warning_event_and_a_counted_refusal() {
     let env = clusters().await;
-    let foreign = tensile_sim::certs::Ca::new("foreign-ca").unwrap();
+    let foreign = tensile_testenv::certs::Ca::new("foreign-ca").unwrap();
     let mut opts = NodeOptions::new("vk-lower");
     opts.metrics = true;
     opts.client_ca = Some(ClientCa::Pem(foreign.cert_pem().to_owned()));

@@ -131,7 +131,7 @@ async fn a_virtual_node_with_a_kubelets_identity_is_allowed_all_it_does_and_noth
     .await
     .unwrap();
     // As the binary builds its clients on it (`--tls-bootstrap`).
-    let issued = tensile_sim::certs::Issued {
+    let issued = tensile_testenv::certs::Issued {
         cert_pem: cert.cert_pem.clone(),
         key_pem: cert.key_pem.clone(),
     };

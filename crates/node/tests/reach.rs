@@ -239,7 +239,7 @@ async fn a_lower_cluster_with_another_ca_is_named_a_certificate_error() {
     let text = std::fs::read_to_string(&env.clusters[1].kubeconfig).unwrap();
     let mut kubeconfig =
         serde_json::to_value(kube::config::Kubeconfig::from_yaml(&text).unwrap()).unwrap();
-    let other = tensile_sim::certs::Ca::new("another-ca").unwrap();
+    let other = tensile_testenv::certs::Ca::new("another-ca").unwrap();
     let ca_file = env.dir().join("another-ca.pem");
     std::fs::write(&ca_file, other.cert_pem()).unwrap();
     for c in kubeconfig["clusters"].as_array_mut().unwrap() {

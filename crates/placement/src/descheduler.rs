@@ -36,7 +36,7 @@
 //! Moves are rate limited (a global token bucket and a per-node limit per minute), a pod moved
 //! `max_attempts` times is left alone with a Warning event, and `dry_run` writes nothing.
 
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{ConfigMap, Node, ObjectReference, Pod};
@@ -48,9 +48,11 @@ use tensile_core::keys::{
     ANNOTATION_UNSCHEDULABLE_NODE, EVENT_RESCHEDULED, LABEL_NODE_TYPE, VALUE_NODE_TYPE_VIRTUAL,
 };
 use tensile_runtime::clients::{already_exists, delete_exact};
+use tensile_runtime::controller::{self, OnFailure, Reconciler, Workers};
 use tensile_runtime::events::{EventSink, PodEvent};
+use tensile_runtime::lock::lock;
 use tensile_runtime::metrics::Readiness;
-use tensile_runtime::queue::{Action, Queue, Receiver};
+use tensile_runtime::queue::{Action, Queue};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -153,17 +155,18 @@ mod index;
 
 use index::{Effect, Event, Exclusion, Index, Intent, Key, Now, RECHECK, RETRY};
 
-struct Shared {
+struct Descheduler {
     config: DeschedulerConfig,
     client: kube::Client,
     index: Mutex<Index>,
     events: EventSink,
+    /// The keys to look at (a started move is looked at again at once).
+    queue: Queue<Key>,
 }
 
-impl Shared {
+impl Descheduler {
     fn index(&self) -> MutexGuard<'_, Index> {
-        // A panic while holding the lock leaves bookkeeping that is still usable; keep going.
-        self.index.lock().unwrap_or_else(PoisonError::into_inner)
+        lock(&self.index, "the descheduler index")
     }
 
     fn intent_api(&self) -> Api<ConfigMap> {
@@ -189,15 +192,16 @@ pub async fn run(
 ) -> Result<(), MoveError> {
     let index = Index::new(config.clone(), Instant::now());
     let (pods, nodes, moves) = index.caches();
-    let shared = Arc::new(Shared {
+    let (queue, rx) = Queue::<Key>::new();
+    let shared = Arc::new(Descheduler {
         events: EventSink::start(client.clone(), "tensile-descheduler", "tensile-descheduler"),
         client: client.clone(),
         index: Mutex::new(index),
         config,
+        queue: queue.clone(),
     });
     // The watches put the keys they touch on the queue at once; the workers start once every
     // cache has listed, so no key is decided on a partial picture.
-    let (queue, rx) = Queue::<Key>::new();
     watch(
         &shared,
         &queue,
@@ -238,23 +242,20 @@ pub async fn run(
         readiness.set_ready();
     }
     // A key is worked on by one worker at a time; one touched meanwhile is looked at again
-    // once it is done (the queue's rules).
-    for _ in 0..CONCURRENT_MOVES {
-        tokio::spawn(work(
-            shared.clone(),
-            queue.clone(),
-            rx.clone(),
-            stop.clone(),
-        ));
-    }
-    // Back at once on stop: a worker in the middle of an API call does not hold up shutdown.
-    stop.cancelled().await;
+    // once it is done (the queue's rules). Back at once on stop: a worker in the middle of an
+    // API call does not hold up shutdown.
+    let workers = Workers {
+        count: CONCURRENT_MOVES,
+        long_per_worker: 0,
+        drain: Duration::ZERO,
+    };
+    controller::run(shared, queue, rx, workers, stop).await;
     Ok(())
 }
 
 /// One watch applied to the index; the keys it touches go on the queue.
 fn watch<K>(
-    shared: &Arc<Shared>,
+    shared: &Arc<Descheduler>,
     queue: &Queue<Key>,
     stop: &CancellationToken,
     api: Api<K>,
@@ -277,24 +278,34 @@ fn watch<K>(
     });
 }
 
-/// A worker: takes the due keys one at a time, executes what the index decides for each, and
-/// comes back to it when that says.
-async fn work(shared: Arc<Shared>, queue: Queue<Key>, rx: Receiver<Key>, stop: CancellationToken) {
-    while let Some((key, _)) = queue.next(&rx, &stop).await {
-        let effects = shared.index().decide(&key, Now::current());
+impl Reconciler for Descheduler {
+    type Key = Key;
+    type Plan = Vec<Effect>;
+    /// A failed step is retried by the index's own schedule ([`Effect::Requeue`]).
+    type Error = std::convert::Infallible;
+
+    fn plan(&self, key: &Key) -> Vec<Effect> {
+        self.index().decide(key, Now::current())
+    }
+
+    /// Executes what the index decided, and comes back to the key when that says.
+    async fn execute(self: Arc<Self>, _: Key, effects: Vec<Effect>) -> Result<Action, Self::Error> {
         let mut again: Option<Duration> = None;
         for effect in effects {
-            if let Some(after) = execute(&shared, &queue, effect).await {
+            if let Some(after) = execute(&self, &self.queue, effect).await {
                 again = Some(again.map_or(after, |a| a.min(after)));
             }
         }
-        let action = again.map_or(Action::Done, Action::RequeueAfter);
-        queue.finish(key, &Ok::<_, std::convert::Infallible>(action));
+        Ok(again.map_or(Action::Done, Action::RequeueAfter))
+    }
+
+    fn failed(&self, _: &Key, e: &Self::Error, _: Option<tokio::time::Instant>) -> OnFailure {
+        match *e {}
     }
 }
 
 /// Executes one effect; when to look at its key again.
-async fn execute(shared: &Shared, queue: &Queue<Key>, effect: Effect) -> Option<Duration> {
+async fn execute(shared: &Descheduler, queue: &Queue<Key>, effect: Effect) -> Option<Duration> {
     match effect {
         Effect::Requeue(after) => Some(after),
         Effect::Event(event) => {
@@ -387,7 +398,7 @@ async fn execute(shared: &Shared, queue: &Queue<Key>, effect: Effect) -> Option<
 /// After a step of a move: `Ok(None)` completes it (the intent goes), `Ok(Some(after))` looks
 /// again then, a failure is told on the pod and tried again.
 async fn step_done(
-    shared: &Shared,
+    shared: &Descheduler,
     intent: &Intent,
     m: &Move,
     result: Result<Option<Duration>, MoveError>,
@@ -408,7 +419,7 @@ async fn step_done(
     }
 }
 
-async fn remove_intent(shared: &Shared, intent: &Intent) -> Option<Duration> {
+async fn remove_intent(shared: &Descheduler, intent: &Intent) -> Option<Duration> {
     match delete_exact(&shared.intent_api(), &intent.name, intent.uid.clone(), None).await {
         Ok(()) => None,
         Err(e) => {
@@ -431,7 +442,7 @@ fn record_cleaned(name: &str, result: Result<Option<Duration>, kube::Error>) -> 
 }
 
 /// Writes the intent of a move (done when it exists already: same pod, same move).
-async fn write_intent(shared: &Shared, name: &str, m: &Move) -> Result<(), MoveError> {
+async fn write_intent(shared: &Descheduler, name: &str, m: &Move) -> Result<(), MoveError> {
     let body =
         serde_json::to_string(m).map_err(|e| MoveError::Intent(name.to_owned(), e.to_string()))?;
     let intent: ConfigMap = serde_json::from_value(json!({
@@ -461,7 +472,11 @@ fn api_error<'a>(action: &'static str, m: &'a Move) -> impl FnOnce(kube::Error) 
 /// Records that the moved pod's controller stays off the node, marks the pod with the node it
 /// failed on (the original's annotation), then deletes it, both only while it is the pod with
 /// the move's UID.
-async fn evict(shared: &Shared, m: &Move, exclusion: Option<&Exclusion>) -> Result<(), MoveError> {
+async fn evict(
+    shared: &Descheduler,
+    m: &Move,
+    exclusion: Option<&Exclusion>,
+) -> Result<(), MoveError> {
     if let Some(exclusion) = exclusion {
         record_exclusion(shared, exclusion).await?;
     }
@@ -482,7 +497,7 @@ async fn evict(shared: &Shared, m: &Move, exclusion: Option<&Exclusion>) -> Resu
 
 /// Writes into the controller's exclusions record that it stays off the node until the time
 /// decided (a merge patch of one key, so no read is needed; created when missing).
-async fn record_exclusion(shared: &Shared, exclusion: &Exclusion) -> Result<(), MoveError> {
+async fn record_exclusion(shared: &Descheduler, exclusion: &Exclusion) -> Result<(), MoveError> {
     let Exclusion {
         controller,
         node,
@@ -521,7 +536,7 @@ async fn record_exclusion(shared: &Shared, exclusion: &Exclusion) -> Result<(), 
 
 /// Creates the replacement of a re-created pod once the moved pod is gone. `None` when done.
 async fn create_replacement(
-    shared: &Shared,
+    shared: &Descheduler,
     m: &Move,
     note: String,
 ) -> Result<Option<Duration>, MoveError> {
@@ -560,8 +575,15 @@ async fn create_replacement(
 }
 
 /// Hands the move's count over to the controller's new pod. `None` when done.
-async fn hand_over(shared: &Shared, m: &Move, pod: &Pod) -> Result<Option<Duration>, MoveError> {
-    let (ns, name) = index::key_of(pod);
+async fn hand_over(
+    shared: &Descheduler,
+    m: &Move,
+    pod: &Pod,
+) -> Result<Option<Duration>, MoveError> {
+    let tensile_runtime::cache::Key {
+        namespace: ns,
+        name,
+    } = index::key_of(pod);
     let api: Api<Pod> = Api::namespaced(shared.client.clone(), &ns);
     let patch = deschedule::handover_patch(m, pod);
     match api

@@ -215,7 +215,7 @@ pub async fn start(cfg: ExtenderConfig, stop: CancellationToken) -> Result<Runni
 /// The extender's state and request handler; cheap to clone, clones share everything.
 #[derive(Clone)]
 pub struct Extender {
-    shared: Arc<Shared>,
+    shared: Arc<ExtenderState>,
 }
 
 impl std::fmt::Debug for Extender {
@@ -224,7 +224,7 @@ impl std::fmt::Debug for Extender {
     }
 }
 
-struct Shared {
+struct ExtenderState {
     upper: kube::Client,
     metrics: ExtenderMetrics,
     index: Mutex<Index>,
@@ -250,7 +250,7 @@ impl Extender {
         metrics: ExtenderMetrics,
     ) -> Self {
         Self {
-            shared: Arc::new(Shared {
+            shared: Arc::new(ExtenderState {
                 upper,
                 metrics,
                 index: Mutex::new(Index::new(clusters, ttl)),

@@ -21,8 +21,8 @@ use tensile_placement::extender::{self, ExtenderConfig, LowerClusterClient, Runn
 use tensile_placement::metrics::ExtenderMetrics;
 use tensile_placement::serve::{ClientAuth, LiveCert, ServingCert};
 use tensile_runtime::metrics::{Readiness, serve_probes};
-use tensile_sim::certs::{Ca, Issued};
-use tensile_sim::kubelet::{SimKubeletConfig, SimNode};
+use tensile_simkubelet::{SimKubeletConfig, SimNode};
+use tensile_testenv::certs::{Ca, Issued};
 use tensile_testenv::{ClusterSpec, TestEnv, eventually, http_get, metric_value};
 use tokio_util::sync::CancellationToken;
 

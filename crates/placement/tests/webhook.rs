@@ -19,7 +19,7 @@ use tensile_placement::metrics::WebhookMetrics;
 use tensile_placement::serve::{Server, ServingCert, tls_config};
 use tensile_placement::webhook::{Webhook, WebhookConfig};
 use tensile_runtime::metrics::{Readiness, serve_probes};
-use tensile_sim::apiserver::{ApiServer, ApiServerConfig};
+use tensile_sim::apiserver::ApiServerConfig;
 use tensile_testenv::{http_get, metric_value};
 use tokio_util::sync::CancellationToken;
 
@@ -277,10 +277,10 @@ async fn checklist_89_healthz_and_required_client_certificates() {
 
     // With a client CA: a client without a certificate, or with one of another CA, is
     // refused; one with a certificate of that CA is served.
-    let clients = tensile_sim::certs::Ca::new("clients").unwrap();
-    let strangers = tensile_sim::certs::Ca::new("strangers").unwrap();
+    let clients = tensile_testenv::certs::Ca::new("clients").unwrap();
+    let strangers = tensile_testenv::certs::Ca::new("strangers").unwrap();
     let (server, cert) = serve(Some(clients.cert_pem())).await;
-    let get = |identity: Option<tensile_sim::certs::Issued>| {
+    let get = |identity: Option<tensile_testenv::certs::Issued>| {
         let ca = cert.ca_pem.clone();
         let addr = server.addr();
         async move {
@@ -310,7 +310,10 @@ fn shipped_configuration(ca_pem: &str) -> MutatingWebhookConfiguration {
 
 #[tokio::test]
 async fn the_sim_api_server_calls_the_shipped_configuration_on_pod_create() {
-    let upper = ApiServer::start(ApiServerConfig::default()).await.unwrap();
+    let upper = tensile_testenv::start_apiserver(ApiServerConfig::default())
+        .await
+        .unwrap()
+        .0;
     let client = upper.client().await.unwrap();
     let stop = CancellationToken::new();
     // A claim bound on virtual node vk-b before the webhook starts: its watch must list it.

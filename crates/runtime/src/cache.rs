@@ -22,8 +22,35 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tokio::sync::watch;
 
-/// Namespace (empty for cluster-scoped objects) and name.
-pub type Key = (String, String);
+/// An object's key: its namespace (empty for cluster-scoped objects) and name, the same in
+/// both clusters for what we copy.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Key {
+    /// The namespace; empty for a cluster-scoped object.
+    pub namespace: String,
+    /// The name.
+    pub name: String,
+}
+
+impl Key {
+    /// The key of `name` in `namespace`.
+    pub fn new(namespace: impl Into<String>, name: impl Into<String>) -> Self {
+        Key {
+            namespace: namespace.into(),
+            name: name.into(),
+        }
+    }
+}
+
+impl std::fmt::Display for Key {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.namespace.is_empty() {
+            f.write_str(&self.name)
+        } else {
+            write!(f, "{}/{}", self.namespace, self.name)
+        }
+    }
+}
 
 /// A cache filled from a watcher's events (see [`CompactCache::apply`]); cheap to clone, all
 /// clones share the content.
@@ -74,7 +101,10 @@ impl<K> Default for CompactCache<K> {
 
 fn key_of<K: kube::Resource>(o: &K) -> Option<Key> {
     let m = o.meta();
-    Some((m.namespace.clone().unwrap_or_default(), m.name.clone()?))
+    Some(Key::new(
+        m.namespace.clone().unwrap_or_default(),
+        m.name.clone()?,
+    ))
 }
 
 impl<K> CompactCache<K>
@@ -129,7 +159,11 @@ where
                     })
                     .unwrap_or_default();
                 self.apply(event);
-                objects.extend(listed.iter().filter_map(|(ns, name)| self.get(ns, name)));
+                objects.extend(
+                    listed
+                        .iter()
+                        .filter_map(|k| self.get(&k.namespace, &k.name)),
+                );
                 objects
             }
         }
@@ -197,7 +231,7 @@ where
     /// Forgets `namespace/name` (a cache filled per object, not from one list).
     pub fn remove(&self, namespace: &str, name: &str) {
         if let Ok(mut objects) = self.inner.objects.write() {
-            objects.remove(&(namespace.to_owned(), name.to_owned()));
+            objects.remove(&Key::new(namespace, name));
         }
     }
 
@@ -210,8 +244,9 @@ where
     /// reader that needs a few fields of many objects.
     pub fn get_as<T: DeserializeOwned>(&self, namespace: &str, name: &str) -> Option<T> {
         let objects = self.inner.objects.read().ok()?;
-        let key = (namespace.to_owned(), name.to_owned());
-        objects.get(&key).and_then(|v| self.inner.decode(v))
+        objects
+            .get(&Key::new(namespace, name))
+            .and_then(|v| self.inner.decode(v))
     }
 
     /// The object `namespace/name` from the cache, or, when the cache does not have it (not yet
@@ -236,7 +271,7 @@ where
         self.inner
             .objects
             .read()
-            .is_ok_and(|o| o.contains_key(&(namespace.to_owned(), name.to_owned())))
+            .is_ok_and(|o| o.contains_key(&Key::new(namespace, name)))
     }
 
     /// The keys of every cached object.
@@ -461,7 +496,7 @@ mod tests {
         for event in &events {
             let mut keys = cache.apply_keys(event);
             keys.sort();
-            for (_, name) in &keys {
+            for Key { name, .. } in &keys {
                 handed.push((name.clone(), image(name)));
             }
         }
@@ -547,13 +582,7 @@ mod tests {
         assert!(cache.contains("default", "b") && !cache.contains("other", "b"));
         let mut keys = cache.keys();
         keys.sort();
-        assert_eq!(
-            keys,
-            [
-                ("default".to_owned(), "a".to_owned()),
-                ("default".to_owned(), "b".to_owned())
-            ]
-        );
+        assert_eq!(keys, [Key::new("default", "a"), Key::new("default", "b")]);
         cache.apply(&watcher::Event::Delete(pod("a", "v2")));
         assert_eq!(cache.get("default", "a"), None);
         assert_eq!(cache.state(), [pod("b", "v1")]);
@@ -650,7 +679,7 @@ mod tests {
         l.record(&watcher::Event::InitApply(node("b")));
         assert_eq!(
             l.record(&watcher::Event::<k8s_openapi::api::core::v1::Node>::InitDone),
-            vec![(String::new(), "a".to_owned())]
+            vec![Key::new("", "a")]
         );
     }
 }

@@ -16,7 +16,7 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::hash::Hash;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use tokio::sync::{Notify, mpsc};
@@ -189,9 +189,13 @@ impl<K: Clone + Eq + Hash + Send + 'static> Queue<K> {
         self.request(key, Some(at), false);
     }
 
+    fn state(&self) -> MutexGuard<'_, State<K>> {
+        crate::lock::lock(&self.state, "a work queue")
+    }
+
     /// Asks for `key` at `at` (`None`: now).
     fn request(&self, key: K, at: Option<Instant>, urgent: bool) {
-        let Ok(mut s) = self.state.lock() else { return };
+        let mut s = self.state();
         let now = Instant::now();
         let at = at.filter(|at| *at > now);
         if s.processing.contains(&key) {
@@ -242,9 +246,7 @@ impl<K: Clone + Eq + Hash + Send + 'static> Queue<K> {
 
     /// Puts the held keys whose time has come in the normal lane; the next time, if any.
     fn release_due(&self) -> Option<Instant> {
-        let Ok(mut s) = self.state.lock() else {
-            return None;
-        };
+        let mut s = self.state();
         let now = Instant::now();
         while let Some(entry) = s.timers.first_entry() {
             let at = entry.key().0;
@@ -327,7 +329,7 @@ impl<K: Clone + Eq + Hash + Send + 'static> Queue<K> {
     /// A worker takes `key`: how long it waited, or None if it is already being worked on or
     /// no longer queued (the other lane's copy was taken first).
     fn start(&self, key: &K) -> Option<Duration> {
-        let mut s = self.state.lock().ok()?;
+        let mut s = self.state();
         let (since, urgent) = s.queued.remove(key)?;
         if s.processing.contains(key) {
             let again = s.dirty.entry(key.clone()).or_default();
@@ -342,7 +344,7 @@ impl<K: Clone + Eq + Hash + Send + 'static> Queue<K> {
     /// None when its last work succeeded (or it never failed). A worker asks before it
     /// finishes a failed attempt, to tell a failure that persists from a passing one.
     pub fn failing_since(&self, key: &K) -> Option<Instant> {
-        let s = self.state.lock().ok()?;
+        let s = self.state();
         s.failures.get(key).map(|(_, since)| *since)
     }
 
@@ -356,7 +358,7 @@ impl<K: Clone + Eq + Hash + Send + 'static> Queue<K> {
     /// for now while it was being worked on wait for that too; times asked for stand).
     pub fn finish<E>(&self, key: K, result: &Result<Action, E>) {
         let (again, failures) = {
-            let Ok(mut s) = self.state.lock() else { return };
+            let mut s = self.state();
             s.processing.remove(&key);
             let again = s.dirty.remove(&key).unwrap_or_default();
             let failures = if result.is_ok() {
@@ -385,200 +387,6 @@ impl<K: Clone + Eq + Hash + Send + 'static> Queue<K> {
         if let Some(at) = again.at {
             self.request(key, Some(at), false);
         }
-    }
-}
-
-/// Keys held back for a window: the first sighting holds a key, later ones within the window
-/// keep holding it, the first one after lets it through (and forgets it). What a key's holder
-/// does meanwhile (come back when the window is over: [`Queue::add_after`] what is left) is up
-/// to the caller.
-pub struct Holds<K> {
-    window: Duration,
-    since: Mutex<HashMap<K, std::time::Instant>>,
-}
-
-/// What [`Holds::hold`] decided.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Hold {
-    /// Held from now on: come back after this long (the window).
-    Newly(Duration),
-    /// Still within its window: come back after this long (what is left of it).
-    Still(Duration),
-    /// The window is over: go ahead.
-    Over,
-}
-
-impl<K> std::fmt::Debug for Holds<K> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Holds")
-            .field("window", &self.window)
-            .finish_non_exhaustive()
-    }
-}
-
-impl<K: Clone + Eq + Hash> Holds<K> {
-    /// Holds of `window` each.
-    pub fn new(window: Duration) -> Self {
-        Self {
-            window,
-            since: Mutex::new(HashMap::new()),
-        }
-    }
-
-    /// Whether `key`, seen at `now`, is held.
-    pub fn hold(&self, key: &K, now: std::time::Instant) -> Hold {
-        let Ok(mut since) = self.since.lock() else {
-            return Hold::Over;
-        };
-        match since.get(key) {
-            None => {
-                since.insert(key.clone(), now);
-                Hold::Newly(self.window)
-            }
-            // A margin, so that the caller coming back after the window never finds it open.
-            Some(t)
-                if now.saturating_duration_since(*t) + Duration::from_millis(5) < self.window =>
-            {
-                Hold::Still(
-                    self.window
-                        .saturating_sub(now.saturating_duration_since(*t)),
-                )
-            }
-            Some(_) => {
-                since.remove(key);
-                Hold::Over
-            }
-        }
-    }
-
-    /// Forgets `key` (its business was done another way).
-    pub fn release(&self, key: &K) {
-        if let Ok(mut since) = self.since.lock() {
-            since.remove(key);
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_key_is_held_for_its_window_then_let_through_once() {
-        let holds = Holds::new(Duration::from_millis(200));
-        let t0 = std::time::Instant::now();
-        assert_eq!(
-            holds.hold(&"a", t0),
-            Hold::Newly(Duration::from_millis(200))
-        );
-        assert_eq!(
-            holds.hold(&"a", t0 + Duration::from_millis(150)),
-            Hold::Still(Duration::from_millis(50))
-        );
-        assert_eq!(
-            holds.hold(&"b", t0 + Duration::from_millis(100)),
-            Hold::Newly(Duration::from_millis(200))
-        );
-        assert_eq!(
-            holds.hold(&"a", t0 + Duration::from_millis(200)),
-            Hold::Over
-        );
-        // Let through and forgotten: the next sighting opens a new window.
-        assert_eq!(
-            holds.hold(&"a", t0 + Duration::from_millis(210)),
-            Hold::Newly(Duration::from_millis(200))
-        );
-        // Released: forgotten at once.
-        holds.release(&"b");
-        assert_eq!(
-            holds.hold(&"b", t0 + Duration::from_millis(110)),
-            Hold::Newly(Duration::from_millis(200))
-        );
-    }
-}
-
-/// Writes whose result a watch has not shown yet: after a create succeeds, the watch that
-/// fills the cache may not have delivered the object when its key is reconciled again (another
-/// change of the key came meanwhile), and the cache would say to create it again (a create
-/// answered AlreadyExists and a GET: two round trips for nothing). A key is expected, with the
-/// version it was written for (the upper pod's UID), from the write until the watch shows
-/// anything of that key, and for at most `window` (a watch that never shows it must not hold
-/// the key back for good: the next create is idempotent anyway).
-pub struct Expected<K> {
-    window: Duration,
-    since: Mutex<HashMap<K, (String, std::time::Instant)>>,
-}
-
-impl<K> std::fmt::Debug for Expected<K> {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Expected")
-            .field("window", &self.window)
-            .finish_non_exhaustive()
-    }
-}
-
-impl<K: Clone + Eq + Hash> Expected<K> {
-    /// Expectations that last at most `window`.
-    pub fn new(window: Duration) -> Self {
-        Self {
-            window,
-            since: Mutex::new(HashMap::new()),
-        }
-    }
-
-    /// `key` was written for `version` at `now`.
-    pub fn written(&self, key: K, version: &str, now: std::time::Instant) {
-        if let Ok(mut since) = self.since.lock() {
-            since.insert(key, (version.to_owned(), now));
-        }
-    }
-
-    /// The watch showed something of `key`: the cache is to be believed again.
-    pub fn seen(&self, key: &K) {
-        if let Ok(mut since) = self.since.lock() {
-            since.remove(key);
-        }
-    }
-
-    /// Whether a write of `key` for `version` was made within the window and the watch has not
-    /// shown the key since (the cache's absence of it is not to be believed).
-    pub fn pending(&self, key: &K, version: &str, now: std::time::Instant) -> bool {
-        let Ok(mut since) = self.since.lock() else {
-            return false;
-        };
-        match since.get(key) {
-            Some((v, t)) if v == version && now.saturating_duration_since(*t) < self.window => true,
-            Some(_) => {
-                since.remove(key);
-                false
-            }
-            None => false,
-        }
-    }
-}
-
-#[cfg(test)]
-mod expected_tests {
-    use super::*;
-
-    #[test]
-    fn a_write_is_expected_until_the_watch_shows_the_key_or_the_window_ends() {
-        let expected = Expected::new(Duration::from_secs(30));
-        let t0 = std::time::Instant::now();
-        assert!(!expected.pending(&"a", "uid-1", t0));
-        expected.written("a", "uid-1", t0);
-        assert!(expected.pending(&"a", "uid-1", t0 + Duration::from_secs(1)));
-        // Another version of the key (the upper pod made again) is not expected.
-        assert!(!expected.pending(&"a", "uid-2", t0 + Duration::from_secs(1)));
-        expected.written("a", "uid-1", t0);
-        // Seen by the watch: the cache is right again.
-        expected.seen(&"a");
-        assert!(!expected.pending(&"a", "uid-1", t0 + Duration::from_secs(1)));
-        // Never seen: the window ends it.
-        expected.written("b", "uid-3", t0);
-        assert!(expected.pending(&"b", "uid-3", t0 + Duration::from_secs(29)));
-        assert!(!expected.pending(&"b", "uid-3", t0 + Duration::from_secs(30)));
-        assert!(!expected.pending(&"b", "uid-3", t0 + Duration::from_secs(1)));
     }
 }
 

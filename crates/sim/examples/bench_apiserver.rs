@@ -19,8 +19,8 @@ use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, PostParams};
 use serde_json::json;
+use tensile_sim::apiserver::ApiServerConfig;
 use tensile_sim::apiserver::controllers::Controllers;
-use tensile_sim::apiserver::{ApiServer, ApiServerConfig};
 
 fn rss_mib() -> f64 {
     std::fs::read_to_string("/proc/self/status")
@@ -56,7 +56,7 @@ async fn main() {
         controllers: Controllers::none(),
         ..ApiServerConfig::default()
     };
-    let server = ApiServer::start(config).await.unwrap();
+    let server = tensile_testenv::start_apiserver(config).await.unwrap().0;
     let client = server.client().await.unwrap();
     println!(
         "tensile-sim API server benchmark: {pods_n} pods, {nodes_n} nodes, {watchers_n} watchers, {concurrency} concurrent writers"

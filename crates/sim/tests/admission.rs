@@ -14,8 +14,8 @@ use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, PostParams};
 use serde_json::{Value, json};
-use tensile_sim::apiserver::{ApiServer, ApiServerConfig};
-use tensile_sim::certs::{Ca, server_config};
+use tensile_sim::apiserver::ApiServerConfig;
+use tensile_testenv::certs::{Ca, server_config};
 use tokio::net::TcpListener;
 
 /// A webhook on loopback that labels pods, or denies pods named `forbidden`.
@@ -108,7 +108,10 @@ fn pod(name: &str, labelled: bool) -> Pod {
 
 #[tokio::test]
 async fn webhooks_mutate_selected_pods_deny_with_reasons_and_honour_failure_policy() {
-    let server = ApiServer::start(ApiServerConfig::default()).await.unwrap();
+    let server = tensile_testenv::start_apiserver(ApiServerConfig::default())
+        .await
+        .unwrap()
+        .0;
     let client = server.client().await.unwrap();
     let ca = Ca::new("webhook-ca").unwrap();
     let addr = webhook(&ca).await;
@@ -261,7 +264,10 @@ async fn h2_webhook(
 #[tokio::test]
 async fn concurrent_webhook_calls_share_one_http2_connection() {
     use std::sync::atomic::Ordering;
-    let server = ApiServer::start(ApiServerConfig::default()).await.unwrap();
+    let server = tensile_testenv::start_apiserver(ApiServerConfig::default())
+        .await
+        .unwrap()
+        .0;
     let client = server.client().await.unwrap();
     let ca = Ca::new("webhook-ca").unwrap();
     const TOGETHER: usize = 8;

@@ -28,7 +28,10 @@ async fn cluster() -> (TestEnv, kube::Client) {
 /// The simulator itself, for what only it offers (an administrator token, a tiny watch
 /// history).
 async fn simulator() -> (ApiServer, kube::Client) {
-    let server = ApiServer::start(ApiServerConfig::default()).await.unwrap();
+    let server = tensile_testenv::start_apiserver(ApiServerConfig::default())
+        .await
+        .unwrap()
+        .0;
     let client = server.client().await.unwrap();
     (server, client)
 }
@@ -345,7 +348,7 @@ async fn watch_from_a_too_old_resource_version_is_expired() {
         watch_history: 4,
         ..Default::default()
     };
-    let server = ApiServer::start(config).await.unwrap();
+    let server = tensile_testenv::start_apiserver(config).await.unwrap().0;
     let client = server.client().await.unwrap();
     let pods: Api<Pod> = Api::namespaced(client, "default");
     let first = pods

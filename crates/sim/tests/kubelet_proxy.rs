@@ -16,7 +16,7 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, LogParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 use tensile_sim::apiserver::{ApiServer, ApiServerConfig};
-use tensile_sim::certs::{Ca, certs_from_pem, client_identity, provider, server_config};
+use tensile_testenv::certs::{Ca, certs_from_pem, provider, server_config};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
@@ -43,7 +43,7 @@ async fn fake_kubelet(client_ca: &str) -> SocketAddr {
                     .1
                     .peer_certificates()
                     .and_then(|c| c.first())
-                    .and_then(client_identity);
+                    .and_then(tensile_kubelet::server::certificate_user);
                 let svc = service_fn(move |mut req: hyper::Request<hyper::body::Incoming>| {
                     let who = who.clone();
                     async move {
@@ -80,7 +80,7 @@ async fn fake_kubelet(client_ca: &str) -> SocketAddr {
                         let text = format!(
                             "{} by {}\nline2\n",
                             req.uri(),
-                            who.map(|w| w.0).unwrap_or_default()
+                            who.map(|w| w.name).unwrap_or_default()
                         );
                         Ok(hyper::Response::new(Full::new(Bytes::from(text))))
                     }
@@ -95,9 +95,12 @@ async fn fake_kubelet(client_ca: &str) -> SocketAddr {
 }
 
 async fn setup() -> (ApiServer, kube::Client) {
-    let server = ApiServer::start(ApiServerConfig::default()).await.unwrap();
+    let server = tensile_testenv::start_apiserver(ApiServerConfig::default())
+        .await
+        .unwrap()
+        .0;
     let client = server.client().await.unwrap();
-    let kubelet = fake_kubelet(server.state().ca.cert_pem()).await;
+    let kubelet = fake_kubelet(&server.state().config.certs.ca_pem).await;
     let nodes: Api<Node> = Api::all(client.clone());
     nodes
         .create(
@@ -164,7 +167,7 @@ async fn logs_are_fetched_from_the_kubelet_with_the_apiservers_client_certificat
 async fn upgraded_streams_pass_through_byte_for_byte() {
     let (server, _client) = setup().await;
     let mut roots = rustls::RootCertStore::empty();
-    for c in certs_from_pem("ca", server.state().ca.cert_pem()).unwrap() {
+    for c in certs_from_pem("ca", &server.state().config.certs.ca_pem).unwrap() {
         roots.add(c).unwrap();
     }
     let config = rustls::ClientConfig::builder_with_provider(provider())

@@ -9,7 +9,6 @@ use std::collections::BTreeMap;
 use k8s_pb::api::apps::v1 as apps;
 use k8s_pb::api::batch::v1 as batch;
 use k8s_pb::api::core::v1 as core;
-use k8s_pb::api::events::v1 as events;
 use k8s_pb::apimachinery::pkg::api::resource::Quantity;
 use k8s_pb::apimachinery::pkg::apis::meta::v1 as meta;
 use k8s_pb::apimachinery::pkg::util::intstr::IntOrString;
@@ -602,45 +601,6 @@ fn times_and_maps_and_repeated_messages() {
 }
 
 #[test]
-fn micro_time_in_events() {
-    let event = events::Event {
-        metadata: Some(meta::ObjectMeta {
-            name: s("e"),
-            namespace: s("default"),
-            ..Default::default()
-        }),
-        event_time: Some(meta::MicroTime {
-            seconds: Some(1_795_341_600),
-            nanos: Some(123_456_789),
-        }),
-        reporting_controller: s("tensile"),
-        reason: s("Started"),
-        regarding: Some(core::ObjectReference {
-            kind: s("Pod"),
-            name: s("web"),
-            ..Default::default()
-        }),
-        note: s(""),
-        r#type: s("Normal"),
-        deprecated_count: Some(0),
-        ..Default::default()
-    };
-    assert_eq!(
-        decode(&encode("events.k8s.io/v1", "Event", &event)),
-        json!({
-            "apiVersion": "events.k8s.io/v1",
-            "kind": "Event",
-            "metadata": {"name": "e", "namespace": "default"},
-            "eventTime": "2026-11-22T10:00:00.123456Z",
-            "reportingController": "tensile",
-            "reason": "Started",
-            "regarding": {"kind": "Pod", "name": "web"},
-            "type": "Normal",
-        })
-    );
-}
-
-#[test]
 fn delete_options_in_any_group_version() {
     let opts = meta::DeleteOptions {
         grace_period_seconds: Some(0),
@@ -1024,7 +984,7 @@ proptest! {
 
 #[test]
 fn embedded_json_and_string_lists() {
-    // FieldsV1 and RawExtension hold JSON; ExtraValue is a Go []string.
+    // FieldsV1 holds JSON; ExtraValue is a Go []string.
     let pod = core::Pod {
         metadata: Some(meta::ObjectMeta {
             name: s("m"),
@@ -1049,64 +1009,47 @@ fn embedded_json_and_string_lists() {
                 "fieldsType": "FieldsV1", "fieldsV1": {"f:metadata": {"f:labels": {}}}}])
     );
 
-    let revision = apps::ControllerRevision {
-        metadata: Some(meta::ObjectMeta {
-            name: s("r"),
-            ..Default::default()
-        }),
-        data: Some(k8s_pb::apimachinery::pkg::runtime::RawExtension {
-            raw: Some(br#"{"spec":{"replicas":1}}"#.to_vec()),
-        }),
-        revision: Some(2),
-    };
-    assert_eq!(
-        decode(&encode("apps/v1", "ControllerRevision", &revision)),
-        json!({"apiVersion": "apps/v1", "kind": "ControllerRevision", "metadata": {"name": "r"},
-               "data": {"spec": {"replicas": 1}}, "revision": 2})
-    );
-    let mut bad = revision.clone();
-    bad.data = Some(k8s_pb::apimachinery::pkg::runtime::RawExtension {
-        raw: Some(b"\x0a\x01x".to_vec()),
-    });
-    let err = error(&encode("apps/v1", "ControllerRevision", &bad));
-    assert!(err.to_string().contains("data (2)"), "{err}");
+    let mut bad = pod.clone();
+    if let Some(m) = bad.metadata.as_mut() {
+        m.managed_fields[0].fields_v1 = Some(meta::FieldsV1 {
+            raw: Some(b"\x0a\x01x".to_vec()),
+        });
+    }
+    let err = error(&encode("v1", "Pod", &bad));
+    assert!(err.to_string().contains("fieldsV1"), "{err}");
 
-    let review = k8s_pb::api::authorization::v1::SubjectAccessReview {
+    let review = k8s_pb::api::authentication::v1::SelfSubjectReview {
         metadata: Some(meta::ObjectMeta::default()),
-        spec: Some(k8s_pb::api::authorization::v1::SubjectAccessReviewSpec {
-            user: s("alice"),
-            groups: vec!["dev".into()],
-            extra: [(
-                "scopes".to_owned(),
-                k8s_pb::api::authorization::v1::ExtraValue {
-                    items: vec!["a".into(), "b".into()],
-                },
-            )]
-            .into(),
-            non_resource_attributes: Some(k8s_pb::api::authorization::v1::NonResourceAttributes {
-                path: s("/healthz"),
-                verb: s("get"),
+        status: Some(k8s_pb::api::authentication::v1::SelfSubjectReviewStatus {
+            user_info: Some(k8s_pb::api::authentication::v1::UserInfo {
+                username: s("alice"),
+                groups: vec!["dev".into()],
+                extra: [(
+                    "scopes".to_owned(),
+                    k8s_pb::api::authentication::v1::ExtraValue {
+                        items: vec!["a".into(), "b".into()],
+                    },
+                )]
+                .into(),
+                ..Default::default()
             }),
-            ..Default::default()
         }),
-        status: None,
     };
     assert_eq!(
         decode(&encode(
-            "authorization.k8s.io/v1",
-            "SubjectAccessReview",
+            "authentication.k8s.io/v1",
+            "SelfSubjectReview",
             &review
         )),
         json!({
-            "apiVersion": "authorization.k8s.io/v1",
-            "kind": "SubjectAccessReview",
+            "apiVersion": "authentication.k8s.io/v1",
+            "kind": "SelfSubjectReview",
             "metadata": {},
-            "spec": {
-                "user": "alice",
+            "status": {"userInfo": {
+                "username": "alice",
                 "groups": ["dev"],
                 "extra": {"scopes": ["a", "b"]},
-                "nonResourceAttributes": {"path": "/healthz", "verb": "get"},
-            },
+            }},
         })
     );
 }
@@ -1116,11 +1059,11 @@ fn decode_errors_reach_the_client_as_400() {
     // Through the server: a malformed protobuf body is a BadRequest Status naming the problem.
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {
-        let server = tensile_sim::apiserver::ApiServer::start(
-            tensile_sim::apiserver::ApiServerConfig::default(),
-        )
-        .await
-        .unwrap();
+        let server =
+            tensile_testenv::start_apiserver(tensile_sim::apiserver::ApiServerConfig::default())
+                .await
+                .unwrap()
+                .0;
         let client = server.client().await.unwrap();
         let body = envelope("v1", "Namespace", &[1 << 3 | 2, 5, 1]);
         let req = http::Request::post("/api/v1/namespaces")

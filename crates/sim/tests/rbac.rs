@@ -15,7 +15,10 @@ use tensile_sim::apiserver::{ApiServer, ApiServerConfig, UserInfo};
 const SA: &str = "system:serviceaccount:kube-system:vn";
 
 async fn server() -> (ApiServer, kube::Client) {
-    let server = ApiServer::start(ApiServerConfig::default()).await.unwrap();
+    let server = tensile_testenv::start_apiserver(ApiServerConfig::default())
+        .await
+        .unwrap()
+        .0;
     let client = server.client().await.unwrap();
     (server, client)
 }

@@ -3,9 +3,7 @@
 //! an ordinary application's manifest (with the kinds nothing acts on in the simulator).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
 
-mod common;
-
-use common::kubectl::Env;
+use tensile_testenv::kubectl::Env;
 
 /// The pods of `selector` as `name node ready` lines, sorted.
 fn pods(env: &Env, selector: &str) -> Vec<(String, String, bool)> {

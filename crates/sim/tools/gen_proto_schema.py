@@ -56,6 +56,26 @@ API_PACKAGES = [
 ]
 MACHINERY_PACKAGES = ["pkg/apis/meta/v1", "pkg/runtime", "pkg/api/resource", "pkg/util/intstr"]
 
+# The kinds kubectl sends as protobuf (its typed clients do; files, patches and the dynamic
+# client send JSON or YAML): the objects of `kubectl create <generator>`, `run` and `expose`,
+# `create token`, the evictions of `drain`, the reviews of `auth can-i` and `auth whoami`, the
+# Scale of `scale`, and DeleteOptions (in any group version). Only the messages these reach
+# are in the table: the simulated API server serves the sandbox, and nothing else sends it
+# protobuf (kube-rs, helm and the simulated kubelet speak JSON).
+ROOT_KINDS = {
+    ("v1", "ConfigMap"), ("v1", "Namespace"), ("v1", "Pod"), ("v1", "ResourceQuota"),
+    ("v1", "Secret"), ("v1", "Service"), ("v1", "ServiceAccount"),
+    ("apps/v1", "Deployment"), ("batch/v1", "CronJob"), ("batch/v1", "Job"),
+    ("policy/v1", "Eviction"), ("policy/v1", "PodDisruptionBudget"),
+    ("rbac.authorization.k8s.io/v1", "ClusterRole"),
+    ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding"),
+    ("rbac.authorization.k8s.io/v1", "Role"), ("rbac.authorization.k8s.io/v1", "RoleBinding"),
+    ("scheduling.k8s.io/v1", "PriorityClass"), ("authentication.k8s.io/v1", "TokenRequest"),
+    ("authentication.k8s.io/v1", "SelfSubjectReview"),
+    ("authorization.k8s.io/v1", "SelfSubjectAccessReview"), ("autoscaling/v1", "Scale"),
+}
+ALWAYS = ["k8s.io.apimachinery.pkg.apis.meta.v1.DeleteOptions"]
+
 # Messages whose JSON form is a scalar: the decoder has a rule for each, not a field list.
 SPECIAL = {
     "k8s.io.apimachinery.pkg.api.resource.Quantity": "Quantity",
@@ -493,9 +513,23 @@ def generate(check: bool) -> None:
     for full in sorted(out):
         m = by_full[full]
         for t in openapi_of((m.package, m.rust.lower()))[:1]:
-            if t.kind and t.api_version is not None:
+            if t.kind and t.api_version is not None and (t.api_version, t.kind) in ROOT_KINDS:
                 roots.append((t.api_version, t.kind, full))
     roots.sort()
+    missing = ROOT_KINDS - {(av, k) for av, k, _ in roots}
+    if missing:
+        errors.append(f"kinds of ROOT_KINDS without a message: {sorted(missing)}")
+    # Only what the roots reach.
+    reached: set[str] = set()
+    stack = [full for _, _, full in roots] + ALWAYS
+    while stack:
+        full = stack.pop()
+        if full in reached or full not in out:
+            continue
+        reached.add(full)
+        for f in out[full]:
+            stack.extend(re.findall(r'Msg\("([^"]+)"\)', f.kind))
+    out = {k: v for k, v in out.items() if k in reached}
 
     if errors:
         die(["gen_proto_schema: cannot join these fields; nothing was written:"]

@@ -5,16 +5,16 @@ use std::net::SocketAddr;
 use std::path::Path;
 
 use tensile_sim::apiserver::controllers::SchedulerExtender;
-use tensile_sim::apiserver::{ApiServer, ApiServerConfig, ApiServerError, KubeconfigEntry};
+use tensile_sim::apiserver::{ApiServer, ApiServerConfig, KubeconfigEntry};
 
-use crate::SchedulerConfigError;
-use crate::real::{self, RealCluster, RealError, RealOptions};
+use crate::real::{self, RealCluster, RealOptions};
+use crate::{SchedulerConfigError, TestEnvError, certs};
 
 /// What serves a cluster's API.
 #[derive(Debug)]
 pub enum Backend {
-    /// The simulator, in this process.
-    Sim(ApiServer),
+    /// The simulator, in this process, and the CA of its certificates.
+    Sim(ApiServer, Box<certs::Ca>),
     /// Real binaries; kept for its lifetime: dropping it stops the control plane.
     Real(Box<RealCluster>),
 }
@@ -23,7 +23,7 @@ pub enum Backend {
 #[derive(Debug)]
 pub enum BackendSpec<'a> {
     /// The simulator, so configured.
-    Sim(ApiServerConfig),
+    Sim(Box<ApiServerConfig>),
     /// The binaries in `bin`, their files and logs in a folder of `dir`.
     Real {
         /// The folder of the binaries (`scripts/k8s-bin`'s).
@@ -35,29 +35,23 @@ pub enum BackendSpec<'a> {
     },
 }
 
-/// A backend did not start.
-#[derive(Debug, thiserror::Error)]
-pub enum BackendError {
-    /// The simulated API server did not start.
-    #[error("{0}")]
-    Sim(#[source] ApiServerError),
-    /// The real control plane did not start.
-    #[error("{0}")]
-    Real(#[source] RealError),
-}
-
 impl Backend {
-    /// Starts the control plane of cluster `name`.
-    pub async fn start(name: &str, spec: BackendSpec<'_>) -> Result<Self, BackendError> {
+    /// Starts the control plane of cluster `name` (a simulated one is named by its
+    /// configuration), the simulator's with the certificates of a new cluster CA
+    /// ([`crate::start_apiserver`]).
+    pub async fn start(name: &str, spec: BackendSpec<'_>) -> Result<Self, TestEnvError> {
         match spec {
-            BackendSpec::Sim(config) => ApiServer::start(config)
-                .await
-                .map(Self::Sim)
-                .map_err(BackendError::Sim),
+            BackendSpec::Sim(config) => {
+                let (server, ca) = crate::start_apiserver(*config).await?;
+                Ok(Self::Sim(server, Box::new(ca)))
+            }
             BackendSpec::Real { bin, dir, options } => real::start_with(bin, dir, name, &options)
                 .await
                 .map(|r| Self::Real(Box::new(r)))
-                .map_err(BackendError::Real),
+                .map_err(|source| TestEnvError::Real {
+                    cluster: name.to_owned(),
+                    source,
+                }),
         }
     }
 
@@ -69,7 +63,7 @@ impl Backend {
     /// Where its API server listens.
     pub fn addr(&self) -> SocketAddr {
         match self {
-            Self::Sim(s) => s.addr(),
+            Self::Sim(s, _) => s.addr(),
             Self::Real(r) => r.api_addr,
         }
     }
@@ -77,7 +71,7 @@ impl Backend {
     /// The administrator's kubeconfig entry, under `context`, straight to the API server.
     pub fn entry(&self, context: &str) -> KubeconfigEntry {
         match self {
-            Self::Sim(s) => s.kubeconfig_entry(context),
+            Self::Sim(s, _) => s.kubeconfig_entry(context),
             Self::Real(r) => KubeconfigEntry {
                 context: context.to_owned(),
                 ..r.entry.clone()
@@ -89,7 +83,7 @@ impl Backend {
     /// the client certificate it presents to kubelets.
     pub fn ca_pem(&self) -> &str {
         match self {
-            Self::Sim(s) => s.state().ca.cert_pem(),
+            Self::Sim(_, ca) => ca.cert_pem(),
             Self::Real(r) => &r.ca_pem,
         }
     }
@@ -103,7 +97,7 @@ impl Backend {
         config: &serde_json::Value,
     ) -> Result<(), SchedulerConfigError> {
         match self {
-            Self::Sim(s) => {
+            Self::Sim(s, _) => {
                 let extenders = SchedulerExtender::from_scheduler_config(config)
                     .map_err(SchedulerConfigError::Invalid)?;
                 s.set_scheduler_extenders(extenders);
@@ -118,7 +112,7 @@ impl Backend {
 
     /// Stops a simulated API server now; a real control plane stops when dropped.
     pub fn stop(&self) {
-        if let Self::Sim(s) = self {
+        if let Self::Sim(s, _) = self {
             s.stop();
         }
     }

@@ -18,8 +18,8 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
+use crate::certs::{Ca, CertError};
 use tensile_sim::apiserver::KubeconfigEntry;
-use tensile_sim::certs::{Ca, CertError};
 
 /// Starting an error proxy failed.
 #[derive(Debug, thiserror::Error)]
@@ -94,14 +94,14 @@ impl ErrorProxy {
         let addr = listener.local_addr().map_err(io("listening"))?;
         let ca = Ca::new("error-proxy-ca")?;
         let serving = ca.issue_server("error-proxy", &["127.0.0.1".into()])?;
-        let tls = tensile_sim::certs::server_config(&serving, ca.cert_pem())?;
+        let tls = crate::certs::server_config(&serving, ca.cert_pem())?;
         let mut through = entry.clone();
         through.server = format!("https://{addr}");
         through.ca_pem = ca.cert_pem().to_owned();
         // The proxy asks for client certificates of its own CA (and checks none further).
         through.client = Some(ca.issue_client("error-proxy-client", None)?);
         through.token = None;
-        tensile_sim::secret_file::write_secret(
+        crate::secret_file::write_secret(
             kubeconfig,
             tensile_sim::apiserver::kubeconfig(std::slice::from_ref(&through)),
         )

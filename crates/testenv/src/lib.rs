@@ -6,20 +6,23 @@
 #![forbid(unsafe_code)]
 
 mod backend;
+pub mod certs;
 pub mod errors;
 pub mod faults;
+pub mod kubectl;
 pub mod provisioner;
 pub mod real;
 pub mod real_node;
 pub mod registry;
+pub mod secret_file;
 pub mod testhost;
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-pub use backend::{Backend, BackendError, BackendSpec};
+pub use backend::{Backend, BackendSpec};
 use tensile_sim::apiserver::{ApiServer, ApiServerConfig, ApiServerError};
-use tensile_sim::kubelet::{SimKubelet, SimKubeletConfig, SimKubeletError, SimNode};
+use tensile_simkubelet::{SimKubelet, SimKubeletConfig, SimKubeletError, SimNode};
 
 /// Starting a test environment failed.
 #[derive(Debug, thiserror::Error)]
@@ -32,6 +35,15 @@ pub enum TestEnvError {
         /// Why.
         #[source]
         source: ApiServerError,
+    },
+    /// The certificates of an API server could not be issued.
+    #[error("certificates of cluster {cluster}: {source}")]
+    Certs {
+        /// Which cluster.
+        cluster: String,
+        /// Why.
+        #[source]
+        source: certs::CertError,
     },
     /// A client could not be built.
     #[error("client for cluster {cluster}: {source}")]
@@ -226,7 +238,7 @@ impl TestCluster {
     /// The embedded API server, when simulated.
     pub fn server(&self) -> Option<&ApiServer> {
         match &self.backend {
-            Backend::Sim(s) => Some(s),
+            Backend::Sim(s, _) => Some(s),
             Backend::Real(_) => None,
         }
     }
@@ -258,7 +270,7 @@ impl TestCluster {
     fn real(&self, what: &'static str) -> Result<&real::RealCluster, FaultError> {
         match &self.backend {
             Backend::Real(r) => Ok(r),
-            Backend::Sim(_) => Err(FaultError::NotSimulated {
+            Backend::Sim(..) => Err(FaultError::NotSimulated {
                 cluster: self.name.clone(),
                 what,
             }),
@@ -280,7 +292,7 @@ impl TestCluster {
             Backend::Real(r) => r
                 .kill(real::Component::ApiServer)
                 .map_err(self.real_error()),
-            Backend::Sim(_) => {
+            Backend::Sim(..) => {
                 self.faults.set_available(false);
                 Ok(())
             }
@@ -296,7 +308,7 @@ impl TestCluster {
                     .map_err(self.real_error())?;
                 r.wait_serving().await.map_err(self.real_error())
             }
-            Backend::Sim(_) => {
+            Backend::Sim(..) => {
                 self.faults.set_available(true);
                 Ok(())
             }
@@ -311,7 +323,7 @@ impl TestCluster {
             Backend::Real(r) => r
                 .set_stopped(real::Component::ApiServer, stopped)
                 .map_err(self.real_error()),
-            Backend::Sim(_) => {
+            Backend::Sim(..) => {
                 self.faults.set_frozen(stopped);
                 Ok(())
             }
@@ -377,9 +389,9 @@ impl TestCluster {
         &self,
         user: &str,
         group: Option<&str>,
-    ) -> Result<String, tensile_sim::certs::CertError> {
+    ) -> Result<String, crate::certs::CertError> {
         let issued = match &self.backend {
-            Backend::Sim(s) => s.state().ca.issue_client(user, group)?,
+            Backend::Sim(_, ca) => ca.issue_client(user, group)?,
             Backend::Real(r) => r.ca.issue_client(user, group)?,
         };
         Ok(self.kubeconfig_with(Some(issued), None))
@@ -389,7 +401,7 @@ impl TestCluster {
     /// whose user is this client certificate, or this bearer token.
     pub fn kubeconfig_with(
         &self,
-        client: Option<tensile_sim::certs::Issued>,
+        client: Option<crate::certs::Issued>,
         token: Option<String>,
     ) -> String {
         kubeconfig_text(&tensile_sim::apiserver::KubeconfigEntry {
@@ -403,7 +415,7 @@ impl TestCluster {
     /// simulator's record, or a real API server's audit log.
     pub fn refused_node_requests(&self) -> Vec<String> {
         match &self.backend {
-            Backend::Sim(s) => s
+            Backend::Sim(s, _) => s
                 .forbidden()
                 .into_iter()
                 .filter(|d| d.groups.iter().any(|g| g == "system:nodes"))
@@ -486,7 +498,7 @@ impl TestEnv {
             let cluster = spec.name.clone();
             let kubeconfig = env.dir.join(format!("{cluster}.kubeconfig"));
             let backend_spec = match &bins {
-                None => BackendSpec::Sim(spec.apiserver.clone()),
+                None => BackendSpec::Sim(Box::new(spec.apiserver.clone())),
                 Some(bin) => {
                     let default_grace =
                         tensile_sim::apiserver::controllers::Controllers::default().node_grace;
@@ -514,18 +526,7 @@ impl TestEnv {
                     }
                 }
             };
-            let backend = Backend::start(&cluster, backend_spec)
-                .await
-                .map_err(|e| match e {
-                    BackendError::Sim(source) => TestEnvError::ApiServer {
-                        cluster: cluster.clone(),
-                        source,
-                    },
-                    BackendError::Real(source) => TestEnvError::Real {
-                        cluster: cluster.clone(),
-                        source,
-                    },
-                })?;
+            let backend = Backend::start(&cluster, backend_spec).await?;
             let (mut entry, upstream) = (backend.entry(&cluster), backend.addr());
             let client_error = |source| TestEnvError::Client {
                 cluster: cluster.clone(),
@@ -543,7 +544,7 @@ impl TestEnv {
                 })?;
             entry.server = format!("https://{}", faults.addr());
             let text = kubeconfig_text(&entry);
-            tensile_sim::secret_file::write_secret(&kubeconfig, &text).map_err(|source| {
+            crate::secret_file::write_secret(&kubeconfig, &text).map_err(|source| {
                 TestEnvError::Kubeconfig {
                     path: kubeconfig.clone(),
                     source,
@@ -554,7 +555,7 @@ impl TestEnv {
                 .map_err(client_error)?;
             let real_nodes = match (&backend, spec.real_nodes) {
                 (_, 0) => Vec::new(),
-                (Backend::Sim(_), _) => {
+                (Backend::Sim(..), _) => {
                     return Err(TestEnvError::RealNodesNeedRealControlPlanes { cluster });
                 }
                 (Backend::Real(r), n) => {
@@ -813,6 +814,26 @@ pub async fn presented_certificate(
         .and_then(|c| c.first())
         .map(|c| c.to_vec())
         .ok_or_else(|| "no certificate presented".to_owned())
+}
+
+/// An embedded API server of `config`, given the certificates of a new cluster CA
+/// ([`certs::apiserver_certs`]) as TestEnv's simulated clusters are; the CA issues more.
+pub async fn start_apiserver(
+    mut config: ApiServerConfig,
+) -> Result<(ApiServer, certs::Ca), TestEnvError> {
+    let cluster = config.name.clone();
+    let (ca, server_certs) =
+        certs::apiserver_certs(&cluster, config.listen.ip()).map_err(|source| {
+            TestEnvError::Certs {
+                cluster: cluster.clone(),
+                source,
+            }
+        })?;
+    config.certs = server_certs;
+    let server = ApiServer::start(config)
+        .await
+        .map_err(|source| TestEnvError::ApiServer { cluster, source })?;
+    Ok((server, ca))
 }
 
 /// Polls `check` every 50 ms until it returns `Some`, and panics naming `what` after `secs`

@@ -10,8 +10,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
+use crate::certs::{Ca, CertError};
 use tensile_sim::apiserver::{KubeconfigEntry, kubeconfig};
-use tensile_sim::certs::{Ca, CertError};
 
 /// The environment variable naming the binaries folder.
 pub const BIN_ENV: &str = "TENSILE_K8S_BIN";
@@ -163,7 +163,7 @@ fn free_port() -> Result<u16, RealError> {
 /// this user's processes read them.
 fn write(dir: &Path, name: &str, text: &str) -> Result<PathBuf, RealError> {
     let path = dir.join(name);
-    tensile_sim::secret_file::write_secret(&path, text).map_err(|source| RealError::Io {
+    crate::secret_file::write_secret(&path, text).map_err(|source| RealError::Io {
         path: path.clone(),
         source,
     })?;

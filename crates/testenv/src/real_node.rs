@@ -24,7 +24,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use tensile_sim::certs::{Ca, CertError};
+use crate::certs::{Ca, CertError};
 
 use crate::testhost;
 
@@ -390,7 +390,7 @@ fn run(node: &str, program: &str, args: &[&str]) -> Result<String, RealNodeError
 }
 
 fn write_file(node: &str, path: &Path, text: &str) -> Result<(), RealNodeError> {
-    tensile_sim::secret_file::write_secret(path, text).map_err(|source| RealNodeError::Io {
+    crate::secret_file::write_secret(path, text).map_err(|source| RealNodeError::Io {
         node: node.to_owned(),
         path: path.to_owned(),
         source,

@@ -11,7 +11,7 @@ use serde_json::json;
 use tensile_core::node::NodeIdentity;
 use tensile_core::translate::TranslateConfig;
 use tensile_node::node::NodeLoop;
-use tensile_node::pods::PodSync;
+use tensile_node::pods::PodSettings;
 use tensile_node::{KubeletApi, Metrics, VirtualNode};
 use tensile_runtime::clients::{ApiCalls, KubeconfigSource, build_client};
 use tensile_testenv::{ClusterSpec, TestEnv};
@@ -193,7 +193,7 @@ pub async fn try_spawn(
             leader_elected: false,
             api_calls: calls.clone(),
         },
-        pods: PodSync {
+        pods: PodSettings {
             upper_events: uppers.events,
             upper,
             lower,

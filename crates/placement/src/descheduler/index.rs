@@ -18,7 +18,7 @@ use tensile_core::deschedule::{self, ExclusionsCleanup, Handling, Move, MoveHow,
 use tensile_core::keys::EVENT_RESCHEDULED;
 use tensile_runtime::cache::CompactCache;
 use tensile_runtime::clients::TokenBucket;
-use tensile_runtime::queue::Expected;
+use tensile_runtime::marks::Expected;
 use tokio::time::Instant;
 
 use super::{DeschedulerConfig, LABEL_MOVE, MOVE_KEY, VALUE_EXCLUSIONS};
@@ -34,7 +34,7 @@ const INTENT_SHOWN_WITHIN: Duration = Duration::from_secs(30);
 const TOLD_MAX: usize = 100_000;
 
 /// Namespace and name of a pod.
-pub(super) type PodKey = (String, String);
+pub(super) use tensile_runtime::cache::Key as PodKey;
 
 /// What a key of the work queue is: a pod that may become due, a move intent to carry on, or an
 /// exclusions record to clean up.
@@ -264,7 +264,7 @@ impl Index {
         let mut wakes = Vec::new();
         if let Some((when, _)) = self
             .pods
-            .get(&key.0, &key.1)
+            .get(&key.namespace, &key.name)
             .and_then(|pod| deschedule::due(&pod, &self.config.policy))
         {
             wakes.push((Key::Pod(key.clone()), now.until(when)));
@@ -304,7 +304,7 @@ impl Index {
     /// Applies an event of our ConfigMaps: an intent is carried on, a record cleaned up.
     pub fn apply_move(&mut self, event: &watcher::Event<ConfigMap>) -> Vec<(Key, Duration)> {
         let mut wakes = Vec::new();
-        for (_, name) in self.moves.apply_keys(event) {
+        for tensile_runtime::cache::Key { name, .. } in self.moves.apply_keys(event) {
             self.started.seen(&name);
             let cm = self.moves.get(&self.config.namespace, &name);
             if cm.as_ref().is_some_and(is_exclusions) {
@@ -322,7 +322,7 @@ impl Index {
                         MoveHow::Recreate { .. } => None,
                     };
                     self.intents
-                        .insert(name.clone(), ((m.namespace, m.name), controller));
+                        .insert(name.clone(), (PodKey::new(m.namespace, m.name), controller));
                     if !self.config.dry_run {
                         wakes.push((Key::Move(name), Duration::ZERO));
                     }
@@ -336,7 +336,7 @@ impl Index {
     }
 
     /// Writing the intent `name` failed: it is not on its way.
-    pub fn start_failed(&self, name: &str) {
+    pub fn start_failed(&mut self, name: &str) {
         self.started.seen(&name.to_owned());
     }
 
@@ -351,7 +351,7 @@ impl Index {
 
     /// A pod whose time came: if it is still due, its move starts.
     fn consider(&mut self, key: &PodKey, now: Now) -> Vec<Effect> {
-        let Some(pod) = self.pods.get(&key.0, &key.1) else {
+        let Some(pod) = self.pods.get(&key.namespace, &key.name) else {
             return Vec::new();
         };
         let Some((when, trigger)) = deschedule::due(&pod, &self.config.policy) else {
@@ -447,7 +447,12 @@ impl Index {
                 .get(controller)
                 .into_iter()
                 .flatten()
-                .filter_map(|(ns, n)| self.pods.get(ns, n))
+                .filter_map(
+                    |PodKey {
+                         namespace: ns,
+                         name: n,
+                     }| self.pods.get(ns, n),
+                )
                 .collect(),
             MoveHow::Recreate { .. } => Vec::new(),
         };
@@ -559,7 +564,7 @@ impl Index {
         if self.config.dry_run {
             return Some(Vec::new());
         }
-        let (namespace, name) = key_of(pod);
+        let PodKey { namespace, name } = key_of(pod);
         Some(vec![Effect::Event(Event {
             pod: (namespace, name, uid),
             warning: true,
@@ -621,7 +626,7 @@ fn decode_move(cm: &ConfigMap) -> Option<(Move, Timestamp)> {
 }
 
 pub(super) fn key_of(pod: &Pod) -> PodKey {
-    (
+    PodKey::new(
         pod.metadata.namespace.clone().unwrap_or_default(),
         pod.metadata.name.clone().unwrap_or_default(),
     )
@@ -692,7 +697,7 @@ mod tests {
     }
 
     fn key(name: &str) -> Key {
-        Key::Pod(("ns".into(), name.into()))
+        Key::Pod(PodKey::new("ns", name))
     }
 
     /// The intent ConfigMap of `m`, written at `secs` after T0, as the watch shows it.

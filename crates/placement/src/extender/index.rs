@@ -381,7 +381,7 @@ impl Index {
             return;
         };
         cluster.outage.answered();
-        for (_, name) in cluster.nodes.record(event) {
+        for tensile_runtime::cache::Key { name, .. } in cluster.nodes.record(event) {
             cluster.lower.remove_node(&name);
         }
         match event {
@@ -406,7 +406,7 @@ impl Index {
             return false;
         };
         cluster.outage.answered();
-        for (namespace, name) in cluster.pods.record(event) {
+        for tensile_runtime::cache::Key { namespace, name } in cluster.pods.record(event) {
             cluster.lower.remove_pod(&namespace, &name);
         }
         match event {
@@ -451,7 +451,7 @@ impl Index {
 
     /// Applies an event of the upper nodes; whether their first list just completed.
     pub fn apply_upper_node(&mut self, event: &watcher::Event<Node>) -> bool {
-        for (_, name) in self.upper_listed.record(event) {
+        for tensile_runtime::cache::Key { name, .. } in self.upper_listed.record(event) {
             self.upper_nodes.remove(&name);
         }
         match event {

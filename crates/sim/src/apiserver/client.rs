@@ -13,7 +13,7 @@ use rustls_pki_types::ServerName;
 use tokio::net::TcpStream;
 use tokio_rustls::TlsConnector;
 
-use crate::certs::{certs_from_pem, key_from_pem, provider};
+use super::pem::{certs, key, provider};
 
 /// Kept-alive connections per server (and the credentials it is reached with), as Go's HTTP
 /// client keeps them for the scheduler's extender calls and the admission webhook calls, which
@@ -254,7 +254,7 @@ async fn tls_connect(
 ) -> Result<tokio_rustls::client::TlsStream<TcpStream>, String> {
     let ca_pem = ca_pem.ok_or("no caBundle to verify the server with")?;
     let mut roots = RootCertStore::empty();
-    for cert in certs_from_pem("caBundle", ca_pem).map_err(|e| e.to_string())? {
+    for cert in certs("caBundle", ca_pem)? {
         roots.add(cert).map_err(|e| e.to_string())?;
     }
     let config = rustls::ClientConfig::builder_with_provider(provider())
@@ -263,10 +263,10 @@ async fn tls_connect(
         .with_root_certificates(roots);
     let config = match identity {
         None => config.with_no_client_auth(),
-        Some((cert, key)) => config
+        Some((cert, key_pem)) => config
             .with_client_auth_cert(
-                certs_from_pem("client certificate", cert).map_err(|e| e.to_string())?,
-                key_from_pem("client key", key).map_err(|e| e.to_string())?,
+                certs("client certificate", cert)?,
+                key("client key", key_pem)?,
             )
             .map_err(|e| format!("client certificate: {e}"))?,
     };

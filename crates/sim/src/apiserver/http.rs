@@ -20,7 +20,6 @@ use super::errors::ApiError;
 use super::rbac::{self, Action, Denial};
 use super::request::{Route, route};
 use super::{State, UserInfo, discovery, rest};
-use crate::certs::client_identity;
 
 /// Response bodies: whole JSON documents or streams (watches, logs, proxied upgrades).
 pub type Body = UnsyncBoxBody<Bytes, std::io::Error>;
@@ -82,8 +81,10 @@ pub(super) async fn serve(
                         .1
                         .peer_certificates()
                         .and_then(|c| c.first())
-                        .and_then(client_identity)
-                        .map(|(cn, orgs)| user(cn, orgs));
+                        // As a real API server reads it (of several CNs the last), the
+                        // same rule as the kubelet's.
+                        .and_then(tensile_kubelet::server::certificate_user)
+                        .map(|u| user(u.name, u.groups));
                     connection(tls, state, identity, stop).await;
                 }
                 None => connection(tcp, state, None, stop).await,

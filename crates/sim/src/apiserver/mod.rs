@@ -15,6 +15,7 @@ mod kinds;
 pub mod meta;
 mod metrics;
 pub mod patch;
+mod pem;
 mod proto_schema;
 pub mod protobuf;
 pub(crate) mod proxy;
@@ -40,7 +41,6 @@ use k8s_openapi::jiff::Timestamp;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-use crate::certs::{Ca, CertError, Issued};
 use store::Store;
 
 /// Configuration of one API server.
@@ -65,6 +65,36 @@ pub struct ApiServerConfig {
     /// Let `nodes/proxy` reach kubelets on loopback addresses, which a real API server refuses
     /// (`400 address not allowed`). Only for a sandbox whose nodes all live on loopback.
     pub proxy_to_loopback: bool,
+    /// Its certificates; the server makes none (see [`ServerCerts`]).
+    pub certs: ServerCerts,
+}
+
+/// A certificate and its private key, PEM encoded.
+#[derive(Clone, Debug, Default)]
+pub struct Issued {
+    /// The certificate.
+    pub cert_pem: String,
+    /// Its private key (PKCS#8).
+    pub key_pem: String,
+}
+
+/// The certificates an API server is given, as kubeadm gives kube-apiserver its files: the
+/// cluster CA that client certificates are verified against (`--client-ca-file`), the serving
+/// certificate (`--tls-cert-file`), the client certificate presented to kubelets
+/// (`--kubelet-client-certificate`, `system:masters`) and an administrator's, which
+/// [`ApiServer::kubeconfig`] carries. The test PKI that issues them is
+/// `tensile_testenv::certs`, which issues those of real control planes too.
+#[derive(Clone, Debug, Default)]
+pub struct ServerCerts {
+    /// The cluster CA certificate (also `kube-root-ca.crt` in every namespace).
+    pub ca_pem: String,
+    /// The serving certificate: valid for `localhost`, `127.0.0.1`, `kubernetes`,
+    /// `kubernetes.default.svc` and a non-loopback listen address.
+    pub serving: Issued,
+    /// The client certificate presented to kubelets.
+    pub kubelet_client: Issued,
+    /// An administrator's client certificate (`system:masters`).
+    pub admin: Issued,
 }
 
 impl Default for ApiServerConfig {
@@ -79,6 +109,7 @@ impl Default for ApiServerConfig {
             git_version: "v1.33.4-sim".to_owned(),
             controllers: controllers::Controllers::default(),
             proxy_to_loopback: false,
+            certs: ServerCerts::default(),
         }
     }
 }
@@ -95,9 +126,9 @@ pub enum ApiServerError {
         #[source]
         source: std::io::Error,
     },
-    /// Certificates could not be made.
-    #[error(transparent)]
-    Cert(#[from] CertError),
+    /// The TLS configuration could not be made of the certificates given.
+    #[error("TLS configuration: {0}")]
+    Tls(String),
 }
 
 /// Who made a request.
@@ -131,11 +162,6 @@ pub struct State {
     pub config: ApiServerConfig,
     /// Its objects.
     pub store: Store,
-    /// The cluster CA.
-    pub ca: Ca,
-    /// The client certificate it presents to kubelets (`system:masters`, like kubeadm's
-    /// `apiserver-kubelet-client`).
-    pub kubelet_client: Issued,
     /// The address clients reach it at.
     pub url: String,
     tokens: Mutex<HashMap<String, Token>>,
@@ -184,15 +210,9 @@ impl State {
     #[cfg(test)]
     pub(crate) fn for_tests() -> Self {
         let config = ApiServerConfig::default();
-        let ca = Ca::new("test-ca").expect("a CA");
-        let kubelet_client = ca
-            .issue_client("kube-apiserver-kubelet-client", Some("system:masters"))
-            .expect("a client certificate");
         let state = Self {
             store: Store::new(resources::RESOURCES.len(), config.watch_history),
             config,
-            ca,
-            kubelet_client,
             url: String::new(),
             tokens: Mutex::new(HashMap::new()),
             metrics: metrics::MetricsCache::default(),
@@ -426,7 +446,6 @@ pub struct ApiServer {
     state: Arc<State>,
     addr: SocketAddr,
     admin_token: String,
-    admin_cert: Issued,
     stop: CancellationToken,
 }
 
@@ -446,25 +465,23 @@ impl ApiServer {
                 addr: config.listen,
                 source,
             })?;
-        let ca = Ca::new(&format!("{}-ca", config.name))?;
-        let mut sans = vec![
-            "localhost".to_owned(),
-            "127.0.0.1".to_owned(),
-            "kubernetes".to_owned(),
-            "kubernetes.default.svc".to_owned(),
-        ];
-        if !addr.ip().is_loopback() && !addr.ip().is_unspecified() {
-            sans.push(addr.ip().to_string());
-        }
-        let serving = ca.issue_server("kube-apiserver", &sans)?;
         let tls = if config.tls {
-            Some(crate::certs::server_config(&serving, ca.cert_pem())?)
+            // Client certificates are asked for, not required: bearer-token clients connect
+            // too. Clients that upgrade the connection (exec, attach, port-forward) ask for
+            // HTTP/1.1.
+            let certs = &config.certs;
+            Some(
+                tensile_runtime::tls::server_config(
+                    &certs.serving.cert_pem,
+                    &certs.serving.key_pem,
+                    Some((&certs.ca_pem, tensile_runtime::tls::ClientCerts::Optional)),
+                    &[b"h2", b"http/1.1"],
+                )
+                .map_err(ApiServerError::Tls)?,
+            )
         } else {
             None
         };
-        let kubelet_client =
-            ca.issue_client("kube-apiserver-kubelet-client", Some("system:masters"))?;
-        let admin_cert = ca.issue_client("kubernetes-admin", Some("system:masters"))?;
         let host = if addr.ip().is_unspecified() {
             IpAddr::V4(Ipv4Addr::LOCALHOST)
         } else {
@@ -476,8 +493,6 @@ impl ApiServer {
         let state = Arc::new(State {
             store: Store::new(resources::RESOURCES.len(), config.watch_history),
             config,
-            ca,
-            kubelet_client,
             url,
             tokens: Mutex::new(HashMap::new()),
             metrics: metrics::MetricsCache::default(),
@@ -500,7 +515,6 @@ impl ApiServer {
             state,
             addr,
             admin_token,
-            admin_cert,
             stop,
         })
     }
@@ -570,7 +584,7 @@ impl ApiServer {
         kubeconfig(&[KubeconfigEntry {
             context: context.to_owned(),
             server: self.url().to_owned(),
-            ca_pem: self.state.ca.cert_pem().to_owned(),
+            ca_pem: self.state.config.certs.ca_pem.clone(),
             client: None,
             token: Some(token.to_owned()),
         }])
@@ -607,8 +621,8 @@ impl ApiServer {
         KubeconfigEntry {
             context: context.to_owned(),
             server: self.url().to_owned(),
-            ca_pem: self.state.ca.cert_pem().to_owned(),
-            client: Some(self.admin_cert.clone()),
+            ca_pem: self.state.config.certs.ca_pem.clone(),
+            client: Some(self.state.config.certs.admin.clone()),
             token: Some(self.admin_token.clone()),
         }
     }

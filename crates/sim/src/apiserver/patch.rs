@@ -3,12 +3,10 @@
 //! * [`json_merge_patch`] is RFC 7386 exactly; [`apply_merge_patch`] is what the API server does
 //!   for `application/merge-patch+json` (it uses `evanphx/json-patch` v4, which rejects a
 //!   non-object body and prunes nulls a little more than the RFC).
-//! * [`json_patch`] is RFC 6902 as the API server applies it for `application/json-patch+json`:
-//!   `evanphx/json-patch` v4.12 semantics and error texts, including its departures from the RFC
-//!   (negative array indices, `replace` of a missing object member adds it, `test` of a missing
-//!   member against `null` passes, the root cannot be `add`ed or `remove`d). The `json-patch`
-//!   crate applies strict RFC semantics, which real clusters do not, so the engine is ours;
-//!   [`json_patch_ops`] accepts the crate's typed patch (what kube-rs sends) for convenience.
+//! * [`json_patch`] is RFC 6902 for `application/json-patch+json`, applied by the `json-patch`
+//!   crate: strict RFC semantics, without the departures of the API server's
+//!   `evanphx/json-patch` v4 (see [`json_patch`]); [`json_patch_ops`] takes the crate's typed
+//!   patch (what kube-rs and admission webhooks send).
 //! * [`strategic_merge_patch`] is `k8s.io/apimachinery/pkg/util/strategicpatch`
 //!   (`StrategicMergeMapPatch`, as the server calls it) with the merge keys of the built-in types
 //!   held in a table ([`BUILTIN_FIELDS`], [`BUILTIN_KINDS`]): adding a type is adding rows.
@@ -24,10 +22,6 @@ use serde_json::{Map, Value};
 
 /// The most operations a JSON patch may have (the API server answers 413 beyond).
 pub const MAX_JSON_PATCH_OPERATIONS: usize = 10_000;
-
-/// The most bytes `copy` operations of one JSON patch may add (the API server's default
-/// `--json-patch-max-copy-bytes`, 3 MiB).
-pub const MAX_JSON_PATCH_COPY_BYTES: usize = 3 * 1024 * 1024;
 
 /// Why a patch could not be applied. `Display` is the message the API server returns.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -48,11 +42,7 @@ pub enum PatchError {
     OperationFailed {
         /// Index of the operation in the patch.
         index: usize,
-        /// Its `op` (`unknown` when missing or not a string).
-        op: String,
-        /// Its `path` (empty when missing).
-        path: String,
-        /// The upstream error text.
+        /// Why.
         message: String,
     },
     /// The merge patch body is neither an object nor an array.
@@ -206,418 +196,45 @@ fn prune_nulls(value: &mut Value) {
 }
 
 // =============================================================================================
-// JSON patch (RFC 6902, as evanphx/json-patch v4.12 applies it)
+// JSON patch (RFC 6902)
 // =============================================================================================
 
-/// Applies a JSON patch (a JSON array of operations) as the API server does.
+/// Applies a JSON patch (a JSON array of operations) with RFC 6902's semantics, as the
+/// `json-patch` crate implements them. kube-apiserver applies evanphx/json-patch v4, which
+/// departs from the RFC in corners (negative array indices, `replace` of a missing member adds
+/// it, `test` of a missing member against `null` passes) that neither the sandbox's clients nor
+/// tensile-kube rely on: a patch that does fails here (422) and is tested on real control
+/// planes.
 ///
-/// Decoding problems are [`PatchError::InvalidJsonPatch`] (400), too many operations
-/// [`PatchError::TooManyOperations`] (413), a failing operation [`PatchError::OperationFailed`]
-/// (422) whose message names the operation and path as upstream does.
+/// A body that is not a list of operations is [`PatchError::InvalidJsonPatch`] (400), too many
+/// operations [`PatchError::TooManyOperations`] (413), a failing operation
+/// [`PatchError::OperationFailed`] (422).
 pub fn json_patch(target: &mut Value, patch: &Value) -> Result<(), PatchError> {
-    let ops: &[Value] = match patch {
+    let ops: json_patch::Patch = match patch {
         // Go decodes `null` into an empty patch.
-        Value::Null => &[],
-        Value::Array(ops) => ops,
-        other => {
-            return Err(PatchError::InvalidJsonPatch(format!(
-                "json: cannot unmarshal {} into Go value of type jsonpatch.Patch",
-                go_json_kind(other)
-            )));
-        }
+        Value::Null => json_patch::Patch(Vec::new()),
+        other => serde_json::from_value(other.clone())
+            .map_err(|e| PatchError::InvalidJsonPatch(e.to_string()))?,
     };
-    if let Some(bad) = ops.iter().find(|op| !op.is_object() && !op.is_null()) {
-        return Err(PatchError::InvalidJsonPatch(format!(
-            "json: cannot unmarshal {} into Go value of type jsonpatch.Operation",
-            go_json_kind(bad)
-        )));
-    }
-    if ops.len() > MAX_JSON_PATCH_OPERATIONS {
+    json_patch_ops(target, &ops)
+}
+
+/// Applies a typed JSON patch of the `json-patch` crate (what kube-rs and webhooks send).
+pub fn json_patch_ops(target: &mut Value, patch: &json_patch::Patch) -> Result<(), PatchError> {
+    if patch.0.len() > MAX_JSON_PATCH_OPERATIONS {
         return Err(PatchError::TooManyOperations {
             max: MAX_JSON_PATCH_OPERATIONS,
-            count: ops.len(),
+            count: patch.0.len(),
         });
-    }
-    if !target.is_object() && !target.is_array() {
-        return Err(PatchError::InvalidDocument(format!(
-            "json: cannot unmarshal {} into Go value of type jsonpatch.partialDoc",
-            go_json_kind(target)
-        )));
     }
     // Work on a copy so that a failing operation leaves the target as it was.
     let mut doc = target.clone();
-    let mut copied = 0usize;
-    let empty = Map::new();
-    for (index, op) in ops.iter().enumerate() {
-        let op = op.as_object().unwrap_or(&empty);
-        apply_operation(&mut doc, op, &mut copied).map_err(|message| {
-            PatchError::OperationFailed {
-                index,
-                op: op_kind(op).to_owned(),
-                path: op
-                    .get("path")
-                    .and_then(Value::as_str)
-                    .unwrap_or_default()
-                    .to_owned(),
-                message,
-            }
-        })?;
-    }
+    json_patch::patch_unsafe(&mut doc, &patch.0).map_err(|e| PatchError::OperationFailed {
+        index: e.operation,
+        message: e.to_string(),
+    })?;
     *target = doc;
     Ok(())
-}
-
-/// Applies a typed JSON patch of the `json-patch` crate (as kube-rs builds them) with the same
-/// semantics as [`json_patch`].
-pub fn json_patch_ops(target: &mut Value, patch: &json_patch::Patch) -> Result<(), PatchError> {
-    let value = serde_json::to_value(patch)
-        .map_err(|e| PatchError::InvalidJsonPatch(format!("cannot encode patch: {e}")))?;
-    json_patch(target, &value)
-}
-
-type OpMap = Map<String, Value>;
-
-fn op_kind(op: &OpMap) -> &str {
-    op.get("op").and_then(Value::as_str).unwrap_or("unknown")
-}
-
-// The `path` or `from` member: missing or null is "missing", a non-string is Go's decode error.
-fn op_pointer(op: &OpMap, name: &str, missing: &str) -> Result<String, String> {
-    match op.get(name) {
-        None | Some(Value::Null) => Err(format!("{missing}: missing value")),
-        Some(Value::String(s)) => Ok(s.clone()),
-        Some(other) => Err(format!(
-            "json: cannot unmarshal {} into Go value of type string",
-            go_json_kind(other)
-        )),
-    }
-}
-
-fn op_path(op: &OpMap) -> Result<String, String> {
-    op_pointer(op, "path", "operation missing path field")
-}
-
-fn op_from(op: &OpMap) -> Result<String, String> {
-    op_pointer(op, "from", "operation, missing from field")
-}
-
-// The `value` member; Go stores both a missing and a null value as JSON null.
-fn op_value(op: &OpMap) -> Value {
-    op.get("value").cloned().unwrap_or(Value::Null)
-}
-
-fn apply_operation(doc: &mut Value, op: &OpMap, copied: &mut usize) -> Result<(), String> {
-    match op_kind(op) {
-        "add" => {
-            let path = op_path(op)
-                .map_err(|_| "add operation failed to decode path: missing value".to_owned())?;
-            let (con, key) = find_container(doc, &path).ok_or_else(|| {
-                format!(
-                    "add operation does not apply: doc is missing path: \"{path}\": missing value"
-                )
-            })?;
-            con_add(con, &key, op_value(op))
-                .map_err(|e| format!("error in add for path: '{path}': {e}"))
-        }
-        "remove" => {
-            let path = op_path(op)
-                .map_err(|_| "remove operation failed to decode path: missing value".to_owned())?;
-            let (con, key) = find_container(doc, &path).ok_or_else(|| {
-                format!(
-                    "remove operation does not apply: doc is missing path: \"{path}\": missing value"
-                )
-            })?;
-            con_remove(con, &key).map_err(|e| format!("error in remove for path: '{path}': {e}"))
-        }
-        "replace" => {
-            let path =
-                op_path(op).map_err(|e| format!("replace operation failed to decode path: {e}"))?;
-            if path.is_empty() {
-                // The whole document; upstream silently ignores a value that is no container.
-                match op.get("value") {
-                    Some(v @ (Value::Object(_) | Value::Array(_))) => *doc = v.clone(),
-                    Some(_) => {}
-                    None => return Err("replace operation value must be object or array".into()),
-                }
-                return Ok(());
-            }
-            let (con, key) = find_container(doc, &path).ok_or_else(|| {
-                format!(
-                    "replace operation does not apply: doc is missing path: {path}: missing value"
-                )
-            })?;
-            // Only arrays check that the element exists; an object member is simply set.
-            con_get(con, &key).map_err(|_| {
-                format!(
-                    "replace operation does not apply: doc is missing key: {path}: missing value"
-                )
-            })?;
-            con_set(con, &key, op_value(op))
-                .map_err(|e| format!("error in remove for path: '{path}': {e}"))
-        }
-        "move" => {
-            let from =
-                op_from(op).map_err(|e| format!("move operation failed to decode from: {e}"))?;
-            let (con, key) = find_container(doc, &from).ok_or_else(|| {
-                format!(
-                    "move operation does not apply: doc is missing from path: {from}: missing value"
-                )
-            })?;
-            let value = con_get(con, &key)
-                .map_err(|e| format!("error in move for path: '{key}': {e}"))?
-                .cloned();
-            con_remove(con, &key).map_err(|e| format!("error in move for path: '{key}': {e}"))?;
-            let path =
-                op_path(op).map_err(|e| format!("move operation failed to decode path: {e}"))?;
-            let (con, key) = find_container(doc, &path).ok_or_else(|| {
-                format!(
-                    "move operation does not apply: doc is missing destination path: {path}: \
-                     missing value"
-                )
-            })?;
-            con_add(con, &key, value.unwrap_or(Value::Null))
-                .map_err(|e| format!("error in move for path: '{path}': {e}"))
-        }
-        "test" => {
-            let path =
-                op_path(op).map_err(|e| format!("test operation failed to decode path: {e}"))?;
-            let failed = || format!("testing value {path} failed: test failed");
-            let expected = op.get("value");
-            if path.is_empty() {
-                return if expected == Some(&*doc) {
-                    Ok(())
-                } else {
-                    Err(failed())
-                };
-            }
-            let (con, key) = find_container(doc, &path).ok_or_else(|| {
-                format!("test operation does not apply: is missing path: {path}: missing value")
-            })?;
-            let actual =
-                con_get(con, &key).map_err(|e| format!("error in test for path: '{path}': {e}"))?;
-            match (actual, expected) {
-                // A missing (or null) member equals a null value; with no value at all upstream
-                // crashes (a 500), which we report as a failed test.
-                (None, Some(Value::Null)) => Ok(()),
-                (Some(actual), Some(expected)) if actual == expected => Ok(()),
-                _ => Err(failed()),
-            }
-        }
-        "copy" => {
-            let from =
-                op_from(op).map_err(|e| format!("copy operation failed to decode from: {e}"))?;
-            let (con, key) = find_container(doc, &from).ok_or_else(|| {
-                format!(
-                    "copy operation does not apply: doc is missing from path: {from}: missing value"
-                )
-            })?;
-            // A missing object member copies as null, as upstream does.
-            let value = con_get(con, &key)
-                .map_err(|e| format!("error in copy for from: '{from}': {e}"))?
-                .cloned();
-            let path = op_path(op)
-                .map_err(|_| "copy operation failed to decode path: missing value".to_owned())?;
-            let (con, key) = find_container(doc, &path).ok_or_else(|| {
-                format!(
-                    "copy operation does not apply: doc is missing destination path: {path}: \
-                     missing value"
-                )
-            })?;
-            if let Some(v) = &value {
-                *copied = copied.saturating_add(serde_json::to_vec(v).map_or(0, |b| b.len()));
-            }
-            if *copied > MAX_JSON_PATCH_COPY_BYTES {
-                return Err(format!(
-                    "Unable to complete the copy, the accumulated size increase of copy is {copied}, \
-                     exceeding the limit {MAX_JSON_PATCH_COPY_BYTES}"
-                ));
-            }
-            con_add(con, &key, value.unwrap_or(Value::Null))
-                .map_err(|e| format!("error while adding value during copy: {e}"))
-        }
-        other => Err(format!("Unexpected kind: {other}")),
-    }
-}
-
-// RFC 6901 unescaping, in one pass as upstream's replacer does.
-fn decode_token(token: &str) -> String {
-    let mut out = String::with_capacity(token.len());
-    let mut chars = token.chars().peekable();
-    while let Some(c) = chars.next() {
-        if c == '~' {
-            match chars.peek() {
-                Some('1') => {
-                    chars.next();
-                    out.push('/');
-                    continue;
-                }
-                Some('0') => {
-                    chars.next();
-                    out.push('~');
-                    continue;
-                }
-                _ => {}
-            }
-        }
-        out.push(c);
-    }
-    out
-}
-
-// The container holding the last token of `path`, and that token. Like upstream, the first
-// segment is never looked at (so a pointer without a leading `/` still resolves), and the
-// document itself can never be the target.
-fn find_container<'v>(doc: &'v mut Value, path: &str) -> Option<(&'v mut Value, String)> {
-    let segments: Vec<&str> = path.split('/').collect();
-    let (last, parents) = segments.split_last()?;
-    let parents = parents.get(1..)?;
-    let mut cur = doc;
-    for seg in parents {
-        let key = decode_token(seg);
-        let next = match cur {
-            Value::Object(map) => map.get_mut(&key)?,
-            Value::Array(items) => {
-                let idx = array_read_index(items.len(), &key).ok()?;
-                items.get_mut(idx)?
-            }
-            _ => return None,
-        };
-        if !next.is_object() && !next.is_array() {
-            return None;
-        }
-        cur = next;
-    }
-    Some((cur, decode_token(last)))
-}
-
-// Go's strconv.Atoi, with its error text.
-fn go_atoi(s: &str) -> Result<i64, String> {
-    let digits = s.strip_prefix(['+', '-']).unwrap_or(s);
-    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
-        return Err(format!(
-            "strconv.Atoi: parsing {}: invalid syntax",
-            go_quote(s)
-        ));
-    }
-    s.parse::<i64>()
-        .map_err(|_| format!("strconv.Atoi: parsing {}: value out of range", go_quote(s)))
-}
-
-fn invalid_index(idx: i64) -> String {
-    format!("Unable to access invalid index: {idx}: invalid index referenced")
-}
-
-fn to_i64(n: usize) -> i64 {
-    i64::try_from(n).unwrap_or(i64::MAX)
-}
-
-// An existing element's index; negative counts from the end.
-fn array_read_index(len: usize, key: &str) -> Result<usize, String> {
-    let idx = go_atoi(key)?;
-    let len = to_i64(len);
-    let mut i = idx;
-    if i < 0 {
-        if i < -len {
-            return Err(invalid_index(idx));
-        }
-        i += len;
-    }
-    if i >= len {
-        return Err(invalid_index(i));
-    }
-    usize::try_from(i).map_err(|_| invalid_index(idx))
-}
-
-// The element read by `get`; `None` for a missing object member or a JSON null, which upstream
-// holds as a nil node.
-fn con_get<'a>(con: &'a Value, key: &str) -> Result<Option<&'a Value>, String> {
-    match con {
-        Value::Object(map) => Ok(map.get(key).filter(|v| !v.is_null())),
-        Value::Array(items) => {
-            let idx = array_read_index(items.len(), key)?;
-            Ok(items.get(idx).filter(|v| !v.is_null()))
-        }
-        _ => Err("invalid state detected".to_owned()),
-    }
-}
-
-fn con_set(con: &mut Value, key: &str, value: Value) -> Result<(), String> {
-    match con {
-        Value::Object(map) => {
-            map.insert(key.to_owned(), value);
-            Ok(())
-        }
-        Value::Array(items) => {
-            let idx = array_read_index(items.len(), key)?;
-            let slot = items
-                .get_mut(idx)
-                .ok_or_else(|| invalid_index(to_i64(idx)))?;
-            *slot = value;
-            Ok(())
-        }
-        _ => Err("invalid state detected".to_owned()),
-    }
-}
-
-fn con_add(con: &mut Value, key: &str, value: Value) -> Result<(), String> {
-    match con {
-        Value::Object(map) => {
-            map.insert(key.to_owned(), value);
-            Ok(())
-        }
-        Value::Array(items) => {
-            if key == "-" {
-                items.push(value);
-                return Ok(());
-            }
-            let idx = go_atoi(key)
-                .map_err(|e| format!("value was not a proper array index: '{key}': {e}"))?;
-            let size = to_i64(items.len()).saturating_add(1);
-            if idx >= size {
-                return Err(invalid_index(idx));
-            }
-            let mut i = idx;
-            if i < 0 {
-                if i < -size {
-                    return Err(invalid_index(idx));
-                }
-                i += size;
-            }
-            let i = usize::try_from(i).map_err(|_| invalid_index(idx))?;
-            items.insert(i, value);
-            Ok(())
-        }
-        _ => Err("invalid state detected".to_owned()),
-    }
-}
-
-fn con_remove(con: &mut Value, key: &str) -> Result<(), String> {
-    match con {
-        Value::Object(map) => match map.remove(key) {
-            Some(_) => Ok(()),
-            None => Err(format!(
-                "Unable to remove nonexistent key: {key}: missing value"
-            )),
-        },
-        Value::Array(items) => {
-            let idx = go_atoi(key)?;
-            let len = to_i64(items.len());
-            if idx >= len {
-                return Err(invalid_index(idx));
-            }
-            let mut i = idx;
-            if i < 0 {
-                if i < -len {
-                    return Err(invalid_index(idx));
-                }
-                i += len;
-            }
-            let i = usize::try_from(i).map_err(|_| invalid_index(idx))?;
-            items.remove(i);
-            Ok(())
-        }
-        _ => Err("invalid state detected".to_owned()),
-    }
 }
 
 // =============================================================================================
@@ -1900,30 +1517,6 @@ fn go_float(f: f64) -> String {
     }
 }
 
-// Go's `%q` (`strconv.Quote`) for the strings in strconv errors.
-fn go_quote(s: &str) -> String {
-    let mut out = String::with_capacity(s.len() + 2);
-    out.push('"');
-    for c in s.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            '\n' => out.push_str("\\n"),
-            '\r' => out.push_str("\\r"),
-            '\t' => out.push_str("\\t"),
-            c if u32::from(c) < 0x20 || c == '\u{7f}' => {
-                let _ = write!(out, "\\x{:02x}", u32::from(c));
-            }
-            c if c.is_control() => {
-                let _ = write!(out, "\\u{:04x}", u32::from(c));
-            }
-            c => out.push(c),
-        }
-    }
-    out.push('"');
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use super::Strategy;
@@ -2048,468 +1641,29 @@ mod tests {
     // JSON patch
     // ---------------------------------------------------------------------------------------
 
-    fn jp(doc: Value, patch: Value) -> Result<Value, PatchError> {
-        let mut doc = doc;
-        json_patch(&mut doc, &patch).map(|()| doc)
-    }
-
-    // evanphx/json-patch v4 `Cases` and RFC 6902 appendix A.
     #[test]
-    fn json_patch_good_cases() {
-        let cases = [
-            (
-                json!({"foo": "bar"}),
-                json!([{"op": "add", "path": "/baz", "value": "qux"}]),
-                json!({"baz": "qux", "foo": "bar"}),
-            ),
-            (
-                json!({"foo": ["bar", "baz"]}),
-                json!([{"op": "add", "path": "/foo/1", "value": "qux"}]),
-                json!({"foo": ["bar", "qux", "baz"]}),
-            ),
-            (
-                json!({"foo": ["bar", "baz"]}),
-                json!([{"op": "add", "path": "/foo/-1", "value": "qux"}]),
-                json!({"foo": ["bar", "baz", "qux"]}),
-            ),
-            (
-                json!({"baz": "qux", "foo": "bar"}),
-                json!([{"op": "remove", "path": "/baz"}]),
-                json!({"foo": "bar"}),
-            ),
-            (
-                json!({"foo": ["bar", "qux", "baz"]}),
-                json!([{"op": "remove", "path": "/foo/1"}]),
-                json!({"foo": ["bar", "baz"]}),
-            ),
-            (
-                json!({"baz": "qux", "foo": "bar"}),
-                json!([{"op": "replace", "path": "/baz", "value": "boo"}]),
-                json!({"baz": "boo", "foo": "bar"}),
-            ),
-            (
-                json!({"foo": {"bar": "baz", "waldo": "fred"}, "qux": {"corge": "grault"}}),
-                json!([{"op": "move", "from": "/foo/waldo", "path": "/qux/thud"}]),
-                json!({"foo": {"bar": "baz"}, "qux": {"corge": "grault", "thud": "fred"}}),
-            ),
-            (
-                json!({"foo": ["all", "grass", "cows", "eat"]}),
-                json!([{"op": "move", "from": "/foo/1", "path": "/foo/3"}]),
-                json!({"foo": ["all", "cows", "eat", "grass"]}),
-            ),
-            (
-                json!({"foo": ["all", "grass", "cows", "eat"]}),
-                json!([{"op": "move", "from": "/foo/1", "path": "/foo/2"}]),
-                json!({"foo": ["all", "cows", "grass", "eat"]}),
-            ),
-            (
-                json!({"foo": "bar"}),
-                json!([{"op": "add", "path": "/child", "value": {"grandchild": {}}}]),
-                json!({"foo": "bar", "child": {"grandchild": {}}}),
-            ),
-            (
-                json!({"foo": ["bar"]}),
-                json!([{"op": "add", "path": "/foo/-", "value": ["abc", "def"]}]),
-                json!({"foo": ["bar", ["abc", "def"]]}),
-            ),
-            (
-                json!({"foo": "bar", "qux": {"baz": 1, "bar": null}}),
-                json!([{"op": "remove", "path": "/qux/bar"}]),
-                json!({"foo": "bar", "qux": {"baz": 1}}),
-            ),
-            (
-                json!({"foo": "bar"}),
-                json!([{"op": "add", "path": "/baz", "value": null}]),
-                json!({"baz": null, "foo": "bar"}),
-            ),
-            (
-                json!({"foo": ["bar", "qux", "baz"]}),
-                json!([{"op": "replace", "path": "/foo/1", "value": "bum"}]),
-                json!({"foo": ["bar", "bum", "baz"]}),
-            ),
-            (
-                json!([{"foo": ["bar", "qux", "baz"]}]),
-                json!([{"op": "replace", "path": "/0/foo/0", "value": "bum"}]),
-                json!([{"foo": ["bum", "qux", "baz"]}]),
-            ),
-            (
-                json!([{"foo": ["bar", "qux", "baz"], "bar": ["qux", "baz"]}]),
-                json!([{"op": "copy", "from": "/0/foo/0", "path": "/0/bar/0"}]),
-                json!([{"foo": ["bar", "qux", "baz"], "bar": ["bar", "qux", "baz"]}]),
-            ),
-            (
-                json!([{"foo": ["bar", "qux", "baz"], "bar": ["qux", "baz"]}]),
-                json!([{"op": "copy", "from": "/0/foo/0", "path": "/0/bar"}]),
-                json!([{"foo": ["bar", "qux", "baz"], "bar": "bar"}]),
-            ),
-            (
-                json!({"foo": ["bar"]}),
-                json!([{"op": "copy", "path": "/foo/0", "from": "/foo"}]),
-                json!({"foo": [["bar"], "bar"]}),
-            ),
-            (
-                json!({"foo": ["bar", "qux", "baz"]}),
-                json!([{"op": "remove", "path": "/foo/-2"}]),
-                json!({"foo": ["bar", "baz"]}),
-            ),
-            (
-                json!({"foo": []}),
-                json!([{"op": "add", "path": "/foo/-1", "value": "qux"}]),
-                json!({"foo": ["qux"]}),
-            ),
-            (
-                json!({"bar": [{"baz": null}]}),
-                json!([{"op": "replace", "path": "/bar/0/baz", "value": 1}]),
-                json!({"bar": [{"baz": 1}]}),
-            ),
-            (
-                json!({"bar": [1]}),
-                json!([{"op": "replace", "path": "/bar/0", "value": null}]),
-                json!({"bar": [null]}),
-            ),
-            (
-                json!({"bar": [null]}),
-                json!([{"op": "replace", "path": "/bar/0", "value": 1}]),
-                json!({"bar": [1]}),
-            ),
-            (
-                json!({"id": "0", "parentID": "0"}),
-                json!([
-                    {"op": "test", "path": "", "value": {"id": "0", "parentID": "0"}},
-                    {"op": "replace", "path": "", "value": {"id": "7", "originalID": "bar", "parentID": "0"}}
-                ]),
-                json!({"id": "7", "originalID": "bar", "parentID": "0"}),
-            ),
-            (
-                json!({"a/b": {"m~n": 1}}),
-                json!([{"op": "replace", "path": "/a~1b/m~0n", "value": 2}]),
-                json!({"a/b": {"m~n": 2}}),
-            ),
-            (
-                json!({"~1": 1}),
-                json!([{"op": "remove", "path": "/~01"}]),
-                json!({}),
-            ),
-            (json!({"a": 1}), json!(null), json!({"a": 1})),
-            (json!({"a": 1}), json!([]), json!({"a": 1})),
-        ];
-        for (doc, patch, want) in cases {
-            assert_eq!(
-                jp(doc.clone(), patch.clone()).unwrap(),
-                want,
-                "{doc} + {patch}"
-            );
-        }
-    }
-
-    // Where Kubernetes' JSON patch departs from RFC 6902.
-    #[test]
-    fn json_patch_apiserver_quirks() {
-        // replace of a missing object member adds it.
+    fn json_patch_applies_every_operation() {
+        let mut doc = json!({"a": {"b": 1}, "l": ["x", "z"]});
+        let patch = json!([
+            {"op": "add", "path": "/l/1", "value": "y"},
+            {"op": "add", "path": "/l/-", "value": "w"},
+            {"op": "replace", "path": "/a/b", "value": 2},
+            {"op": "copy", "from": "/a", "path": "/c"},
+            {"op": "move", "from": "/c/b", "path": "/d"},
+            {"op": "test", "path": "/d", "value": 2},
+            {"op": "remove", "path": "/c"}
+        ]);
+        json_patch(&mut doc, &patch).unwrap();
         assert_eq!(
-            jp(
-                json!({"metadata": {}}),
-                json!([{"op": "replace", "path": "/metadata/labels", "value": {"a": "b"}}])
-            )
-            .unwrap(),
-            json!({"metadata": {"labels": {"a": "b"}}})
+            doc,
+            json!({"a": {"b": 2}, "l": ["x", "y", "z", "w"], "d": 2})
         );
-        // test of a missing member against null passes; a missing value equals null.
-        assert!(
-            jp(
-                json!({"a": 1}),
-                json!([{"op": "test", "path": "/b", "value": null}])
-            )
-            .is_ok()
-        );
-        assert!(
-            jp(
-                json!({"a": null}),
-                json!([{"op": "test", "path": "/a", "value": null}])
-            )
-            .is_ok()
-        );
-        assert!(jp(json!({"a": 1}), json!([{"op": "test", "path": "/b"}])).is_err());
-        // copy from a missing member copies null.
-        assert_eq!(
-            jp(
-                json!({"a": {}}),
-                json!([{"op": "copy", "from": "/a/x", "path": "/b"}])
-            )
-            .unwrap(),
-            json!({"a": {}, "b": null})
-        );
-        // The first segment of a pointer is never looked at.
-        assert_eq!(
-            jp(json!({"b": 1}), json!([{"op": "remove", "path": "x/b"}])).unwrap(),
-            json!({})
-        );
-        // Leading zeros and signs parse as Go's Atoi does.
-        assert_eq!(
-            jp(
-                json!({"a": [1, 2]}),
-                json!([{"op": "remove", "path": "/a/01"}])
-            )
-            .unwrap(),
-            json!({"a": [1]})
-        );
-        assert_eq!(
-            jp(
-                json!({"a": [1, 2]}),
-                json!([{"op": "remove", "path": "/a/+0"}])
-            )
-            .unwrap(),
-            json!({"a": [2]})
-        );
-        // A replace of the root with a scalar is ignored.
-        assert_eq!(
-            jp(
-                json!({"a": 1}),
-                json!([{"op": "replace", "path": "", "value": 3}])
-            )
-            .unwrap(),
-            json!({"a": 1})
-        );
-        // A missing value adds null.
-        assert_eq!(
-            jp(json!({}), json!([{"op": "add", "path": "/a"}])).unwrap(),
-            json!({"a": null})
-        );
-        // Moving onto itself changes nothing.
-        assert_eq!(
-            jp(
-                json!({"a": 1}),
-                json!([{"op": "move", "from": "/a", "path": "/a"}])
-            )
-            .unwrap(),
-            json!({"a": 1})
-        );
-    }
-
-    // evanphx/json-patch v4 `BadCases` and `TestCases`, with the texts the API server returns.
-    #[test]
-    fn json_patch_errors() {
-        let a48 = "A".repeat(48);
-        let cases = [
-            (
-                json!({"foo": "bar"}),
-                json!([{"op": "add", "path": "/baz/bat", "value": "qux"}]),
-                "add operation does not apply: doc is missing path: \"/baz/bat\": missing value",
-            ),
-            (
-                json!({"a": {"b": {"d": 1}}}),
-                json!([{"op": "remove", "path": "/a/b/c"}]),
-                "error in remove for path: '/a/b/c': Unable to remove nonexistent key: c: missing value",
-            ),
-            (
-                json!({"a": {"b": {"d": 1}}}),
-                json!([{"op": "move", "from": "/a/b/c", "path": "/a/b/e"}]),
-                "error in move for path: 'c': Unable to remove nonexistent key: c: missing value",
-            ),
-            (
-                json!({"a": {"b": [1]}}),
-                json!([{"op": "remove", "path": "/a/b/1"}]),
-                "error in remove for path: '/a/b/1': Unable to access invalid index: 1: invalid index referenced",
-            ),
-            (
-                json!({"a": {"b": [1]}}),
-                json!([{"op": "move", "from": "/a/b/1", "path": "/a/b/2"}]),
-                "error in move for path: '1': Unable to access invalid index: 1: invalid index referenced",
-            ),
-            (
-                json!({"foo": "bar"}),
-                json!([{"op": "add", "pathz": "/baz", "value": "qux"}]),
-                "add operation failed to decode path: missing value",
-            ),
-            (
-                json!({"foo": "bar"}),
-                json!([{"op": "add", "path": "", "value": "qux"}]),
-                "add operation does not apply: doc is missing path: \"\": missing value",
-            ),
-            (
-                json!({"foo": ["bar", "baz"]}),
-                json!([{"op": "replace", "path": "/foo/2", "value": "bum"}]),
-                "replace operation does not apply: doc is missing key: /foo/2: missing value",
-            ),
-            (
-                json!({"foo": ["bar", "baz"]}),
-                json!([{"op": "add", "path": "/foo/-4", "value": "bum"}]),
-                "error in add for path: '/foo/-4': Unable to access invalid index: -4: invalid index referenced",
-            ),
-            (
-                json!({"name": {"foo": "bat", "qux": "bum"}}),
-                json!([{"op": "replace", "path": "/foo/bar", "value": "baz"}]),
-                "replace operation does not apply: doc is missing path: /foo/bar: missing value",
-            ),
-            (
-                json!({"foo": ["bar"]}),
-                json!([{"op": "add", "path": "/foo/2", "value": "bum"}]),
-                "error in add for path: '/foo/2': Unable to access invalid index: 2: invalid index referenced",
-            ),
-            (
-                json!({"foo": []}),
-                json!([{"op": "remove", "path": "/foo/-"}]),
-                "error in remove for path: '/foo/-': strconv.Atoi: parsing \"-\": invalid syntax",
-            ),
-            (
-                json!({"foo": []}),
-                json!([{"op": "remove", "path": "/foo/-1"}]),
-                "error in remove for path: '/foo/-1': Unable to access invalid index: -1: invalid index referenced",
-            ),
-            (
-                json!({"foo": ["bar"]}),
-                json!([{"op": "remove", "path": "/foo/-2"}]),
-                "error in remove for path: '/foo/-2': Unable to access invalid index: -2: invalid index referenced",
-            ),
-            (
-                json!({}),
-                json!([{"op": null, "path": ""}]),
-                "Unexpected kind: unknown",
-            ),
-            (
-                json!({}),
-                json!([{"op": "add", "path": null}]),
-                "add operation failed to decode path: missing value",
-            ),
-            (
-                json!({}),
-                json!([{"op": "copy", "from": null}]),
-                "copy operation failed to decode from: operation, missing from field: missing value",
-            ),
-            (
-                json!({"foo": ["bar"]}),
-                json!([{"op": "copy", "path": "/foo/6666666666", "from": "/"}]),
-                "error while adding value during copy: Unable to access invalid index: 6666666666: invalid index referenced",
-            ),
-            (
-                json!({"foo": ["bar"]}),
-                json!([{"op": "copy", "path": "/foo/2", "from": "/foo/0"}]),
-                "error while adding value during copy: Unable to access invalid index: 2: invalid index referenced",
-            ),
-            (
-                json!({"foo": ["all", "grass", "cows", "eat"]}),
-                json!([{"op": "move", "from": "/foo/1", "path": "/foo/4"}]),
-                "error in move for path: '/foo/4': Unable to access invalid index: 4: invalid index referenced",
-            ),
-            (
-                json!({"baz": "qux"}),
-                json!([{"op": "test", "path": "/baz", "value": "bar"}]),
-                "testing value /baz failed: test failed",
-            ),
-            (
-                json!({"baz": "qux", "foo": ["a", 2, "c"]}),
-                json!([{"op": "test", "path": "/baz", "value": "qux"}, {"op": "test", "path": "/foo/1", "value": "c"}]),
-                "testing value /foo/1 failed: test failed",
-            ),
-            (
-                json!({"baz": "qux"}),
-                json!([{"op": "test", "path": "/foo", "value": 42}]),
-                "testing value /foo failed: test failed",
-            ),
-            (
-                json!({"foo": {}}),
-                json!([{"op": "test", "path": "/foo", "value": null}]),
-                "testing value /foo failed: test failed",
-            ),
-            (
-                json!({"foo": []}),
-                json!([{"op": "test", "path": "/foo"}]),
-                "testing value /foo failed: test failed",
-            ),
-            (
-                json!({"foo": 1}),
-                json!([{"op": "test", "path": "/foo", "value": 1.0}]),
-                "testing value /foo failed: test failed",
-            ),
-            (
-                json!({"a": 1}),
-                json!([{"op": "test", "path": "", "value": {"a": 2}}]),
-                "testing value  failed: test failed",
-            ),
-            (
-                json!({"a": 1}),
-                json!([{"op": "test", "path": "/a/b/c", "value": 1}]),
-                "test operation does not apply: is missing path: /a/b/c: missing value",
-            ),
-            (
-                json!({"a": [1]}),
-                json!([{"op": "test", "path": "/a/x", "value": 1}]),
-                "error in test for path: '/a/x': strconv.Atoi: parsing \"x\": invalid syntax",
-            ),
-            (
-                json!({"a": [1]}),
-                json!([{"op": "add", "path": "/a/x", "value": 1}]),
-                "error in add for path: '/a/x': value was not a proper array index: 'x': strconv.Atoi: parsing \"x\": invalid syntax",
-            ),
-            (
-                json!({"a": 1}),
-                json!([{"op": "remove", "path": ""}]),
-                "remove operation does not apply: doc is missing path: \"\": missing value",
-            ),
-            (
-                json!({"a": 1}),
-                json!([{"op": "replace", "path": 5, "value": 1}]),
-                "replace operation failed to decode path: json: cannot unmarshal number into Go value of type string",
-            ),
-            (
-                json!({"a": 1}),
-                json!([{"op": "move", "from": "/a", "path": "/b/c"}]),
-                "move operation does not apply: doc is missing destination path: /b/c: missing value",
-            ),
-            (
-                json!({"a": {"b": 1}}),
-                json!([{"op": "move", "from": "/a", "path": "/a/b"}]),
-                "move operation does not apply: doc is missing destination path: /a/b: missing value",
-            ),
-            (
-                json!({"a": 1}),
-                json!([{"op": "move", "from": "/x/y", "path": "/b"}]),
-                "move operation does not apply: doc is missing from path: /x/y: missing value",
-            ),
-            (
-                json!({"a": 1}),
-                json!([{"op": "copy", "from": "/x/y", "path": "/b"}]),
-                "copy operation does not apply: doc is missing from path: /x/y: missing value",
-            ),
-            (
-                json!({"a": 1}),
-                json!([{"op": "copy", "from": "/a", "path": "/x/y"}]),
-                "copy operation does not apply: doc is missing destination path: /x/y: missing value",
-            ),
-            (
-                json!({"a": 1}),
-                json!([{"op": "frob", "path": "/a"}]),
-                "Unexpected kind: frob",
-            ),
-            (
-                json!({"a": [1]}),
-                json!([{"op": "remove", "path": "/a/99999999999999999999"}]),
-                "error in remove for path: '/a/99999999999999999999': strconv.Atoi: parsing \"99999999999999999999\": value out of range",
-            ),
-            (
-                json!({"a": "x"}),
-                json!([{"op": "add", "path": "/a/b", "value": 1}]),
-                "add operation does not apply: doc is missing path: \"/a/b\": missing value",
-            ),
-            (
-                json!({"a": null}),
-                json!([{"op": "add", "path": "/a/b", "value": 1}]),
-                "add operation does not apply: doc is missing path: \"/a/b\": missing value",
-            ),
-        ];
-        for (doc, patch, want) in cases {
-            let err = jp(doc.clone(), patch.clone()).unwrap_err();
-            assert_eq!(err.to_string(), want, "{doc} + {patch}");
-            assert_eq!(err.http_status(), 422);
-        }
-        // The copy budget: each copy of a 48-character string adds 50 bytes.
-        let doc = json!({"foo": ["A", a48]});
-        let patch = json!([{"op": "copy", "path": "/foo/-", "from": "/foo/1"}]);
-        assert!(jp(doc, patch).is_ok());
+        json_patch(&mut doc, &Value::Null).unwrap();
+        assert_eq!(doc["d"], 2, "a null patch is an empty one");
     }
 
     #[test]
-    fn json_patch_error_context_and_atomicity() {
+    fn json_patch_errors_leave_the_target_untouched() {
         let mut doc = json!({"a": 1, "b": [1, 2]});
         let patch = json!([
             {"op": "add", "path": "/c", "value": 3},
@@ -2517,36 +1671,17 @@ mod tests {
             {"op": "remove", "path": "/zz"}
         ]);
         let err = json_patch(&mut doc, &patch).unwrap_err();
-        assert_eq!(
-            err,
-            PatchError::OperationFailed {
-                index: 2,
-                op: "remove".into(),
-                path: "/zz".into(),
-                message: "error in remove for path: '/zz': Unable to remove nonexistent key: zz: missing value".into(),
-            }
+        assert!(
+            matches!(err, PatchError::OperationFailed { index: 2, .. }),
+            "{err:?}"
         );
-        // Nothing of the first two operations stays.
+        assert_eq!(err.http_status(), 422);
         assert_eq!(doc, json!({"a": 1, "b": [1, 2]}));
-    }
 
-    #[test]
-    fn json_patch_decode_errors_and_limits() {
-        let mut doc = json!({"a": 1});
         let err = json_patch(&mut doc, &json!({"op": "add"})).unwrap_err();
-        assert_eq!(
-            err.to_string(),
-            "json: cannot unmarshal object into Go value of type jsonpatch.Patch"
-        );
         assert_eq!(err.http_status(), 400);
         let err = json_patch(&mut doc, &json!(["add"])).unwrap_err();
-        assert_eq!(
-            err.to_string(),
-            "json: cannot unmarshal string into Go value of type jsonpatch.Operation"
-        );
-        // A null operation decodes as an empty one.
-        let err = json_patch(&mut doc, &json!([null])).unwrap_err();
-        assert_eq!(err.to_string(), "Unexpected kind: unknown");
+        assert_eq!(err.http_status(), 400);
         let many = Value::Array(vec![
             json!({"op": "test", "path": "/a", "value": 1});
             MAX_JSON_PATCH_OPERATIONS + 1
@@ -2557,26 +1692,6 @@ mod tests {
             "The allowed maximum operations in a JSON patch is 10000, got 10001"
         );
         assert_eq!(err.http_status(), 413);
-        let mut scalar = json!("x");
-        assert!(matches!(
-            json_patch(&mut scalar, &json!([])),
-            Err(PatchError::InvalidDocument(_))
-        ));
-    }
-
-    #[test]
-    fn json_patch_copy_budget() {
-        let big = "A".repeat(1024 * 1024);
-        let mut doc = json!({"a": big});
-        let copy = |to: &str| json!({"op": "copy", "from": "/a", "path": to});
-        let patch = json!([copy("/b"), copy("/c")]);
-        json_patch(&mut doc, &patch).unwrap();
-        let patch = json!([copy("/d"), copy("/e"), copy("/f")]);
-        let err = json_patch(&mut doc, &patch).unwrap_err();
-        assert_eq!(
-            err.to_string(),
-            "Unable to complete the copy, the accumulated size increase of copy is 3145734, exceeding the limit 3145728"
-        );
     }
 
     #[test]
@@ -3284,7 +2399,6 @@ mod tests {
         assert_eq!(go_float(0.00001), "1e-05");
         assert_eq!(go_float(0.5), "0.5");
         assert_eq!(go_s(&json!(5)), "%!s(int64=5)");
-        assert_eq!(go_quote("a\"\n"), "\"a\\\"\\n\"");
     }
 
     #[test]

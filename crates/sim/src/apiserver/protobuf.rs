@@ -13,7 +13,7 @@
 
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as B64;
-use serde_json::{Map, Number, Value};
+use serde_json::{Map, Value};
 
 use super::proto_schema::{MESSAGES, ROOTS};
 
@@ -128,24 +128,14 @@ pub(crate) enum Kind {
     I32,
     /// `int64`.
     I64,
-    /// `double`. No served message has one today; the generator emits it when one does.
-    #[allow(dead_code)]
-    F64,
     /// `bytes`, base64 in JSON.
     Bytes,
     /// `resource.Quantity`: a JSON string.
     Quantity,
     /// `meta.v1.Time`: RFC 3339, whole seconds, or `null`.
     Time,
-    /// `meta.v1.MicroTime`: RFC 3339 with microseconds, or `null`.
-    MicroTime,
-    /// `meta.v1.Duration`: a Go duration string. As for `F64`: no served message has one yet.
-    #[allow(dead_code)]
-    Duration,
     /// `intstr.IntOrString`: a JSON number or string.
     IntOrString,
-    /// `runtime.RawExtension`: the embedded JSON.
-    RawExtension,
     /// `meta.v1.FieldsV1`: the embedded JSON.
     FieldsV1,
     /// A Go named `[]string` (`ExtraValue`, `Verbs`): `repeated string items = 1`, a JSON array.
@@ -285,7 +275,7 @@ fn root(api_version: &str, kind: &str) -> Option<&'static Message> {
 #[derive(Debug, Clone, Copy)]
 enum Wire<'a> {
     Varint(u64),
-    Fixed64(u64),
+    Fixed64,
     Len(&'a [u8]),
     Fixed32,
 }
@@ -294,7 +284,7 @@ impl Wire<'_> {
     fn wire_type(&self) -> u8 {
         match self {
             Wire::Varint(_) => 0,
-            Wire::Fixed64(_) => 1,
+            Wire::Fixed64 => 1,
             Wire::Len(_) => 2,
             Wire::Fixed32 => 5,
         }
@@ -376,7 +366,10 @@ impl<'a> Reader<'a> {
         }
         let value = match key & 7 {
             0 => Wire::Varint(self.varint()?),
-            1 => Wire::Fixed64(u64::from_le_bytes(self.fixed::<8>()?)),
+            1 => {
+                self.fixed::<8>()?;
+                Wire::Fixed64
+            }
             2 => Wire::Len(self.len_delimited()?),
             5 => {
                 self.fixed::<4>()?;
@@ -560,7 +553,7 @@ fn decode_message(
                 }
                 if let Value::Array(items) = slot {
                     match (f.kind, value) {
-                        (Kind::Bool | Kind::I32 | Kind::I64 | Kind::F64, Wire::Len(packed)) => {
+                        (Kind::Bool | Kind::I32 | Kind::I64, Wire::Len(packed)) => {
                             unpack(msg, f, packed, items)?;
                         }
                         _ => items.push(scalar_or_message(msg, f, f.kind, value, depth)?),
@@ -652,16 +645,10 @@ fn unpack(
 ) -> Result<(), ProtobufError> {
     let mut r = Reader::new(packed);
     while !r.is_empty() {
-        let value = match f.kind {
-            Kind::F64 => Wire::Fixed64(u64::from_le_bytes(
-                r.fixed::<8>()
-                    .map_err(|p| malformed(msg.name, field_name(f), p))?,
-            )),
-            _ => Wire::Varint(
-                r.varint()
-                    .map_err(|p| malformed(msg.name, field_name(f), p))?,
-            ),
-        };
+        let value = Wire::Varint(
+            r.varint()
+                .map_err(|p| malformed(msg.name, field_name(f), p))?,
+        );
         items.push(scalar(msg, f, f.kind, value)?);
     }
     Ok(())
@@ -675,9 +662,7 @@ fn scalar_or_message(
     depth: usize,
 ) -> Result<Value, ProtobufError> {
     match kind {
-        Kind::Str | Kind::Bool | Kind::I32 | Kind::I64 | Kind::F64 | Kind::Bytes => {
-            scalar(msg, f, kind, value)
-        }
+        Kind::Str | Kind::Bool | Kind::I32 | Kind::I64 | Kind::Bytes => scalar(msg, f, kind, value),
         _ => {
             let bytes = expect_len(msg.name, &field_name(f), value)?;
             embedded(msg, f, kind, bytes, depth)
@@ -699,20 +684,9 @@ fn scalar(
         // Protobuf writes negative int32s sign-extended to 64 bits; truncating recovers them.
         (Kind::I32, Wire::Varint(v)) => Value::from(v as i32),
         (Kind::I64, Wire::Varint(v)) => Value::from(v as i64),
-        (Kind::F64, Wire::Fixed64(bits)) => {
-            let x = f64::from_bits(bits);
-            Value::Number(
-                Number::from_f64(x).ok_or_else(|| ProtobufError::InvalidValue {
-                    message: msg.name,
-                    field: name(),
-                    problem: format!("{x} has no JSON form"),
-                })?,
-            )
-        }
         (Kind::Str | Kind::Bytes, other) => {
             return Err(wrong_wire(msg.name, name(), other, "length-delimited (2)"));
         }
-        (Kind::F64, other) => return Err(wrong_wire(msg.name, name(), other, "64-bit (1)")),
         (_, other) => return Err(wrong_wire(msg.name, name(), other, "varint (0)")),
     })
 }
@@ -762,7 +736,6 @@ fn zero(
         Kind::Str | Kind::Bytes => Value::String(String::new()),
         Kind::Bool => Value::Bool(false),
         Kind::I32 | Kind::I64 => Value::from(0),
-        Kind::F64 => Value::from(0.0),
         other => embedded(msg, f, other, &[], depth)?,
     })
 }
@@ -794,45 +767,24 @@ fn embedded(
                 None => Ok(Value::String("0".into())),
             }
         }
-        Kind::Time | Kind::MicroTime => {
+        Kind::Time => {
             // Go writes a zero Time as an empty message, and its JSON is null.
             if bytes.is_empty() {
                 return Ok(Value::Null);
             }
+            // Time keeps whole seconds only (as upstream's Unmarshal does): its nanoseconds
+            // are dropped.
             let mut seconds = 0i64;
-            let mut nanos = 0i32;
-            let mut r = Reader::new(bytes);
-            while let Some((tag, v)) = r
-                .field()
-                .map_err(|p| malformed(msg.name, field_name(f), p))?
-            {
-                match tag {
-                    1 => seconds = expect_varint(msg.name, &field_name(f), v)? as i64,
-                    2 => nanos = expect_varint(msg.name, &field_name(f), v)? as i32,
-                    _ => {}
-                }
-            }
-            // Time keeps whole seconds only (as upstream's Unmarshal does); MicroTime truncates
-            // to microseconds.
-            let nanos = if kind == Kind::Time {
-                0
-            } else {
-                i64::from(nanos) / 1000 * 1000
-            };
-            rfc3339(seconds, nanos, kind == Kind::MicroTime).map_err(invalid)
-        }
-        Kind::Duration => {
-            let mut nanos = 0i64;
             let mut r = Reader::new(bytes);
             while let Some((tag, v)) = r
                 .field()
                 .map_err(|p| malformed(msg.name, field_name(f), p))?
             {
                 if tag == 1 {
-                    nanos = expect_varint(msg.name, &field_name(f), v)? as i64;
+                    seconds = expect_varint(msg.name, &field_name(f), v)? as i64;
                 }
             }
-            Ok(Value::String(go_duration(nanos)))
+            rfc3339(seconds).map_err(invalid)
         }
         Kind::IntOrString => {
             let (mut ty, mut int_val, mut str_val) = (0i64, 0i32, String::new());
@@ -854,8 +806,8 @@ fn embedded(
                 other => Err(invalid(format!("IntOrString of unknown type {other}"))),
             }
         }
-        Kind::RawExtension | Kind::FieldsV1 => {
-            // Go writes a RawExtension or FieldsV1 without bytes as null.
+        Kind::FieldsV1 => {
+            // Go writes a FieldsV1 without bytes as null.
             let raw = last_bytes(msg, f, bytes)?.unwrap_or_default();
             if raw.is_empty() {
                 return Ok(Value::Null);
@@ -881,13 +833,13 @@ fn embedded(
             Ok(Value::Array(items))
         }
         Kind::Map(_) => Err(invalid("a map cannot be a map's value".into())),
-        Kind::Str | Kind::Bool | Kind::I32 | Kind::I64 | Kind::F64 | Kind::Bytes => {
+        Kind::Str | Kind::Bool | Kind::I32 | Kind::I64 | Kind::Bytes => {
             scalar(msg, f, kind, Wire::Len(bytes))
         }
     }
 }
 
-/// Field 1 of a single-field special type (Quantity's `string`, RawExtension's `raw`), the last
+/// Field 1 of a single-field special type (Quantity's `string`, FieldsV1's `Raw`), the last
 /// occurrence winning as protobuf wants.
 fn last_bytes<'a>(
     msg: &'static Message,
@@ -912,19 +864,15 @@ fn last_bytes<'a>(
 const GO_ZERO_TIME: i64 = -62_135_596_800;
 const MAX_TIME: i64 = 253_402_300_799;
 
-/// RFC 3339 in UTC, as Go's `Time` (whole seconds) or `MicroTime` (six decimals) write it.
-fn rfc3339(seconds: i64, nanos: i64, micro: bool) -> Result<Value, String> {
-    // Normalise like Go's time.Unix: nanoseconds into [0, 1e9).
-    let total = i128::from(seconds) * 1_000_000_000 + i128::from(nanos);
-    let secs = total.div_euclid(1_000_000_000);
-    let nanos = total.rem_euclid(1_000_000_000);
-    if secs == i128::from(GO_ZERO_TIME) && nanos == 0 {
+/// RFC 3339 in UTC, as Go's `Time` writes it (whole seconds).
+fn rfc3339(secs: i64) -> Result<Value, String> {
+    if secs == GO_ZERO_TIME {
         return Ok(Value::Null);
     }
-    let out_of_range = || format!("timestamp {seconds}s is outside 0001-01-01..9999-12-31");
-    let secs = i64::try_from(secs).map_err(|_| out_of_range())?;
     if !(GO_ZERO_TIME..=MAX_TIME).contains(&secs) {
-        return Err(out_of_range());
+        return Err(format!(
+            "timestamp {secs}s is outside 0001-01-01..9999-12-31"
+        ));
     }
     let (year, month, day) = civil_from_days(secs.div_euclid(86_400));
     let in_day = secs.rem_euclid(86_400);
@@ -934,11 +882,7 @@ fn rfc3339(seconds: i64, nanos: i64, micro: bool) -> Result<Value, String> {
         in_day / 60 % 60,
         in_day % 60
     );
-    Ok(Value::String(if micro {
-        format!("{base}.{:06}Z", nanos / 1000)
-    } else {
-        format!("{base}Z")
-    }))
+    Ok(Value::String(format!("{base}Z")))
 }
 
 /// The proleptic Gregorian date of a day counted from 1970-01-01 (Howard Hinnant's
@@ -954,48 +898,6 @@ fn civil_from_days(days: i64) -> (i64, i64, i64) {
     let month = if mp < 10 { mp + 3 } else { mp - 9 };
     let year = yoe + era * 400 + i64::from(month <= 2);
     (year, month, day)
-}
-
-/// Go's `time.Duration.String()`: `1h2m3.5s`, `1m0s`, `1.5ms`, `0s`.
-fn go_duration(d: i64) -> String {
-    let mut u = d.unsigned_abs();
-    let sign = if d < 0 { "-" } else { "" };
-    if u == 0 {
-        return "0s".into();
-    }
-    if u < 1_000_000_000 {
-        // Below a second: the largest unit that keeps an integer part.
-        let (prec, unit) = match u {
-            0..1_000 => (0, "ns"),
-            1_000..1_000_000 => (3, "µs"),
-            _ => (6, "ms"),
-        };
-        let (int, frac) = split_frac(u, prec);
-        return format!("{sign}{int}{frac}{unit}");
-    }
-    let (secs, frac) = split_frac(u, 9);
-    u = secs;
-    let mut out = format!("{}{frac}s", u % 60);
-    u /= 60;
-    if u > 0 {
-        out = format!("{}m{out}", u % 60);
-        u /= 60;
-        if u > 0 {
-            out = format!("{u}h{out}");
-        }
-    }
-    format!("{sign}{out}")
-}
-
-/// `v / 10^prec` and its fraction as `.digits` without trailing zeros (empty if none).
-fn split_frac(v: u64, prec: u32) -> (u64, String) {
-    let scale = 10u64.pow(prec);
-    let frac = v % scale;
-    if frac == 0 {
-        return (v / scale, String::new());
-    }
-    let digits = format!("{frac:0width$}", width = prec as usize);
-    (v / scale, format!(".{}", digits.trim_end_matches('0')))
 }
 
 #[cfg(test)]
@@ -1077,53 +979,20 @@ mod tests {
         fn dates_agree_with_jiff(secs in -62_135_596_799i64..253_402_000_000) {
             let t = k8s_openapi::jiff::Timestamp::from_second(secs).unwrap();
             let want = format!("{}Z", t.strftime("%Y-%m-%dT%H:%M:%S"));
-            proptest::prop_assert_eq!(rfc3339(secs, 0, false), Ok(Value::from(want)));
-        }
-    }
-
-    #[test]
-    fn durations_read_like_go() {
-        let cases = [
-            (0, "0s"),
-            (1, "1ns"),
-            (1_500, "1.5µs"),
-            (1_500_000, "1.5ms"),
-            (1_000_000_000, "1s"),
-            (60_000_000_000, "1m0s"),
-            (3_600_000_000_000, "1h0m0s"),
-            (5_400_500_000_000, "1h30m0.5s"),
-            (-90_000_000_000, "-1m30s"),
-            (i64::MIN, "-2562047h47m16.854775808s"),
-        ];
-        for (nanos, want) in cases {
-            assert_eq!(go_duration(nanos), want, "{nanos}");
+            proptest::prop_assert_eq!(rfc3339(secs), Ok(Value::from(want)));
         }
     }
 
     #[test]
     fn times_read_like_go() {
+        assert_eq!(rfc3339(0), Ok(Value::from("1970-01-01T00:00:00Z")));
+        assert_eq!(rfc3339(GO_ZERO_TIME), Ok(Value::Null));
+        assert!(rfc3339(MAX_TIME + 1).is_err());
+        assert!(rfc3339(i64::MIN).is_err());
         assert_eq!(
-            rfc3339(0, 0, false),
-            Ok(Value::from("1970-01-01T00:00:00Z"))
-        );
-        assert_eq!(
-            rfc3339(1_795_341_600, 123_456_000, true),
-            Ok(Value::from("2026-11-22T10:00:00.123456Z"))
-        );
-        assert_eq!(rfc3339(GO_ZERO_TIME, 0, false), Ok(Value::Null));
-        assert_eq!(
-            rfc3339(-1, 999_999_000, true),
-            Ok(Value::from("1969-12-31T23:59:59.999999Z"))
-        );
-        assert!(rfc3339(MAX_TIME + 1, 0, false).is_err());
-        assert!(rfc3339(i64::MIN, 0, false).is_err());
-        assert_eq!(
-            rfc3339(GO_ZERO_TIME + 1, 0, false),
+            rfc3339(GO_ZERO_TIME + 1),
             Ok(Value::from("0001-01-01T00:00:01Z"))
         );
-        assert_eq!(
-            rfc3339(MAX_TIME, 0, false),
-            Ok(Value::from("9999-12-31T23:59:59Z"))
-        );
+        assert_eq!(rfc3339(MAX_TIME), Ok(Value::from("9999-12-31T23:59:59Z")));
     }
 }

@@ -24,10 +24,10 @@ use tokio_rustls::TlsConnector;
 use super::State;
 use super::errors::ApiError;
 use super::http::{Body, error_response};
+use super::pem::{certs, key, provider};
 use super::resources::ids;
 use super::rest::Query;
 use super::store::ObjKey;
-use crate::certs::{certs_from_pem, key_from_pem, provider};
 
 /// Accepts any server certificate (a kubelet's, see the module comment; in tests, a listener's
 /// that an attacker would not know either); signatures are still checked so the handshake
@@ -88,10 +88,13 @@ fn kubelet_tls(state: &State) -> Result<TlsConnector, ApiError> {
         .dangerous()
         .with_custom_certificate_verifier(Arc::new(CertNotVerified(provider)))
         .with_client_auth_cert(
-            certs_from_pem("kubelet client", &state.kubelet_client.cert_pem)
-                .map_err(|e| ApiError::internal(e.to_string()))?,
-            key_from_pem("kubelet client", &state.kubelet_client.key_pem)
-                .map_err(|e| ApiError::internal(e.to_string()))?,
+            certs(
+                "kubelet client",
+                &state.config.certs.kubelet_client.cert_pem,
+            )
+            .map_err(ApiError::internal)?,
+            key("kubelet client", &state.config.certs.kubelet_client.key_pem)
+                .map_err(ApiError::internal)?,
         )
         .map_err(|e| ApiError::internal(e.to_string()))?;
     let mut config = config;

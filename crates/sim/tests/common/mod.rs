@@ -1,8 +1,6 @@
 //! Helpers shared by the simulated-cluster tests.
 #![allow(dead_code, clippy::unwrap_used)] // test code
 
-pub mod kubectl;
-
 #[allow(unused_imports)] // not every test binary waits this way
 pub use tensile_testenv::eventually;
 

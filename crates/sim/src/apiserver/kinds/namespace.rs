@@ -47,7 +47,7 @@ impl Strategy for Namespaces {
         let mut cm = json!({"apiVersion": "v1", "kind": "ConfigMap",
             "metadata": {"name": "kube-root-ca.crt", "namespace": ns,
                 "annotations": {"kubernetes.io/description": "Contains a CA bundle that can be used to verify the kube-apiserver when using internal endpoints such as the internal service IP or kubernetes.default.svc. No other usage is guaranteed across distributions of Kubernetes clusters."}},
-            "data": {"ca.crt": state.ca.cert_pem()}});
+            "data": {"ca.crt": state.config.certs.ca_pem}});
         init_meta(&mut cm);
         let _ = state
             .store

@@ -10,7 +10,7 @@ use k8s_openapi::api::core::v1::Container;
 use k8s_openapi::jiff::Timestamp;
 use serde_json::{Value, json};
 
-use crate::apiserver::meta::time_string;
+use crate::time_string;
 
 /// What a container's process does.
 #[derive(Clone, Copy, Debug, PartialEq)]

@@ -8,9 +8,7 @@ use std::net::TcpStream;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-mod common;
-
-use common::kubectl::{Env, Running};
+use tensile_testenv::kubectl::{Env, Running};
 
 fn pod_manifest() -> &'static str {
     "apiVersion: v1\nkind: Pod\nmetadata:\n  name: web\n  labels: {app: web}\nspec:\n  containers:\n  - name: web\n    image: nginx:1.27\n    command: [\"sh\", \"-c\", \"echo hello from web; sleep 100000\"]\n    env: [{name: GREETING, value: hi}]\n    ports: [{containerPort: 8080}, {containerPort: 9090}]\n    resources: {requests: {cpu: 250m, memory: 64Mi}}\n"

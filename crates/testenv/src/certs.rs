@@ -1,6 +1,8 @@
-//! A cluster's own certificate authority: serving certificates for the API server and
-//! kubelets, client certificates for users (kubeconfig) and for the API server's calls to
-//! kubelets, all signed by it, the way kubeadm lays a cluster out.
+//! The test PKI: a cluster's own certificate authority, serving certificates for the API server
+//! and kubelets, client certificates for users (kubeconfig) and for the API server's calls to
+//! kubelets, all signed by it, the way kubeadm lays a cluster out. It issues the certificates
+//! of both backends: the files of real control planes ([`crate::real`]) and the
+//! [`ServerCerts`] an embedded API server is given ([`apiserver_certs`]).
 
 use std::sync::Arc;
 
@@ -41,14 +43,8 @@ pub enum CertError {
     Verifier(String),
 }
 
-/// A certificate and its private key, PEM encoded.
-#[derive(Clone, Debug)]
-pub struct Issued {
-    /// The certificate.
-    pub cert_pem: String,
-    /// Its private key (PKCS#8).
-    pub key_pem: String,
-}
+pub use tensile_sim::apiserver::Issued;
+use tensile_sim::apiserver::ServerCerts;
 
 /// A certificate authority.
 pub struct Ca {
@@ -203,11 +199,28 @@ pub fn server_config(
     Ok(Arc::new(config))
 }
 
-/// The subject of a verified client certificate: (common name, organizations).
-pub fn client_identity(cert: &CertificateDer<'_>) -> Option<(String, Vec<String>)> {
-    // As a real API server reads it (of several CNs the last), the same rule as the kubelet's.
-    let user = tensile_kubelet::server::certificate_user(cert)?;
-    Some((user.name, user.groups))
+/// A new cluster CA and the certificates of an embedded API server named `name` listening on
+/// `ip`: serving (for `localhost`, `127.0.0.1`, `kubernetes`, `kubernetes.default.svc`, and
+/// `ip` unless it is loopback or unspecified), its kubelet client and an administrator's, the
+/// names kubeadm gives them. The CA is returned to issue more (`TestCluster::kubeconfig_as`).
+pub fn apiserver_certs(name: &str, ip: std::net::IpAddr) -> Result<(Ca, ServerCerts), CertError> {
+    let ca = Ca::new(&format!("{name}-ca"))?;
+    let mut sans = vec![
+        "localhost".to_owned(),
+        "127.0.0.1".to_owned(),
+        "kubernetes".to_owned(),
+        "kubernetes.default.svc".to_owned(),
+    ];
+    if !ip.is_loopback() && !ip.is_unspecified() {
+        sans.push(ip.to_string());
+    }
+    let certs = ServerCerts {
+        ca_pem: ca.cert_pem().to_owned(),
+        serving: ca.issue_server("kube-apiserver", &sans)?,
+        kubelet_client: ca.issue_client("kube-apiserver-kubelet-client", Some("system:masters"))?,
+        admin: ca.issue_client("kubernetes-admin", Some("system:masters"))?,
+    };
+    Ok((ca, certs))
 }
 
 #[cfg(test)]
@@ -223,9 +236,10 @@ mod tests {
         server_config(&server, ca.cert_pem()).unwrap();
         let client = ca.issue_client("alice", Some("system:masters")).unwrap();
         let der = certs_from_pem("client", &client.cert_pem).unwrap();
+        let user = tensile_kubelet::server::certificate_user(&der[0]).unwrap();
         assert_eq!(
-            client_identity(&der[0]),
-            Some(("alice".into(), vec!["system:masters".into()]))
+            (user.name, user.groups),
+            ("alice".into(), vec!["system:masters".into()])
         );
     }
 }

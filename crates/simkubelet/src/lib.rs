@@ -13,6 +13,7 @@
 //! ends after N seconds with exit code 0, `exit N` ends at once with code N; anything else runs
 //! until the pod is deleted. Restarts follow the restart policy with the kubelet's back-off
 //! ([`containers`]); the environment is resolved as the kubelet resolves it ([`env`]).
+#![forbid(unsafe_code)]
 
 mod api;
 mod containers;
@@ -35,7 +36,13 @@ use serde_json::{Value, json};
 use tokio::sync::{Mutex, watch};
 use tokio_util::sync::CancellationToken;
 
-use crate::apiserver::meta::time_string;
+/// A timestamp as Kubernetes writes it (RFC 3339, whole seconds, UTC).
+fn time_string(t: Timestamp) -> String {
+    match serde_json::to_value(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(t)) {
+        Ok(Value::String(s)) => s,
+        _ => t.to_string(),
+    }
+}
 
 /// One simulated node.
 #[derive(Clone, Debug)]

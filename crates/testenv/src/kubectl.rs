@@ -1,13 +1,16 @@
-//! The real `kubectl` against a one-cluster TestEnv (simulator or real control planes).
-#![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
+//! The real `kubectl` against a one-cluster TestEnv (simulator or real control planes), for
+//! tests: every failure panics with what the cluster holds.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // a test's failure
 
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use tensile_testenv::TestEnv;
+use crate::TestEnv;
 
+/// One cluster and kubectl pointed at it.
+#[derive(Debug)]
 pub struct Env {
     pub env: TestEnv,
     pub runtime: tokio::runtime::Runtime,
@@ -108,6 +111,7 @@ impl Env {
 }
 
 /// A kubectl process that is killed when the test ends, pass or fail.
+#[derive(Debug)]
 pub struct Running(pub Child);
 
 impl Drop for Running {

@@ -23,7 +23,7 @@ use tensile_kubelet::{
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use super::Shared;
-use crate::apiserver::meta::time_string;
+use crate::time_string;
 
 /// The kubelet API backend of one simulated node.
 pub(super) struct SimBackend {
