@@ -8,9 +8,11 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use prometheus_client::registry::Registry;
+use tensile_core::duration::parse_duration;
 use tensile_placement::serve::{LiveCert, ServingCert};
 use tensile_placement::tls_secret::{SecretName, TlsSecretConfig};
 use tensile_runtime::clients::{ApiCalls, KubeconfigSource, build_client};
+use tensile_runtime::leader::STANDBY;
 use tensile_runtime::metrics::Readiness;
 use tokio_util::sync::CancellationToken;
 
@@ -38,9 +40,6 @@ pub fn metrics_addr(value: &str) -> anyhow::Result<Option<SocketAddr>> {
         .with_context(|| format!("invalid --metrics-addr {value:?}: expected host:port or :port"))
 }
 
-/// What `/readyz` answers while a `--leader-elect` standby waits for the Lease.
-pub const STANDBY: &str = "standby: not the leader";
-
 /// Starts the `--metrics-addr` listener of `registry` (none when the flag is empty) before
 /// anything else, so that a standby answers its probes too; `/readyz` answers 503 with
 /// [`STANDBY`] under `--leader-elect`, else with `starting`, until the component sets it ready.
@@ -67,18 +66,6 @@ pub async fn serve_metrics(
         tracing::info!(%addr, "metrics and probes serving");
     }
     Ok((readiness, bound))
-}
-
-/// A Go duration flag (`90s`, `3m`, `1h30m`), positive.
-pub fn parse_duration(text: &str) -> Result<Duration, String> {
-    let d: k8s_openapi::jiff::SignedDuration = text
-        .trim()
-        .parse()
-        .map_err(|e| format!("invalid duration {text:?}: {e}"))?;
-    match Duration::try_from(d) {
-        Ok(d) if !d.is_zero() => Ok(d),
-        _ => Err(format!("invalid duration {text:?}: must be positive")),
-    }
 }
 
 /// The upper cluster's kubeconfig, in kube's own order: the given path (which must load), else
@@ -385,15 +372,6 @@ mod tests {
         );
         assert_eq!(get("/nothing").await.unwrap().0, 404);
         stop.cancel();
-    }
-
-    #[test]
-    fn go_durations() {
-        assert_eq!(parse_duration("10s"), Ok(Duration::from_secs(10)));
-        assert_eq!(parse_duration("3m"), Ok(Duration::from_secs(180)));
-        assert_eq!(parse_duration("1h30m"), Ok(Duration::from_secs(5400)));
-        assert!(parse_duration("soon").is_err());
-        assert!(parse_duration("0s").is_err());
     }
 
     #[test]

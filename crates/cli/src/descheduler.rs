@@ -14,7 +14,8 @@ use tensile_placement::descheduler::{DeschedulerConfig, run as run_descheduler};
 use tensile_placement::metrics::DeschedulerMetrics;
 use tokio_util::sync::CancellationToken;
 
-use crate::common::{client, parse_duration, upper_source};
+use crate::common::{client, upper_source};
+use tensile_core::duration::parse_duration;
 
 /// Flags of `tensile descheduler`.
 #[derive(Debug, Args)]
@@ -60,7 +61,7 @@ pub struct DeschedulerArgs {
     pub namespace: String,
     /// How long a workload stays off a virtual node one of its pods was moved away from (Go
     /// duration).
-    #[arg(long, default_value = "3m", value_parser = crate::common::parse_duration)]
+    #[arg(long, default_value = "3m", value_parser = tensile_core::duration::parse_duration)]
     pub exclusion_window: Duration,
     /// Accepted for compatibility: the descheduler is event driven, not periodic.
     #[arg(long = "descheduling-interval", alias = "descheduling_interval")]

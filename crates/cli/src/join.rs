@@ -23,7 +23,7 @@ use kube::core::{ApiResource, GroupVersionKind};
 use serde_json::Value;
 use tensile_core::join::{self as plan, StoredCredential};
 
-use crate::common::parse_duration;
+use tensile_core::duration::parse_duration;
 
 /// One line of the report on stdout (a closed stdout ends nothing: the work is done).
 macro_rules! say {

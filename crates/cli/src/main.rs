@@ -1,32 +1,10 @@
 //! `tensile`: every component of tensile-kube as a subcommand of one binary.
 #![forbid(unsafe_code)]
 
-#[cfg(feature = "sandbox")]
-mod bench;
-#[cfg(feature = "sandbox")]
-mod bench_support;
 mod common;
-#[cfg(feature = "sandbox")]
-mod conformance;
 mod descheduler;
-#[cfg(feature = "sandbox")]
-mod extender_bench;
-#[cfg(feature = "sandbox")]
-mod failover;
-#[cfg(feature = "sandbox")]
-mod faults;
-#[cfg(feature = "sandbox")]
-mod fragmentation;
-#[cfg(feature = "sandbox")]
-mod hostile;
 mod join;
 mod logging;
-#[cfg(feature = "sandbox")]
-mod process;
-#[cfg(feature = "sandbox")]
-mod real_offload;
-#[cfg(feature = "sandbox")]
-mod sandbox;
 mod scheduler;
 #[cfg(feature = "sandbox")]
 mod sim;
@@ -66,7 +44,7 @@ enum Command {
     Sim(sim::SimArgs),
     /// Benchmarks (`tensile bench offload`).
     #[cfg(feature = "sandbox")]
-    Bench(bench::BenchArgs),
+    Bench(tensile_bench::BenchArgs),
     /// Register a lower cluster as one node of the upper cluster and run its pods there.
     VirtualNode(Box<virtual_node::VirtualNodeArgs>),
     /// The mutating admission webhook: moves a virtual pod's scheduling constraints into its
@@ -181,7 +159,7 @@ fn run(command: Command) -> anyhow::Result<()> {
             // Stopped by a signal, the benchmark returns: dropping it (and the runtime its
             // tasks run on) kills the clusters and components it started.
             Command::Bench(args) => tokio::select! {
-                r = bench::run(args) => r,
+                r = tensile_bench::run(args, virtual_node::start_in_sandbox) => r,
                 r = shutdown_signal() => {
                     r?;
                     anyhow::bail!("stopped by a signal: the benchmark's processes are stopped too")

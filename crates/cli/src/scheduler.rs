@@ -72,7 +72,7 @@ pub struct SchedulerArgs {
     pub write_ca: Option<PathBuf>,
     /// How long room stays reserved for a pod bound to a virtual node whose lower pod has not
     /// appeared (Go duration: 90s, 2m, 1h30m).
-    #[arg(long, default_value = "2m", value_parser = crate::common::parse_duration)]
+    #[arg(long, default_value = "2m", value_parser = tensile_core::duration::parse_duration)]
     pub reservation_ttl: Duration,
     /// QPS of every client (kube-scheduler's own default).
     #[arg(long, default_value_t = 50.0)]

@@ -9,12 +9,12 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
+use tensile_bench::sandbox::{ExtenderRun, Sandbox, SandboxSpec, VirtualNodeRun};
 use tensile_core::quantity::parse_quantity;
 use tensile_placement::descheduler::DeschedulerConfig;
 use tensile_sim::apiserver::kubeconfig;
 use tensile_simkubelet::SimNode;
 
-use crate::sandbox::{ExtenderRun, Sandbox, SandboxSpec};
 use crate::status::{ClusterCaches, show};
 
 /// Flags of `tensile up`.
@@ -157,7 +157,7 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
         descheduler: Some(DeschedulerConfig::default()),
         extender: Some(ExtenderRun::InProcess(Default::default())),
         k8s_bin: args.k8s_bin.clone().filter(|d| !d.as_os_str().is_empty()),
-        virtual_node_binary: None,
+        virtual_nodes: VirtualNodeRun::InProcess(crate::virtual_node::start_in_sandbox),
         scheduler_qps: None,
         real_nodes: args.real_nodes,
     };
@@ -249,6 +249,10 @@ fn header(sandbox: &Sandbox, kubeconfig: &Path, started: Instant) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use k8s_openapi::api::core::v1::Pod;
+    use kube::api::{Api, PostParams};
+    use serde_json::json;
+    use tensile_testenv::eventually;
 
     #[test]
     fn node_sizes_are_cpu_colon_memory() {
@@ -265,5 +269,125 @@ mod tests {
                 .unwrap_err()
                 .contains("invalid memory")
         );
+    }
+
+    fn pod_running_on(p: &Pod) -> Option<String> {
+        let running = p.status.as_ref()?.phase.as_deref() == Some("Running");
+        running
+            .then(|| p.spec.as_ref()?.node_name.clone())
+            .flatten()
+    }
+
+    /// The scenario placement is for (docs/placement.md), in the sandbox `tensile up` runs: a pod that cannot fit in lower
+    /// cluster A (its nodes are too small, though their sum is not) ends Running in lower
+    /// cluster B, through its controller (a Deployment) and re-created by the descheduler (a
+    /// bare pod that opted in).
+    #[tokio::test]
+    async fn a_pod_that_cannot_fit_in_lower_cluster_a_ends_running_in_b() {
+        let node = |name: &str, cpu: &str| SimNode::new(name, cpu, "16Gi");
+        let descheduler = DeschedulerConfig {
+            policy: tensile_core::deschedule::Policy {
+                unschedulable_for: k8s_openapi::jiff::SignedDuration::from_secs(2),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let sandbox = Sandbox::start(
+            SandboxSpec {
+                address: "127.0.0.1".parse().unwrap(),
+                port: 0,
+                // Upstairs lower-1 looks bigger (12 CPU) than lower-2 (9 CPU), so the upper
+                // scheduler sends a 4-CPU pod there first; no node of lower-1 can hold it.
+                // lower-2 holds two.
+                lowers: vec![
+                    vec![
+                        node("a-1", "3"),
+                        node("a-2", "3"),
+                        node("a-3", "3"),
+                        node("a-4", "3"),
+                    ],
+                    vec![node("b-1", "9")],
+                ],
+                webhook: true,
+                descheduler: Some(descheduler),
+                extender: None,
+                k8s_bin: None,
+                virtual_nodes: VirtualNodeRun::InProcess(crate::virtual_node::start_in_sandbox),
+                scheduler_qps: None,
+                real_nodes: false,
+            },
+            &|_| {},
+        )
+        .await
+        .unwrap();
+        sandbox.wait_ready(Duration::from_secs(30)).await.unwrap();
+        let client = sandbox.upper.client().await.unwrap();
+        let template = json!({"metadata": {"labels": {"app": "big", "virtual-pod": "true"}},
+            "spec": {"containers": [{"name": "c", "image": "nginx",
+                "resources": {"requests": {"cpu": "4", "memory": "1Gi"}}}]}});
+        let deployment: k8s_openapi::api::apps::v1::Deployment = serde_json::from_value(json!({
+            "metadata": {"name": "big"},
+            "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "big"}}, "template": template}
+        }))
+        .unwrap();
+        Api::<k8s_openapi::api::apps::v1::Deployment>::namespaced(client.clone(), "default")
+            .create(&PostParams::default(), &deployment)
+            .await
+            .unwrap();
+        let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+        // It went to lower-1 first and was found Unschedulable there.
+        eventually(
+            60,
+            "the Deployment's pod is Unschedulable on vk-lower-1",
+            || async {
+                pods.list(&Default::default())
+                    .await
+                    .unwrap()
+                    .items
+                    .iter()
+                    .any(|p| {
+                        p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some("vk-lower-1")
+                            && p.status
+                                .as_ref()
+                                .and_then(|s| s.conditions.as_ref())
+                                .is_some_and(|c| {
+                                    c.iter()
+                                        .any(|c| c.reason.as_deref() == Some("Unschedulable"))
+                                })
+                    })
+                    .then_some(())
+            },
+        )
+        .await;
+        eventually(90, "the Deployment's pod Running on vk-lower-2", || async {
+            let list = pods.list(&Default::default()).await.unwrap().items;
+            list.iter()
+                .any(|p| pod_running_on(p).as_deref() == Some("vk-lower-2"))
+                .then_some(())
+        })
+        .await;
+
+        // A bare pod that opted in is re-created under its name by the descheduler.
+        let mut bare: Pod = serde_json::from_value(template).unwrap();
+        bare.metadata.name = Some("bare".into());
+        bare.metadata.annotations = Some(
+            [(
+                "descheduler.alpha.kubernetes.io/evict".to_owned(),
+                "true".to_owned(),
+            )]
+            .into(),
+        );
+        bare.spec.as_mut().unwrap().node_name = Some("vk-lower-1".into());
+        pods.create(&PostParams::default(), &bare).await.unwrap();
+        let moved = eventually(90, "the bare pod Running on vk-lower-2", || async {
+            let p = pods.get_opt("bare").await.unwrap()?;
+            (pod_running_on(&p).as_deref() == Some("vk-lower-2")).then_some(p)
+        })
+        .await;
+        let annotations = moved.metadata.annotations.unwrap();
+        assert_eq!(annotations["sigs.k8s.io/deschedule-count"], "1");
+        assert_eq!(annotations["tensile-kube.io/excluded-nodes"], "vk-lower-1");
+        assert_eq!(annotations["descheduler.alpha.kubernetes.io/evict"], "true");
+        sandbox.stop().await;
     }
 }

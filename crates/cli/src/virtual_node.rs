@@ -189,7 +189,7 @@ pub struct VirtualNodeArgs {
     lower_kubeconfig_secret: Option<String>,
     /// Renew the lower token this long after it was issued (Go duration), when sooner than the
     /// default, four fifths of its life. For seeing renewals early (tests, drills).
-    #[arg(long, value_parser = crate::common::parse_duration)]
+    #[arg(long, value_parser = tensile_core::duration::parse_duration)]
     lower_token_renew_after: Option<Duration>,
     #[command(flatten)]
     leader: crate::common::LeaderElectArgs,
@@ -279,7 +279,7 @@ pub async fn run(args: VirtualNodeArgs) -> anyhow::Result<()> {
             tensile_runtime::metrics::serve_probes_joinable(
                 addr,
                 std::sync::Arc::new(Registry::default()),
-                tensile_runtime::metrics::Readiness::not_ready(crate::common::STANDBY),
+                tensile_runtime::metrics::Readiness::not_ready(tensile_runtime::leader::STANDBY),
                 standby_probes.clone(),
             )
             .await?
@@ -696,7 +696,7 @@ fn review_ttls(args: &VirtualNodeArgs) -> anyhow::Result<tensile_core::guard::Re
         match text.as_deref().map(str::trim) {
             None => Ok(None),
             Some("0" | "0s") => Ok(Some(Duration::ZERO)),
-            Some(t) => crate::common::parse_duration(t)
+            Some(t) => tensile_core::duration::parse_duration(t)
                 .map(Some)
                 .map_err(|e| anyhow::anyhow!("--{flag}: {e}")),
         }
@@ -735,6 +735,48 @@ pub(crate) fn parse_args<'a>(
     }
     <Only as clap::Parser>::try_parse_from(std::iter::once("virtual-node").chain(args))
         .map(|o| o.args)
+}
+
+/// A virtual node of the sandbox, in this process (`tensile up`, the benchmarks' sandboxes):
+/// the sandbox's flags, its kubeconfigs as text, its kubelet API on the node's address.
+#[cfg(feature = "sandbox")]
+pub(crate) fn start_in_sandbox(
+    node: tensile_bench::sandbox::InProcessNode,
+    stop: CancellationToken,
+) -> futures::future::BoxFuture<'static, anyhow::Result<tokio::task::JoinHandle<()>>> {
+    Box::pin(async move {
+        let name = &node.name;
+        let args = parse_args([
+            "--nodename",
+            name,
+            // Virtual pods tolerate not-ready and unreachable (the webhook adds that), not
+            // the provider taint: the original's manifest disables it too.
+            "--disable-taint",
+        ])
+        .context("virtual node flags")?;
+        let address = node.kubelet_ip.to_string();
+        let label = format!("clusterID: {}", node.cluster_id);
+        let env = move |key: &str| match key {
+            "VKUBELET_POD_IP" => Some(address.clone()),
+            "VKUBELET_NODE_LABEL" => Some(label.clone()),
+            _ => None,
+        };
+        let vn = assemble(
+            &args,
+            KubeconfigSource::Text(node.upper_kubeconfig.clone()),
+            KubeconfigSource::Text(node.lower_kubeconfig.clone()),
+            None,
+            &env,
+            Some(SocketAddr::new(node.kubelet_ip, 0)),
+        )
+        .await
+        .with_context(|| format!("virtual node {name}"))?;
+        let running = vn
+            .start(stop)
+            .await
+            .with_context(|| format!("starting virtual node {name}"))?;
+        Ok(running.handle)
+    })
 }
 
 #[cfg(test)]

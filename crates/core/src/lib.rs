@@ -25,6 +25,7 @@
 //! - [`node_ports`]: where the virtual node's node ports forward to.
 //! - [`guard`]: review caches, accept back-off and rate-limited warnings of the listeners.
 //! - [`names`]: Kubernetes name syntax (qualified names, DNS-1123 subdomains).
+//! - [`duration`]: durations as the flags take them (Go's syntax).
 //! - [`identity`]: upper identity of offloaded pods (tokens, CA, the upper API in env).
 //! - [`env_events`]: the virtual-kubelet library's environment events of a pod.
 //! - [`sync`]: the pod controller's whole decision for one pod.
@@ -45,6 +46,7 @@ pub mod cluster_selector;
 pub mod deps;
 pub mod deschedule;
 pub mod downward;
+pub mod duration;
 pub mod env_events;
 pub mod events;
 pub mod extender;

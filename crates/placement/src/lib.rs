@@ -4,6 +4,7 @@
 #![forbid(unsafe_code)]
 
 pub mod bounded;
+pub mod ca_bundle;
 pub mod descheduler;
 pub mod extender;
 pub mod metrics;

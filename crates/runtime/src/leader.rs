@@ -27,6 +27,9 @@ use tensile_core::lease::{Election, Timings, elect, release};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+/// What `/readyz` answers while a `--leader-elect` standby waits for the Lease.
+pub const STANDBY: &str = "standby: not the leader";
+
 /// Where and as whom to run for leader.
 #[derive(Clone)]
 pub struct LeaderElection {

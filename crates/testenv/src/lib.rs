@@ -5,6 +5,7 @@
 
 #![forbid(unsafe_code)]
 
+mod backend;
 pub mod certs;
 pub mod errors;
 pub mod faults;
@@ -19,6 +20,7 @@ pub mod testhost;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+pub use backend::{Backend, BackendSpec};
 use tensile_sim::apiserver::{ApiServer, ApiServerConfig, ApiServerError};
 use tensile_simkubelet::{SimKubelet, SimKubeletConfig, SimKubeletError, SimNode};
 
@@ -223,15 +225,6 @@ pub struct TestCluster {
     backend: Backend,
 }
 
-/// What serves a cluster's API.
-#[derive(Debug)]
-enum Backend {
-    /// The embedded API server, and the CA of its certificates.
-    Sim(ApiServer, Box<certs::Ca>),
-    /// Kept for its lifetime: dropping it stops the control plane.
-    Real(Box<real::RealCluster>),
-}
-
 impl std::fmt::Debug for TestCluster {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("TestCluster")
@@ -252,16 +245,13 @@ impl TestCluster {
 
     /// Whether this cluster runs real control-plane binaries.
     pub fn is_real(&self) -> bool {
-        matches!(self.backend, Backend::Real(_))
+        self.backend.is_real()
     }
 
     /// The cluster CA certificate (PEM): what signs its API server's serving certificate and
     /// the client certificate it presents to kubelets, whichever backend serves it.
     pub fn ca_pem(&self) -> &str {
-        match &self.backend {
-            Backend::Sim(_, ca) => ca.cert_pem(),
-            Backend::Real(r) => &r.ca_pem,
-        }
+        self.backend.ca_pem()
     }
 
     /// `false` begins an outage of the cluster as its clients see it: every connection through
@@ -389,21 +379,7 @@ impl TestCluster {
         &self,
         config: &serde_json::Value,
     ) -> Result<(), SchedulerConfigError> {
-        match &self.backend {
-            Backend::Sim(s, _) => {
-                let extenders =
-                    tensile_sim::apiserver::controllers::SchedulerExtender::from_scheduler_config(
-                        config,
-                    )
-                    .map_err(SchedulerConfigError::Invalid)?;
-                s.set_scheduler_extenders(extenders);
-                Ok(())
-            }
-            Backend::Real(r) => r
-                .restart_scheduler(config)
-                .await
-                .map_err(SchedulerConfigError::Real),
-        }
+        self.backend.set_scheduler_config(config).await
     }
 
     /// A kubeconfig of this cluster (through the same proxy as [`TestCluster::kubeconfig`])
@@ -521,13 +497,8 @@ impl TestEnv {
         for mut spec in specs {
             let cluster = spec.name.clone();
             let kubeconfig = env.dir.join(format!("{cluster}.kubeconfig"));
-            let (backend, mut entry, upstream) = match &bins {
-                None => {
-                    let (server, ca) = start_apiserver(spec.apiserver.clone()).await?;
-                    let entry = server.kubeconfig_entry(&cluster);
-                    let addr = server.addr();
-                    (Backend::Sim(server, Box::new(ca)), entry, addr)
-                }
+            let backend_spec = match &bins {
+                None => BackendSpec::Sim(Box::new(spec.apiserver.clone())),
                 Some(bin) => {
                     let default_grace =
                         tensile_sim::apiserver::controllers::Controllers::default().node_grace;
@@ -538,27 +509,25 @@ impl TestEnv {
                         (d.scheduler_client_qps, d.scheduler_client_burst)
                     };
                     let client = (c.scheduler_client_qps, c.scheduler_client_burst);
-                    let options = real::RealOptions {
-                        // A grace the test chose is given to the real controller too, and so
-                        // is a scheduler client limit.
-                        node_grace: (node_grace != default_grace).then_some(node_grace),
-                        signing_duration: spec.certificate_duration,
-                        // Real nodes live in network namespaces of their own, which reach the
-                        // host at the test host's address, not at its loopback.
-                        api_listen: (spec.real_nodes > 0)
-                            .then(|| std::net::SocketAddr::new(address.into(), 0)),
-                        scheduler_client: (client != default_client).then_some(client),
-                    };
-                    let real = real::start_with(bin, &env.dir, &cluster, &options)
-                        .await
-                        .map_err(|source| TestEnvError::Real {
-                            cluster: cluster.clone(),
-                            source,
-                        })?;
-                    let (entry, addr) = (real.entry.clone(), real.api_addr);
-                    (Backend::Real(Box::new(real)), entry, addr)
+                    BackendSpec::Real {
+                        bin,
+                        dir: &env.dir,
+                        options: real::RealOptions {
+                            // A grace the test chose is given to the real controller too, and
+                            // so is a scheduler client limit.
+                            node_grace: (node_grace != default_grace).then_some(node_grace),
+                            signing_duration: spec.certificate_duration,
+                            // Real nodes live in network namespaces of their own, which reach
+                            // the host at the test host's address, not at its loopback.
+                            api_listen: (spec.real_nodes > 0)
+                                .then(|| std::net::SocketAddr::new(address.into(), 0)),
+                            scheduler_client: (client != default_client).then_some(client),
+                        },
+                    }
                 }
             };
+            let backend = Backend::start(&cluster, backend_spec).await?;
+            let (mut entry, upstream) = (backend.entry(&cluster), backend.addr());
             let client_error = |source| TestEnvError::Client {
                 cluster: cluster.clone(),
                 source,

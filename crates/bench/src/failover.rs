@@ -9,8 +9,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
-use std::process::Stdio;
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -20,11 +19,11 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, PostParams};
 use kube::runtime::watcher;
-use serde_json::json;
 use tensile_testenv::TestEnv;
 
-use crate::bench_support::spawn_watch;
-use crate::process::free_port;
+use crate::support::{
+    NODE, burst_clusters, burst_pod, free_port, replica, spawn_watch, wait_for, with,
+};
 
 /// Flags of `tensile bench failover`.
 #[derive(Debug, clap::Args)]
@@ -39,7 +38,7 @@ pub struct FailoverArgs {
     #[arg(long)]
     kill_after: Option<usize>,
     /// How long to wait for every upper pod to be Running after the kill.
-    #[arg(long, default_value = "300s", value_parser = crate::common::parse_duration)]
+    #[arg(long, default_value = "300s", value_parser = tensile_core::duration::parse_duration)]
     timeout: Duration,
     /// A crash restart instead: one process without --leader-elect, killed and started again
     /// at once with the same flags.
@@ -47,7 +46,6 @@ pub struct FailoverArgs {
     restart: bool,
 }
 
-const NODE: &str = "vk";
 const LEASE: &str = "tensile-virtual-node-vk";
 const LEASE_NAMESPACE: &str = "kube-system";
 
@@ -69,83 +67,6 @@ struct Seen {
 }
 
 type Shared = Arc<Mutex<Seen>>;
-
-fn with<T>(seen: &Shared, f: impl FnOnce(&mut Seen) -> T) -> anyhow::Result<T> {
-    let mut s = seen
-        .lock()
-        .map_err(|_| anyhow::anyhow!("a watch task panicked"))?;
-    Ok(f(&mut s))
-}
-
-/// One replica: `tensile virtual-node` with the README's flags; with `--leader-elect` when
-/// `pod` names the Deployment's pod it stands for (`POD_NAME`: two pods are two places, and
-/// the standby waits for the lease duration). Without, a process on this host.
-pub(crate) fn replica(
-    env: &TestEnv,
-    lower: &Path,
-    log: &Path,
-    kubelet_port: u16,
-    metrics_port: u16,
-    pod: Option<&str>,
-) -> anyhow::Result<tokio::process::Child> {
-    let exe = std::env::current_exe().context("finding the tensile binary")?;
-    let mut cmd = tokio::process::Command::new(exe);
-    cmd.args(["virtual-node", "--nodename", NODE]);
-    match pod {
-        Some(pod) => cmd.arg("--leader-elect").env("POD_NAME", pod),
-        None => cmd.env_remove("POD_NAME"),
-    };
-    cmd.arg("--kubeconfig")
-        .arg(&env.clusters[0].kubeconfig)
-        .arg("--client-kubeconfig")
-        .arg(lower)
-        .args(["--kubelet-address", "127.0.0.1"])
-        .arg(format!("--metrics-addr=127.0.0.1:{metrics_port}"))
-        .env("KUBELET_PORT", kubelet_port.to_string())
-        .env("VKUBELET_POD_IP", "127.0.0.1")
-        .env_remove("POD_NAMESPACE")
-        .env("RUST_LOG", "info")
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(log).with_context(|| format!("creating {}", log.display()))?)
-        .kill_on_drop(true)
-        .spawn()
-        .context("starting tensile virtual-node")
-}
-
-/// Waits, up to `secs`, until `check` says yes; the replicas' logs are the error's detail.
-pub(crate) async fn wait_for(
-    what: &str,
-    secs: u64,
-    logs: &[impl AsRef<Path>],
-    mut check: impl FnMut() -> anyhow::Result<bool>,
-) -> anyhow::Result<()> {
-    let deadline = Instant::now() + Duration::from_secs(secs);
-    loop {
-        if check()? {
-            return Ok(());
-        }
-        if Instant::now() > deadline {
-            let tails: Vec<String> = logs
-                .iter()
-                .map(|l| {
-                    let l = l.as_ref();
-                    let text = std::fs::read_to_string(l).unwrap_or_default();
-                    let lines: Vec<&str> = text.lines().collect();
-                    format!(
-                        "--- {}\n{}",
-                        l.display(),
-                        lines[lines.len().saturating_sub(15)..].join("\n")
-                    )
-                })
-                .collect();
-            bail!(
-                "timed out after {secs} s waiting for {what}\n{}",
-                tails.join("\n")
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
 
 /// The pid in a holder identity `<node>_<host>_<scope>_<pid>_<process>`.
 fn holder_pid(holder: &str) -> Option<u32> {
@@ -248,7 +169,7 @@ pub async fn run(args: FailoverArgs) -> anyhow::Result<()> {
     }
     let n = args.pods;
     let kill_after = args.kill_after.unwrap_or(n / 2).clamp(1, n.max(1));
-    let env = crate::bench_support::burst_clusters(n).await?;
+    let env = burst_clusters(n).await?;
     let seen: Shared = Arc::default();
     let watches = watch_all(&env, &seen, (LEASE_NAMESPACE, LEASE));
     let logs = [
@@ -287,7 +208,12 @@ pub async fn run(args: FailoverArgs) -> anyhow::Result<()> {
         probe(1, "/healthz").await.context("replica b's /healthz")?,
         probe(1, "/readyz").await.context("replica b's /readyz")?,
     );
-    if standby_probes != ((200, "ok".into()), (503, crate::common::STANDBY.into())) {
+    if standby_probes
+        != (
+            (200, "ok".into()),
+            (503, tensile_runtime::leader::STANDBY.into()),
+        )
+    {
         bail!("the standby answers its probes with {standby_probes:?}");
     }
     let leader_ready = probe(0, "/readyz").await.context("replica a's /readyz")?;
@@ -437,7 +363,7 @@ impl LowerPods {
 async fn run_restart(args: FailoverArgs) -> anyhow::Result<()> {
     let n = args.pods;
     let kill_after = args.kill_after.unwrap_or(n / 2).clamp(1, n.max(1));
-    let env = crate::bench_support::burst_clusters(n).await?;
+    let env = burst_clusters(n).await?;
     let seen: Shared = Arc::default();
     let watches = watch_all(&env, &seen, ("kube-node-lease", NODE));
     let logs = [env.dir().join("first.log"), env.dir().join("restarted.log")];
@@ -652,14 +578,7 @@ fn burst(env: &TestEnv, n: usize, concurrency: usize) -> tokio::task::JoinHandle
             .map(|i| {
                 let api = creator.clone();
                 async move {
-                    // Placed by the upper scheduler: the virtual node is the only node.
-                    let pod: Pod = serde_json::from_value(json!({
-                        "apiVersion": "v1", "kind": "Pod",
-                        "metadata": {"name": format!("burst-{i}")},
-                        "spec": {"tolerations": [{"key": tensile_core::keys::TAINT_VIRTUAL_KUBELET,
-                            "operator": "Exists"}],
-                            "containers": [{"name": "c", "image": "nginx:1.27",
-                            "resources": {"requests": {"cpu": "10m"}}}]}}))?;
+                    let pod = burst_pod(&format!("burst-{i}"), None)?;
                     api.create(&PostParams::default(), &pod).await?;
                     anyhow::Ok(())
                 }

@@ -1,7 +1,8 @@
 //! The sandbox in one process: an upper cluster, lower clusters with simulated nodes, a virtual
 //! node per lower cluster (labelled `clusterID=<lower cluster>`), and the placement components
 //! wired in: the webhook registered in the upper cluster from the shipped configuration, the
-//! descheduler, the scheduler extender called by the upper scheduler. `tensile up`, the benchmarks and the end-to-end tests all start it here.
+//! descheduler, the scheduler extender called by the upper scheduler. `tensile up` and the
+//! benchmarks start it here; its clusters are [`tensile_testenv::Backend`]s, as the tests' are.
 
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
@@ -18,15 +19,18 @@ use tensile_placement::descheduler::DeschedulerConfig;
 use tensile_placement::extender::{
     DEFAULT_RESERVATION_TTL, ExtenderConfig, KUBE_SCHEDULER_USER, LowerClusterClient,
 };
-use tensile_placement::serve::{ClientAuth, Server, tls_config_live};
+use tensile_placement::serve::{ClientAuth, LiveCert, Server, tls_config_live};
+use tensile_placement::tls_secret::TlsSecretConfig;
 use tensile_placement::webhook::{Webhook, WebhookConfig};
-use tensile_runtime::clients::KubeconfigSource;
 use tensile_sim::apiserver::controllers::SchedulerExtender;
-use tensile_sim::apiserver::{ApiServer, KubeconfigEntry};
+use tensile_sim::apiserver::{ApiServerConfig, KubeconfigEntry};
 use tensile_simkubelet::{SimKubelet, SimKubeletConfig, SimNode};
-use tensile_testenv::real::{RealCluster, RealOptions};
+use tensile_testenv::real::RealOptions;
+use tensile_testenv::{Backend, BackendSpec};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
+
+use crate::support::{free_port, listening, poll_until, spawn};
 
 /// The shipped MutatingWebhookConfiguration, registered as is but for where to call.
 const WEBHOOK_CONFIGURATION: &str =
@@ -77,10 +81,8 @@ pub struct SandboxSpec {
     /// from the binaries in this folder instead of simulated API servers; the nodes stay
     /// simulated.
     pub k8s_bin: Option<PathBuf>,
-    /// Run each virtual node as its own `tensile virtual-node` process of this binary (the
-    /// README's flags), so a benchmark reads their memory and CPU apart from the clusters';
-    /// None: in this process.
-    pub virtual_node_binary: Option<PathBuf>,
+    /// How the virtual nodes run.
+    pub virtual_nodes: VirtualNodeRun,
     /// The upper scheduler's client rate limit (`clientConnection.qps`, burst twice that), and
     /// the extender's (`--kube-api-qps`) when it runs as its own process ([`ExtenderRun::Process`],
     /// the benchmarks'), which binds for it; None: their defaults, 50 and 100.
@@ -104,7 +106,47 @@ pub enum ExtenderRun {
     },
 }
 
+/// How the sandbox runs its virtual nodes.
+#[derive(Debug, Clone)]
+pub enum VirtualNodeRun {
+    /// In this process (`tensile up`: one process), started by the binary.
+    InProcess(StartVirtualNode),
+    /// Each as its own `tensile virtual-node` process of this binary (the README's flags), so
+    /// a benchmark reads their memory and CPU apart from the clusters'.
+    Process {
+        /// The `tensile` binary.
+        binary: PathBuf,
+    },
+}
+
+/// Starts a virtual node in this process, as `tensile virtual-node` with the sandbox's flags
+/// (the README's, `--disable-taint`) would, until `stop`; answers the task that ends when it has
+/// stopped. The binary's own wiring of the virtual node, which it hands in: a library cannot
+/// reach into the binary.
+pub type StartVirtualNode =
+    fn(
+        InProcessNode,
+        CancellationToken,
+    ) -> futures::future::BoxFuture<'static, anyhow::Result<JoinHandle<()>>>;
+
+/// A virtual node the sandbox runs in this process.
+#[derive(Debug, Clone)]
+pub struct InProcessNode {
+    /// The node's name upstairs (`--nodename`).
+    pub name: String,
+    /// Its lower cluster, the node's `clusterID` label (`VKUBELET_NODE_LABEL`).
+    pub cluster_id: String,
+    /// Where its kubelet API listens, port chosen at start, and the address it publishes
+    /// (`VKUBELET_POD_IP`).
+    pub kubelet_ip: IpAddr,
+    /// The upper cluster's kubeconfig, administrator credentials.
+    pub upper_kubeconfig: String,
+    /// The lower cluster's kubeconfig, administrator credentials.
+    pub lower_kubeconfig: String,
+}
+
 /// A child `tensile` process of the sandbox; killed when dropped.
+#[derive(Debug)]
 pub struct ChildProcess {
     child: tokio::process::Child,
     /// Its process id.
@@ -114,6 +156,7 @@ pub struct ChildProcess {
 }
 
 /// The scheduler extender running as its own process ([`ExtenderRun::Process`]).
+#[derive(Debug)]
 pub struct ExtenderProcess {
     /// Killed when dropped.
     child: tokio::process::Child,
@@ -125,15 +168,9 @@ pub struct ExtenderProcess {
     dir: PathBuf,
 }
 
-/// What serves a sandbox cluster's API.
-enum Backend {
-    Sim(ApiServer),
-    /// Its processes are killed and its files removed when dropped.
-    Real(Box<RealCluster>),
-}
-
 /// One cluster of the sandbox: a simulated API server or a real control plane, and its
 /// simulated nodes.
+#[derive(Debug)]
 pub struct Cluster {
     /// Its name (and kubeconfig context).
     pub name: String,
@@ -146,6 +183,7 @@ pub struct Cluster {
     kubelet: Option<SimKubelet>,
     /// Real nodes ([`SandboxSpec::real_nodes`]), stopped and cleaned up when dropped.
     real_nodes: Vec<tensile_testenv::real_node::RealNode>,
+    /// A real control plane's processes are killed and its files removed when dropped.
     backend: Backend,
 }
 
@@ -157,7 +195,7 @@ impl Cluster {
 
     /// Whether a real control plane serves it.
     pub fn is_real(&self) -> bool {
-        matches!(self.backend, Backend::Real(_))
+        self.backend.is_real()
     }
 
     /// The cluster as one kubeconfig context, administrator credentials.
@@ -190,27 +228,28 @@ impl Cluster {
         extenders: Vec<SchedulerExtender>,
         qps: Option<u32>,
     ) -> anyhow::Result<()> {
-        match &self.backend {
-            Backend::Sim(s) => s.set_scheduler_extenders(extenders),
-            Backend::Real(r) => {
-                let entries: Vec<Value> = extenders
-                    .iter()
-                    .map(SchedulerExtender::to_scheduler_config)
-                    .collect();
-                let mut config = json!({
-                    "profiles": [{"schedulerName": "default-scheduler",
-                        "plugins": {"multiPoint": {"disabled": [{"name": "VolumeBinding"}]}}}],
-                    "extenders": entries,
-                });
-                if let Some(qps) = qps {
-                    config["clientConnection"] =
-                        json!({"qps": qps, "burst": qps.saturating_mul(2)});
-                }
-                r.restart_scheduler(&config)
-                    .await
-                    .with_context(|| format!("restarting kube-scheduler of {}", self.name))?;
-            }
+        let entries: Vec<Value> = extenders
+            .iter()
+            .map(SchedulerExtender::to_scheduler_config)
+            .collect();
+        let mut config = json!({
+            "profiles": [{"schedulerName": "default-scheduler",
+                "plugins": {"multiPoint": {"disabled": [{"name": "VolumeBinding"}]}}}],
+            "extenders": entries,
+        });
+        if let Some(qps) = qps {
+            config["clientConnection"] = json!({"qps": qps, "burst": qps.saturating_mul(2)});
         }
+        self.backend
+            .set_scheduler_config(&config)
+            .await
+            .with_context(|| {
+                if self.is_real() {
+                    format!("restarting kube-scheduler of {}", self.name)
+                } else {
+                    format!("the scheduler extenders of {}", self.name)
+                }
+            })?;
         Ok(())
     }
 
@@ -219,9 +258,7 @@ impl Cluster {
         if let Some(k) = &self.kubelet {
             k.stop();
         }
-        if let Backend::Sim(s) = &self.backend {
-            s.stop();
-        }
+        self.backend.stop();
     }
 }
 
@@ -290,8 +327,9 @@ fn stop_leftovers(progress: &dyn Fn(&str)) {
     }
 }
 
-/// Starts one cluster: its API server on `listen`, its `nodes` (pod IPs
-/// `10.<pod_network_octet>.<node>.<n>`), the default StorageClass.
+/// Starts one cluster: its API server on `listen` (simulated, or a real control plane with
+/// `real`), its `nodes` (pod IPs `10.<pod_network_octet>.<node>.<n>`), the default
+/// StorageClass.
 async fn start_cluster(
     name: &str,
     listen: SocketAddr,
@@ -300,45 +338,55 @@ async fn start_cluster(
     real: Option<&RealPlanes>,
     scheduler_qps: Option<u32>,
 ) -> anyhow::Result<Cluster> {
-    let Some(real) = real else {
-        let (server, kubelet) =
-            crate::sim::start_cluster(name, listen, true, nodes, pod_network_octet, scheduler_qps)
-                .await?;
-        return Ok(Cluster {
-            name: name.to_owned(),
-            entry: server.kubeconfig_entry(name),
-            backend: Backend::Sim(server),
-            kubelet,
-            real_nodes: Vec::new(),
-            _provisioner: None,
-        });
+    let spec = match real {
+        None => BackendSpec::Sim(Box::new(simulated(
+            name,
+            listen,
+            true,
+            !nodes.is_empty(),
+            scheduler_qps,
+        ))),
+        Some(real) => {
+            // kube-apiserver would only say so in its log, after the wait for it ran out.
+            if listen.port() != 0 {
+                drop(std::net::TcpListener::bind(listen).with_context(|| {
+                    format!(
+                        "cluster {name}: {listen} is taken (is another `tensile up` running? \
+                         choose other ports with --port)"
+                    )
+                })?);
+            }
+            BackendSpec::Real {
+                bin: &real.bin,
+                dir: &real.dir,
+                options: RealOptions {
+                    api_listen: Some(listen),
+                    ..RealOptions::default()
+                },
+            }
+        }
     };
-    // kube-apiserver would only say so in its log, after the wait for it ran out.
-    if listen.port() != 0 {
-        drop(std::net::TcpListener::bind(listen).with_context(|| {
-            format!(
-                "cluster {name}: {listen} is taken (is another `tensile up` running? choose \
-                 other ports with --port)"
-            )
-        })?);
-    }
-    let options = RealOptions {
-        api_listen: Some(listen),
-        ..RealOptions::default()
-    };
-    let cluster = tensile_testenv::real::start_with(&real.bin, &real.dir, name, &options)
+    let backend = Backend::start(name, spec)
         .await
-        .with_context(|| format!("starting the control plane of cluster {name} on {listen}"))?;
-    let mut entry = cluster.entry.clone();
-    entry.context = name.to_owned();
-    let client = tensile_sim::apiserver::client_from_kubeconfig(&cluster.kubeconfig)
-        .await
-        .with_context(|| format!("building a client for cluster {name}"))?;
-    crate::sim::default_storage_class(&client)
+        .with_context(|| match real {
+            None => format!("starting the API server of cluster {name} on {listen}"),
+            Some(_) => format!("starting the control plane of cluster {name} on {listen}"),
+        })?;
+    let entry = backend.entry(name);
+    let client = tensile_sim::apiserver::client_from_kubeconfig(
+        &tensile_sim::apiserver::kubeconfig(std::slice::from_ref(&entry)),
+    )
+    .await
+    .with_context(|| format!("building a client for cluster {name}"))?;
+    default_storage_class(&client)
         .await
         .with_context(|| format!("creating the default StorageClass of cluster {name}"))?;
+    let real_nodes_wanted = real.is_some_and(|r| r.real_nodes);
     let mut real_nodes = Vec::new();
-    if real.real_nodes && !nodes.is_empty() {
+    if let (Some(real), Backend::Real(cluster)) = (real, &backend)
+        && real_nodes_wanted
+        && !nodes.is_empty()
+    {
         let node = format!("{name}-node-1");
         real_nodes.push(
             tensile_testenv::real_node::start(tensile_testenv::real_node::NodeConfig {
@@ -358,42 +406,96 @@ async fn start_cluster(
             .await
             .with_context(|| format!("installing CoreDNS in cluster {name}"))?;
     }
-    let (kubelet, provisioner) = if nodes.is_empty() || real.real_nodes {
-        let provisioner = (!real_nodes.is_empty()).then(|| {
-            let stop = CancellationToken::new();
-            tensile_testenv::provisioner::start(client.clone(), stop.clone());
-            stop.drop_guard()
-        });
-        (None, provisioner)
+    let kubelet = if nodes.is_empty() || real_nodes_wanted {
+        None
     } else {
         let names: Vec<String> = nodes.iter().map(|n| n.name.clone()).collect();
         let config = SimKubeletConfig {
             nodes,
             pod_network_octet,
-            address: real.node_address,
+            address: real.and_then(|r| r.node_address),
             ..SimKubeletConfig::default()
         };
         let kubelet = SimKubelet::start(client.clone(), config)
             .await
             .with_context(|| format!("registering the simulated nodes of cluster {name}"))?;
-        tensile_testenv::schedulable(&client, name, &names)
-            .await
-            .with_context(|| format!("waiting for the nodes of cluster {name}"))?;
-        let stop = CancellationToken::new();
-        tensile_testenv::provisioner::start(client, stop.clone());
-        (Some(kubelet), Some(stop.drop_guard()))
+        // A real node lifecycle controller trusts new nodes only once it has seen them Ready.
+        if backend.is_real() {
+            tensile_testenv::schedulable(&client, name, &names)
+                .await
+                .with_context(|| format!("waiting for the nodes of cluster {name}"))?;
+        }
+        Some(kubelet)
     };
+    // A real cluster with nodes gets the provisioner an ordinary cluster has (the simulator
+    // provisions by itself).
+    let provisioner =
+        (backend.is_real() && (kubelet.is_some() || !real_nodes.is_empty())).then(|| {
+            let stop = CancellationToken::new();
+            tensile_testenv::provisioner::start(client, stop.clone());
+            stop.drop_guard()
+        });
     Ok(Cluster {
         name: name.to_owned(),
         entry,
-        backend: Backend::Real(Box::new(cluster)),
+        backend,
         kubelet,
         real_nodes,
         _provisioner: provisioner,
     })
 }
 
+/// A simulated cluster's API server on `listen` (`tensile sim`'s and the sandbox's); `nodes`:
+/// whether it has nodes of its own; `scheduler_qps`: its scheduler's client rate limit
+/// (burst twice that).
+pub fn simulated(
+    name: &str,
+    listen: SocketAddr,
+    tls: bool,
+    nodes: bool,
+    scheduler_qps: Option<u32>,
+) -> ApiServerConfig {
+    let mut config = ApiServerConfig {
+        name: name.to_owned(),
+        listen,
+        tls,
+        // Its simulated nodes live on loopback addresses (no root needed to run it), so the
+        // stats the virtual node reads through nodes/proxy must be let through.
+        proxy_to_loopback: true,
+        ..ApiServerConfig::default()
+    };
+    // A cluster without nodes of its own is an upper cluster: its claims are bound downstairs,
+    // and its scheduler must not wait for volumes it cannot bind (reference 4.3).
+    config.controllers.volume_binding = nodes;
+    if let Some(qps) = scheduler_qps {
+        config.controllers.scheduler_client_qps = f64::from(qps);
+        config.controllers.scheduler_client_burst = qps.saturating_mul(2);
+    }
+    config
+}
+
+/// The StorageClass every sandbox cluster has, like kind's `standard`: volumes provisioned on
+/// the pod's node when it is scheduled (`WaitForFirstConsumer`), deleted with their claim.
+pub async fn default_storage_class(client: &kube::Client) -> Result<(), kube::Error> {
+    let class: k8s_openapi::api::storage::v1::StorageClass = serde_json::from_value(json!({
+        "metadata": {"name": STORAGE_CLASS,
+            "annotations": {"storageclass.kubernetes.io/is-default-class": "true"}},
+        "provisioner": "tensile.io/local-path",
+        "volumeBindingMode": "WaitForFirstConsumer",
+        "reclaimPolicy": "Delete",
+    }))
+    .map_err(kube::Error::SerdeError)?;
+    Api::all(client.clone())
+        .create(&PostParams::default(), &class)
+        .await
+        .map(drop)
+}
+
+/// The name of the sandbox's default StorageClass.
+const STORAGE_CLASS: &str = "standard";
+
 /// A running sandbox; [`Sandbox::stop`] shuts it down.
+#[derive(Debug)]
 pub struct Sandbox {
     /// The upper cluster.
     pub upper: Cluster,
@@ -530,44 +632,25 @@ impl Sandbox {
                 }
                 other => other,
             };
-            if let Some(binary) = &spec.virtual_node_binary {
-                virtual_node_processes.push(
+            match &spec.virtual_nodes {
+                VirtualNodeRun::Process { binary } => virtual_node_processes.push(
                     start_virtual_node_process(binary, &node_name, kubelet_ip, &upper, lower)
                         .await?,
-                );
-                virtual_nodes.push(node_name);
-                continue;
+                ),
+                VirtualNodeRun::InProcess(start) => handles.push(
+                    start(
+                        InProcessNode {
+                            name: node_name.clone(),
+                            cluster_id: name.clone(),
+                            kubelet_ip,
+                            upper_kubeconfig: upper_text.clone(),
+                            lower_kubeconfig: lower.kubeconfig(name),
+                        },
+                        stop.clone(),
+                    )
+                    .await?,
+                ),
             }
-            let vn_args = crate::virtual_node::parse_args([
-                "--nodename",
-                &node_name,
-                // Virtual pods tolerate not-ready and unreachable (the webhook adds that), not
-                // the provider taint: the original's manifest disables it too.
-                "--disable-taint",
-            ])
-            .context("virtual node flags")?;
-            let address = kubelet_ip.to_string();
-            let label = format!("clusterID: {name}");
-            let env = move |key: &str| match key {
-                "VKUBELET_POD_IP" => Some(address.clone()),
-                "VKUBELET_NODE_LABEL" => Some(label.clone()),
-                _ => None,
-            };
-            let vn = crate::virtual_node::assemble(
-                &vn_args,
-                KubeconfigSource::Text(upper_text.clone()),
-                KubeconfigSource::Text(lower.kubeconfig(name)),
-                None,
-                &env,
-                Some(SocketAddr::new(kubelet_ip, 0)),
-            )
-            .await
-            .with_context(|| format!("virtual node {node_name}"))?;
-            let running = vn
-                .start(stop.clone())
-                .await
-                .with_context(|| format!("starting virtual node {node_name}"))?;
-            handles.push(running.handle);
             virtual_nodes.push(node_name);
         }
         progress(&format!("virtual nodes {}", virtual_nodes.join(", ")));
@@ -615,7 +698,7 @@ impl Sandbox {
                                 &stop,
                             )
                             .await?
-                            .cert,
+                            .0,
                             client_auth: Some(ClientAuth {
                                 ca_pem: clients.cert_pem().to_owned(),
                                 allowed_names: vec![KUBE_SCHEDULER_USER.to_owned()],
@@ -738,24 +821,29 @@ const WEBHOOK_SECRET: &str = "kube-system/tensile-webhook-tls";
 /// The same for the scheduler extender.
 const SCHEDULER_SECRET: &str = "kube-system/tensile-scheduler-tls";
 
-/// A serving certificate for `address`, kept in `secret` of the upper cluster.
+/// A serving certificate for `address`, kept in `secret` of the upper cluster (as the
+/// components' `--tls-secret` does): what to present, and the CA bundle to trust, kept current.
 async fn serve_from_secret(
     client: &kube::Client,
     secret: &str,
     owner: &str,
     address: IpAddr,
     stop: &CancellationToken,
-) -> anyhow::Result<crate::common::Serving> {
+) -> anyhow::Result<(LiveCert, tokio::sync::watch::Receiver<String>)> {
     let secret = secret.parse().map_err(anyhow::Error::msg)?;
-    crate::common::serve_cert(
-        crate::common::CertSource::Secret(secret),
-        client,
-        owner,
-        &[address.to_string()],
-        stop,
+    let kept = tensile_placement::tls_secret::start(
+        client.clone(),
+        TlsSecretConfig {
+            secret,
+            owner: owner.to_owned(),
+            names: vec![address.to_string()],
+            policy: tensile_core::certs::Policy::default(),
+        },
+        stop.clone(),
     )
     .await
-    .with_context(|| format!("the serving certificate of {owner}"))
+    .with_context(|| format!("the serving certificate of {owner}"))?;
+    Ok((kept.cert, kept.bundle))
 }
 
 /// Starts `binary scheduler` with the shipped manifest's flags (its certificate in the
@@ -772,7 +860,6 @@ async fn start_virtual_node_process(
     upper: &Cluster,
     lower: &Cluster,
 ) -> anyhow::Result<ChildProcess> {
-    use crate::process::free_port;
     let dir = std::env::temp_dir().join(format!(
         "tensile-{node_name}-{}-{}",
         std::process::id(),
@@ -818,7 +905,6 @@ async fn start_extender_process(
     client_ca_pem: &str,
     qps: Option<u32>,
 ) -> anyhow::Result<(ExtenderProcess, SocketAddr, String)> {
-    use crate::process::{free_port, listening, poll_until, spawn};
     let dir = std::env::temp_dir().join(format!(
         "tensile-extender-{}-{}",
         std::process::id(),
@@ -898,21 +984,22 @@ async fn start_webhook(
     address: IpAddr,
     stop: &CancellationToken,
 ) -> anyhow::Result<Server> {
-    let serving = serve_from_secret(client, WEBHOOK_SECRET, OWNER_WEBHOOK, address, stop).await?;
+    let (cert, bundle) =
+        serve_from_secret(client, WEBHOOK_SECRET, OWNER_WEBHOOK, address, stop).await?;
     let webhook = Webhook::connected(WebhookConfig::default(), client.clone(), stop).await;
     let server = Server::start(
         SocketAddr::new(address, 0),
-        tls_config_live(&serving.cert, None)?,
+        tls_config_live(&cert, None)?,
         Arc::new(webhook),
     )
     .await?;
     let mut config: Value = serde_saphyr::from_str(WEBHOOK_CONFIGURATION)
         .context("the shipped webhook configuration")?;
     let url = format!("https://{}/mutate", server.addr());
-    let bundle = serving.bundle.borrow().clone();
+    let ca_bundle = bundle.borrow().clone();
     for hook in config["webhooks"].as_array_mut().into_iter().flatten() {
         hook["clientConfig"] = json!({"url": url,
-            "caBundle": base64::engine::general_purpose::STANDARD.encode(&bundle)});
+            "caBundle": base64::engine::general_purpose::STANDARD.encode(&ca_bundle)});
     }
     let config: MutatingWebhookConfiguration =
         serde_json::from_value(config).context("the shipped webhook configuration")?;
@@ -921,10 +1008,10 @@ async fn start_webhook(
         .create(&PostParams::default(), &config)
         .await
         .context("registering the webhook")?;
-    tokio::spawn(crate::webhook::keep_ca_bundle(
+    tokio::spawn(tensile_placement::ca_bundle::keep_ca_bundle(
         client.clone(),
         name,
-        serving.bundle,
+        bundle,
         stop.clone(),
     ));
     Ok(server)
@@ -933,8 +1020,6 @@ async fn start_webhook(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use k8s_openapi::api::core::v1::Pod;
-    use tensile_testenv::eventually;
 
     #[test]
     fn lower_clusters_take_the_ports_after_the_upper_one() {
@@ -942,125 +1027,5 @@ mod tests {
         assert_eq!(port_of(7443, 2).unwrap(), 7445);
         assert_eq!(port_of(0, 2).unwrap(), 0);
         assert!(port_of(65535, 1).is_err());
-    }
-
-    fn pod_running_on(p: &Pod) -> Option<String> {
-        let running = p.status.as_ref()?.phase.as_deref() == Some("Running");
-        running
-            .then(|| p.spec.as_ref()?.node_name.clone())
-            .flatten()
-    }
-
-    /// The scenario placement is for (docs/placement.md): a pod that cannot fit in lower
-    /// cluster A (its nodes are too small, though their sum is not) ends Running in lower
-    /// cluster B, through its controller (a Deployment) and re-created by the descheduler (a
-    /// bare pod that opted in).
-    #[tokio::test]
-    async fn a_pod_that_cannot_fit_in_lower_cluster_a_ends_running_in_b() {
-        let node = |name: &str, cpu: &str| SimNode::new(name, cpu, "16Gi");
-        let descheduler = DeschedulerConfig {
-            policy: tensile_core::deschedule::Policy {
-                unschedulable_for: k8s_openapi::jiff::SignedDuration::from_secs(2),
-                ..Default::default()
-            },
-            ..Default::default()
-        };
-        let sandbox = Sandbox::start(
-            SandboxSpec {
-                address: "127.0.0.1".parse().unwrap(),
-                port: 0,
-                // Upstairs lower-1 looks bigger (12 CPU) than lower-2 (9 CPU), so the upper
-                // scheduler sends a 4-CPU pod there first; no node of lower-1 can hold it.
-                // lower-2 holds two.
-                lowers: vec![
-                    vec![
-                        node("a-1", "3"),
-                        node("a-2", "3"),
-                        node("a-3", "3"),
-                        node("a-4", "3"),
-                    ],
-                    vec![node("b-1", "9")],
-                ],
-                webhook: true,
-                descheduler: Some(descheduler),
-                extender: None,
-                k8s_bin: None,
-                virtual_node_binary: None,
-                scheduler_qps: None,
-                real_nodes: false,
-            },
-            &|_| {},
-        )
-        .await
-        .unwrap();
-        sandbox.wait_ready(Duration::from_secs(30)).await.unwrap();
-        let client = sandbox.upper.client().await.unwrap();
-        let template = json!({"metadata": {"labels": {"app": "big", "virtual-pod": "true"}},
-            "spec": {"containers": [{"name": "c", "image": "nginx",
-                "resources": {"requests": {"cpu": "4", "memory": "1Gi"}}}]}});
-        let deployment: k8s_openapi::api::apps::v1::Deployment = serde_json::from_value(json!({
-            "metadata": {"name": "big"},
-            "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "big"}}, "template": template}
-        }))
-        .unwrap();
-        Api::<k8s_openapi::api::apps::v1::Deployment>::namespaced(client.clone(), "default")
-            .create(&PostParams::default(), &deployment)
-            .await
-            .unwrap();
-        let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
-        // It went to lower-1 first and was found Unschedulable there.
-        eventually(
-            60,
-            "the Deployment's pod is Unschedulable on vk-lower-1",
-            || async {
-                pods.list(&Default::default())
-                    .await
-                    .unwrap()
-                    .items
-                    .iter()
-                    .any(|p| {
-                        p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some("vk-lower-1")
-                            && p.status
-                                .as_ref()
-                                .and_then(|s| s.conditions.as_ref())
-                                .is_some_and(|c| {
-                                    c.iter()
-                                        .any(|c| c.reason.as_deref() == Some("Unschedulable"))
-                                })
-                    })
-                    .then_some(())
-            },
-        )
-        .await;
-        eventually(90, "the Deployment's pod Running on vk-lower-2", || async {
-            let list = pods.list(&Default::default()).await.unwrap().items;
-            list.iter()
-                .any(|p| pod_running_on(p).as_deref() == Some("vk-lower-2"))
-                .then_some(())
-        })
-        .await;
-
-        // A bare pod that opted in is re-created under its name by the descheduler.
-        let mut bare: Pod = serde_json::from_value(template).unwrap();
-        bare.metadata.name = Some("bare".into());
-        bare.metadata.annotations = Some(
-            [(
-                "descheduler.alpha.kubernetes.io/evict".to_owned(),
-                "true".to_owned(),
-            )]
-            .into(),
-        );
-        bare.spec.as_mut().unwrap().node_name = Some("vk-lower-1".into());
-        pods.create(&PostParams::default(), &bare).await.unwrap();
-        let moved = eventually(90, "the bare pod Running on vk-lower-2", || async {
-            let p = pods.get_opt("bare").await.unwrap()?;
-            (pod_running_on(&p).as_deref() == Some("vk-lower-2")).then_some(p)
-        })
-        .await;
-        let annotations = moved.metadata.annotations.unwrap();
-        assert_eq!(annotations["sigs.k8s.io/deschedule-count"], "1");
-        assert_eq!(annotations["tensile-kube.io/excluded-nodes"], "vk-lower-1");
-        assert_eq!(annotations["descheduler.alpha.kubernetes.io/evict"], "true");
-        sandbox.stop().await;
     }
 }

@@ -31,8 +31,8 @@ use tensile_placement::descheduler::DeschedulerConfig;
 use tensile_placement::metrics::DeschedulerMetrics;
 use tensile_simkubelet::SimNode;
 
-use crate::process::{cpu_seconds, memory_mib};
-use crate::sandbox::{ExtenderRun, Sandbox, SandboxSpec};
+use crate::sandbox::{ExtenderRun, Sandbox, SandboxSpec, VirtualNodeRun};
+use crate::support::{cpu_seconds, memory_mib};
 
 /// Flags of `tensile bench fragmentation`.
 #[derive(Debug, clap::Args)]
@@ -405,8 +405,8 @@ async fn overcommitted(sandbox: &Sandbox) -> anyhow::Result<usize> {
 
 /// A quantile (0..1) of one verb of `tensile_extender_request_seconds`, in ms, None without
 /// calls.
-fn extender_quantile(samples: &crate::bench_support::Samples, verb: &str, q: f64) -> Option<f64> {
-    crate::bench_support::histogram_quantile(
+fn extender_quantile(samples: &crate::support::Samples, verb: &str, q: f64) -> Option<f64> {
+    crate::support::histogram_quantile(
         samples,
         "tensile_extender_request_seconds",
         &[("verb", verb)],
@@ -452,7 +452,7 @@ async fn run_mode(mode: &str, args: &FragmentationArgs) -> anyhow::Result<Outcom
             // On real control planes when the harness's variable names their binaries.
             k8s_bin: tensile_testenv::real::bin_dir(),
             // Their memory and CPU are reported apart from the clusters'.
-            virtual_node_binary: Some(binary),
+            virtual_nodes: VirtualNodeRun::Process { binary },
             scheduler_qps: args.scheduler_qps,
             real_nodes: false,
         },
@@ -537,7 +537,7 @@ async fn run_mode(mode: &str, args: &FragmentationArgs) -> anyhow::Result<Outcom
                 .context("reading the extender's metrics")?;
             anyhow::ensure!(status == 200, "the extender's /metrics answered {status}");
             (
-                crate::bench_support::parse_metrics(&text),
+                crate::support::parse_metrics(&text),
                 Some(memory_mib(p.pid).1),
                 Some(cpu_seconds(p.pid) - extender_cpu_at_start.unwrap_or(0.0)),
             )

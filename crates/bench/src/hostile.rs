@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::process::{free_port, listening, memory_mib, spawn};
+use crate::support::{free_port, listening, memory_mib, spawn};
 use anyhow::Context as _;
 use rustls_pki_types::pem::PemObject as _;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName};

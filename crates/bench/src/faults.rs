@@ -29,9 +29,9 @@ use tensile_core::reach::{REASON_ERRORS, REASON_UNREACHABLE};
 use tensile_testenv::TestEnv;
 use tensile_testenv::errors::ErrorProxy;
 
-use crate::bench_support::spawn_watch;
-use crate::failover::{replica, wait_for};
-use crate::process::free_port;
+use crate::support::{
+    NODE, burst_clusters, burst_pod, free_port, replica, spawn_watch, wait_for, with,
+};
 
 /// Flags of `tensile bench faults`.
 #[derive(Debug, clap::Args)]
@@ -48,20 +48,20 @@ pub struct FaultsArgs {
     concurrency: usize,
     /// How long a stop, a network cut or the errors last (a kill lasts until the killed
     /// process serves again).
-    #[arg(long, default_value = "60s", value_parser = crate::common::parse_duration)]
+    #[arg(long, default_value = "60s", value_parser = tensile_core::duration::parse_duration)]
     outage: Duration,
     /// The share of lower API requests answered 429 or 500 during `lower-errors`.
     #[arg(long, default_value_t = 0.3)]
     error_share: f64,
     /// The node must be Ready with its lower cluster reachable this soon after a fault ends.
-    #[arg(long, default_value = "10s", value_parser = crate::common::parse_duration)]
+    #[arg(long, default_value = "10s", value_parser = tensile_core::duration::parse_duration)]
     ready_within: Duration,
     /// Write the virtual node's log (RUST_LOG=info) here, kept after the run (default: in
     /// the clusters' folder, removed with it).
     #[arg(long)]
     node_log: Option<PathBuf>,
     /// How long to wait for every upper pod of a burst to be Running after its fault ends.
-    #[arg(long, default_value = "300s", value_parser = crate::common::parse_duration)]
+    #[arg(long, default_value = "300s", value_parser = tensile_core::duration::parse_duration)]
     timeout: Duration,
 }
 
@@ -114,8 +114,6 @@ impl Fault {
     }
 }
 
-const NODE: &str = "vk";
-
 /// What the watches saw.
 #[derive(Default)]
 struct Seen {
@@ -141,13 +139,6 @@ struct Seen {
 }
 
 type Shared = Arc<Mutex<Seen>>;
-
-fn with<T>(seen: &Shared, f: impl FnOnce(&mut Seen) -> T) -> anyhow::Result<T> {
-    let mut s = seen
-        .lock()
-        .map_err(|_| anyhow::anyhow!("a watch task panicked"))?;
-    Ok(f(&mut s))
-}
 
 /// Whether a node is Ready, its lower cluster reachable, without our unreachable taint.
 fn healthy(n: &Node) -> (bool, bool) {
@@ -314,7 +305,7 @@ pub async fn run(args: FaultsArgs) -> anyhow::Result<()> {
             "lower-etcd-kill needs real control planes (TENSILE_K8S_BIN): the simulator keeps its objects in memory"
         );
     }
-    let env = crate::bench_support::burst_clusters(n * args.fault.len()).await?;
+    let env = burst_clusters(n * args.fault.len()).await?;
     let seen: Shared = Arc::default();
     let watches = watch_all(&env, &seen);
     let log = args
@@ -777,14 +768,7 @@ fn burst(
                 let api = creator.clone();
                 let name = format!("{prefix}{i}");
                 async move {
-                    // Placed by the upper scheduler: the virtual node is the only node.
-                    let pod: Pod = serde_json::from_value(json!({
-                        "apiVersion": "v1", "kind": "Pod",
-                        "metadata": {"name": name},
-                        "spec": {"tolerations": [{"key": tensile_core::keys::TAINT_VIRTUAL_KUBELET,
-                            "operator": "Exists"}],
-                            "containers": [{"name": "c", "image": "nginx:1.27",
-                            "resources": {"requests": {"cpu": "10m"}}}]}}))?;
+                    let pod = burst_pod(&name, None)?;
                     let deadline = Instant::now() + Duration::from_secs(300);
                     loop {
                         match api.create(&PostParams::default(), &pod).await {

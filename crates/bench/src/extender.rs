@@ -29,7 +29,7 @@ use tensile_placement::extender::DEFAULT_RESERVATION_TTL;
 use tensile_placement::extender::index::{BindTarget, Index, Reserved};
 
 use crate::fragmentation::{fleet_of, node_millis, running_pods, workloads};
-use crate::process::{cpu_seconds, memory_mib};
+use crate::support::{cpu_seconds, memory_mib};
 
 /// Flags of `tensile bench extender`.
 #[derive(Debug, clap::Args)]

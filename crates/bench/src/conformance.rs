@@ -17,7 +17,7 @@ use std::time::Instant;
 use anyhow::{Context as _, bail};
 use serde::Deserialize;
 
-use crate::sandbox::{ExtenderRun, Sandbox, SandboxSpec};
+use crate::sandbox::{ExtenderRun, Sandbox, SandboxSpec, StartVirtualNode, VirtualNodeRun};
 
 /// The selection of Kubernetes' conformance runs (as hydrophone and sonobuoy run it).
 const FOCUS: &str = r"\[Conformance\]";
@@ -312,7 +312,10 @@ fn report(
     Ok(())
 }
 
-pub async fn run(args: ConformanceArgs) -> anyhow::Result<()> {
+pub async fn run(
+    args: ConformanceArgs,
+    start_virtual_node: StartVirtualNode,
+) -> anyhow::Result<()> {
     let started = Instant::now();
     if args.summarize {
         let baseline = read_report(&args.out.join("baseline"))?;
@@ -351,7 +354,7 @@ pub async fn run(args: ConformanceArgs) -> anyhow::Result<()> {
         descheduler: Some(Default::default()),
         extender: Some(ExtenderRun::InProcess(Default::default())),
         k8s_bin: Some(args.k8s_bin.clone()),
-        virtual_node_binary: None,
+        virtual_nodes: VirtualNodeRun::InProcess(start_virtual_node),
         scheduler_qps: None,
         real_nodes: true,
     };

@@ -11,10 +11,6 @@ use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::bench_support::{
-    Samples, burst_clusters, histogram_quantile, http_get, parse_metrics, pct,
-};
-use crate::process::{cpu_seconds, free_port, memory_mib};
 use anyhow::{Context as _, bail};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, Pod};
@@ -22,44 +18,14 @@ use kube::api::{Api, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use serde_json::json;
 
-/// `tensile bench ...`
-#[derive(Debug, clap::Args)]
-pub struct BenchArgs {
-    #[command(subcommand)]
-    what: Bench,
-}
+use crate::support::{
+    NODE, Samples, burst_clusters, burst_pod, cpu_seconds, free_port, histogram_quantile, http_get,
+    memory_mib, parse_metrics, pct,
+};
 
-#[derive(Debug, clap::Subcommand)]
-enum Bench {
-    /// Pods created at once upstairs, bound to one virtual node, run in the lower cluster.
-    Offload(OffloadArgs),
-    /// Three lower clusters with fragmented free room and a burst of mixed-size pods, with and
-    /// without the descheduler and the scheduler extender.
-    Fragmentation(crate::fragmentation::FragmentationArgs),
-    /// The scheduler extender's decisions alone, in this process, on the fragmentation
-    /// benchmark's fleet: filter, prioritize and bind latency and CPU, without HTTP or API
-    /// servers.
-    Extender(crate::extender_bench::ExtenderBenchArgs),
-    /// Two virtual-node replicas with --leader-elect; the leader is killed in the middle of a
-    /// burst: takeover time, and no pod lost, duplicated or deleted.
-    Failover(crate::failover::FailoverArgs),
-    /// Faults of the control planes (API servers killed or stopped, etcd killed, the network
-    /// cut, API errors) in the middle of a burst: no pod lost, duplicated, deleted or evicted,
-    /// the node Ready again soon after, the outage shown while it lasts.
-    Faults(crate::faults::FaultsArgs),
-    /// The webhook and the scheduler extender, as shipped, sent large hostile bodies in
-    /// parallel: their peak memory.
-    HostileBodies(crate::hostile::HostileBodiesArgs),
-    /// Kubernetes' conformance suite (e2e.test) through the virtual nodes, on real control
-    /// planes and real nodes, beside the same selection on one lower cluster directly.
-    Conformance(crate::conformance::ConformanceArgs),
-    /// The same pods directly in a lower cluster with a real node and upstairs through its
-    /// virtual node: what the virtual node adds to create-to-Running on real containers.
-    RealOffload(crate::real_offload::RealOffloadArgs),
-}
-
+/// Flags of `tensile bench offload`.
 #[derive(Debug, clap::Args)]
-struct OffloadArgs {
+pub struct OffloadArgs {
     /// Pods to create at once.
     #[arg(long, default_value_t = 1000)]
     pods: usize,
@@ -89,19 +55,6 @@ struct OffloadArgs {
     /// waits for a lower copy, which measures what copies add to a pod's creation.
     #[arg(long)]
     config_maps: bool,
-}
-
-pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
-    match args.what {
-        Bench::Offload(a) => offload(a).await,
-        Bench::Fragmentation(a) => crate::fragmentation::run(a).await,
-        Bench::Extender(a) => crate::extender_bench::run(a).await,
-        Bench::Failover(a) => crate::failover::run(a).await,
-        Bench::Faults(a) => crate::faults::run(a).await,
-        Bench::HostileBodies(a) => crate::hostile::run(a).await,
-        Bench::Conformance(a) => crate::conformance::run(a).await,
-        Bench::RealOffload(a) => crate::real_offload::run(a).await,
-    }
 }
 
 type Times = Arc<Mutex<HashMap<String, Instant>>>;
@@ -147,7 +100,7 @@ impl Seen {
         let running = p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running");
         match side {
             Side::Upper => {
-                if p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some("vk") {
+                if p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(NODE) {
                     self.record(&self.upper_bound, name.clone(), now);
                 }
                 if running {
@@ -218,7 +171,7 @@ fn ms_json(seconds: Option<f64>) -> serde_json::Value {
     seconds.map_or(serde_json::Value::Null, |s| json!((s * 1e4).round() / 10.0))
 }
 
-async fn offload(args: OffloadArgs) -> anyhow::Result<()> {
+pub async fn run(args: OffloadArgs) -> anyhow::Result<()> {
     let n = args.pods;
     let lower_nodes = n.div_ceil(100).max(2);
     let mut env = burst_clusters(n).await?;
@@ -242,7 +195,7 @@ async fn offload(args: OffloadArgs) -> anyhow::Result<()> {
     };
     // The README's command line; what the benchmark adds only says where to listen.
     command
-        .args(["virtual-node", "--nodename", "vk"])
+        .args(["virtual-node", "--nodename", NODE])
         .arg("--kubeconfig")
         .arg(&env.clusters[0].kubeconfig)
         .arg("--client-kubeconfig")
@@ -282,7 +235,7 @@ async fn offload(args: OffloadArgs) -> anyhow::Result<()> {
     let nodes: Api<Node> = Api::all(upper.clone());
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
-        let ready = nodes.get_opt("vk").await.ok().flatten().is_some();
+        let ready = nodes.get_opt(NODE).await.ok().flatten().is_some();
         if ready && http_get(&metrics_addr, "/healthz").await.is_ok() {
             break;
         }
@@ -350,16 +303,7 @@ async fn offload(args: OffloadArgs) -> anyhow::Result<()> {
                 } else {
                     json!([])
                 };
-                // Placed by the upper scheduler, as a user's pod is: the virtual node is the
-                // only node upstairs, and the pods tolerate its taint.
-                let pod: Pod = serde_json::from_value(
-                    json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
-                    "spec": {"tolerations": [{"key": tensile_core::keys::TAINT_VIRTUAL_KUBELET,
-                        "operator": "Exists"}],
-                        "volumes": volumes,
-                        "containers": [{"name": "c", "image": "nginx:1.27",
-                        "resources": {"requests": {"cpu": "10m"}}}]}}),
-                )?;
+                let pod = burst_pod(&name, Some(volumes))?;
                 api.create(&PostParams::default(), &pod).await?;
                 if let Ok(mut a) = acked.lock() {
                     a.insert(name, Instant::now());

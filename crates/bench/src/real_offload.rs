@@ -51,7 +51,7 @@ enum Pace {
 /// Watches `api` and notes, per pod name, when it was first seen (into `seen`, if any) and when
 /// it first showed phase `Running` (into `running`).
 fn note_times(api: Api<Pod>, seen: Option<Times>, running: Times) -> tokio::task::JoinHandle<()> {
-    crate::bench_support::spawn_watch(api, move |event: watcher::Event<Pod>| {
+    crate::support::spawn_watch(api, move |event: watcher::Event<Pod>| {
         let now = Instant::now();
         let pods = match event {
             watcher::Event::Apply(p) | watcher::Event::InitApply(p) => vec![p],
@@ -216,7 +216,7 @@ async fn delete_all(api: &Api<Pod>) -> anyhow::Result<()> {
 
 /// A percentile in milliseconds (`bench`'s nearest-rank percentile).
 fn pct(v: &mut [Duration], p: f64) -> f64 {
-    crate::bench_support::pct(v, p).as_secs_f64() * 1000.0
+    crate::support::pct(v, p).as_secs_f64() * 1000.0
 }
 
 pub async fn run(args: RealOffloadArgs) -> anyhow::Result<()> {
@@ -237,7 +237,7 @@ pub async fn run(args: RealOffloadArgs) -> anyhow::Result<()> {
     let port = std::net::TcpListener::bind((address, 0))?
         .local_addr()?
         .port();
-    let metrics_addr = format!("127.0.0.1:{}", crate::process::free_port()?);
+    let metrics_addr = format!("127.0.0.1:{}", crate::support::free_port()?);
     // The README's command line; what the benchmark adds only says where to listen.
     let mut node = tokio::process::Command::new(std::env::current_exe()?)
         .args(["virtual-node", "--nodename", "vk", "--disable-taint"])
@@ -281,24 +281,24 @@ pub async fn run(args: RealOffloadArgs) -> anyhow::Result<()> {
     let pid = node.id().context("the virtual node exited")?;
     println!("direct: {n} pods in the lower cluster");
     let direct_api: Api<Pod> = Api::namespaced(lower.clone(), "bench-direct");
-    let busy = crate::process::machine_busy_seconds();
+    let busy = crate::support::machine_busy_seconds();
     let direct = burst(direct_api.clone(), n, c, None, None).await?;
-    let direct_busy = crate::process::machine_busy_seconds() - busy;
+    let direct_busy = crate::support::machine_busy_seconds() - busy;
     delete_all(&direct_api).await?;
     println!("through the virtual node: {n} pods upstairs, bound to vk");
     let upper_api: Api<Pod> = Api::namespaced(upper.clone(), "default");
     let lower_api: Api<Pod> = Api::namespaced(lower.clone(), "default");
     let (busy, node_cpu) = (
-        crate::process::machine_busy_seconds(),
-        crate::process::cpu_seconds(pid),
+        crate::support::machine_busy_seconds(),
+        crate::support::cpu_seconds(pid),
     );
     let mut through = burst(upper_api.clone(), n, c, Some("vk"), Some(lower_api)).await?;
     let (through_busy, node_cpu) = (
-        crate::process::machine_busy_seconds() - busy,
-        crate::process::cpu_seconds(pid) - node_cpu,
+        crate::support::machine_busy_seconds() - busy,
+        crate::support::cpu_seconds(pid) - node_cpu,
     );
-    let stages = crate::bench_support::parse_metrics(
-        &crate::bench_support::http_get(&metrics_addr, "/metrics")
+    let stages = crate::support::parse_metrics(
+        &crate::support::http_get(&metrics_addr, "/metrics")
             .await
             .context("the virtual node's /metrics")?,
     );
@@ -334,7 +334,7 @@ pub async fn run(args: RealOffloadArgs) -> anyhow::Result<()> {
         "upper_status",
     ] {
         let q = |q| {
-            crate::bench_support::histogram_quantile(
+            crate::support::histogram_quantile(
                 &stages,
                 "tensile_pod_sync_seconds",
                 &[("stage", stage)],
