@@ -442,6 +442,16 @@ impl InFlight {
     }
 }
 
+/// The `op` label of a failure of part `op` (`tensile_pod_sync_failures_total`).
+fn op_label(op: Op) -> &'static str {
+    match op {
+        Op::Create => "create",
+        Op::Update => "update",
+        Op::Delete => "delete",
+        Op::Other => "other",
+    }
+}
+
 /// Whether `plan` creates the lower pod (the reconcile of a creation).
 fn creates(plan: &Result<Plan, Failure>) -> bool {
     plan.as_ref()
@@ -460,6 +470,8 @@ async fn worker(ctx: Arc<Ctx>, rx: Receiver<Key>, stop: CancellationToken) {
         |(key, creates, result, t0): (Key, bool, Result<(), Failure>, std::time::Instant),
          in_flight: &mut InFlight| {
             ctx.metrics.observe("reconcile", t0.elapsed());
+            ctx.metrics
+                .reconciled(&key, result.as_ref().err().map(|f| op_label(f.op)));
             in_flight.add(creates, -1);
             let ok = match &result {
                 Ok(()) => true,
