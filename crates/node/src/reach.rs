@@ -196,6 +196,24 @@ mod tests {
     }
 
     #[test]
+    fn reachability_is_a_gauge_of_the_lower_cluster() {
+        let mut registry = Registry::default();
+        let reach = LowerReach::new("lower-1").reported_in(&mut registry);
+        let text = |registry: &Registry| {
+            let mut out = String::new();
+            prometheus_client::encoding::text::encode(&mut out, registry).unwrap();
+            out
+        };
+        let series = "tensile_lower_cluster_reachable{lower_cluster=\"lower-1\"}";
+        assert!(text(&registry).contains(&format!("{series} 1")));
+        // Clones (the backend's, the pod controller's) report into the same gauge.
+        reach.clone().set(Some("connection refused".into()));
+        assert!(text(&registry).contains(&format!("{series} 0")));
+        reach.set(None);
+        assert!(text(&registry).contains(&format!("{series} 1")));
+    }
+
+    #[test]
     fn an_unreachable_cluster_is_a_503_naming_it() {
         let reach = LowerReach::new("lower-1");
         assert!(reach.unavailable().is_none());
