@@ -153,8 +153,7 @@ pub async fn run(args: DeschedulerArgs) -> anyhow::Result<()> {
             .await?;
     config.readiness = Some(readiness.clone());
     // A new leader carries on the move intents the old one left (they are in ConfigMaps).
-    let leadership =
-        crate::common::lead(
+    let leadership = crate::common::lead(
         &args.leader,
         &client,
         "tensile-descheduler",

@@ -8,7 +8,6 @@ use std::time::Duration;
 
 use anyhow::{Context as _, bail};
 use prometheus_client::registry::Registry;
-use tensile_runtime::leader::LeaderGauge;
 use tensile_core::identity::UpperApi;
 use tensile_core::node::{
     NodeIdentity, kubelet_port, node_taint, parse_controllers, parse_node_label,
@@ -23,6 +22,7 @@ use tensile_runtime::clients::{
     ApiCalls, KubeconfigSource, build_client, build_client_with_server, load_config,
     override_server,
 };
+use tensile_runtime::leader::LeaderGauge;
 use tokio_util::sync::CancellationToken;
 
 /// `--pod-identity`.

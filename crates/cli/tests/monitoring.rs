@@ -321,7 +321,11 @@ fn api(runtime: &tokio::runtime::Runtime, addr: SocketAddr, path: &str) -> Resul
 }
 
 /// The instant query `q`: its result vector, or why not.
-fn query(runtime: &tokio::runtime::Runtime, addr: SocketAddr, q: &str) -> Result<Vec<Value>, String> {
+fn query(
+    runtime: &tokio::runtime::Runtime,
+    addr: SocketAddr,
+    q: &str,
+) -> Result<Vec<Value>, String> {
     let data = api(
         runtime,
         addr,
@@ -388,7 +392,11 @@ fn a_real_prometheus_scrapes_the_components_and_answers_every_dashboard_query() 
         &dir,
         "virtual-node",
         &[
-            s(&["virtual-node", "--nodename=vk-lower", "--disable-taint=true"]),
+            s(&[
+                "virtual-node",
+                "--nodename=vk-lower",
+                "--disable-taint=true",
+            ]),
             vec![
                 kubeconfig.clone(),
                 format!("--client-kubeconfig={}", lower.display()),
@@ -448,7 +456,13 @@ fn a_real_prometheus_scrapes_the_components_and_answers_every_dashboard_query() 
     until("virtual node registered", || {
         kubectl(&upper, &["get", "node", "vk-lower"]).0
     });
-    assert!(kubectl(&upper, &["create", "deployment", "web", "--image=nginx:1.27"]).0);
+    assert!(
+        kubectl(
+            &upper,
+            &["create", "deployment", "web", "--image=nginx:1.27"]
+        )
+        .0
+    );
     until("the pod running upstairs", || {
         kubectl(
             &upper,

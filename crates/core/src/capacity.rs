@@ -868,8 +868,11 @@ mod tests {
         .unwrap();
         m.apply_pod(&pod("other", Some("n1"), "Running", &[("cpu", "2")]))
             .unwrap();
-        m.apply_pod(&owned_by(pod("unbound", None, "Pending", &[("cpu", "1")]), OWNER))
-            .unwrap();
+        m.apply_pod(&owned_by(
+            pod("unbound", None, "Pending", &[("cpu", "1")]),
+            OWNER,
+        ))
+        .unwrap();
         assert_eq!(
             m.requested_ours(),
             vector(&[("cpu", 1_500 * M), ("pods", 2 * U)])

@@ -163,8 +163,7 @@ impl VirtualNode {
             node::check_lease(&self.heartbeat, &self.node, &stop).await?;
         }
         let mut registry = std::mem::take(&mut self.metrics.registry);
-        let reach =
-            reach::LowerReach::new(self.pods.lower_name.clone()).reported_in(&mut registry);
+        let reach = reach::LowerReach::new(self.pods.lower_name.clone()).reported_in(&mut registry);
         let upper_pods = cache::CompactCache::<k8s_openapi::api::core::v1::Pod>::new();
         let lower_pods = cache::CompactCache::<k8s_openapi::api::core::v1::Pod>::new();
         let reader = upper_pods.clone();

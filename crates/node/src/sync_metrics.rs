@@ -163,11 +163,15 @@ mod tests {
         let m = SyncMetrics::new(&mut registry);
         for op in FAILURE_OPS {
             assert!(
-                text(&registry).contains(&format!("tensile_pod_sync_failures_total{{op=\"{op}\"}} 0")),
+                text(&registry)
+                    .contains(&format!("tensile_pod_sync_failures_total{{op=\"{op}\"}} 0")),
                 "{op}"
             );
         }
-        let (a, b) = (("ns".to_owned(), "a".to_owned()), ("ns".to_owned(), "b".to_owned()));
+        let (a, b) = (
+            ("ns".to_owned(), "a".to_owned()),
+            ("ns".to_owned(), "b".to_owned()),
+        );
         m.reconciled(&a, Some("create"));
         m.reconciled(&a, Some("create"));
         m.reconciled(&b, Some("create"));
@@ -178,8 +182,14 @@ mod tests {
         m.reconciled(&a, None);
         assert_eq!(m.offload_failing(), 1);
         let t = text(&registry);
-        assert!(t.contains("tensile_pod_sync_failures_total{op=\"create\"} 3"), "{t}");
-        assert!(t.contains("tensile_pod_sync_failures_total{op=\"update\"} 1"), "{t}");
+        assert!(
+            t.contains("tensile_pod_sync_failures_total{op=\"create\"} 3"),
+            "{t}"
+        );
+        assert!(
+            t.contains("tensile_pod_sync_failures_total{op=\"update\"} 1"),
+            "{t}"
+        );
         assert!(t.contains("tensile_pods_offload_failing 1"), "{t}");
     }
 

@@ -335,11 +335,13 @@ impl Extender {
             Verb::Prioritize => Reply::json(&Value::Array(scores)),
             Verb::Filter => {
                 let retry = retry_error(kept.len(), refused.iter().map(|(n, v)| (*n, v)));
-                self.shared.metrics.filtered(match (&retry, kept.is_empty()) {
-                    (Some(_), _) => FilterOutcome::Retry,
-                    (None, true) => FilterOutcome::None,
-                    (None, false) => FilterOutcome::Some,
-                });
+                self.shared
+                    .metrics
+                    .filtered(match (&retry, kept.is_empty()) {
+                        (Some(_), _) => FilterOutcome::Retry,
+                        (None, true) => FilterOutcome::None,
+                        (None, false) => FilterOutcome::Some,
+                    });
                 if let Some(error) = retry {
                     return Reply::json(&FilterAnswer {
                         nodes: None,
