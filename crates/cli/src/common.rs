@@ -216,6 +216,26 @@ pub struct LeaderElectArgs {
 }
 
 impl LeaderElectArgs {
+    /// The election Lease as `namespace/name` (`default_name` unless
+    /// `--leader-elect-resource-name`); empty without `--leader-elect`.
+    pub fn lease(&self, default_name: &str) -> String {
+        if !self.leader_elect {
+            return String::new();
+        }
+        format!(
+            "{}/{}",
+            self.leader_elect_resource_namespace,
+            self.lease_name(default_name)
+        )
+    }
+
+    fn lease_name(&self, default_name: &str) -> String {
+        self.leader_elect_resource_name
+            .clone()
+            .filter(|n| !n.is_empty())
+            .unwrap_or_else(|| default_name.to_owned())
+    }
+
     /// The timings, checked.
     pub fn timings(&self) -> anyhow::Result<tensile_core::lease::Timings> {
         let t = tensile_core::lease::Timings {
@@ -252,22 +272,20 @@ pub struct Holding {
 /// Once it leads, the Lease is renewed at once, in the background, while the component starts;
 /// if leadership is lost (at any time, start-up included) the process exits at once with
 /// status 1, so no write of an old leader follows a new leader's (Kubernetes restarts it as a
-/// standby).
+/// standby). `gauge` turns 1 once it leads (at once without `--leader-elect`).
 pub async fn lead(
     args: &LeaderElectArgs,
     upper: &kube::Client,
     default_name: &str,
     identity_prefix: &str,
+    gauge: &tensile_runtime::leader::LeaderGauge,
 ) -> anyhow::Result<Leadership> {
     if !args.leader_elect {
+        gauge.set_leading();
         return Ok(Leadership::Alone);
     }
     let timings = args.timings()?;
-    let name = args
-        .leader_elect_resource_name
-        .clone()
-        .filter(|n| !n.is_empty())
-        .unwrap_or_else(|| default_name.to_owned());
+    let name = args.lease_name(default_name);
     let election = tensile_runtime::leader::LeaderElection::new(
         upper.clone(),
         &args.leader_elect_resource_namespace,
@@ -289,6 +307,7 @@ pub async fn lead(
     let Some(leader) = leader else {
         return Ok(Leadership::Stopped);
     };
+    gauge.set_leading();
     let renewing = CancellationToken::new();
     let task = tokio::spawn(hold_or_exit(leader, renewing.clone()));
     Ok(Leadership::Leader(Holding { renewing, task }))

@@ -145,13 +145,23 @@ pub async fn run(args: DeschedulerArgs) -> anyhow::Result<()> {
     let probes = CancellationToken::new();
     let mut registry = prometheus_client::registry::Registry::default();
     config.metrics = DeschedulerMetrics::new(&mut registry);
+    let gauge = tensile_runtime::leader::LeaderGauge::new(
+        &mut registry,
+        &args.leader.lease("tensile-descheduler"),
+    );
     let (readiness, _) =
         crate::common::serve_metrics(&args.metrics, args.leader.leader_elect, registry, &probes)
             .await?;
     config.readiness = Some(readiness.clone());
     // A new leader carries on the move intents the old one left (they are in ConfigMaps).
-    let leadership =
-        crate::common::lead(&args.leader, &client, "tensile-descheduler", "descheduler").await?;
+    let leadership = crate::common::lead(
+        &args.leader,
+        &client,
+        "tensile-descheduler",
+        "descheduler",
+        &gauge,
+    )
+    .await?;
     if matches!(leadership, crate::common::Leadership::Stopped) {
         return Ok(());
     }

@@ -271,6 +271,10 @@ pub async fn run(args: SchedulerArgs) -> anyhow::Result<()> {
     let probes = CancellationToken::new();
     let mut registry = prometheus_client::registry::Registry::default();
     let metrics = ExtenderMetrics::new(&mut registry);
+    let gauge = tensile_runtime::leader::LeaderGauge::new(
+        &mut registry,
+        &args.leader.lease("tensile-scheduler"),
+    );
     let (readiness, _) =
         crate::common::serve_metrics(&args.metrics, args.leader.leader_elect, registry, &probes)
             .await?;
@@ -281,6 +285,7 @@ pub async fn run(args: SchedulerArgs) -> anyhow::Result<()> {
         &prepared.upper,
         "tensile-scheduler",
         "scheduler",
+        &gauge,
     )
     .await?;
     if matches!(leadership, crate::common::Leadership::Stopped) {

@@ -22,6 +22,7 @@ use tensile_runtime::clients::{
     ApiCalls, KubeconfigSource, build_client, build_client_with_server, load_config,
     override_server,
 };
+use tensile_runtime::leader::LeaderGauge;
 use tokio_util::sync::CancellationToken;
 
 /// `--pod-identity`.
@@ -273,12 +274,18 @@ pub async fn run(args: VirtualNodeArgs) -> anyhow::Result<()> {
     .context("upper cluster client for leader election")?;
     // A standby answers its probes on --metrics-addr (`/readyz` 503) until it leads; the
     // node's own listener then takes the port over.
+    // It reports `tensile_leader` 0 meanwhile, so that "no replica leads" can be told.
+    let lease = args
+        .leader
+        .lease(&format!("tensile-virtual-node-{}", args.nodename));
+    let mut standby_registry = node_registry(&args.nodename);
+    let standby_gauge = LeaderGauge::new(&mut standby_registry, &lease);
     let standby_probes = CancellationToken::new();
     let standby_listener = match crate::common::metrics_addr(&args.metrics_addr)? {
         Some(addr) if args.leader.leader_elect => Some(
             tensile_runtime::metrics::serve_probes_joinable(
                 addr,
-                std::sync::Arc::new(Registry::default()),
+                std::sync::Arc::new(standby_registry),
                 tensile_runtime::metrics::Readiness::not_ready(tensile_runtime::leader::STANDBY),
                 standby_probes.clone(),
             )
@@ -292,6 +299,7 @@ pub async fn run(args: VirtualNodeArgs) -> anyhow::Result<()> {
         &election_client,
         &format!("tensile-virtual-node-{}", args.nodename),
         &args.nodename,
+        &standby_gauge,
     )
     .await?;
     if matches!(leadership, crate::common::Leadership::Stopped) {
@@ -358,7 +366,7 @@ pub async fn run(args: VirtualNodeArgs) -> anyhow::Result<()> {
                 (upper_source.clone(), None)
             };
             let round = stop.child_token();
-            let vn = assemble(
+            let mut vn = assemble(
                 args,
                 source,
                 lower_source.clone(),
@@ -367,9 +375,15 @@ pub async fn run(args: VirtualNodeArgs) -> anyhow::Result<()> {
                 None,
             )
             .await?;
+            // This process leads (or runs alone) from here on.
+            LeaderGauge::new(&mut vn.metrics.registry, &lease).set_leading();
+            let token_metrics = lower_token
+                .as_ref()
+                .map(|_| tensile_node::lower_token::TokenMetrics::new(&mut vn.metrics.registry));
             let renewal = lower_token
                 .clone()
-                .map(|token| tensile_node::lower_token::Renewal {
+                .zip(token_metrics)
+                .map(|(token, metrics)| tensile_node::lower_token::Renewal {
                     token,
                     lower: vn.pods.lower.clone(),
                     lower_name: vn.pods.lower_name.clone(),
@@ -384,6 +398,7 @@ pub async fn run(args: VirtualNodeArgs) -> anyhow::Result<()> {
                         }
                     }),
                     renew_after: args.lower_token_renew_after,
+                    metrics,
                 });
             let listen = vn.kubelet.as_ref().map(|k| k.listen);
             if let Some((probes, listener)) = standby.take() {
@@ -445,6 +460,15 @@ pub async fn run(args: VirtualNodeArgs) -> anyhow::Result<()> {
     }
 }
 
+/// A registry whose every metric carries `node="<nodename>"`: the virtual node it serves
+/// names each series, whichever pod or address Prometheus scraped it from.
+fn node_registry(nodename: &str) -> Registry {
+    Registry::with_labels(std::iter::once((
+        std::borrow::Cow::Borrowed("node"),
+        std::borrow::Cow::Owned(nodename.to_owned()),
+    )))
+}
+
 /// The CA certificates (PEM) the upper configuration of `source` trusts.
 async fn trusted_ca(source: &KubeconfigSource) -> anyhow::Result<String> {
     use base64::Engine as _;
@@ -502,7 +526,7 @@ pub(crate) async fn assemble(
         .services
         .then(|| parse_service_filter(&args.service_exclude_namespaces, &args.service_exclude))
         .transpose()?;
-    let mut registry = Registry::default();
+    let mut registry = node_registry(&args.nodename);
     let calls = ApiCalls::new(&mut registry);
     let master_uri = env("MASTER_URI");
     let review_ttls = review_ttls(args)?;

@@ -168,6 +168,8 @@ pub struct CapacityModel {
     total: ResourceVector,
     /// Per resource, how many counted nodes have each `room` amount.
     room_index: BTreeMap<String, BTreeMap<i128, usize>>,
+    /// What our bound pods take, over every node.
+    ours: ResourceVector,
 }
 
 impl CapacityModel {
@@ -182,6 +184,7 @@ impl CapacityModel {
             invalid_pods: BTreeMap::new(),
             total: ResourceVector::new(),
             room_index: BTreeMap::new(),
+            ours: ResourceVector::new(),
         }
     }
 
@@ -264,6 +267,9 @@ impl CapacityModel {
             used.saturating_add_assign(&usage);
             entry.pods += 1;
         });
+        if ours {
+            self.ours.saturating_add_assign(&usage);
+        }
         let node = node.to_owned();
         self.pods.insert(id.clone(), PodEntry { node, ours, usage });
         match error {
@@ -329,6 +335,9 @@ impl CapacityModel {
                 used.saturating_sub_assign(&pod.usage);
                 entry.pods = entry.pods.saturating_sub(1);
             });
+            if pod.ours {
+                self.ours.saturating_sub_assign(&pod.usage);
+            }
         }
     }
 
@@ -373,6 +382,13 @@ impl CapacityModel {
     /// counted node has in its allocatable is present, possibly at zero.
     pub fn total(&self) -> ResourceVector {
         self.total.clone()
+    }
+
+    /// What the bound, non-terminal pods this virtual node created request, over every node
+    /// (their pod slots included): beside [`Self::total`], how much of the published capacity
+    /// is in use.
+    pub fn requested_ours(&self) -> ResourceVector {
+        self.ours.clone()
     }
 
     /// Per resource, the largest room (free after every pod, ours included) on any single
@@ -832,6 +848,42 @@ mod tests {
         ))
         .unwrap();
         assert_eq!(m.total(), before);
+    }
+
+    #[test]
+    fn what_our_pods_request_is_summed_over_nodes_and_given_back_when_they_end() {
+        let mut m = model();
+        m.apply_node(&ready_node("n1", &[("cpu", "4"), ("pods", "110")]))
+            .unwrap();
+        m.apply_pod(&owned_by(
+            pod("a", Some("n1"), "Running", &[("cpu", "1")]),
+            OWNER,
+        ))
+        .unwrap();
+        // On a node the model does not count (not seen yet): still requested.
+        m.apply_pod(&owned_by(
+            pod("b", Some("n2"), "Pending", &[("cpu", "500m")]),
+            OWNER,
+        ))
+        .unwrap();
+        m.apply_pod(&pod("other", Some("n1"), "Running", &[("cpu", "2")]))
+            .unwrap();
+        m.apply_pod(&owned_by(
+            pod("unbound", None, "Pending", &[("cpu", "1")]),
+            OWNER,
+        ))
+        .unwrap();
+        assert_eq!(
+            m.requested_ours(),
+            vector(&[("cpu", 1_500 * M), ("pods", 2 * U)])
+        );
+        m.apply_pod(&owned_by(
+            pod("a", Some("n1"), "Succeeded", &[("cpu", "1")]),
+            OWNER,
+        ))
+        .unwrap();
+        m.remove_pod("ns", "b");
+        assert_eq!(m.requested_ours(), vector(&[("cpu", 0), ("pods", 0)]));
     }
 
     #[test]

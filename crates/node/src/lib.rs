@@ -163,7 +163,8 @@ impl VirtualNode {
         if !self.node.leader_elected {
             node::check_lease(&self.heartbeat, &self.node, &stop).await?;
         }
-        let reach = reach::LowerReach::new(self.pods.lower_name.clone());
+        let mut registry = std::mem::take(&mut self.metrics.registry);
+        let reach = reach::LowerReach::new(self.pods.lower_name.clone()).reported_in(&mut registry);
         let upper_pods = cache::CompactCache::<k8s_openapi::api::core::v1::Pod>::new();
         let lower_pods = cache::CompactCache::<k8s_openapi::api::core::v1::Pod>::new();
         let reader = upper_pods.clone();
@@ -178,8 +179,12 @@ impl VirtualNode {
             .with_lower_pods(lower_pods.clone())
             .with_reach(reach.clone()),
         );
-        let mut registry = std::mem::take(&mut self.metrics.registry);
         let sync_metrics = sync_metrics::SyncMetrics::new(&mut registry);
+        registry.register_collector(Box::new(sync_metrics::PodCounts {
+            upper: upper_pods.clone(),
+            lower: lower_pods.clone(),
+        }));
+        let capacity_metrics = node::CapacityMetrics::new(&mut registry);
         let node_events = events::EventSink::start(
             self.pods.upper_events.clone(),
             "tensile-kube",
@@ -255,6 +260,7 @@ impl VirtualNode {
             self.node.owner.clone(),
             for_capacity,
             tx,
+            capacity_metrics,
             stop.clone(),
         ));
         let shared = copies::SharedDependencies::new(

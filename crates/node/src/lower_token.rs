@@ -310,6 +310,46 @@ pub struct Renewal {
     pub secret: Option<StoredKubeconfig>,
     /// Renew this long after the token was issued, when sooner than four fifths of its life.
     pub renew_after: Option<Duration>,
+    /// What [`run`] reports.
+    pub metrics: TokenMetrics,
+}
+
+/// The renewal's Prometheus gauges: `tensile_lower_token_renewal_failures` (renewals that
+/// failed in a row: 0 after a success; an alert on it staying above 0 says the node will lose
+/// the lower cluster when the token expires) and `tensile_lower_token_expiry_timestamp_seconds`
+/// (when the current token expires, Unix time). Clones share the values.
+#[derive(Clone, Debug, Default)]
+pub struct TokenMetrics {
+    failures: prometheus_client::metrics::gauge::Gauge,
+    expiry: prometheus_client::metrics::gauge::Gauge,
+}
+
+impl TokenMetrics {
+    /// The gauges, registered in `registry`.
+    pub fn new(registry: &mut prometheus_client::registry::Registry) -> Self {
+        let m = Self::default();
+        registry.register(
+            "tensile_lower_token_renewal_failures",
+            "Renewals of the lower token that failed in a row (0 after a success)",
+            m.failures.clone(),
+        );
+        registry.register(
+            "tensile_lower_token_expiry_timestamp_seconds",
+            "When the current lower token expires, in seconds since the Unix epoch",
+            m.expiry.clone(),
+        );
+        m
+    }
+
+    /// Failures in a row so far.
+    pub fn failures(&self) -> i64 {
+        self.failures.get()
+    }
+
+    fn set(&self, failures: u32, token: &LowerToken) {
+        self.failures.set(i64::from(failures));
+        self.expiry.set(token.claims().expires);
+    }
 }
 
 async fn request(r: &Renewal, claims: &TokenClaims) -> Result<(String, TokenClaims), RenewError> {
@@ -480,6 +520,7 @@ pub async fn run(r: Renewal, stop: CancellationToken) {
     if r.secret.is_none() {
         tracing::warn!(node = %r.node, "the lower token is renewed in memory only (no --lower-kubeconfig-secret): a restarted node reads the old one");
     }
+    r.metrics.set(failures, &r.token);
     loop {
         let wait = if failures > 0 {
             retry_delay(failures)
@@ -499,6 +540,7 @@ pub async fn run(r: Renewal, stop: CancellationToken) {
         match step(&r).await {
             Ok(()) => {
                 failures = 0;
+                r.metrics.set(failures, &r.token);
                 if r.token.renewals() != before {
                     let expires = Timestamp::from_second(r.token.claims().expires)
                         .map(|t| t.to_string())
@@ -518,6 +560,7 @@ pub async fn run(r: Renewal, stop: CancellationToken) {
             }
             Err(e) => {
                 failures = failures.saturating_add(1);
+                r.metrics.set(failures, &r.token);
                 let expires = Timestamp::from_second(r.token.claims().expires)
                     .map(|t| t.to_string())
                     .unwrap_or_default();

@@ -11,7 +11,13 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, Time};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::runtime::watcher;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
 use serde_json::json;
+use std::collections::BTreeSet;
+use std::sync::atomic::AtomicU64;
 use tensile_core::capacity::CapacityModel;
 use tensile_core::node::{LowerHealth, NodeIdentity, merged_taints, node_health, virtual_node};
 use tensile_core::resources::ResourceVector;
@@ -181,13 +187,87 @@ const UNREACHABLE_RECHECK: Duration = Duration::from_secs(1);
 /// Capacity published by the tracker: (total, largest fit on one node).
 pub type Capacity = (ResourceVector, ResourceVector);
 
+/// The capacity model's Prometheus gauges, per resource (`cpu` in cores, `memory` and
+/// `ephemeral-storage` in bytes, `pods` and extended resources in units):
+/// `tensile_node_capacity{resource}` (what the node publishes as capacity and allocatable) and
+/// `tensile_node_requested{resource}` (what the pods it created downstairs request, their pod
+/// slots included): capacity used is their ratio. Clones share the values.
+#[derive(Clone, Debug, Default)]
+pub struct CapacityMetrics {
+    capacity: Family<ResourceLabel, Gauge<f64, AtomicU64>>,
+    requested: Family<ResourceLabel, Gauge<f64, AtomicU64>>,
+    /// The resources this clone reported in each, to zero those that go.
+    reported: (BTreeSet<String>, BTreeSet<String>),
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ResourceLabel {
+    resource: String,
+}
+
+impl CapacityMetrics {
+    /// The gauges, registered in `registry`.
+    pub fn new(registry: &mut Registry) -> Self {
+        let m = Self::default();
+        registry.register(
+            "tensile_node_capacity",
+            "Capacity the virtual node publishes, per resource (cpu in cores, memory in bytes, pods in pods)",
+            m.capacity.clone(),
+        );
+        registry.register(
+            "tensile_node_requested",
+            "What the pods the virtual node created in its lower cluster request, per resource (units of tensile_node_capacity)",
+            m.requested.clone(),
+        );
+        m
+    }
+
+    /// Sets every resource of `now` in `family` and zeroes those of `reported` no longer in it
+    /// (the last counted node with them went).
+    fn set(
+        family: &Family<ResourceLabel, Gauge<f64, AtomicU64>>,
+        reported: &mut BTreeSet<String>,
+        now: &ResourceVector,
+    ) {
+        for gone in reported.iter().filter(|r| !now.contains(r)) {
+            family
+                .get_or_create(&ResourceLabel {
+                    resource: gone.clone(),
+                })
+                .set(0.0);
+        }
+        for (resource, nanos) in now.iter() {
+            if !reported.contains(resource) {
+                reported.insert(resource.to_owned());
+            }
+            family
+                .get_or_create(&ResourceLabel {
+                    resource: resource.to_owned(),
+                })
+                .set(units(nanos));
+        }
+    }
+
+    fn update(&mut self, capacity: &ResourceVector, requested: &ResourceVector) {
+        Self::set(&self.capacity, &mut self.reported.0, capacity);
+        Self::set(&self.requested, &mut self.reported.1, requested);
+    }
+}
+
+/// Nano-units as units, for a gauge (precision beyond f64's is of no use there).
+#[allow(clippy::cast_precision_loss)]
+fn units(nanos: i128) -> f64 {
+    nanos as f64 / 1e9
+}
+
 /// Feeds the capacity model from a watch of lower nodes and the shared stream of lower pod
-/// events (never a re-list) and publishes the totals when they change.
+/// events (never a re-list) and publishes the totals when they change, also to `metrics`.
 pub async fn track_capacity(
     lower: kube::Client,
     owner: String,
     pods: impl Stream<Item = watcher::Event<Pod>> + Send + 'static,
     tx: watch::Sender<Capacity>,
+    mut metrics: CapacityMetrics,
     stop: CancellationToken,
 ) {
     let nodes =
@@ -210,6 +290,7 @@ pub async fn track_capacity(
             Either::Pod(e) => apply_pod_event(&mut model, &mut listed_pods, &e),
         }
         let now = (model.total(), model.largest_fit());
+        metrics.update(&now.0, &model.requested_ours());
         tx.send_if_modified(|cur| {
             if *cur == now {
                 false

@@ -425,6 +425,16 @@ pub const CREATIONS_PER_WORKER: usize = 1;
 /// Secret and its pod would leave the Secret to the next start's collection.
 const DRAIN: std::time::Duration = std::time::Duration::from_secs(30);
 
+/// The `op` label of a failure of part `op` (`tensile_pod_sync_failures_total`).
+fn op_label(op: Op) -> &'static str {
+    match op {
+        Op::Create => "create",
+        Op::Update => "update",
+        Op::Delete => "delete",
+        Op::Other => "other",
+    }
+}
+
 /// Whether `plan` creates the lower pod (the reconcile of a creation: a long one).
 fn creates(plan: &Result<Plan, Failure>) -> bool {
     plan.as_ref()
@@ -445,8 +455,10 @@ impl Reconciler for PodWriter {
     }
 
     async fn execute(self: Arc<Self>, key: Key, plan: Self::Plan) -> Result<Action, Failure> {
-        reconcile(&self, &key, Box::new(plan)).await?;
-        Ok(Action::Done)
+        let result = reconcile(&self, &key, Box::new(plan)).await;
+        self.metrics
+            .reconciled(&key, result.as_ref().err().map(|f| op_label(f.op)));
+        result.map(|()| Action::Done)
     }
 
     /// What follows from `failure` of pod `key` ([`policy`]): the Warning event and the log

@@ -6,6 +6,10 @@
 use std::error::Error as StdError;
 use std::sync::{Arc, PoisonError, RwLock};
 
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
 use tensile_core::reach::{Cause, explain, unreachable_message};
 use tensile_kubelet::BackendError;
 
@@ -48,6 +52,13 @@ pub struct LowerReach {
     down: Arc<RwLock<Option<String>>>,
     /// Whether it is down, for those who act when that changes.
     changes: tokio::sync::watch::Sender<bool>,
+    /// `tensile_lower_cluster_reachable`, once [`Self::reported_in`] a registry.
+    gauge: Option<Gauge>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct LowerClusterLabel {
+    lower_cluster: String,
 }
 
 impl LowerReach {
@@ -57,7 +68,26 @@ impl LowerReach {
             cluster: cluster.into(),
             down: Arc::new(RwLock::new(None)),
             changes: tokio::sync::watch::Sender::new(false),
+            gauge: None,
         }
+    }
+
+    /// Also reported as the Prometheus gauge `tensile_lower_cluster_reachable{lower_cluster}`
+    /// of `registry`: 1 while the last health check found the lower cluster answering, 0 while
+    /// it does not.
+    pub fn reported_in(mut self, registry: &mut Registry) -> Self {
+        let family = Family::<LowerClusterLabel, Gauge>::default();
+        let gauge = family.get_or_create_owned(&LowerClusterLabel {
+            lower_cluster: self.cluster.to_string(),
+        });
+        gauge.set(i64::from(self.cause().is_none()));
+        registry.register(
+            "tensile_lower_cluster_reachable",
+            "1 while the lower cluster answers the virtual node's health checks, 0 while it does not",
+            family,
+        );
+        self.gauge = Some(gauge);
+        self
     }
 
     /// The lower cluster's name.
@@ -69,6 +99,9 @@ impl LowerReach {
     pub fn set(&self, cause: Option<String>) {
         let down = cause.is_some();
         *self.down.write().unwrap_or_else(PoisonError::into_inner) = cause;
+        if let Some(g) = &self.gauge {
+            g.set(i64::from(!down));
+        }
         self.changes.send_if_modified(|was| {
             let changed = *was != down;
             *was = down;
@@ -160,6 +193,24 @@ mod tests {
                 .starts_with("logs: previous terminated container")
         );
         assert_eq!(reach.error("logs", &status(404)).status(route), route);
+    }
+
+    #[test]
+    fn reachability_is_a_gauge_of_the_lower_cluster() {
+        let mut registry = Registry::default();
+        let reach = LowerReach::new("lower-1").reported_in(&mut registry);
+        let text = |registry: &Registry| {
+            let mut out = String::new();
+            prometheus_client::encoding::text::encode(&mut out, registry).unwrap();
+            out
+        };
+        let series = "tensile_lower_cluster_reachable{lower_cluster=\"lower-1\"}";
+        assert!(text(&registry).contains(&format!("{series} 1")));
+        // Clones (the backend's, the pod controller's) report into the same gauge.
+        reach.clone().set(Some("connection refused".into()));
+        assert!(text(&registry).contains(&format!("{series} 0")));
+        reach.set(None);
+        assert!(text(&registry).contains(&format!("{series} 1")));
     }
 
     #[test]

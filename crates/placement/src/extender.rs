@@ -52,7 +52,7 @@ pub mod index;
 use index::{BindTarget, Index, Reserved};
 
 use crate::bounded::{self, Bounded, DecodeError, Key, Keys, Text};
-use crate::metrics::ExtenderMetrics;
+use crate::metrics::{ExtenderMetrics, FilterOutcome};
 use crate::serve::{
     ClientAuth, Handler, LiveCert, Reply, ServeError, Server, tls_config_clients, truncated,
 };
@@ -334,7 +334,15 @@ impl Extender {
         match verb {
             Verb::Prioritize => Reply::json(&Value::Array(scores)),
             Verb::Filter => {
-                if let Some(error) = retry_error(kept.len(), refused.iter().map(|(n, v)| (*n, v))) {
+                let retry = retry_error(kept.len(), refused.iter().map(|(n, v)| (*n, v)));
+                self.shared
+                    .metrics
+                    .filtered(match (&retry, kept.is_empty()) {
+                        (Some(_), _) => FilterOutcome::Retry,
+                        (None, true) => FilterOutcome::None,
+                        (None, false) => FilterOutcome::Some,
+                    });
+                if let Some(error) = retry {
                     return Reply::json(&FilterAnswer {
                         nodes: None,
                         nodenames: None,

@@ -70,6 +70,17 @@ impl WebhookMetrics {
     /// The webhook's metrics, registered in `registry`.
     pub fn new(registry: &mut Registry) -> Self {
         let m = Self::default();
+        // Every decision from the start, so a rate is defined before the first of each.
+        for d in [
+            Decision::Allowed,
+            Decision::Patched,
+            Decision::Denied,
+            Decision::Invalid,
+        ] {
+            drop(m.decisions.get_or_create(&DecisionLabel {
+                decision: d.label(),
+            }));
+        }
         registry.register(
             "tensile_webhook_admission_seconds",
             "Time to answer one AdmissionReview",
@@ -112,6 +123,9 @@ impl DeschedulerMetrics {
     /// The descheduler's metrics, registered in `registry`.
     pub fn new(registry: &mut Registry) -> Self {
         let m = Self::default();
+        for via in ["owner", "recreate"] {
+            drop(m.moves.get_or_create(&ViaLabel { via }));
+        }
         registry.register(
             "tensile_descheduler_moves",
             "Moves started (intent written), by who re-creates the pod: owner, recreate",
@@ -165,12 +179,44 @@ struct ClusterLabel {
 /// `tensile_extender_reservations{cluster}` (gauge: room promised by `bind` whose lower pod has
 /// not appeared yet) and `tensile_extender_rooms_built_total{cluster}` (counter: a cluster's
 /// free room simulated from scratch, its pending lower pods and reservations placed again,
-/// because something a kept room counted on changed).
+/// because something a kept room counted on changed) and
+/// `tensile_extender_filter_answers_total{outcome}` (filter calls by what they answered: `some`
+/// nodes kept, `none` kept, every node refused, or `retry`, an error asking kube-scheduler to
+/// try the pod again because a lower cluster it would need is not known yet or unreachable).
 #[derive(Clone, Debug)]
 pub struct ExtenderMetrics {
     requests: Latencies<VerbLabel>,
     reservations: Family<ClusterLabel, Gauge>,
     rooms_built: Family<ClusterLabel, Counter>,
+    filter_answers: Family<OutcomeLabel, Counter>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OutcomeLabel {
+    outcome: &'static str,
+}
+
+/// What a filter call answered (`tensile_extender_filter_answers_total{outcome}`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FilterOutcome {
+    /// At least one node kept.
+    Some,
+    /// Every node refused.
+    None,
+    /// An error asking kube-scheduler to try again.
+    Retry,
+}
+
+impl FilterOutcome {
+    const ALL: [Self; 3] = [Self::Some, Self::None, Self::Retry];
+
+    fn label(self) -> &'static str {
+        match self {
+            Self::Some => "some",
+            Self::None => "none",
+            Self::Retry => "retry",
+        }
+    }
 }
 
 impl Default for ExtenderMetrics {
@@ -179,6 +225,7 @@ impl Default for ExtenderMetrics {
             requests: Family::new_with_constructor(latency),
             reservations: Family::default(),
             rooms_built: Family::default(),
+            filter_answers: Family::default(),
         }
     }
 }
@@ -187,6 +234,15 @@ impl ExtenderMetrics {
     /// The extender's metrics, registered in `registry`.
     pub fn new(registry: &mut Registry) -> Self {
         let m = Self::default();
+        // Every verb and outcome from the start, so a rate is defined before the first call.
+        for verb in ["filter", "prioritize", "bind"] {
+            drop(m.requests.get_or_create(&VerbLabel { verb }));
+        }
+        for outcome in FilterOutcome::ALL {
+            drop(m.filter_answers.get_or_create(&OutcomeLabel {
+                outcome: outcome.label(),
+            }));
+        }
         registry.register(
             "tensile_extender_request_seconds",
             "Time to answer one kube-scheduler call, by verb: filter, prioritize, bind",
@@ -202,7 +258,21 @@ impl ExtenderMetrics {
             "Rooms of a lower cluster simulated from scratch, its pending lower pods and reservations placed again",
             m.rooms_built.clone(),
         );
+        registry.register(
+            "tensile_extender_filter_answers",
+            "Filter calls by what they answered: some (nodes kept), none (every node refused), retry (an error asking to try again)",
+            m.filter_answers.clone(),
+        );
         m
+    }
+
+    /// One filter call answered so.
+    pub(crate) fn filtered(&self, outcome: FilterOutcome) {
+        self.filter_answers
+            .get_or_create(&OutcomeLabel {
+                outcome: outcome.label(),
+            })
+            .inc();
     }
 
     /// One call of `verb` answered in `took`.

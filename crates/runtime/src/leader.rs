@@ -51,6 +51,47 @@ impl std::fmt::Debug for LeaderElection {
     }
 }
 
+/// The Prometheus gauge `tensile_leader{lease}`: 1 while this process does the component's
+/// work (it holds the election Lease `lease`, as `namespace/name`, or runs without
+/// `--leader-elect`, `lease` then empty), 0 while it stands by. Registered before the election
+/// so that a standby reports 0: an alert on "no replica leads" needs the standbys' zeros.
+#[derive(Clone, Debug)]
+pub struct LeaderGauge(prometheus_client::metrics::gauge::Gauge);
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
+struct LeaseLabel {
+    lease: String,
+}
+
+impl LeaderGauge {
+    /// At 0, registered in `registry` for `lease` (`namespace/name`; empty: no election).
+    pub fn new(registry: &mut prometheus_client::registry::Registry, lease: &str) -> Self {
+        let family = prometheus_client::metrics::family::Family::<
+            LeaseLabel,
+            prometheus_client::metrics::gauge::Gauge,
+        >::default();
+        let gauge = family.get_or_create_owned(&LeaseLabel {
+            lease: lease.to_owned(),
+        });
+        registry.register(
+            "tensile_leader",
+            "1 while this process does the work (holds the election Lease named by lease, or runs without --leader-elect), 0 while it stands by",
+            family,
+        );
+        Self(gauge)
+    }
+
+    /// This process leads (or works alone) from now on.
+    pub fn set_leading(&self) {
+        self.0.set(1);
+    }
+
+    /// The value served.
+    pub fn get(&self) -> i64 {
+        self.0.get()
+    }
+}
+
 /// Leadership was lost: the process must stop writing.
 #[derive(Debug, thiserror::Error)]
 pub enum LostLeadership {
