@@ -557,7 +557,10 @@ async fn run_restart(args: FailoverArgs) -> anyhow::Result<()> {
                 at: at(restarted),
             },
         ];
-        for (what, after) in [("node lease held", lease), ("first lower create", first_create)] {
+        for (what, after) in [
+            ("node lease held", lease),
+            ("first lower create", first_create),
+        ] {
             if let Some(after) = after {
                 markers.push(Marker {
                     label: format!("{what} (+{:.1} s after the restart)", after.as_secs_f64()),

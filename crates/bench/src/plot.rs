@@ -13,6 +13,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 use plotters::coord::Shift;
 use plotters::prelude::*;
+use plotters::style::text_anchor::{HPos, Pos, VPos};
 
 /// Width and height of every plot, in pixels: one screen of a document.
 const SIZE: (u32, u32) = (1000, 600);
@@ -139,16 +140,26 @@ pub(crate) fn cdf(samples: &[Duration]) -> Vec<(f64, f64)> {
 
 /// The cumulative distribution a Prometheus histogram's buckets give: `buckets` are (upper
 /// bound in seconds, count at or below), `+Inf` left out; in milliseconds against the share of
-/// `total`.
+/// `total`. Empty buckets below the first sample and above the last are left out but one, so
+/// the line spans the samples.
 pub(crate) fn cdf_of_buckets(buckets: &[(f64, f64)], total: f64) -> Vec<(f64, f64)> {
     if total <= 0.0 {
         return Vec::new();
     }
-    buckets
+    let finite: Vec<(f64, f64)> = buckets
         .iter()
         .filter(|(le, _)| le.is_finite())
         .map(|(le, count)| (le * 1e3, count / total))
-        .collect()
+        .collect();
+    let first = finite
+        .iter()
+        .position(|(_, share)| *share > 0.0)
+        .map_or(0, |i| i.saturating_sub(1));
+    let last = finite
+        .iter()
+        .position(|(_, share)| *share >= 1.0)
+        .unwrap_or(finite.len().saturating_sub(1));
+    finite.get(first..=last).unwrap_or_default().to_vec()
 }
 
 /// How many of `times` (seconds) are at or before each moment: one step per time, at most
@@ -255,17 +266,26 @@ pub(crate) fn latency_cdf(title: &str, lines: &[Line]) -> anyhow::Result<String>
     let (lo, hi) = if smallest.is_finite() {
         (
             10f64.powf(smallest.log10().floor()),
-            10f64.powf(largest.log10().ceil()).max(10f64.powf(smallest.log10().floor() + 1.0)),
+            10f64
+                .powf(largest.log10().ceil())
+                .max(10f64.powf(smallest.log10().floor() + 1.0)),
         )
     } else {
         (0.1, 1000.0)
     };
+    // The legend goes under the chart, two entries a row: a distribution's lines cross the
+    // whole plot, so no corner of it is free.
+    let rows = u32::try_from(lines.len().div_ceil(2)).unwrap_or(u32::MAX);
+    let legend_height = 16 + 22 * rows;
     let mut svg = String::new();
     {
-        let root = SVGBackend::with_string(&mut svg, SIZE).into_drawing_area();
+        let root =
+            SVGBackend::with_string(&mut svg, (SIZE.0, SIZE.1 + legend_height)).into_drawing_area();
         root.fill(&WHITE)?;
         let root = root.titled(title, ("sans-serif", 22))?;
-        let mut chart = ChartBuilder::on(&root)
+        let (plot_area, legend_area) = root.split_vertically(SIZE.1 - 30);
+        legend(&legend_area, lines)?;
+        let mut chart = ChartBuilder::on(&plot_area)
             .margin(15)
             .x_label_area_size(45)
             .y_label_area_size(60)
@@ -295,21 +315,29 @@ pub(crate) fn latency_cdf(title: &str, lines: &[Line]) -> anyhow::Result<String>
                 .points
                 .iter()
                 .map(|(x, y)| (x.clamp(lo, hi), y * 100.0));
-            chart
-                .draw_series(LineSeries::new(points, style(i)))?
-                .label(line.label.as_str())
-                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 24, y)], style(i)));
+            chart.draw_series(LineSeries::new(points, style(i)))?;
         }
-        chart
-            .configure_series_labels()
-            .position(SeriesLabelPosition::LowerRight)
-            .background_style(WHITE.mix(0.85))
-            .border_style(BLACK)
-            .label_font(("sans-serif", 14))
-            .draw()?;
         root.present()?;
     }
     Ok(svg)
+}
+
+/// The legend of `lines` in `area`, two entries a row, in the lines' colours.
+fn legend(area: &DrawingArea<SVGBackend<'_>, Shift>, lines: &[Line]) -> anyhow::Result<()> {
+    let (width, _) = area.dim_in_pixel();
+    let column = i32::try_from(width / 2).unwrap_or(i32::MAX);
+    let font =
+        TextStyle::from(("sans-serif", 14).into_font()).pos(Pos::new(HPos::Left, VPos::Center));
+    for (i, line) in lines.iter().enumerate() {
+        let (row, col) = (
+            i32::try_from(i / 2).unwrap_or(i32::MAX),
+            i32::try_from(i % 2).unwrap_or(0),
+        );
+        let (x, y) = (75 + col * column, 12 + row * 22);
+        area.draw(&PathElement::new(vec![(x, y), (x + 28, y)], style(i)))?;
+        area.draw(&Text::new(line.label.clone(), (x + 36, y), font.clone()))?;
+    }
+    Ok(())
 }
 
 /// A timeline (see [`Timeline`]).
@@ -331,65 +359,90 @@ pub(crate) fn timeline(t: &Timeline) -> anyhow::Result<String> {
         let areas = root.split_evenly((t.panels.len().max(1), 1));
         let last = t.panels.len().saturating_sub(1);
         for (i, (area, panel)) in areas.iter().zip(&t.panels).enumerate() {
-            let alarms = t.alarms.as_ref().filter(|_| i == last);
-            draw_panel(area, t, panel, end, alarms)?;
+            draw_panel(area, t, panel, end, (i == 0, i == last))?;
         }
         root.present()?;
     }
     Ok(svg)
 }
 
+/// One panel of `t`. The first carries the labels of spans and markers, the last the time
+/// axis's description and the alarms.
 fn draw_panel(
     area: &DrawingArea<SVGBackend<'_>, Shift>,
     t: &Timeline,
     panel: &Panel,
     end: f64,
-    alarms: Option<&(String, Vec<(f64, f64)>)>,
+    (first, last): (bool, bool),
 ) -> anyhow::Result<()> {
+    let alarms = t.alarms.as_ref().filter(|_| last);
+    let legend_rows = panel.lines.len() + usize::from(alarms.is_some());
+    // Room above the lines for the labels of the first panel and a legend in an upper corner.
+    let headroom = match (first, panel.legend) {
+        (_, Corner::UpperRight) => 1.15 + 0.12 * legend_rows as f64,
+        (true, _) => 1.1 + 0.07 * t.markers.len() as f64,
+        _ => 1.1,
+    };
     let top = panel
         .lines
         .iter()
         .flat_map(|l| l.points.iter().map(|p| p.1))
         .fold(1.0_f64, f64::max)
-        * 1.1;
+        * headroom;
     let mut chart = ChartBuilder::on(area)
         .margin(12)
-        .x_label_area_size(40)
+        .x_label_area_size(if last { 40 } else { 22 })
         .y_label_area_size(60)
         .build_cartesian_2d(0.0..end, 0.0..top)?;
-    chart
-        .configure_mesh()
-        .light_line_style(LIGHT)
-        .x_desc(t.x_desc.as_str())
+    let mut mesh = chart.configure_mesh();
+    mesh.light_line_style(LIGHT)
         .y_desc(panel.y_desc.as_str())
         .x_label_formatter(&|v| format!("{v:.0}"))
         .y_label_formatter(&|v| format!("{v:.0}"))
-        .axis_desc_style(("sans-serif", 15))
-        .draw()?;
+        .axis_desc_style(("sans-serif", 15));
+    if last {
+        mesh.x_desc(t.x_desc.as_str());
+    }
+    mesh.draw()?;
     let label_font = ("sans-serif", 13).into_font();
     for span in &t.spans {
         chart.draw_series(std::iter::once(Rectangle::new(
-            [(span.from, 0.0), (span.to.max(span.from + end / 400.0), top)],
+            [
+                (span.from, 0.0),
+                (span.to.max(span.from + end / 400.0), top),
+            ],
             SPAN.mix(0.35).filled(),
         )))?;
-        chart.draw_series(std::iter::once(Text::new(
-            span.label.clone(),
-            (span.from, top * 0.99),
-            label_font.color(&RGBColor(166, 86, 0)),
-        )))?;
+        if first {
+            chart.draw_series(std::iter::once(Text::new(
+                span.label.clone(),
+                (span.from + end * 0.004, top * 0.99),
+                label_font.color(&RGBColor(166, 86, 0)),
+            )))?;
+        }
     }
     for (k, m) in t.markers.iter().enumerate() {
         chart.draw_series(std::iter::once(PathElement::new(
             vec![(m.at, 0.0), (m.at, top)],
             MARKER.stroke_width(1),
         )))?;
-        // Markers close in time get their labels one under the other.
-        #[allow(clippy::cast_precision_loss)]
-        let y = top * (0.97 - 0.07 * k as f64);
+        if !first {
+            continue;
+        }
+        // Markers close in time get their labels one under the other; in the right half of
+        // the plot a label ends at its line, so it is not cut at the edge.
+        let y = top * (0.99 - 0.07 * k as f64);
+        let (x, anchor) = if m.at > end * 0.6 {
+            (m.at - end * 0.004, Pos::new(HPos::Right, VPos::Top))
+        } else {
+            (m.at + end * 0.004, Pos::new(HPos::Left, VPos::Top))
+        };
         chart.draw_series(std::iter::once(Text::new(
-            format!(" {}", m.label),
-            (m.at, y),
-            label_font.color(&MARKER),
+            m.label.clone(),
+            (x, y),
+            TextStyle::from(label_font.clone())
+                .color(&MARKER)
+                .pos(anchor),
         )))?;
     }
     if let Some((label, stretches)) = alarms {
@@ -547,12 +600,27 @@ mod tests {
         assert!(steps.len() <= MAX_POINTS + 2, "{}", steps.len());
         assert_eq!(steps.first(), Some(&(0.0, 0.0)));
         assert_eq!(steps.last(), Some(&(4999.0, 5000.0)));
-        assert!(steps.windows(2).all(|w| w[0].0 <= w[1].0 && w[0].1 <= w[1].1));
+        assert!(
+            steps
+                .windows(2)
+                .all(|w| w[0].0 <= w[1].0 && w[0].1 <= w[1].1)
+        );
         assert_eq!(count_at(&[1.0, 2.0, 2.0, 3.0], 2.0), 3.0);
         assert_eq!(
             cdf_of_buckets(&[(0.5, 1.0), (f64::INFINITY, 2.0)], 2.0),
             vec![(500.0, 0.5)]
         );
+        let trimmed = cdf_of_buckets(
+            &[
+                (0.001, 0.0),
+                (0.002, 0.0),
+                (0.004, 1.0),
+                (0.008, 4.0),
+                (0.016, 4.0),
+            ],
+            4.0,
+        );
+        assert_eq!(trimmed, vec![(2.0, 0.0), (4.0, 0.25), (8.0, 1.0)]);
     }
 
     #[test]
