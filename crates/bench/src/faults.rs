@@ -454,7 +454,7 @@ fn timeline(
     origin: Instant,
     outcomes: &[Outcome],
 ) -> anyhow::Result<String> {
-    use crate::plot::{Span, Timeline, burst_panels};
+    use crate::plot::{Marker, Span, Timeline, burst_panels};
     let at = |t: &Instant| t.saturating_duration_since(origin).as_secs_f64();
     let (panels, history) = with(seen, |s| {
         let since = |m: &BTreeMap<String, Instant>| m.values().map(at).collect::<Vec<f64>>();
@@ -467,14 +467,24 @@ fn timeline(
             s.node_history.clone(),
         )
     })?;
-    let spans = outcomes
-        .iter()
-        .map(|o| Span {
-            label: o.fault.to_owned(),
-            from: at(&o.lasted.0),
-            to: at(&o.lasted.1),
-        })
-        .collect();
+    // A fault that lasts (a stop, a cut, errors) is shaded; a kill, over as soon as the
+    // process serves again, is a line.
+    let (mut spans, mut markers) = (Vec::new(), Vec::new());
+    for o in outcomes {
+        let (from, to) = (at(&o.lasted.0), at(&o.lasted.1));
+        if o.fault_seconds >= 5.0 {
+            spans.push(Span {
+                label: o.fault.to_owned(),
+                from,
+                to,
+            });
+        } else {
+            markers.push(Marker {
+                label: format!("{} ({:.1} s)", o.fault, o.fault_seconds),
+                at: from,
+            });
+        }
+    }
     // Stretches between a change to unhealthy and the next change back (or the end).
     let mut unhealthy = Vec::new();
     let mut open: Option<f64> = None;
@@ -496,7 +506,7 @@ fn timeline(
         x_desc: "seconds since the first burst began".into(),
         panels,
         spans,
-        markers: Vec::new(),
+        markers,
         alarms: Some((
             "node not Ready, lower cluster unreachable or tainted".into(),
             unhealthy,

@@ -293,7 +293,7 @@ pub(crate) fn latency_cdf(title: &str, lines: &[Line]) -> anyhow::Result<String>
         chart
             .configure_mesh()
             .light_line_style(LIGHT)
-            .x_desc("latency (ms, logarithmic)")
+            .x_desc("latency (ms, logarithmic; samples of 0 at the left edge)")
             .y_desc("share at or below (%)")
             .x_label_formatter(&ms_label)
             .y_label_formatter(&|v| format!("{v:.0}"))
@@ -377,10 +377,13 @@ fn draw_panel(
 ) -> anyhow::Result<()> {
     let alarms = t.alarms.as_ref().filter(|_| last);
     let legend_rows = panel.lines.len() + usize::from(alarms.is_some());
+    // Rows of labels at the top of the first panel: the spans' two, then one per marker.
+    let span_rows = if t.spans.is_empty() { 0 } else { 2 };
+    let label_rows = span_rows + t.markers.len();
     // Room above the lines for the labels of the first panel and a legend in an upper corner.
     let headroom = match (first, panel.legend) {
         (_, Corner::UpperRight) => 1.15 + 0.12 * legend_rows as f64,
-        (true, _) => 1.1 + 0.07 * t.markers.len() as f64,
+        (true, _) => 1.1 + 0.07 * label_rows as f64,
         _ => 1.1,
     };
     let top = panel
@@ -405,7 +408,7 @@ fn draw_panel(
     }
     mesh.draw()?;
     let label_font = ("sans-serif", 13).into_font();
-    for span in &t.spans {
+    for (k, span) in t.spans.iter().enumerate() {
         chart.draw_series(std::iter::once(Rectangle::new(
             [
                 (span.from, 0.0),
@@ -414,10 +417,20 @@ fn draw_panel(
             SPAN.mix(0.35).filled(),
         )))?;
         if first {
+            // Neighbours' labels on alternate rows; in the right half a label ends where its
+            // span does, so it is not cut at the edge.
+            let y = top * (0.99 - 0.07 * (k % 2) as f64);
+            let (x, anchor) = if span.from > end * 0.6 {
+                (span.to - end * 0.004, Pos::new(HPos::Right, VPos::Top))
+            } else {
+                (span.from + end * 0.004, Pos::new(HPos::Left, VPos::Top))
+            };
             chart.draw_series(std::iter::once(Text::new(
                 span.label.clone(),
-                (span.from + end * 0.004, top * 0.99),
-                label_font.color(&RGBColor(166, 86, 0)),
+                (x, y),
+                TextStyle::from(label_font.clone())
+                    .color(&RGBColor(166, 86, 0))
+                    .pos(anchor),
             )))?;
         }
     }
@@ -431,7 +444,7 @@ fn draw_panel(
         }
         // Markers close in time get their labels one under the other; in the right half of
         // the plot a label ends at its line, so it is not cut at the edge.
-        let y = top * (0.99 - 0.07 * k as f64);
+        let y = top * (0.99 - 0.07 * (span_rows + k) as f64);
         let (x, anchor) = if m.at > end * 0.6 {
             (m.at - end * 0.004, Pos::new(HPos::Right, VPos::Top))
         } else {
@@ -517,7 +530,7 @@ mod tests {
         let t = texts(&svg);
         for want in [
             "Offload: 200 pods",
-            "latency (ms, logarithmic)",
+            "latency (ms, logarithmic;",
             "share at or below (%)",
             "bound -> lower created",
             "queue_wait (inside the node)",
