@@ -247,6 +247,16 @@ fn style(i: usize) -> ShapeStyle {
     COLOURS[i % COLOURS.len()].stroke_width(2)
 }
 
+/// A label on a linear axis: whole numbers as such, others to a tenth (a run of a few seconds
+/// has ticks every half second).
+fn tick(v: &f64) -> String {
+    if (v - v.round()).abs() < 1e-9 {
+        format!("{v:.0}")
+    } else {
+        format!("{v:.1}")
+    }
+}
+
 /// A milliseconds label on a logarithmic axis: no trailing zeros.
 fn ms_label(v: &f64) -> String {
     if *v >= 1.0 {
@@ -400,8 +410,8 @@ fn draw_panel(
     let mut mesh = chart.configure_mesh();
     mesh.light_line_style(LIGHT)
         .y_desc(panel.y_desc.as_str())
-        .x_label_formatter(&|v| format!("{v:.0}"))
-        .y_label_formatter(&|v| format!("{v:.0}"))
+        .x_label_formatter(&tick)
+        .y_label_formatter(&tick)
         .axis_desc_style(("sans-serif", 15));
     if last {
         mesh.x_desc(t.x_desc.as_str());
@@ -619,6 +629,10 @@ mod tests {
                 .all(|w| w[0].0 <= w[1].0 && w[0].1 <= w[1].1)
         );
         assert_eq!(count_at(&[1.0, 2.0, 2.0, 3.0], 2.0), 3.0);
+        assert_eq!(
+            (tick(&2.0), tick(&2.5), tick(&0.1)),
+            ("2".into(), "2.5".into(), "0.1".into())
+        );
         assert_eq!(
             cdf_of_buckets(&[(0.5, 1.0), (f64::INFINITY, 2.0)], 2.0),
             vec![(500.0, 0.5)]
