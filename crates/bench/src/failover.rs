@@ -21,6 +21,7 @@ use kube::api::{Api, PostParams};
 use kube::runtime::watcher;
 use tensile_testenv::TestEnv;
 
+use crate::plot::{Marker, Timeline};
 use crate::support::{
     NODE, burst_clusters, burst_pod, free_port, replica, spawn_watch, wait_for, with,
 };
@@ -44,6 +45,10 @@ pub struct FailoverArgs {
     /// at once with the same flags.
     #[arg(long)]
     restart: bool,
+    /// Write an SVG timeline to this file: the burst's pods created upstairs, downstairs and
+    /// Running, and those not Running yet, around the kill and the takeover.
+    #[arg(long, value_name = "FILE")]
+    plot: Option<PathBuf>,
 }
 
 const LEASE: &str = "tensile-virtual-node-vk";
@@ -58,8 +63,9 @@ struct Seen {
     lower_first_seen: BTreeMap<String, Instant>,
     /// Lower pods of the burst deleted (watch DELETED events).
     lower_deleted: Vec<String>,
-    /// Upper pods Running.
-    upper_running: BTreeSet<String>,
+    /// Upper pods of the burst first seen, and first seen Running.
+    upper_first_seen: BTreeMap<String, Instant>,
+    upper_running: BTreeMap<String, Instant>,
     /// The election Lease's holder, and since when.
     holder: Option<(String, Instant)>,
     /// The Node's kubelet port, and since when.
@@ -115,11 +121,14 @@ fn watch_all(
         Api::<Pod>::namespaced(upper.clone(), "default"),
         move |event| {
             if let watcher::Event::Apply(p) | watcher::Event::InitApply(p) = event
-                && p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
-                && let Some(name) = p.metadata.name
+                && let Some(name) = p.metadata.name.clone()
                 && let Ok(mut s) = s.lock()
             {
-                s.upper_running.insert(name);
+                let now = Instant::now();
+                s.upper_first_seen.entry(name.clone()).or_insert(now);
+                if p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running") {
+                    s.upper_running.entry(name).or_insert(now);
+                }
             }
         },
     ));
@@ -293,7 +302,68 @@ pub async fn run(args: FailoverArgs) -> anyhow::Result<()> {
         "kill -> all {n} upper pods Running {:.2} s",
         all_running.as_secs_f64()
     );
+    if let Some(path) = &args.plot {
+        let at = |after: Option<Duration>| {
+            (killed + after.unwrap_or_default())
+                .saturating_duration_since(start)
+                .as_secs_f64()
+        };
+        let markers = vec![
+            Marker {
+                label: "leader killed".into(),
+                at: at(Some(Duration::ZERO)),
+            },
+            Marker {
+                label: format!("standby holds the Lease (+{:.1} s)", secs(acquired)),
+                at: at(acquired),
+            },
+            Marker {
+                label: format!("its first write (+{:.1} s)", secs(first_write)),
+                at: at(first_write),
+            },
+        ];
+        let title = format!(
+            "tensile bench failover: {n} pods, two replicas with --leader-elect ({}, {} build)",
+            backend_short(),
+            crate::plot::build()
+        );
+        write_plot(path, title, &seen, start, markers)?;
+    }
     lower.check(n)
+}
+
+/// Writes the timeline of `--plot`: the burst's pods from `start` on, with `markers`.
+fn write_plot(
+    path: &std::path::Path,
+    title: String,
+    seen: &Shared,
+    start: Instant,
+    markers: Vec<Marker>,
+) -> anyhow::Result<()> {
+    let since = |m: &BTreeMap<String, Instant>| -> Vec<f64> {
+        m.iter()
+            .filter(|(name, _)| name.starts_with("burst-"))
+            .map(|(_, t)| t.saturating_duration_since(start).as_secs_f64())
+            .collect()
+    };
+    let panels = with(seen, |s| {
+        crate::plot::burst_panels(
+            &since(&s.upper_first_seen),
+            &since(&s.lower_first_seen),
+            &since(&s.upper_running),
+        )
+    })?;
+    let svg = crate::plot::timeline(&Timeline {
+        title,
+        x_desc: "seconds since the burst began".into(),
+        panels,
+        spans: Vec::new(),
+        markers,
+        alarms: None,
+    })?;
+    crate::plot::write(path, &svg)?;
+    println!("timeline written to {}", path.display());
+    Ok(())
 }
 
 /// The burst's lower pods at the end: listed now, and what the watch saw.
@@ -472,7 +542,49 @@ async fn run_restart(args: FailoverArgs) -> anyhow::Result<()> {
         "restart -> all {n} upper pods Running {:.2} s",
         all_running.as_secs_f64()
     );
+    if let Some(path) = &args.plot {
+        let at = |t: Instant| t.saturating_duration_since(start).as_secs_f64();
+        let mut markers = vec![
+            Marker {
+                label: "killed".into(),
+                at: at(killed),
+            },
+            Marker {
+                label: format!(
+                    "restarted (+{:.1} s)",
+                    restarted.saturating_duration_since(killed).as_secs_f64()
+                ),
+                at: at(restarted),
+            },
+        ];
+        for (what, after) in [
+            ("node lease held", lease),
+            ("first lower create", first_create),
+        ] {
+            if let Some(after) = after {
+                markers.push(Marker {
+                    label: format!("{what} (+{:.1} s after the restart)", after.as_secs_f64()),
+                    at: at(restarted + after),
+                });
+            }
+        }
+        let title = format!(
+            "tensile bench failover --restart: {n} pods, one process killed and restarted ({}, {} build)",
+            backend_short(),
+            crate::plot::build()
+        );
+        write_plot(path, title, &seen, start, markers)?;
+    }
     lower.check(n)
+}
+
+/// Which backend the clusters run on, for a plot's title.
+fn backend_short() -> &'static str {
+    if tensile_testenv::real::bin_dir().is_some() {
+        "real control planes"
+    } else {
+        "simulated clusters"
+    }
 }
 
 /// Which backend the clusters run on, for the report.

@@ -63,6 +63,10 @@ pub struct FaultsArgs {
     /// How long to wait for every upper pod of a burst to be Running after its fault ends.
     #[arg(long, default_value = "300s", value_parser = tensile_core::duration::parse_duration)]
     timeout: Duration,
+    /// Write an SVG timeline to this file: the pods created upstairs, downstairs and Running,
+    /// and those not Running yet, each fault shaded and the node's unhealthy stretches marked.
+    #[arg(long, value_name = "FILE")]
+    plot: Option<PathBuf>,
 }
 
 /// A fault of a control plane.
@@ -121,13 +125,18 @@ struct Seen {
     lower_uids: BTreeMap<String, BTreeSet<String>>,
     /// Lower pods deleted (watch DELETED events).
     lower_deleted: Vec<String>,
-    /// Upper pods Running.
-    upper_running: BTreeSet<String>,
+    /// When each lower pod was first seen (for the plot).
+    lower_first_seen: BTreeMap<String, Instant>,
+    /// Upper pods first seen, and first seen Running.
+    upper_first_seen: BTreeMap<String, Instant>,
+    upper_running: BTreeMap<String, Instant>,
     /// Upper pods Failed, or being deleted (an eviction deletes them).
     upper_failed: BTreeSet<String>,
     upper_deleted: BTreeSet<String>,
     /// Whether the node is Ready with its lower cluster reachable and untainted, since when.
     node_healthy: Option<(bool, Instant)>,
+    /// Every change of that (for the plot).
+    node_history: Vec<(bool, Instant)>,
     /// When the node's lower-reachable condition was seen False (or with errors).
     unreachable_seen: Vec<Instant>,
     /// Warning events on the node saying the lower cluster is unreachable or erring.
@@ -180,6 +189,9 @@ fn watch_all(env: &TestEnv, seen: &Shared) -> Vec<tokio::task::JoinHandle<()>> {
             match event {
                 watcher::Event::Apply(p) | watcher::Event::InitApply(p) => {
                     if let (Some(name), Some(uid)) = (p.metadata.name, p.metadata.uid) {
+                        s.lower_first_seen
+                            .entry(name.clone())
+                            .or_insert_with(Instant::now);
                         s.lower_uids.entry(name).or_default().insert(uid);
                     }
                 }
@@ -203,8 +215,10 @@ fn watch_all(env: &TestEnv, seen: &Shared) -> Vec<tokio::task::JoinHandle<()>> {
                         return;
                     };
                     let phase = p.status.as_ref().and_then(|s| s.phase.as_deref());
+                    let now = Instant::now();
+                    s.upper_first_seen.entry(name.clone()).or_insert(now);
                     if phase == Some("Running") {
-                        s.upper_running.insert(name.clone());
+                        s.upper_running.entry(name.clone()).or_insert(now);
                     }
                     if phase == Some("Failed") {
                         s.upper_failed.insert(name.clone());
@@ -237,6 +251,7 @@ fn watch_all(env: &TestEnv, seen: &Shared) -> Vec<tokio::task::JoinHandle<()>> {
         }
         if s.node_healthy.map(|(h, _)| h) != Some(ok) {
             s.node_healthy = Some((ok, Instant::now()));
+            s.node_history.push((ok, Instant::now()));
         }
     }));
     let s = seen.clone();
@@ -295,6 +310,9 @@ struct Outcome {
     /// Errors the error proxy answered (lower-errors only): 429s and 500s.
     injected: Option<(u64, u64)>,
     violations: Vec<String>,
+    /// When the fault began and ended (for the plot).
+    #[serde(skip)]
+    lasted: (Instant, Instant),
 }
 
 pub async fn run(args: FaultsArgs) -> anyhow::Result<()> {
@@ -355,6 +373,7 @@ pub async fn run(args: FaultsArgs) -> anyhow::Result<()> {
         args.outage
     );
     let mut outcomes = Vec::new();
+    let origin = Instant::now();
     for (i, fault) in args.fault.iter().enumerate() {
         let outcome = one_fault(
             &env,
@@ -401,6 +420,19 @@ pub async fn run(args: FaultsArgs) -> anyhow::Result<()> {
         w.abort();
     }
     let _ = node.kill().await;
+    if let Some(path) = &args.plot {
+        let title = format!(
+            "tensile bench faults: {n} pods per fault, one virtual node ({}, {} build)",
+            if real {
+                "real control planes"
+            } else {
+                "simulated clusters"
+            },
+            crate::plot::build()
+        );
+        crate::plot::write(path, &timeline(title, &seen, origin, &outcomes)?)?;
+        println!("timeline written to {}", path.display());
+    }
     let violations: usize = outcomes.iter().map(|o| o.violations.len()).sum();
     println!(
         "{}",
@@ -411,6 +443,75 @@ pub async fn run(args: FaultsArgs) -> anyhow::Result<()> {
         bail!("{violations} violations (see VIOLATION lines)");
     }
     Ok(())
+}
+
+/// The timeline of `--plot`, from `origin` (the first burst) on: the pods of every burst, each
+/// fault shaded, and the stretches in which the node was not Ready, its lower cluster
+/// unreachable or it tainted.
+fn timeline(
+    title: String,
+    seen: &Shared,
+    origin: Instant,
+    outcomes: &[Outcome],
+) -> anyhow::Result<String> {
+    use crate::plot::{Marker, Span, Timeline, burst_panels};
+    let at = |t: &Instant| t.saturating_duration_since(origin).as_secs_f64();
+    let (panels, history) = with(seen, |s| {
+        let since = |m: &BTreeMap<String, Instant>| m.values().map(at).collect::<Vec<f64>>();
+        (
+            burst_panels(
+                &since(&s.upper_first_seen),
+                &since(&s.lower_first_seen),
+                &since(&s.upper_running),
+            ),
+            s.node_history.clone(),
+        )
+    })?;
+    // A fault that lasts (a stop, a cut, errors) is shaded; a kill, over as soon as the
+    // process serves again, is a line.
+    let (mut spans, mut markers) = (Vec::new(), Vec::new());
+    for o in outcomes {
+        let (from, to) = (at(&o.lasted.0), at(&o.lasted.1));
+        if o.fault_seconds >= 5.0 {
+            spans.push(Span {
+                label: o.fault.to_owned(),
+                from,
+                to,
+            });
+        } else {
+            markers.push(Marker {
+                label: format!("{} ({:.1} s)", o.fault, o.fault_seconds),
+                at: from,
+            });
+        }
+    }
+    // Stretches between a change to unhealthy and the next change back (or the end).
+    let mut unhealthy = Vec::new();
+    let mut open: Option<f64> = None;
+    for (ok, t) in &history {
+        match (ok, open) {
+            (false, None) => open = Some(at(t)),
+            (true, Some(from)) => {
+                unhealthy.push((from, at(t)));
+                open = None;
+            }
+            _ => {}
+        }
+    }
+    if let Some(from) = open {
+        unhealthy.push((from, at(&Instant::now())));
+    }
+    crate::plot::timeline(&Timeline {
+        title,
+        x_desc: "seconds since the first burst began".into(),
+        panels,
+        spans,
+        markers,
+        alarms: Some((
+            "node not Ready, lower cluster unreachable or tainted".into(),
+            unhealthy,
+        )),
+    })
 }
 
 /// One fault in the middle of its own burst.
@@ -443,7 +544,9 @@ async fn one_fault(
     )
     .await
     {
-        let (watched, seen_running) = with(seen, |s| (lower_count(s), s.upper_running.clone()))?;
+        let (watched, seen_running) = with(seen, |s| {
+            (lower_count(s), s.upper_running.keys().cloned().collect())
+        })?;
         let detail = not_running(env, &prefix, &seen_running).await;
         bail!(
             "{e:#}\nthe benchmark's lower watch saw {watched} lower pods of the burst\n{detail}\nthe node's log: {}",
@@ -523,7 +626,7 @@ async fn one_fault(
     if failures > 0 {
         bail!("{failures} pod creations failed upstairs");
     }
-    let upper_running = |s: &Seen| s.upper_running.iter().filter(|k| ours(k)).count();
+    let upper_running = |s: &Seen| s.upper_running.keys().filter(|k| ours(k)).count();
     if let Err(e) = wait_for(
         &format!("all {n} upper pods Running after {}", fault.name()),
         args.timeout.as_secs(),
@@ -534,7 +637,7 @@ async fn one_fault(
     {
         // Which pods, as the API servers have them now (not as the watches saw them), and
         // where the node's log is: what a stall needs to be understood.
-        let seen_running = with(seen, |s| s.upper_running.clone())?;
+        let seen_running = with(seen, |s| s.upper_running.keys().cloned().collect())?;
         let detail = not_running(env, &prefix, &seen_running).await;
         bail!("{e:#}\n{detail}\nthe node's log: {}", log.display());
     }
@@ -598,6 +701,7 @@ async fn one_fault(
             evictions: s.evictions.iter().filter(|k| ours(k)).cloned().collect(),
             injected,
             violations: Vec::new(),
+            lasted: (began, ended),
         }
     })?;
     let watched = with(seen, |s| lower_count(s))?;

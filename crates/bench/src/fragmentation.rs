@@ -68,6 +68,10 @@ pub struct FragmentationArgs {
     /// at 50 a second: a tuned run, to see what each mode does past that limit.
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
     scheduler_qps: Option<u32>,
+    /// Write an SVG plot to this file: per mode, the burst's pods Running and bound upstairs
+    /// over time (the slope of the second is the binding rate).
+    #[arg(long, value_name = "FILE")]
+    plot: Option<std::path::PathBuf>,
 }
 
 /// One lower cluster: `count` nodes of `cpu` each (their free room; memory is plentiful).
@@ -223,6 +227,12 @@ struct Outcome {
     /// Seconds to create the pods downstairs, and until they all ran.
     fill_created_s: f64,
     fill_running_s: f64,
+    /// Seconds from the first create at which each pod was first seen Running, and bound
+    /// (for the plot).
+    #[serde(skip)]
+    running_at_s: Vec<f64>,
+    #[serde(skip)]
+    bound_at_s: Vec<f64>,
 }
 
 fn watch_pods(client: kube::Client, seen: Arc<Mutex<Observed>>) -> tokio::task::JoinHandle<()> {
@@ -602,6 +612,16 @@ async fn run_mode(mode: &str, args: &FragmentationArgs) -> anyhow::Result<Outcom
                 - nodes_cpu_at_start,
             fill_created_s: filled.as_secs_f64(),
             fill_running_s: settled.as_secs_f64(),
+            running_at_s: seen
+                .running
+                .values()
+                .map(|t| t.duration_since(started).as_secs_f64())
+                .collect(),
+            bound_at_s: seen
+                .bound
+                .values()
+                .map(|t| t.duration_since(started).as_secs_f64())
+                .collect(),
         }
     };
     sandbox.stop().await;
@@ -671,11 +691,69 @@ pub async fn run(args: FragmentationArgs) -> anyhow::Result<()> {
         );
         outcomes.push(o);
     }
+    if let Some(path) = &args.plot {
+        crate::plot::write(path, &modes_plot(&args, nodes, &outcomes)?)?;
+        println!("plot of the runs written to {}", path.display());
+    }
     println!(
         "{}",
         serde_json::to_string(&json!({"runs": outcomes, "scheduler_qps": args.scheduler_qps}))?
     );
     Ok(())
+}
+
+/// The plot of `--plot`: per mode, the burst's pods Running and bound over time.
+fn modes_plot(
+    args: &FragmentationArgs,
+    nodes: usize,
+    outcomes: &[Outcome],
+) -> anyhow::Result<String> {
+    use crate::plot::{Corner, Line, Marker, Panel, Timeline, cumulative};
+    let total = outcomes.first().map_or(0, |o| o.total);
+    let running = outcomes
+        .iter()
+        .map(|o| Line::new(o.mode.clone(), cumulative(&o.running_at_s)))
+        .collect();
+    let bound = outcomes
+        .iter()
+        .map(|o| {
+            Line::new(
+                format!("{}: {:.0} bound/s", o.mode, o.bound_per_s),
+                cumulative(&o.bound_at_s),
+            )
+        })
+        .collect();
+    crate::plot::timeline(&Timeline {
+        title: format!(
+            "tensile bench fragmentation: {total} pods, {} lower clusters, {nodes} nodes ({}, {} build)",
+            args.lower_clusters,
+            if tensile_testenv::real::bin_dir().is_some() {
+                "real control planes"
+            } else {
+                "simulated"
+            },
+            crate::plot::build()
+        ),
+        x_desc: "seconds since the burst was created".into(),
+        panels: vec![
+            Panel {
+                y_desc: "pods Running".into(),
+                lines: running,
+                legend: Corner::LowerRight,
+            },
+            Panel {
+                y_desc: "pods bound upstairs".into(),
+                lines: bound,
+                legend: Corner::LowerRight,
+            },
+        ],
+        spans: Vec::new(),
+        markers: vec![Marker {
+            label: format!("window ({} s)", args.window),
+            at: args.window as f64,
+        }],
+        alarms: None,
+    })
 }
 
 #[cfg(test)]

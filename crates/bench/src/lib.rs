@@ -19,6 +19,7 @@ mod faults;
 mod fragmentation;
 mod hostile;
 mod offload;
+mod plot;
 mod real_offload;
 pub mod sandbox;
 mod support;

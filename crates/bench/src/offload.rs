@@ -18,9 +18,10 @@ use kube::api::{Api, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use serde_json::json;
 
+use crate::plot;
 use crate::support::{
-    NODE, Samples, burst_clusters, burst_pod, cpu_seconds, free_port, histogram_quantile, http_get,
-    memory_mib, parse_metrics, pct,
+    NODE, Samples, burst_clusters, burst_pod, cpu_seconds, free_port, histogram_buckets,
+    histogram_quantile, http_get, memory_mib, parse_metrics, pct,
 };
 
 /// Flags of `tensile bench offload`.
@@ -55,6 +56,10 @@ pub struct OffloadArgs {
     /// waits for a lower copy, which measures what copies add to a pod's creation.
     #[arg(long)]
     config_maps: bool,
+    /// Write an SVG plot of each stage's latency distribution to this file: the two stages
+    /// seen from outside (one sample per pod) and the node's own stages (its histograms).
+    #[arg(long, value_name = "FILE")]
+    plot: Option<std::path::PathBuf>,
 }
 
 type Times = Arc<Mutex<HashMap<String, Instant>>>;
@@ -169,6 +174,52 @@ fn ratio(stage_p99: Duration, server_p99: Option<f64>) -> Option<f64> {
 /// Milliseconds for the JSON line: a number, or null when not measured.
 fn ms_json(seconds: Option<f64>) -> serde_json::Value {
     seconds.map_or(serde_json::Value::Null, |s| json!((s * 1e4).round() / 10.0))
+}
+
+/// The plot of `--plot`: each stage's latency distribution, the two seen from outside from
+/// their samples, the node's own from its `tensile_pod_sync_seconds` buckets.
+fn stages_plot(
+    n: usize,
+    down: &[Duration],
+    up: &[Duration],
+    node: &Samples,
+) -> anyhow::Result<String> {
+    let mut lines = vec![
+        plot::Line::new(
+            "upper pod bound -> lower pod created (outside, per pod)",
+            plot::cdf(down),
+        ),
+        plot::Line::new(
+            "lower pod Running -> upper pod Running (outside, per pod)",
+            plot::cdf(up),
+        ),
+    ];
+    for stage in [
+        "queue_wait",
+        "reconcile",
+        "upper_tokens",
+        "lower_pod_create",
+        "upper_status",
+    ] {
+        let buckets = histogram_buckets(node, "tensile_pod_sync_seconds", &[("stage", stage)]);
+        let total = buckets.last().map_or(0.0, |b| b.1);
+        lines.push(plot::Line::new(
+            format!("{stage} (inside the node)"),
+            plot::cdf_of_buckets(&buckets, total),
+        ));
+    }
+    let backend = if tensile_testenv::real::bin_dir().is_some() {
+        "real control planes"
+    } else {
+        "simulated clusters"
+    };
+    plot::latency_cdf(
+        &format!(
+            "tensile bench offload: {n} pods through one virtual node ({backend}, {} build)",
+            plot::build()
+        ),
+        &lines,
+    )
 }
 
 pub async fn run(args: OffloadArgs) -> anyhow::Result<()> {
@@ -652,6 +703,10 @@ pub async fn run(args: OffloadArgs) -> anyhow::Result<()> {
         }
     };
     let duration_ms = |d: Duration| ms_json(Some(d.as_secs_f64()));
+    if let Some(path) = &args.plot {
+        plot::write(path, &stages_plot(n, &down, &up, &after)?)?;
+        println!("plot of the stages' latency written to {}", path.display());
+    }
     // One JSON object, last, for scripts.
     println!(
         "{}",

@@ -325,14 +325,13 @@ pub(crate) fn parse_metrics(text: &str) -> Samples {
     out
 }
 
-/// A quantile of a Prometheus histogram (linear within the bucket, as `histogram_quantile`),
-/// over the series whose labels include `labels` (their buckets summed).
-pub(crate) fn histogram_quantile(
+/// The buckets of a Prometheus histogram over the series whose labels include `labels` (their
+/// buckets summed): (upper bound, count at or below), ascending, `+Inf` last as infinity.
+pub(crate) fn histogram_buckets(
     samples: &Samples,
     name: &str,
     labels: &[(&str, &str)],
-    q: f64,
-) -> Option<f64> {
+) -> Vec<(f64, f64)> {
     let mut by_le: BTreeMap<String, (f64, f64)> = BTreeMap::new();
     for ((n, l), v) in samples {
         if n != &format!("{name}_bucket")
@@ -354,6 +353,18 @@ pub(crate) fn histogram_quantile(
     }
     let mut buckets: Vec<(f64, f64)> = by_le.into_values().collect();
     buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
+    buckets
+}
+
+/// A quantile of a Prometheus histogram (linear within the bucket, as `histogram_quantile`),
+/// over the series whose labels include `labels` (their buckets summed).
+pub(crate) fn histogram_quantile(
+    samples: &Samples,
+    name: &str,
+    labels: &[(&str, &str)],
+    q: f64,
+) -> Option<f64> {
+    let buckets = histogram_buckets(samples, name, labels);
     let total = buckets.last()?.1;
     if total <= 0.0 {
         return None;
