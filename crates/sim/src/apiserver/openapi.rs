@@ -64,14 +64,16 @@ fn document_path(group: &str, version: &str) -> String {
     }
 }
 
-/// The documents, each built when first asked for.
-static DOCUMENTS: LazyLock<Vec<((&'static str, &'static str), OnceLock<Bytes>)>> =
-    LazyLock::new(|| {
-        group_versions()
-            .into_iter()
-            .map(|gv| (gv, OnceLock::new()))
-            .collect()
-    });
+/// A group-version and its serialized document, built when first asked for.
+type Document = ((&'static str, &'static str), OnceLock<Bytes>);
+
+/// The documents.
+static DOCUMENTS: LazyLock<Vec<Document>> = LazyLock::new(|| {
+    group_versions()
+        .into_iter()
+        .map(|gv| (gv, OnceLock::new()))
+        .collect()
+});
 
 /// A group-version's document, serialized; `None` for a group-version not served.
 fn cached(group: &str, version: &str) -> Option<Bytes> {
@@ -232,15 +234,17 @@ fn schemas(rows: &[&ResourceType]) -> Map<String, Value> {
         // A kind served at a newer version than its type's (GA in 1.34, decoded as the
         // 1.33 type) goes under the name of the version served.
         let served = served_name(r);
-        if name.starts_with("io.k8s.api.") && name != served && !schemas.contains_key(&served) {
-            if let Some(schema) = schemas.remove(&name) {
-                schemas.insert(served.clone(), schema);
-                let (from, to) = (format!("{SCHEMAS}{name}"), format!("{SCHEMAS}{served}"));
-                for schema in schemas.values_mut() {
-                    rename_refs(schema, &from, &to);
-                }
-                name = served;
+        if name.starts_with("io.k8s.api.")
+            && name != served
+            && !schemas.contains_key(&served)
+            && let Some(schema) = schemas.remove(&name)
+        {
+            schemas.insert(served.clone(), schema);
+            let (from, to) = (format!("{SCHEMAS}{name}"), format!("{SCHEMAS}{served}"));
+            for schema in schemas.values_mut() {
+                rename_refs(schema, &from, &to);
             }
+            name = served;
         }
         if let Some(Value::Object(schema)) = schemas.get_mut(&name) {
             // k8s-openapi's kinds list `metadata` as required (their field is no Option); a
