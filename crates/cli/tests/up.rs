@@ -302,6 +302,62 @@ fn tensile_up_then_the_tour_offloads_a_deployment_with_logs_and_exec_and_stops_o
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// The sandbox runs no horizontal pod autoscaler (docs/sim.md): an HPA made as users make
+/// one, `kubectl autoscale` (sent as protobuf), is stored, and `kubectl describe` says why it
+/// never scales and where one does. Its fields are documented like any kind's.
+#[test]
+fn tensile_up_says_in_kubectl_describe_why_an_autoscaler_never_scales() {
+    let dir = temp_dir("up-hpa");
+    let kc = dir.join("kubeconfig");
+    let (up, out) = start_up(&["--port", "0", "--lower-clusters", "1", "--no-table"], &kc);
+    until("tensile up to be ready", || text(&out).contains("ready in"));
+    let ok = |args: &[&str]| {
+        let (ok, out, err) = kubectl(&kc, args);
+        assert!(ok, "kubectl {args:?}: {err}");
+        out.split_whitespace().collect::<Vec<_>>().join(" ")
+    };
+    ok(&[
+        "create",
+        "deployment",
+        "web",
+        "--image=nginx",
+        "--replicas=2",
+    ]);
+    let made = ok(&[
+        "autoscale",
+        "deployment",
+        "web",
+        "--cpu-percent=60",
+        "--min=1",
+        "--max=4",
+    ]);
+    assert_eq!(made, "horizontalpodautoscaler.autoscaling/web autoscaled");
+    let described = ok(&["describe", "hpa", "web"]);
+    for shown in [
+        "Reference: Deployment/web",
+        "resource cpu on pods (as a percentage of request): <unknown> / 60%",
+        "Min replicas: 1 Max replicas: 4",
+        "Conditions: Type Status Reason Message ---- ------ ------ ------- \
+         ScalingActive False NoAutoscaler the simulated control plane of the sandbox runs no \
+         horizontal pod autoscaler: nothing reads this HPA's metrics or scales its target",
+        "On real control planes (`tensile up --k8s-bin DIR`), kube-controller-manager's \
+         autoscaler scales from the metrics `kubectl top` shows",
+    ] {
+        assert!(
+            described.contains(shown),
+            "`{shown}` missing from:\n{described}"
+        );
+    }
+    let metrics = ok(&["explain", "hpa.spec.metrics"]);
+    assert!(
+        metrics.contains("FIELD: metrics <[]MetricSpec>")
+            && metrics.contains("resource <ResourceMetricSource>"),
+        "{metrics}"
+    );
+    drop(up);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 #[test]
 fn a_taken_port_or_an_unwritable_kubeconfig_is_a_clear_error() {
     let dir = temp_dir("up-errors");

@@ -695,3 +695,27 @@ handler: runsc
     c.ok(&["delete", "-f", m]);
     assert!(!c.run(&["get", "hpa", "web"]).status.success());
 }
+
+/// `kubectl explain` of every kind served, as kubectl finds it: the kind of the resource's
+/// operations in its group-version's OpenAPI v3 document, then the schema carrying that kind,
+/// with its description and fields.
+#[test]
+fn kubectl_explains_every_kind_served() {
+    use tensile_sim::apiserver::resources::RESOURCES;
+    let c = Cluster::start();
+    for r in RESOURCES {
+        let api_version = format!("--api-version={}", r.api_version());
+        let out = c.ok(&["explain", r.plural, &api_version]);
+        let words = out.split_whitespace().collect::<Vec<_>>().join(" ");
+        assert!(
+            words.contains(&format!("KIND: {} VERSION: {}", r.kind, r.version))
+                && words.contains("DESCRIPTION:")
+                && !words.contains("DESCRIPTION: <empty>")
+                && words.contains("FIELDS:")
+                && words.contains("apiVersion <string>")
+                && words.contains("metadata <ObjectMeta>"),
+            "kubectl explain {} {api_version}:\n{out}",
+            r.plural
+        );
+    }
+}

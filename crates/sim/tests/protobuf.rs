@@ -7,6 +7,7 @@
 use std::collections::BTreeMap;
 
 use k8s_pb::api::apps::v1 as apps;
+use k8s_pb::api::autoscaling::v2 as autoscaling;
 use k8s_pb::api::batch::v1 as batch;
 use k8s_pb::api::core::v1 as core;
 use k8s_pb::apimachinery::pkg::api::resource::Quantity;
@@ -291,6 +292,59 @@ fn deployment_like_kubectl_create_deployment() {
                 },
             },
             "status": {},
+        })
+    );
+}
+
+#[test]
+fn autoscaler_like_kubectl_autoscale() {
+    // kubectl autoscale deployment web --cpu-percent=60 --min=1 --max=4: Go writes the
+    // non-pointer fields (the status' replica counts, empty strings) and leaves the metric
+    // sources it did not set out.
+    let hpa = autoscaling::HorizontalPodAutoscaler {
+        metadata: Some(go_meta("web", &[])),
+        spec: Some(autoscaling::HorizontalPodAutoscalerSpec {
+            scale_target_ref: Some(autoscaling::CrossVersionObjectReference {
+                kind: s("Deployment"),
+                name: s("web"),
+                api_version: s("apps/v1"),
+            }),
+            min_replicas: Some(1),
+            max_replicas: Some(4),
+            metrics: vec![autoscaling::MetricSpec {
+                r#type: s("Resource"),
+                resource: Some(autoscaling::ResourceMetricSource {
+                    name: s("cpu"),
+                    target: Some(autoscaling::MetricTarget {
+                        r#type: s("Utilization"),
+                        average_utilization: Some(60),
+                        ..Default::default()
+                    }),
+                }),
+                ..Default::default()
+            }],
+            behavior: None,
+        }),
+        status: Some(autoscaling::HorizontalPodAutoscalerStatus {
+            current_replicas: Some(0),
+            desired_replicas: Some(0),
+            ..Default::default()
+        }),
+    };
+    assert_eq!(
+        decode(&encode("autoscaling/v2", "HorizontalPodAutoscaler", &hpa)),
+        json!({
+            "apiVersion": "autoscaling/v2",
+            "kind": "HorizontalPodAutoscaler",
+            "metadata": {"name": "web", "creationTimestamp": null},
+            "spec": {
+                "scaleTargetRef": {"kind": "Deployment", "name": "web", "apiVersion": "apps/v1"},
+                "minReplicas": 1,
+                "maxReplicas": 4,
+                "metrics": [{"type": "Resource", "resource": {"name": "cpu",
+                    "target": {"type": "Utilization", "averageUtilization": 60}}}],
+            },
+            "status": {"desiredReplicas": 0},
         })
     );
 }

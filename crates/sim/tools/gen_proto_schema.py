@@ -21,10 +21,12 @@ Usage:
     python3 crates/sim/tools/gen_proto_schema.py            # write proto_schema.rs
     python3 crates/sim/tools/gen_proto_schema.py --check    # exit 1 if it is out of date
     python3 crates/sim/tools/gen_proto_schema.py extract-go --api DIR --apimachinery DIR \\
-        --label v0.33.13                                    # rewrite k8s_go_fields.tsv
+        --label v0.33.2                                     # rewrite k8s_go_fields.tsv
 
-The Go facts were extracted from k8s.io/api and k8s.io/apimachinery at tag v0.33.13 (the API
-surface k8s-openapi's v1_33 describes): check both out at that tag and pass their roots.
+The Go facts were extracted from k8s.io/api and k8s.io/apimachinery at tag v0.33.2 (the API
+surface k8s-openapi's v1_33 describes; v0.33.13 gives the same facts, API types do not change
+within a minor): check both out at that tag (or take them from Go's module cache) and pass
+their roots.
 Regenerating proto_schema.rs needs only the cargo registry (`cargo fetch`) and the facts file.
 """
 
@@ -52,7 +54,7 @@ OPENAPI_VERSIONS = ["v1_33", "v1_34", "v1_35", "v1_36", "v1_37"]
 API_PACKAGES = [
     "core/v1", "apps/v1", "batch/v1", "discovery/v1", "events/v1", "coordination/v1",
     "storage/v1", "scheduling/v1", "policy/v1", "admissionregistration/v1",
-    "authentication/v1", "authorization/v1", "rbac/v1", "autoscaling/v1",
+    "authentication/v1", "authorization/v1", "rbac/v1", "autoscaling/v1", "autoscaling/v2",
 ]
 MACHINERY_PACKAGES = ["pkg/apis/meta/v1", "pkg/runtime", "pkg/api/resource", "pkg/util/intstr"]
 
@@ -73,6 +75,7 @@ ROOT_KINDS = {
     ("scheduling.k8s.io/v1", "PriorityClass"), ("authentication.k8s.io/v1", "TokenRequest"),
     ("authentication.k8s.io/v1", "SelfSubjectReview"),
     ("authorization.k8s.io/v1", "SelfSubjectAccessReview"), ("autoscaling/v1", "Scale"),
+    ("autoscaling/v2", "HorizontalPodAutoscaler"),
 }
 ALWAYS = ["k8s.io.apimachinery.pkg.apis.meta.v1.DeleteOptions"]
 

@@ -19,7 +19,7 @@ use tokio_util::sync::CancellationToken;
 use super::errors::ApiError;
 use super::rbac::{self, Action, Denial};
 use super::request::{Route, route};
-use super::{State, UserInfo, discovery, rest};
+use super::{State, UserInfo, discovery, openapi, rest};
 
 /// Response bodies: whole JSON documents or streams (watches, logs, proxied upgrades).
 pub type Body = UnsyncBoxBody<Bytes, std::io::Error>;
@@ -159,7 +159,7 @@ async fn handle(
         Route::Groups => discovery::groups(req.headers()),
         Route::Group(group) => discovery::group(&group),
         Route::ResourceList { group, version } => discovery::resource_list(&group, &version),
-        Route::OpenApi(path) => discovery::openapi(&path, req.headers()),
+        Route::OpenApi(path) => openapi::openapi(&path, req.headers()),
         Route::Resource(r) => rest::dispatch(state, req, r, user).await,
         Route::NotFound => error_response(&ApiError::no_route()),
     }

@@ -17,6 +17,7 @@ use super::kinds::review::Review;
 use super::kinds::service::Services;
 use super::kinds::volume::{PersistentVolumeClaims, PersistentVolumes};
 use super::kinds::workload::{Autoscaler, Workload};
+use super::schemas::{self, SchemaFn, schema_of};
 use super::strategy::{Generational, Plain, Strategy};
 use super::table::{self as print, Printer};
 use k8s_openapi::api::{
@@ -62,6 +63,8 @@ pub struct ResourceType {
     pub(crate) strategy: &'static dyn Strategy,
     /// How objects print as a Table.
     pub(crate) print: &'static Printer,
+    /// Its JSON schema, for the OpenAPI v3 documents (`kubectl explain`).
+    pub schema: SchemaFn,
 }
 
 impl ResourceType {
@@ -166,6 +169,7 @@ macro_rules! row {
             normalize: row!(@decode $ty $(, $decode)?),
             strategy: row!(@strategy $($strategy)?),
             print: row!(@print $($print)?),
+            schema: schema_of::<$ty>,
         }
     };
 }
@@ -349,6 +353,7 @@ pub static RESOURCES: &[ResourceType] = &[
         normalize: untyped,
         strategy: &Plain,
         print: &print::DEFAULT,
+        schema: schema_of::<schemas::PodMetrics>,
     },
     ResourceType {
         group: "metrics.k8s.io",
@@ -366,6 +371,7 @@ pub static RESOURCES: &[ResourceType] = &[
         normalize: untyped,
         strategy: &Plain,
         print: &print::DEFAULT,
+        schema: schema_of::<schemas::NodeMetrics>,
     },
 ];
 

@@ -30,10 +30,10 @@ pub(crate) enum Workload {
 }
 
 /// Why a HorizontalPodAutoscaler of the simulator never scales: it runs no autoscaler.
-pub(crate) const NO_AUTOSCALER: &str = "the simulated sandbox runs no horizontal pod \
-    autoscaler (kube-controller-manager's): this HPA is stored and never acted on. `tensile up \
-    --k8s-bin DIR` runs real control planes, whose autoscaler scales from the metrics `kubectl \
-    top` shows";
+pub(crate) const NO_AUTOSCALER: &str = "the simulated control plane of the sandbox runs no \
+    horizontal pod autoscaler: nothing reads this HPA's metrics or scales its target, and its \
+    replica counts stay 0. On real control planes (`tensile up --k8s-bin DIR`), \
+    kube-controller-manager's autoscaler scales from the metrics `kubectl top` shows";
 
 /// autoscaling/v2 HorizontalPodAutoscaler: stored, never acted on. A new one's status says so
 /// (`kubectl describe hpa` shows the condition) instead of staying empty forever.
