@@ -1091,19 +1091,30 @@ fn the_virtual_nodes_kubelet_api_answers_as_the_real_kubelet_behind_it() {
         names.sort();
         names
     };
-    let v_running = running_names(&upper, "vk-lower");
-    let r_running = running_names(&lower, &real);
-    assert!(v_running.contains(&"running".to_owned()), "{v_running:?}");
-    assert!(r_running.contains(&"running".to_owned()), "{r_running:?}");
-    for gone in ["completed", "deleted", "waiting"] {
+    // The real kubelet answers from its runtime cache, refreshed every few seconds, so a pod
+    // deleted a moment ago can still be listed there: wait until both have caught up.
+    let deadline = std::time::Instant::now() + WAIT;
+    loop {
+        let seen = [
+            running_names(&upper, "vk-lower"),
+            running_names(&lower, &real),
+        ];
+        let caught_up = |names: &Vec<String>| {
+            names.contains(&"running".to_owned())
+                && ["completed", "deleted", "waiting"]
+                    .iter()
+                    .all(|gone| !names.contains(&(*gone).to_owned()))
+        };
+        if seen.iter().all(caught_up) {
+            break;
+        }
         assert!(
-            !v_running.contains(&gone.to_owned()),
-            "{gone} in {v_running:?}"
+            std::time::Instant::now() < deadline,
+            "/runningpods/ virtual {:?} real {:?}",
+            seen[0],
+            seen[1]
         );
-        assert!(
-            !r_running.contains(&gone.to_owned()),
-            "{gone} in {r_running:?}"
-        );
+        std::thread::park_timeout(Duration::from_millis(500));
     }
 
     // /stats/summary: the running pod, its container, and the fields metrics-server and
