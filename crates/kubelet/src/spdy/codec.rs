@@ -128,7 +128,8 @@ impl HeaderCompressor {
         result
     }
 
-    fn compress_raw(&mut self, raw: &[u8], out: &mut Vec<u8>) -> Result<(), CodecError> {
+    /// Compresses an already serialised block as it is (the fuzz targets feed malformed ones).
+    pub fn compress_raw(&mut self, raw: &[u8], out: &mut Vec<u8>) -> Result<(), CodecError> {
         let start = self.zlib.total_in();
         loop {
             let consumed = consumed_since(self.zlib.total_in(), start);
@@ -234,7 +235,7 @@ fn len_u32(len: usize) -> Result<u32, CodecError> {
 
 /// Uncompressed header block: u32 count, then per name u32 length, name, u32 length, values
 /// joined by NUL. Repeated names are merged into one pair, in order of first appearance.
-fn encode_header_block(headers: &Headers, out: &mut Vec<u8>) -> Result<(), CodecError> {
+pub fn encode_header_block(headers: &Headers, out: &mut Vec<u8>) -> Result<(), CodecError> {
     let mut names: Vec<&str> = Vec::new();
     for (name, _) in headers.iter() {
         if !names.contains(&name) {
@@ -257,7 +258,8 @@ fn encode_header_block(headers: &Headers, out: &mut Vec<u8>) -> Result<(), Codec
     Ok(())
 }
 
-fn decode_header_block(mut raw: &[u8]) -> Result<Headers, CodecError> {
+/// Parses an uncompressed header block (the inverse of [`encode_header_block`]).
+pub fn decode_header_block(mut raw: &[u8]) -> Result<Headers, CodecError> {
     let bad = |why: &str| CodecError::HeaderBlock(why.to_string());
     if raw.remaining() < 4 {
         return Err(bad("truncated pair count"));
