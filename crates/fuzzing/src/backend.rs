@@ -2,15 +2,18 @@
 //! port echoes what it is sent. The streaming targets need one to get past the protocol's
 //! set-up into the streams themselves.
 
+use bytes::Bytes;
+use k8s_openapi::api::core::v1::Pod;
+use tensile_kubelet::stats::{NodeStats, Summary};
 use tensile_kubelet::{
-    AttachRequest, BackendError, ExecIo, ExecRequest, ExitStatus, PodRef, PortForwardRequest,
-    PortForwardStream, StreamBackend, StreamOptions,
+    AttachRequest, BackendError, ExecIo, ExecRequest, ExitStatus, KubeletBackend, LogOptions,
+    LogStream, PodRef, PortForwardRequest, PortForwardStream, StreamBackend, StreamOptions,
 };
 use tokio::io::AsyncWriteExt;
 
-/// The backend of the streaming targets.
+/// The backend of the streaming targets (and of the capture example's kubelet).
 #[derive(Debug, Default)]
-pub(crate) struct Echo;
+pub struct Echo;
 
 async fn echo(mut io: ExecIo) -> ExitStatus {
     // What the client sends is read to its end (bounded by the input), then the streams close.
@@ -83,5 +86,36 @@ pub(crate) fn options(bits: u8) -> StreamOptions {
         stdout: bits & 2 != 0 || bits & 7 == 0,
         stderr: bits & 4 != 0 && !tty,
         tty,
+    }
+}
+
+impl KubeletBackend for Echo {
+    async fn logs(
+        &self,
+        pod: PodRef,
+        container: String,
+        _options: LogOptions,
+    ) -> Result<LogStream, BackendError> {
+        let text = format!(
+            "{}/{} {container}: line 1\nline 2\n",
+            pod.namespace, pod.name
+        );
+        Ok(Box::pin(futures::stream::once(async move {
+            Ok(Bytes::from(text))
+        })))
+    }
+
+    async fn pods(&self) -> Result<Vec<Pod>, BackendError> {
+        Ok(Vec::new())
+    }
+
+    async fn stats(&self) -> Result<Summary, BackendError> {
+        Ok(Summary {
+            node: NodeStats {
+                node_name: "capture".into(),
+                ..NodeStats::default()
+            },
+            pods: Vec::new(),
+        })
     }
 }

@@ -12,7 +12,7 @@
 
 pub mod admission;
 pub mod annotations;
-mod backend;
+pub mod backend;
 pub mod extender;
 pub mod quantity;
 pub mod router;
