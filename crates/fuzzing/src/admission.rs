@@ -23,8 +23,9 @@ pub fn review(data: &[u8]) {
         return;
     };
     let response = &answer["response"];
-    // The webhook read a review, so the body is JSON.
-    let Ok(sent) = serde_json::from_slice::<Value>(data) else {
+    // The webhook read a review, so the body is JSON; members it skips are not checked for
+    // UTF-8 (the API server writes valid UTF-8 anyway), so they are read here as it would.
+    let Ok(sent) = serde_json::from_str::<Value>(&String::from_utf8_lossy(data)) else {
         crate::fail("the webhook answered a body that is not JSON");
     };
     let request = &sent["request"];

@@ -56,7 +56,11 @@ pub fn quantity(data: &[u8]) {
     let Some(pod) = pod else {
         return;
     };
-    match (resources::pod_requests_with_pod(&pod), parsed) {
+    // A quantity in an object is read as Go's `Quantity.UnmarshalJSON` reads it: trimmed.
+    match (
+        resources::pod_requests_with_pod(&pod),
+        parse_quantity(text.trim()),
+    ) {
         (Ok(_), Ok(_)) | (Err(resources::ResourceError::Overflow { .. }), Ok(_)) => {}
         // A pod's quantities have a narrower range than quantities in general.
         (Err(resources::ResourceError::InvalidPodQuantity { reason, .. }), Ok(_))
