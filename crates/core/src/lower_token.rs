@@ -31,6 +31,9 @@ pub struct TokenClaims {
     pub expires: i64,
 }
 
+/// 9999-12-31T23:59:59Z, the last second a token's times may name.
+const MAX_SECONDS: i64 = 253_402_300_799;
+
 /// The claims of a token whose JWT payload (base64url-decoded) is `payload`: `None` unless it
 /// is a ServiceAccount's token with an expiry (a legacy Secret-based token has no `exp`:
 /// nothing to renew).
@@ -48,7 +51,10 @@ pub fn claims_of_payload(payload: &[u8]) -> Option<TokenClaims> {
         .get("iat")
         .or_else(|| v.get("nbf"))
         .and_then(Value::as_i64)?;
-    (expires > issued).then(|| TokenClaims {
+    // Times a token can carry (seconds from 1970 to the year 9999): beyond them the life and
+    // renewal time overflowed (found by the fuzz target `annotations`).
+    let plausible = |t: i64| (0..=MAX_SECONDS).contains(&t);
+    (plausible(issued) && plausible(expires) && expires > issued).then(|| TokenClaims {
         namespace: namespace.to_owned(),
         account: account.to_owned(),
         issued,
@@ -155,6 +161,16 @@ mod tests {
         let backwards = json!({"sub": "system:serviceaccount:a:b", "iat": 5, "exp": 5});
         assert_eq!(claims_of_payload(backwards.to_string().as_bytes()), None);
         assert_eq!(claims_of_payload(b"not json"), None);
+        // Found by the fuzz target `annotations`: a life of more than i64::MAX seconds
+        // overflowed when it was computed.
+        for (iat, exp) in [(-100, i64::MAX), (-1, 10), (0, MAX_SECONDS + 1)] {
+            let p = json!({"sub": "system:serviceaccount:a:b", "iat": iat, "exp": exp});
+            assert_eq!(
+                claims_of_payload(p.to_string().as_bytes()),
+                None,
+                "{iat} {exp}"
+            );
+        }
     }
 
     #[test]

@@ -46,7 +46,7 @@ pub mod spdy;
 pub mod stats;
 pub mod tls;
 pub mod upgrade;
-mod websocket;
+pub mod websocket;
 
 pub use auth::{
     Attributes, Auth, AuthError, ClientCert, Refusal, RefusalHook, RefusalReason, User, WebhookAuth,

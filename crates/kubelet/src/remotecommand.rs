@@ -419,7 +419,7 @@ async fn write_status(
 /// Reads a stream of concatenated JSON `TerminalSize` objects (Go's `json.Decoder` writes them
 /// back to back) and forwards each one. Stops at EOF, at garbage, or when nobody listens.
 async fn decode_resizes(mut reader: BoxReader, tx: mpsc::Sender<TerminalSize>) {
-    let mut pending: Vec<u8> = Vec::new();
+    let mut decoder = ResizeDecoder::default();
     let mut buf = [0u8; 512];
     loop {
         let n = tokio::select! {
@@ -429,21 +429,45 @@ async fn decode_resizes(mut reader: BoxReader, tx: mpsc::Sender<TerminalSize>) {
                 Ok(n) => n,
             },
         };
-        pending.extend_from_slice(buf.get(..n).unwrap_or_default());
+        let (sizes, more) = decoder.push(buf.get(..n).unwrap_or_default());
+        for size in sizes {
+            if tx.send(size).await.is_err() {
+                return;
+            }
+        }
+        if !more {
+            return;
+        }
+    }
+}
+
+/// The resize channel's parser, fed each read as it arrives: a function of the bytes alone, so
+/// it is tested and fuzzed (`fuzz/`) without a stream. It holds at most [`MAX_RESIZE_MESSAGE`]
+/// bytes of an unfinished message.
+#[derive(Debug, Default)]
+pub struct ResizeDecoder {
+    pending: Vec<u8>,
+}
+
+impl ResizeDecoder {
+    /// The sizes `bytes` complete, and whether to keep reading (`false` after garbage or an
+    /// oversized message: further resizes are ignored).
+    pub fn push(&mut self, bytes: &[u8]) -> (Vec<TerminalSize>, bool) {
+        let pending = &mut self.pending;
+        pending.extend_from_slice(bytes);
+        let mut sizes = Vec::new();
         let mut consumed = 0;
-        let mut values = serde_json::Deserializer::from_slice(&pending).into_iter::<TerminalSize>();
+        let mut values = serde_json::Deserializer::from_slice(pending).into_iter::<TerminalSize>();
         loop {
             match values.next() {
                 Some(Ok(size)) => {
                     consumed = values.byte_offset();
-                    if tx.send(size).await.is_err() {
-                        return;
-                    }
+                    sizes.push(size);
                 }
                 Some(Err(e)) if e.is_eof() => break,
                 Some(Err(e)) => {
                     tracing::debug!(error = %e, "bad resize message, ignoring further resizes");
-                    return;
+                    return (sizes, false);
                 }
                 None => {
                     consumed = values.byte_offset();
@@ -454,8 +478,9 @@ async fn decode_resizes(mut reader: BoxReader, tx: mpsc::Sender<TerminalSize>) {
         pending.drain(..consumed.min(pending.len()));
         if pending.len() > MAX_RESIZE_MESSAGE {
             tracing::debug!("oversized resize message, ignoring further resizes");
-            return;
+            return (sizes, false);
         }
+        (sizes, true)
     }
 }
 

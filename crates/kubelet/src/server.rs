@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use futures::Stream;
-use http::{HeaderValue, Method, Request, Response, StatusCode, header};
+use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode, header};
 use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Full, StreamBody};
 use hyper::body::{Frame, Incoming};
@@ -273,19 +273,123 @@ pub struct Context {
     pub streaming: StreamingConfig,
 }
 
-/// The routes: (path segments, allowed methods).
-enum Route {
+/// A route of the kubelet API, read from the request path alone.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Route {
+    /// `/healthz`.
     Healthz,
+    /// `/pods`.
     Pods,
+    /// `/runningpods/`.
     RunningPods,
+    /// `/containerLogs/{namespace}/{pod}/{container}`.
     Logs(PodRef, String),
+    /// `/exec/{namespace}/{pod}[/{uid}]/{container}`.
     Exec(PodRef, String),
+    /// `/attach/{namespace}/{pod}[/{uid}]/{container}`.
     Attach(PodRef, String),
+    /// `/portForward/{namespace}/{pod}[/{uid}]`.
     PortForward(PodRef),
+    /// `/stats/summary`.
     StatsSummary,
+    /// `/metrics/resource`.
     MetricsResource,
 }
 
+/// Why a request has no route: 404, or 405 with the methods its path allows.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Unrouted {
+    /// No route has this path.
+    NotFound,
+    /// The path's route does not take this method.
+    MethodNotAllowed(&'static [Method]),
+}
+
+/// What a route reads from the query string and the headers before it is served (each `Err` is
+/// answered 400 with the error's text).
+#[derive(Debug)]
+pub enum Prepared {
+    /// The route reads neither.
+    Plain,
+    /// A container's log: its options.
+    Logs(Result<LogOptions, crate::LogOptionsError>),
+    /// Exec or attach: the negotiated upgrade, the streams and (exec) the command.
+    RemoteCommand(Result<RemoteCommandPlan, crate::UpgradeError>),
+    /// Port-forward: the ports and the negotiated upgrade.
+    PortForward(Result<(Vec<u16>, PortForwardUpgrade), crate::UpgradeError>),
+}
+
+/// An exec or attach request as read from its query string and headers.
+#[derive(Debug)]
+pub struct RemoteCommandPlan {
+    /// The protocol and its 101 response.
+    pub upgrade: RemoteCommandUpgrade,
+    /// The standard streams asked for.
+    pub options: StreamOptions,
+    /// The command (empty for attach).
+    pub command: Vec<String>,
+}
+
+/// The route of `path`, checked against `method`: a function of the two alone, so the router
+/// is tested (and fuzzed, `fuzz/`) without a connection.
+pub fn route_request(method: &Method, path: &str) -> Result<Route, Unrouted> {
+    let (route, methods) = route(path).ok_or(Unrouted::NotFound)?;
+    if methods.contains(method) {
+        Ok(route)
+    } else {
+        Err(Unrouted::MethodNotAllowed(methods))
+    }
+}
+
+impl Route {
+    /// Reads what the route needs from `query` and `headers`, as [`handle`] does.
+    pub fn prepare(&self, query: &str, headers: &HeaderMap) -> Prepared {
+        match self {
+            Self::Healthz
+            | Self::Pods
+            | Self::RunningPods
+            | Self::StatsSummary
+            | Self::MetricsResource => Prepared::Plain,
+            Self::Logs(..) => Prepared::Logs(LogOptions::from_query(Some(query))),
+            Self::Exec(..) => Prepared::RemoteCommand(remote_command_plan(headers, query, true)),
+            Self::Attach(..) => Prepared::RemoteCommand(remote_command_plan(headers, query, false)),
+            Self::PortForward(..) => Prepared::PortForward(port_forward_plan(headers, query)),
+        }
+    }
+}
+
+/// Exec's and attach's upgrade, streams and command, read in the order their errors are
+/// answered.
+pub fn remote_command_plan(
+    headers: &HeaderMap,
+    query: &str,
+    exec: bool,
+) -> Result<RemoteCommandPlan, crate::UpgradeError> {
+    let upgrade = RemoteCommandUpgrade::negotiate(headers)?;
+    let options = StreamOptions::from_query(query)?;
+    let command = if exec {
+        command_from_query(query)?
+    } else {
+        Vec::new()
+    };
+    Ok(RemoteCommandPlan {
+        upgrade,
+        options,
+        command,
+    })
+}
+
+/// Port-forward's ports and upgrade, read in the order their errors are answered.
+pub fn port_forward_plan(
+    headers: &HeaderMap,
+    query: &str,
+) -> Result<(Vec<u16>, PortForwardUpgrade), crate::UpgradeError> {
+    let ports = ports_from_query(query)?;
+    let upgrade = PortForwardUpgrade::negotiate(headers, &ports)?;
+    Ok((ports, upgrade))
+}
+
+/// The routes: (path segments, allowed methods).
 fn route(path: &str) -> Option<(Route, &'static [Method])> {
     const GET: &[Method] = &[Method::GET];
     const STREAM: &[Method] = &[Method::GET, Method::POST];
@@ -330,10 +434,18 @@ fn route(path: &str) -> Option<(Route, &'static [Method])> {
 /// The token of an `Authorization: Bearer <token>` header; the scheme is case-insensitive, as
 /// for the kubelet's authenticator (a client sending `bearer` was refused). An empty token is
 /// no credential, never sent for review (the API server would answer 400, a 500 here).
-fn bearer_token(value: &str) -> Option<&str> {
+pub fn bearer_token(value: &str) -> Option<&str> {
     let (scheme, token) = value.trim().split_once(' ')?;
     let token = token.trim();
     (scheme.eq_ignore_ascii_case("bearer") && !token.is_empty()).then_some(token)
+}
+
+/// The bearer token of a request's `Authorization` header, if it carries one.
+pub fn request_bearer(headers: &HeaderMap) -> Option<&str> {
+    headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(bearer_token)
 }
 
 /// Serves one request (also usable without TLS, e.g. in tests).
@@ -343,12 +455,7 @@ pub async fn handle<B: KubeletBackend>(
     cert: ClientCert,
     req: Request<Incoming>,
 ) -> Response<Body> {
-    let bearer = req
-        .headers()
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(bearer_token)
-        .map(str::to_owned);
+    let bearer = request_bearer(req.headers()).map(str::to_owned);
     let attrs = attributes(req.method(), req.uri().path());
     if let Err(e) = ctx.auth.check(cert, bearer.as_deref(), &attrs).await {
         let mut r = text(
@@ -363,21 +470,22 @@ pub async fn handle<B: KubeletBackend>(
         }
         return r;
     }
-    let Some((route, methods)) = route(req.uri().path()) else {
-        return text(StatusCode::NOT_FOUND, "404 page not found\n");
-    };
-    if !methods.contains(req.method()) {
-        let mut r = text(StatusCode::METHOD_NOT_ALLOWED, "405: Method Not Allowed\n");
-        let allow = methods
-            .iter()
-            .map(Method::as_str)
-            .collect::<Vec<_>>()
-            .join(", ");
-        if let Ok(v) = HeaderValue::from_str(&allow) {
-            r.headers_mut().insert(header::ALLOW, v);
+    let route = match route_request(req.method(), req.uri().path()) {
+        Ok(route) => route,
+        Err(Unrouted::NotFound) => return text(StatusCode::NOT_FOUND, "404 page not found\n"),
+        Err(Unrouted::MethodNotAllowed(methods)) => {
+            let mut r = text(StatusCode::METHOD_NOT_ALLOWED, "405: Method Not Allowed\n");
+            let allow = methods
+                .iter()
+                .map(Method::as_str)
+                .collect::<Vec<_>>()
+                .join(", ");
+            if let Ok(v) = HeaderValue::from_str(&allow) {
+                r.headers_mut().insert(header::ALLOW, v);
+            }
+            return r;
         }
-        return r;
-    }
+    };
     let query = req.uri().query().unwrap_or_default().to_owned();
     // What runs the pods is known to be unreachable: say so (503) before any upgrade.
     if !matches!(route, Route::Healthz | Route::Pods | Route::RunningPods)
@@ -479,21 +587,13 @@ fn remote_command<B: KubeletBackend>(
     container: String,
     exec: bool,
 ) -> Response<Body> {
-    let upgrade = match RemoteCommandUpgrade::negotiate(req.headers()) {
-        Ok(u) => u,
+    let RemoteCommandPlan {
+        upgrade,
+        options,
+        command,
+    } = match remote_command_plan(req.headers(), query, exec) {
+        Ok(plan) => plan,
         Err(e) => return bad_request(&e),
-    };
-    let options = match StreamOptions::from_query(query) {
-        Ok(o) => o,
-        Err(e) => return bad_request(&e),
-    };
-    let command = if exec {
-        match command_from_query(query) {
-            Ok(c) => c,
-            Err(e) => return bad_request(&e),
-        }
-    } else {
-        Vec::new()
     };
     let response = empty_101(upgrade.response());
     let on = hyper::upgrade::on(&mut req);
@@ -543,12 +643,8 @@ fn port_forward<B: KubeletBackend>(
     query: &str,
     pod: PodRef,
 ) -> Response<Body> {
-    let ports = match ports_from_query(query) {
-        Ok(p) => p,
-        Err(e) => return bad_request(&e),
-    };
-    let upgrade = match PortForwardUpgrade::negotiate(req.headers(), &ports) {
-        Ok(u) => u,
+    let (ports, upgrade) = match port_forward_plan(req.headers(), query) {
+        Ok(plan) => plan,
         Err(e) => return bad_request(&e),
     };
     let response = empty_101(upgrade.response());

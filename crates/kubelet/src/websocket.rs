@@ -3,6 +3,8 @@
 //! SPDY-in-WebSocket port-forward tunnel.
 //!
 //! Channels reuse [`crate::pipe`], so reads and writes are bounded exactly like SPDY streams.
+//! Public for the fuzz targets (`fuzz/`): the read limits ([`server_config`]) and what a
+//! client message means ([`inbound`]).
 
 use std::io;
 use std::pin::Pin;
@@ -36,12 +38,17 @@ pub(crate) async fn accept<T>(io: T, config: &StreamingConfig) -> WebSocketStrea
 where
     T: AsyncRead + AsyncWrite + Unpin,
 {
+    WebSocketStream::from_raw_socket(io, Role::Server, Some(server_config(config))).await
+}
+
+/// The limits the server side reads a client's frames with: a message or frame larger than
+/// `websocket_max_message` ends the connection before it is buffered.
+pub fn server_config(config: &StreamingConfig) -> WebSocketConfig {
     let max = Some(config.websocket_max_message);
-    let ws_config = WebSocketConfig::default()
+    WebSocketConfig::default()
         .max_message_size(max)
         .max_frame_size(max)
-        .read_buffer_size(64 << 10);
-    WebSocketStream::from_raw_socket(io, Role::Server, Some(ws_config)).await
+        .read_buffer_size(64 << 10)
 }
 
 #[derive(Debug)]
@@ -183,6 +190,36 @@ impl Drop for ChannelMux {
     }
 }
 
+/// What one message of the client means on a channel connection.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Inbound {
+    /// Bytes for a channel (never empty); dropped when the channel is not one the client may
+    /// send on.
+    Data(u8, Bytes),
+    /// v5's CLOSE of a channel: the client sends nothing more on it.
+    Close(u8),
+    /// Nothing to deliver: not a data message of this encoding, not decodable, or empty.
+    Ignored,
+}
+
+/// Reads one client message of a channel protocol (`v5_close`: `[255, channel]` closes a
+/// channel); a function of the message alone, so it is tested and fuzzed (`fuzz/`) apart from
+/// the connection.
+pub fn inbound(msg: Message, encoding: WsEncoding, v5_close: bool) -> Inbound {
+    let Some((ch, data)) = decode_message(msg, encoding) else {
+        return Inbound::Ignored;
+    };
+    if v5_close && ch == CLOSE_CHANNEL {
+        return data
+            .first()
+            .map_or(Inbound::Ignored, |c| Inbound::Close(*c));
+    }
+    if data.is_empty() {
+        return Inbound::Ignored;
+    }
+    Inbound::Data(ch, data)
+}
+
 fn decode_message(msg: Message, encoding: WsEncoding) -> Option<(u8, Bytes)> {
     match (msg, encoding) {
         (Message::Binary(mut b), WsEncoding::Binary) => {
@@ -229,21 +266,19 @@ async fn read_loop<S>(
             Some(Ok(m)) => m,
         };
         activity.touch();
-        let Some((ch, data)) = decode_message(msg, encoding) else {
-            continue;
-        };
-        if v5_close && ch == CLOSE_CHANNEL {
-            if let Some(slot) = data.first().and_then(|c| senders.get_mut(usize::from(*c))) {
-                *slot = None;
+        let (ch, data) = match inbound(msg, encoding, v5_close) {
+            Inbound::Data(ch, data) => (ch, data),
+            Inbound::Close(ch) => {
+                if let Some(slot) = senders.get_mut(usize::from(ch)) {
+                    *slot = None;
+                }
+                continue;
             }
-            continue;
-        }
+            Inbound::Ignored => continue,
+        };
         let Some(tx) = senders.get(usize::from(ch)).and_then(Option::as_ref) else {
             continue;
         };
-        if data.is_empty() {
-            continue;
-        }
         let permit = tokio::select! {
             () = shared.cancel.cancelled() => break,
             p = pipe::acquire(&budget, data.len()) => p,

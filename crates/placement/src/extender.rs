@@ -260,11 +260,7 @@ impl Extender {
     }
 
     fn index(&self) -> MutexGuard<'_, Index> {
-        // A panic while holding the lock leaves consistent-enough bookkeeping; keep serving.
-        self.shared
-            .index
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
+        lock(&self.shared.index)
     }
 
     /// Whether every lower cluster's watches (and the upper node watch) have listed.
@@ -295,91 +291,11 @@ impl Extender {
     }
 
     async fn filter_or_prioritize(&self, verb: Verb, body: &[u8]) -> Reply {
-        let args = match ExtenderArgs::parse(body) {
-            Ok(a) => a,
-            Err(e) => return Reply::error(StatusCode::BAD_REQUEST, &e),
-        };
-        let pod_name = args.pod_name();
-        let verdicts = self.index().judge_pod(
-            &args.pod,
-            args.nodes
-                .iter()
-                .map(|n| (n.name.as_str(), n.labels.as_ref().map(Option::as_ref))),
-            Instant::now(),
-        );
-        let mut kept = Vec::new();
-        let mut failed = serde_json::Map::new();
-        let mut unresolvable = serde_json::Map::new();
-        let mut scores = Vec::new();
-        let mut refused = Vec::new();
-        for (node, verdict) in args.nodes.iter().zip(verdicts) {
-            tracing::debug!(pod = %pod_name, node = %node.name, ?verb, ?verdict, "extender decision");
-            match (verb, verdict) {
-                (Verb::Filter, verdict) => match verdict.as_ref().and_then(Verdict::refusal) {
-                    None => kept.push(node),
-                    Some((reason, u)) => {
-                        let target = if u { &mut unresolvable } else { &mut failed };
-                        target.insert(node.name.clone(), Value::String(reason.to_owned()));
-                        if let Some(verdict) = verdict {
-                            refused.push((node.name.as_str(), verdict));
-                        }
-                    }
-                },
-                (Verb::Prioritize, Some(Verdict::Fits { score, .. })) => {
-                    scores.push(json!({"host": node.name, "score": score}));
-                }
-                (Verb::Prioritize, _) => scores.push(json!({"host": node.name, "score": 0})),
-            }
+        let (reply, outcome) = answer_call(&self.shared.index, verb, body, Instant::now());
+        if let Some(outcome) = outcome {
+            self.shared.metrics.filtered(outcome);
         }
-        match verb {
-            Verb::Prioritize => Reply::json(&Value::Array(scores)),
-            Verb::Filter => {
-                let retry = retry_error(kept.len(), refused.iter().map(|(n, v)| (*n, v)));
-                self.shared
-                    .metrics
-                    .filtered(match (&retry, kept.is_empty()) {
-                        (Some(_), _) => FilterOutcome::Retry,
-                        (None, true) => FilterOutcome::None,
-                        (None, false) => FilterOutcome::Some,
-                    });
-                if let Some(error) = retry {
-                    return Reply::json(&FilterAnswer {
-                        nodes: None,
-                        nodenames: None,
-                        failed_nodes: serde_json::Map::new(),
-                        failed_and_unresolvable_nodes: serde_json::Map::new(),
-                        error: &error,
-                    });
-                }
-                let (nodes, nodenames) = if args.names_only {
-                    (None, Some(kept.iter().map(|n| n.name.as_str()).collect()))
-                } else {
-                    let items = kept.iter().filter_map(|n| n.object).collect();
-                    (
-                        Some(NodeListAnswer {
-                            metadata: serde_json::Map::new(),
-                            items,
-                        }),
-                        None,
-                    )
-                };
-                // Sized up front: the nodes kept may be most of the request.
-                let size = kept
-                    .iter()
-                    .map(|n| n.object.map_or(n.name.len() + 3, |o| o.get().len() + 1))
-                    .sum::<usize>();
-                Reply::json_sized(
-                    &FilterAnswer {
-                        nodes,
-                        nodenames,
-                        failed_nodes: failed,
-                        failed_and_unresolvable_nodes: unresolvable,
-                        error: "",
-                    },
-                    size + (4 << 10),
-                )
-            }
-        }
+        reply
     }
 
     async fn bind(&self, body: &[u8]) -> Reply {
@@ -484,10 +400,114 @@ impl Extender {
     }
 }
 
-#[derive(Debug, Clone, Copy)]
-enum Verb {
+/// The calls the extender judges a pod's candidates in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verb {
+    /// `/filter`: which candidates the pod fits on.
     Filter,
+    /// `/prioritize`: a score per candidate.
     Prioritize,
+}
+
+fn lock(index: &Mutex<Index>) -> MutexGuard<'_, Index> {
+    // A panic while holding the lock leaves consistent-enough bookkeeping; keep serving.
+    index.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// The answer to a filter or prioritize call's `body`, judged by `index` at `now`, and how a
+/// filter call is counted: no I/O, so it is tested and fuzzed (`fuzz/`) without a server. The
+/// index is locked only while the candidates are judged.
+pub fn answer_call(
+    index: &Mutex<Index>,
+    verb: Verb,
+    body: &[u8],
+    now: Instant,
+) -> (Reply, Option<FilterOutcome>) {
+    let args = match ExtenderArgs::parse(body) {
+        Ok(a) => a,
+        Err(e) => return (Reply::error(StatusCode::BAD_REQUEST, &e), None),
+    };
+    let pod_name = args.pod_name();
+    let verdicts = lock(index).judge_pod(
+        &args.pod,
+        args.nodes
+            .iter()
+            .map(|n| (n.name.as_str(), n.labels.as_ref().map(Option::as_ref))),
+        now,
+    );
+    let mut kept = Vec::new();
+    let mut failed = serde_json::Map::new();
+    let mut unresolvable = serde_json::Map::new();
+    let mut scores = Vec::new();
+    let mut refused = Vec::new();
+    for (node, verdict) in args.nodes.iter().zip(verdicts) {
+        tracing::debug!(pod = %pod_name, node = %node.name, ?verb, ?verdict, "extender decision");
+        match (verb, verdict) {
+            (Verb::Filter, verdict) => match verdict.as_ref().and_then(Verdict::refusal) {
+                None => kept.push(node),
+                Some((reason, u)) => {
+                    let target = if u { &mut unresolvable } else { &mut failed };
+                    target.insert(node.name.clone(), Value::String(reason.to_owned()));
+                    if let Some(verdict) = verdict {
+                        refused.push((node.name.as_str(), verdict));
+                    }
+                }
+            },
+            (Verb::Prioritize, Some(Verdict::Fits { score, .. })) => {
+                scores.push(json!({"host": node.name, "score": score}));
+            }
+            (Verb::Prioritize, _) => scores.push(json!({"host": node.name, "score": 0})),
+        }
+    }
+    match verb {
+        Verb::Prioritize => (Reply::json(&Value::Array(scores)), None),
+        Verb::Filter => {
+            let retry = retry_error(kept.len(), refused.iter().map(|(n, v)| (*n, v)));
+            let outcome = match (&retry, kept.is_empty()) {
+                (Some(_), _) => FilterOutcome::Retry,
+                (None, true) => FilterOutcome::None,
+                (None, false) => FilterOutcome::Some,
+            };
+            if let Some(error) = retry {
+                let reply = Reply::json(&FilterAnswer {
+                    nodes: None,
+                    nodenames: None,
+                    failed_nodes: serde_json::Map::new(),
+                    failed_and_unresolvable_nodes: serde_json::Map::new(),
+                    error: &error,
+                });
+                return (reply, Some(outcome));
+            }
+            let (nodes, nodenames) = if args.names_only {
+                (None, Some(kept.iter().map(|n| n.name.as_str()).collect()))
+            } else {
+                let items = kept.iter().filter_map(|n| n.object).collect();
+                (
+                    Some(NodeListAnswer {
+                        metadata: serde_json::Map::new(),
+                        items,
+                    }),
+                    None,
+                )
+            };
+            // Sized up front: the nodes kept may be most of the request.
+            let size = kept
+                .iter()
+                .map(|n| n.object.map_or(n.name.len() + 3, |o| o.get().len() + 1))
+                .sum::<usize>();
+            let reply = Reply::json_sized(
+                &FilterAnswer {
+                    nodes,
+                    nodenames,
+                    failed_nodes: failed,
+                    failed_and_unresolvable_nodes: unresolvable,
+                    error: "",
+                },
+                size + (4 << 10),
+            );
+            (reply, Some(outcome))
+        }
+    }
 }
 
 /// The verb a request path names: its last segment.
@@ -838,12 +858,18 @@ impl<'a> ExtenderArgs<'a> {
     }
 }
 
-/// `ExtenderBindingArgs {PodName, PodNamespace, PodUID, Node}`.
-struct BindingArgs {
-    name: String,
-    namespace: String,
-    uid: Option<String>,
-    node: String,
+/// `ExtenderBindingArgs {PodName, PodNamespace, PodUID, Node}`, as read by
+/// [`BindingArgs::parse`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BindingArgs {
+    /// `PodName`.
+    pub name: String,
+    /// `PodNamespace` (`default` when absent or empty).
+    pub namespace: String,
+    /// `PodUID`, when sent.
+    pub uid: Option<String>,
+    /// `Node`.
+    pub node: String,
 }
 
 /// The four members of `ExtenderBindingArgs`, keys in any case, anything else skipped.
@@ -889,7 +915,8 @@ impl<'de> serde::Deserialize<'de> for WireBinding {
 }
 
 impl BindingArgs {
-    fn parse(body: &[u8]) -> Result<Self, String> {
+    /// Reads a `/bind` body: `Err` (400) with the reason when it is not one.
+    pub fn parse(body: &[u8]) -> Result<Self, String> {
         let args: WireBinding = serde_json::from_slice(body)
             .map_err(|e| malformed("ExtenderBindingArgs", body, "", DecodeError::from(e)))?;
         let text = |key: &str, value: Text| -> Result<Option<String>, String> {

@@ -29,7 +29,8 @@ pub struct CodecLimits {
     /// Largest control frame payload accepted (header blocks are compressed; Kubernetes sends a
     /// few dozen bytes).
     pub max_control_frame: usize,
-    /// Largest header block after decompression: stops zlib bombs.
+    /// Largest header block after decompression (stops zlib bombs), and most the decoded
+    /// headers may hold, each value counted with its name and [`HEADER_OVERHEAD`].
     pub max_header_block: usize,
 }
 
@@ -82,8 +83,16 @@ pub enum CodecError {
     Compress(String),
 }
 
+/// What one decoded header value costs beyond its bytes (its own copy of the name is counted
+/// apart): two `String`s and their allocations, roughly. A block repeats a name once and
+/// separates its values by NUL, so without this a 64 KiB block of one long name and NULs
+/// decoded to a gigabyte (each value a pair with a copy of the name).
+pub const HEADER_OVERHEAD: usize = 32;
+
 const CONTROL_BIT: u32 = 0x8000_0000;
 const LENGTH_MASK: u32 = 0x00ff_ffff;
+/// How far ahead of the bytes received the read buffer grows for a frame still arriving.
+const READ_AHEAD: usize = 64 << 10;
 /// Inflate in steps of this size, so the output never outgrows the limit by more than one step.
 const INFLATE_STEP: usize = 4096;
 
@@ -128,7 +137,8 @@ impl HeaderCompressor {
         result
     }
 
-    fn compress_raw(&mut self, raw: &[u8], out: &mut Vec<u8>) -> Result<(), CodecError> {
+    /// Compresses an already serialised block as it is (the fuzz targets feed malformed ones).
+    pub fn compress_raw(&mut self, raw: &[u8], out: &mut Vec<u8>) -> Result<(), CodecError> {
         let start = self.zlib.total_in();
         loop {
             let consumed = consumed_since(self.zlib.total_in(), start);
@@ -172,7 +182,7 @@ impl HeaderDecompressor {
     /// Inflates one compressed block (the rest of a control frame) and parses it.
     pub fn decompress(&mut self, block: &[u8]) -> Result<Headers, CodecError> {
         let raw = self.inflate(block)?;
-        decode_header_block(&raw)
+        decode_header_block(&raw, self.max)
     }
 
     fn inflate(&mut self, input: &[u8]) -> Result<Vec<u8>, CodecError> {
@@ -234,7 +244,7 @@ fn len_u32(len: usize) -> Result<u32, CodecError> {
 
 /// Uncompressed header block: u32 count, then per name u32 length, name, u32 length, values
 /// joined by NUL. Repeated names are merged into one pair, in order of first appearance.
-fn encode_header_block(headers: &Headers, out: &mut Vec<u8>) -> Result<(), CodecError> {
+pub fn encode_header_block(headers: &Headers, out: &mut Vec<u8>) -> Result<(), CodecError> {
     let mut names: Vec<&str> = Vec::new();
     for (name, _) in headers.iter() {
         if !names.contains(&name) {
@@ -257,13 +267,16 @@ fn encode_header_block(headers: &Headers, out: &mut Vec<u8>) -> Result<(), Codec
     Ok(())
 }
 
-fn decode_header_block(mut raw: &[u8]) -> Result<Headers, CodecError> {
+/// Parses an uncompressed header block (the inverse of [`encode_header_block`]); the headers
+/// may hold at most `max` bytes, each value counted with its name and [`HEADER_OVERHEAD`].
+pub fn decode_header_block(mut raw: &[u8], max: usize) -> Result<Headers, CodecError> {
     let bad = |why: &str| CodecError::HeaderBlock(why.to_string());
     if raw.remaining() < 4 {
         return Err(bad("truncated pair count"));
     }
     let count = raw.get_u32();
     let mut headers = Headers::new();
+    let mut held = 0usize;
     for _ in 0..count {
         let name = take_field(&mut raw).ok_or_else(|| bad("truncated name"))?;
         let value = take_field(&mut raw).ok_or_else(|| bad("truncated value"))?;
@@ -271,6 +284,10 @@ fn decode_header_block(mut raw: &[u8]) -> Result<Headers, CodecError> {
         let value = std::str::from_utf8(value).map_err(|_| bad("value is not UTF-8"))?;
         // Go rejects uppercase names; we are lenient and fold them.
         for v in value.split('\0') {
+            held = held.saturating_add(name.len() + v.len() + HEADER_OVERHEAD);
+            if held > max {
+                return Err(CodecError::HeaderBlockTooLarge(max));
+            }
             headers.add(name, v);
         }
     }
@@ -514,7 +531,10 @@ impl FrameDecoder {
             });
         }
         if src.len() < 8 + len {
-            src.reserve(8 + len - src.len());
+            // Room for the frame as its bytes arrive, never more than a step ahead: a length
+            // field alone must not make us hold its 16 MiB (found by the fuzz target
+            // `spdy_frames`).
+            src.reserve((8 + len - src.len()).min(READ_AHEAD));
             return Ok(None);
         }
         src.advance(8);
@@ -901,6 +921,38 @@ mod tests {
             Err(CodecError::HeaderBlockTooLarge(_)) => {}
             other => panic!("expected a size error, got {other:?}"),
         }
+    }
+
+    /// Found by the fuzz target `spdy_header_block`: one name of 32 KiB and 32 Ki NULs as its
+    /// values fit the 64 KiB block, and decoded to 32 Ki pairs, each with its own copy of the
+    /// name (1 GiB).
+    #[test]
+    fn one_name_with_many_empty_values_is_bounded() {
+        let name = "n".repeat(32 << 10);
+        let mut raw = Vec::new();
+        raw.put_u32(1);
+        raw.put_u32(u32::try_from(name.len()).unwrap());
+        raw.extend_from_slice(name.as_bytes());
+        raw.put_u32(32 << 10);
+        raw.resize(raw.len() + (32 << 10), 0);
+        let mut comp = HeaderCompressor::new().unwrap();
+        let mut block = Vec::new();
+        comp.compress_raw(&raw, &mut block).unwrap();
+        let mut dec = HeaderDecompressor::new(CodecLimits::default().max_header_block + 16);
+        match dec.decompress(&block) {
+            Err(CodecError::HeaderBlockTooLarge(_)) => {}
+            other => panic!("expected a size error, got {:?}", other.map(|h| h.len())),
+        }
+    }
+
+    /// Found by the fuzz target `spdy_frames`: the header of a 16 MiB DATA frame alone made
+    /// the decoder reserve 16 MiB.
+    #[test]
+    fn a_frame_header_alone_reserves_no_more_than_a_step() {
+        let mut dec = FrameDecoder::new(CodecLimits::default());
+        let mut src = BytesMut::from(&[0, 0, 0, 1, 0, 0xff, 0xff, 0xf0][..]);
+        assert!(dec.decode_frame(&mut src).unwrap().is_none());
+        assert!(src.capacity() <= 8 + READ_AHEAD, "{}", src.capacity());
     }
 
     #[test]
