@@ -465,3 +465,94 @@ fn a_killed_real_sandbox_is_cleaned_up_by_the_next_start() {
     assert!(!Path::new(&second_dir).exists());
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Real control planes only (excluded from the simulator profile in .config/nextest.toml):
+/// what `kubectl describe hpa` promises in the simulated sandbox holds on `tensile up
+/// --k8s-bin`: kube-controller-manager's autoscaler reads the metrics `kubectl top` shows
+/// (metrics-server scraping the virtual nodes' kubelet API) and scales the Deployment. A
+/// simulated container uses what it requests, so at 100% of its request against a 60% target
+/// two replicas become the maximum, four.
+#[test]
+fn on_real_control_planes_an_autoscaler_scales_from_the_metrics_top_shows() {
+    let bin = std::env::var("TENSILE_K8S_BIN").expect("the real profile sets TENSILE_K8S_BIN");
+    let dir = temp_dir("up-real-hpa");
+    let kc = dir.join("kubeconfig");
+    let (up, out) = start_up(
+        &[
+            "--k8s-bin",
+            &bin,
+            "--port",
+            "0",
+            "--lower-clusters",
+            "1",
+            "--no-table",
+        ],
+        &kc,
+    );
+    common::until_within(Duration::from_secs(240), "the sandbox ready", || {
+        text(&out).contains("ready in")
+    });
+    let ok = |args: &[&str]| {
+        let (ok, out, err) = kubectl(&kc, args);
+        assert!(ok, "kubectl {args:?}: {err}");
+        out
+    };
+    ok(&[
+        "create",
+        "deployment",
+        "web",
+        "--image=nginx",
+        "--replicas=2",
+    ]);
+    ok(&[
+        "set",
+        "resources",
+        "deployment",
+        "web",
+        "--requests=cpu=100m",
+    ]);
+    ok(&[
+        "autoscale",
+        "deployment",
+        "web",
+        "--cpu-percent=60",
+        "--min=1",
+        "--max=4",
+    ]);
+    // metrics-server scrapes every 15 s and the autoscaler syncs every 15 s; new pods' first
+    // samples wait for them to be Ready.
+    common::until_within(
+        Duration::from_secs(300),
+        "the autoscaler to scale to 4",
+        || {
+            let (_, replicas, _) = kubectl(
+                &kc,
+                &[
+                    "get",
+                    "deployment",
+                    "web",
+                    "-o",
+                    "jsonpath={.spec.replicas}",
+                ],
+            );
+            replicas.trim() == "4"
+        },
+    );
+    let described = ok(&["describe", "hpa", "web"])
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ");
+    for shown in [
+        "resource cpu on pods (as a percentage of request): 100% (100m) / 60%",
+        "ScalingActive True ValidMetricFound",
+        "AbleToScale True SucceededRescale the HPA controller was able to update the target scale to 4",
+        "New size: 4; reason: cpu resource utilization (percentage of request) above target",
+    ] {
+        assert!(
+            described.contains(shown),
+            "`{shown}` missing from:\n{described}"
+        );
+    }
+    drop(up);
+    let _ = std::fs::remove_dir_all(dir);
+}
