@@ -553,6 +553,7 @@ fn on_real_control_planes_an_autoscaler_scales_from_the_metrics_top_shows() {
             "`{shown}` missing from:\n{described}"
         );
     }
-    drop(up);
+    // Ctrl-C, so that the control planes stop too (a SIGKILL would leave them running).
+    up.interrupt(Duration::from_secs(60));
     let _ = std::fs::remove_dir_all(dir);
 }
