@@ -4,8 +4,8 @@
 //! them. A pure module: the runner feeds it; its rules are unit tests on made-up histories.
 //!
 //! What it checks (docs/benchmarks.md, "bench chaos"):
-//! - every upper pod bound to a virtual node has exactly one lower pod, eventually, and never
-//!   one in two lower clusters;
+//! - every upper pod bound to a virtual node has exactly one lower pod, eventually (a finished
+//!   one at most one), and never one in two lower clusters;
 //! - no lower pod of ours is deleted unless its upper pod was deleted (or the churn deleted it
 //!   downstairs);
 //! - no upper pod is failed, evicted or deleted but by its user or controller, or as
@@ -20,7 +20,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use tensile_core::keys::{
-    ANNOTATION_UNSCHEDULABLE_NODE, ANNOTATION_UPPER_UID, LABEL_OWNER, REASON_LOWER_POD_LOST,
+    ANNOTATION_UNSCHEDULABLE_NODE, ANNOTATION_UPPER_UID, LABEL_IDENTITY_OF, LABEL_OWNER,
+    REASON_LOWER_POD_LOST,
 };
 
 /// Seconds from the start of the run.
@@ -58,6 +59,8 @@ pub(crate) struct Obj {
     pub owner: Option<String>,
     /// Our upper-uid annotation.
     pub upper_uid: Option<String>,
+    /// Of a pod's identity Secret: the upper pod's uid (its identity-of label).
+    pub identity_of: Option<String>,
     pub deleting: bool,
     pub pod: Option<PodFacts>,
 }
@@ -128,6 +131,7 @@ impl Obj {
                 .annotations
                 .as_ref()
                 .and_then(|a| a.get(ANNOTATION_UPPER_UID).cloned()),
+            identity_of: label(meta, LABEL_IDENTITY_OF),
             deleting: meta.deletion_timestamp.is_some(),
             pod: None,
         }
@@ -734,7 +738,11 @@ impl Checker {
             }
             let lowers = self.lowers_of(uid);
             let here = lowers.iter().filter(|l| l.last.cluster == *cluster).count();
-            if here != 1 || lowers.len() != 1 {
+            // A finished pod needs nothing below: its lower pod, deleted there, is not made
+            // again (what a kubelet does for a finished pod whose containers went).
+            let finished = matches!(facts.phase.as_str(), "Succeeded" | "Failed");
+            let wanted = if finished { 0..=1 } else { 1..=1 };
+            if !wanted.contains(&here) || lowers.len() != here {
                 out.push(Violation {
                     at: now,
                     object: obj.describe(),
@@ -781,8 +789,21 @@ impl Checker {
         out
     }
 
-    /// Whether a pod of `copy`'s lower cluster, upstairs or downstairs, needs it.
+    /// Whether a pod of `copy`'s lower cluster, upstairs or downstairs, needs it. A pod's
+    /// identity Secret (its upper credentials, docs/virtual-node.md): while its lower pod
+    /// lives, or its upper pod runs.
     fn needed(&self, copy: &Obj) -> bool {
+        if let Some(uid) = &copy.identity_of {
+            let running = self.upper_pods.get(uid).is_some_and(|u| {
+                u.gone_at.is_none()
+                    && !u.last.deleting
+                    && u.last
+                        .pod
+                        .as_ref()
+                        .is_none_or(|p| !matches!(p.phase.as_str(), "Succeeded" | "Failed"))
+            });
+            return running || !self.lowers_of(uid).is_empty();
+        }
         let wanted = (copy.kind, copy.name.clone());
         let needs = |o: &Obj| {
             o.namespace == copy.namespace
@@ -871,6 +892,30 @@ impl Checker {
         out
     }
 
+    /// What the churn did to the pod a violation names (or to its workload), one line each:
+    /// what a reader of the violation needs beside the faults around it.
+    pub(crate) fn churn_about(&self, v: &Violation) -> Vec<String> {
+        let Some(pod) = v
+            .object
+            .split_once('/')
+            .and_then(|(_, rest)| rest.split(' ').next())
+        else {
+            return Vec::new();
+        };
+        self.actions
+            .iter()
+            .filter(|(_, a)| match a {
+                Action::DeletedUpper { name, .. } | Action::DeletedLower { name, .. } => {
+                    name == pod
+                }
+                Action::ScaledDown { app, .. } | Action::DeletedWorkload { app, .. } => pod
+                    .strip_prefix(app.as_str())
+                    .is_some_and(|rest| rest.starts_with('-')),
+            })
+            .map(|(at, a)| format!("{at:.1} s {a:?}"))
+            .collect()
+    }
+
     /// Status convergences measured.
     pub(crate) fn convergences(&self) -> usize {
         self.convergences.len()
@@ -900,6 +945,7 @@ mod tests {
             resource_version: "1".into(),
             owner: None,
             upper_uid: None,
+            identity_of: None,
             deleting: false,
             pod: Some(PodFacts {
                 node: Some(NODE.into()),
@@ -937,6 +983,7 @@ mod tests {
             resource_version: "1".into(),
             owner: Some(NODE.into()),
             upper_uid: Some("x".into()),
+            identity_of: None,
             deleting: false,
             pod: None,
         }
@@ -998,6 +1045,21 @@ mod tests {
             whats(&v).contains(&"one upper pod has lower pods in lower clusters {1, 2}"),
             "{v:?}"
         );
+        // A finished pod whose lower pod was deleted below stays as it is.
+        let mut c = checker();
+        clean_life(&mut c, "a", 0.0);
+        c.apply(5.0, Seen::Applied(lower("a", "Succeeded", false)));
+        c.apply(6.0, Seen::Applied(upper("a", "Succeeded", false)));
+        c.act(
+            7.0,
+            Action::DeletedLower {
+                cluster: 1,
+                namespace: "chaos".into(),
+                name: "a".into(),
+            },
+        );
+        c.apply(8.0, Seen::Deleted(lower("a", "Succeeded", false)));
+        assert!(c.finish(100.0, 50.0).is_empty());
         assert!(
             whats(&v)
                 .contains(&"an upper pod bound to vk-1 has 1 lower pods there and 1 elsewhere")
@@ -1180,6 +1242,27 @@ mod tests {
             whats(&v)
                 .iter()
                 .all(|w| *w == "a copy of ours that nothing needs")
+        );
+    }
+
+    #[test]
+    fn a_pods_identity_secret_is_needed_while_its_lower_pod_lives_or_its_upper_pod_runs() {
+        let mut c = checker();
+        let mut identity = copy(Kind::Secret, "tensile-identity-u-a");
+        identity.identity_of = Some("u-a".into());
+        c.apply(0.5, Seen::Applied(identity));
+        clean_life(&mut c, "a", 0.0);
+        assert!(c.unsettled(5.0).is_empty(), "{:?}", c.unsettled(5.0));
+        // Finished upstairs, its lower pod still there: needed.
+        c.apply(6.0, Seen::Applied(lower("a", "Succeeded", false)));
+        c.apply(7.0, Seen::Applied(upper("a", "Succeeded", false)));
+        assert!(c.unsettled(8.0).is_empty(), "{:?}", c.unsettled(8.0));
+        // Deleted upstairs, its lower pod gone: nothing needs it.
+        c.apply(8.5, Seen::Applied(deleting(upper("a", "Succeeded", false))));
+        c.apply(9.0, Seen::Deleted(lower("a", "Succeeded", false)));
+        assert_eq!(
+            whats(&c.unsettled(10.0)),
+            ["a copy of ours that nothing needs"]
         );
     }
 
