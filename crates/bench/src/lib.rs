@@ -12,6 +12,9 @@
 //! benchmark or the sandbox, and no caller matches on them.
 #![forbid(unsafe_code)]
 
+mod chaos;
+mod chaos_check;
+mod chaos_plan;
 mod conformance;
 mod extender;
 mod failover;
@@ -49,6 +52,10 @@ enum Bench {
     /// cut, API errors) in the middle of a burst: no pod lost, duplicated, deleted or evicted,
     /// the node Ready again soon after, the outage shown while it lasts.
     Faults(faults::FaultsArgs),
+    /// A randomized fault run: two lower clusters, their virtual nodes as two replicas each,
+    /// the placement components, churn the whole time, and faults of a schedule drawn from the
+    /// seed, overlapping; an invariant checker reads both clusters' watches.
+    Chaos(chaos::ChaosArgs),
     /// The webhook and the scheduler extender, as shipped, sent large hostile bodies in
     /// parallel: their peak memory.
     HostileBodies(hostile::HostileBodiesArgs),
@@ -72,6 +79,7 @@ pub async fn run(
         Bench::Extender(a) => extender::run(a).await,
         Bench::Failover(a) => failover::run(a).await,
         Bench::Faults(a) => faults::run(a).await,
+        Bench::Chaos(a) => chaos::run(a).await,
         Bench::HostileBodies(a) => hostile::run(a).await,
         Bench::Conformance(a) => conformance::run(a, start_virtual_node).await,
         Bench::RealOffload(a) => real_offload::run(a).await,

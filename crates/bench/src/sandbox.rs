@@ -33,7 +33,7 @@ use tokio_util::sync::CancellationToken;
 use crate::support::{free_port, listening, poll_until, spawn};
 
 /// The shipped MutatingWebhookConfiguration, registered as is but for where to call.
-const WEBHOOK_CONFIGURATION: &str =
+pub(crate) const WEBHOOK_CONFIGURATION: &str =
     include_str!("../../../deploy/webhook/mutating-webhook-configuration.yaml");
 
 /// The shipped KubeSchedulerConfiguration snippet, which the upper scheduler follows but for
@@ -43,7 +43,7 @@ const SCHEDULER_CONFIGURATION: &str =
 
 /// The shipped extender entries, pointed at `url_prefix` with `ca_pem` trusted, presenting
 /// `client` (the scheduler's client certificate).
-fn shipped_extenders(
+pub(crate) fn shipped_extenders(
     url_prefix: &str,
     ca_pem: &str,
     client: &tensile_testenv::certs::Issued,

@@ -120,6 +120,11 @@ pub(crate) fn replica(
         .context("starting tensile virtual-node")
 }
 
+/// The pid in a leader election holder identity `<node>_<host>_<scope>_<pid>_<process>`.
+pub(crate) fn holder_pid(holder: &str) -> Option<u32> {
+    holder.rsplit('_').nth(1)?.parse().ok()
+}
+
 /// Waits, up to `secs`, until `check` says yes; the replicas' logs are the error's detail.
 pub(crate) async fn wait_for(
     what: &str,

@@ -588,14 +588,34 @@ pub(crate) async fn assemble(
         }
     }
     .context("lower cluster client")?;
-    let lower_version = match lower.apiserver_version().await {
-        Ok(v) => v.git_version,
+    // A lower cluster that does not answer at start is an outage like any other: the node
+    // registers, shows it (condition, taint, event) and catches up when it answers; its
+    // version is then read by the node loop. Exiting instead made a crash loop of every
+    // restart that met the outage.
+    let lower_version = match tokio::time::timeout(
+        Duration::from_secs(5),
+        lower.apiserver_version(),
+    )
+    .await
+    {
+        Ok(Ok(v)) => v.git_version,
         // The cause in words (a certificate the kubeconfig's CA does not sign is named as
         // such), not hyper's "client error (Connect)".
-        Err(e) => bail!(
-            "asking the lower cluster {lower_name} for its version: {}",
-            tensile_node::reach::describe(&e).1
-        ),
+        Ok(Err(e)) => {
+            tracing::warn!(
+                cluster = %lower_name,
+                cause = %tensile_node::reach::describe(&e).1,
+                "the lower cluster does not answer at start: the node starts and shows it unreachable until it does"
+            );
+            String::new()
+        }
+        Err(_) => {
+            tracing::warn!(
+                cluster = %lower_name,
+                "the lower cluster did not answer at start within 5 s: the node starts and shows it unreachable until it does"
+            );
+            String::new()
+        }
     };
     let taint = node_taint(
         args.disable_taint,

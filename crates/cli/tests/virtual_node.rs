@@ -273,6 +273,85 @@ fn streams_through_the_virtual_node(upper: &Path) {
     common::port_forward_echo(upper, &format!("pod/{pod}"), 8080);
 }
 
+/// A lower cluster that does not answer when the node starts is an outage like any other: the
+/// node starts (it used to exit, and every restart of its pod met the same outage), registers
+/// with the lower cluster shown unreachable, and catches up once it answers: its version on the
+/// Node, a pod bound meanwhile Running.
+#[test]
+fn a_node_whose_lower_cluster_does_not_answer_at_start_shows_it_and_catches_up() {
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let env = runtime
+        .block_on(TestEnv::start_with(vec![
+            ClusterSpec::new("upper", 0),
+            ClusterSpec::new("lower", 1),
+        ]))
+        .unwrap();
+    let (upper, lower) = (
+        env.clusters[0].kubeconfig.clone(),
+        env.clusters[1].kubeconfig.clone(),
+    );
+    env.clusters[1].set_available(false);
+    let port = tensile_testenv::free_port().unwrap();
+    let log = env.dir().join("virtual-node.log");
+    let mut vn = Killed(
+        Command::new(env!("CARGO_BIN_EXE_tensile"))
+            .args(["virtual-node", "--nodename=vk-late", "--disable-taint"])
+            .arg(format!("--kubeconfig={}", upper.display()))
+            .arg(format!("--client-kubeconfig={}", lower.display()))
+            .arg("--kubelet-address=127.0.0.1")
+            .env("KUBELET_PORT", port.to_string())
+            .env("VKUBELET_POD_IP", "127.0.0.1")
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap(),
+    );
+    let jsonpath = |what: &str| {
+        kubectl(
+            &upper,
+            &["get", "node", "vk-late", "-o", &format!("jsonpath={what}")],
+        )
+        .1
+    };
+    let reachable =
+        "{.status.conditions[?(@.type==\"tensile-kube.io/LowerClusterReachable\")].status}";
+    let running = |vn: &mut Killed| {
+        if let Some(status) = vn.0.try_wait().unwrap() {
+            panic!(
+                "the virtual node exited ({status}):\n{}",
+                std::fs::read_to_string(&log).unwrap_or_default()
+            );
+        }
+    };
+    until("the node registered, its lower cluster unreachable", || {
+        running(&mut vn);
+        jsonpath(reachable) == "False"
+    });
+    assert_eq!(jsonpath("{.status.nodeInfo.kubeletVersion}"), "");
+    // A pod bound to it meanwhile (the taint keeps the scheduler away: bound by name).
+    let pod = "apiVersion: v1\nkind: Pod\nmetadata: {name: late}\nspec:\n  nodeName: vk-late\n  containers: [{name: c, image: nginx:1.27}]\n";
+    kubectl_with_stdin(&upper, &["apply", "-f", "-"], pod.as_bytes());
+    env.clusters[1].set_available(true);
+    until("the lower cluster shown reachable", || {
+        running(&mut vn);
+        jsonpath(reachable) == "True"
+    });
+    until("the lower version on the node", || {
+        !jsonpath("{.status.nodeInfo.kubeletVersion}").is_empty()
+    });
+    until("the pod Running", || {
+        running(&mut vn);
+        kubectl(
+            &upper,
+            &["get", "pod", "late", "-o", "jsonpath={.status.phase}"],
+        )
+        .1 == "Running"
+    });
+    drop(vn);
+    drop(env);
+    drop(runtime);
+}
+
 #[test]
 fn an_unreadable_lower_kubeconfig_is_a_clear_startup_error() {
     let out = Command::new(env!("CARGO_BIN_EXE_tensile"))

@@ -343,7 +343,7 @@ fn apply_pod_event(model: &mut CapacityModel, listed: &mut ListedKeys, e: &watch
 pub async fn run_node(
     upper: kube::Client,
     lower: kube::Client,
-    cfg: NodeLoop,
+    mut cfg: NodeLoop,
     mut capacity: watch::Receiver<Capacity>,
     reach: LowerReach,
     events: EventSink,
@@ -500,6 +500,13 @@ pub async fn run_node(
                 });
             }
             let still_unreachable = cause.is_some();
+            // A node started while its lower cluster did not answer has no version yet.
+            if cause.is_none()
+                && cfg.identity.lower_version.is_empty()
+                && let Some(version) = lower_version(&lower).await
+            {
+                cfg.identity.lower_version = version;
+            }
             reach.set(cause);
             // A recheck that finds it as it was (still away, or still answering) changes
             // nothing upstairs.
@@ -605,6 +612,14 @@ async fn ping(lower: &kube::Client) -> Option<String> {
         Ok(Err(kube::Error::Api(s))) if s.code == 429 || s.code >= 500 => None,
         Ok(Err(e)) => Some(crate::reach::describe(&e).1),
         Err(_) => Some("timed out after 5 s".to_owned()),
+    }
+}
+
+/// The lower API server's gitVersion, if it answers within 5 s.
+async fn lower_version(lower: &kube::Client) -> Option<String> {
+    match tokio::time::timeout(Duration::from_secs(5), lower.apiserver_version()).await {
+        Ok(Ok(v)) => Some(v.git_version),
+        _ => None,
     }
 }
 

@@ -35,6 +35,7 @@ use rustls::pki_types::CertificateDer;
 use rustls::pki_types::pem::PemObject as _;
 use tensile_core::certs::{self, Leaf, Observed, Plan, Policy, Signer, Validity};
 use tensile_core::keys::LABEL_OWNER;
+use tensile_runtime::api_error::{ApiClass, classify};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
@@ -193,7 +194,24 @@ pub async fn start(
         memory: None,
         writes: 0,
     };
-    let kept = keeper.converge(Seed::Fetch).await?;
+    // An upper cluster that does not answer at start is waited for, as a watch waits: exiting
+    // made a crash loop of every restart that met the outage. A refusal is final.
+    let mut pause = Duration::from_millis(250);
+    let kept = loop {
+        match keeper.converge(Seed::Fetch).await {
+            Err(TlsSecretError::Api { secret, source })
+                if classify(&source) == ApiClass::Transient && !stop.is_cancelled() =>
+            {
+                tracing::warn!(%secret, error = %source, "the upper cluster does not answer: reading the Secret again in {pause:?}");
+                tokio::select! {
+                    () = stop.cancelled() => return Err(TlsSecretError::Api { secret, source }),
+                    () = tokio::time::sleep(pause) => {}
+                }
+                pause = (pause * 2).min(Duration::from_secs(4));
+            }
+            other => break other?,
+        }
+    };
     let cert = LiveCert::new(kept.material.serving())?;
     let (bundle_tx, bundle) = watch::channel(kept.material.bundle());
     let (state_tx, state) = watch::channel(TlsSecretState {

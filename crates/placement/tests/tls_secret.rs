@@ -98,6 +98,36 @@ async fn upper() -> TestEnv {
         .unwrap()
 }
 
+/// A component started while the upper cluster does not answer waits for it (it used to
+/// return the error, and the process exited: a crash loop of every restart that met the outage,
+/// found by `tensile bench chaos`), then serves the Secret's certificate.
+#[tokio::test]
+async fn a_start_while_the_upper_cluster_is_away_waits_for_it() {
+    let env = upper().await;
+    let cluster = &env.clusters[0];
+    cluster.set_available(false);
+    let stop = CancellationToken::new();
+    let mut start = tokio::spawn(tls_secret::start(
+        cluster.client.clone(),
+        config("away-at-start", Policy::default()),
+        stop.clone(),
+    ));
+    // Still waiting while the cluster is away (it returned an error at once before).
+    assert!(
+        tokio::time::timeout(std::time::Duration::from_secs(3), &mut start)
+            .await
+            .is_err(),
+        "the start ended while the upper cluster was away"
+    );
+    cluster.set_available(true);
+    let kept = tokio::time::timeout(std::time::Duration::from_secs(60), start)
+        .await
+        .expect("the start ends once the upper cluster answers")
+        .unwrap();
+    assert!(kept.is_ok(), "{:?}", kept.err());
+    stop.cancel();
+}
+
 /// Two replicas started together (one creates the Secret, the other reads it) present the same
 /// certificate, trusted through `ca.crt`; a restart presents it again and writes nothing.
 #[tokio::test]

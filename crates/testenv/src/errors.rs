@@ -53,6 +53,8 @@ pub struct ErrorCounts {
 struct Shared {
     /// The share of requests answered with an error, in millionths.
     share_ppm: AtomicU64,
+    /// Every error a 429 (throttling), not 429 and 500 taking turns.
+    throttle_only: std::sync::atomic::AtomicBool,
     requests: AtomicU64,
     injected: AtomicU64,
     passed: AtomicU64,
@@ -139,7 +141,16 @@ impl ErrorProxy {
         // A share in millionths: the float rounded into the range.
         #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
         let ppm = (share.clamp(0.0, 1.0) * 1_000_000.0).round() as u64;
+        self.shared.throttle_only.store(false, Ordering::Relaxed);
         self.shared.share_ppm.store(ppm, Ordering::Relaxed);
+    }
+
+    /// Answers `share` (0.0 to 1.0) of the requests from now on with `429 Too Many Requests`
+    /// alone (`Retry-After: 1`): an API server throttling its clients (priority and
+    /// fairness); 0.0 passes every request on.
+    pub fn set_throttle_share(&self, share: f64) {
+        self.set_error_share(share);
+        self.shared.throttle_only.store(true, Ordering::Relaxed);
     }
 
     /// What it answered so far.
@@ -208,6 +219,12 @@ fn status_body(code: u16, reason: &str, message: &str) -> String {
     .to_string()
 }
 
+/// Whether request `n` is answered with an error at `ppm` millionths: every n-th request in a
+/// million decides, spread evenly (reproducible, no random source).
+fn fails(n: u64, ppm: u64) -> bool {
+    ppm > 0 && (n.wrapping_mul(ppm) % 1_000_000) < ppm
+}
+
 /// Answers `req` with an injected error, or with the API server's answer. When the API server
 /// cannot be reached, the client's connection is closed (an error of the service), as a TCP
 /// proxy in front of a dead server would do, not answered with a gateway error.
@@ -216,13 +233,11 @@ async fn forward(
     shared: &Shared,
     req: Request<Incoming>,
 ) -> Result<Response<ProxyBody>, kube::Error> {
-    // Every n-th request in a million decides, spread evenly: reproducible, no random source.
     let n = shared.requests.fetch_add(1, Ordering::Relaxed);
     let ppm = shared.share_ppm.load(Ordering::Relaxed);
-    let fail = ppm > 0 && (n.wrapping_mul(ppm) % 1_000_000) < ppm;
-    if fail {
+    if fails(n, ppm) {
         let injected = shared.injected.fetch_add(1, Ordering::Relaxed);
-        if injected.is_multiple_of(2) {
+        if injected.is_multiple_of(2) || shared.throttle_only.load(Ordering::Relaxed) {
             shared.too_many.fetch_add(1, Ordering::Relaxed);
             let mut res = full(
                 StatusCode::TOO_MANY_REQUESTS,
@@ -276,4 +291,24 @@ async fn forward(
         body.map_err(|e| Box::new(e) as Box<dyn std::error::Error + Send + Sync>)
             .boxed_unsync(),
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_share_of_requests_failed_is_spread_evenly() {
+        let failed = |ppm| (0..1000).filter(|n| fails(*n, ppm)).count();
+        assert_eq!(failed(0), 0);
+        assert_eq!(failed(300_000), 300);
+        assert_eq!(failed(1_000_000), 1000);
+        // No long run of failures at 30 %.
+        assert!(
+            (0..1000)
+                .collect::<Vec<u64>>()
+                .windows(3)
+                .all(|w| !w.iter().all(|n| fails(*n, 300_000)))
+        );
+    }
 }

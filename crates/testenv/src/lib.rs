@@ -211,6 +211,9 @@ pub struct TestCluster {
     pub name: String,
     /// An administrator client.
     pub client: kube::Client,
+    /// An administrator client that reaches the API server directly, not through the fault
+    /// proxy: an observer unaffected by the proxy's outages (a benchmark's own watches).
+    pub direct: kube::Client,
     /// The kubeconfig file (context = name).
     pub kubeconfig: PathBuf,
     /// The same as one kubeconfig entry (through the TCP fault proxy).
@@ -344,6 +347,17 @@ impl TestCluster {
         r.start_again(real::Component::Etcd)
             .map_err(self.real_error())?;
         r.wait_serving().await.map_err(self.real_error())
+    }
+
+    /// Compacts etcd to its current revision (real control planes only), so a watch that
+    /// resumes from an older revision is answered 410 Gone once the API server's own watch
+    /// cache no longer has it (after a restart of the API server at once). Answers the
+    /// revision.
+    pub async fn compact_etcd(&self) -> Result<i64, FaultError> {
+        self.real("an etcd compaction")?
+            .compact_etcd()
+            .await
+            .map_err(self.real_error())
     }
 
     /// An HTTPS proxy in front of this cluster that answers a share of the requests with
@@ -619,6 +633,7 @@ impl TestEnv {
             env.clusters.push(TestCluster {
                 name: cluster,
                 client,
+                direct,
                 kubeconfig,
                 entry,
                 backend,
