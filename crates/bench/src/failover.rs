@@ -23,7 +23,7 @@ use tensile_testenv::TestEnv;
 
 use crate::plot::{Marker, Timeline};
 use crate::support::{
-    NODE, burst_clusters, burst_pod, free_port, replica, spawn_watch, wait_for, with,
+    NODE, burst_clusters, burst_pod, free_port, holder_pid, replica, spawn_watch, wait_for, with,
 };
 
 /// Flags of `tensile bench failover`.
@@ -73,11 +73,6 @@ struct Seen {
 }
 
 type Shared = Arc<Mutex<Seen>>;
-
-/// The pid in a holder identity `<node>_<host>_<scope>_<pid>_<process>`.
-fn holder_pid(holder: &str) -> Option<u32> {
-    holder.rsplit('_').nth(1)?.parse().ok()
-}
 
 /// Watches what the benchmark checks, recording into `seen`.
 /// `lease` is the Lease whose holder is recorded: (namespace, name).
