@@ -783,6 +783,7 @@ pub async fn run(args: NodeScaleArgs) -> anyhow::Result<()> {
     )
     .await?;
     let burst = phase_end("burst", start, &env, &node, &sampler).await?;
+    burst.print();
     let burst_running_s = burst.wall.as_secs_f64();
 
     // Phase 2: steady. Nothing changes; the tokens are refreshed as they come due.
@@ -798,6 +799,7 @@ pub async fn run(args: NodeScaleArgs) -> anyhow::Result<()> {
         last = now;
     }
     let steady = phase_end("steady", start, &env, &node, &sampler).await?;
+    steady.print();
     // Refreshes per whole minute of the phase (six slices of 10 s).
     let minutes: Vec<f64> = per_slice
         .chunks_exact(6)
@@ -885,6 +887,7 @@ pub async fn run(args: NodeScaleArgs) -> anyhow::Result<()> {
     // Its writes counted until 5 s after it caught up.
     tokio::time::sleep(Duration::from_secs(5)).await;
     let restart = phase_end("restart", start, &env, &node, &sampler).await?;
+    restart.print();
     let restart_writes = pod_writes(&restart.metrics);
     let (lost, duplicated, deleted) = with(&seen, |s| (s.lost(), s.duplicated(), s.lower_deleted))?;
 
@@ -947,6 +950,7 @@ pub async fn run(args: NodeScaleArgs) -> anyhow::Result<()> {
     )
     .await?;
     let rolling = phase_end("rolling", start, &env, &node, &sampler).await?;
+    rolling.print();
     let duplicated = duplicated.max(with(&seen, |s| s.duplicated())?);
 
     // Phase 5: everything deleted.
@@ -1004,6 +1008,7 @@ pub async fn run(args: NodeScaleArgs) -> anyhow::Result<()> {
     )
     .await?;
     let deletion = phase_end("delete", start, &env, &node, &sampler).await?;
+    deletion.print();
     let (_, hwm) = memory_mib(node.pid);
     for t in &tasks {
         t.abort();
@@ -1036,9 +1041,6 @@ pub async fn run(args: NodeScaleArgs) -> anyhow::Result<()> {
         args.steady.as_secs_f64(),
         args.steady.as_secs_f64() * 3607.0 / token_seconds.max(1) as f64,
     );
-    for p in phases {
-        p.print();
-    }
     println!("burst: all {n} upper pods Running after {burst_running_s:.1} s");
     println!(
         "steady: {refreshes} token refreshes ({:.2} a second), per minute {minutes:?}: busiest minute {}",
