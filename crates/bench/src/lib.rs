@@ -21,6 +21,7 @@ mod failover;
 mod faults;
 mod fragmentation;
 mod hostile;
+mod node_scale;
 mod offload;
 mod plot;
 mod real_offload;
@@ -38,6 +39,10 @@ pub struct BenchArgs {
 enum Bench {
     /// Pods created at once upstairs, bound to one virtual node, run in the lower cluster.
     Offload(offload::OffloadArgs),
+    /// One virtual node carrying many pods, created bound by Deployments, through a burst, a
+    /// steady stretch of token refreshes, a kill -9 and restart, a rolling change and the
+    /// deletion of everything: its memory, CPU, requests and stage latencies per phase.
+    NodeScale(node_scale::NodeScaleArgs),
     /// Three lower clusters with fragmented free room and a burst of mixed-size pods, with and
     /// without the descheduler and the scheduler extender.
     Fragmentation(fragmentation::FragmentationArgs),
@@ -75,6 +80,7 @@ pub async fn run(
 ) -> anyhow::Result<()> {
     match args.what {
         Bench::Offload(a) => offload::run(a).await,
+        Bench::NodeScale(a) => node_scale::run(a).await,
         Bench::Fragmentation(a) => fragmentation::run(a).await,
         Bench::Extender(a) => extender::run(a).await,
         Bench::Failover(a) => failover::run(a).await,

@@ -20,8 +20,9 @@ use serde_json::json;
 
 use crate::plot;
 use crate::support::{
-    NODE, Samples, burst_clusters, burst_pod, cpu_seconds, free_port, histogram_buckets,
-    histogram_quantile, http_get, memory_mib, parse_metrics, pct,
+    NODE, Samples, apiserver_metrics, burst_clusters, burst_pod, cpu_seconds, free_port,
+    histogram_buckets, histogram_quantile, http_get, memory_mib, ms_json, parse_metrics, pct,
+    server_quantile, sockets,
 };
 
 /// Flags of `tensile bench offload`.
@@ -122,58 +123,12 @@ impl Seen {
     }
 }
 
-/// How many sockets a process has open (its connections to the API servers, mostly).
-fn sockets(pid: u32) -> usize {
-    std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, |dir| {
-        dir.filter_map(Result::ok)
-            .filter(|e| {
-                std::fs::read_link(e.path())
-                    .is_ok_and(|l| l.to_string_lossy().starts_with("socket:"))
-            })
-            .count()
-    })
-}
-
-/// What changed in counters between two scrapes.
-fn delta(after: &Samples, before: &Samples) -> Samples {
-    after
-        .iter()
-        .map(|(k, v)| (k.clone(), v - before.get(k).copied().unwrap_or(0.0)))
-        .collect()
-}
-
-/// The API server's own `/metrics` (a real kube-apiserver's; the simulator serves none).
-async fn apiserver_metrics(client: &kube::Client) -> Option<Samples> {
-    let req = http::Request::get("/metrics").body(Vec::new()).ok()?;
-    let text = client.request_text(req).await.ok()?;
-    Some(parse_metrics(&text))
-}
-
-/// A quantile, in seconds, of an API server's own request latency for the requests whose labels
-/// include `labels` (verb, resource, subresource), between two scrapes of its `/metrics`, to
-/// tell its time from ours. None when either scrape is missing (the simulator serves none) or
-/// no such request was served in between.
-fn server_quantile(
-    before: Option<&Samples>,
-    after: Option<&Samples>,
-    labels: &[(&str, &str)],
-    q: f64,
-) -> Option<f64> {
-    let d = delta(after?, before?);
-    histogram_quantile(&d, "apiserver_request_duration_seconds", labels, q)
-}
-
 /// One of our stages next to the API server's own latency of the write it waits for: the
 /// stage's p99 over the server's p99 (how far the node is from what the server allows).
 fn ratio(stage_p99: Duration, server_p99: Option<f64>) -> Option<f64> {
     server_p99
         .filter(|s| *s > 0.0)
         .map(|s| stage_p99.as_secs_f64() / s)
-}
-
-/// Milliseconds for the JSON line: a number, or null when not measured.
-fn ms_json(seconds: Option<f64>) -> serde_json::Value {
-    seconds.map_or(serde_json::Value::Null, |s| json!((s * 1e4).round() / 10.0))
 }
 
 /// The plot of `--plot`: each stage's latency distribution, the two seen from outside from

@@ -394,6 +394,57 @@ pub(crate) fn histogram_quantile(
     None
 }
 
+/// How many sockets a process has open (its connections to the API servers, mostly).
+pub(crate) fn sockets(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd")).map_or(0, |dir| {
+        dir.filter_map(Result::ok)
+            .filter(|e| {
+                std::fs::read_link(e.path())
+                    .is_ok_and(|l| l.to_string_lossy().starts_with("socket:"))
+            })
+            .count()
+    })
+}
+
+/// What changed in counters between two scrapes.
+pub(crate) fn delta(after: &Samples, before: &Samples) -> Samples {
+    after
+        .iter()
+        .map(|(k, v)| (k.clone(), v - before.get(k).copied().unwrap_or(0.0)))
+        .collect()
+}
+
+/// The API server's own `/metrics` (a real kube-apiserver's; the simulator serves none).
+pub(crate) async fn apiserver_metrics(client: &kube::Client) -> Option<Samples> {
+    let req = http::Request::get("/metrics").body(Vec::new()).ok()?;
+    let text = client.request_text(req).await.ok()?;
+    Some(parse_metrics(&text))
+}
+
+/// A quantile, in seconds, of an API server's own request latency for the requests whose labels
+/// include `labels` (verb, resource, subresource), between two scrapes of its `/metrics`, to
+/// tell its time from ours. None when either scrape is missing (the simulator serves none) or
+/// no such request was served in between.
+pub(crate) fn server_quantile(
+    before: Option<&Samples>,
+    after: Option<&Samples>,
+    labels: &[(&str, &str)],
+    q: f64,
+) -> Option<f64> {
+    let d = delta(after?, before?);
+    histogram_quantile(&d, "apiserver_request_duration_seconds", labels, q)
+}
+
+/// Milliseconds for the JSON line: a number, or null when not measured.
+pub(crate) fn ms_json(seconds: Option<f64>) -> serde_json::Value {
+    seconds.map_or(serde_json::Value::Null, |s| json!((s * 1e4).round() / 10.0))
+}
+
+/// The pid in a lease holder identity `<node>_<host>_<scope>_<pid>_<process>`.
+pub(crate) fn holder_pid(holder: &str) -> Option<u32> {
+    holder.rsplit('_').nth(1)?.parse().ok()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

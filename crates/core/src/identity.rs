@@ -341,6 +341,47 @@ pub fn refresh_at(issued: Timestamp, expires: Timestamp, expiration_seconds: i64
     by_age.min(by_lifetime)
 }
 
+/// When a pod's token is replaced: at the pod's own slot, never after [`refresh_at`].
+///
+/// At the kubelet's time alone, the pods created in one burst come due together again every
+/// refresh interval, forever: a herd of TokenRequests upstairs and Secret writes downstairs that
+/// repeats the burst. So each pod has slots one refresh interval apart (the time [`refresh_at`]
+/// leaves a token, in whole seconds: 80% of its life, or a day), phased by its UID, and a token
+/// is replaced at the last slot before the kubelet's time. A new pod's first refresh comes
+/// somewhere in its first interval, each later one an interval after the previous: the
+/// refreshes of all pods spread evenly over time whenever the pods were made, and a restart,
+/// which reads the time from our Secret, moves none of them. When the slot would come before
+/// the token was issued (a server that cut the life short), the kubelet's time stands.
+pub fn refresh_slot(
+    uid: &str,
+    issued: Timestamp,
+    expires: Timestamp,
+    expiration_seconds: i64,
+) -> Timestamp {
+    let latest = refresh_at(issued, expires, expiration_seconds);
+    let life = expires.duration_since(issued);
+    let interval = (life * 4 / 5).min(MAX_TOKEN_AGE).as_secs() * 1000;
+    if interval <= 0 {
+        return latest;
+    }
+    let phase =
+        i64::try_from(stable_hash(uid.as_bytes()) % interval.unsigned_abs()).unwrap_or_default();
+    let end = latest.as_millisecond();
+    let slot = end - (end - phase).rem_euclid(interval);
+    match Timestamp::from_millisecond(slot) {
+        Ok(slot) if slot > issued => slot,
+        _ => latest,
+    }
+}
+
+/// FNV-1a, 64 bits: a hash that is the same in every build and version, so that a pod's slot
+/// survives a restart and an upgrade of the node (std's hashers promise neither).
+fn stable_hash(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(*b)).wrapping_mul(0x0000_0100_0000_01b3)
+    })
+}
+
 /// A token the upper cluster issued for one [`TokenNeed`].
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct IssuedToken {
@@ -445,7 +486,7 @@ pub fn identity_secret(
         Tokens::Fresh(issued, ca_crt) => {
             refresh = issued
                 .iter()
-                .map(|t| refresh_at(t.issued, t.expires, t.expiration_seconds))
+                .map(|t| refresh_slot(uid, t.issued, t.expires, t.expiration_seconds))
                 .min()
                 .map(|t| t.to_string());
             data.extend(
@@ -1000,6 +1041,52 @@ mod tests {
         );
     }
 
+    #[test]
+    fn refreshes_come_at_each_pods_slot_spread_evenly_whenever_the_pods_were_made() {
+        let t0 = ts("2026-01-01T00:00:00Z");
+        let hour = SignedDuration::from_secs(3600);
+        let uids: Vec<String> = (0..6000)
+            .map(|i| format!("6f1c{i:04x}-8d2e-4c1a-9b7e-{:012x}", i * 7919))
+            .collect();
+        // Every pod made at the same moment, with one-hour tokens: their first refreshes.
+        let first: Vec<Timestamp> = uids
+            .iter()
+            .map(|u| refresh_slot(u, t0, t0 + hour, 3600))
+            .collect();
+        let kubelet = refresh_at(t0, t0 + hour, 3600);
+        assert!(first.iter().all(|t| *t > t0 && *t <= kubelet));
+        // Spread over the 48 minutes: no minute above twice the mean (125 a minute).
+        let mut per_minute = [0_usize; 48];
+        for t in &first {
+            let minute = usize::try_from(t.duration_since(t0).as_secs() / 60).unwrap();
+            per_minute[minute.min(47)] += 1;
+        }
+        assert!(per_minute.iter().all(|n| *n <= 250), "{per_minute:?}");
+        // A pod's later refreshes come one interval (48 minutes) after the previous, issued a
+        // little late (the queue, the request), and the same after a restart: the time is a
+        // function of the UID and the token alone.
+        for (u, at) in uids.iter().zip(&first).take(50) {
+            let late = *at + SignedDuration::from_millis(1500);
+            let next = refresh_slot(u, late, late + hour, 3600);
+            assert_eq!(next, *at + SignedDuration::from_secs(2880), "{u}");
+            assert_eq!(refresh_slot(u, late, late + hour, 3600), next);
+        }
+        // A token the server extended to a year: once a day, at the pod's slot.
+        let year = SignedDuration::from_hours(24 * 365);
+        let daily = refresh_slot(&uids[0], t0, t0 + year, 3607);
+        assert!(daily > t0 && daily <= t0 + MAX_TOKEN_AGE);
+        let late = daily + SignedDuration::from_secs(3);
+        assert_eq!(
+            refresh_slot(&uids[0], late, late + year, 3607),
+            daily + MAX_TOKEN_AGE
+        );
+        // A life too short for a slot after the issue: the kubelet's time.
+        assert_eq!(
+            refresh_slot("u", t0, t0 + SignedDuration::from_millis(900), 3600),
+            refresh_at(t0, t0 + SignedDuration::from_millis(900), 3600)
+        );
+    }
+
     fn issued(key: &str, expires: &str, seconds: i64) -> IssuedToken {
         IssuedToken {
             key: key.into(),
@@ -1034,10 +1121,18 @@ mod tests {
         assert_eq!(labels[LABEL_IDENTITY_OF], "u-1");
         let annotations = s.metadata.annotations.as_ref().unwrap();
         assert_eq!(annotations[ANNOTATION_TOKEN_POD], "web");
+        // The earlier token's slot: at most 80% into its 600 s, within its last 480 s.
+        let due: Timestamp = annotations[ANNOTATION_TOKEN_REFRESH_AT].parse().unwrap();
         assert_eq!(
-            annotations[ANNOTATION_TOKEN_REFRESH_AT],
-            "2026-01-01T00:08:00Z"
+            due,
+            refresh_slot(
+                "u-1",
+                ts("2026-01-01T00:00:00Z"),
+                ts("2026-01-01T00:10:00Z"),
+                600
+            )
         );
+        assert!(due > ts("2026-01-01T00:00:00Z") && due <= ts("2026-01-01T00:08:00Z"));
         let data = s.data.as_ref().unwrap();
         assert_eq!(data["token-1"].0, b"jwt-token-1");
         assert_eq!(data["ca.crt"].0, b"PEM");
@@ -1060,7 +1155,14 @@ mod tests {
         );
         let tokens = [issued("token-0", "2026-01-01T01:00:00Z", 3600)];
         let fresh = identity_secret(&p, "vk-1", Tokens::Fresh(&tokens, "PEM"), &[]).unwrap();
-        let due = ts("2026-01-01T00:48:00Z");
+        let due = refresh_slot(
+            "u-1",
+            ts("2026-01-01T00:00:00Z"),
+            ts("2026-01-01T01:00:00Z"),
+            3600,
+        );
+        assert!(due <= ts("2026-01-01T00:48:00Z"));
+        let now = due - SignedDuration::from_secs(1);
         assert_eq!(
             identity_step(&p, &[], Some(&fresh), now),
             IdentityStep::RecheckAt(Some(due))
@@ -1260,7 +1362,8 @@ mod tests {
     #[test]
     fn a_secret_kept_in_memory_has_no_token_values_and_decides_the_same() {
         let p = pod(api_access_spec());
-        let now: Timestamp = "2026-01-01T00:10:00Z".parse().unwrap();
+        // When the token was issued: its refresh slot is always later.
+        let now: Timestamp = "2026-01-01T00:00:00Z".parse().unwrap();
         let pins = downward_pins(&p, &[]);
         let full = identity_secret(
             &p,

@@ -279,10 +279,11 @@ async fn requests_share_one_http2_connection_and_upgrades_go_over_http1() {
             }
         }))
     };
-    // The first burst races the first handshake: hyper's pool may open several connections
-    // before ALPN says HTTP/2, and keeps one of them.
+    // The first burst does not race the first handshake (hyper's pool would open a connection
+    // per request before ALPN says HTTP/2): the lane's first request goes alone.
     burst().await;
     let opened = connections.load(Ordering::SeqCst);
+    assert_eq!(opened, 1, "one connection for a burst on a new client");
     burst().await;
     assert_eq!(versions.lock().unwrap().len(), 40);
     assert!(
@@ -324,11 +325,6 @@ async fn watches_beyond_a_connections_stream_limit_open_another_connection_inste
     let calls = ApiCalls::default();
     let client =
         tensile_runtime::clients::client_from_config(config, 0.0, 0, "upper", &calls).unwrap();
-    // Warm one connection up so the watches share it (see the test above).
-    client
-        .request_text(http::Request::get("/version").body(Vec::new()).unwrap())
-        .await
-        .unwrap();
     let opened = connections.load(Ordering::SeqCst);
     let watches = 2 * MAX_STREAMS_PER_CONNECTION + 10;
     let watch = || {
@@ -340,11 +336,13 @@ async fn watches_beyond_a_connections_stream_limit_open_another_connection_inste
     // Every watch holds its stream; a request after them is still answered. Without more
     // connections the 101st waits for one of them to end, which is never: the deadline is a
     // hang's, not a speed's.
+    // All at once on a new client: a connection per lane, not per watch.
     let mut open = tokio::time::timeout(Duration::from_secs(60), async {
-        let mut open = Vec::new();
-        for _ in 0..watches {
-            open.push(watch().await.unwrap());
-        }
+        let open: Vec<_> = futures::future::join_all((0..watches).map(|_| watch()))
+            .await
+            .into_iter()
+            .map(Result::unwrap)
+            .collect();
         client
             .request_text(http::Request::get("/version").body(Vec::new()).unwrap())
             .await
@@ -353,11 +351,11 @@ async fn watches_beyond_a_connections_stream_limit_open_another_connection_inste
     })
     .await
     .expect("requests behind a full connection's watches were never sent");
-    assert_eq!(connections.load(Ordering::SeqCst), opened + 2);
+    assert_eq!(connections.load(Ordering::SeqCst), opened + 3);
     // Watches that end give their places back: the next ones take no new connection.
     open.truncate(MAX_STREAMS_PER_CONNECTION);
     for _ in 0..50 {
         open.push(watch().await.unwrap());
     }
-    assert_eq!(connections.load(Ordering::SeqCst), opened + 2);
+    assert_eq!(connections.load(Ordering::SeqCst), opened + 3);
 }

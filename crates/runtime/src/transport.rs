@@ -97,11 +97,55 @@ struct Lanes {
 struct Lane {
     pool: Pool,
     open: Arc<AtomicUsize>,
+    /// Whether the lane's connection is up: until then one request at a time goes out.
+    connected: Arc<Connected>,
 }
+
+/// Whether a lane has its connection, and the gate its first requests pass one at a time.
+///
+/// hyper's pool learns that a connection speaks HTTP/2 only once TLS negotiated it, so every
+/// request that finds no connection opens one: a burst on a new lane (the node's start, with
+/// its watches and first writes, or the return of an API server) opened a connection per
+/// request, dozens towards one server, where one carries them all. So until a request on the
+/// lane got its answer's head, the others wait for it; a failed connection lets the next one
+/// try.
+#[derive(Debug, Default)]
+struct Connected {
+    up: std::sync::atomic::AtomicBool,
+    gate: tokio::sync::Mutex<()>,
+}
+
+impl Connected {
+    /// Sends `request` on `pool`: at once when the lane is connected, else after the requests
+    /// before it, alone.
+    async fn send(&self, pool: Pool, request: Request<Body>) -> Sent {
+        if self.up.load(Ordering::Acquire) {
+            return pool.request(request).await;
+        }
+        let alone = self.gate.lock().await;
+        let sent = pool.request(request);
+        if self.up.load(Ordering::Acquire) {
+            drop(alone);
+            return sent.await;
+        }
+        let answer = sent.await;
+        // Any answer, errors of the server included, means a connection: only a failure to
+        // connect leaves the lane to the next request alone.
+        let connected = match &answer {
+            Ok(_) => true,
+            Err(e) => !e.is_connect(),
+        };
+        self.up.store(connected, Ordering::Release);
+        answer
+    }
+}
+
+/// An answer of a lane, before its body is counted.
+type Sent = Result<http::Response<hyper::body::Incoming>, hyper_util::client::legacy::Error>;
 
 impl Lanes {
     /// A lane with a free stream, a new one when all are full; the stream is counted as taken.
-    fn take(&self) -> (Pool, Open) {
+    fn take(&self) -> (Pool, Open, Arc<Connected>) {
         let mut lanes = self.lanes.lock().unwrap_or_else(PoisonError::into_inner);
         let lane = match lanes
             .iter()
@@ -112,13 +156,14 @@ impl Lanes {
                 let lane = Lane {
                     pool: self.builder.build(self.connector.clone()),
                     open: Arc::default(),
+                    connected: Arc::default(),
                 };
                 lanes.push(lane.clone());
                 lane
             }
         };
         lane.open.fetch_add(1, Ordering::Relaxed);
-        (lane.pool, Open(Some(lane.open)))
+        (lane.pool, Open(Some(lane.open)), lane.connected)
     }
 }
 
@@ -243,14 +288,19 @@ impl Service<Request<Body>> for Transport {
     }
 
     fn call(&mut self, request: Request<Body>) -> Self::Future {
-        let (sent, open) = if upgrades(&request) {
-            (self.upgrades.request(request), Open(None))
-        } else {
-            let (pool, open) = self.lanes.take();
-            (pool.request(request), open)
-        };
+        if upgrades(&request) {
+            let sent = self.upgrades.request(request);
+            return Box::pin(async move {
+                let response = sent.await?;
+                Ok(response.map(|body| Counted {
+                    body,
+                    open: Open(None),
+                }))
+            });
+        }
+        let (pool, open, connected) = self.lanes.take();
         Box::pin(async move {
-            let response = sent.await?;
+            let response = connected.send(pool, request).await?;
             Ok(response.map(|body| Counted { body, open }))
         })
     }

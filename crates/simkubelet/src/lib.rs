@@ -511,8 +511,12 @@ async fn pods(shared: Arc<Shared>, stop: CancellationToken) {
     }
 }
 
-/// Keeps the pods bound to our nodes for the kubelet API.
+/// Keeps the pods bound to our nodes for the kubelet API; nothing without it (a benchmark's
+/// nodes: a typed copy of each of their pods was most of what the simulated kubelet held).
 fn remember(shared: &Shared, pod: &Pod) {
+    if !shared.config.kubelet_api {
+        return;
+    }
     let ours = pod
         .spec
         .as_ref()

@@ -6,6 +6,9 @@
 //! All watches read the one shared log: a write appends an event and wakes the watchers, each
 //! of which takes the events after its own cursor. The log is the only buffer, so memory is
 //! bounded by its capacity, and a watcher that falls behind past it gets 410 like a real one.
+//! A watch of one resource (an API watch) is woken by that resource's writes only, and takes
+//! only its events: a virtual node watches each ConfigMap and Secret its pods mount, one watch
+//! per object, and every pod status written used to wake each of those thousands of watches.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::ops::Bound;
@@ -123,13 +126,20 @@ struct Inner {
     controlled: HashMap<(ResId, String), BTreeSet<ObjKey>>,
     /// Every event with rv > floor is in the log.
     floor: u64,
+    /// Per resource, the resourceVersion of its newest event dropped from the log: a watch of
+    /// the resource whose cursor is at or after it lost none of its events, however far the
+    /// floor moved past it while the resource was quiet.
+    dropped: Vec<u64>,
     capacity: usize,
 }
 
 /// The store of one API server.
 pub struct Store {
     inner: Mutex<Inner>,
+    /// Woken by every write.
     changed: Notify,
+    /// Per resource, woken by its writes.
+    changed_res: Vec<Notify>,
 }
 
 impl std::fmt::Debug for Store {
@@ -151,9 +161,19 @@ impl Store {
                 log: VecDeque::with_capacity(capacity.min(1 << 16)),
                 controlled: HashMap::new(),
                 floor: 1,
+                dropped: vec![0; resources],
                 capacity: capacity.max(1),
             }),
             changed: Notify::new(),
+            changed_res: (0..resources).map(|_| Notify::new()).collect(),
+        }
+    }
+
+    /// Wakes the watches of every resource and those of `res`.
+    fn wake(&self, res: ResId) {
+        self.changed.notify_waiters();
+        if let Some(n) = self.changed_res.get(res) {
+            n.notify_waiters();
         }
     }
 
@@ -263,7 +283,7 @@ impl Store {
         }
         let entry = inner.commit(res, key, object, EventType::Added);
         drop(inner);
-        self.changed.notify_waiters();
+        self.wake(res);
         Ok(entry)
     }
 
@@ -288,7 +308,7 @@ impl Store {
         }
         let entry = inner.commit(res, key, object, EventType::Modified);
         drop(inner);
-        self.changed.notify_waiters();
+        self.wake(res);
         Ok(entry)
     }
 
@@ -320,7 +340,7 @@ impl Store {
             .unwrap_or(Value::Null);
         let entry = inner.record(res, key.clone(), object, EventType::Deleted, None);
         drop(inner);
-        self.changed.notify_waiters();
+        self.wake(res);
         Ok(entry)
     }
 
@@ -337,7 +357,19 @@ impl Store {
         Ok(WatchCursor {
             store: self,
             after: from.min(inner.rv),
+            res: None,
         })
+    }
+
+    /// [`Store::watch_from`] for the events of `res` alone: woken by its writes only.
+    pub fn watch_resource_from(
+        &self,
+        res: ResId,
+        from: u64,
+    ) -> Result<WatchCursor<'_>, StoreError> {
+        let mut cursor = self.watch_from(from)?;
+        cursor.res = Some(res);
+        Ok(cursor)
     }
 }
 
@@ -411,6 +443,9 @@ impl Inner {
             && let Some(old) = self.log.pop_front()
         {
             self.floor = old.rv;
+            if let Some(d) = self.dropped.get_mut(old.res) {
+                *d = old.rv;
+            }
         }
         self.log.push_back(Arc::new(Event {
             rv,
@@ -441,6 +476,8 @@ fn controller_uid(object: &Value) -> Option<&str> {
 pub struct WatchCursor<'a> {
     store: &'a Store,
     after: u64,
+    /// The one resource whose events it takes; `None`: every resource's.
+    res: Option<ResId>,
 }
 
 impl WatchCursor<'_> {
@@ -453,7 +490,10 @@ impl WatchCursor<'_> {
     /// out of the retained log.
     pub async fn next_batch(&mut self) -> Result<Vec<Arc<Event>>, StoreError> {
         loop {
-            let notified = self.store.changed.notified();
+            let notified = match self.res.and_then(|r| self.store.changed_res.get(r)) {
+                Some(n) => n.notified(),
+                None => self.store.changed.notified(),
+            };
             tokio::pin!(notified);
             notified.as_mut().enable();
             let batch = self.take()?;
@@ -467,7 +507,12 @@ impl WatchCursor<'_> {
     /// Events after the cursor, without waiting.
     pub fn take(&mut self) -> Result<Vec<Arc<Event>>, StoreError> {
         let inner = self.store.lock();
-        if self.after < inner.floor {
+        let lost = match self.res {
+            // Only events of its resource count.
+            Some(r) => self.after < inner.dropped.get(r).copied().unwrap_or(inner.floor),
+            None => self.after < inner.floor,
+        };
+        if lost {
             return Err(StoreError::Expired {
                 requested: self.after,
                 oldest: inner.floor,
@@ -475,12 +520,14 @@ impl WatchCursor<'_> {
         }
         // rvs are strictly increasing along the log: binary search the start.
         let start = inner.log.partition_point(|e| e.rv <= self.after);
-        let batch: Vec<Arc<Event>> = inner.log.range(start..).cloned().collect();
-        if let Some(last) = batch.last() {
-            self.after = last.rv;
-        } else {
-            self.after = self.after.max(inner.rv);
-        }
+        let batch: Vec<Arc<Event>> = inner
+            .log
+            .range(start..)
+            .filter(|e| self.res.is_none_or(|r| e.res == r))
+            .cloned()
+            .collect();
+        // Past every event looked at, of any resource.
+        self.after = self.after.max(inner.rv);
         Ok(batch)
     }
 }
@@ -604,5 +651,42 @@ mod tests {
         let (batch, ()) = tokio::join!(waiter, writer);
         assert_eq!(batch[0].kind, EventType::Deleted);
         assert_eq!(batch[0].entry.object["metadata"]["name"], "d");
+    }
+
+    #[tokio::test]
+    async fn a_watch_of_one_resource_sees_its_events_alone_and_outlives_other_resources_churn() {
+        let s = Store::new(2, 3);
+        let mut quiet = s.watch_resource_from(0, s.current_rv()).unwrap();
+        let mut all = s.watch_from(s.current_rv()).unwrap();
+        s.create(1, ObjKey::new("ns", "other"), obj("other"))
+            .unwrap();
+        s.create(0, ObjKey::new("ns", "mine"), obj("mine")).unwrap();
+        let names =
+            |b: Vec<Arc<Event>>| -> Vec<String> { b.iter().map(|e| e.key.name.clone()).collect() };
+        assert_eq!(names(quiet.take().unwrap()), ["mine"]);
+        assert_eq!(names(all.take().unwrap()), ["other", "mine"]);
+        // The other resource's writes push the floor past the quiet watch's cursor.
+        for n in ["a", "b", "c", "d"] {
+            s.create(1, ObjKey::new("ns", n), obj(n)).unwrap();
+        }
+        assert!(matches!(all.take(), Err(StoreError::Expired { .. })));
+        // The quiet watch lost nothing of its own: no 410, its next event arrives alone.
+        assert!(quiet.take().unwrap().is_empty());
+        let waiter = async { quiet.next_batch().await.unwrap() };
+        let writer = async {
+            tokio::task::yield_now().await;
+            s.create(1, ObjKey::new("ns", "e"), obj("e")).unwrap();
+            s.remove(0, &ObjKey::new("ns", "mine"), None).unwrap();
+        };
+        let (batch, ()) = tokio::join!(waiter, writer);
+        let seen: Vec<_> = batch.iter().map(|e| (e.res, e.kind)).collect();
+        assert_eq!(seen, [(0, EventType::Deleted)]);
+        // Once an event of its own is dropped unseen, it expires as any watch does.
+        let mut behind = s.watch_resource_from(0, s.current_rv()).unwrap();
+        s.create(0, ObjKey::new("ns", "x"), obj("x")).unwrap();
+        for n in ["f", "g", "h"] {
+            s.create(1, ObjKey::new("ns", n), obj(n)).unwrap();
+        }
+        assert!(matches!(behind.take(), Err(StoreError::Expired { .. })));
     }
 }

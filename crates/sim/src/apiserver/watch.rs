@@ -217,7 +217,7 @@ pub(super) fn watch(
                 rv
             }
         };
-        let mut cursor = match state.store.watch_from(from) {
+        let mut cursor = match state.store.watch_resource_from(res, from) {
             Ok(c) => c,
             Err(e) => {
                 let _ = tx.send(expired_line(&e)).await;
