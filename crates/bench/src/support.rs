@@ -440,11 +440,6 @@ pub(crate) fn ms_json(seconds: Option<f64>) -> serde_json::Value {
     seconds.map_or(serde_json::Value::Null, |s| json!((s * 1e4).round() / 10.0))
 }
 
-/// The pid in a lease holder identity `<node>_<host>_<scope>_<pid>_<process>`.
-pub(crate) fn holder_pid(holder: &str) -> Option<u32> {
-    holder.rsplit('_').nth(1)?.parse().ok()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
