@@ -35,6 +35,18 @@ fn text(out: &Arc<Mutex<String>>) -> String {
     out.lock().unwrap().clone()
 }
 
+/// kubectl's stdout; a failure fails the test with its stderr.
+fn kubectl_ok(kubeconfig: &Path, args: &[&str]) -> String {
+    let (ok, out, err) = kubectl(kubeconfig, args);
+    assert!(ok, "kubectl {args:?}: {err}");
+    out
+}
+
+/// The words of `text` one space apart, so that a table's or describe's columns compare whole.
+fn words(text: &str) -> String {
+    text.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
 fn mode(path: &Path) -> u32 {
     std::fs::metadata(path).unwrap().permissions().mode() & 0o777
 }
@@ -311,11 +323,7 @@ fn tensile_up_says_in_kubectl_describe_why_an_autoscaler_never_scales() {
     let kc = dir.join("kubeconfig");
     let (up, out) = start_up(&["--port", "0", "--lower-clusters", "1", "--no-table"], &kc);
     until("tensile up to be ready", || text(&out).contains("ready in"));
-    let ok = |args: &[&str]| {
-        let (ok, out, err) = kubectl(&kc, args);
-        assert!(ok, "kubectl {args:?}: {err}");
-        out.split_whitespace().collect::<Vec<_>>().join(" ")
-    };
+    let ok = |args: &[&str]| words(&kubectl_ok(&kc, args));
     ok(&[
         "create",
         "deployment",
@@ -492,11 +500,7 @@ fn on_real_control_planes_an_autoscaler_scales_from_the_metrics_top_shows() {
     common::until_within(Duration::from_secs(240), "the sandbox ready", || {
         text(&out).contains("ready in")
     });
-    let ok = |args: &[&str]| {
-        let (ok, out, err) = kubectl(&kc, args);
-        assert!(ok, "kubectl {args:?}: {err}");
-        out
-    };
+    let ok = |args: &[&str]| kubectl_ok(&kc, args);
     ok(&[
         "create",
         "deployment",
@@ -538,10 +542,7 @@ fn on_real_control_planes_an_autoscaler_scales_from_the_metrics_top_shows() {
             replicas.trim() == "4"
         },
     );
-    let described = ok(&["describe", "hpa", "web"])
-        .split_whitespace()
-        .collect::<Vec<_>>()
-        .join(" ");
+    let described = words(&ok(&["describe", "hpa", "web"]));
     for shown in [
         "resource cpu on pods (as a percentage of request): 100% (100m) / 60%",
         "ScalingActive True ValidMetricFound",
