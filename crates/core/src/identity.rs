@@ -364,22 +364,14 @@ pub fn refresh_slot(
     if interval <= 0 {
         return latest;
     }
-    let phase =
-        i64::try_from(stable_hash(uid.as_bytes()) % interval.unsigned_abs()).unwrap_or_default();
+    let phase = i64::try_from(crate::keys::stable_hash(uid.as_bytes()) % interval.unsigned_abs())
+        .unwrap_or_default();
     let end = latest.as_millisecond();
     let slot = end - (end - phase).rem_euclid(interval);
     match Timestamp::from_millisecond(slot) {
         Ok(slot) if slot > issued => slot,
         _ => latest,
     }
-}
-
-/// FNV-1a, 64 bits: a hash that is the same in every build and version, so that a pod's slot
-/// survives a restart and an upgrade of the node (std's hashers promise neither).
-fn stable_hash(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, b| {
-        (h ^ u64::from(*b)).wrapping_mul(0x0000_0100_0000_01b3)
-    })
 }
 
 /// A token the upper cluster issued for one [`TokenNeed`].

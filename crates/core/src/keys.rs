@@ -183,6 +183,14 @@ pub const REASON_OFFLOADED: &str = "Offloaded";
 /// The longest label value Kubernetes accepts.
 pub const MAX_LABEL_VALUE_LEN: usize = 63;
 
+/// FNV-1a, 64 bits: the same in every build, version and platform (std's hashers promise
+/// none of that), for what must survive a restart or an upgrade: label suffixes, token slots.
+pub fn stable_hash(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(*b)).wrapping_mul(0x0000_0100_0000_01b3)
+    })
+}
+
 /// The value of [`LABEL_OWNER`] for an owner id (a node name is a DNS subdomain of up to 253
 /// characters, a label value at most 63): short ids are used as they are, long ones are cut and
 /// suffixed with a stable hash so two long names never share a value by accident.
@@ -190,10 +198,7 @@ pub fn owner_label_value(owner: &str) -> String {
     if owner.len() <= MAX_LABEL_VALUE_LEN && is_label_value(owner) {
         return owner.to_owned();
     }
-    // FNV-1a: stable across versions and platforms, which std's hasher is not.
-    let hash = owner.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
-        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
-    });
+    let hash = stable_hash(owner.as_bytes());
     let suffix = format!("{hash:016x}");
     let keep = MAX_LABEL_VALUE_LEN - suffix.len() - 1;
     let head: String = owner
