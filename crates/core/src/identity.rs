@@ -341,17 +341,25 @@ pub fn refresh_at(issued: Timestamp, expires: Timestamp, expiration_seconds: i64
     by_age.min(by_lifetime)
 }
 
-/// When a pod's token is replaced: at the pod's own slot, never after [`refresh_at`].
+/// When a pod's token is replaced: at the pod's own slot, at most a fiftieth of an interval
+/// after [`refresh_at`].
 ///
 /// At the kubelet's time alone, the pods created in one burst come due together again every
 /// refresh interval, forever: a herd of TokenRequests upstairs and Secret writes downstairs that
-/// repeats the burst. So each pod has slots one refresh interval apart (the time [`refresh_at`]
-/// leaves a token, in whole seconds: 80% of its life, or a day), phased by its UID, and a token
-/// is replaced at the last slot before the kubelet's time. A new pod's first refresh comes
-/// somewhere in its first interval, each later one an interval after the previous: the
-/// refreshes of all pods spread evenly over time whenever the pods were made, and a restart,
-/// which reads the time from our Secret, moves none of them. When the slot would come before
-/// the token was issued (a server that cut the life short), the kubelet's time stands.
+/// repeats the burst. So each pod has slots one refresh interval apart (80% of the token's life
+/// rounded to the minute, or a day), phased by its UID, and a token is replaced at the last
+/// slot before the kubelet's time. A new pod's first refresh comes somewhere in its first
+/// interval, each later one an interval after the previous: the refreshes of all pods spread
+/// evenly over time whenever the pods were made, and a restart, which reads the time from our
+/// Secret, moves none of them. When the slot would come before the token was issued (a server
+/// that cut the life short), the kubelet's time stands.
+///
+/// The life is measured from our clock before the request to the server's expiry, which it
+/// writes in whole seconds: a 600 s token seems to live a little under or over 600 s, by a
+/// different amount each time. Hence the rounding (an interval of 479 s one time and 480 s the
+/// next moved the phase, and tokens were replaced at random within the interval, twice as often
+/// as due) and the slack past the kubelet's time (a token asked for at its slot would otherwise
+/// often be due a moment before the next slot, and be replaced at the slot before it).
 pub fn refresh_slot(
     uid: &str,
     issued: Timestamp,
@@ -359,14 +367,18 @@ pub fn refresh_slot(
     expiration_seconds: i64,
 ) -> Timestamp {
     let latest = refresh_at(issued, expires, expiration_seconds);
-    let life = expires.duration_since(issued);
-    let interval = (life * 4 / 5).min(MAX_TOKEN_AGE).as_secs() * 1000;
+    let minutes = (expires.duration_since(issued).as_secs() + 30) / 60;
+    let life = SignedDuration::from_mins(minutes);
+    let interval = (life * 4 / 5).min(MAX_TOKEN_AGE).as_millis();
+    let Ok(interval) = i64::try_from(interval) else {
+        return latest;
+    };
     if interval <= 0 {
         return latest;
     }
     let phase = i64::try_from(crate::keys::stable_hash(uid.as_bytes()) % interval.unsigned_abs())
         .unwrap_or_default();
-    let end = latest.as_millisecond();
+    let end = latest.as_millisecond() + interval / 50;
     let slot = end - (end - phase).rem_euclid(interval);
     match Timestamp::from_millisecond(slot) {
         Ok(slot) if slot > issued => slot,
@@ -1034,6 +1046,40 @@ mod tests {
     }
 
     #[test]
+    fn refreshes_stay_one_interval_apart_when_the_server_truncates_the_expiry() {
+        // As a real exchange goes: the node takes the time before the request, the server adds
+        // the life asked to its own clock and answers in whole seconds, so the life the node
+        // sees is a little under or over what was asked, by a different amount each time.
+        let t0 = ts("2026-01-01T00:00:00.250Z");
+        let life = SignedDuration::from_secs(600);
+        let whole = |t: Timestamp| Timestamp::from_second(t.as_second()).unwrap();
+        for i in 0..200_u32 {
+            let uid = format!("7a2d{i:04x}-1b3c-4d5e-8f90-{:012x}", u64::from(i) * 104_729);
+            let mut issued = t0 + SignedDuration::from_millis(i64::from(i) * 37);
+            let mut slots = Vec::new();
+            for k in 0..12_i64 {
+                // Up to 2 s for the request and its queue; the server's clock at most 2 s off.
+                let latency = SignedDuration::from_millis((k * 613 + i64::from(i) * 71) % 2000);
+                let skew = SignedDuration::from_millis((k * 389 + i64::from(i) * 53) % 4000 - 2000);
+                let expires = whole(issued + latency + skew + life);
+                let slot = refresh_slot(&uid, issued, expires, 600);
+                assert!(
+                    slot > issued,
+                    "{uid}: refresh {k} before its token was issued"
+                );
+                slots.push(slot);
+                // The next token is asked for at the slot, a little late.
+                issued = slot + SignedDuration::from_millis((k * 977) % 1500);
+            }
+            let gaps: Vec<i128> = slots
+                .windows(2)
+                .map(|w| w[1].duration_since(w[0]).as_millis())
+                .collect();
+            assert!(gaps.iter().all(|g| *g == 480_000), "{uid}: {gaps:?}");
+        }
+    }
+
+    #[test]
     fn refreshes_come_at_each_pods_slot_spread_evenly_whenever_the_pods_were_made() {
         let t0 = ts("2026-01-01T00:00:00Z");
         let hour = SignedDuration::from_secs(3600);
@@ -1046,7 +1092,8 @@ mod tests {
             .map(|u| refresh_slot(u, t0, t0 + hour, 3600))
             .collect();
         let kubelet = refresh_at(t0, t0 + hour, 3600);
-        assert!(first.iter().all(|t| *t > t0 && *t <= kubelet));
+        let slack = SignedDuration::from_millis(2880 * 1000 / 50);
+        assert!(first.iter().all(|t| *t > t0 && *t <= kubelet + slack));
         // Spread over the 48 minutes: no minute above twice the mean (125 a minute).
         let mut per_minute = [0_usize; 48];
         for t in &first {
@@ -1066,7 +1113,7 @@ mod tests {
         // A token the server extended to a year: once a day, at the pod's slot.
         let year = SignedDuration::from_hours(24 * 365);
         let daily = refresh_slot(&uids[0], t0, t0 + year, 3607);
-        assert!(daily > t0 && daily <= t0 + MAX_TOKEN_AGE);
+        assert!(daily > t0 && daily <= t0 + MAX_TOKEN_AGE + MAX_TOKEN_AGE / 50);
         let late = daily + SignedDuration::from_secs(3);
         assert_eq!(
             refresh_slot(&uids[0], late, late + year, 3607),
