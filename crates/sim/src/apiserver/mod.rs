@@ -56,7 +56,8 @@ pub struct ApiServerConfig {
     pub tls: bool,
     /// Service ClusterIP range: base address and prefix length.
     pub service_cidr: (Ipv4Addr, u8),
-    /// How many changes the watch history keeps (older resourceVersions get 410).
+    /// The most changes the watch history keeps; it keeps those of the last 75 s (at least
+    /// 100), as kube-apiserver's watch cache does. Older resourceVersions get 410.
     pub watch_history: usize,
     /// The largest request body accepted (the real server's limit is 3 MiB).
     pub max_body_bytes: usize,

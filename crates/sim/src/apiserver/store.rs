@@ -4,8 +4,13 @@
 //! otherwise).
 //!
 //! All watches read the one shared log: a write appends an event and wakes the watchers, each
-//! of which takes the events after its own cursor. The log is the only buffer, so memory is
-//! bounded by its capacity, and a watcher that falls behind past it gets 410 like a real one.
+//! of which takes the events after its own cursor. The log is the only buffer, bounded as
+//! kube-apiserver's watch cache is: it keeps the events of the last [`EVENT_FRESH`] (at least
+//! [`KEEP_AT_LEAST`] of them, at most its capacity) and drops older ones, so its memory follows
+//! the write rate, not the writes since start. Each event holds a version of an object that a
+//! newer write may have superseded; with every change kept, a run's history was most of the
+//! simulated clusters' memory. A watcher that falls behind past the log gets 410 like a real
+//! one and lists again.
 //! A watch of one resource (an API watch) is woken by that resource's writes only, and takes
 //! only its events: a virtual node watches each ConfigMap and Secret its pods mount, one watch
 //! per object, and every pod status written used to wake each of those thousands of watches.
@@ -13,12 +18,21 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::ops::Bound;
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use serde_json::Value;
 use tokio::sync::Notify;
 
 use super::resources::ResId;
+
+/// How long the log keeps an event: kube-apiserver's watch cache keeps 75 s of events (its
+/// bookmark period and a margin), so a watch resumed from its last bookmark finds them.
+pub const EVENT_FRESH: Duration = Duration::from_secs(75);
+
+/// The log keeps this many events however old (the watch cache's lower bound per resource),
+/// so a quiet server still resumes a watch that reconnects a little late.
+pub const KEEP_AT_LEAST: usize = 100;
 
 /// Namespace ("" for cluster-scoped objects) and name.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -86,7 +100,8 @@ pub struct Event {
     /// The object after the change (its last state, for deletions).
     pub entry: Entry,
     /// The object before a modification, so filtered watches can tell an object that stops
-    /// matching (sent as DELETED) from one that starts matching (sent as ADDED).
+    /// matching (sent as DELETED) from one that starts matching (sent as ADDED). It shares its
+    /// data with the previous event of the object: it costs nothing while that one is kept.
     pub prev: Option<Entry>,
 }
 
@@ -119,7 +134,8 @@ struct Inner {
     objects: Vec<BTreeMap<ObjKey, Entry>>,
     /// Per resource, the resourceVersion of its last change (0: never changed).
     changed_at: Vec<u64>,
-    log: VecDeque<Arc<Event>>,
+    /// The events, with when each was recorded.
+    log: VecDeque<(Instant, Arc<Event>)>,
     /// The objects each controller owns (by the controller's UID), kept as objects change:
     /// what kube-controller-manager's informers index by owner, so a ReplicaSet or Job with
     /// thousands of pods finds its own without scanning every pod of the namespace.
@@ -130,7 +146,11 @@ struct Inner {
     /// the resource whose cursor is at or after it lost none of its events, however far the
     /// floor moved past it while the resource was quiet.
     dropped: Vec<u64>,
+    /// The most events the log keeps.
     capacity: usize,
+    /// Events older than this are dropped (beyond the first `keep_at_least`).
+    fresh: Duration,
+    keep_at_least: usize,
 }
 
 /// The store of one API server.
@@ -151,18 +171,31 @@ impl std::fmt::Debug for Store {
 }
 
 impl Store {
-    /// A store for `resources` resource types whose event log keeps `capacity` events.
+    /// A store for `resources` resource types whose event log keeps the events of the last
+    /// [`EVENT_FRESH`], at most `capacity` of them.
     pub fn new(resources: usize, capacity: usize) -> Self {
+        Self::with_history(resources, capacity, EVENT_FRESH, KEEP_AT_LEAST)
+    }
+
+    /// [`Store::new`] keeping `fresh` of events, at least `keep_at_least` of them.
+    fn with_history(
+        resources: usize,
+        capacity: usize,
+        fresh: Duration,
+        keep_at_least: usize,
+    ) -> Self {
         Self {
             inner: Mutex::new(Inner {
                 rv: 1,
                 objects: (0..resources).map(|_| BTreeMap::new()).collect(),
                 changed_at: vec![0; resources],
-                log: VecDeque::with_capacity(capacity.min(1 << 16)),
+                log: VecDeque::new(),
                 controlled: HashMap::new(),
                 floor: 1,
                 dropped: vec![0; resources],
                 capacity: capacity.max(1),
+                fresh,
+                keep_at_least,
             }),
             changed: Notify::new(),
             changed_res: (0..resources).map(|_| Notify::new()).collect(),
@@ -439,23 +472,39 @@ impl Inner {
             json,
             rv,
         };
-        if self.log.len() >= self.capacity
-            && let Some(old) = self.log.pop_front()
-        {
-            self.floor = old.rv;
-            if let Some(d) = self.dropped.get_mut(old.res) {
-                *d = old.rv;
-            }
-        }
-        self.log.push_back(Arc::new(Event {
+        let now = Instant::now();
+        self.trim(now);
+        let event = Event {
             rv,
             res,
             kind,
             key,
             entry: entry.clone(),
             prev,
-        }));
+        };
+        self.log.push_back((now, Arc::new(event)));
         entry
+    }
+
+    /// Makes room for one event: drops the oldest while the log is full, or holds more than
+    /// `keep_at_least` events and the oldest is older than `fresh`.
+    fn trim(&mut self, now: Instant) {
+        while let Some((at, old)) = self.log.front() {
+            let full = self.log.len() >= self.capacity;
+            let stale = self.log.len() > self.keep_at_least && now.duration_since(*at) > self.fresh;
+            if !(full || stale) {
+                break;
+            }
+            self.floor = old.rv;
+            if let Some(d) = self.dropped.get_mut(old.res) {
+                *d = old.rv;
+            }
+            self.log.pop_front();
+        }
+        // A burst grew the buffer: give its memory back once the log is a quarter of it.
+        if self.log.capacity() > 4 * self.log.len().max(1024) {
+            self.log.shrink_to(2 * self.log.len().max(1024));
+        }
     }
 }
 
@@ -519,12 +568,12 @@ impl WatchCursor<'_> {
             });
         }
         // rvs are strictly increasing along the log: binary search the start.
-        let start = inner.log.partition_point(|e| e.rv <= self.after);
+        let start = inner.log.partition_point(|(_, e)| e.rv <= self.after);
         let batch: Vec<Arc<Event>> = inner
             .log
             .range(start..)
-            .filter(|e| self.res.is_none_or(|r| e.res == r))
-            .cloned()
+            .filter(|(_, e)| self.res.is_none_or(|r| e.res == r))
+            .map(|(_, e)| Arc::clone(e))
             .collect();
         // Past every event looked at, of any resource.
         self.after = self.after.max(inner.rv);
@@ -651,6 +700,42 @@ mod tests {
         let (batch, ()) = tokio::join!(waiter, writer);
         assert_eq!(batch[0].kind, EventType::Deleted);
         assert_eq!(batch[0].entry.object["metadata"]["name"], "d");
+    }
+
+    #[test]
+    fn the_log_keeps_the_fresh_events_and_at_least_a_few() {
+        let s = Store::with_history(1, 100, EVENT_FRESH, 3);
+        let start = s.current_rv();
+        for n in ["a", "b", "c", "d", "e"] {
+            s.create(0, ObjKey::new("ns", n), obj(n)).unwrap();
+        }
+        // All fresh: all kept, under the capacity.
+        assert_eq!(s.watch_from(start).unwrap().take().unwrap().len(), 5);
+        // Once they are stale, trimming keeps the newest few.
+        s.lock()
+            .trim(Instant::now() + EVENT_FRESH + Duration::from_secs(1));
+        let names = |from: u64| -> Vec<String> {
+            let batch = s.watch_from(from).unwrap().take().unwrap();
+            batch.iter().map(|e| e.key.name.clone()).collect()
+        };
+        assert!(matches!(
+            s.watch_from(start),
+            Err(StoreError::Expired { .. })
+        ));
+        assert_eq!(names(s.current_rv() - 3), ["c", "d", "e"]);
+        // The objects themselves stay, whatever the log dropped.
+        assert!(s.get(0, &ObjKey::new("ns", "a")).is_some());
+        // Fresh events are dropped only past the capacity.
+        let capped = Store::new(1, 2);
+        let start = capped.current_rv();
+        for n in ["a", "b", "c"] {
+            capped.create(0, ObjKey::new("ns", n), obj(n)).unwrap();
+        }
+        assert!(capped.watch_from(start).is_err());
+        assert_eq!(
+            capped.watch_from(start + 1).unwrap().take().unwrap().len(),
+            2
+        );
     }
 
     #[tokio::test]
