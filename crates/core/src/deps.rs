@@ -427,6 +427,24 @@ pub fn lower_namespace_of(name: &str, owner: &str, upper: Option<&Namespace>) ->
     ns
 }
 
+/// Whether a creation in a namespace failed because that namespace is missing or being deleted,
+/// from the API server's answer: its code, the kind its details name, the types of its causes
+/// and its message. Only then may the namespace have to be created again; after any other
+/// failure (a timeout, a conflict, a missing ConfigMap, a quota) it is still there, and
+/// creating it again costs two requests and changes nothing. Creating in a missing namespace is
+/// `404 namespaces "x" not found`; in one being deleted, `403 ... because it is being
+/// terminated` with the cause `NamespaceTerminating`.
+pub fn namespace_gone(code: u16, details_kind: &str, causes: &[&str], message: &str) -> bool {
+    match code {
+        404 => details_kind == "namespaces",
+        403 => {
+            causes.contains(&"NamespaceTerminating")
+                || message.contains("because it is being terminated")
+        }
+        _ => false,
+    }
+}
+
 /// Whether node `owner` owns the lower object with metadata `meta`: the check every writer makes
 /// before updating or deleting a lower object. Objects without our label are never ours.
 pub fn is_owned_by(meta: &ObjectMeta, owner: &str) -> bool {
@@ -639,6 +657,51 @@ mod tests {
     use serde_json::{Value, json};
 
     const OWNER: &str = "vk-lower-a";
+
+    #[test]
+    fn a_namespace_is_gone_only_when_the_answer_says_so() {
+        let terminating = "pods \"web\" is forbidden: unable to create new content in \
+            namespace shop because it is being terminated";
+        assert!(namespace_gone(
+            404,
+            "namespaces",
+            &[],
+            "namespaces \"shop\" not found"
+        ));
+        assert!(namespace_gone(
+            403,
+            "pods",
+            &["NamespaceTerminating"],
+            "forbidden"
+        ));
+        assert!(namespace_gone(403, "pods", &[], terminating));
+        // Failures that leave the namespace where it was.
+        assert!(!namespace_gone(
+            404,
+            "configmaps",
+            &[],
+            "configmaps \"cfg\" not found"
+        ));
+        assert!(!namespace_gone(
+            409,
+            "pods",
+            &[],
+            "pods \"web\" already exists"
+        ));
+        assert!(!namespace_gone(403, "pods", &[], "exceeded quota: compute"));
+        assert!(!namespace_gone(
+            500,
+            "",
+            &[],
+            "etcdserver: request timed out"
+        ));
+        assert!(!namespace_gone(
+            504,
+            "",
+            &[],
+            "Timeout: request did not complete"
+        ));
+    }
 
     fn pod(spec: Value) -> Pod {
         serde_json::from_value(json!({

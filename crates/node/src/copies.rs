@@ -844,7 +844,7 @@ where
             }
         }
         Err(e) => {
-            kind.namespaces.forget(ns);
+            kind.namespaces.forget_if_gone(ns, &e);
             Err(write("creating")(e))
         }
     }

@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 
 use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{Api, PostParams};
-use tensile_core::deps::lower_namespace_of;
+use tensile_core::deps::{lower_namespace_of, namespace_gone};
 use tokio::sync::OnceCell;
 
 use tensile_runtime::clients::already_exists;
@@ -106,8 +106,34 @@ impl LowerNamespaces {
         .map(|_| ())
     }
 
-    /// Forgets namespace `name`: a creation in it failed, and it may have been deleted.
-    pub fn forget(&self, name: &str) {
+    /// Forgets namespace `name` when `error`, the failure of a creation in it, says the
+    /// namespace is missing or being deleted ([`namespace_gone`]): the next creation in it makes
+    /// it again. Any other failure leaves it known (forgetting on every failure created the
+    /// namespace again after each failed pod of a burst).
+    pub fn forget_if_gone(&self, name: &str, error: &(dyn std::error::Error + 'static)) {
+        let mut next = Some(error);
+        while let Some(e) = next {
+            // Some errors keep the client's error boxed: a link of its own type.
+            let api = e
+                .downcast_ref::<kube::Error>()
+                .or_else(|| e.downcast_ref::<Box<kube::Error>>().map(AsRef::as_ref));
+            if let Some(kube::Error::Api(status)) = api {
+                let details = status.details.as_ref();
+                let causes: Vec<&str> = details
+                    .map(|d| d.causes.iter().map(|c| c.reason.as_str()).collect())
+                    .unwrap_or_default();
+                let kind = details.map(|d| d.kind.as_str()).unwrap_or_default();
+                if namespace_gone(status.code, kind, &causes, &status.message) {
+                    self.forget(name);
+                }
+                return;
+            }
+            next = e.source();
+        }
+    }
+
+    /// Forgets namespace `name`.
+    fn forget(&self, name: &str) {
         let mut known = match self.known.lock() {
             Ok(known) => known,
             Err(poisoned) => poisoned.into_inner(),

@@ -802,10 +802,8 @@ async fn create_lower(w: &PodWriter, u: &Pod) -> Result<(), SyncError> {
         Some(u),
     ))
     .await;
-    if result.is_err()
-        && let Some(ns) = &u.metadata.namespace
-    {
-        w.namespaces.forget(ns);
+    if let (Err(e), Some(ns)) = (&result, &u.metadata.namespace) {
+        w.namespaces.forget_if_gone(ns, e);
     }
     result.map(drop)
 }
