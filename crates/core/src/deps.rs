@@ -427,6 +427,20 @@ pub fn lower_namespace_of(name: &str, owner: &str, upper: Option<&Namespace>) ->
     ns
 }
 
+/// `timeoutSeconds` of the watch of one object pods reference (`kind`, `namespace`, `name`):
+/// from 5 to 10 minutes, as the kubelet's reflectors ask (client-go draws it at random for each
+/// watch), phased by the object. A client's default (kube's 290 s for every watch) ends the
+/// watches started together (a restart starts thousands at once) together again every 290 s, a
+/// herd of watch requests upstairs each time; with a period of its own per object they drift
+/// apart, and each object costs a watch request every 7.5 minutes on average.
+pub fn object_watch_timeout(kind: &str, namespace: &str, name: &str) -> u32 {
+    const SHORTEST: u64 = 300;
+    const SPREAD: u64 = 300;
+    let key = format!("{kind}/{namespace}/{name}");
+    let seconds = SHORTEST + keys::stable_hash(key.as_bytes()) % SPREAD;
+    u32::try_from(seconds).unwrap_or(u32::MAX)
+}
+
 /// Whether a creation in a namespace failed because that namespace is missing or being deleted,
 /// from the API server's answer: its code, the kind its details name, the types of its causes
 /// and its message. Only then may the namespace have to be created again; after any other
@@ -657,6 +671,31 @@ mod tests {
     use serde_json::{Value, json};
 
     const OWNER: &str = "vk-lower-a";
+
+    #[test]
+    fn object_watches_end_spread_over_five_minutes() {
+        let timeouts: Vec<u32> = (0..10_000)
+            .map(|i| object_watch_timeout("Secret", "shop", &format!("cfg-{i}")))
+            .collect();
+        assert!(timeouts.iter().all(|t| (300..600).contains(t)));
+        // Watches started at one instant end spread evenly: 30 s buckets of 1,000 on average,
+        // none above 1.25 times that.
+        let mut buckets = [0_u32; 10];
+        for t in &timeouts {
+            buckets[usize::try_from((t - 300) / 30).unwrap()] += 1;
+        }
+        assert!(buckets.iter().all(|n| *n <= 1250), "{buckets:?}");
+        // The same object, the same period; another kind of the same name, its own.
+        assert_eq!(object_watch_timeout("Secret", "shop", "cfg-1"), timeouts[1]);
+        let kinds = (0..100)
+            .filter(|i| {
+                let name = format!("cfg-{i}");
+                object_watch_timeout("ConfigMap", "shop", &name)
+                    != object_watch_timeout("Secret", "shop", &name)
+            })
+            .count();
+        assert!(kinds >= 95, "{kinds}");
+    }
 
     #[test]
     fn a_namespace_is_gone_only_when_the_answer_says_so() {

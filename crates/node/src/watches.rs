@@ -24,6 +24,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tokio_util::sync::CancellationToken;
 
+use tensile_core::deps::object_watch_timeout;
 use tensile_runtime::cache::{CompactCache, Key};
 
 /// Told the key of an object whose state changed.
@@ -185,7 +186,9 @@ async fn follow<K>(
         namespace: ns,
         name,
     } = key.clone();
-    let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
+    let config = watcher::Config::default()
+        .fields(&format!("metadata.name={name}"))
+        .timeout(object_watch_timeout(what, &ns, &name));
     let stream = tensile_runtime::backoff::watch(api, config).boxed();
     // What the list in progress found (at most the one object).
     let mut listing: Option<Option<K>> = None;

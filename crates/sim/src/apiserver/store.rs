@@ -394,15 +394,28 @@ impl Store {
         })
     }
 
-    /// [`Store::watch_from`] for the events of `res` alone: woken by its writes only.
+    /// [`Store::watch_from`] for the events of `res` alone: woken by its writes only. Only
+    /// the events of `res` count: a watch of a quiet resource resumed from a resourceVersion
+    /// older than the log's start lost nothing if none of them was dropped since (the watch
+    /// cache keeps a log per resource, and other resources' changes do not age it).
     pub fn watch_resource_from(
         &self,
         res: ResId,
         from: u64,
     ) -> Result<WatchCursor<'_>, StoreError> {
-        let mut cursor = self.watch_from(from)?;
-        cursor.res = Some(res);
-        Ok(cursor)
+        let inner = self.lock();
+        let dropped = inner.dropped.get(res).copied().unwrap_or(inner.floor);
+        if from < dropped {
+            return Err(StoreError::Expired {
+                requested: from,
+                oldest: inner.floor,
+            });
+        }
+        Ok(WatchCursor {
+            store: self,
+            after: from.min(inner.rv),
+            res: Some(res),
+        })
     }
 }
 
@@ -766,6 +779,14 @@ mod tests {
         let (batch, ()) = tokio::join!(waiter, writer);
         let seen: Vec<_> = batch.iter().map(|e| (e.res, e.kind)).collect();
         assert_eq!(seen, [(0, EventType::Deleted)]);
+        // A watch of it resumed from before the other resource's churn lost nothing either.
+        let resumed = s.watch_resource_from(0, s.current_rv() - 5).unwrap();
+        assert_eq!(resumed.position(), s.current_rv() - 5);
+        assert!(
+            s.watch_resource_from(0, 2).is_err(),
+            "its creation was dropped"
+        );
+        assert!(matches!(s.watch_from(1), Err(StoreError::Expired { .. })));
         // Once an event of its own is dropped unseen, it expires as any watch does.
         let mut behind = s.watch_resource_from(0, s.current_rv()).unwrap();
         s.create(0, ObjKey::new("ns", "x"), obj("x")).unwrap();

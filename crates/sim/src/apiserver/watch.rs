@@ -227,41 +227,57 @@ pub(super) fn watch(
         let mut ticker =
             tokio::time::interval_at(tokio::time::Instant::now() + BOOKMARK_EVERY, BOOKMARK_EVERY);
         loop {
-            tokio::select! {
-                batch = cursor.next_batch() => {
-                    let batch = match batch {
-                        Ok(b) => b,
-                        Err(e) => { let _ = tx.send(expired_line(&e)).await; return; }
-                    };
-                    for ev in batch.iter().filter(|e| e.res == res) {
-                        let now = filter.matches(rt, &ev.entry.object);
-                        let kind = match ev.kind {
-                            EventType::Added if now => "ADDED",
-                            EventType::Deleted if now => "DELETED",
-                            EventType::Modified => {
-                                let before = ev.prev.as_ref().is_some_and(|p| filter.matches(rt, &p.object));
-                                match (before, now) {
-                                    (true, true) => "MODIFIED",
-                                    (false, true) => "ADDED",
-                                    (true, false) => "DELETED",
-                                    (false, false) => continue,
-                                }
-                            }
-                            _ => continue,
-                        };
-                        if tx.send(render(kind, &ev.entry.json, &ev.entry.object)).await.is_err() {
-                            return;
-                        }
-                    }
-                }
-                _ = ticker.tick(), if bookmarks => {
-                    if tx.send(bookmark(rt, cursor.position(), false)).await.is_err() {
-                        return;
-                    }
-                }
+            // A bookmark first takes what its resource has: its resourceVersion is then the
+            // store's, as a real server's bookmark carries its cache's progress, so a watch of a
+            // quiet resource resumes from a recent resourceVersion.
+            let (batch, bookmark_after) = tokio::select! {
+                batch = cursor.next_batch() => (batch, false),
+                _ = ticker.tick(), if bookmarks => (cursor.take(), true),
                 () = tokio::time::sleep_until(deadline) => return,
                 () = tx.closed() => return,
                 () = state.outage() => return,
+            };
+            let batch = match batch {
+                Ok(b) => b,
+                Err(e) => {
+                    let _ = tx.send(expired_line(&e)).await;
+                    return;
+                }
+            };
+            for ev in batch.iter().filter(|e| e.res == res) {
+                let now = filter.matches(rt, &ev.entry.object);
+                let kind = match ev.kind {
+                    EventType::Added if now => "ADDED",
+                    EventType::Deleted if now => "DELETED",
+                    EventType::Modified => {
+                        let before = ev
+                            .prev
+                            .as_ref()
+                            .is_some_and(|p| filter.matches(rt, &p.object));
+                        match (before, now) {
+                            (true, true) => "MODIFIED",
+                            (false, true) => "ADDED",
+                            (true, false) => "DELETED",
+                            (false, false) => continue,
+                        }
+                    }
+                    _ => continue,
+                };
+                if tx
+                    .send(render(kind, &ev.entry.json, &ev.entry.object))
+                    .await
+                    .is_err()
+                {
+                    return;
+                }
+            }
+            if bookmark_after
+                && tx
+                    .send(bookmark(rt, cursor.position(), false))
+                    .await
+                    .is_err()
+            {
+                return;
             }
         }
     });
