@@ -380,18 +380,7 @@ impl Store {
     /// Starts a watch after resourceVersion `from`: the retained events since then, and a
     /// cursor to wait for more.
     pub fn watch_from(&self, from: u64) -> Result<WatchCursor<'_>, StoreError> {
-        let inner = self.lock();
-        if from < inner.floor {
-            return Err(StoreError::Expired {
-                requested: from,
-                oldest: inner.floor,
-            });
-        }
-        Ok(WatchCursor {
-            store: self,
-            after: from.min(inner.rv),
-            res: None,
-        })
+        self.cursor(None, from)
     }
 
     /// [`Store::watch_from`] for the events of `res` alone: woken by its writes only. Only
@@ -403,8 +392,17 @@ impl Store {
         res: ResId,
         from: u64,
     ) -> Result<WatchCursor<'_>, StoreError> {
+        self.cursor(Some(res), from)
+    }
+
+    /// A cursor after `from`, or 410 if events it would need were dropped: any resource's
+    /// for a watch of all of them, `res`'s own for a watch of one.
+    fn cursor(&self, res: Option<ResId>, from: u64) -> Result<WatchCursor<'_>, StoreError> {
         let inner = self.lock();
-        let dropped = inner.dropped.get(res).copied().unwrap_or(inner.floor);
+        let dropped = match res {
+            Some(res) => inner.dropped.get(res).copied().unwrap_or(inner.floor),
+            None => inner.floor,
+        };
         if from < dropped {
             return Err(StoreError::Expired {
                 requested: from,
@@ -414,7 +412,7 @@ impl Store {
         Ok(WatchCursor {
             store: self,
             after: from.min(inner.rv),
-            res: Some(res),
+            res,
         })
     }
 }
