@@ -35,6 +35,7 @@ use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Node, Pod, Secret, Servic
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::runtime::watcher;
 use serde_json::json;
+use tensile_core::identity::MIN_EXPIRATION_SECONDS;
 use tensile_core::keys::{ANNOTATION_UPPER_UID, LABEL_OWNER, TAINT_VIRTUAL_KUBELET};
 use tensile_testenv::TestEnv;
 
@@ -54,8 +55,13 @@ pub struct NodeScaleArgs {
     /// How long the steady phase lasts (nothing changes but token refreshes).
     #[arg(long, default_value = "600s", value_parser = tensile_core::duration::parse_duration)]
     steady: Duration,
-    /// `expirationSeconds` of the pods' projected service-account tokens.
-    #[arg(long, default_value_t = 600)]
+    /// `expirationSeconds` of the pods' projected service-account tokens: at least 600, as
+    /// kube-apiserver's pod validation demands (10 minutes).
+    #[arg(
+        long,
+        default_value_t = MIN_EXPIRATION_SECONDS,
+        value_parser = clap::value_parser!(i64).range(MIN_EXPIRATION_SECONDS..)
+    )]
     token_seconds: i64,
     /// Share of the pods the rolling change replaces, in percent.
     #[arg(long, default_value_t = 1.0)]

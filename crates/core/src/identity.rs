@@ -113,6 +113,9 @@ pub const DEFAULT_EXPIRATION_SECONDS: i64 = 3600;
 /// What the ServiceAccount admission asks for in `kube-api-access-*` volumes, and what we ask
 /// for a legacy token Secret volume.
 pub const KUBE_API_ACCESS_EXPIRATION_SECONDS: i64 = 3607;
+/// The shortest `expirationSeconds` kube-apiserver's validation lets a pod's projected token ask
+/// for (10 minutes); a pod asking for less is refused.
+pub const MIN_EXPIRATION_SECONDS: i64 = 600;
 /// The kubelet replaces a token older than this, whatever its expiry (`maxTTL` of its token
 /// manager), and so do we.
 pub const MAX_TOKEN_AGE: SignedDuration = SignedDuration::from_hours(24);
