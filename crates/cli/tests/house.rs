@@ -1,7 +1,8 @@
 //! The house rule of docs/architecture.md: no file of a product crate, nor of the benchmarks'
 //! crate, imports one that imports it back, directly or around a circle. Read from the sources: a file's imports are the
 //! `crate::...` paths in its code (comments and its test module left out), each taken to the
-//! longest module path that is a file of the crate.
+//! longest module path that is a file of the crate. And every test file of a crate whose tests
+//! build as one binary is declared in its `tests/main.rs`.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -157,6 +158,41 @@ fn no_file_of_a_product_crate_imports_one_that_imports_it_back() {
         }
     }
     assert!(found.is_empty(), "file circles:\n{}", found.join("\n"));
+}
+
+/// The crates whose `tests/` build as one binary (`autotests = false`, docs/testing.md).
+const ONE_TEST_BINARY: [&str; 2] = ["node", "kubelet"];
+
+#[test]
+fn every_test_file_of_a_one_binary_crate_is_a_module_of_its_main() {
+    let crates = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    for name in ONE_TEST_BINARY {
+        let dir = crates.join(name).join("tests");
+        let main = std::fs::read_to_string(dir.join("main.rs")).unwrap();
+        let declared: BTreeSet<&str> = main
+            .lines()
+            .filter_map(|l| l.strip_prefix("mod ")?.strip_suffix(';'))
+            .collect();
+        let mut files = BTreeSet::new();
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.extension().is_some_and(|e| e == "rs")
+                && let Some(stem) = path.file_stem().and_then(|s| s.to_str())
+                && stem != "main"
+            {
+                files.insert(stem.to_owned());
+            }
+        }
+        assert!(files.len() > 3, "{}: no test files read", dir.display());
+        let missing: Vec<&String> = files
+            .iter()
+            .filter(|f| !declared.contains(f.as_str()))
+            .collect();
+        assert!(
+            missing.is_empty(),
+            "crates/{name}/tests: {missing:?} not declared in tests/main.rs, so never built"
+        );
+    }
 }
 
 #[test]

@@ -1,12 +1,9 @@
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 //! Interop with kube-rs' own kubelet client (`kubelet-debug`), which talks WebSocket straight
 //! to a kubelet: `v5.channel.k8s.io` for exec/attach, `v4.channel.k8s.io` channels for
 //! port-forward. The virtual node reaches lower clusters with this same client stack.
 
-mod common;
-
-use common::front::Front;
-use common::within;
+use crate::common::front::Front;
+use crate::common::within;
 use futures::SinkExt;
 use kube::api::{AttachParams, TerminalSize};
 use kube::core::kubelet_debug::KubeletDebugParams;

@@ -1,15 +1,12 @@
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 //! Interop with the real Go client: the machine's kubectl (1.32) against an in-test API front
 //! whose streaming subresources are served by this crate. Covers SPDY and WebSocket (v5) exec,
 //! exit codes, stdin EOF, attach, and port-forward over SPDY and over the SPDY-in-WebSocket
 //! tunnel with parallel connections.
 
-mod common;
-
 use std::process::Stdio;
 
-use common::front::Front;
-use common::within;
+use crate::common::front::Front;
+use crate::common::within;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 use tokio::process::{Child, Command};

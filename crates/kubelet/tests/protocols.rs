@@ -1,18 +1,15 @@
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 //! The remote command and port-forward protocols, driven by test clients over in-memory pipes:
 //! the versions and encodings kubectl no longer uses, and the failure paths (timeouts, bad or
 //! unexpected streams, backend errors) that real clients do not produce on demand.
 
-mod common;
-
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::common::backend::FakeBackend;
+use crate::common::spdy_client::{Client, Event};
+use crate::common::within;
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as B64;
-use common::backend::FakeBackend;
-use common::spdy_client::{Client, Event};
-use common::within;
 use futures::{SinkExt, StreamExt};
 use tensile_kubelet::spdy::{Headers, RstStatus};
 use tensile_kubelet::{

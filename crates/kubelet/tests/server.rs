@@ -1,9 +1,6 @@
 //! The kubelet HTTPS server: authentication (client certificates, TokenReview), authorization
 //! (SubjectAccessReview, cached), routes, 404/405, bad query values. The API server answering
 //! the reviews is a fake that records what it is asked.
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
-
-mod common;
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -26,7 +23,8 @@ use tensile_kubelet::{
 };
 use tokio::net::{TcpListener, TcpStream};
 
-use common::backend::FakeBackend;
+use crate::common;
+use crate::common::backend::FakeBackend;
 
 struct Ca(CertifiedIssuer<'static, KeyPair>);
 

@@ -1,14 +1,11 @@
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 //! The SPDY server session against an independent test client over in-memory pipes: streams,
 //! half-close, resets, pings, GOAWAY, limits, timeouts and garbage.
 
-mod common;
-
 use std::time::Duration;
 
+use crate::common::spdy_client::{Client, Event};
+use crate::common::within;
 use bytes::{BufMut, BytesMut};
-use common::spdy_client::{Client, Event};
-use common::within;
 use proptest::prelude::*;
 use tensile_kubelet::spdy::{
     CodecLimits, Frame, GoAwayStatus, Headers, OpenError, RstStatus, Session, SessionConfig,

@@ -3,7 +3,6 @@
 //! preconditions, orphans at start), and the kubelet API's certificates, logs, exec and stats.
 //! The rules that need no cluster are tested in `tensile-core`; where they differ from the
 //! original, `docs/differences.md` says why.
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -15,8 +14,8 @@ use kube::api::{Api, AttachParams, DeleteParams, ListParams, PostParams, Termina
 use serde_json::json;
 use tokio::io::AsyncReadExt;
 
-mod common;
-use common::{NodeOptions, clusters, eventually, gone, phase, pod, spawn, start};
+use crate::common;
+use crate::common::{NodeOptions, clusters, eventually, gone, phase, pod, spawn, start};
 
 fn get(path: &str) -> http::Request<Vec<u8>> {
     http::Request::get(path).body(Vec::new()).unwrap()

@@ -1,4 +1,3 @@
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 //! Clients against a simulated API server: throttling, counting, and kubeconfig errors.
 
 use std::time::{Duration, Instant};

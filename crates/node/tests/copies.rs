@@ -1,13 +1,11 @@
 //! The ConfigMap and Secret controller end to end on simulated clusters: our lower copies
 //! follow their upper originals, go when they go, and copies left without an original are
 //! collected at start; lower objects that are not ours are never touched.
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
-
-mod common;
 
 use std::time::Instant;
 
-use common::{
+use crate::common;
+use crate::common::{
     NodeOptions, clusters, eventually, gone, phase, pod, run_pod_spec, spawn, spawn_node,
 };
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret};

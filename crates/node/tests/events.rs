@@ -1,10 +1,8 @@
 //! Events of the lower cluster about our pods show up on the upper pods, so `kubectl describe
 //! pod` upstairs tells what happened downstairs; events of pods that are not ours do not.
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
 
-mod common;
-
-use common::{eventually, pod, start};
+use crate::common;
+use crate::common::{eventually, pod, start};
 use k8s_openapi::api::core::v1::{Event, Pod};
 use kube::api::{Api, ListParams, PostParams};
 use serde_json::json;

@@ -1,11 +1,8 @@
 //! The kubelet API refusing the upper API server's client certificate is said, not silent, and
 //! a flood of bogus tokens on it does not starve the node's lease: on the simulator and on real
 //! control planes.
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
 
-mod common;
-
-use common::{NodeOptions, clusters, eventually, spawn};
+use crate::common::{NodeOptions, clusters, eventually, spawn};
 use k8s_openapi::api::core::v1::Event;
 use kube::api::{Api, ListParams};
 use tensile_node::ClientCa;

@@ -1,7 +1,6 @@
 //! Leader election on a Lease of a real (or simulated) API server: of two candidates one leads;
 //! the other takes over only after the leader stops renewing, at once when it gives the lease
 //! up; and a leader whose lease is taken by another learns it has lost.
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
 
 use std::time::{Duration, Instant};
 

@@ -1,8 +1,5 @@
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
 //! The virtual node's kubelet backend against a simulated lower cluster: logs, exec, attach,
 //! port-forward and stats are forwarded to our lower pods only; anything else is "not found".
-
-mod common;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -19,6 +16,8 @@ use tensile_kubelet::{
 use tensile_node::lower_backend::LowerBackend;
 use tensile_testenv::TestEnv;
 use tokio::io::{AsyncReadExt, AsyncWriteExt, DuplexStream};
+
+use crate::common;
 
 const NS: &str = "default";
 const OURS: &str = "web";

@@ -8,11 +8,8 @@
 //!
 //! Real control planes only (.config/nextest.toml says why): the simulator has no Node
 //! authorizer, so a node identity there may do nothing.
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
 
-mod common;
-
-use common::{NodeOptions, clusters, eventually, gone, phase, pod, spawn};
+use crate::common::{NodeOptions, clusters, eventually, gone, phase, pod, spawn};
 use k8s_openapi::api::authentication::v1::{BoundObjectReference, TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{

@@ -1,5 +1,4 @@
 //! A lower cluster as one node of an upper cluster, end to end on simulated clusters.
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
 
 use std::time::Duration;
 
@@ -9,8 +8,7 @@ use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
 use tensile_testenv::{ClusterSpec, TestEnv};
 
-mod common;
-use common::{eventually, gone, phase, pod, spawn_node, spawn_node_with, start};
+use crate::common::{eventually, gone, phase, pod, spawn_node, spawn_node_with, start};
 
 #[tokio::test]
 async fn a_deployment_upstairs_runs_in_the_lower_cluster_and_reports_back() {

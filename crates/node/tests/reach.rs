@@ -1,10 +1,8 @@
 //! What a user sees when the lower cluster is unreachable, and a second process for the same
 //! node: both on the simulator and on real control planes.
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
 
-mod common;
-
-use common::{NodeOptions, clusters, eventually, phase, pod, start, try_spawn};
+use crate::common;
+use crate::common::{NodeOptions, clusters, eventually, phase, pod, start, try_spawn};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Endpoints, Event, Node, Pod, Service};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;

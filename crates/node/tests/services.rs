@@ -2,13 +2,10 @@
 //! are mirrored to every lower cluster as selector-less Services whose Endpoints (and, through
 //! the lower mirroring controller, EndpointSlices) list every backend, wherever it runs;
 //! changes and deletions follow; lower objects that are not ours are never touched.
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
-
-mod common;
 
 use std::collections::BTreeSet;
 
-use common::{NodeOptions, eventually, gone, pod, spawn};
+use crate::common::{NodeOptions, eventually, gone, pod, spawn};
 use k8s_openapi::api::core::v1::{Endpoints, Namespace, Pod, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use kube::ResourceExt as _;

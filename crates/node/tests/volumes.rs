@@ -4,11 +4,8 @@
 //! binds claims as kube does (static local volumes with `WaitForFirstConsumer`, or a
 //! provisioner); the upper cluster's PV controller completes the upper binding from what the
 //! virtual node writes.
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // test code
 
-mod common;
-
-use common::{NodeOptions, clusters, eventually, gone, run_pod_spec, spawn};
+use crate::common::{NodeOptions, clusters, eventually, gone, run_pod_spec, spawn};
 use k8s_openapi::api::core::v1::{PersistentVolume, PersistentVolumeClaim, Pod};
 use k8s_openapi::api::storage::v1::StorageClass;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
