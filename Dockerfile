@@ -7,8 +7,9 @@ WORKDIR /src
 COPY Cargo.toml Cargo.lock rustfmt.toml clippy.toml ./
 COPY crates crates
 COPY deploy deploy
-# Without the sandbox (`tensile up`, `sim`, `bench`): no simulator in the image.
-RUN cargo build --release --locked -p tensile-cli --no-default-features \
+# Without the sandbox (`tensile up`, `sim`, `bench`): no simulator in the image; with jemalloc
+# (crates/cli/src/main.rs), whose C this build image compiles (gcc, make).
+RUN cargo build --release --locked -p tensile-cli --no-default-features --features jemalloc \
  && install -D target/release/tensile /out/tensile
 
 # glibc, CA certificates, nothing else; the binary links only libc (TLS is rustls).

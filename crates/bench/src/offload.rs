@@ -46,8 +46,8 @@ pub struct OffloadArgs {
     #[arg(long)]
     node_wrapper: Option<String>,
     /// The `tensile` binary the virtual node runs, e.g. the image's build (`cargo build
-    /// --release --no-default-features`, without the sandbox), to measure what a cluster runs;
-    /// default: this binary.
+    /// --release --no-default-features --features jemalloc`, without the sandbox), to measure
+    /// what a cluster runs; default: this binary.
     #[arg(long)]
     node_binary: Option<std::path::PathBuf>,
     /// `--pod-identity` of the virtual node (default: none given, so `upper`, the default).
