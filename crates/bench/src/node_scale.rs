@@ -359,6 +359,9 @@ struct Phase {
     cpu_s: f64,
     peak_rss: f64,
     end_rss: f64,
+    /// The node's live heap at the end (its allocator's `tensile_allocator_allocated_bytes`),
+    /// MiB; none from a build without jemalloc.
+    end_heap: Option<f64>,
     peak_sockets: usize,
     /// The node's metrics over the phase (the difference of two scrapes).
     metrics: Samples,
@@ -415,6 +418,7 @@ async fn phase_end(
         cpu_s: cpu_seconds(node.pid) - start.cpu,
         peak_rss,
         end_rss,
+        end_heap: live_heap_mib(&metrics),
         peak_sockets,
         metrics: delta(&metrics, &start.metrics),
         servers: (diff(upper, start.servers.0), diff(lower, start.servers.1)),
@@ -478,6 +482,14 @@ fn stage(m: &Samples, s: &str, q: f64) -> Option<f64> {
     histogram_quantile(m, "tensile_pod_sync_seconds", &[("stage", s)], q)
 }
 
+/// The live heap a scrape of the node reports, MiB (none from a build without jemalloc).
+fn live_heap_mib(metrics: &Samples) -> Option<f64> {
+    metrics
+        .iter()
+        .find(|((name, _), _)| name == "tensile_allocator_allocated_bytes")
+        .map(|(_, bytes)| bytes / (1024.0 * 1024.0))
+}
+
 const STAGES: [&str; 5] = [
     "queue_wait",
     "reconcile",
@@ -498,13 +510,15 @@ impl Phase {
     fn print(&self) {
         let wall = self.wall.as_secs_f64().max(1e-9);
         println!(
-            "phase {}: {:.1} s; node CPU {:.1} s ({:.1}% of a core), RSS peak {:.1} MiB, at the end {:.1} MiB; at most {} sockets open",
+            "phase {}: {:.1} s; node CPU {:.1} s ({:.1}% of a core), RSS peak {:.1} MiB, at the end {:.1} MiB (live heap {}); at most {} sockets open",
             self.name,
             wall,
             self.cpu_s,
             self.cpu_percent(),
             self.peak_rss,
             self.end_rss,
+            self.end_heap
+                .map_or_else(|| "unknown".to_owned(), |h| format!("{h:.1} MiB")),
             self.peak_sockets
         );
         for s in STAGES {
@@ -559,6 +573,7 @@ impl Phase {
             "cpu_percent": round(self.cpu_percent(), 2),
             "peak_rss_mib": round(self.peak_rss, 1),
             "end_rss_mib": round(self.end_rss, 1),
+            "end_heap_mib": self.end_heap.map(|h| round(h, 1)),
             "peak_sockets": self.peak_sockets,
             "stages": stages,
             "requests_per_s": rates,
@@ -702,6 +717,7 @@ pub async fn run(args: NodeScaleArgs) -> anyhow::Result<()> {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let idle_rss = memory_mib(node.pid).0;
+    let idle_heap = node.metrics().await.ok().and_then(|m| live_heap_mib(&m));
     let seen: Shared = Arc::default();
     let mut tasks = watch_pods(&env, &seen);
     let sampler: Sampler = Arc::default();
@@ -1038,8 +1054,9 @@ pub async fn run(args: NodeScaleArgs) -> anyhow::Result<()> {
         namespaces.len(),
     );
     println!(
-        "  the node: its own process, the README's flags; {} simulated lower nodes; RSS {idle_rss:.1} MiB before the burst, VmHWM {hwm:.1} MiB at the end",
-        n.div_ceil(100).max(2)
+        "  the node: its own process, the README's flags; {} simulated lower nodes; RSS {idle_rss:.1} MiB before the burst (live heap {}), VmHWM {hwm:.1} MiB at the end",
+        n.div_ceil(100).max(2),
+        idle_heap.map_or_else(|| "unknown".to_owned(), |h| format!("{h:.1} MiB")),
     );
     println!(
         "  time compressed: the pods' tokens ask for {token_seconds} s instead of kube-api-access's 3607 s, so they are refreshed about {:.1}x as often; the steady phase of {:.0} s carries the refreshes of {:.0} s with hour-long tokens",
@@ -1083,6 +1100,11 @@ pub async fn run(args: NodeScaleArgs) -> anyhow::Result<()> {
             "build": plot::build(),
             "peak_rss_mib": round(peak_rss, 1),
             "steady_rss_mib": round(steady.end_rss, 1),
+            // What the pods' state holds at rest: the live heap after the steady phase over
+            // the one before the burst (a jemalloc build only).
+            "steady_heap_mib": steady.end_heap.map(|h| round(h, 1)),
+            "heap_kib_per_pod_at_rest": steady.end_heap.zip(idle_heap)
+                .map(|(h, idle)| round((h - idle) * 1024.0 / n as f64, 2)),
             "idle_cpu_percent": round(steady.cpu_percent(), 2),
             "steady_token_refreshes_per_s": round(refreshes / steady.wall.as_secs_f64().max(1e-9), 3),
             "refresh_busiest_minute_over_mean": herd.map_or(serde_json::Value::Null, |h| round(h, 2)),

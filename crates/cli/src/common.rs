@@ -46,9 +46,10 @@ pub fn metrics_addr(value: &str) -> anyhow::Result<Option<SocketAddr>> {
 pub async fn serve_metrics(
     args: &MetricsArgs,
     leader_elect: bool,
-    registry: Registry,
+    mut registry: Registry,
     stop: &CancellationToken,
 ) -> anyhow::Result<(Readiness, Option<SocketAddr>)> {
+    crate::heap::register(&mut registry);
     let readiness = Readiness::not_ready(if leader_elect { STANDBY } else { "starting" });
     let bound = match metrics_addr(&args.metrics_addr)? {
         Some(addr) => Some(

@@ -3,6 +3,7 @@
 
 mod common;
 mod descheduler;
+mod heap;
 mod join;
 mod logging;
 mod scheduler;

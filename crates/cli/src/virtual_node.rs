@@ -463,10 +463,12 @@ pub async fn run(args: VirtualNodeArgs) -> anyhow::Result<()> {
 /// A registry whose every metric carries `node="<nodename>"`: the virtual node it serves
 /// names each series, whichever pod or address Prometheus scraped it from.
 fn node_registry(nodename: &str) -> Registry {
-    Registry::with_labels(std::iter::once((
+    let mut registry = Registry::with_labels(std::iter::once((
         std::borrow::Cow::Borrowed("node"),
         std::borrow::Cow::Owned(nodename.to_owned()),
-    )))
+    )));
+    crate::heap::register(&mut registry);
+    registry
 }
 
 /// The CA certificates (PEM) the upper configuration of `source` trusts.

@@ -39,4 +39,11 @@ fn every_phase_runs_and_a_restart_loses_and_writes_nothing() {
         );
     }
     assert!(v["rolling_pods"].as_u64().unwrap() >= 4, "{report}");
+    // The node's own allocator says what its state holds (the binary is built with jemalloc).
+    let heap = v["steady_heap_mib"].as_f64().expect("the live heap");
+    assert!(
+        heap > 0.0 && heap < v["steady_rss_mib"].as_f64().unwrap(),
+        "{report}"
+    );
+    assert!(v["heap_kib_per_pod_at_rest"].as_f64().is_some(), "{report}");
 }
