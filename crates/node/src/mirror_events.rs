@@ -21,6 +21,7 @@ use tensile_runtime::cache::{CompactCache, Key};
 use tensile_runtime::clients::already_exists;
 use tensile_runtime::controller::{self, OnFailure, Reconciler, Stage, Workers};
 use tensile_runtime::lock::lock;
+use tensile_runtime::maps::shrink_after_removal;
 use tensile_runtime::queue::{Action, Queue};
 
 /// Mirrored events per pod at once, then one more every [`REFILL`].
@@ -56,9 +57,10 @@ impl std::fmt::Debug for EventMirror {
     }
 }
 
-/// A lower event waiting to be mirrored, and how often its pod was not found.
+/// A lower event waiting to be mirrored, and how often its pod was not found. Boxed, so that
+/// the table a burst of events grew stays small; given back when emptied.
 struct Pending {
-    event: Event,
+    event: Box<Event>,
     attempts: u8,
 }
 
@@ -285,14 +287,20 @@ impl MirrorIndex {
         }
         let key = Key::new(namespace, event.metadata.name.clone()?);
         let mut pending = lock(&self.pending, "the event mirror index");
-        pending.insert(key.clone(), Pending { event, attempts: 0 });
+        pending.insert(
+            key.clone(),
+            Pending {
+                event: Box::new(event),
+                attempts: 0,
+            },
+        );
         Some(key)
     }
 
     /// The event waiting under `key`, if any.
     pub fn pending_event(&self, key: &Key) -> Option<Event> {
         let pending = lock(&self.pending, "the event mirror index");
-        pending.get(key).map(|p| p.event.clone())
+        pending.get(key).map(|p| (*p.event).clone())
     }
 
     /// What to do for `event` (the one waiting under `key`) at `now`. A mirror to write takes
@@ -345,6 +353,7 @@ impl MirrorIndex {
             .is_some_and(|p| p.event.metadata.resource_version == handled.metadata.resource_version)
         {
             pending.remove(key);
+            shrink_after_removal(&mut *pending);
         }
     }
 
@@ -358,6 +367,7 @@ impl MirrorIndex {
         p.attempts += 1;
         if p.attempts >= ATTEMPTS {
             pending.remove(key);
+            shrink_after_removal(&mut *pending);
             return false;
         }
         true

@@ -15,6 +15,7 @@ pub mod controller;
 pub mod events;
 pub mod leader;
 pub mod lock;
+pub mod maps;
 pub mod marks;
 pub mod metrics;
 pub mod queue;
