@@ -23,11 +23,16 @@ pub fn quantity(data: &[u8]) {
                     again.nanos, q.nanos,
                     "{text:?} -> {canonical:?} changed value"
                 );
-                assert_eq!(
-                    again.canonical(),
-                    canonical,
-                    "{canonical:?} is not canonical"
-                );
+                // Stable from the second print on: a BinarySI value that is not a whole number
+                // of its unit prints without a suffix, which reads back as DecimalSI and prints
+                // with one ("1111312.5Ki" -> "1137984000" -> "1137984k"), as upstream's does.
+                let twice = again.canonical();
+                match parse_quantity(&twice) {
+                    Ok(third) => assert_eq!(third.canonical(), twice, "{twice:?} is not canonical"),
+                    Err(e) => panic_text(&format!(
+                        "{canonical:?} printed as {twice:?}, which does not parse: {e}"
+                    )),
+                }
             }
             Err(e) => panic_text(&format!(
                 "{text:?} printed as {canonical:?}, which does not parse: {e}"
