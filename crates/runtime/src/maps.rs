@@ -1,7 +1,8 @@
 //! Maps that hold entries for a while (a pod being deleted, an event waiting) grow to the
 //! largest burst they saw, and a `HashMap` never gives its table back: after 4,000 pods were
 //! deleted at once a virtual node kept about 5 KiB a pod of empty tables for good
-//! (docs/benchmarks.md, "What a deletion left behind"). [`shrink_after_removal`] gives it back.
+//! (docs/benchmarks.md, "The live heap at rest, and what a deletion left behind").
+//! [`shrink_after_removal`] gives it back.
 
 use std::collections::HashMap;
 use std::hash::{BuildHasher, Hash};
