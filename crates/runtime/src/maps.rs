@@ -4,7 +4,7 @@
 //! (docs/benchmarks.md, "The live heap at rest, and what a deletion left behind").
 //! [`shrink_after_removal`] gives it back.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::hash::{BuildHasher, Hash};
 
 /// Tables at most this large are kept whatever their use: shrinking them saves nothing.
@@ -17,6 +17,14 @@ pub fn shrink_after_removal<K: Eq + Hash, V, S: BuildHasher>(map: &mut HashMap<K
     let capacity = map.capacity();
     if capacity > KEEP && map.len() * 4 <= capacity {
         map.shrink_to((map.len() * 2).max(KEEP));
+    }
+}
+
+/// [`shrink_after_removal`] for a set.
+pub fn shrink_set_after_removal<K: Eq + Hash, S: BuildHasher>(set: &mut HashSet<K, S>) {
+    let capacity = set.capacity();
+    if capacity > KEEP && set.len() * 4 <= capacity {
+        set.shrink_to((set.len() * 2).max(KEEP));
     }
 }
 
@@ -47,6 +55,16 @@ mod tests {
         map.remove(&0);
         shrink_after_removal(&mut map);
         assert_eq!(map.capacity(), small);
+    }
+
+    #[test]
+    fn a_set_emptied_after_a_burst_is_given_back() {
+        let mut set: HashSet<u32> = (0..10_000).collect();
+        for i in 0..10_000 {
+            set.remove(&i);
+            shrink_set_after_removal(&mut set);
+        }
+        assert!(set.capacity() <= 2 * KEEP, "{}", set.capacity());
     }
 
     #[test]

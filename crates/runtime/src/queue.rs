@@ -22,6 +22,8 @@ use std::time::Duration;
 use tokio::sync::{Notify, mpsc};
 use tokio::time::Instant;
 
+use crate::maps::{shrink_after_removal, shrink_set_after_removal};
+
 /// What a reconcile asks of the queue for its key, once it succeeded.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Action {
@@ -255,6 +257,7 @@ impl<K: Clone + Eq + Hash + Send + 'static> Queue<K> {
             }
             let key = entry.remove();
             s.held.remove(&key);
+            shrink_after_removal(&mut s.held);
             s.queued.insert(key.clone(), (at, false));
             let _ = self.tx.send(key);
         }
@@ -331,6 +334,7 @@ impl<K: Clone + Eq + Hash + Send + 'static> Queue<K> {
     fn start(&self, key: &K) -> Option<Duration> {
         let mut s = self.state();
         let (since, urgent) = s.queued.remove(key)?;
+        shrink_after_removal(&mut s.queued);
         if s.processing.contains(key) {
             let again = s.dirty.entry(key.clone()).or_default();
             again.now = Some(again.now.unwrap_or(false) | urgent);
@@ -360,9 +364,13 @@ impl<K: Clone + Eq + Hash + Send + 'static> Queue<K> {
         let (again, failures) = {
             let mut s = self.state();
             s.processing.remove(&key);
+            shrink_set_after_removal(&mut s.processing);
             let again = s.dirty.remove(&key).unwrap_or_default();
+            shrink_after_removal(&mut s.dirty);
             let failures = if result.is_ok() {
-                s.failures.remove(&key);
+                if s.failures.remove(&key).is_some() {
+                    shrink_after_removal(&mut s.failures);
+                }
                 None
             } else {
                 let (n, _) = s.failures.entry(key.clone()).or_insert((0, Instant::now()));
@@ -425,6 +433,43 @@ mod lane_tests {
         queue.done(again, true);
         let (last, _) = queue.next(&rx, &stop).await.unwrap_or_default();
         assert_eq!(last, "busy");
+    }
+}
+
+#[cfg(test)]
+mod burst_tests {
+    use super::*;
+
+    /// A burst of 5,000 keys, each added, then later again (held), taken, failed once and
+    /// done: once it is over the queue's tables are given back (they held the whole burst).
+    #[tokio::test(start_paused = true)]
+    async fn the_tables_of_a_burst_are_given_back_when_it_is_over() {
+        let (queue, rx) = Queue::<u32>::new();
+        let stop = tokio_util::sync::CancellationToken::new();
+        for k in 0..5_000 {
+            queue.add(k);
+            queue.add_after(k, Duration::from_secs(1));
+        }
+        for _ in 0..5_000 {
+            let (k, _) = queue.next(&rx, &stop).await.unwrap_or_default();
+            queue.add(k);
+            queue.done(k, false);
+        }
+        for _ in 0..5_000 {
+            let (k, _) = queue.next(&rx, &stop).await.unwrap_or_default();
+            queue.done(k, true);
+        }
+        let s = queue.state();
+        assert!(s.queued.is_empty() && s.held.is_empty() && s.failures.is_empty());
+        for capacity in [
+            s.queued.capacity(),
+            s.held.capacity(),
+            s.processing.capacity(),
+            s.dirty.capacity(),
+            s.failures.capacity(),
+        ] {
+            assert!(capacity <= 128, "{capacity}");
+        }
     }
 }
 
