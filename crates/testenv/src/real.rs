@@ -122,14 +122,62 @@ impl RealCluster {
         &self.ca
     }
 
-    /// Every request of a node identity (group `system:nodes`) the API server refused (403),
-    /// from its audit log: user, verb, URI and the reason.
+    /// Every request of a node identity (group `system:nodes`) the API server refused (403)
+    /// and never allowed afterwards, from its audit log: user, verb, URI and the reason.
+    ///
+    /// The Node authorizer learns that a pod is bound to a node from its own informer, so a
+    /// node that reads a new pod's Secret or claim before that informer caught up is refused
+    /// once ("no relationship found"), as a real kubelet is, and reads it on its retry. A
+    /// refusal about an object (resource, namespace, name; a list's or watch's
+    /// `metadata.name` field selector names it) that the same user was later allowed to read
+    /// is that race, not a permission the node lacks, and is left out.
     pub fn refused_node_requests(&self) -> Vec<String> {
         let text = std::fs::read_to_string(self.dir.join(AUDIT_LOG)).unwrap_or_default();
-        text.lines()
-            .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
-            .filter(|e| e["responseStatus"]["code"] == 403)
-            .map(|e| {
+        let events: Vec<serde_json::Value> = text
+            .lines()
+            .filter_map(|line| serde_json::from_str(line).ok())
+            .collect();
+        let object = |e: &serde_json::Value| {
+            let r = &e["objectRef"];
+            let named = r["name"].as_str().map(str::to_owned).or_else(|| {
+                let uri = e["requestURI"].as_str()?;
+                let selector = uri
+                    .split(['?', '&'])
+                    .find_map(|p| p.strip_prefix("fieldSelector="))?;
+                let decoded = selector.replace("%3D", "=").replace("%3d", "=");
+                decoded.strip_prefix("metadata.name=").map(str::to_owned)
+            });
+            (
+                e["user"]["username"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned(),
+                r["resource"].as_str().unwrap_or_default().to_owned(),
+                r["subresource"].as_str().unwrap_or_default().to_owned(),
+                r["namespace"].as_str().unwrap_or_default().to_owned(),
+                named,
+            )
+        };
+        let reads = ["get", "list", "watch"];
+        events
+            .iter()
+            .enumerate()
+            .filter(|(_, e)| e["responseStatus"]["code"] == 403)
+            .filter(|(i, e)| {
+                let key = object(e);
+                let read = reads.contains(&e["verb"].as_str().unwrap_or_default());
+                let allowed_later = read
+                    && key.4.is_some()
+                    && events.iter().skip(i + 1).any(|later| {
+                        reads.contains(&later["verb"].as_str().unwrap_or_default())
+                            && later["responseStatus"]["code"]
+                                .as_i64()
+                                .is_some_and(|c| (200..300).contains(&c))
+                            && object(later) == key
+                    });
+                !allowed_later
+            })
+            .map(|(_, e)| {
                 format!(
                     "{} {} {}: {}",
                     e["user"]["username"].as_str().unwrap_or_default(),
