@@ -21,46 +21,51 @@ pub(super) async fn run(state: Arc<State>, stop: CancellationToken) {
 
 type Ref = (ResId, ObjKey);
 
-/// Who depends on whom, kept from the events (never a full scan per deletion).
+/// Who depends on whom, kept from the events (never a full scan per deletion), with each
+/// object's owners as it was indexed so that re-indexing it touches only those.
 #[derive(Default)]
 struct Gc {
     dependents: HashMap<String, HashSet<Ref>>,
     uid_of: HashMap<Ref, String>,
-    live: HashSet<String>,
+    owners_of: HashMap<Ref, Vec<String>>,
+    /// The objects alive, by UID.
+    by_uid: HashMap<String, Ref>,
 }
 
 impl Gc {
     fn index(&mut self, r: Ref, obj: &Value) {
         self.unindex(&r);
         let uid = meta::meta_str(obj, "uid").unwrap_or_default().to_owned();
-        for owner in owner_uids(obj) {
+        let owners: Vec<String> = owner_uids(obj).map(str::to_owned).collect();
+        for owner in &owners {
             self.dependents
-                .entry(owner.to_owned())
+                .entry(owner.clone())
                 .or_default()
                 .insert(r.clone());
         }
-        self.live.insert(uid.clone());
+        self.owners_of.insert(r.clone(), owners);
+        self.by_uid.insert(uid.clone(), r.clone());
         self.uid_of.insert(r, uid);
     }
 
     fn unindex(&mut self, r: &Ref) {
-        if let Some(uid) = self.uid_of.remove(r) {
-            self.live.remove(&uid);
+        if let Some(uid) = self.uid_of.remove(r)
+            && self.by_uid.get(&uid) == Some(r)
+        {
+            self.by_uid.remove(&uid);
         }
-        for set in self.dependents.values_mut() {
-            set.remove(r);
+        for owner in self.owners_of.remove(r).unwrap_or_default() {
+            if let Some(set) = self.dependents.get_mut(&owner) {
+                set.remove(r);
+                if set.is_empty() {
+                    self.dependents.remove(&owner);
+                }
+            }
         }
     }
 
-    fn unindex_owner(&mut self, r: &Ref, obj: &Value) {
-        for owner in owner_uids(obj) {
-            if let Some(set) = self.dependents.get_mut(owner) {
-                set.remove(r);
-            }
-        }
-        if let Some(uid) = self.uid_of.remove(r) {
-            self.live.remove(&uid);
-        }
+    fn live(&self, uid: &str) -> bool {
+        self.by_uid.contains_key(uid)
     }
 
     /// Deletes the dependents of a gone owner whose other owners are gone too.
@@ -75,7 +80,7 @@ impl Gc {
             if meta::deleting(&e.object) {
                 continue;
             }
-            if owner_uids(&e.object).all(|o| !self.live.contains(o)) {
+            if owner_uids(&e.object).all(|o| !self.live(o)) {
                 let _ = delete(state, res, &key, &DeleteOptions::default());
             } else {
                 let _ = modify(state, res, &key, |o| drop_owner(o, owner_uid));
@@ -171,7 +176,7 @@ impl Reconciler for Gc {
         let orphans: Vec<String> = self
             .dependents
             .keys()
-            .filter(|o| !self.live.contains(*o))
+            .filter(|o| !self.live(o))
             .cloned()
             .collect();
         for owner in orphans {
@@ -194,7 +199,7 @@ impl Reconciler for Gc {
                     let uid = meta::meta_str(&e.entry.object, "uid")
                         .unwrap_or_default()
                         .to_owned();
-                    self.unindex_owner(&r, &e.entry.object);
+                    self.unindex(&r);
                     self.collect(state, &uid);
                     if e.res == *ids::NODES {
                         pods_of_deleted_node(state, &e.key.name);
@@ -205,11 +210,7 @@ impl Reconciler for Gc {
             if meta::deleting(&e.entry.object) || e.kind == EventType::Deleted {
                 let owners: Vec<String> = owner_uids(&e.entry.object).map(str::to_owned).collect();
                 for owner in owners {
-                    if let Some((ores, okey)) = self
-                        .uid_of
-                        .iter()
-                        .find(|(_, u)| **u == owner)
-                        .map(|(r, _)| r.clone())
+                    if let Some((ores, okey)) = self.by_uid.get(&owner).cloned()
                         && let Some(o) = state.store.get(ores, &okey)
                         && meta::deleting(&o.object)
                     {

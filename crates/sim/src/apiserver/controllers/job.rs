@@ -189,7 +189,12 @@ async fn reconcile(state: &State, key: &ObjKey) {
     });
 }
 
-owner_reconciler!(Jobs, *ids::JOBS, *ids::PODS, "Job");
+/// kube-controller-manager's job controller gathers its pods' updates for a second before a
+/// sync (`syncJobBatchPeriod`): a sync reads every pod of the Job, so a Job of thousands of
+/// pods recounted them for each few pod changes.
+const JOB_BATCH_PERIOD: std::time::Duration = std::time::Duration::from_secs(1);
+
+owner_reconciler!(Jobs, *ids::JOBS, *ids::PODS, "Job", JOB_BATCH_PERIOD);
 
 #[cfg(test)]
 mod tests {

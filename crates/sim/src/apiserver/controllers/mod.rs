@@ -9,8 +9,11 @@
 /// has `async fn reconcile(state: &State, key: &ObjKey)`.
 macro_rules! owner_reconciler {
     ($loop:ident, $res:expr, $owned:expr, $kind:literal) => {
+        owner_reconciler!($loop, $res, $owned, $kind, super::OWNER_SETTLE);
+    };
+    ($loop:ident, $res:expr, $owned:expr, $kind:literal, $settle:expr) => {
         impl super::Reconciler for $loop {
-            const SETTLE: std::time::Duration = super::OWNER_SETTLE;
+            const SETTLE: std::time::Duration = $settle;
 
             async fn resync(&mut self, state: &State) {
                 for key in super::all_keys(state, $res) {

@@ -6,6 +6,7 @@
 //! controller assumes its own connectivity is at fault and takes `NoExecute` taints off.
 //! (Eviction rate limits and the eviction of pods are not simulated.)
 
+use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -16,15 +17,21 @@ use tokio_util::sync::CancellationToken;
 use super::super::State;
 use super::super::meta;
 use super::super::resources::ids;
-use super::super::store::{Event, ObjKey};
+use super::super::store::{Event, EventType, ObjKey};
 use super::{Reconciler, modify, run_loop};
 
 const UNREACHABLE: &str = "node.kubernetes.io/unreachable";
 use super::super::kinds::node::{NOT_READY_TAINT, has_taint, node_taints_mut};
 
+/// kube-controller-manager's default `--node-monitor-period`: how often every node's lease
+/// is looked at (a node's own updates are handled as they come). A shorter grace shortens it,
+/// as the test harness does for real control planes, so that the grace is what decides.
+const NODE_MONITOR_PERIOD: Duration = Duration::from_secs(5);
+
 pub(super) async fn run(state: Arc<State>, stop: CancellationToken) {
     let grace = state.config.controllers.node_grace;
-    run_loop(state, stop, Duration::from_secs(1), NodeLifecycle { grace }).await;
+    let period = NODE_MONITOR_PERIOD.min((grace / 4).max(Duration::from_millis(500)));
+    run_loop(state, stop, period, NodeLifecycle { grace }).await;
 }
 
 struct NodeLifecycle {
@@ -50,48 +57,52 @@ fn has_unreachable_taint(node: &Value) -> bool {
 }
 
 impl NodeLifecycle {
+    /// Every node, then the `NoExecute` pass: kube-controller-manager's periodic health check.
     fn check(&self, state: &State) {
         let now = Timestamp::now();
-        let grace = SignedDuration::try_from(self.grace).unwrap_or(SignedDuration::from_secs(40));
         let (nodes, _, _) = state.store.list(*ids::NODES, None, None, None, |_| true);
-        for node in nodes {
-            let name = meta::name(&node.object).unwrap_or_default().to_owned();
-            let key = ObjKey::new("", &name);
-            // kube-controller-manager's NoSchedule tainting pass: `not-ready` while the kubelet
-            // reports Ready False (or has not reported yet), gone once it reports True.
-            let ready = ready_status(&node.object);
-            let want_not_ready = ready.is_none_or(|r| r == "False");
-            if has_not_ready_taint(&node.object) != want_not_ready {
-                let _ = modify(state, *ids::NODES, &key, |n| {
-                    set_not_ready_taint(n, want_not_ready)
-                });
-            }
-            let lease = state
-                .store
-                .get(*ids::LEASES, &ObjKey::new("kube-node-lease", &name));
-            let renewed = lease.as_ref().and_then(|l| {
-                l.object
-                    .pointer("/spec/renewTime")
-                    .and_then(Value::as_str)
-                    .and_then(meta::parse_time)
-            });
-            let Some(renewed) = renewed else { continue };
-            let expired = now.duration_since(renewed) > grace;
-            if expired && ready_status(&node.object) != Some("Unknown") {
-                let _ = modify(state, *ids::NODES, &key, |n| mark_unknown(n, now));
-            } else if !expired
-                && ready_status(&node.object) == Some("True")
-                && has_unreachable_taint(&node.object)
-            {
-                let _ = modify(state, *ids::NODES, &key, |n| {
-                    if let Some(t) = n.pointer_mut("/spec/taints").and_then(Value::as_array_mut) {
-                        t.retain(|t| t.get("key").and_then(Value::as_str) != Some(UNREACHABLE));
-                    }
-                    true
-                });
-            }
+        for node in &nodes {
+            self.check_node(state, &node.object, now);
         }
         self.no_execute(state, now);
+    }
+
+    /// One node: its not-ready taint, and Unknown when its lease has run out (or back once it
+    /// is Ready and renewed).
+    fn check_node(&self, state: &State, node: &Value, now: Timestamp) {
+        let grace = SignedDuration::try_from(self.grace).unwrap_or(SignedDuration::from_secs(40));
+        let name = meta::name(node).unwrap_or_default().to_owned();
+        let key = ObjKey::new("", &name);
+        // kube-controller-manager's NoSchedule tainting pass: `not-ready` while the kubelet
+        // reports Ready False (or has not reported yet), gone once it reports True.
+        let ready = ready_status(node);
+        let want_not_ready = ready.is_none_or(|r| r == "False");
+        if has_not_ready_taint(node) != want_not_ready {
+            let _ = modify(state, *ids::NODES, &key, |n| {
+                set_not_ready_taint(n, want_not_ready)
+            });
+        }
+        let lease = state
+            .store
+            .get(*ids::LEASES, &ObjKey::new("kube-node-lease", &name));
+        let renewed = lease.as_ref().and_then(|l| {
+            l.object
+                .pointer("/spec/renewTime")
+                .and_then(Value::as_str)
+                .and_then(meta::parse_time)
+        });
+        let Some(renewed) = renewed else { return };
+        let expired = now.duration_since(renewed) > grace;
+        if expired && ready != Some("Unknown") {
+            let _ = modify(state, *ids::NODES, &key, |n| mark_unknown(n, now));
+        } else if !expired && ready == Some("True") && has_unreachable_taint(node) {
+            let _ = modify(state, *ids::NODES, &key, |n| {
+                if let Some(t) = n.pointer_mut("/spec/taints").and_then(Value::as_array_mut) {
+                    t.retain(|t| t.get("key").and_then(Value::as_str) != Some(UNREACHABLE));
+                }
+                true
+            });
+        }
     }
 
     /// Puts `NoExecute` on unreachable nodes while some node is Ready, takes it off when none
@@ -185,9 +196,24 @@ impl Reconciler for NodeLifecycle {
     }
 
     async fn changed(&mut self, state: &State, events: Option<&[Arc<Event>]>) {
-        // Time drives this rule; node events only matter for the taint removal.
-        if events.is_none_or(|e| e.iter().any(|e| e.res == *ids::NODES)) {
+        let Some(events) = events else {
+            // The tick: time drives leases running out.
             self.check(state);
+            return;
+        };
+        // A node's own update is checked alone, as kube-controller-manager's taint pass
+        // handles a node event: a heartbeat of one node in thousands costs one node's check,
+        // not a scan of all of them (the scan is the tick's, every node monitor period).
+        let now = Timestamp::now();
+        let changed: BTreeSet<&ObjKey> = events
+            .iter()
+            .filter(|e| e.res == *ids::NODES && e.kind != EventType::Deleted)
+            .map(|e| &e.key)
+            .collect();
+        for key in changed {
+            if let Some(node) = state.store.get(*ids::NODES, key) {
+                self.check_node(state, &node.object, now);
+            }
         }
     }
 }
